@@ -1,0 +1,381 @@
+// layer_inventory.cpp: the schedules. Each step cites the code whose allocations it mirrors;
+// REFERENCE means ../shared/REFERENCE.md, which names the files and versions.
+#include "models/layer_inventory.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace longseq {
+namespace {
+
+constexpr const char* L = kCategoryLayer;
+
+struct Bytes {
+  double x, q, kv, kv_replicated, lse;
+  Bytes(const LayerShape& shape, const LayerImplementation& impl) {
+    const double tokens = static_cast<double>(shape.tokens);
+    const double a = static_cast<double>(impl.activation_bytes);
+    x = tokens * static_cast<double>(shape.hidden) * a;
+    q = tokens * static_cast<double>(shape.q_width) * a;
+    kv = tokens * static_cast<double>(shape.kv_width) * a;
+    kv_replicated = kv * static_cast<double>(shape.kv_replication);
+    lse = tokens * static_cast<double>(shape.num_q_heads) * 4.0;  // fp32 [b, n_q/sp, S]
+  }
+};
+
+// One Ulysses all-to-all of `input` into a new tensor `output` of the same size (DS
+// ulysses_sp.py _DimZeroAllToAll, REFERENCE §3.1): the send side is a rearranged .contiguous()
+// copy, the receive side torch.empty_like; the result is laid out by one more .contiguous()
+// while the receive buffer is still referenced. Without sequence parallelism there is no
+// all-to-all and the output is the input itself.
+void ulysses_all_to_all(TensorTrace& trace, const char* input, const char* output, double bytes,
+                        const LayerShape& shape, const LayerImplementation& impl) {
+  if (shape.sp == 1) {
+    trace.move(input, L, output);
+    return;
+  }
+  for (int64_t copy = 0; copy < impl.ulysses_staging_copies; ++copy) trace.alloc(L, "ulysses.staging", bytes);
+  // The send copy dies when the collective returns; the last staging buffer lives until the
+  // output layout copy exists.
+  for (int64_t copy = 1; copy < impl.ulysses_staging_copies; ++copy) trace.free("ulysses.staging");
+  trace.alloc(L, output, bytes);
+  if (impl.ulysses_staging_copies > 0) trace.free("ulysses.staging");
+}
+
+// MLP over `tokens` tokens (the whole shard, or one TiledMLP tile). Leaves "mlp.output" live and,
+// with keep_for_backward, the tensors its backward reads.
+void mlp_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, double tokens,
+                 bool keep) {
+  const double a = static_cast<double>(impl.activation_bytes);
+  const double f = tokens * static_cast<double>(shape.intermediate) * a;
+  const double out = tokens * static_cast<double>(shape.hidden) * a;
+  if (shape.mlp_kind == MlpKind::mlp_kind_swiglu) {
+    // HF LlamaMLP: down(act(gate(x)) * up(x)). Eager SiLU saves its input (gate) and the
+    // multiply saves both operands (SiLU(gate) and up); Liger's fused SiLU*mul saves gate and up
+    // only and recomputes SiLU in backward (Liger ops/swiglu.py). down_proj saves the product.
+    trace.alloc(L, "mlp.gate", f);
+    trace.alloc(L, "mlp.up", f);
+    if (!impl.fused_swiglu) trace.alloc(L, "mlp.act", f);
+    trace.alloc(L, "mlp.product", f);
+    if (!impl.fused_swiglu && !keep) trace.free("mlp.act");
+    if (!keep) {
+      trace.free("mlp.gate");
+      trace.free("mlp.up");
+    }
+    trace.alloc(L, "mlp.output", out);
+    if (!keep) trace.free("mlp.product");
+  } else {
+    // GELU MLP: down(gelu(up(x))); GELU saves its input, down_proj saves GELU's output.
+    trace.alloc(L, "mlp.up", f);
+    trace.alloc(L, "mlp.act", f);
+    if (!keep) trace.free("mlp.up");
+    trace.alloc(L, "mlp.output", out);
+    if (!keep) trace.free("mlp.act");
+  }
+}
+
+// Backward of mlp_forward(keep=true); the incoming gradient is the caller's. Frees what the
+// forward kept and leaves `input_grad_name` ([tokens, h]) live.
+void mlp_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, double tokens,
+                  const char* input_grad_name) {
+  const double a = static_cast<double>(impl.activation_bytes);
+  const double f = tokens * static_cast<double>(shape.intermediate) * a;
+  const double out = tokens * static_cast<double>(shape.hidden) * a;
+  if (shape.mlp_kind == MlpKind::mlp_kind_swiglu) {
+    trace.alloc(L, "mlp.product_grad", f);  // down_proj input gradient
+    trace.free("mlp.product");              // after down_proj's weight gradient
+    if (impl.fused_swiglu) {
+      // Liger writes d(gate) and d(up) in place into the saved gate and up buffers.
+      trace.free("mlp.product_grad");
+    } else {
+      trace.alloc(L, "mlp.act_grad", f);    // mul backward: d(act) = d(prod) * up
+      trace.alloc(L, "mlp.up_grad", f);     //               d(up)  = d(prod) * act
+      trace.free("mlp.product_grad");
+      trace.free("mlp.act");
+      trace.alloc(L, "mlp.gate_grad", f);   // SiLU backward
+      trace.free("mlp.act_grad");
+    }
+    trace.alloc(L, input_grad_name, out);          // gate_proj input gradient
+    trace.alloc(L, "mlp.input_grad_partial", out); // up_proj input gradient, then summed in
+    trace.free("mlp.input_grad_partial");
+    if (!impl.fused_swiglu) {
+      trace.free("mlp.gate_grad");
+      trace.free("mlp.up_grad");
+    }
+    trace.free("mlp.gate");
+    trace.free("mlp.up");
+  } else {
+    trace.alloc(L, "mlp.act_grad", f);
+    trace.free("mlp.act");
+    trace.alloc(L, "mlp.up_grad", f);
+    trace.free("mlp.act_grad");
+    trace.alloc(L, input_grad_name, out);
+    trace.free("mlp.up_grad");
+    trace.free("mlp.up");
+  }
+}
+
+double mlp_tile_tokens(const LayerShape& shape) {
+  const double tiles = static_cast<double>(std::max<int64_t>(shape.mlp_tiles, 1));
+  return std::ceil(static_cast<double>(shape.tokens) / tiles);
+}
+
+}  // namespace
+
+void decoder_layer_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep) {
+  const Bytes bytes(shape, impl);
+  const bool replicated = shape.kv_replication > 1;
+
+  trace.set_moment("q/k/v projections and all-to-all");
+  trace.alloc(L, "attention_norm.output", bytes.x);
+  trace.alloc(L, "attention.q_proj", bytes.q);
+  trace.alloc(L, "attention.k_proj", bytes.kv);
+  trace.alloc(L, "attention.v_proj", bytes.kv);
+  // HF apply_rotary_pos_emb builds new q and k (q*cos + rotate_half(q)*sin); the pre-RoPE
+  // tensors are not saved by autograd.
+  trace.alloc(L, "attention.q_rope", bytes.q);
+  trace.free("attention.q_proj");
+  trace.alloc(L, "attention.k_rope", bytes.kv);
+  trace.free("attention.k_proj");
+  ulysses_all_to_all(trace, "attention.q_rope", "attention.q", bytes.q, shape, impl);
+  // GQA/MQA with sp > n_kv: k and v are repeat_interleave'd before their all-to-all.
+  if (replicated) {
+    trace.alloc(L, "attention.k_repeated", bytes.kv_replicated);
+    ulysses_all_to_all(trace, "attention.k_repeated", "attention.k", bytes.kv_replicated, shape, impl);
+    trace.free("attention.k_repeated");
+    trace.alloc(L, "attention.v_repeated", bytes.kv_replicated);
+    ulysses_all_to_all(trace, "attention.v_repeated", "attention.v", bytes.kv_replicated, shape, impl);
+    trace.free("attention.v_repeated");
+  } else {
+    ulysses_all_to_all(trace, "attention.k_rope", "attention.k", bytes.kv, shape, impl);
+    ulysses_all_to_all(trace, "attention.v_proj", "attention.v", bytes.kv, shape, impl);
+  }
+
+  trace.set_moment("attention");
+  // flash_attn forward: output in the activation dtype, softmax statistics (lse) in fp32.
+  trace.alloc(L, "attention.output", bytes.q);
+  trace.alloc(L, "attention.lse", bytes.lse);
+  if (!keep) {
+    trace.free("attention.q");
+    trace.free("attention.k");
+    trace.free("attention.v");
+  }
+  // Output path back to sequence shards: [S, n_q/sp*d] -> [S_l, n_q*d] (REFERENCE §3.1).
+  ulysses_all_to_all(trace, "attention.output", "attention.output_local", bytes.q, shape, impl);
+  if (!keep) {
+    trace.free("attention.output");
+    trace.free("attention.lse");
+  }
+  // HF LlamaAttention holds query/key/value_states until the attention call returns.
+  trace.free("attention.q_rope");
+  trace.free("attention.k_rope");
+  trace.free("attention.v_proj");
+
+  trace.set_moment("o_proj and residual");
+  trace.alloc(L, "attention.o_proj_output", bytes.x);
+  if (!keep) trace.free("attention.output_local");
+  if (!keep) trace.free("attention_norm.output");
+  trace.alloc(L, "residual.attention", bytes.x);
+  trace.free("attention.o_proj_output");
+
+  trace.set_moment("mlp");
+  trace.alloc(L, "mlp_norm.output", bytes.x);
+  if (shape.mlp_tiles == 0) {
+    mlp_forward(trace, shape, impl, static_cast<double>(shape.tokens), keep);
+  } else {
+    // DeepSpeed TiledMLP forward (REFERENCE §3.2): each tile runs under no_grad, outputs are
+    // collected in a list and torch.cat'ed; only the MLP input is saved.
+    trace.alloc(L, "mlp.tile_outputs", bytes.x);
+    mlp_forward(trace, shape, impl, mlp_tile_tokens(shape), /*keep=*/false);
+    trace.free("mlp.output");  // this tile's output is part of mlp.tile_outputs
+    trace.alloc(L, "mlp.output", bytes.x);
+    trace.free("mlp.tile_outputs");
+  }
+  if (!keep) trace.free("mlp_norm.output");
+  trace.alloc(L, "layer.output", bytes.x);
+  trace.free("mlp.output");
+  if (!keep) trace.free("residual.attention");
+}
+
+void decoder_layer_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl) {
+  const Bytes bytes(shape, impl);
+  const bool replicated = shape.kv_replication > 1;
+
+  trace.set_moment("mlp");
+  if (shape.mlp_tiles == 0) {
+    mlp_backward(trace, shape, impl, static_cast<double>(shape.tokens), "mlp.input_grad");
+  } else {
+    // TiledMLP backward: x_grad = zeros_like(x); per tile, recompute with grad and backward; the
+    // tile's input gradient lands in a view of x_grad.
+    const double tile = mlp_tile_tokens(shape);
+    trace.alloc(L, "mlp.input_grad", bytes.x);
+    mlp_forward(trace, shape, impl, tile, /*keep=*/true);
+    mlp_backward(trace, shape, impl, tile, "mlp.tile_input_grad");
+    trace.free("mlp.tile_input_grad");
+    trace.free("mlp.output");
+  }
+  trace.free("mlp_norm.output");  // after gate/up weight gradients
+
+  trace.set_moment("mlp norm");
+  // RMSNorm backward, with the residual branch's gradient summed in.
+  trace.alloc(L, "residual.attention_grad", bytes.x);
+  trace.free("mlp.input_grad");
+  trace.free("residual.attention");
+
+  trace.set_moment("o_proj and all-to-all");
+  trace.alloc(L, "attention.output_local_grad", bytes.q);
+  trace.free("attention.output_local");  // after o_proj's weight gradient
+  ulysses_all_to_all(trace, "attention.output_local_grad", "attention.output_grad", bytes.q, shape, impl);
+  trace.free("attention.output_local_grad");
+
+  trace.set_moment("attention");
+  // flash_attn backward (csrc mha_bwd): dq, dk, dv; dk/dv at q-head width when the rank has
+  // fewer kv heads than q heads (then summed per group); dq accumulated in fp32; softmax_d fp32.
+  const bool grouped = shape.q_width > shape.kv_width * shape.kv_replication;
+  trace.alloc(L, "attention.q_grad", bytes.q);
+  trace.alloc(L, "attention.k_grad", bytes.kv_replicated);
+  trace.alloc(L, "attention.v_grad", bytes.kv_replicated);
+  if (impl.flash_attention_expands_gqa_grads && grouped) {
+    trace.alloc(L, "attention.k_grad_expanded", bytes.q);
+    trace.alloc(L, "attention.v_grad_expanded", bytes.q);
+  }
+  if (impl.flash_attention_dq_accumulator) {
+    trace.alloc(L, "attention.q_grad_accumulator", bytes.q / static_cast<double>(impl.activation_bytes) * 4.0);
+    trace.alloc(L, "attention.softmax_d", bytes.lse);
+    trace.free("attention.q_grad_accumulator");
+    trace.free("attention.softmax_d");
+  }
+  if (impl.flash_attention_expands_gqa_grads && grouped) {
+    trace.free("attention.k_grad_expanded");
+    trace.free("attention.v_grad_expanded");
+  }
+  trace.free("attention.output_grad");
+  trace.free("attention.q");
+  trace.free("attention.k");
+  trace.free("attention.v");
+  trace.free("attention.output");
+  trace.free("attention.lse");
+
+  trace.set_moment("all-to-all and q/k/v projections");
+  ulysses_all_to_all(trace, "attention.q_grad", "attention.q_rope_grad", bytes.q, shape, impl);
+  trace.free("attention.q_grad");
+  if (replicated) {
+    // The gradient of repeat_interleave sums the copies back to n_kv heads.
+    ulysses_all_to_all(trace, "attention.k_grad", "attention.k_repeated_grad", bytes.kv_replicated, shape, impl);
+    trace.free("attention.k_grad");
+    trace.alloc(L, "attention.k_rope_grad", bytes.kv);
+    trace.free("attention.k_repeated_grad");
+    ulysses_all_to_all(trace, "attention.v_grad", "attention.v_repeated_grad", bytes.kv_replicated, shape, impl);
+    trace.free("attention.v_grad");
+    trace.alloc(L, "attention.v_proj_grad", bytes.kv);
+    trace.free("attention.v_repeated_grad");
+  } else {
+    ulysses_all_to_all(trace, "attention.k_grad", "attention.k_rope_grad", bytes.kv, shape, impl);
+    trace.free("attention.k_grad");
+    ulysses_all_to_all(trace, "attention.v_grad", "attention.v_proj_grad", bytes.kv, shape, impl);
+    trace.free("attention.v_grad");
+  }
+  // RoPE backward makes new tensors, as its forward did.
+  trace.alloc(L, "attention.q_proj_grad", bytes.q);
+  trace.free("attention.q_rope_grad");
+  trace.alloc(L, "attention.k_proj_grad", bytes.kv);
+  trace.free("attention.k_rope_grad");
+  // The three projections' input gradients are summed into one.
+  trace.alloc(L, "attention_norm.output_grad", bytes.x);
+  trace.alloc(L, "attention_norm.output_grad_partial", bytes.x);
+  trace.free("attention_norm.output_grad_partial");
+  trace.free("attention.q_proj_grad");
+  trace.free("attention.k_proj_grad");
+  trace.free("attention.v_proj_grad");
+  trace.free("attention_norm.output");
+
+  trace.set_moment("attention norm");
+  trace.alloc(L, "layer.input_grad", bytes.x);
+  trace.free("attention_norm.output_grad");
+  trace.free("residual.attention_grad");
+  trace.free("layer.output_grad");
+  trace.free("layer.output");
+  trace.free("layer.input");
+}
+
+double decoder_layer_saved_bytes(const LayerShape& shape, const LayerImplementation& impl) {
+  TensorTrace trace;
+  const Bytes bytes(shape, impl);
+  trace.alloc(L, "layer.input", bytes.x);
+  decoder_layer_forward(trace, shape, impl, /*keep=*/true);
+  return trace.current_bytes() - bytes.x;  // everything but layer.output
+}
+
+namespace {
+
+// Logits and cross entropy over `tokens` tokens, forward then backward, as HF's ForCausalLMLoss
+// does it: logits in the activation dtype, upcast to fp32 (logits.float()), log-softmax in fp32;
+// backward makes the fp32 gradient, then casts it back. Leaves `input_grad_name` ([tokens, h]).
+// Peak: logits + fp32 copy + fp32 gradient, "2 times of 8GiB" plus the bf16 logits at 16K for
+// Llama-8B (ALST paper §3.1).
+void logits_and_cross_entropy(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl,
+                              double tokens, const char* input_grad_name) {
+  const double a = static_cast<double>(impl.activation_bytes);
+  const double logits = tokens * static_cast<double>(shape.vocab);
+  const bool upcast = impl.activation_bytes < 4;
+  trace.alloc(kCategoryLoss, "loss.logits", logits * a);
+  if (upcast) trace.alloc(kCategoryLoss, "loss.logits_fp32", logits * 4.0);
+  trace.alloc(kCategoryLoss, "loss.per_token", tokens * 4.0);
+  trace.alloc(kCategoryLoss, "loss.logits_grad_fp32", logits * 4.0);
+  if (upcast) {
+    trace.free("loss.logits_fp32");  // log-softmax's saved output dies with its backward
+    trace.alloc(kCategoryLoss, "loss.logits_grad", logits * a);
+    trace.free("loss.logits_grad_fp32");
+  }
+  trace.alloc(kCategoryLoss, input_grad_name, tokens * static_cast<double>(shape.hidden) * a);
+  trace.free(upcast ? "loss.logits_grad" : "loss.logits_grad_fp32");
+  trace.free("loss.per_token");
+  trace.free("loss.logits");
+}
+
+}  // namespace
+
+void lm_loss_forward_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl,
+                              LossImplementation loss, int64_t tile_tokens, int64_t weight_bytes) {
+  const Bytes bytes(shape, impl);
+  const double a = static_cast<double>(impl.activation_bytes);
+  const double tokens = static_cast<double>(shape.tokens);
+  const double tile = static_cast<double>(std::min<int64_t>(std::max<int64_t>(tile_tokens, 1), shape.tokens));
+  trace.set_moment("logits and cross entropy");
+  trace.alloc(kCategoryLoss, "final_norm.output", bytes.x);
+  switch (loss) {
+    case LossImplementation::loss_untiled:
+      logits_and_cross_entropy(trace, shape, impl, tokens, "final_norm.output_grad");
+      break;
+    case LossImplementation::loss_liger_chunked: {
+      // Liger fused_linear_cross_entropy (REFERENCE §3.3a): grad_input [T, h] and grad_weight
+      // [V, h] (weight dtype) and loss_1d [T] fp32 up front; per chunk the logits [C, V] in the
+      // input dtype, turned into their gradient in place, and the chunk's input gradient.
+      trace.alloc(kCategoryLoss, "final_norm.output_grad", bytes.x);
+      trace.alloc(kCategoryLoss, "loss.weight_grad",
+                  static_cast<double>(shape.vocab) * static_cast<double>(shape.hidden) * static_cast<double>(weight_bytes));
+      trace.alloc(kCategoryLoss, "loss.per_token", tokens * 4.0);
+      trace.alloc(kCategoryLoss, "loss.logits_chunk", tile * static_cast<double>(shape.vocab) * a);
+      trace.alloc(kCategoryLoss, "loss.input_grad_chunk", tile * static_cast<double>(shape.hidden) * a);
+      trace.free("loss.input_grad_chunk");
+      trace.free("loss.logits_chunk");
+      trace.free("loss.per_token");
+      trace.free("loss.weight_grad");  // handed to the optimizer side in backward
+      break;
+    }
+    case LossImplementation::loss_token_shards:
+      // ArcticTraining TiledFusedLogitsLoss (REFERENCE §3.3b): x_grad = zeros_like(x), then per
+      // shard forward and backward of the untiled loss.
+      trace.alloc(kCategoryLoss, "final_norm.output_grad", bytes.x);
+      logits_and_cross_entropy(trace, shape, impl, tile, "loss.input_grad_shard");
+      trace.free("loss.input_grad_shard");
+      break;
+  }
+  trace.set_moment("final norm backward");
+  trace.alloc(L, "layer.output_grad", bytes.x);
+  trace.free("final_norm.output_grad");
+  trace.free("final_norm.output");
+  trace.free("final_norm.input");
+}
+
+}  // namespace longseq

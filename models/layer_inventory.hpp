@@ -1,0 +1,74 @@
+// layer_inventory.hpp: every tensor one decoder layer, the final norm and the LM loss create on a
+// rank, in the order a runtime creates and releases them. The planner replays it into a
+// TensorTrace to predict peak memory; the executor allocates the same tensors by the same names.
+//
+// Shapes (per rank; b = micro batch, S_l = S/sp local tokens, T = b*S_l):
+//   X      [T, h]                      hidden states, norm outputs, residuals
+//   Q      [T, n_q*d]                  = [b, S, n_q/sp, d] after the all-to-all
+//   K, V   [T, n_kv*r*d]               r = kv replication (Ulysses repeats kv heads when sp > n_kv)
+//   F      [T, f]                      MLP intermediates (per tile when tiled: [T/tiles, f])
+//   lse    [T, n_q] fp32               = [b, n_q/sp, S] softmax statistics
+// Invariant: a schedule frees every tensor it allocates except the ones it documents as kept.
+#pragma once
+
+#include <cstdint>
+
+#include "models/model_spec.hpp"
+#include "models/tensor_trace.hpp"
+
+namespace longseq {
+
+struct LayerShape {
+  int64_t tokens = 0;          // T = b * S_l
+  int64_t sp = 1;              // Ulysses degree (1: no all-to-all)
+  int64_t hidden = 0;          // h
+  int64_t q_width = 0;         // n_q * d
+  int64_t kv_width = 0;        // n_kv * d: k_proj (and v_proj) output width
+  int64_t kv_replication = 1;  // r: Ulysses repeats kv heads r times before the all-to-all when sp > n_kv
+  int64_t num_q_heads = 0;     // n_q (for lse)
+  int64_t intermediate = 0;    // f
+  int64_t vocab = 0;           // V
+  MlpKind mlp_kind = MlpKind::mlp_kind_swiglu;
+  int64_t mlp_tiles = 0;       // 0: untiled MLP
+};
+
+// What the runtime's kernels allocate beyond the tensors themselves (see runtime profiles).
+struct LayerImplementation {
+  int64_t activation_bytes = 2;          // per element of X, Q, K, V, F
+  int64_t ulysses_staging_copies = 2;    // extra buffers live during one all-to-all
+  bool flash_attention_dq_accumulator = false;   // fp32 dq accumulator in attention backward
+  bool flash_attention_expands_gqa_grads = false;// dk/dv allocated at q-head width, then summed
+  bool fused_swiglu = false;             // SwiGLU saves gate and up only (Liger), not SiLU(gate)
+};
+
+// Category names used in traces and breakdowns.
+inline constexpr const char* kCategoryLayer = "layer_working_set";
+inline constexpr const char* kCategoryLoss = "logits_and_loss";
+
+// Forward of one decoder layer. Expects "layer.input" live; leaves "layer.output" live. With
+// keep_for_backward (recompute, or no checkpointing) it also leaves live what backward needs.
+void decoder_layer_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl,
+                           bool keep_for_backward);
+
+// Backward of one decoder layer after decoder_layer_forward(keep_for_backward=true). Expects
+// "layer.output_grad" live; frees it, the kept tensors, "layer.input" and "layer.output", and
+// leaves "layer.input_grad" live.
+void decoder_layer_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl);
+
+// Bytes a layer keeps for backward when it runs forward with keep_for_backward, excluding its
+// output but including its input: the per-layer activation memory without checkpointing.
+double decoder_layer_saved_bytes(const LayerShape& shape, const LayerImplementation& impl);
+
+enum class LossImplementation {
+  loss_untiled,        // logits [T, V] in the activation dtype, an fp32 upcast, fp32 gradient
+  loss_liger_chunked,  // Liger fused linear cross entropy: gradients computed in forward, per chunk
+  loss_token_shards,   // fixed token shards: per shard the untiled tensors, input grad accumulated
+};
+
+// Logits and loss, forward and backward, for this rank's tokens. Expects "final_norm.output"
+// live; frees it and leaves "layer.output_grad" live (the gradient entering the last layer).
+// `tile_tokens`: tokens per chunk/shard (ignored when untiled).
+void lm_loss_forward_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl,
+                              LossImplementation loss, int64_t tile_tokens, int64_t weight_bytes);
+
+}  // namespace longseq

@@ -1,0 +1,188 @@
+#include "models/model_loader.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <fmt/format.h>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "models/config_error.hpp"
+#include "models/embedded_files.hpp"
+#include "models/yaml_reader.hpp"
+
+namespace longseq {
+
+extern const EmbeddedFile builtin_model_cards[];
+extern const int builtin_model_cards_count;
+
+namespace {
+
+std::string to_lower(std::string text) {
+  std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return std::tolower(c); });
+  return text;
+}
+
+// "meta-llama/Llama-3.1-8B-Instruct" -> "llama-3.1-8b": the instruct variant has the same shape.
+std::string canonical_model_name(const std::string& name) {
+  std::string key = to_lower(name);
+  if (auto slash = key.rfind('/'); slash != std::string::npos) key = key.substr(slash + 1);
+  for (const char* suffix : {"-instruct", "-chat", "-base"}) {
+    const std::string s = suffix;
+    if (key.size() > s.size() && key.compare(key.size() - s.size(), s.size(), s) == 0) key.resize(key.size() - s.size());
+  }
+  return key;
+}
+
+std::string card_stem(const char* file_name) {
+  std::string stem = file_name;
+  return stem.substr(0, stem.rfind('.'));
+}
+
+}  // namespace
+
+std::string file_read_text(const std::string& path) {
+  std::ifstream stream(path, std::ios::binary);
+  if (!stream) throw ConfigError(path, "", "cannot open file");
+  std::ostringstream buffer;
+  buffer << stream.rdbuf();
+  return buffer.str();
+}
+
+ModelSpec model_from_card_text(const std::string& yaml_text, const std::string& source_name) {
+  YamlReader reader(yaml_text, source_name);
+  ModelSpec model;
+  constexpr int64_t kHuge = int64_t{1} << 40;
+  model.name = reader.get_string("name");
+  model.num_layers = reader.get_int("num_hidden_layers", 1, 100000);
+  model.hidden_size = reader.get_int("hidden_size", 1, kHuge);
+  model.num_q_heads = reader.get_int("num_attention_heads", 1, 1 << 20);
+  model.num_kv_heads = reader.get_int("num_key_value_heads", 1, 1 << 20);
+  model.head_dim = reader.get_int("head_dim", 1, 1 << 20);
+  model.intermediate_size = reader.get_int("intermediate_size", 1, kHuge);
+  model.vocab_size = reader.get_int("vocab_size", 1, kHuge);
+  const std::string mlp = reader.get_string("mlp");
+  if (mlp == "swiglu") model.mlp_kind = MlpKind::mlp_kind_swiglu;
+  else if (mlp == "gelu") model.mlp_kind = MlpKind::mlp_kind_gelu;
+  else throw ConfigError(source_name, "mlp", fmt::format("expected swiglu or gelu, got '{}'", mlp));
+  const std::string norm = reader.get_string("norm");
+  if (norm == "rmsnorm") model.norm_kind = NormKind::norm_kind_rmsnorm;
+  else if (norm == "layernorm") model.norm_kind = NormKind::norm_kind_layernorm;
+  else throw ConfigError(source_name, "norm", fmt::format("expected rmsnorm or layernorm, got '{}'", norm));
+  model.tied_embeddings = reader.get_bool("tie_word_embeddings");
+  model.qkv_bias = reader.get_bool("qkv_bias", false);
+  model.o_proj_bias = reader.get_bool("o_proj_bias", false);
+  model.mlp_bias = reader.get_bool("mlp_bias", false);
+  model.qk_norm = reader.get_bool("qk_norm", false);
+  reader.reject_unknown_keys();
+  model.validate(source_name);
+  return model;
+}
+
+ModelSpec model_from_hf_config_text(const std::string& json_text, const std::string& source_name) {
+  nlohmann::json config;
+  try {
+    config = nlohmann::json::parse(json_text);
+  } catch (const nlohmann::json::parse_error& error) {
+    throw ConfigError(source_name, "", fmt::format("malformed JSON: {}", error.what()));
+  }
+  if (!config.is_object()) throw ConfigError(source_name, "", "expected a JSON object");
+
+  auto get_int = [&](const char* key) -> int64_t {
+    if (!config.contains(key)) throw ConfigError(source_name, key, "required key is missing");
+    const auto& value = config[key];
+    if (!value.is_number_integer()) throw ConfigError(source_name, key, fmt::format("expected an integer, got {}", value.dump()));
+    return value.get<int64_t>();
+  };
+  auto get_bool = [&](const char* key, bool default_value) -> bool {
+    if (!config.contains(key) || config[key].is_null()) return default_value;
+    if (!config[key].is_boolean()) throw ConfigError(source_name, key, fmt::format("expected true or false, got {}", config[key].dump()));
+    return config[key].get<bool>();
+  };
+
+  if (!config.contains("architectures") || !config["architectures"].is_array() || config["architectures"].empty() ||
+      !config["architectures"][0].is_string())
+    throw ConfigError(source_name, "architectures", "required list of architecture names is missing");
+  const std::string architecture = config["architectures"][0].get<std::string>();
+  const bool is_llama = architecture == "LlamaForCausalLM" || architecture == "MistralForCausalLM";
+  const bool is_qwen2 = architecture == "Qwen2ForCausalLM";
+  const bool is_qwen3 = architecture == "Qwen3ForCausalLM";
+  if (!is_llama && !is_qwen2 && !is_qwen3)
+    throw ConfigError(source_name, "architectures",
+                      fmt::format("unsupported architecture '{}' (supported: LlamaForCausalLM, MistralForCausalLM, "
+                                  "Qwen2ForCausalLM, Qwen3ForCausalLM)", architecture));
+  if (config.contains("hidden_act") && config["hidden_act"] != "silu")
+    throw ConfigError(source_name, "hidden_act", fmt::format("{} uses SwiGLU; expected \"silu\", got {}", architecture,
+                                                            config["hidden_act"].dump()));
+
+  ModelSpec model;
+  model.name = config.value("_name_or_path", std::string());
+  if (model.name.empty()) model.name = std::filesystem::path(source_name).parent_path().filename().string();
+  if (model.name.empty()) model.name = architecture;
+  model.num_layers = get_int("num_hidden_layers");
+  model.hidden_size = get_int("hidden_size");
+  model.num_q_heads = get_int("num_attention_heads");
+  // HF defaults: no num_key_value_heads means multi-head attention; no head_dim means h / n_q.
+  model.num_kv_heads = config.contains("num_key_value_heads") && !config["num_key_value_heads"].is_null()
+                           ? get_int("num_key_value_heads") : model.num_q_heads;
+  if (config.contains("head_dim") && !config["head_dim"].is_null()) {
+    model.head_dim = get_int("head_dim");
+  } else {
+    if (model.num_q_heads <= 0 || model.hidden_size % model.num_q_heads != 0)
+      throw ConfigError(source_name, "head_dim", "missing, and hidden_size is not a multiple of num_attention_heads");
+    model.head_dim = model.hidden_size / model.num_q_heads;
+  }
+  model.intermediate_size = get_int("intermediate_size");
+  model.vocab_size = get_int("vocab_size");
+  model.mlp_kind = MlpKind::mlp_kind_swiglu;
+  model.norm_kind = NormKind::norm_kind_rmsnorm;
+  // LlamaConfig, MistralConfig, Qwen2Config and Qwen3Config all default tie_word_embeddings to false.
+  model.tied_embeddings = get_bool("tie_word_embeddings", false);
+  if (is_llama) {
+    // LlamaAttention: attention_bias puts biases on q, k, v and o; mlp_bias on gate, up, down.
+    model.qkv_bias = get_bool("attention_bias", false);
+    model.o_proj_bias = model.qkv_bias;
+    model.mlp_bias = get_bool("mlp_bias", false);
+  } else if (is_qwen2) {
+    model.qkv_bias = true;  // Qwen2Attention: q/k/v always have biases, o_proj never
+  } else {
+    model.qkv_bias = get_bool("attention_bias", false);  // Qwen3Attention: q, k, v and o share the flag
+    model.o_proj_bias = model.qkv_bias;
+    model.qk_norm = true;  // Qwen3Attention always has q_norm and k_norm over head_dim
+  }
+  model.validate(source_name);
+  return model;
+}
+
+std::vector<std::string> builtin_model_names() {
+  std::vector<std::string> names;
+  for (int i = 0; i < builtin_model_cards_count; ++i) names.push_back(card_stem(builtin_model_cards[i].file_name));
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+ModelSpec model_load(const std::string& name_or_path) {
+  std::error_code error;
+  if (std::filesystem::is_regular_file(name_or_path, error)) {
+    const std::string text = file_read_text(name_or_path);
+    if (std::filesystem::path(name_or_path).extension() == ".json") return model_from_hf_config_text(text, name_or_path);
+    return model_from_card_text(text, name_or_path);
+  }
+  if (std::filesystem::is_directory(name_or_path, error)) {
+    const auto config_path = std::filesystem::path(name_or_path) / "config.json";
+    if (std::filesystem::is_regular_file(config_path, error))
+      return model_from_hf_config_text(file_read_text(config_path.string()), config_path.string());
+    throw ConfigError(name_or_path, "", "is a directory without a config.json");
+  }
+  const std::string wanted = canonical_model_name(name_or_path);
+  for (int i = 0; i < builtin_model_cards_count; ++i) {
+    const EmbeddedFile& card = builtin_model_cards[i];
+    if (card_stem(card.file_name) == wanted) return model_from_card_text(card.content, std::string("built-in card ") + card.file_name);
+  }
+  std::string known;
+  for (const auto& name : builtin_model_names()) known += (known.empty() ? "" : ", ") + name;
+  throw ConfigError("--model", "", fmt::format("unknown model '{}': not a file, and not a built-in card ({})", name_or_path, known));
+}
+
+}  // namespace longseq

@@ -1,0 +1,58 @@
+#include "models/model_spec.hpp"
+
+#include <algorithm>
+#include <fmt/format.h>
+
+#include "models/config_error.hpp"
+
+namespace longseq {
+
+void ModelSpec::validate(const std::string& source) const {
+  auto require_positive = [&](int64_t value, const char* key) {
+    if (value <= 0) throw ConfigError(source, key, fmt::format("must be a positive integer, got {}", value));
+  };
+  require_positive(num_layers, "num_hidden_layers");
+  require_positive(hidden_size, "hidden_size");
+  require_positive(num_q_heads, "num_attention_heads");
+  require_positive(num_kv_heads, "num_key_value_heads");
+  require_positive(head_dim, "head_dim");
+  require_positive(intermediate_size, "intermediate_size");
+  require_positive(vocab_size, "vocab_size");
+  if (num_q_heads % num_kv_heads != 0)
+    throw ConfigError(source, "num_key_value_heads",
+                      fmt::format("{} query heads are not a multiple of {} key/value heads", num_q_heads, num_kv_heads));
+}
+
+ParameterCount parameter_count(const ModelSpec& model) {
+  const int64_t h = model.hidden_size;
+  const int64_t f = model.intermediate_size;
+  const int64_t norm_params = model.norm_kind == NormKind::norm_kind_layernorm ? 2 * h : h;
+
+  ParameterCount count;
+  count.embedding = model.vocab_size * h;
+  count.lm_head = model.tied_embeddings ? 0 : model.vocab_size * h;
+  count.final_norm = norm_params;
+
+  // Attention: q, k, v, o projections (+ biases) and Qwen3's per-head q/k norms.
+  const int64_t qkv_out = model.q_width() + 2 * model.kv_width();
+  count.per_layer_attention = h * qkv_out + model.q_width() * h;
+  if (model.qkv_bias) count.per_layer_attention += qkv_out;
+  if (model.o_proj_bias) count.per_layer_attention += h;
+  if (model.qk_norm) count.per_layer_attention += 2 * model.head_dim;
+
+  // MLP: SwiGLU has gate, up, down; GELU has up, down.
+  const int64_t mlp_matrices = model.mlp_kind == MlpKind::mlp_kind_swiglu ? 3 : 2;
+  count.per_layer_mlp = mlp_matrices * h * f;
+  if (model.mlp_bias) count.per_layer_mlp += (mlp_matrices - 1) * f + h;
+
+  count.per_layer_norms = 2 * norm_params;  // before attention and before the MLP
+  count.per_layer = count.per_layer_attention + count.per_layer_mlp + count.per_layer_norms;
+  count.total = count.embedding + model.num_layers * count.per_layer + count.final_norm + count.lm_head;
+  count.largest_layer_matrix = std::max(h * f, h * model.q_width());
+  return count;
+}
+
+const char* mlp_kind_name(MlpKind kind) { return kind == MlpKind::mlp_kind_swiglu ? "swiglu" : "gelu"; }
+const char* norm_kind_name(NormKind kind) { return kind == NormKind::norm_kind_rmsnorm ? "rmsnorm" : "layernorm"; }
+
+}  // namespace longseq

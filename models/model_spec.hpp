@@ -1,0 +1,60 @@
+// model_spec.hpp: what is trained — the shape of a decoder-only transformer, and its exact
+// parameter count.
+//
+// A ModelSpec comes from a model card (models/cards/*.yaml, built into the binary), from a card
+// file given by path, or from a Hugging Face config.json. Size letters used across longseq:
+//   L layers, h hidden_size, n_q / n_kv attention heads, d head_dim, f intermediate_size,
+//   V vocab_size, S global sequence length, sp sequence-parallel degree, S_l = S / sp.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace longseq {
+
+enum class MlpKind { mlp_kind_swiglu, mlp_kind_gelu };        // SwiGLU: gate, up, down; GELU: up, down
+enum class NormKind { norm_kind_rmsnorm, norm_kind_layernorm };  // LayerNorm adds a bias vector
+
+struct ModelSpec {
+  std::string name;
+  int64_t num_layers = 0;         // L
+  int64_t hidden_size = 0;        // h
+  int64_t num_q_heads = 0;        // n_q
+  int64_t num_kv_heads = 0;       // n_kv (GQA when < n_q, MQA when 1)
+  int64_t head_dim = 0;           // d (n_q * d may differ from h, e.g. Qwen3-32B)
+  int64_t intermediate_size = 0;  // f
+  int64_t vocab_size = 0;         // V
+  MlpKind mlp_kind = MlpKind::mlp_kind_swiglu;
+  NormKind norm_kind = NormKind::norm_kind_rmsnorm;
+  bool tied_embeddings = false;   // LM head shares the embedding matrix
+  bool qkv_bias = false;          // biases on q/k/v projections (Qwen2, GPT)
+  bool o_proj_bias = false;       // bias on the attention output projection (GPT)
+  bool mlp_bias = false;          // biases on the MLP projections (GPT)
+  bool qk_norm = false;           // per-head RMSNorm on q and k (Qwen3)
+
+  // Throws ConfigError(source, key, reason) on an impossible shape.
+  void validate(const std::string& source) const;
+
+  int64_t q_width() const { return num_q_heads * head_dim; }    // q_proj output features
+  int64_t kv_width() const { return num_kv_heads * head_dim; }  // k_proj / v_proj output features
+};
+
+// Exact parameter counts, by where they live (ZeRO-3 gathers them per module).
+struct ParameterCount {
+  int64_t embedding = 0;          // V*h
+  int64_t per_layer = 0;          // one decoder layer
+  int64_t per_layer_attention = 0;
+  int64_t per_layer_mlp = 0;
+  int64_t per_layer_norms = 0;    // also what ZeRO-3 keeps unpartitioned (below its persistence threshold)
+  int64_t final_norm = 0;
+  int64_t lm_head = 0;            // 0 when tied
+  int64_t largest_layer_matrix = 0;  // largest weight tensor in a decoder layer (its gradient is produced whole)
+  int64_t total = 0;
+};
+
+ParameterCount parameter_count(const ModelSpec& model);
+
+const char* mlp_kind_name(MlpKind kind);
+const char* norm_kind_name(NormKind kind);
+
+}  // namespace longseq

@@ -1,0 +1,48 @@
+#include "models/tensor_trace.hpp"
+
+#include <stdexcept>
+
+namespace longseq {
+
+void TensorTrace::alloc(std::string_view category, std::string_view name, double bytes, double count) {
+  // Zero-byte tensors are kept (so the schedule can free them) and left out of reports.
+  if (bytes < 0 || count <= 0) throw std::logic_error("TensorTrace::alloc: negative size for '" + std::string(name) + "'");
+  live_.push_back(TraceItem{category, name, bytes, count});
+  current_bytes_ += bytes;
+  // Strictly greater: among equal peaks the first is reported, which is the earlier moment.
+  if (current_bytes_ > peak_bytes_) {
+    peak_bytes_ = current_bytes_;
+    peak_items_ = live_;
+    peak_moment_ = moment_;
+  }
+}
+
+void TensorTrace::free(std::string_view name) {
+  for (auto it = live_.rbegin(); it != live_.rend(); ++it) {
+    if (it->name == name) {
+      current_bytes_ -= it->bytes;
+      live_.erase(std::next(it).base());
+      return;
+    }
+  }
+  throw std::logic_error("TensorTrace::free: '" + std::string(name) + "' is not live");
+}
+
+void TensorTrace::move(std::string_view from, std::string_view category, std::string_view to) {
+  for (auto it = live_.rbegin(); it != live_.rend(); ++it) {
+    if (it->name != from) continue;
+    TraceItem moved{category, to, it->bytes, it->count};
+    it->bytes = 0;
+    live_.push_back(moved);
+    return;
+  }
+  throw std::logic_error("TensorTrace::move: '" + std::string(from) + "' is not live");
+}
+
+bool TensorTrace::is_live(std::string_view name) const {
+  for (const auto& item : live_)
+    if (item.name == name) return true;
+  return false;
+}
+
+}  // namespace longseq

@@ -1,0 +1,51 @@
+// tensor_trace.hpp: replays allocations and frees in program order and records the peak, with
+// the list of tensors that were live at that moment.
+//
+// The planner drives it with the decoder-layer inventory (layer_inventory.hpp) to predict peak
+// memory; the executor's tracking arena reports with the same names, so measured and predicted
+// can be diffed tensor by tensor. Sizes are bytes held as double: exact to 2^53 bytes (8 PiB),
+// and free of integer overflow when the planner probes absurd sequence lengths.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace longseq {
+
+struct TraceItem {
+  std::string_view category;  // the breakdown group: "model_states", "layer", "loss", ...
+  std::string_view name;      // the tensor, e.g. "attention.q"
+  double bytes = 0;
+  double count = 1;           // identical tensors folded into one item (e.g. per-layer checkpoints)
+};
+
+class TensorTrace {
+ public:
+  void alloc(std::string_view category, std::string_view name, double bytes, double count = 1);
+  // Frees the most recently allocated live tensor called `name`; freeing a tensor that is not
+  // live is a bug in the schedule and throws std::logic_error.
+  void free(std::string_view name);
+  bool is_live(std::string_view name) const;
+  // Hands the storage of live tensor `from` to a new tensor `to` (a view that outlives its
+  // source, e.g. attention inputs when there is no all-to-all); `from` stays live with 0 bytes.
+  void move(std::string_view from, std::string_view category, std::string_view to);
+  // Labels the allocations that follow, for reporting when the peak happened.
+  void set_moment(std::string_view moment) { moment_ = moment; }
+
+  double current_bytes() const { return current_bytes_; }
+  double peak_bytes() const { return peak_bytes_; }
+  std::string_view peak_moment() const { return peak_moment_; }
+  const std::vector<TraceItem>& peak_items() const { return peak_items_; }
+  const std::vector<TraceItem>& live_items() const { return live_; }
+
+ private:
+  std::vector<TraceItem> live_;
+  std::vector<TraceItem> peak_items_;
+  double current_bytes_ = 0;
+  double peak_bytes_ = 0;
+  std::string_view moment_;
+  std::string_view peak_moment_;
+};
+
+}  // namespace longseq

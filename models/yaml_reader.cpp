@@ -1,0 +1,94 @@
+#include "models/yaml_reader.hpp"
+
+#include <cmath>
+#include <fmt/format.h>
+
+namespace longseq {
+
+YamlReader::YamlReader(const std::string& text, std::string source_name)
+    : source_name_(std::move(source_name)) {
+  try {
+    root_ = YAML::Load(text);
+  } catch (const YAML::Exception& error) {
+    throw ConfigError(source_name_, "",
+                      fmt::format("malformed YAML at line {}, column {}: {}", error.mark.line + 1,
+                                  error.mark.column + 1, error.msg));
+  }
+  if (!root_.IsMap()) throw ConfigError(source_name_, "", "expected a mapping of key: value at the top level");
+}
+
+bool YamlReader::has(const std::string& key) const { return static_cast<bool>(root_[key]); }
+
+YAML::Node YamlReader::require(const std::string& key) {
+  read_keys_.insert(key);
+  YAML::Node node = root_[key];
+  if (!node) throw ConfigError(source_name_, key, "required key is missing");
+  if (!node.IsScalar()) throw ConfigError(source_name_, key, "expected a single value");
+  return node;
+}
+
+std::string YamlReader::get_string(const std::string& key) { return require(key).Scalar(); }
+
+std::string YamlReader::get_string(const std::string& key, const std::string& default_value) {
+  return has(key) ? get_string(key) : (read_keys_.insert(key), default_value);
+}
+
+int64_t YamlReader::get_int(const std::string& key, int64_t minimum, int64_t maximum) {
+  const std::string text = require(key).Scalar();
+  // Accept 1e5 and 5e8 as DeepSpeed configs write them, but only when the value is whole.
+  double value = 0;
+  try {
+    size_t used = 0;
+    value = std::stod(text, &used);
+    if (used != text.size()) throw std::invalid_argument(text);
+  } catch (const std::exception&) {
+    throw ConfigError(source_name_, key, fmt::format("expected an integer, got '{}'", text));
+  }
+  if (value != std::floor(value)) throw ConfigError(source_name_, key, fmt::format("expected an integer, got '{}'", text));
+  if (value < static_cast<double>(minimum) || value > static_cast<double>(maximum))
+    throw ConfigError(source_name_, key, fmt::format("{} is out of range [{}, {}]", text, minimum, maximum));
+  return static_cast<int64_t>(value);
+}
+
+int64_t YamlReader::get_int(const std::string& key, int64_t minimum, int64_t maximum, int64_t default_value) {
+  return has(key) ? get_int(key, minimum, maximum) : (read_keys_.insert(key), default_value);
+}
+
+double YamlReader::get_double(const std::string& key, double minimum, double maximum) {
+  const std::string text = require(key).Scalar();
+  double value = 0;
+  try {
+    size_t used = 0;
+    value = std::stod(text, &used);
+    if (used != text.size()) throw std::invalid_argument(text);
+  } catch (const std::exception&) {
+    throw ConfigError(source_name_, key, fmt::format("expected a number, got '{}'", text));
+  }
+  if (!std::isfinite(value) || value < minimum || value > maximum)
+    throw ConfigError(source_name_, key, fmt::format("{} is out of range [{}, {}]", text, minimum, maximum));
+  return value;
+}
+
+double YamlReader::get_double(const std::string& key, double minimum, double maximum, double default_value) {
+  return has(key) ? get_double(key, minimum, maximum) : (read_keys_.insert(key), default_value);
+}
+
+bool YamlReader::get_bool(const std::string& key) {
+  const std::string text = require(key).Scalar();
+  if (text == "true") return true;
+  if (text == "false") return false;
+  throw ConfigError(source_name_, key, fmt::format("expected true or false, got '{}'", text));
+}
+
+bool YamlReader::get_bool(const std::string& key, bool default_value) {
+  return has(key) ? get_bool(key) : (read_keys_.insert(key), default_value);
+}
+
+void YamlReader::reject_unknown_keys() const {
+  for (const auto& entry : root_) {
+    const std::string key = entry.first.as<std::string>();
+    if (!read_keys_.count(key)) throw ConfigError(source_name_, key, "unknown key");
+  }
+}
+
+}  // namespace longseq

@@ -1,0 +1,46 @@
+// yaml_reader.hpp: strict reading of a YAML mapping into a plain struct.
+//
+// Invariants: a key the struct does not know is an error (typos must not silently fall back to
+// defaults); a missing required key, a wrong type or an out-of-range number is an error naming
+// the file and the key. Used by model cards, hardware cards and runtime profiles.
+#pragma once
+
+#include <yaml-cpp/yaml.h>
+
+#include <cstdint>
+#include <set>
+#include <string>
+
+#include "models/config_error.hpp"
+
+namespace longseq {
+
+class YamlReader {
+ public:
+  // Parses `text` (the content of `source_name`); throws ConfigError on malformed YAML.
+  YamlReader(const std::string& text, std::string source_name);
+
+  const std::string& source_name() const { return source_name_; }
+  bool has(const std::string& key) const;
+
+  std::string get_string(const std::string& key);
+  std::string get_string(const std::string& key, const std::string& default_value);
+  // Integers must be whole numbers within [minimum, maximum].
+  int64_t get_int(const std::string& key, int64_t minimum, int64_t maximum);
+  int64_t get_int(const std::string& key, int64_t minimum, int64_t maximum, int64_t default_value);
+  double get_double(const std::string& key, double minimum, double maximum);
+  double get_double(const std::string& key, double minimum, double maximum, double default_value);
+  bool get_bool(const std::string& key);
+  bool get_bool(const std::string& key, bool default_value);
+
+  // Call after reading every field: throws on any key that was never read.
+  void reject_unknown_keys() const;
+
+ private:
+  YAML::Node require(const std::string& key);
+  std::string source_name_;
+  YAML::Node root_;
+  std::set<std::string> read_keys_;
+};
+
+}  // namespace longseq

@@ -1,0 +1,113 @@
+#include "planner/cards.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <fmt/format.h>
+
+#include "models/config_error.hpp"
+#include "models/embedded_files.hpp"
+#include "models/model_loader.hpp"
+#include "models/yaml_reader.hpp"
+
+namespace longseq {
+
+extern const EmbeddedFile builtin_hardware_cards[];
+extern const int builtin_hardware_cards_count;
+extern const EmbeddedFile builtin_runtime_profiles[];
+extern const int builtin_runtime_profiles_count;
+
+namespace {
+
+std::string to_lower(std::string text) {
+  std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return std::tolower(c); });
+  return text;
+}
+
+std::vector<std::string> stems(const EmbeddedFile* files, int count) {
+  std::vector<std::string> names;
+  for (int i = 0; i < count; ++i) {
+    std::string stem = files[i].file_name;
+    names.push_back(stem.substr(0, stem.rfind('.')));
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// A path that exists is read from disk; otherwise the name must be one of the built-in files.
+template <typename Parse>
+auto load_named(const std::string& name_or_path, const EmbeddedFile* files, int count, const char* what,
+                const char* flag, Parse parse) {
+  std::error_code error;
+  if (std::filesystem::is_regular_file(name_or_path, error)) return parse(file_read_text(name_or_path), name_or_path);
+  const std::string wanted = to_lower(name_or_path);
+  for (int i = 0; i < count; ++i) {
+    std::string stem = files[i].file_name;
+    stem = stem.substr(0, stem.rfind('.'));
+    if (stem == wanted) return parse(files[i].content, std::string("built-in ") + what + " " + files[i].file_name);
+  }
+  std::string known;
+  for (const auto& name : stems(files, count)) known += (known.empty() ? "" : ", ") + name;
+  throw ConfigError(flag, "", fmt::format("unknown {} '{}': not a file, and not built in ({})", what, name_or_path, known));
+}
+
+}  // namespace
+
+HardwareCard hardware_card_from_text(const std::string& yaml_text, const std::string& source_name) {
+  YamlReader reader(yaml_text, source_name);
+  HardwareCard card;
+  card.name = reader.get_string("name");
+  card.gpu_memory_gib = reader.get_double("gpu_memory_gib", 0.001, 1e6);
+  card.peak_bf16_tflops = reader.get_double("peak_bf16_tflops", 0.001, 1e7);
+  card.gpus_per_node = reader.get_int("gpus_per_node", 1, 1024);
+  card.host_memory_gib = reader.get_double("host_memory_gib", 0.001, 1e9);
+  card.pcie_host_to_device_gbps = reader.get_double("pcie_host_to_device_gbps", 0.001, 1e6);
+  card.pcie_device_to_host_gbps = reader.get_double("pcie_device_to_host_gbps", 0.001, 1e6);
+  card.nvlink_gbps = reader.get_double("nvlink_gbps", 0.001, 1e6);
+  card.internode_gbps_per_node = reader.get_double("internode_gbps_per_node", 0.001, 1e7);
+  reader.reject_unknown_keys();
+  return card;
+}
+
+RuntimeProfile runtime_profile_from_text(const std::string& yaml_text, const std::string& source_name) {
+  YamlReader reader(yaml_text, source_name);
+  RuntimeProfile profile;
+  profile.name = reader.get_string("name");
+  profile.activation_bytes = reader.get_int("activation_bytes", 1, 8);
+  profile.weight_bytes = reader.get_int("weight_bytes", 1, 8);
+  profile.gradient_bytes = reader.get_int("gradient_bytes", 0, 8);
+  profile.master_weight_bytes = reader.get_int("master_weight_bytes", 0, 8);
+  profile.optimizer_state_bytes = reader.get_int("optimizer_state_bytes", 0, 16);
+  profile.working_gradient_bytes = reader.get_int("working_gradient_bytes", 1, 8);
+  profile.cuda_context_gib = reader.get_double("cuda_context_gib", 0, 1024);
+  profile.nccl_buffers_gib = reader.get_double("nccl_buffers_gib", 0, 1024);
+  profile.cublas_workspace_mib = reader.get_double("cublas_workspace_mib", 0, 1 << 20);
+  profile.zero_reduce_bucket_elements = reader.get_int("zero_reduce_bucket_elements", 0, int64_t{1} << 40);
+  profile.zero_prefetch_bucket_elements = reader.get_int("zero_prefetch_bucket_elements", 0, int64_t{1} << 40);
+  profile.ulysses_staging_copies = reader.get_int("ulysses_staging_copies", 0, 8);
+  profile.flash_attention_dq_accumulator = reader.get_bool("flash_attention_dq_accumulator");
+  profile.flash_attention_expands_gqa_grads = reader.get_bool("flash_attention_expands_gqa_grads");
+  profile.fused_swiglu = reader.get_bool("fused_swiglu");
+  const std::string tiling = reader.get_string("loss_tiling");
+  if (tiling == "liger") profile.loss_tiling = LossTiling::loss_tiling_liger;
+  else if (tiling == "shards") profile.loss_tiling = LossTiling::loss_tiling_shards;
+  else throw ConfigError(source_name, "loss_tiling", fmt::format("expected liger or shards, got '{}'", tiling));
+  profile.dataloader_host_bytes_per_token = reader.get_double("dataloader_host_bytes_per_token", 0, 1 << 20);
+  reader.reject_unknown_keys();
+  return profile;
+}
+
+HardwareCard hardware_card_load(const std::string& name_or_path) {
+  return load_named(name_or_path, builtin_hardware_cards, builtin_hardware_cards_count, "hardware card", "--gpu",
+                    hardware_card_from_text);
+}
+
+RuntimeProfile runtime_profile_load(const std::string& name_or_path) {
+  return load_named(name_or_path, builtin_runtime_profiles, builtin_runtime_profiles_count, "runtime profile",
+                    "--profile", runtime_profile_from_text);
+}
+
+std::vector<std::string> builtin_hardware_names() { return stems(builtin_hardware_cards, builtin_hardware_cards_count); }
+std::vector<std::string> builtin_profile_names() { return stems(builtin_runtime_profiles, builtin_runtime_profiles_count); }
+
+}  // namespace longseq

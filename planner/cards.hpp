@@ -1,0 +1,62 @@
+// cards.hpp: the hardware cards (scenarios/hardware/*.yaml) and runtime profiles
+// (planner/profiles/*.yaml), compiled into the binary and also loadable from a path.
+//
+// Units live in the names: _gib (2^30 bytes), _gbps (10^9 bytes per second), _tflops.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace longseq {
+
+// One GPU type and the node it usually sits in. Sources are in the card files.
+struct HardwareCard {
+  std::string name;
+  double gpu_memory_gib = 0;          // what the allocator can reach (nvidia-smi total)
+  double peak_bf16_tflops = 0;        // dense
+  int64_t gpus_per_node = 0;
+  double host_memory_gib = 0;         // per node
+  double pcie_host_to_device_gbps = 0;
+  double pcie_device_to_host_gbps = 0;
+  double nvlink_gbps = 0;             // unidirectional, per GPU
+  double internode_gbps_per_node = 0; // unidirectional, per node
+};
+
+enum class LossTiling { loss_tiling_liger, loss_tiling_shards };
+
+// How a runtime spends memory: dtypes, overheads outside the allocator, and the implementation
+// choices that decide which tensors exist (see the profile files for the sources).
+struct RuntimeProfile {
+  std::string name;
+  int64_t activation_bytes = 2;
+  int64_t weight_bytes = 2;
+  int64_t gradient_bytes = 4;         // the optimizer's gradient copy
+  int64_t master_weight_bytes = 4;
+  int64_t optimizer_state_bytes = 8;  // Adam m + v
+  int64_t working_gradient_bytes = 2; // a weight gradient as backward produces it
+  double cuda_context_gib = 0;
+  double nccl_buffers_gib = 0;        // only when there is more than one rank
+  double cublas_workspace_mib = 0;
+  int64_t zero_reduce_bucket_elements = 0;
+  int64_t zero_prefetch_bucket_elements = 0;
+  int64_t ulysses_staging_copies = 2;
+  bool flash_attention_dq_accumulator = false;
+  bool flash_attention_expands_gqa_grads = false;
+  bool fused_swiglu = false;
+  LossTiling loss_tiling = LossTiling::loss_tiling_shards;
+  double dataloader_host_bytes_per_token = 0;
+};
+
+// Resolve a built-in card by name (case-insensitive, file stem) or read a YAML file by path.
+// Throws ConfigError naming the file and key.
+HardwareCard hardware_card_load(const std::string& name_or_path);
+RuntimeProfile runtime_profile_load(const std::string& name_or_path);
+
+HardwareCard hardware_card_from_text(const std::string& yaml_text, const std::string& source_name);
+RuntimeProfile runtime_profile_from_text(const std::string& yaml_text, const std::string& source_name);
+
+std::vector<std::string> builtin_hardware_names();
+std::vector<std::string> builtin_profile_names();
+
+}  // namespace longseq

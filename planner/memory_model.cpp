@@ -1,0 +1,250 @@
+#include "planner/memory_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include "models/layer_inventory.hpp"
+#include "models/tensor_trace.hpp"
+#include "planner/units.hpp"
+
+namespace longseq {
+
+int64_t mlp_tiles_deepspeed_rule(int64_t local_tokens, int64_t hidden) {
+  return std::max<int64_t>(1, (local_tokens + hidden - 1) / hidden);
+}
+
+int64_t loss_chunk_tokens_liger(int64_t tokens, int64_t vocab, int64_t hidden) {
+  const int64_t inc_factor = (vocab + hidden - 1) / hidden;  // chunk_mem_const = 1
+  const int64_t wanted = (tokens + inc_factor - 1) / inc_factor;
+  int64_t chunk = 1;
+  while (chunk < wanted) chunk *= 2;
+  return chunk;
+}
+
+int64_t loss_shards_arctic_rule(int64_t tokens, int64_t vocab) {
+  const double bytes = static_cast<double>(tokens) * static_cast<double>(vocab) * 4.0;
+  return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(bytes / kBytesPerGib)));
+}
+
+namespace {
+
+struct Setup {
+  LayerShape shape;
+  LayerImplementation impl;
+  LossImplementation loss = LossImplementation::loss_untiled;
+  int64_t loss_tile_tokens = 0;
+  ParameterCount params;
+};
+
+Setup setup_make(const ModelSpec& model, const PlanOptions& plan, const RuntimeProfile& profile, int64_t seqlen) {
+  Setup setup;
+  setup.params = parameter_count(model);
+  LayerShape& shape = setup.shape;
+  shape.tokens = plan.micro_batch * (seqlen / plan.sp);
+  shape.sp = plan.sp;
+  shape.hidden = model.hidden_size;
+  shape.q_width = model.q_width();
+  shape.kv_width = model.kv_width();
+  shape.kv_replication = kv_replication_factor(model, plan.sp);
+  shape.num_q_heads = model.num_q_heads;
+  shape.intermediate = model.intermediate_size;
+  shape.vocab = model.vocab_size;
+  shape.mlp_kind = model.mlp_kind;
+  if (plan.tiled_mlp) {
+    const int64_t tiles = plan.mlp_tiles > 0 ? plan.mlp_tiles : mlp_tiles_deepspeed_rule(seqlen / plan.sp, model.hidden_size);
+    shape.mlp_tiles = std::min(tiles, shape.tokens);
+  }
+
+  LayerImplementation& impl = setup.impl;
+  impl.activation_bytes = profile.activation_bytes;
+  impl.ulysses_staging_copies = profile.ulysses_staging_copies;
+  impl.flash_attention_dq_accumulator = profile.flash_attention_dq_accumulator;
+  impl.flash_attention_expands_gqa_grads = profile.flash_attention_expands_gqa_grads;
+  // ALST turns Liger's fused SwiGLU off when TiledMLP is on (AT-code model/liger_factory.py).
+  impl.fused_swiglu = profile.fused_swiglu && !plan.tiled_mlp;
+
+  if (plan.tiled_loss) {
+    if (profile.loss_tiling == LossTiling::loss_tiling_liger) {
+      setup.loss = LossImplementation::loss_liger_chunked;
+      setup.loss_tile_tokens = plan.loss_tiles > 0 ? (shape.tokens + plan.loss_tiles - 1) / plan.loss_tiles
+                                                   : loss_chunk_tokens_liger(shape.tokens, model.vocab_size, model.hidden_size);
+    } else {
+      setup.loss = LossImplementation::loss_token_shards;
+      const int64_t shards = plan.loss_tiles > 0 ? plan.loss_tiles : loss_shards_arctic_rule(shape.tokens, model.vocab_size);
+      setup.loss_tile_tokens = (shape.tokens + shards - 1) / shards;
+    }
+    setup.loss_tile_tokens = std::min(setup.loss_tile_tokens, shape.tokens);
+  }
+  return setup;
+}
+
+double as_double(int64_t value) { return static_cast<double>(value); }
+
+// Model states, runtime overheads and inputs: live for the whole step.
+void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const ClusterSpec& cluster,
+                          const PlanOptions& plan, const RuntimeProfile& profile, const Setup& setup, int64_t seqlen) {
+  const double params = as_double(setup.params.total);
+  const double world = as_double(cluster.gpus);
+  // ZeRO partitions over all ranks (data x sequence parallel; REFERENCE training configuration):
+  // stage 1 the optimizer states and master weights, stage 2 also gradients, stage 3 also weights.
+  const double optimizer_shards = plan.zero_stage >= 1 ? world : 1;
+  const double gradient_shards = plan.zero_stage >= 2 ? world : 1;
+  const double weight_shards = plan.zero_stage >= 3 ? world : 1;
+  if (!plan.offload_params)
+    trace.alloc(kCategoryModelStates, "weights", params * as_double(profile.weight_bytes) / weight_shards);
+  if (!plan.offload_optimizer) {
+    trace.alloc(kCategoryModelStates, "gradients_fp32", params * as_double(profile.gradient_bytes) / gradient_shards);
+    trace.alloc(kCategoryModelStates, "master_weights", params * as_double(profile.master_weight_bytes) / optimizer_shards);
+    trace.alloc(kCategoryModelStates, "optimizer_states", params * as_double(profile.optimizer_state_bytes) / optimizer_shards);
+  }
+
+  trace.alloc(kCategoryRuntime, "cuda_context", profile.cuda_context_gib * kBytesPerGib);
+  if (cluster.gpus > 1) trace.alloc(kCategoryRuntime, "nccl_buffers", profile.nccl_buffers_gib * kBytesPerGib);
+  trace.alloc(kCategoryRuntime, "cublas_workspace", profile.cublas_workspace_mib * 1024.0 * 1024.0);
+
+  // input_ids and shift_labels (int64) for this rank's tokens; position_ids all-gathered to the
+  // full sequence for attention when sp > 1 (REFERENCE §3.1); RoPE cos and sin [b, S_l, d].
+  const double tokens = as_double(setup.shape.tokens);
+  trace.alloc(kCategoryInputs, "input_ids_and_labels", tokens * 16.0);
+  trace.alloc(kCategoryInputs, "position_ids", as_double(plan.micro_batch) * as_double(plan.sp > 1 ? seqlen : seqlen / plan.sp) * 8.0);
+  trace.alloc(kCategoryInputs, "rope_cos_sin", 2.0 * tokens * as_double(model.head_dim) * as_double(profile.activation_bytes));
+}
+
+// What ZeRO holds while a decoder layer runs: the layer's gathered weights and the prefetched
+// next ones (stage 3), and in backward the reduce bucket and the weight gradient being produced.
+void zero_layer_buffers_place(TensorTrace& trace, const PlanOptions& plan, const RuntimeProfile& profile,
+                              const Setup& setup, bool backward) {
+  const double layer_params = as_double(setup.params.per_layer);
+  if (plan.zero_stage == 3) {
+    trace.alloc(kCategoryZero, "gathered_layer_weights", layer_params * as_double(profile.weight_bytes));
+    const double prefetch = std::min(as_double(profile.zero_prefetch_bucket_elements), layer_params);
+    trace.alloc(kCategoryZero, "prefetched_weights", prefetch * as_double(profile.weight_bytes));
+  }
+  if (backward && plan.zero_stage >= 2) {
+    const double bucket = std::min(as_double(profile.zero_reduce_bucket_elements), as_double(setup.params.total));
+    trace.alloc(kCategoryZero, "gradient_reduce_bucket", bucket * as_double(profile.working_gradient_bytes));
+    trace.alloc(kCategoryZero, "weight_gradient_in_flight",
+                as_double(setup.params.largest_layer_matrix) * as_double(profile.working_gradient_bytes));
+  }
+}
+
+// Checkpoints (or, without checkpointing, whole saved activation sets) of `layers` layers.
+void resident_activations_place(TensorTrace& trace, const PlanOptions& plan, const Setup& setup, double layers,
+                                double saved_bytes_per_layer) {
+  if (layers <= 0) return;
+  const double x_bytes = as_double(setup.shape.tokens) * as_double(setup.shape.hidden) * as_double(setup.impl.activation_bytes);
+  if (!plan.activation_checkpointing) {
+    trace.alloc(kCategoryCheckpoints, "saved_activations", saved_bytes_per_layer * layers, layers);
+  } else if (!plan.checkpoint_offload) {
+    trace.alloc(kCategoryCheckpoints, "hidden_states_checkpoints", x_bytes * layers, layers);
+  }
+  // With checkpoint offload the copy to the host is synchronous (AT-code monkey_patches.py), so
+  // no checkpoint stays on the GPU beyond the layer input the schedule already holds.
+}
+
+struct PhaseResult {
+  TensorTrace trace;
+  std::string phase;
+};
+
+}  // namespace
+
+MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
+                                const RuntimeProfile& profile, int64_t seqlen) {
+  if (!plan_problems(model, cluster, plan).empty() || !seqlen_problems(plan, seqlen).empty())
+    throw std::invalid_argument("memory_predict: invalid plan or sequence length (check plan_problems first)");
+  const Setup setup = setup_make(model, plan, profile, seqlen);
+  const double layers = as_double(model.num_layers);
+  const double x_bytes = as_double(setup.shape.tokens) * as_double(model.hidden_size) * as_double(profile.activation_bytes);
+  const double saved_per_layer = plan.activation_checkpointing ? 0 : decoder_layer_saved_bytes(setup.shape, setup.impl);
+
+  std::vector<PhaseResult> phases(3);
+
+  // Forward of the last layer: the checkpoints of all layers below it are resident.
+  {
+    TensorTrace& trace = phases[0].trace;
+    phases[0].phase = "forward of the last decoder layer";
+    static_tensors_place(trace, model, cluster, plan, profile, setup, seqlen);
+    resident_activations_place(trace, plan, setup, layers - 1, saved_per_layer);
+    zero_layer_buffers_place(trace, plan, profile, setup, /*backward=*/false);
+    trace.alloc(kCategoryLayer, "layer.input", x_bytes);
+    decoder_layer_forward(trace, setup.shape, setup.impl, /*keep=*/!plan.activation_checkpointing);
+  }
+  // Logits and loss: every layer's checkpoint is resident, the LM head is gathered.
+  {
+    TensorTrace& trace = phases[1].trace;
+    phases[1].phase = "logits and loss";
+    static_tensors_place(trace, model, cluster, plan, profile, setup, seqlen);
+    resident_activations_place(trace, plan, setup, layers, saved_per_layer);
+    if (plan.zero_stage == 3)
+      trace.alloc(kCategoryZero, "gathered_lm_head", as_double(model.vocab_size) * as_double(model.hidden_size) *
+                                                         as_double(profile.weight_bytes));
+    if (plan.zero_stage >= 2)
+      trace.alloc(kCategoryZero, "gradient_reduce_bucket",
+                  std::min(as_double(profile.zero_reduce_bucket_elements), as_double(setup.params.total)) *
+                      as_double(profile.working_gradient_bytes));
+    trace.alloc(kCategoryLayer, "final_norm.input", x_bytes);
+    lm_loss_forward_backward(trace, setup.shape, setup.impl, setup.loss, setup.loss_tile_tokens, profile.weight_bytes);
+  }
+  // Recompute + backward of the last layer: the heaviest backward step (later ones hold fewer
+  // checkpoints). The incoming gradient exists before the recompute starts.
+  {
+    TensorTrace& trace = phases[2].trace;
+    phases[2].phase = "backward of the last decoder layer";
+    static_tensors_place(trace, model, cluster, plan, profile, setup, seqlen);
+    resident_activations_place(trace, plan, setup, layers - 1, saved_per_layer);
+    zero_layer_buffers_place(trace, plan, profile, setup, /*backward=*/true);
+    trace.alloc(kCategoryLayer, "layer.input", x_bytes);
+    if (plan.activation_checkpointing) {
+      trace.alloc(kCategoryLayer, "layer.output_grad", x_bytes);
+      decoder_layer_forward(trace, setup.shape, setup.impl, /*keep=*/true);
+    } else {
+      decoder_layer_forward(trace, setup.shape, setup.impl, /*keep=*/true);
+      trace.alloc(kCategoryLayer, "layer.output_grad", x_bytes);
+    }
+    decoder_layer_backward(trace, setup.shape, setup.impl);
+  }
+
+  MemoryPrediction prediction;
+  prediction.seqlen = seqlen;
+  prediction.local_tokens = setup.shape.tokens;
+  prediction.mlp_tiles = setup.shape.mlp_tiles;
+  prediction.loss_tile_tokens = setup.loss_tile_tokens;
+  prediction.kv_replication = setup.shape.kv_replication;
+  prediction.gpu_capacity_bytes = cluster.hardware.gpu_memory_gib * kBytesPerGib;
+  const PhaseResult* worst = &phases[0];
+  for (const auto& phase : phases) {
+    prediction.phases.push_back({phase.phase, std::string(phase.trace.peak_moment()), phase.trace.peak_bytes()});
+    if (phase.trace.peak_bytes() > worst->trace.peak_bytes()) worst = &phase;
+  }
+  prediction.gpu_peak_phase = worst->phase;
+  prediction.gpu_peak_moment = std::string(worst->trace.peak_moment());
+  prediction.gpu_peak_bytes = worst->trace.peak_bytes();
+  for (const auto& item : worst->trace.peak_items())
+    if (item.bytes > 0)
+      prediction.gpu_items.push_back({std::string(item.category), std::string(item.name), item.bytes, item.count});
+
+  // Host memory of the fullest node.
+  const double ranks = as_double(cluster.ranks_per_node());
+  const double params = as_double(setup.params.total);
+  const double world = as_double(cluster.gpus);
+  auto host_add = [&](const char* name, double bytes_per_rank) {
+    if (bytes_per_rank > 0) prediction.host_items.push_back({kCategoryHost, name, bytes_per_rank * ranks, ranks});
+  };
+  if (plan.offload_optimizer) {
+    // DeepSpeed ZeRO-Offload keeps each rank's partition of fp32 master weights, Adam states
+    // and fp32 gradients in host memory and runs the step there (cpu_adam).
+    host_add("master_weights", params * as_double(profile.master_weight_bytes) / world);
+    host_add("optimizer_states", params * as_double(profile.optimizer_state_bytes) / world);
+    host_add("gradients_fp32", params * as_double(profile.gradient_bytes) / world);
+  }
+  if (plan.offload_params) host_add("weights", params * as_double(profile.weight_bytes) / world);
+  if (plan.checkpoint_offload) host_add("hidden_states_checkpoints", layers * x_bytes);
+  host_add("dataloader_buffers", profile.dataloader_host_bytes_per_token * as_double(seqlen) * as_double(plan.micro_batch));
+  for (const auto& item : prediction.host_items) prediction.host_bytes_per_node += item.bytes;
+  prediction.host_capacity_bytes = cluster.host_memory_gib * kBytesPerGib;
+  return prediction;
+}
+
+}  // namespace longseq

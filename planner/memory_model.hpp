@@ -1,0 +1,80 @@
+// memory_model.hpp: predicted per-GPU peak memory and per-node host memory for one plan at one
+// sequence length, as a named breakdown.
+//
+// How: the static tensors (model states, ZeRO buffers, runtime overheads) are placed, then three
+// phases of one training step are replayed through the decoder-layer inventory — the forward of
+// the last layer (most checkpoints resident), the logits and loss, and the recompute+backward of
+// the last layer — and the GPU peak is the largest moment of the three, reported with every
+// tensor live at that moment. Later layers in backward hold fewer checkpoints, so they cannot be
+// higher. Everything is per rank (one GPU) except host memory, which is per node.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "models/model_spec.hpp"
+#include "planner/cards.hpp"
+#include "planner/plan.hpp"
+
+namespace longseq {
+
+// Breakdown categories, in the order they are printed.
+inline constexpr const char* kCategoryModelStates = "model_states";
+inline constexpr const char* kCategoryZero = "zero_buffers";
+inline constexpr const char* kCategoryCheckpoints = "activation_checkpoints";
+inline constexpr const char* kCategoryInputs = "inputs";
+inline constexpr const char* kCategoryRuntime = "runtime_overheads";
+inline constexpr const char* kCategoryHost = "host";
+
+struct MemoryItem {
+  std::string category;
+  std::string name;
+  double bytes = 0;  // total for the item (count copies included)
+  double count = 1;  // e.g. 31 checkpoints folded into one item
+};
+
+struct PhasePeak {
+  std::string phase;   // "forward", "loss", "backward"
+  std::string moment;  // where inside the phase the peak falls
+  double bytes = 0;
+};
+
+struct MemoryPrediction {
+  int64_t seqlen = 0;
+  int64_t local_tokens = 0;      // b * S / sp
+  int64_t mlp_tiles = 0;         // 0 when untiled
+  int64_t loss_tile_tokens = 0;  // tokens per loss chunk/shard; 0 when untiled
+  int64_t kv_replication = 1;
+
+  std::vector<MemoryItem> gpu_items;  // live at the GPU peak; bytes sum to gpu_peak_bytes
+  std::string gpu_peak_phase;
+  std::string gpu_peak_moment;
+  double gpu_peak_bytes = 0;
+  double gpu_capacity_bytes = 0;
+  std::vector<PhasePeak> phases;
+
+  std::vector<MemoryItem> host_items;  // per node
+  double host_bytes_per_node = 0;
+  double host_capacity_bytes = 0;
+
+  bool fits_gpu() const { return gpu_peak_bytes <= gpu_capacity_bytes; }
+  bool fits_host() const { return host_bytes_per_node <= host_capacity_bytes; }
+  bool fits() const { return fits_gpu() && fits_host(); }
+};
+
+// Precondition: plan_problems(...) and seqlen_problems(...) are empty (the CLI checks them and
+// reports reasons); violating it throws std::invalid_argument.
+MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
+                                const RuntimeProfile& profile, int64_t seqlen);
+
+// DeepSpeed TiledMLP's shard count: ceil(S_l / hidden) (REFERENCE §3.2), at least 1.
+int64_t mlp_tiles_deepspeed_rule(int64_t local_tokens, int64_t hidden);
+
+// Liger fused linear cross entropy chunk: next_pow2(ceil(T / ceil(V / h))) (REFERENCE §3.3a).
+int64_t loss_chunk_tokens_liger(int64_t tokens, int64_t vocab, int64_t hidden);
+
+// ArcticTraining's shard count: ceil(T * V * 4 / 2^30), about 1 GiB of fp32 logits per shard.
+int64_t loss_shards_arctic_rule(int64_t tokens, int64_t vocab);
+
+}  // namespace longseq

@@ -1,0 +1,110 @@
+#include "planner/plan.hpp"
+
+#include <fmt/format.h>
+
+#include "models/config_error.hpp"
+
+namespace longseq {
+
+ClusterSpec cluster_make(const HardwareCard& hardware, int64_t gpus, int64_t nodes, int64_t gpus_per_node,
+                         double host_memory_gib) {
+  ClusterSpec cluster;
+  cluster.hardware = hardware;
+  if (gpus < 0) throw ConfigError("--gpus", "", fmt::format("must be positive, got {}", gpus));
+  if (nodes < 0) throw ConfigError("--nodes", "", fmt::format("must be positive, got {}", nodes));
+  if (gpus_per_node < 0) throw ConfigError("--gpus-per-node", "", fmt::format("must be positive, got {}", gpus_per_node));
+  if (host_memory_gib < 0) throw ConfigError("--host-mem-gib", "", fmt::format("must be positive, got {}", host_memory_gib));
+  cluster.gpus_per_node = gpus_per_node > 0 ? gpus_per_node : hardware.gpus_per_node;
+  cluster.host_memory_gib = host_memory_gib > 0 ? host_memory_gib : hardware.host_memory_gib;
+  if (gpus > 0 && nodes > 0) {
+    cluster.gpus = gpus;
+    cluster.nodes = nodes;
+  } else if (gpus > 0) {
+    cluster.gpus = gpus;
+    cluster.nodes = (gpus + cluster.gpus_per_node - 1) / cluster.gpus_per_node;
+  } else {
+    cluster.nodes = nodes > 0 ? nodes : 1;
+    cluster.gpus = cluster.nodes * cluster.gpus_per_node;
+  }
+  // 2^20 GPUs is beyond any cluster built; larger values are typos.
+  if (cluster.gpus > (1 << 20)) throw ConfigError("--gpus", "", fmt::format("{} GPUs is not a plausible cluster", cluster.gpus));
+  if (cluster.gpus > cluster.nodes * cluster.gpus_per_node)
+    throw ConfigError("--gpus", "", fmt::format("{} GPUs do not fit in {} node(s) of {} GPUs", cluster.gpus, cluster.nodes,
+                                                cluster.gpus_per_node));
+  if (cluster.gpus <= (cluster.nodes - 1) * cluster.gpus_per_node)
+    throw ConfigError("--nodes", "", fmt::format("{} GPUs leave node(s) of {} GPUs empty across {} nodes", cluster.gpus,
+                                                 cluster.gpus_per_node, cluster.nodes));
+  return cluster;
+}
+
+PlanOptions PlanOptions::alst(int64_t sp) {
+  PlanOptions plan;
+  plan.sp = sp;
+  plan.zero_stage = 3;
+  plan.offload_optimizer = true;
+  plan.activation_checkpointing = true;
+  plan.checkpoint_offload = true;
+  plan.tiled_mlp = true;
+  plan.tiled_loss = true;
+  return plan;
+}
+
+int64_t kv_replication_factor(const ModelSpec& model, int64_t sp) {
+  return sp > model.num_kv_heads ? sp / model.num_kv_heads : 1;
+}
+
+std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan) {
+  std::vector<std::string> problems;
+  if (plan.sp < 1) problems.push_back(fmt::format("sp={} must be at least 1", plan.sp));
+  if (plan.sp >= 1) {
+    if (cluster.gpus % plan.sp != 0)
+      problems.push_back(fmt::format("sp={} does not divide {} GPUs (world = dp x sp)", plan.sp, cluster.gpus));
+    // Ulysses head rules (DS ulysses_sp.py; ALST paper §3.2.1).
+    if (model.num_q_heads % plan.sp != 0)
+      problems.push_back(fmt::format("sp={} does not divide {} query heads (Ulysses shards heads)", plan.sp, model.num_q_heads));
+    if (model.num_kv_heads % plan.sp != 0 && plan.sp % model.num_kv_heads != 0)
+      problems.push_back(fmt::format("sp={} neither divides nor is a multiple of {} key/value heads", plan.sp, model.num_kv_heads));
+  }
+  if (plan.zero_stage < 0 || plan.zero_stage > 3) problems.push_back(fmt::format("ZeRO stage {} is not 0..3", plan.zero_stage));
+  if (plan.offload_optimizer && plan.zero_stage < 1)
+    problems.push_back("optimizer offload needs ZeRO stage 1, 2 or 3 (DeepSpeed ZeRO-Offload)");
+  if (plan.offload_params && plan.zero_stage != 3) problems.push_back("parameter offload needs ZeRO stage 3 (offload_param)");
+  if (plan.checkpoint_offload && !plan.activation_checkpointing)
+    problems.push_back("checkpoint offload needs activation checkpointing");
+  if (plan.mlp_tiles < 0) problems.push_back(fmt::format("MLP tile count {} is negative", plan.mlp_tiles));
+  if (plan.loss_tiles < 0) problems.push_back(fmt::format("loss tile count {} is negative", plan.loss_tiles));
+  if (plan.mlp_tiles > 0 && !plan.tiled_mlp) problems.push_back("an MLP tile count is given but tiled MLP is off");
+  if (plan.loss_tiles > 0 && !plan.tiled_loss) problems.push_back("a loss tile count is given but tiled loss is off");
+  if (plan.micro_batch < 1) problems.push_back(fmt::format("micro batch {} must be at least 1", plan.micro_batch));
+  return problems;
+}
+
+std::vector<std::string> seqlen_problems(const PlanOptions& plan, int64_t seqlen) {
+  std::vector<std::string> problems;
+  if (seqlen < 1) problems.push_back(fmt::format("sequence length {} must be positive", seqlen));
+  else if (plan.sp >= 1 && seqlen % plan.sp != 0)
+    problems.push_back(fmt::format("sequence length {} is not divisible by sp={} (each rank holds S/sp tokens)", seqlen, plan.sp));
+  return problems;
+}
+
+int64_t sp_largest_valid(const ModelSpec& model, int64_t gpus) {
+  for (int64_t sp = gpus; sp > 1; --sp) {
+    if (gpus % sp != 0 || model.num_q_heads % sp != 0) continue;
+    if (model.num_kv_heads % sp == 0 || sp % model.num_kv_heads == 0) return sp;
+  }
+  return 1;
+}
+
+std::string plan_describe(const PlanOptions& plan) {
+  std::string text = fmt::format("sp={} zero={}", plan.sp, plan.zero_stage);
+  if (plan.offload_optimizer) text += " +optimizer-offload";
+  if (plan.offload_params) text += " +param-offload";
+  text += plan.activation_checkpointing ? " +checkpointing" : " -checkpointing";
+  if (plan.checkpoint_offload) text += " +checkpoint-offload";
+  if (plan.tiled_mlp) text += plan.mlp_tiles > 0 ? fmt::format(" +tiled-mlp({})", plan.mlp_tiles) : " +tiled-mlp";
+  if (plan.tiled_loss) text += plan.loss_tiles > 0 ? fmt::format(" +tiled-loss({})", plan.loss_tiles) : " +tiled-loss";
+  if (plan.micro_batch != 1) text += fmt::format(" micro-batch={}", plan.micro_batch);
+  return text;
+}
+
+}  // namespace longseq

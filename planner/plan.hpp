@@ -1,0 +1,64 @@
+// plan.hpp: where a model is trained (ClusterSpec) and how (PlanOptions), with the checks that
+// make a plan impossible reported as reasons rather than crashes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "models/model_spec.hpp"
+#include "planner/cards.hpp"
+
+namespace longseq {
+
+struct ClusterSpec {
+  HardwareCard hardware;
+  int64_t gpus = 1;            // world size: one rank per GPU
+  int64_t nodes = 1;
+  int64_t gpus_per_node = 8;   // defaults to the card's
+  double host_memory_gib = 0;  // per node; defaults to the card's
+
+  // Ranks that share one node's host memory (the fullest node).
+  int64_t ranks_per_node() const { return gpus < gpus_per_node ? gpus : gpus_per_node; }
+};
+
+// Builds a ClusterSpec from what the user gave; 0 means "not given". Throws ConfigError naming the
+// flag when the numbers contradict each other (more GPUs than the nodes hold, and so on).
+ClusterSpec cluster_make(const HardwareCard& hardware, int64_t gpus, int64_t nodes, int64_t gpus_per_node,
+                         double host_memory_gib);
+
+struct PlanOptions {
+  int64_t sp = 1;                       // Ulysses sequence-parallel degree; dp = gpus / sp
+  int zero_stage = 3;                   // 0..3
+  bool offload_optimizer = false;       // fp32 master, Adam states and fp32 gradients on the host
+  bool offload_params = false;          // ZeRO-3 offload_param: bf16 weight partitions on the host
+  bool activation_checkpointing = true; // per decoder layer, recomputed in backward
+  bool checkpoint_offload = false;      // the checkpointed hidden_states go to the host
+  bool tiled_mlp = false;
+  int64_t mlp_tiles = 0;                // 0: DeepSpeed's rule ceil(S_l / hidden)
+  bool tiled_loss = false;
+  int64_t loss_tiles = 0;               // 0: the runtime profile's rule
+  int64_t micro_batch = 1;              // samples per rank per step (the papers always use 1)
+
+  // The ALST feature set (paper §5.2): ZeRO-3, optimizer offload, checkpointing, Ulysses,
+  // tiled MLP, tiled logits+loss, checkpoint offload.
+  static PlanOptions alst(int64_t sp);
+};
+
+// Reasons the plan cannot run on this cluster at all (independent of the sequence length), e.g.
+// "sp=3 does not divide 32 query heads". Empty when the plan is valid.
+std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan);
+
+// Reasons this sequence length cannot be used with the plan (S % sp), empty when it can.
+std::vector<std::string> seqlen_problems(const PlanOptions& plan, int64_t seqlen);
+
+// Largest sp <= gpus that divides gpus and satisfies Ulysses' head rules (at least 1).
+int64_t sp_largest_valid(const ModelSpec& model, int64_t gpus);
+
+// Ulysses' kv-head rule (DS ulysses_sp.py, REFERENCE §3.1): kv heads per rank after the
+// all-to-all, and the replication factor applied before it (1 when none).
+int64_t kv_replication_factor(const ModelSpec& model, int64_t sp);
+
+std::string plan_describe(const PlanOptions& plan);
+
+}  // namespace longseq

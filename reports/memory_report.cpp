@@ -1,0 +1,106 @@
+#include "reports/memory_report.hpp"
+
+#include <fmt/format.h>
+
+#include "models/layer_inventory.hpp"
+#include "planner/units.hpp"
+
+namespace longseq {
+
+std::string integer_with_commas(int64_t value) {
+  std::string digits = std::to_string(value < 0 ? -value : value);
+  std::string out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return value < 0 ? "-" + out : out;
+}
+
+namespace {
+
+constexpr const char* kGpuCategoryOrder[] = {kCategoryModelStates, kCategoryZero,     kCategoryCheckpoints,
+                                             kCategoryLayer,       kCategoryLoss,     kCategoryInputs,
+                                             kCategoryRuntime};
+
+void items_render(std::string& out, const std::vector<MemoryItem>& items, const std::string& category) {
+  for (const auto& item : items) {
+    if (item.category != category) continue;
+    const std::string count = item.count != 1 ? fmt::format("x{:g}", item.count) : "";
+    out += fmt::format("    {:<38} {:>6} {:>10.2f}\n", item.name, count, bytes_to_gib(item.bytes));
+  }
+}
+
+double category_bytes(const std::vector<MemoryItem>& items, const std::string& category) {
+  double bytes = 0;
+  for (const auto& item : items)
+    if (item.category == category) bytes += item.bytes;
+  return bytes;
+}
+
+}  // namespace
+
+std::string memory_table_render(const MemoryPrediction& prediction, int64_t ranks_per_node) {
+  std::string out;
+  out += fmt::format("GPU memory per rank at the peak ({}, during {})\n", prediction.gpu_peak_phase, prediction.gpu_peak_moment);
+  out += fmt::format("  {:<40} {:>6} {:>10}\n", "component", "count", "GiB");
+  for (const char* category : kGpuCategoryOrder) {
+    const double bytes = category_bytes(prediction.gpu_items, category);
+    if (bytes <= 0) continue;
+    out += fmt::format("  {:<47} {:>10.2f}\n", category, bytes_to_gib(bytes));
+    items_render(out, prediction.gpu_items, category);
+  }
+  out += fmt::format("  {:<47} {:>10.2f} of {:.2f} GiB ({:.1f}%){}\n", "total", bytes_to_gib(prediction.gpu_peak_bytes),
+                     bytes_to_gib(prediction.gpu_capacity_bytes),
+                     100.0 * prediction.gpu_peak_bytes / prediction.gpu_capacity_bytes,
+                     prediction.fits_gpu() ? "" : "  DOES NOT FIT");
+  out += "  phase peaks:";
+  for (const auto& phase : prediction.phases) out += fmt::format(" {} {:.2f} GiB;", phase.phase, bytes_to_gib(phase.bytes));
+  out.back() = '\n';
+
+  out += fmt::format("\nHost memory per node ({} rank{})\n", ranks_per_node, ranks_per_node == 1 ? "" : "s");
+  if (prediction.host_items.empty()) out += "  (nothing offloaded)\n";
+  items_render(out, prediction.host_items, kCategoryHost);
+  out += fmt::format("  {:<47} {:>10.2f} of {:.2f} GiB ({:.1f}%){}\n", "total", bytes_to_gib(prediction.host_bytes_per_node),
+                     bytes_to_gib(prediction.host_capacity_bytes),
+                     100.0 * prediction.host_bytes_per_node / prediction.host_capacity_bytes,
+                     prediction.fits_host() ? "" : "  DOES NOT FIT");
+  return out;
+}
+
+nlohmann::json memory_prediction_to_json(const MemoryPrediction& prediction) {
+  auto items_json = [](const std::vector<MemoryItem>& items) {
+    nlohmann::json array = nlohmann::json::array();
+    for (const auto& item : items)
+      array.push_back({{"category", item.category}, {"name", item.name}, {"count", item.count},
+                       {"bytes", item.bytes}, {"gib", bytes_to_gib(item.bytes)}});
+    return array;
+  };
+  nlohmann::json phases = nlohmann::json::array();
+  for (const auto& phase : prediction.phases)
+    phases.push_back({{"phase", phase.phase}, {"moment", phase.moment}, {"gib", bytes_to_gib(phase.bytes)}});
+  return {
+      {"kind", "prediction"},
+      {"seqlen", prediction.seqlen},
+      {"local_tokens", prediction.local_tokens},
+      {"mlp_tiles", prediction.mlp_tiles},
+      {"loss_tile_tokens", prediction.loss_tile_tokens},
+      {"kv_replication", prediction.kv_replication},
+      {"fits", prediction.fits()},
+      {"gpu",
+       {{"fits", prediction.fits_gpu()},
+        {"peak_gib", bytes_to_gib(prediction.gpu_peak_bytes)},
+        {"capacity_gib", bytes_to_gib(prediction.gpu_capacity_bytes)},
+        {"peak_phase", prediction.gpu_peak_phase},
+        {"peak_moment", prediction.gpu_peak_moment},
+        {"phases", phases},
+        {"items", items_json(prediction.gpu_items)}}},
+      {"host_per_node",
+       {{"fits", prediction.fits_host()},
+        {"total_gib", bytes_to_gib(prediction.host_bytes_per_node)},
+        {"capacity_gib", bytes_to_gib(prediction.host_capacity_bytes)},
+        {"items", items_json(prediction.host_items)}}},
+  };
+}
+
+}  // namespace longseq
