@@ -27,11 +27,11 @@ struct Bytes {
 // ulysses_sp.py _DimZeroAllToAll, REFERENCE §3.1): the send side is a rearranged .contiguous()
 // copy, the receive side torch.empty_like; the result is laid out by one more .contiguous()
 // while the receive buffer is still referenced. Without sequence parallelism there is no
-// all-to-all and the output is the input itself.
+// all-to-all and the output is a view of the input.
 void ulysses_all_to_all(TensorTrace& trace, const char* input, const char* output, double bytes,
                         const LayerShape& shape, const LayerImplementation& impl) {
   if (shape.sp == 1) {
-    trace.move(input, L, output);
+    trace.alias(input, L, output);
     return;
   }
   for (int64_t copy = 0; copy < impl.ulysses_staging_copies; ++copy) trace.alloc(L, "ulysses.staging", bytes);
@@ -155,18 +155,17 @@ void decoder_layer_forward(TensorTrace& trace, const LayerShape& shape, const La
   // flash_attn forward: output in the activation dtype, softmax statistics (lse) in fp32.
   trace.alloc(L, "attention.output", bytes.q);
   trace.alloc(L, "attention.lse", bytes.lse);
+  // Output path back to sequence shards: [S, n_q/sp*d] -> [S_l, n_q*d] (REFERENCE §3.1).
+  ulysses_all_to_all(trace, "attention.output", "attention.output_local", bytes.q, shape, impl);
+  // The attention inputs are locals of the Ulysses forward, live until it returns; HF
+  // LlamaAttention holds query/key/value_states until the attention call returns.
   if (!keep) {
     trace.free("attention.q");
     trace.free("attention.k");
     trace.free("attention.v");
-  }
-  // Output path back to sequence shards: [S, n_q/sp*d] -> [S_l, n_q*d] (REFERENCE §3.1).
-  ulysses_all_to_all(trace, "attention.output", "attention.output_local", bytes.q, shape, impl);
-  if (!keep) {
     trace.free("attention.output");
     trace.free("attention.lse");
   }
-  // HF LlamaAttention holds query/key/value_states until the attention call returns.
   trace.free("attention.q_rope");
   trace.free("attention.k_rope");
   trace.free("attention.v_proj");

@@ -7,7 +7,7 @@ namespace longseq {
 void TensorTrace::alloc(std::string_view category, std::string_view name, double bytes, double count) {
   // Zero-byte tensors are kept (so the schedule can free them) and left out of reports.
   if (bytes < 0 || count <= 0) throw std::logic_error("TensorTrace::alloc: negative size for '" + std::string(name) + "'");
-  live_.push_back(TraceItem{category, name, bytes, count});
+  live_.push_back(TraceItem{category, name, bytes, count, next_storage_id_++});
   current_bytes_ += bytes;
   // Strictly greater: among equal peaks the first is reported, which is the earlier moment.
   if (current_bytes_ > peak_bytes_) {
@@ -19,24 +19,31 @@ void TensorTrace::alloc(std::string_view category, std::string_view name, double
 
 void TensorTrace::free(std::string_view name) {
   for (auto it = live_.rbegin(); it != live_.rend(); ++it) {
-    if (it->name == name) {
-      current_bytes_ -= it->bytes;
-      live_.erase(std::next(it).base());
-      return;
+    if (it->name != name) continue;
+    // A storage outlives the name while another view of it is live: its bytes move there.
+    bool shared = false;
+    for (auto& other : live_) {
+      if (&other != &*it && other.storage_id == it->storage_id) {
+        other.bytes += it->bytes;
+        shared = true;
+        break;
+      }
     }
+    if (!shared) current_bytes_ -= it->bytes;
+    live_.erase(std::next(it).base());
+    return;
   }
   throw std::logic_error("TensorTrace::free: '" + std::string(name) + "' is not live");
 }
 
-void TensorTrace::move(std::string_view from, std::string_view category, std::string_view to) {
+void TensorTrace::alias(std::string_view from, std::string_view category, std::string_view to) {
   for (auto it = live_.rbegin(); it != live_.rend(); ++it) {
     if (it->name != from) continue;
-    TraceItem moved{category, to, it->bytes, it->count};
-    it->bytes = 0;
-    live_.push_back(moved);
+    const int64_t storage_id = it->storage_id;
+    live_.push_back(TraceItem{category, to, 0, 1, storage_id});
     return;
   }
-  throw std::logic_error("TensorTrace::move: '" + std::string(from) + "' is not live");
+  throw std::logic_error("TensorTrace::alias: '" + std::string(from) + "' is not live");
 }
 
 bool TensorTrace::is_live(std::string_view name) const {

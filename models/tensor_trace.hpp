@@ -18,6 +18,8 @@ struct TraceItem {
   std::string_view name;      // the tensor, e.g. "attention.q"
   double bytes = 0;
   double count = 1;           // identical tensors folded into one item (e.g. per-layer checkpoints)
+  // Names sharing a storage have the same id; the storage's bytes sit on exactly one of them.
+  int64_t storage_id = 0;
 };
 
 class TensorTrace {
@@ -27,9 +29,10 @@ class TensorTrace {
   // live is a bug in the schedule and throws std::logic_error.
   void free(std::string_view name);
   bool is_live(std::string_view name) const;
-  // Hands the storage of live tensor `from` to a new tensor `to` (a view that outlives its
-  // source, e.g. attention inputs when there is no all-to-all); `from` stays live with 0 bytes.
-  void move(std::string_view from, std::string_view category, std::string_view to);
+  // Makes `to` a view of live tensor `from`: both names share one storage, counted once, which
+  // is released when the last name sharing it is freed (PyTorch's view semantics). Used where a
+  // runtime hands the same memory to two consumers, e.g. attention inputs without an all-to-all.
+  void alias(std::string_view from, std::string_view category, std::string_view to);
   // Labels the allocations that follow, for reporting when the peak happened.
   void set_moment(std::string_view moment) { moment_ = moment; }
 
@@ -44,6 +47,7 @@ class TensorTrace {
   std::vector<TraceItem> peak_items_;
   double current_bytes_ = 0;
   double peak_bytes_ = 0;
+  int64_t next_storage_id_ = 0;
   std::string_view moment_;
   std::string_view peak_moment_;
 };

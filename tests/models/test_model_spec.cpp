@@ -1,5 +1,125 @@
+// Model cards, Hugging Face config.json loading and exact parameter counts.
 #include <doctest/doctest.h>
 
+#include <string>
+
+#include "models/config_error.hpp"
 #include "models/model_loader.hpp"
 
-TEST_CASE("placeholder") { CHECK(longseq::parameter_count(longseq::model_load("llama-3.1-8b")).total == 8030261248); }
+using namespace longseq;
+
+namespace {
+const std::string kData = LONGSEQ_TEST_DATA_DIR;
+}
+
+TEST_CASE("Llama-3.1-8B counts 8,030,261,248 parameters, derived term by term") {
+  const ModelSpec model = model_load("llama-3.1-8b");
+  const ParameterCount count = parameter_count(model);
+  // embedding and untied LM head: 128256 * 4096 each
+  CHECK(count.embedding == 525'336'576);
+  CHECK(count.lm_head == 525'336'576);
+  // q and o: 4096*4096 each; k and v: 4096*1024 each
+  CHECK(count.per_layer_attention == 2 * 16'777'216 + 2 * 4'194'304);
+  // gate, up, down: 3 * 4096 * 14336
+  CHECK(count.per_layer_mlp == 176'160'768);
+  CHECK(count.per_layer_norms == 2 * 4096);
+  CHECK(count.per_layer == 218'112'000);
+  CHECK(count.total == 8'030'261'248);
+}
+
+TEST_CASE("published parameter counts of the other built-in cards") {
+  CHECK(parameter_count(model_load("llama-3.1-70b")).total == 70'553'706'496);  // 70.55B (HF model card)
+  CHECK(parameter_count(model_load("qwen3-4b")).total == 4'022'468'096);        // Qwen3-4B: tied, q/k norms
+  CHECK(parameter_count(model_load("qwen3-32b")).total == 32'762'123'264);      // Qwen3-32B: 32.8B
+  CHECK(parameter_count(model_load("llama-3-8b")).total == 8'030'261'248);
+}
+
+TEST_CASE("GELU/LayerNorm GPT counts biases and tied embeddings by hand") {
+  const ModelSpec model = model_load("gpt-2.7b");
+  const ParameterCount count = parameter_count(model);
+  const int64_t h = 2560, f = 10240, V = 50304;
+  CHECK(count.lm_head == 0);  // tied
+  CHECK(count.per_layer_attention == 4 * h * h + 3 * h + h);  // q,k,v,o + qkv biases + o bias
+  CHECK(count.per_layer_mlp == 2 * h * f + f + h);            // up, down + biases
+  CHECK(count.per_layer_norms == 2 * 2 * h);                  // two LayerNorms, weight + bias
+  CHECK(count.total == V * h + 32 * count.per_layer + 2 * h);
+}
+
+TEST_CASE("the tiny executor model has every Llama feature at a small size") {
+  const ModelSpec model = model_load("tiny-llama");
+  CHECK(model.num_kv_heads < model.num_q_heads);
+  CHECK_FALSE(model.tied_embeddings);
+  CHECK(model.vocab_size == 256);
+  const int64_t layer = 64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 176 + 2 * 64;
+  CHECK(parameter_count(model).total == 2 * 256 * 64 + 4 * layer + 64);
+}
+
+TEST_CASE("built-in names match case-insensitively, without organisation or -Instruct") {
+  CHECK(model_load("meta-llama/Llama-3.1-8B-Instruct").name == "Llama-3.1-8B");
+  CHECK(model_load("Qwen/Qwen3-32B").name == "Qwen3-32B");
+  CHECK(builtin_model_names().size() >= 10);
+  for (const auto& name : builtin_model_names()) CHECK_NOTHROW(model_load(name));
+}
+
+TEST_CASE("Hugging Face config.json: Llama, Mistral, Qwen2 and Qwen3") {
+  const ModelSpec llama = model_load(kData + "/hf/llama-3.1-8b.config.json");
+  CHECK(parameter_count(llama).total == 8'030'261'248);
+  CHECK(llama.head_dim == 128);  // derived: hidden / heads
+
+  // Mistral-7B-v0.1: the Llama shape with a 32000 vocabulary: 7,241,732,096 (published 7.24B).
+  CHECK(parameter_count(model_load(kData + "/hf/mistral-7b-v0.1.config.json")).total == 7'241'732'096);
+
+  // Qwen2.5-7B: q/k/v biases (3584 + 512 + 512 per layer); published 7.61B.
+  const ModelSpec qwen2 = model_load(kData + "/hf/qwen2.5-7b.config.json");
+  CHECK(qwen2.qkv_bias);
+  CHECK_FALSE(qwen2.o_proj_bias);
+  const int64_t layer = 2 * 3584 * 3584 + 2 * 3584 * 512 + 4608 + 3 * 3584 * 18944 + 2 * 3584;
+  CHECK(parameter_count(qwen2).total == 2 * 152064LL * 3584 + 28 * layer + 3584);
+  CHECK(parameter_count(qwen2).total == 7'615'616'512);
+
+  // Qwen3-4B from its config.json equals the built-in card.
+  const ModelSpec qwen3 = model_load(kData + "/hf/qwen3-4b.config.json");
+  CHECK(qwen3.qk_norm);
+  CHECK(qwen3.tied_embeddings);
+  CHECK(parameter_count(qwen3).total == parameter_count(model_load("qwen3-4b")).total);
+}
+
+TEST_CASE("bad model input is a ConfigError naming the file and the key") {
+  auto message_of = [](const std::string& name_or_path) -> std::string {
+    try {
+      model_load(name_or_path);
+    } catch (const ConfigError& error) {
+      return error.what();
+    }
+    return "no error";
+  };
+  const std::string unsupported = message_of(kData + "/hf/gpt2.config.json");
+  CHECK(unsupported.find("gpt2.config.json") != std::string::npos);
+  CHECK(unsupported.find("architectures") != std::string::npos);
+  CHECK(unsupported.find("GPT2LMHeadModel") != std::string::npos);
+
+  CHECK(message_of(kData + "/hf/malformed.config.json").find("malformed JSON") != std::string::npos);
+  const std::string missing = message_of(kData + "/hf/missing-key.config.json");
+  CHECK(missing.find("intermediate_size") != std::string::npos);
+  CHECK(missing.find("missing") != std::string::npos);
+
+  const std::string unknown_key = message_of(kData + "/cards/unknown-key.yaml");
+  CHECK(unknown_key.find("unknown-key.yaml") != std::string::npos);
+  CHECK(unknown_key.find("'hiden_size'") != std::string::npos);
+  CHECK(message_of(kData + "/cards/malformed.yaml").find("malformed YAML at line") != std::string::npos);
+  const std::string negative = message_of(kData + "/cards/negative-heads.yaml");
+  CHECK(negative.find("num_attention_heads") != std::string::npos);
+  CHECK(negative.find("out of range") != std::string::npos);
+
+  const std::string unknown_model = message_of("llama-9000");
+  CHECK(unknown_model.find("unknown model 'llama-9000'") != std::string::npos);
+  CHECK(unknown_model.find("llama-3.1-8b") != std::string::npos);  // lists what exists
+}
+
+TEST_CASE("a card whose q heads are not a multiple of its kv heads is rejected") {
+  const std::string card =
+      "name: x\nnum_hidden_layers: 1\nhidden_size: 8\nnum_attention_heads: 6\nnum_key_value_heads: 4\n"
+      "head_dim: 2\nintermediate_size: 8\nvocab_size: 8\nmlp: swiglu\nnorm: rmsnorm\ntie_word_embeddings: true\n";
+  CHECK_THROWS_WITH_AS(model_from_card_text(card, "x.yaml"),
+                       doctest::Contains("x.yaml: key 'num_key_value_heads'"), ConfigError);
+}

@@ -1,0 +1,169 @@
+// The decoder-layer inventory replayed into a TensorTrace, checked against peaks derived by hand.
+//
+// Shape used throughout (per rank): T = 1000 tokens, h = 64, n_q = 8, n_kv = 2, d = 8,
+// f = 128, V = 512, bf16 (a = 2). Per-tensor bytes:
+//   X = T*h*a = 128,000   Q = T*n_q*d*a = 128,000   K = T*n_kv*d*a = 32,000
+//   F = T*f*a = 256,000   lse = T*n_q*4 = 32,000
+#include <doctest/doctest.h>
+
+#include <stdexcept>
+
+#include "models/layer_inventory.hpp"
+#include "models/tensor_trace.hpp"
+
+using namespace longseq;
+
+namespace {
+
+constexpr double X = 128'000, Q = 128'000, K = 32'000, F = 256'000, LSE = 32'000;
+
+LayerShape shape_make(int64_t sp = 1, int64_t mlp_tiles = 0) {
+  LayerShape shape;
+  shape.tokens = 1000;
+  shape.sp = sp;
+  shape.hidden = 64;
+  shape.q_width = 64;
+  shape.kv_width = 16;
+  shape.kv_replication = sp > 2 ? sp / 2 : 1;
+  shape.num_q_heads = 8;
+  shape.intermediate = 128;
+  shape.vocab = 512;
+  shape.mlp_tiles = mlp_tiles;
+  return shape;
+}
+
+LayerImplementation eager() {
+  LayerImplementation impl;
+  impl.activation_bytes = 2;
+  impl.ulysses_staging_copies = 2;
+  return impl;
+}
+
+double live_bytes_of(const TensorTrace& trace, std::string_view name) {
+  for (const auto& item : trace.live_items())
+    if (item.name == name) return item.bytes;
+  return -1;
+}
+
+}  // namespace
+
+TEST_CASE("trace: views share one storage, released with the last name") {
+  TensorTrace trace;
+  trace.alloc("c", "a", 100);
+  trace.alias("a", "c", "b");
+  CHECK(trace.current_bytes() == 100);
+  trace.free("a");
+  CHECK(trace.current_bytes() == 100);  // b still views it
+  CHECK(live_bytes_of(trace, "b") == 100);
+  trace.free("b");
+  CHECK(trace.current_bytes() == 0);
+  CHECK(trace.peak_bytes() == 100);
+  CHECK_THROWS_AS(trace.free("b"), std::logic_error);
+}
+
+TEST_CASE("forward without keeping (checkpointed layer): peak is at the eager SwiGLU") {
+  TensorTrace trace;
+  trace.alloc(kCategoryLayer, "layer.input", X);
+  decoder_layer_forward(trace, shape_make(), eager(), /*keep=*/false);
+  // Attention moment: input, norm out, q (+view), k, v, attention out, lse = 2X + 2Q + 2K + lse = 608,000.
+  // MLP moment: input, residual, mlp norm out, gate, up, SiLU(gate), product = 3X + 4F = 1,408,000.
+  CHECK(trace.peak_bytes() == 3 * X + 4 * F);
+  CHECK(trace.peak_moment() == "mlp");
+  // Only the input and output remain.
+  CHECK(trace.current_bytes() == 2 * X);
+  CHECK(trace.live_items().size() == 2);
+}
+
+TEST_CASE("forward: Liger's fused SwiGLU saves one F; TiledMLP leaves one tile's F") {
+  LayerImplementation fused = eager();
+  fused.fused_swiglu = true;
+  TensorTrace trace;
+  trace.alloc(kCategoryLayer, "layer.input", X);
+  decoder_layer_forward(trace, shape_make(), fused, false);
+  CHECK(trace.peak_bytes() == 3 * X + 3 * F);
+
+  // 4 tiles of 250 tokens: input, residual, mlp norm out, tile outputs X, one tile's
+  // gate/up/SiLU/product (F/4 each) = 4X + F = 768,000; attention's 608,000 is lower.
+  TensorTrace tiled;
+  tiled.alloc(kCategoryLayer, "layer.input", X);
+  decoder_layer_forward(tiled, shape_make(1, 4), eager(), false);
+  CHECK(tiled.peak_bytes() == 4 * X + F);
+}
+
+TEST_CASE("recompute + backward of one layer, sp = 1, untiled eager SwiGLU") {
+  TensorTrace trace;
+  trace.alloc(kCategoryLayer, "layer.input", X);
+  trace.alloc(kCategoryLayer, "layer.output_grad", X);
+  decoder_layer_forward(trace, shape_make(), eager(), /*keep=*/true);
+  // Saved for backward: norm out X, q Q, k K, v K, attention out Q (o_proj's input is a view
+  // of it without an all-to-all), lse, residual X, mlp norm out X, gate/up/SiLU/product 4F,
+  // plus input, incoming gradient and output: 6X + 2Q + 2K + lse + 4F.
+  CHECK(trace.current_bytes() == 6 * X + 2 * Q + 2 * K + LSE + 4 * F);
+  CHECK(decoder_layer_saved_bytes(shape_make(), eager()) == 5 * X + 2 * Q + 2 * K + LSE + 4 * F - X);
+  decoder_layer_backward(trace, shape_make(), eager());
+  // MLP backward peak: product freed after its gradient, then d(SiLU) and d(up) join:
+  // gate, up, SiLU, d(product), d(SiLU), d(up) = 6F on top of 6X + 2Q + 2K + lse.
+  CHECK(trace.peak_bytes() == 6 * X + 2 * Q + 2 * K + LSE + 6 * F);
+  CHECK(trace.peak_moment() == "mlp");
+  // Everything is freed except the input gradient.
+  CHECK(trace.current_bytes() == X);
+  REQUIRE(trace.live_items().size() == 1);
+  CHECK(trace.live_items()[0].name == "layer.input_grad");
+}
+
+TEST_CASE("attention backward with FlashAttention-2's buffers, sp = 1, tiled MLP") {
+  LayerImplementation fa2 = eager();
+  fa2.flash_attention_dq_accumulator = true;
+  fa2.flash_attention_expands_gqa_grads = true;
+  TensorTrace trace;
+  trace.alloc(kCategoryLayer, "layer.input", X);
+  trace.alloc(kCategoryLayer, "layer.output_grad", X);
+  decoder_layer_forward(trace, shape_make(1, 1000), fa2, true);
+  decoder_layer_backward(trace, shape_make(1, 1000), fa2);
+  // At FlashAttention backward: input, incoming grad, layer output, norm out, residual grad
+  // (5X); q, attention out, output grad, dq (4Q); k, v, dk, dv (4K); lse; dk and dv expanded
+  // to q heads (2Q); the fp32 dq accumulator (2Q); softmax_d (lse).
+  CHECK(trace.peak_bytes() == 5 * X + 8 * Q + 4 * K + 2 * LSE);
+  CHECK(trace.peak_moment() == "attention");
+}
+
+TEST_CASE("Ulysses: all-to-all staging, and kv heads replicated when sp > n_kv") {
+  // sp = 4 > n_kv = 2: k and v are repeated r = 2 times before their all-to-all.
+  const LayerShape shape = shape_make(4);
+  TensorTrace trace;
+  trace.alloc(kCategoryLayer, "layer.input", X);
+  decoder_layer_forward(trace, shape, eager(), true);
+  CHECK(live_bytes_of(trace, "attention.k") == 2 * K);  // T * (n_kv * r) * d * a = T * sp * d * a
+  CHECK(live_bytes_of(trace, "attention.v") == 2 * K);
+  CHECK(live_bytes_of(trace, "attention.q") == Q);
+  CHECK(live_bytes_of(trace, "attention.output_local") == Q);  // a separate buffer after the all-to-all
+  CHECK_FALSE(trace.is_live("ulysses.staging"));
+
+  // sp = 2 divides n_kv: no replication.
+  TensorTrace plain;
+  plain.alloc(kCategoryLayer, "layer.input", X);
+  decoder_layer_forward(plain, shape_make(2), eager(), true);
+  CHECK(live_bytes_of(plain, "attention.k") == K);
+}
+
+TEST_CASE("logits and loss: untiled is logits + fp32 copy + fp32 gradient; Liger is one chunk") {
+  TensorTrace untiled;
+  untiled.alloc(kCategoryLayer, "final_norm.input", X);
+  lm_loss_forward_backward(untiled, shape_make(), eager(), LossImplementation::loss_untiled, 0, 2);
+  // final norm in/out 2X, logits T*V*(2 + 4 + 4), per-token loss 4T.
+  CHECK(untiled.peak_bytes() == 2 * X + 1000.0 * 512 * 10 + 4000);
+  CHECK(untiled.current_bytes() == X);  // the gradient into the last layer
+  CHECK(untiled.is_live("layer.output_grad"));
+
+  TensorTrace liger;
+  liger.alloc(kCategoryLayer, "final_norm.input", X);
+  lm_loss_forward_backward(liger, shape_make(), eager(), LossImplementation::loss_liger_chunked, 128, 2);
+  // 3X (in, out, grad_input) + grad_weight V*h*2 + loss_1d 4T + chunk logits 128*V*2 + chunk input grad 128*h*2.
+  CHECK(liger.peak_bytes() == 3 * X + 512.0 * 64 * 2 + 4000 + 128.0 * 512 * 2 + 128.0 * 64 * 2);
+
+  TensorTrace shards;
+  shards.alloc(kCategoryLayer, "final_norm.input", X);
+  lm_loss_forward_backward(shards, shape_make(), eager(), LossImplementation::loss_token_shards, 250, 2);
+  // 3X + one 250-token shard of the untiled loss (its input grad shard 250*h*2 is freed before).
+  CHECK(shards.peak_bytes() == 3 * X + 250.0 * 512 * 10 + 1000);
+}

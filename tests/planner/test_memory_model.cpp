@@ -1,0 +1,302 @@
+// The planner's memory model: component values derived by hand, and the invariants a capacity
+// model must keep (monotone in S, sp divides activations, offload conserves bytes, tiling only
+// shrinks its own terms).
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "models/layer_inventory.hpp"
+#include "models/model_loader.hpp"
+#include "planner/max_seqlen.hpp"
+#include "planner/memory_model.hpp"
+#include "planner/units.hpp"
+
+using namespace longseq;
+
+namespace {
+
+// L=4, h=64, n_q=8, n_kv=4, d=8, f=128, V=512, SwiGLU, untied.
+ModelSpec small_model(int64_t kv_heads = 4) {
+  ModelSpec model;
+  model.name = "small";
+  model.num_layers = 4;
+  model.hidden_size = 64;
+  model.num_q_heads = 8;
+  model.num_kv_heads = kv_heads;
+  model.head_dim = 8;
+  model.intermediate_size = 128;
+  model.vocab_size = 512;
+  return model;
+}
+
+RuntimeProfile plain_profile() {
+  RuntimeProfile profile;  // bf16 activations/weights, 18 bytes/parameter of model states
+  profile.name = "test";
+  profile.activation_bytes = 2;
+  profile.weight_bytes = 2;
+  profile.gradient_bytes = 4;
+  profile.master_weight_bytes = 4;
+  profile.optimizer_state_bytes = 8;
+  profile.working_gradient_bytes = 2;
+  profile.loss_tiling = LossTiling::loss_tiling_liger;
+  return profile;
+}
+
+ClusterSpec cluster_of(int64_t gpus, double gpu_gib = 1000, double host_gib = 1000) {
+  HardwareCard card;
+  card.name = "test-gpu";
+  card.gpu_memory_gib = gpu_gib;
+  card.gpus_per_node = 8;
+  card.host_memory_gib = host_gib;
+  return cluster_make(card, gpus, 0, 0, 0);
+}
+
+double item_bytes(const std::vector<MemoryItem>& items, const std::string& name) {
+  for (const auto& item : items)
+    if (item.name == name) return item.bytes;
+  return 0;
+}
+
+double category_bytes(const std::vector<MemoryItem>& items, const std::string& category) {
+  double bytes = 0;
+  for (const auto& item : items)
+    if (item.category == category) bytes += item.bytes;
+  return bytes;
+}
+
+PlanOptions bare_plan(int64_t sp, int zero) {
+  PlanOptions plan;
+  plan.sp = sp;
+  plan.zero_stage = zero;
+  return plan;
+}
+
+}  // namespace
+
+TEST_CASE("model states under ZeRO 0/1/2/3 on 8 GPUs, derived by hand") {
+  const ModelSpec model = small_model();
+  const double P = static_cast<double>(parameter_count(model).total);
+  const ClusterSpec cluster = cluster_of(8);
+  struct Expected { int zero; double weights, gradients, master, optimizer; };
+  // Stage 1 partitions master + Adam, stage 2 also fp32 gradients, stage 3 also bf16 weights.
+  for (const Expected& e : {Expected{0, 2 * P, 4 * P, 4 * P, 8 * P}, Expected{1, 2 * P, 4 * P, 4 * P / 8, 8 * P / 8},
+                            Expected{2, 2 * P, 4 * P / 8, 4 * P / 8, 8 * P / 8},
+                            Expected{3, 2 * P / 8, 4 * P / 8, 4 * P / 8, 8 * P / 8}}) {
+    CAPTURE(e.zero);
+    const MemoryPrediction prediction = memory_predict(model, cluster, bare_plan(1, e.zero), plain_profile(), 1024);
+    CHECK(item_bytes(prediction.gpu_items, "weights") == doctest::Approx(e.weights));
+    CHECK(item_bytes(prediction.gpu_items, "gradients_fp32") == doctest::Approx(e.gradients));
+    CHECK(item_bytes(prediction.gpu_items, "master_weights") == doctest::Approx(e.master));
+    CHECK(item_bytes(prediction.gpu_items, "optimizer_states") == doctest::Approx(e.optimizer));
+  }
+}
+
+TEST_CASE("ZeRO-3 working set: one gathered layer plus the prefetch bucket") {
+  const ModelSpec model = small_model();
+  RuntimeProfile profile = plain_profile();
+  profile.zero_prefetch_bucket_elements = 1000;
+  PlanOptions plan = bare_plan(1, 3);
+  plan.tiled_loss = true;  // so that the peak falls in a decoder layer, where they are gathered
+  const MemoryPrediction prediction = memory_predict(model, cluster_of(8), plan, profile, 16384);
+  REQUIRE(prediction.gpu_peak_phase.find("decoder layer") != std::string::npos);
+  const double layer = static_cast<double>(parameter_count(model).per_layer);
+  CHECK(item_bytes(prediction.gpu_items, "gathered_layer_weights") == layer * 2);
+  CHECK(item_bytes(prediction.gpu_items, "prefetched_weights") == 1000 * 2);
+}
+
+TEST_CASE("optimizer and parameter offload move bytes from GPU to host without losing any") {
+  const ModelSpec model = small_model();
+  const ClusterSpec cluster = cluster_of(8);
+  const MemoryPrediction on_gpu = memory_predict(model, cluster, bare_plan(1, 3), plain_profile(), 1024);
+  PlanOptions offloaded = bare_plan(1, 3);
+  offloaded.offload_optimizer = true;
+  offloaded.offload_params = true;
+  const MemoryPrediction moved = memory_predict(model, cluster, offloaded, plain_profile(), 1024);
+  const double gpu_states = category_bytes(on_gpu.gpu_items, kCategoryModelStates);
+  CHECK(gpu_states > 0);
+  CHECK(category_bytes(moved.gpu_items, kCategoryModelStates) == 0);
+  // The node hosts 8 ranks, each with its partition.
+  CHECK(moved.host_bytes_per_node == doctest::Approx(8 * gpu_states));
+  CHECK(on_gpu.host_bytes_per_node == 0);
+}
+
+TEST_CASE("checkpoint offload moves L checkpoints per rank to the host") {
+  const ModelSpec model = small_model();
+  const ClusterSpec cluster = cluster_of(2);
+  PlanOptions plan = bare_plan(2, 3);
+  const int64_t seqlen = 8192;
+  const double x_bytes = 8192.0 / 2 * 64 * 2;  // [S/sp, h] bf16
+  const MemoryPrediction kept = memory_predict(model, cluster, plan, plain_profile(), seqlen);
+  const double on_gpu = item_bytes(kept.gpu_items, "hidden_states_checkpoints");
+  // The peak falls where L-1 (forward, backward) or L (loss) checkpoints are resident.
+  CHECK((on_gpu == 3 * x_bytes || on_gpu == 4 * x_bytes));
+  plan.checkpoint_offload = true;
+  const MemoryPrediction offloaded = memory_predict(model, cluster, plan, plain_profile(), seqlen);
+  CHECK(item_bytes(offloaded.gpu_items, "hidden_states_checkpoints") == 0);
+  CHECK(item_bytes(offloaded.host_items, "hidden_states_checkpoints") == 2 * 4 * x_bytes);
+  CHECK(offloaded.gpu_peak_bytes < kept.gpu_peak_bytes);
+}
+
+TEST_CASE("sp divides every activation term") {
+  // n_kv = 4 so that neither sp = 2 nor sp = 4 replicates kv heads; same world size, so model
+  // states are equal and only the per-rank token count differs.
+  const ModelSpec model = small_model(4);
+  const ClusterSpec cluster = cluster_of(4);
+  const MemoryPrediction sp2 = memory_predict(model, cluster, bare_plan(2, 3), plain_profile(), 16384);
+  const MemoryPrediction sp4 = memory_predict(model, cluster, bare_plan(4, 3), plain_profile(), 16384);
+  CHECK(sp2.local_tokens == 2 * sp4.local_tokens);
+  CHECK(sp2.gpu_peak_phase == sp4.gpu_peak_phase);
+  for (const char* category : {kCategoryLayer, kCategoryCheckpoints}) {
+    CAPTURE(category);
+    CHECK(category_bytes(sp2.gpu_items, category) == doctest::Approx(2 * category_bytes(sp4.gpu_items, category)));
+  }
+  CHECK(category_bytes(sp2.gpu_items, kCategoryModelStates) == category_bytes(sp4.gpu_items, kCategoryModelStates));
+}
+
+TEST_CASE("GQA: kv heads are replicated only when sp exceeds them") {
+  const ModelSpec model = small_model(2);
+  CHECK(kv_replication_factor(model, 2) == 1);
+  CHECK(kv_replication_factor(model, 4) == 2);
+  CHECK(kv_replication_factor(model, 8) == 4);
+  const MemoryPrediction sp8 = memory_predict(model, cluster_of(8), bare_plan(8, 3), plain_profile(), 8192);
+  CHECK(sp8.kv_replication == 4);
+}
+
+TEST_CASE("tiled MLP shrinks only the layer phases, tiled loss only the loss phase") {
+  const ModelSpec model = small_model();
+  const ClusterSpec cluster = cluster_of(1);
+  auto phase_bytes = [&](const PlanOptions& plan) {
+    const MemoryPrediction prediction = memory_predict(model, cluster, plan, plain_profile(), 32768);
+    std::vector<double> bytes;
+    for (const auto& phase : prediction.phases) bytes.push_back(phase.bytes);
+    return bytes;  // forward, loss, backward
+  };
+  const auto plain = phase_bytes(bare_plan(1, 3));
+  PlanOptions mlp = bare_plan(1, 3);
+  mlp.tiled_mlp = true;
+  const auto tiled_mlp = phase_bytes(mlp);
+  CHECK(tiled_mlp[0] < plain[0]);
+  CHECK(tiled_mlp[1] == plain[1]);
+  CHECK(tiled_mlp[2] < plain[2]);
+  PlanOptions loss = bare_plan(1, 3);
+  loss.tiled_loss = true;
+  const auto tiled_loss = phase_bytes(loss);
+  CHECK(tiled_loss[0] == plain[0]);
+  CHECK(tiled_loss[1] < plain[1]);
+  CHECK(tiled_loss[2] == plain[2]);
+}
+
+TEST_CASE("memory is monotone in the sequence length, for every plan kind") {
+  const ModelSpec model = small_model(2);
+  const ClusterSpec cluster = cluster_of(4);
+  std::vector<PlanOptions> plans = {bare_plan(1, 0), bare_plan(4, 3), PlanOptions::alst(4)};
+  plans[0].activation_checkpointing = false;
+  for (const auto& plan : plans) {
+    double previous_gpu = 0, previous_host = 0;
+    for (int64_t seqlen = 4; seqlen <= (int64_t{1} << 22); seqlen *= 2) {
+      const MemoryPrediction prediction = memory_predict(model, cluster, plan, plain_profile(), seqlen);
+      CHECK(prediction.gpu_peak_bytes >= previous_gpu);
+      CHECK(prediction.host_bytes_per_node >= previous_host);
+      previous_gpu = prediction.gpu_peak_bytes;
+      previous_host = prediction.host_bytes_per_node;
+    }
+  }
+}
+
+TEST_CASE("without checkpointing every layer's saved activations stay resident") {
+  const ModelSpec model = small_model();
+  PlanOptions plan = bare_plan(1, 3);
+  plan.activation_checkpointing = false;
+  const MemoryPrediction prediction = memory_predict(model, cluster_of(1), plan, plain_profile(), 4096);
+  double count = 0;
+  for (const auto& item : prediction.gpu_items)
+    if (item.name == "saved_activations") count = item.count;
+  CHECK(count >= 3);
+  const MemoryPrediction checkpointed = memory_predict(model, cluster_of(1), bare_plan(1, 3), plain_profile(), 4096);
+  CHECK(prediction.gpu_peak_bytes > checkpointed.gpu_peak_bytes);
+}
+
+TEST_CASE("max seqlen: the answer fits, one more granule does not, and it agrees with a linear scan") {
+  const ModelSpec model = small_model(2);
+  // A tiny GPU so that a scan is cheap: 0.05 GiB.
+  const ClusterSpec cluster = cluster_of(2, 0.05);
+  const PlanOptions plan = PlanOptions::alst(2);
+  const MaxSeqlenResult result = max_seqlen_find(model, cluster, plan, plain_profile());
+  REQUIRE(result.max_seqlen > 0);
+  CHECK(result.max_seqlen % 2 == 0);
+  CHECK(result.at_max.fits());
+  CHECK_FALSE(memory_predict(model, cluster, plan, plain_profile(), result.max_seqlen + 2).fits());
+  CHECK(result.binding_constraint == "GPU memory");
+  int64_t scanned = 0;
+  for (int64_t seqlen = 2; memory_predict(model, cluster, plan, plain_profile(), seqlen).fits(); seqlen += 2) scanned = seqlen;
+  CHECK(result.max_seqlen == scanned);
+}
+
+TEST_CASE("max seqlen honours host memory") {
+  const ModelSpec model = small_model(2);
+  // Plenty of GPU, almost no host: checkpoint offload makes host memory the binding limit.
+  const ClusterSpec cluster = cluster_of(2, 1000, 0.01);
+  const MaxSeqlenResult result = max_seqlen_find(model, cluster, PlanOptions::alst(2), plain_profile());
+  CHECK(result.binding_constraint == "host memory");
+  CHECK(result.at_max.fits_host());
+  CHECK_FALSE(result.first_failure.fits_host());
+}
+
+TEST_CASE("a plan whose model states alone do not fit reports zero, not a crash") {
+  const MaxSeqlenResult result =
+      max_seqlen_find(model_load("llama-3.1-8b"), cluster_of(1, 80), bare_plan(1, 3), plain_profile());
+  CHECK(result.max_seqlen == 0);
+  CHECK(result.binding_constraint == "GPU memory");
+}
+
+TEST_CASE("impossible plans are reasons, not crashes") {
+  const ModelSpec llama = model_load("llama-3.1-8b");
+  auto problems_of = [&](const PlanOptions& plan, int64_t gpus) {
+    std::string joined;
+    for (const auto& problem : plan_problems(llama, cluster_of(gpus), plan)) joined += problem + "\n";
+    return joined;
+  };
+  CHECK(problems_of(bare_plan(3, 3), 3).find("does not divide 32 query heads") != std::string::npos);
+  CHECK(problems_of(bare_plan(8, 3), 4).find("does not divide 4 GPUs") != std::string::npos);
+  PlanOptions offload_params = bare_plan(1, 2);
+  offload_params.offload_params = true;
+  CHECK(problems_of(offload_params, 1).find("needs ZeRO stage 3") != std::string::npos);
+  PlanOptions offload_checkpoints = bare_plan(1, 3);
+  offload_checkpoints.activation_checkpointing = false;
+  offload_checkpoints.checkpoint_offload = true;
+  CHECK(problems_of(offload_checkpoints, 1).find("needs activation checkpointing") != std::string::npos);
+  CHECK(problems_of(PlanOptions::alst(8), 8).empty());
+
+  // 12 q / 4 kv heads with sp = 6: 6 divides 12, but neither divides nor is a multiple of 4.
+  ModelSpec odd = small_model();
+  odd.num_q_heads = 12;
+  odd.num_kv_heads = 4;
+  const auto odd_problems = plan_problems(odd, cluster_of(6), bare_plan(6, 3));
+  REQUIRE(odd_problems.size() == 1);
+  CHECK(odd_problems[0].find("key/value heads") != std::string::npos);
+  CHECK(sp_largest_valid(odd, 6) == 2);  // 6 and 3 fail the kv rule for 4 kv heads; 2 divides 4
+  CHECK(seqlen_problems(bare_plan(8, 3), 1000004).size() == 1);
+  CHECK(seqlen_problems(bare_plan(8, 3), 1000000).empty());
+}
+
+TEST_CASE("Llama-3.1-8B, ALST on 8xH100 at 3.8M: the values REFERENCE.md derives") {
+  const ModelSpec model = model_load("llama-3.1-8b");
+  const ClusterSpec cluster = cluster_make(hardware_card_load("h100-sxm-80gb"), 8, 0, 0, 0);
+  const RuntimeProfile profile = runtime_profile_load("deepspeed-hf");
+  const MemoryPrediction prediction = memory_predict(model, cluster, PlanOptions::alst(8), profile, 3'800'000);
+  const double x_bytes = 475'000.0 * 4096 * 2;  // 3.62 GiB per checkpoint
+  CHECK(prediction.local_tokens == 475'000);
+  CHECK(prediction.mlp_tiles == 116);         // REFERENCE §3.2: ceil(475000 / 4096)
+  CHECK(prediction.loss_tile_tokens == 16384);  // REFERENCE §3.3a: Liger chunk
+  CHECK(prediction.kv_replication == 1);
+  // REFERENCE §3.4: 116 GiB of checkpoints per GPU, 928 GiB per node.
+  CHECK(item_bytes(prediction.host_items, "hidden_states_checkpoints") == doctest::Approx(8 * 32 * x_bytes));
+  CHECK(item_bytes(prediction.host_items, "hidden_states_checkpoints") / kBytesPerGib == doctest::Approx(927.7).epsilon(0.001));
+  // ZeRO-3 over 8 ranks, optimizer on the host: 2 bytes/param of weights on the GPU, 16 on the host.
+  const double P = 8'030'261'248.0;
+  CHECK(item_bytes(prediction.gpu_items, "weights") == doctest::Approx(2 * P / 8));
+  CHECK(item_bytes(prediction.host_items, "optimizer_states") + item_bytes(prediction.host_items, "master_weights") +
+            item_bytes(prediction.host_items, "gradients_fp32") ==
+        doctest::Approx(16 * P));
+  CHECK(prediction.fits());
+}

@@ -1,0 +1,59 @@
+// Sequence-length parsing, hardware cards and runtime profiles.
+#include <doctest/doctest.h>
+
+#include "models/config_error.hpp"
+#include "planner/cards.hpp"
+#include "planner/units.hpp"
+
+using namespace longseq;
+
+TEST_CASE("sequence lengths: K/M are decimal as the ALST paper writes them, Ki/Mi binary") {
+  CHECK(seqlen_parse("32K", "--seqlen") == 32'000);
+  CHECK(seqlen_parse("1.5M", "--seqlen") == 1'500'000);
+  CHECK(seqlen_parse("3.7m", "--seqlen") == 3'700'000);
+  CHECK(seqlen_parse("15000000", "--seqlen") == 15'000'000);
+  CHECK(seqlen_parse("128Ki", "--seqlen") == 131'072);
+  CHECK(seqlen_parse("4Mi", "--seqlen") == 4'194'304);
+  CHECK(seqlen_format(3'700'000) == "3.7M");
+  CHECK(seqlen_format(131'072) == "128Ki");
+  CHECK(seqlen_format(3'712'000) == "3.712M");
+  CHECK(seqlen_format(999) == "999");
+}
+
+TEST_CASE("bad sequence lengths name the flag and the reason") {
+  CHECK_THROWS_WITH_AS(seqlen_parse("-5", "--seqlen"), doctest::Contains("--seqlen"), ConfigError);
+  CHECK_THROWS_WITH_AS(seqlen_parse("abc", "--seqlen"), doctest::Contains("no number"), ConfigError);
+  CHECK_THROWS_WITH_AS(seqlen_parse("32X", "--seqlen"), doctest::Contains("unknown suffix"), ConfigError);
+  CHECK_THROWS_WITH_AS(seqlen_parse("1.5", "--seqlen"), doctest::Contains("whole number"), ConfigError);
+  CHECK_THROWS_WITH_AS(seqlen_parse("1e20", "--seqlen"), doctest::Contains("10^13"), ConfigError);
+}
+
+TEST_CASE("hardware cards load with their datasheet values") {
+  const HardwareCard h100 = hardware_card_load("H100-SXM-80GB");
+  CHECK(h100.gpu_memory_gib == doctest::Approx(81559.0 / 1024.0).epsilon(1e-3));
+  CHECK(h100.gpus_per_node == 8);
+  CHECK(h100.peak_bf16_tflops == 989);
+  CHECK(hardware_card_load("a100-40gb").gpu_memory_gib == 40.0);
+  CHECK(hardware_card_load("a100-80gb").gpu_memory_gib == 80.0);
+  CHECK(hardware_card_load("h200-141gb").gpu_memory_gib > 140.0);
+  CHECK(builtin_hardware_names().size() == 4);
+  CHECK_THROWS_WITH_AS(hardware_card_load("tpu-v5"), doctest::Contains("unknown hardware card 'tpu-v5'"), ConfigError);
+}
+
+TEST_CASE("runtime profiles: deepspeed-hf is ALST's 18 bytes per parameter") {
+  const RuntimeProfile profile = runtime_profile_load("deepspeed-hf");
+  CHECK(profile.weight_bytes + profile.gradient_bytes + profile.master_weight_bytes + profile.optimizer_state_bytes == 18);
+  CHECK(profile.loss_tiling == LossTiling::loss_tiling_liger);
+  const RuntimeProfile native = runtime_profile_load("native");
+  CHECK(native.activation_bytes == 4);
+  CHECK(native.cuda_context_gib == 0);
+}
+
+TEST_CASE("profile and card files reject unknown keys and bad values") {
+  CHECK_THROWS_WITH_AS(hardware_card_from_text("name: x\ngpu_memory_gb: 80\n", "x.yaml"), doctest::Contains("x.yaml"),
+                       ConfigError);
+  const std::string card =
+      "name: x\ngpu_memory_gib: -1\npeak_bf16_tflops: 1\ngpus_per_node: 1\nhost_memory_gib: 1\n"
+      "pcie_host_to_device_gbps: 1\npcie_device_to_host_gbps: 1\nnvlink_gbps: 1\ninternode_gbps_per_node: 1\n";
+  CHECK_THROWS_WITH_AS(hardware_card_from_text(card, "x.yaml"), doctest::Contains("key 'gpu_memory_gib'"), ConfigError);
+}
