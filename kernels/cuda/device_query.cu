@@ -1,0 +1,28 @@
+// device_query.cu: CUDA runtime queries behind a CUDA-free header.
+#include "kernels/cuda/device_query.hpp"
+
+#include <cuda_runtime.h>
+
+namespace longseq {
+
+CudaDeviceInfo cuda_device_query() {
+  CudaDeviceInfo info;
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) {
+    info.error = cudaGetErrorString(status);
+    return info;
+  }
+  info.device_count = count;
+  if (count == 0) return info;
+  cudaDeviceProp properties{};
+  if (cudaGetDeviceProperties(&properties, 0) == cudaSuccess) info.name = properties.name;
+  size_t free_bytes = 0, total_bytes = 0;
+  if (cudaSetDevice(0) == cudaSuccess && cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+    info.free_bytes = static_cast<int64_t>(free_bytes);
+    info.total_bytes = static_cast<int64_t>(total_bytes);
+  }
+  return info;
+}
+
+}  // namespace longseq
