@@ -1,6 +1,7 @@
 #include "cli/plan_command.hpp"
 
 #include <fmt/format.h>
+#include <algorithm>
 #include <iostream>
 #include <optional>
 
@@ -18,10 +19,11 @@ struct PlanCommandArgs {
   std::string model;
   std::string gpu = "h100-sxm-80gb";
   std::string profile = "deepspeed-hf";
-  int64_t gpus = 0, nodes = 0, gpus_per_node = 0;
-  double host_memory_gib = 0;
+  // -1: not given (a given 0 or negative value is an error).
+  int64_t gpus = -1, nodes = -1, gpus_per_node = -1;
+  double host_memory_gib = -1;
   std::string seqlen;
-  int64_t sp = 0;
+  int64_t sp = -1;
   int zero_stage = -1;
   bool baseline = false;
   // Each switch is a pair; the count of each side says whether it was given.
@@ -31,7 +33,7 @@ struct PlanCommandArgs {
   int64_t checkpoint_offload_on = 0, checkpoint_offload_off = 0;
   int64_t tiled_mlp_on = 0, tiled_mlp_off = 0;
   int64_t tiled_loss_on = 0, tiled_loss_off = 0;
-  int64_t mlp_tiles = 0, loss_tiles = 0;
+  int64_t mlp_tiles = -1, loss_tiles = -1;
   int64_t micro_batch = 1;
   bool json = false;
 };
@@ -41,6 +43,13 @@ namespace {
 void switch_register(CLI::App& command, const std::string& name, int64_t& on, int64_t& off, const std::string& help) {
   command.add_flag("--" + name, on, help);
   command.add_flag("--no-" + name, off, "turn off --" + name);
+}
+
+// A count the user gave must be positive; -1 (not given) becomes 0, the library's "default".
+int64_t positive_or_default(int64_t value, const char* flag) {
+  if (value == -1) return 0;
+  if (value < 1) throw ConfigError(flag, "", fmt::format("must be positive, got {}", value));
+  return value;
 }
 
 void switch_apply(bool& value, int64_t on, int64_t off, const std::string& name) {
@@ -92,11 +101,14 @@ int plan_command_run(const PlanCommandArgs& args) {
   const ModelSpec model = model_load(args.model);
   const HardwareCard hardware = hardware_card_load(args.gpu);
   const RuntimeProfile profile = runtime_profile_load(args.profile);
-  const ClusterSpec cluster = cluster_make(hardware, args.gpus, args.nodes, args.gpus_per_node, args.host_memory_gib);
-
-  if (args.sp < 0) throw ConfigError("--sp", "", fmt::format("must be positive, got {}", args.sp));
-  if (args.mlp_tiles < 0) throw ConfigError("--mlp-tiles", "", fmt::format("must be positive, got {}", args.mlp_tiles));
-  if (args.loss_tiles < 0) throw ConfigError("--loss-tiles", "", fmt::format("must be positive, got {}", args.loss_tiles));
+  if (args.host_memory_gib != -1 && !(args.host_memory_gib > 0))
+    throw ConfigError("--host-mem-gib", "", fmt::format("must be positive, got {}", args.host_memory_gib));
+  const ClusterSpec cluster =
+      cluster_make(hardware, positive_or_default(args.gpus, "--gpus"), positive_or_default(args.nodes, "--nodes"),
+                   positive_or_default(args.gpus_per_node, "--gpus-per-node"), std::max(args.host_memory_gib, 0.0));
+  const int64_t sp = positive_or_default(args.sp, "--sp");
+  const int64_t mlp_tiles = positive_or_default(args.mlp_tiles, "--mlp-tiles");
+  const int64_t loss_tiles = positive_or_default(args.loss_tiles, "--loss-tiles");
   if (args.micro_batch < 1 || args.micro_batch > 1'000'000)
     throw ConfigError("--micro-batch", "", fmt::format("must be in [1, 1000000], got {}", args.micro_batch));
   PlanOptions plan = PlanOptions::alst(sp_largest_valid(model, cluster.gpus));
@@ -104,7 +116,7 @@ int plan_command_run(const PlanCommandArgs& args) {
     plan.sp = 1;
     plan.tiled_mlp = plan.tiled_loss = plan.checkpoint_offload = false;
   }
-  if (args.sp > 0) plan.sp = args.sp;
+  if (sp > 0) plan.sp = sp;
   if (args.zero_stage != -1) plan.zero_stage = args.zero_stage;
   switch_apply(plan.offload_optimizer, args.offload_optimizer_on, args.offload_optimizer_off, "offload-optimizer");
   switch_apply(plan.offload_params, args.offload_params_on, args.offload_params_off, "offload-params");
@@ -115,8 +127,8 @@ int plan_command_run(const PlanCommandArgs& args) {
   // Checkpoint offload is part of the default set; turning checkpointing off turns it off too
   // unless the user asked for both, which plan_problems then reports.
   if (!plan.activation_checkpointing && args.checkpoint_offload_on == 0) plan.checkpoint_offload = false;
-  if (args.mlp_tiles > 0) plan.mlp_tiles = args.mlp_tiles;
-  if (args.loss_tiles > 0) plan.loss_tiles = args.loss_tiles;
+  plan.mlp_tiles = mlp_tiles;
+  plan.loss_tiles = loss_tiles;
   plan.micro_batch = args.micro_batch;
 
   std::vector<std::string> problems = plan_problems(model, cluster, plan);

@@ -225,7 +225,9 @@ MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& clust
     if (item.bytes > 0)
       prediction.gpu_items.push_back({std::string(item.category), std::string(item.name), item.bytes, item.count});
 
-  // Host memory of the fullest node.
+  // Host memory of the fullest node. No pinned staging buffers are counted for deepspeed-hf:
+  // offload_optimizer's pin_memory defaults to false and the ALST recipes leave it so, and the
+  // checkpoint offload copies to pageable memory (.to("cpu"), REFERENCE §3.4).
   const double ranks = as_double(cluster.ranks_per_node());
   const double params = as_double(setup.params.total);
   const double world = as_double(cluster.gpus);

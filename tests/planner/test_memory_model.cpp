@@ -91,6 +91,46 @@ TEST_CASE("model states under ZeRO 0/1/2/3 on 8 GPUs, derived by hand") {
   }
 }
 
+TEST_CASE("the whole prediction for a small model, derived by hand") {
+  // small_model(2) at S = 1000 on one GPU, ZeRO-0, checkpointing, nothing tiled or offloaded,
+  // eager kernels, no runtime overheads. Per-layer sizes as in test_layer_inventory.cpp:
+  // X = Q = 128,000, K = 32,000, F = 256,000, lse = 32,000 bytes (T = 1000, bf16).
+  // Parameters: embedding + LM head 2 * 512 * 64; per layer 64*(64+16+16) + 64*64 + 3*64*128
+  // + 2*64 = 34,944; 4 layers; final norm 64: P = 205,376.
+  const ModelSpec model = small_model(2);
+  REQUIRE(parameter_count(model).total == 205'376);
+  const double static_bytes = 18.0 * 205'376  // model states, 18 bytes/parameter unpartitioned
+                              + 16.0 * 1000   // input_ids + shift_labels, int64
+                              + 8.0 * 1000    // position_ids (sp = 1: this rank's tokens)
+                              + 2.0 * 1000 * 8 * 2;  // RoPE cos and sin [T, d] bf16
+  const double X = 128'000, Q = 128'000, K = 32'000, F = 256'000, LSE = 32'000;
+  const MemoryPrediction prediction = memory_predict(model, cluster_of(1), bare_plan(1, 0), plain_profile(), 1000);
+  REQUIRE(prediction.phases.size() == 3);
+  // Forward: 3 checkpoints below + the layer's eager-SwiGLU moment (input, residual, norm, 4F).
+  CHECK(prediction.phases[0].bytes == static_bytes + 3 * X + 3 * X + 4 * F);
+  // Loss: 4 checkpoints + final norm input and output + logits (2 + 4 + 4 bytes) + loss per token.
+  CHECK(prediction.phases[1].bytes == static_bytes + 4 * X + 2 * X + 1000.0 * 512 * 10 + 4 * 1000);
+  // Backward: 3 checkpoints + the MLP backward moment of the layer test.
+  CHECK(prediction.phases[2].bytes == static_bytes + 3 * X + 6 * X + 2 * Q + 2 * K + LSE + 6 * F);
+  CHECK(prediction.gpu_peak_bytes == prediction.phases[1].bytes);
+  CHECK(prediction.gpu_peak_phase == "logits and loss");
+  double items = 0;
+  for (const auto& item : prediction.gpu_items) items += item.bytes;
+  CHECK(items == prediction.gpu_peak_bytes);  // the breakdown sums to the peak
+  CHECK(prediction.host_bytes_per_node == 0);
+}
+
+TEST_CASE("runtime overheads: NCCL buffers only with more than one rank") {
+  RuntimeProfile profile = plain_profile();
+  profile.cuda_context_gib = 1;
+  profile.nccl_buffers_gib = 2;
+  const MemoryPrediction one = memory_predict(small_model(), cluster_of(1), bare_plan(1, 3), profile, 1024);
+  const MemoryPrediction two = memory_predict(small_model(), cluster_of(2), bare_plan(1, 3), profile, 1024);
+  CHECK(item_bytes(one.gpu_items, "cuda_context") == kBytesPerGib);
+  CHECK(item_bytes(one.gpu_items, "nccl_buffers") == 0);
+  CHECK(item_bytes(two.gpu_items, "nccl_buffers") == 2 * kBytesPerGib);
+}
+
 TEST_CASE("ZeRO-3 working set: one gathered layer plus the prefetch bucket") {
   const ModelSpec model = small_model();
   RuntimeProfile profile = plain_profile();
