@@ -1,7 +1,5 @@
 #include "models/model_loader.hpp"
 
-#include <algorithm>
-#include <cctype>
 #include <filesystem>
 #include <fmt/format.h>
 #include <fstream>
@@ -19,25 +17,17 @@ extern const int builtin_model_cards_count;
 
 namespace {
 
-std::string to_lower(std::string text) {
-  std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return std::tolower(c); });
-  return text;
-}
+std::span<const EmbeddedFile> builtin_cards() { return {builtin_model_cards, static_cast<size_t>(builtin_model_cards_count)}; }
 
 // "meta-llama/Llama-3.1-8B-Instruct" -> "llama-3.1-8b": the instruct variant has the same shape.
 std::string canonical_model_name(const std::string& name) {
-  std::string key = to_lower(name);
+  std::string key = text_to_lower(name);
   if (auto slash = key.rfind('/'); slash != std::string::npos) key = key.substr(slash + 1);
   for (const char* suffix : {"-instruct", "-chat", "-base"}) {
     const std::string s = suffix;
     if (key.size() > s.size() && key.compare(key.size() - s.size(), s.size(), s) == 0) key.resize(key.size() - s.size());
   }
   return key;
-}
-
-std::string card_stem(const char* file_name) {
-  std::string stem = file_name;
-  return stem.substr(0, stem.rfind('.'));
 }
 
 }  // namespace
@@ -155,12 +145,7 @@ ModelSpec model_from_hf_config_text(const std::string& json_text, const std::str
   return model;
 }
 
-std::vector<std::string> builtin_model_names() {
-  std::vector<std::string> names;
-  for (int i = 0; i < builtin_model_cards_count; ++i) names.push_back(card_stem(builtin_model_cards[i].file_name));
-  std::sort(names.begin(), names.end());
-  return names;
-}
+std::vector<std::string> builtin_model_names() { return embedded_file_stems(builtin_cards()); }
 
 ModelSpec model_load(const std::string& name_or_path) {
   std::error_code error;
@@ -175,11 +160,8 @@ ModelSpec model_load(const std::string& name_or_path) {
       return model_from_hf_config_text(file_read_text(config_path.string()), config_path.string());
     throw ConfigError(name_or_path, "", "is a directory without a config.json");
   }
-  const std::string wanted = canonical_model_name(name_or_path);
-  for (int i = 0; i < builtin_model_cards_count; ++i) {
-    const EmbeddedFile& card = builtin_model_cards[i];
-    if (card_stem(card.file_name) == wanted) return model_from_card_text(card.content, std::string("built-in card ") + card.file_name);
-  }
+  if (const EmbeddedFile* card = embedded_file_find(builtin_cards(), canonical_model_name(name_or_path)))
+    return model_from_card_text(card->content, std::string("built-in card ") + card->file_name);
   std::string known;
   for (const auto& name : builtin_model_names()) known += (known.empty() ? "" : ", ") + name;
   throw ConfigError("--model", "", fmt::format("unknown model '{}': not a file, and not a built-in card ({})", name_or_path, known));

@@ -33,20 +33,27 @@ std::string YamlReader::get_string(const std::string& key, const std::string& de
   return has(key) ? get_string(key) : (read_keys_.insert(key), default_value);
 }
 
-int64_t YamlReader::get_int(const std::string& key, int64_t minimum, int64_t maximum) {
+// The whole scalar must be a finite number; `what` names the expected kind in the message.
+double YamlReader::get_number(const std::string& key, const char* what) {
   const std::string text = require(key).Scalar();
-  // Accept 1e5 and 5e8 as DeepSpeed configs write them, but only when the value is whole.
   double value = 0;
   try {
     size_t used = 0;
     value = std::stod(text, &used);
     if (used != text.size()) throw std::invalid_argument(text);
   } catch (const std::exception&) {
-    throw ConfigError(source_name_, key, fmt::format("expected an integer, got '{}'", text));
+    throw ConfigError(source_name_, key, fmt::format("expected {}, got '{}'", what, text));
   }
-  if (value != std::floor(value)) throw ConfigError(source_name_, key, fmt::format("expected an integer, got '{}'", text));
+  if (!std::isfinite(value)) throw ConfigError(source_name_, key, fmt::format("expected {}, got '{}'", what, text));
+  return value;
+}
+
+int64_t YamlReader::get_int(const std::string& key, int64_t minimum, int64_t maximum) {
+  // Accept 1e5 and 5e8 as DeepSpeed configs write them, but only when the value is whole.
+  const double value = get_number(key, "an integer");
+  if (value != std::floor(value)) throw ConfigError(source_name_, key, fmt::format("expected an integer, got {}", value));
   if (value < static_cast<double>(minimum) || value > static_cast<double>(maximum))
-    throw ConfigError(source_name_, key, fmt::format("{} is out of range [{}, {}]", text, minimum, maximum));
+    throw ConfigError(source_name_, key, fmt::format("{} is out of range [{}, {}]", value, minimum, maximum));
   return static_cast<int64_t>(value);
 }
 
@@ -55,17 +62,9 @@ int64_t YamlReader::get_int(const std::string& key, int64_t minimum, int64_t max
 }
 
 double YamlReader::get_double(const std::string& key, double minimum, double maximum) {
-  const std::string text = require(key).Scalar();
-  double value = 0;
-  try {
-    size_t used = 0;
-    value = std::stod(text, &used);
-    if (used != text.size()) throw std::invalid_argument(text);
-  } catch (const std::exception&) {
-    throw ConfigError(source_name_, key, fmt::format("expected a number, got '{}'", text));
-  }
-  if (!std::isfinite(value) || value < minimum || value > maximum)
-    throw ConfigError(source_name_, key, fmt::format("{} is out of range [{}, {}]", text, minimum, maximum));
+  const double value = get_number(key, "a number");
+  if (value < minimum || value > maximum)
+    throw ConfigError(source_name_, key, fmt::format("{} is out of range [{}, {}]", value, minimum, maximum));
   return value;
 }
 

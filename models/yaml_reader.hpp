@@ -38,6 +38,7 @@ class YamlReader {
 
  private:
   YAML::Node require(const std::string& key);
+  double get_number(const std::string& key, const char* what);
   std::string source_name_;
   YAML::Node root_;
   std::set<std::string> read_keys_;

@@ -1,7 +1,5 @@
 #include "planner/cards.hpp"
 
-#include <algorithm>
-#include <cctype>
 #include <filesystem>
 #include <fmt/format.h>
 
@@ -19,36 +17,24 @@ extern const int builtin_runtime_profiles_count;
 
 namespace {
 
-std::string to_lower(std::string text) {
-  std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return std::tolower(c); });
-  return text;
-}
-
-std::vector<std::string> stems(const EmbeddedFile* files, int count) {
-  std::vector<std::string> names;
-  for (int i = 0; i < count; ++i) {
-    std::string stem = files[i].file_name;
-    names.push_back(stem.substr(0, stem.rfind('.')));
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
 // A path that exists is read from disk; otherwise the name must be one of the built-in files.
 template <typename Parse>
-auto load_named(const std::string& name_or_path, const EmbeddedFile* files, int count, const char* what,
+auto load_named(const std::string& name_or_path, std::span<const EmbeddedFile> files, const char* what,
                 const char* flag, Parse parse) {
   std::error_code error;
   if (std::filesystem::is_regular_file(name_or_path, error)) return parse(file_read_text(name_or_path), name_or_path);
-  const std::string wanted = to_lower(name_or_path);
-  for (int i = 0; i < count; ++i) {
-    std::string stem = files[i].file_name;
-    stem = stem.substr(0, stem.rfind('.'));
-    if (stem == wanted) return parse(files[i].content, std::string("built-in ") + what + " " + files[i].file_name);
-  }
+  if (const EmbeddedFile* file = embedded_file_find(files, name_or_path))
+    return parse(file->content, std::string("built-in ") + what + " " + file->file_name);
   std::string known;
-  for (const auto& name : stems(files, count)) known += (known.empty() ? "" : ", ") + name;
+  for (const auto& name : embedded_file_stems(files)) known += (known.empty() ? "" : ", ") + name;
   throw ConfigError(flag, "", fmt::format("unknown {} '{}': not a file, and not built in ({})", what, name_or_path, known));
+}
+
+std::span<const EmbeddedFile> hardware_files() {
+  return {builtin_hardware_cards, static_cast<size_t>(builtin_hardware_cards_count)};
+}
+std::span<const EmbeddedFile> profile_files() {
+  return {builtin_runtime_profiles, static_cast<size_t>(builtin_runtime_profiles_count)};
 }
 
 }  // namespace
@@ -98,16 +84,14 @@ RuntimeProfile runtime_profile_from_text(const std::string& yaml_text, const std
 }
 
 HardwareCard hardware_card_load(const std::string& name_or_path) {
-  return load_named(name_or_path, builtin_hardware_cards, builtin_hardware_cards_count, "hardware card", "--gpu",
-                    hardware_card_from_text);
+  return load_named(name_or_path, hardware_files(), "hardware card", "--gpu", hardware_card_from_text);
 }
 
 RuntimeProfile runtime_profile_load(const std::string& name_or_path) {
-  return load_named(name_or_path, builtin_runtime_profiles, builtin_runtime_profiles_count, "runtime profile",
-                    "--profile", runtime_profile_from_text);
+  return load_named(name_or_path, profile_files(), "runtime profile", "--profile", runtime_profile_from_text);
 }
 
-std::vector<std::string> builtin_hardware_names() { return stems(builtin_hardware_cards, builtin_hardware_cards_count); }
-std::vector<std::string> builtin_profile_names() { return stems(builtin_runtime_profiles, builtin_runtime_profiles_count); }
+std::vector<std::string> builtin_hardware_names() { return embedded_file_stems(hardware_files()); }
+std::vector<std::string> builtin_profile_names() { return embedded_file_stems(profile_files()); }
 
 }  // namespace longseq

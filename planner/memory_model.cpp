@@ -111,6 +111,15 @@ void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const Clus
   trace.alloc(kCategoryInputs, "rope_cos_sin", 2.0 * tokens * as_double(model.head_dim) * as_double(profile.activation_bytes));
 }
 
+// ZeRO-2/3's gradient bucket, allocated at the first gradient and held through backward
+// (DeepSpeed stage3 `__ipg_bucket_flat_buffer`, reduce_bucket_size elements).
+void gradient_reduce_bucket_place(TensorTrace& trace, const PlanOptions& plan, const RuntimeProfile& profile,
+                                  const Setup& setup) {
+  if (plan.zero_stage < 2) return;
+  const double bucket = std::min(as_double(profile.zero_reduce_bucket_elements), as_double(setup.params.total));
+  trace.alloc(kCategoryZero, "gradient_reduce_bucket", bucket * as_double(profile.working_gradient_bytes));
+}
+
 // What ZeRO holds while a decoder layer runs: the layer's gathered weights and the prefetched
 // next ones (stage 3), and in backward the reduce bucket and the weight gradient being produced.
 void zero_layer_buffers_place(TensorTrace& trace, const PlanOptions& plan, const RuntimeProfile& profile,
@@ -122,8 +131,7 @@ void zero_layer_buffers_place(TensorTrace& trace, const PlanOptions& plan, const
     trace.alloc(kCategoryZero, "prefetched_weights", prefetch * as_double(profile.weight_bytes));
   }
   if (backward && plan.zero_stage >= 2) {
-    const double bucket = std::min(as_double(profile.zero_reduce_bucket_elements), as_double(setup.params.total));
-    trace.alloc(kCategoryZero, "gradient_reduce_bucket", bucket * as_double(profile.working_gradient_bytes));
+    gradient_reduce_bucket_place(trace, plan, profile, setup);
     trace.alloc(kCategoryZero, "weight_gradient_in_flight",
                 as_double(setup.params.largest_layer_matrix) * as_double(profile.working_gradient_bytes));
   }
@@ -160,49 +168,40 @@ MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& clust
   const double saved_per_layer = plan.activation_checkpointing ? 0 : decoder_layer_saved_bytes(setup.shape, setup.impl);
 
   std::vector<PhaseResult> phases(3);
+  // Every phase starts from the static tensors and the activations of the layers below it.
+  auto phase_begin = [&](PhaseResult& result, const char* name, double resident_layers) -> TensorTrace& {
+    result.phase = name;
+    static_tensors_place(result.trace, model, cluster, plan, profile, setup, seqlen);
+    resident_activations_place(result.trace, plan, setup, resident_layers, saved_per_layer);
+    return result.trace;
+  };
 
   // Forward of the last layer: the checkpoints of all layers below it are resident.
   {
-    TensorTrace& trace = phases[0].trace;
-    phases[0].phase = "forward of the last decoder layer";
-    static_tensors_place(trace, model, cluster, plan, profile, setup, seqlen);
-    resident_activations_place(trace, plan, setup, layers - 1, saved_per_layer);
+    TensorTrace& trace = phase_begin(phases[0], "forward of the last decoder layer", layers - 1);
     zero_layer_buffers_place(trace, plan, profile, setup, /*backward=*/false);
     trace.alloc(kCategoryLayer, "layer.input", x_bytes);
     decoder_layer_forward(trace, setup.shape, setup.impl, /*keep=*/!plan.activation_checkpointing);
   }
   // Logits and loss: every layer's checkpoint is resident, the LM head is gathered.
   {
-    TensorTrace& trace = phases[1].trace;
-    phases[1].phase = "logits and loss";
-    static_tensors_place(trace, model, cluster, plan, profile, setup, seqlen);
-    resident_activations_place(trace, plan, setup, layers, saved_per_layer);
+    TensorTrace& trace = phase_begin(phases[1], "logits and loss", layers);
     if (plan.zero_stage == 3)
       trace.alloc(kCategoryZero, "gathered_lm_head", as_double(model.vocab_size) * as_double(model.hidden_size) *
                                                          as_double(profile.weight_bytes));
-    if (plan.zero_stage >= 2)
-      trace.alloc(kCategoryZero, "gradient_reduce_bucket",
-                  std::min(as_double(profile.zero_reduce_bucket_elements), as_double(setup.params.total)) *
-                      as_double(profile.working_gradient_bytes));
+    gradient_reduce_bucket_place(trace, plan, profile, setup);
     trace.alloc(kCategoryLayer, "final_norm.input", x_bytes);
     lm_loss_forward_backward(trace, setup.shape, setup.impl, setup.loss, setup.loss_tile_tokens, profile.weight_bytes);
   }
   // Recompute + backward of the last layer: the heaviest backward step (later ones hold fewer
-  // checkpoints). The incoming gradient exists before the recompute starts.
+  // checkpoints). With checkpointing the incoming gradient exists before the recompute starts.
   {
-    TensorTrace& trace = phases[2].trace;
-    phases[2].phase = "backward of the last decoder layer";
-    static_tensors_place(trace, model, cluster, plan, profile, setup, seqlen);
-    resident_activations_place(trace, plan, setup, layers - 1, saved_per_layer);
+    TensorTrace& trace = phase_begin(phases[2], "backward of the last decoder layer", layers - 1);
     zero_layer_buffers_place(trace, plan, profile, setup, /*backward=*/true);
     trace.alloc(kCategoryLayer, "layer.input", x_bytes);
-    if (plan.activation_checkpointing) {
-      trace.alloc(kCategoryLayer, "layer.output_grad", x_bytes);
-      decoder_layer_forward(trace, setup.shape, setup.impl, /*keep=*/true);
-    } else {
-      decoder_layer_forward(trace, setup.shape, setup.impl, /*keep=*/true);
-      trace.alloc(kCategoryLayer, "layer.output_grad", x_bytes);
-    }
+    if (plan.activation_checkpointing) trace.alloc(kCategoryLayer, "layer.output_grad", x_bytes);
+    decoder_layer_forward(trace, setup.shape, setup.impl, /*keep=*/true);
+    if (!plan.activation_checkpointing) trace.alloc(kCategoryLayer, "layer.output_grad", x_bytes);
     decoder_layer_backward(trace, setup.shape, setup.impl);
   }
 
