@@ -8,6 +8,7 @@
 #include "models/config_error.hpp"
 #include "models/model_loader.hpp"
 #include "planner/max_seqlen.hpp"
+#include "planner/time_model.hpp"
 #include "planner/units.hpp"
 #include "reports/memory_report.hpp"
 
@@ -178,6 +179,11 @@ int plan_command_run(const PlanCommandArgs& args) {
                             {"binding_constraint", result.binding_constraint}};
   }
   report["prediction"] = memory_prediction_to_json(prediction);
+  std::optional<TimePrediction> timing;
+  if (prediction.seqlen > 0 && prediction.fits()) {
+    timing = time_predict(model, cluster, plan, profile, prediction.seqlen);
+    report["time"] = time_prediction_to_json(*timing);
+  }
 
   if (args.json) {
     std::cout << report.dump(2) << "\n";
@@ -199,6 +205,7 @@ int plan_command_run(const PlanCommandArgs& args) {
   if (prediction.loss_tile_tokens > 0) std::cout << fmt::format("; loss tiles of {} tokens", integer_with_commas(prediction.loss_tile_tokens));
   if (prediction.kv_replication > 1) std::cout << fmt::format("; kv heads replicated x{}", prediction.kv_replication);
   std::cout << "\n\n" << memory_table_render(prediction, cluster.ranks_per_node());
+  if (timing) std::cout << "\n" << time_table_render(*timing);
   return 0;
 }
 

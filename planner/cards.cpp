@@ -51,6 +51,13 @@ HardwareCard hardware_card_from_text(const std::string& yaml_text, const std::st
   card.pcie_device_to_host_gbps = reader.get_double("pcie_device_to_host_gbps", 0.001, 1e6);
   card.nvlink_gbps = reader.get_double("nvlink_gbps", 0.001, 1e6);
   card.internode_gbps_per_node = reader.get_double("internode_gbps_per_node", 0.001, 1e7);
+  card.matmul_achieved_tflops = reader.get_double("matmul_achieved_tflops", 0.001, 1e7);
+  card.flash_attention_tflops_hd128 = reader.get_double("flash_attention_tflops_hd128", 0.001, 1e7);
+  card.flash_attention_tflops_hd64 = reader.get_double("flash_attention_tflops_hd64", 0.001, 1e7);
+  card.hbm_gbps = reader.get_double("hbm_gbps", 0.001, 1e7);
+  card.nccl_intranode_busbw_gbps = reader.get_double("nccl_intranode_busbw_gbps", 0.001, 1e6);
+  card.nccl_latency_us = reader.get_double("nccl_latency_us", 0, 1e6);
+  card.host_memory_gbps = reader.get_double("host_memory_gbps", 0.001, 1e6);
   reader.reject_unknown_keys();
   return card;
 }

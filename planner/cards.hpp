@@ -21,6 +21,14 @@ struct HardwareCard {
   double pcie_device_to_host_gbps = 0;
   double nvlink_gbps = 0;             // unidirectional, per GPU
   double internode_gbps_per_node = 0; // unidirectional, per node
+  // Achieved rates for the time model.
+  double matmul_achieved_tflops = 0;        // measured max bf16 matmul (MAMF)
+  double flash_attention_tflops_hd128 = 0;  // FlashAttention fwd+bwd, causal, FA FLOP convention
+  double flash_attention_tflops_hd64 = 0;
+  double hbm_gbps = 0;
+  double nccl_intranode_busbw_gbps = 0;     // NCCL bus bandwidth inside a node
+  double nccl_latency_us = 0;               // per collective (alpha)
+  double host_memory_gbps = 0;              // host DRAM bandwidth per node (CPU optimizer step)
 };
 
 enum class LossTiling { loss_tiling_liger, loss_tiling_shards };

@@ -104,3 +104,48 @@ nlohmann::json memory_prediction_to_json(const MemoryPrediction& prediction) {
 }
 
 }  // namespace longseq
+
+namespace longseq {
+
+std::string time_table_render(const TimePrediction& prediction) {
+  const StepTime& time = prediction.time;
+  std::string out = fmt::format("Step time per rank: {:.2f} s\n", time.total_s());
+  auto line = [&](const char* name, double seconds) {
+    if (seconds > 0) out += fmt::format("    {:<38} {:>10.3f} s\n", name, seconds);
+  };
+  line("matmul (GEMMs at measured MAMF)", time.matmul_s);
+  line("attention (FlashAttention fwd+bwd rate)", time.attention_s);
+  line("ulysses all-to-all (exposed)", time.ulysses_all_to_all_s);
+  line("zero communication (exposed)", time.zero_communication_exposed_s);
+  line("checkpoint offload (exposed)", time.checkpoint_offload_s);
+  line("fpdt chunk fetches (exposed)", time.fpdt_fetch_exposed_s);
+  line("optimizer step", time.optimizer_s);
+  out += fmt::format("  TFLOPS per GPU: {:.1f} hardware (recompute included), {:.1f} by the ALST/Megatron formula; MFU {:.1f}%; "
+                     "{:.0f} tokens/s for the cluster\n",
+                     prediction.hardware_tflops_per_gpu, prediction.megatron_tflops_per_gpu, 100.0 * prediction.mfu,
+                     prediction.tokens_per_s);
+  return out;
+}
+
+nlohmann::json time_prediction_to_json(const TimePrediction& prediction) {
+  const StepTime& time = prediction.time;
+  return {
+      {"kind", "prediction"},
+      {"step_s", time.total_s()},
+      {"components_s",
+       {{"matmul", time.matmul_s},
+        {"attention", time.attention_s},
+        {"ulysses_all_to_all", time.ulysses_all_to_all_s},
+        {"zero_communication_exposed", time.zero_communication_exposed_s},
+        {"checkpoint_offload", time.checkpoint_offload_s},
+        {"fpdt_fetch_exposed", time.fpdt_fetch_exposed_s},
+        {"optimizer", time.optimizer_s}}},
+      {"executed_flops", prediction.executed_flops.total()},
+      {"hardware_tflops_per_gpu", prediction.hardware_tflops_per_gpu},
+      {"megatron_tflops_per_gpu", prediction.megatron_tflops_per_gpu},
+      {"mfu", prediction.mfu},
+      {"tokens_per_s", prediction.tokens_per_s},
+  };
+}
+
+}  // namespace longseq

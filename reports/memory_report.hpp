@@ -7,6 +7,7 @@
 
 #include "planner/max_seqlen.hpp"
 #include "planner/memory_model.hpp"
+#include "planner/time_model.hpp"
 
 namespace longseq {
 
@@ -15,6 +16,10 @@ namespace longseq {
 std::string memory_table_render(const MemoryPrediction& prediction, int64_t ranks_per_node);
 
 nlohmann::json memory_prediction_to_json(const MemoryPrediction& prediction);
+
+// The step time breakdown and TFLOPS (hardware, ALST/Megatron formula) and MFU.
+std::string time_table_render(const TimePrediction& prediction);
+nlohmann::json time_prediction_to_json(const TimePrediction& prediction);
 
 // Thousands separators: 3712000 -> "3,712,000".
 std::string integer_with_commas(int64_t value);

@@ -54,6 +54,8 @@ TEST_CASE("profile and card files reject unknown keys and bad values") {
                        ConfigError);
   const std::string card =
       "name: x\ngpu_memory_gib: -1\npeak_bf16_tflops: 1\ngpus_per_node: 1\nhost_memory_gib: 1\n"
-      "pcie_host_to_device_gbps: 1\npcie_device_to_host_gbps: 1\nnvlink_gbps: 1\ninternode_gbps_per_node: 1\n";
+      "pcie_host_to_device_gbps: 1\npcie_device_to_host_gbps: 1\nnvlink_gbps: 1\ninternode_gbps_per_node: 1\n"
+      "matmul_achieved_tflops: 1\nflash_attention_tflops_hd128: 1\nflash_attention_tflops_hd64: 1\nhbm_gbps: 1\n"
+      "nccl_intranode_busbw_gbps: 1\nnccl_latency_us: 1\nhost_memory_gbps: 1\n";
   CHECK_THROWS_WITH_AS(hardware_card_from_text(card, "x.yaml"), doctest::Contains("key 'gpu_memory_gib'"), ConfigError);
 }

@@ -1,0 +1,58 @@
+#include "planner/compute_model.hpp"
+
+namespace longseq {
+
+namespace {
+double as_double(int64_t value) { return static_cast<double>(value); }
+}  // namespace
+
+LayerForwardFlops layer_forward_flops(const ModelSpec& model, int64_t micro_batch, int64_t seqlen, int64_t sp) {
+  const double tokens = as_double(micro_batch) * as_double(seqlen / sp);
+  const double h = as_double(model.hidden_size);
+  const double qkv_width = as_double(model.q_width() + 2 * model.kv_width());
+  LayerForwardFlops flops;
+  flops.projections = 2.0 * tokens * h * qkv_width + 2.0 * tokens * as_double(model.q_width()) * h;
+  const double mlp_matrices = model.mlp_kind == MlpKind::mlp_kind_swiglu ? 3.0 : 2.0;
+  flops.mlp = mlp_matrices * 2.0 * tokens * h * as_double(model.intermediate_size);
+  // 4 * S^2 * d per head, halved by the causal mask, over this rank's n_q/sp heads.
+  const double s = as_double(seqlen);
+  flops.attention = as_double(micro_batch) * 2.0 * s * s * as_double(model.head_dim) * as_double(model.num_q_heads) / as_double(sp);
+  return flops;
+}
+
+double lm_head_forward_flops(const ModelSpec& model, int64_t micro_batch, int64_t seqlen, int64_t sp) {
+  return 2.0 * as_double(micro_batch) * as_double(seqlen / sp) * as_double(model.hidden_size) * as_double(model.vocab_size);
+}
+
+namespace {
+
+StepFlops step_flops(const ModelSpec& model, const PlanOptions& plan, int64_t seqlen, bool with_recompute) {
+  const LayerForwardFlops layer = layer_forward_flops(model, plan.micro_batch, seqlen, plan.sp);
+  const double recompute = with_recompute && plan.activation_checkpointing ? 1.0 : 0.0;
+  const double tiled_mlp_recompute = with_recompute && plan.tiled_mlp ? 1.0 : 0.0;
+  StepFlops flops;
+  // forward + backward (2x) + recompute
+  flops.matmul = as_double(model.num_layers) * ((layer.projections + layer.mlp) * (3.0 + recompute) + layer.mlp * tiled_mlp_recompute);
+  flops.attention = as_double(model.num_layers) * layer.attention * (1.0 + 2.5 + recompute);
+  // LM head: forward and both gradients, never recomputed (fused losses compute the gradient in forward).
+  flops.matmul += 3.0 * lm_head_forward_flops(model, plan.micro_batch, seqlen, plan.sp);
+  return flops;
+}
+
+}  // namespace
+
+StepFlops step_flops_executed(const ModelSpec& model, const PlanOptions& plan, int64_t seqlen) {
+  return step_flops(model, plan, seqlen, true);
+}
+
+StepFlops step_flops_model(const ModelSpec& model, const PlanOptions& plan, int64_t seqlen) {
+  return step_flops(model, plan, seqlen, false);
+}
+
+double megatron_flos_per_sample(const ModelSpec& model, int64_t seqlen) {
+  const double s = as_double(seqlen);
+  return 8.0 * as_double(parameter_count(model).total) * s +
+         16.0 * as_double(model.num_layers) * as_double(model.hidden_size) * s * s;
+}
+
+}  // namespace longseq

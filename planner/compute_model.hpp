@@ -1,0 +1,54 @@
+// compute_model.hpp: FLOPs per rank for one training step, component by component.
+//
+// Conventions: a multiply-add is 2 FLOPs. Attention follows FlashAttention's benchmark
+// convention (FA3 paper §4.1, REFERENCE §6): forward = 4 * S^2 * d * heads, halved when causal;
+// backward = 2.5 x forward. Backward GEMMs cost 2 x forward (input and weight gradients).
+// Activation checkpointing adds one forward (the recompute); DeepSpeed's TiledMLP recomputes
+// the MLP once more inside its own backward (its docstring: "if you're using activation
+// checkpointing it then occurs trice", REFERENCE §3.2).
+#pragma once
+
+#include <cstdint>
+
+#include "models/model_spec.hpp"
+#include "planner/plan.hpp"
+
+namespace longseq {
+
+// A sum through a struct: compute is added with +=, never tracked in loose scalars.
+struct StepFlops {
+  double matmul = 0;     // projections, MLP, LM head
+  double attention = 0;  // attention core (QK^T, PV), causal
+  StepFlops& operator+=(const StepFlops& other) {
+    matmul += other.matmul;
+    attention += other.attention;
+    return *this;
+  }
+  double total() const { return matmul + attention; }
+};
+
+// One decoder layer's forward on one rank: `tokens` = b * S/sp local tokens; attention runs on
+// the full sequence for n_q/sp heads after the Ulysses all-to-all.
+struct LayerForwardFlops {
+  double projections = 0;  // q, k, v, o
+  double mlp = 0;
+  double attention = 0;    // causal
+};
+
+LayerForwardFlops layer_forward_flops(const ModelSpec& model, int64_t micro_batch, int64_t seqlen, int64_t sp);
+
+// LM head forward on one rank: 2 * tokens * h * V.
+double lm_head_forward_flops(const ModelSpec& model, int64_t micro_batch, int64_t seqlen, int64_t sp);
+
+// What the GPU executes: forward, recomputes, backward.
+StepFlops step_flops_executed(const ModelSpec& model, const PlanOptions& plan, int64_t seqlen);
+
+// Model FLOPs for MFU: forward + backward once, no recompute.
+StepFlops step_flops_model(const ModelSpec& model, const PlanOptions& plan, int64_t seqlen);
+
+// The formula ALST prints TFLOPS with (ArcticTraining metrics.py @ 9d33fd2, REFERENCE §2.3):
+// 8*P*s + 16*L*h*s^2 per sample of s tokens ("activation checkpointing always on", attention
+// counted non-causal). Per-GPU TFLOPS = this / (sp * iteration time).
+double megatron_flos_per_sample(const ModelSpec& model, int64_t seqlen);
+
+}  // namespace longseq

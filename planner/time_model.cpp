@@ -1,0 +1,121 @@
+#include "planner/time_model.hpp"
+
+#include <algorithm>
+
+#include "planner/comm_model.hpp"
+
+namespace longseq {
+
+StepTime& StepTime::operator+=(const StepTime& other) {
+  matmul_s += other.matmul_s;
+  attention_s += other.attention_s;
+  ulysses_all_to_all_s += other.ulysses_all_to_all_s;
+  zero_communication_exposed_s += other.zero_communication_exposed_s;
+  checkpoint_offload_s += other.checkpoint_offload_s;
+  fpdt_fetch_exposed_s += other.fpdt_fetch_exposed_s;
+  optimizer_s += other.optimizer_s;
+  return *this;
+}
+
+double StepTime::total_s() const {
+  return matmul_s + attention_s + ulysses_all_to_all_s + zero_communication_exposed_s + checkpoint_offload_s +
+         fpdt_fetch_exposed_s + optimizer_s;
+}
+
+double flash_attention_tflops(const HardwareCard& card, int64_t head_dim) {
+  const double d = std::clamp(static_cast<double>(head_dim), 64.0, 128.0);
+  return card.flash_attention_tflops_hd64 +
+         (card.flash_attention_tflops_hd128 - card.flash_attention_tflops_hd64) * (d - 64.0) / 64.0;
+}
+
+namespace {
+
+double as_double(int64_t value) { return static_cast<double>(value); }
+
+double pcie_seconds(double bytes, double gbps) { return bytes / (gbps * 1e9); }
+
+}  // namespace
+
+TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
+                            const RuntimeProfile& profile, int64_t seqlen) {
+  const HardwareCard& card = cluster.hardware;
+  const ParameterCount params = parameter_count(model);
+  const double world = as_double(cluster.gpus);
+  const double layers = as_double(model.num_layers);
+  const double recompute = plan.activation_checkpointing ? 1.0 : 0.0;
+  TimePrediction prediction;
+  prediction.executed_flops = step_flops_executed(model, plan, seqlen);
+  prediction.model_flops = step_flops_model(model, plan, seqlen);
+
+  StepTime& time = prediction.time;
+  time.matmul_s = prediction.executed_flops.matmul / (card.matmul_achieved_tflops * 1e12);
+  time.attention_s = prediction.executed_flops.attention / (flash_attention_tflops(card, model.head_dim) * 1e12);
+  const double layer_compute_s = time.matmul_s + time.attention_s;
+
+  // Ulysses: four all-to-alls (q, k, v, output) per layer in forward, again in the recompute,
+  // and mirrored in backward; in the profile's activation dtype (ALST: bf16).
+  if (plan.sp > 1) {
+    const Link link = link_for_group(cluster, plan.sp);
+    const double bytes = ulysses_layer_all_to_all_bytes(model, plan.micro_batch, seqlen, plan.sp, profile.activation_bytes);
+    const double passes = layers * (2.0 + recompute);
+    time.ulysses_all_to_all_s =
+        passes * (3.0 * link.latency_us * 1e-6 + collective_seconds(Collective::collective_all_to_all, bytes, plan.sp, link));
+  }
+
+  // ZeRO traffic, overlapped with the layers' compute by DeepSpeed's prefetching and bucketing.
+  const Link world_link = link_for_group(cluster, cluster.gpus);
+  double zero_overlappable_s = 0;
+  double zero_exposed_s = 0;
+  const double weight_bytes = as_double(params.total) * as_double(profile.weight_bytes);
+  const double gradient_bytes = as_double(params.total) * as_double(profile.working_gradient_bytes);
+  if (plan.zero_stage == 3) {
+    // Each weight gathered for forward and once more for recompute+backward (DeepSpeed keeps it
+    // between the two: its reuse distance is short), gradients reduce-scattered once.
+    zero_overlappable_s += 2.0 * collective_seconds(Collective::collective_all_gather, weight_bytes, cluster.gpus, world_link);
+    zero_overlappable_s += collective_seconds(Collective::collective_reduce_scatter, gradient_bytes, cluster.gpus, world_link);
+    if (plan.offload_params)
+      zero_overlappable_s += 2.0 * pcie_seconds(weight_bytes / world, card.pcie_host_to_device_gbps);
+  } else if (plan.zero_stage >= 1) {
+    zero_overlappable_s += collective_seconds(Collective::collective_reduce_scatter, gradient_bytes, cluster.gpus, world_link);
+    // Updated weights are all-gathered after the step, outside backward.
+    zero_exposed_s += collective_seconds(Collective::collective_all_gather, weight_bytes, cluster.gpus, world_link);
+  } else {
+    zero_overlappable_s += collective_seconds(Collective::collective_all_reduce, gradient_bytes, cluster.gpus, world_link);
+  }
+  time.zero_communication_exposed_s = std::max(0.0, zero_overlappable_s - layer_compute_s) + zero_exposed_s;
+
+  // Checkpoint offload: each layer's hidden_states go to the host in forward and come back in
+  // backward. ArcticTraining copies synchronously: fully exposed.
+  if (plan.checkpoint_offload) {
+    const double x_bytes = as_double(plan.micro_batch) * as_double(seqlen / plan.sp) * as_double(model.hidden_size) *
+                           as_double(profile.activation_bytes);
+    time.checkpoint_offload_s =
+        layers * (pcie_seconds(x_bytes, card.pcie_device_to_host_gbps) + pcie_seconds(x_bytes, card.pcie_host_to_device_gbps));
+  }
+
+  // Optimizer step. Offloaded (DeepSpeed cpu_adam): gradients down, an Adam pass over the node's
+  // partitions bound by host memory bandwidth (reads and writes fp32 master, m, v, reads the fp32
+  // gradient, writes the bf16 weight: 2*(4+8) + 4 + 2 = 30 bytes/parameter), weights back up.
+  // On the GPU the same pass is bound by HBM bandwidth.
+  const double optimizer_shards = plan.zero_stage >= 1 ? world : 1.0;
+  const double adam_bytes_per_param = 2.0 * as_double(profile.master_weight_bytes + profile.optimizer_state_bytes) +
+                                      as_double(profile.gradient_bytes) + as_double(profile.weight_bytes);
+  const double partition_params = as_double(params.total) / optimizer_shards;
+  if (plan.offload_optimizer) {
+    time.optimizer_s = pcie_seconds(partition_params * as_double(profile.gradient_bytes), card.pcie_device_to_host_gbps) +
+                       partition_params * as_double(cluster.ranks_per_node()) * adam_bytes_per_param / (card.host_memory_gbps * 1e9) +
+                       pcie_seconds(partition_params * as_double(profile.weight_bytes), card.pcie_host_to_device_gbps);
+  } else {
+    time.optimizer_s = partition_params * adam_bytes_per_param / (card.hbm_gbps * 1e9);
+  }
+
+  const double step_s = time.total_s();
+  prediction.megatron_flos = megatron_flos_per_sample(model, seqlen) * as_double(plan.micro_batch) / as_double(plan.sp);
+  prediction.hardware_tflops_per_gpu = prediction.executed_flops.total() / step_s / 1e12;
+  prediction.megatron_tflops_per_gpu = prediction.megatron_flos / step_s / 1e12;
+  prediction.mfu = prediction.model_flops.total() / step_s / (card.peak_bf16_tflops * 1e12);
+  prediction.tokens_per_s = as_double(cluster.gpus / plan.sp) * as_double(plan.micro_batch) * as_double(seqlen) / step_s;
+  return prediction;
+}
+
+}  // namespace longseq

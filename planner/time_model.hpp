@@ -1,0 +1,53 @@
+// time_model.hpp: predicted time of one training step (one micro-batch per rank), per rank.
+//
+// Compute: GEMMs at the card's measured matmul rate (MAMF), attention at FlashAttention's
+// measured forward+backward rate. Communication: alpha-beta collectives (comm_model.hpp).
+// What overlaps and what does not follows the runtimes: DeepSpeed-Ulysses all-to-alls run on the
+// compute stream (exposed); ZeRO-3 gathers are prefetched (hidden up to the layer compute time);
+// ArcticTraining's checkpoint offload is a synchronous copy (exposed, REFERENCE §3.4), FPDT's is
+// overlapped with compute (REFERENCE §3.6); an offloaded optimizer step runs on the host after
+// backward (exposed).
+#pragma once
+
+#include <cstdint>
+
+#include "models/model_spec.hpp"
+#include "planner/cards.hpp"
+#include "planner/compute_model.hpp"
+#include "planner/plan.hpp"
+
+namespace longseq {
+
+// Seconds, added as a struct.
+struct StepTime {
+  double matmul_s = 0;
+  double attention_s = 0;
+  double ulysses_all_to_all_s = 0;
+  double zero_communication_exposed_s = 0;  // parameter gathers, gradient reduction, parameter offload fetches
+  double checkpoint_offload_s = 0;          // exposed PCIe time of checkpoint copies
+  double fpdt_fetch_exposed_s = 0;          // FPDT chunk traffic not hidden behind attention
+  double optimizer_s = 0;                   // optimizer step (host or GPU) and its transfers
+  StepTime& operator+=(const StepTime& other);
+  double total_s() const;
+};
+
+struct TimePrediction {
+  StepTime time;
+  StepFlops executed_flops;      // per rank, recompute included
+  StepFlops model_flops;         // per rank, forward + backward only
+  double megatron_flos = 0;      // per rank: the ALST formula's FLOs for this rank's share
+  double hardware_tflops_per_gpu = 0;
+  double megatron_tflops_per_gpu = 0;  // what the ALST paper prints
+  double mfu = 0;                      // model FLOPs / (time * dense bf16 peak)
+  double tokens_per_s = 0;             // whole cluster
+};
+
+// Precondition: as memory_predict (a valid plan and sequence length).
+TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
+                            const RuntimeProfile& profile, int64_t seqlen);
+
+// FlashAttention's achieved rate for this head size: linear between the card's head_dim 64 and
+// 128 figures, held constant outside them.
+double flash_attention_tflops(const HardwareCard& card, int64_t head_dim);
+
+}  // namespace longseq
