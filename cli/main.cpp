@@ -1,4 +1,4 @@
-// main.cpp: the `longseq` command line. Subcommands: plan, models, hardware.
+// main.cpp: the `longseq` command line. Subcommands: plan, validate, models, hardware.
 //
 // Exit codes: 0 success (a plan that does not fit is an answer, not an error); 2 bad input or an
 // impossible plan, with a one-line reason naming the file/flag and key; CLI11's own codes for
@@ -8,6 +8,7 @@
 #include <iostream>
 
 #include "cli/plan_command.hpp"
+#include "cli/validate_command.hpp"
 #include "models/config_error.hpp"
 #include "models/model_loader.hpp"
 #include "planner/cards.hpp"
@@ -46,11 +47,13 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "longseq 0.1.0");
   app.require_subcommand(1);
   auto plan_args = longseq::plan_command_register(app);
+  auto validate_args = longseq::validate_command_register(app);
   CLI::App* models = app.add_subcommand("models", "List the built-in model cards with exact parameter counts");
   CLI::App* hardware = app.add_subcommand("hardware", "List the built-in hardware cards");
   CLI11_PARSE(app, argc, argv);
   try {
     if (app.got_subcommand("plan")) return longseq::plan_command_run(*plan_args);
+    if (app.got_subcommand("validate")) return longseq::validate_command_run(*validate_args);
     if (models->parsed()) return models_list();
     if (hardware->parsed()) return hardware_list();
   } catch (const longseq::ConfigError& error) {

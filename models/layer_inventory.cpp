@@ -308,10 +308,12 @@ double decoder_layer_saved_bytes(const LayerShape& shape, const LayerImplementat
 namespace {
 
 // Logits and cross entropy over `tokens` tokens, forward then backward, as HF's ForCausalLMLoss
-// does it: logits in the activation dtype, upcast to fp32 (logits.float()), log-softmax in fp32;
-// backward makes the fp32 gradient, then casts it back. Leaves `input_grad_name` ([tokens, h]).
-// Peak: logits + fp32 copy + fp32 gradient, "2 times of 8GiB" plus the bf16 logits at 16K for
-// Llama-8B (ALST paper §3.1).
+// runs it: logits in the activation dtype, `logits.float()`, then F.cross_entropy = log_softmax
+// (saves its fp32 output) + nll_loss. The upcast copy dies when the loss function returns (log-
+// softmax saves its output, not its input); the trainer keeps only the loss, so the logits die
+// too. Backward: nll_loss makes a dense fp32 [T, V] gradient, log-softmax's backward a second one
+// while its saved output is still live (three fp32 [T, V] at once), then the cast back to the
+// activation dtype. Leaves `input_grad_name` ([tokens, h]).
 void logits_and_cross_entropy(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl,
                               double tokens, const char* input_grad_name) {
   const double a = static_cast<double>(impl.activation_bytes);
@@ -319,17 +321,22 @@ void logits_and_cross_entropy(TensorTrace& trace, const LayerShape& shape, const
   const bool upcast = impl.activation_bytes < 4;
   trace.alloc(kCategoryLoss, "loss.logits", logits * a);
   if (upcast) trace.alloc(kCategoryLoss, "loss.logits_fp32", logits * 4.0);
+  trace.alloc(kCategoryLoss, "loss.log_softmax", logits * 4.0);
   trace.alloc(kCategoryLoss, "loss.per_token", tokens * 4.0);
-  trace.alloc(kCategoryLoss, "loss.logits_grad_fp32", logits * 4.0);
+  if (upcast) trace.free("loss.logits_fp32");
+  trace.free("loss.logits");
+  trace.set_moment("cross entropy backward");
+  trace.alloc(kCategoryLoss, "loss.nll_grad", logits * 4.0);
+  trace.alloc(kCategoryLoss, "loss.log_softmax_grad", logits * 4.0);
+  trace.free("loss.nll_grad");
+  trace.free("loss.log_softmax");
+  trace.free("loss.per_token");
   if (upcast) {
-    trace.free("loss.logits_fp32");  // log-softmax's saved output dies with its backward
     trace.alloc(kCategoryLoss, "loss.logits_grad", logits * a);
-    trace.free("loss.logits_grad_fp32");
+    trace.free("loss.log_softmax_grad");
   }
   trace.alloc(kCategoryLoss, input_grad_name, tokens * static_cast<double>(shape.hidden) * a);
-  trace.free(upcast ? "loss.logits_grad" : "loss.logits_grad_fp32");
-  trace.free("loss.per_token");
-  trace.free("loss.logits");
+  trace.free(upcast ? "loss.logits_grad" : "loss.log_softmax_grad");
 }
 
 }  // namespace

@@ -60,7 +60,7 @@ void decoder_layer_backward(TensorTrace& trace, const LayerShape& shape, const L
 double decoder_layer_saved_bytes(const LayerShape& shape, const LayerImplementation& impl);
 
 enum class LossImplementation {
-  loss_untiled,        // logits [T, V] in the activation dtype, an fp32 upcast, fp32 gradient
+  loss_untiled,        // HF: logits, fp32 upcast, log-softmax; backward holds three fp32 [T, V]
   loss_liger_chunked,  // Liger fused linear cross entropy: gradients computed in forward, per chunk
   loss_token_shards,   // fixed token shards: per shard the untiled tensors, input grad accumulated
 };

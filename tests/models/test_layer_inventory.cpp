@@ -146,12 +146,15 @@ TEST_CASE("Ulysses: all-to-all staging, and kv heads replicated when sp > n_kv")
   CHECK(live_bytes_of(plain, "attention.k") == K);
 }
 
-TEST_CASE("logits and loss: untiled is logits + fp32 copy + fp32 gradient; Liger is one chunk") {
+TEST_CASE("logits and loss: untiled peaks in cross-entropy backward; Liger holds one chunk") {
   TensorTrace untiled;
   untiled.alloc(kCategoryLayer, "final_norm.input", X);
   lm_loss_forward_backward(untiled, shape_make(), eager(), LossImplementation::loss_untiled, 0, 2);
-  // final norm in/out 2X, logits T*V*(2 + 4 + 4), per-token loss 4T.
-  CHECK(untiled.peak_bytes() == 2 * X + 1000.0 * 512 * 10 + 4000);
+  // Forward: final norm in/out 2X + logits (2) + fp32 upcast (4) + log-softmax (4) = 10 bytes per
+  // logit, plus the per-token loss 4T. Backward: log-softmax output + nll gradient + log-softmax
+  // gradient = 12 bytes per logit, plus 4T: the peak.
+  CHECK(untiled.peak_bytes() == 2 * X + 1000.0 * 512 * 12 + 4000);
+  CHECK(untiled.peak_moment() == "cross entropy backward");
   CHECK(untiled.current_bytes() == X);  // the gradient into the last layer
   CHECK(untiled.is_live("layer.output_grad"));
 
@@ -164,6 +167,6 @@ TEST_CASE("logits and loss: untiled is logits + fp32 copy + fp32 gradient; Liger
   TensorTrace shards;
   shards.alloc(kCategoryLayer, "final_norm.input", X);
   lm_loss_forward_backward(shards, shape_make(), eager(), LossImplementation::loss_token_shards, 250, 2);
-  // 3X + one 250-token shard of the untiled loss (its input grad shard 250*h*2 is freed before).
-  CHECK(shards.peak_bytes() == 3 * X + 250.0 * 512 * 10 + 1000);
+  // 3X + one 250-token shard of the untiled loss at its backward peak (12 bytes per logit + 4T).
+  CHECK(shards.peak_bytes() == 3 * X + 250.0 * 512 * 12 + 1000);
 }

@@ -1,0 +1,108 @@
+#include "cli/validate_command.hpp"
+
+#include <fmt/format.h>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "models/model_loader.hpp"
+#include "planner/validation.hpp"
+
+namespace longseq {
+
+struct ValidateCommandArgs {
+  std::string points;
+  std::string profile = "deepspeed-hf";
+  bool json = false;
+};
+
+std::shared_ptr<ValidateCommandArgs> validate_command_register(CLI::App& app) {
+  auto args = std::make_shared<ValidateCommandArgs>();
+  CLI::App* command = app.add_subcommand(
+      "validate",
+      "Predict every figure of a published-measurements CSV (the format of shared/data/published_points.csv) and "
+      "print predicted vs published with the relative error, then the median and worst error per figure kind");
+  command->add_option("--points,-p", args->points, "CSV of published points")->required();
+  command->add_option("--profile", args->profile, "runtime profile (default deepspeed-hf)");
+  command->add_flag("--json", args->json, "print JSON (per row, with its CSV line, and the summary)");
+  return args;
+}
+
+namespace {
+
+std::string figure_value_format(FigureKind kind, double value) {
+  switch (kind) {
+    case FigureKind::figure_max_seqlen: return fmt::format("{:.0f}", value);
+    case FigureKind::figure_mfu: return fmt::format("{:.3f}", value);
+    default: return fmt::format("{:.1f}", value);
+  }
+}
+
+std::string published_format(const FigureComparison& figure) {
+  if (figure.kind == FigureKind::figure_max_seqlen && figure.published_fail > 0)
+    return fmt::format("[{:.0f},{:.0f})", figure.published, figure.published_fail);
+  return figure_value_format(figure.kind, figure.published);
+}
+
+}  // namespace
+
+int validate_command_run(const ValidateCommandArgs& args) {
+  const RuntimeProfile profile = runtime_profile_load(args.profile);
+  const std::vector<PublishedPoint> points = published_points_parse(file_read_text(args.points), args.points);
+  std::vector<PointValidation> validations;
+  for (const auto& point : points) validations.push_back(point_validate(point, profile));
+  const std::vector<FigureSummary> summaries = validation_summarize(validations);
+
+  if (args.json) {
+    nlohmann::json rows = nlohmann::json::array();
+    for (const auto& validation : validations) {
+      nlohmann::json row = {{"line", validation.point.line}, {"source", validation.point.source},
+                            {"model", validation.point.model}, {"gpus", validation.point.gpus}};
+      if (!validation.skipped_reason.empty()) {
+        row["skipped"] = validation.skipped_reason;
+      } else {
+        row["plan"] = validation.plan;
+        row["figures"] = nlohmann::json::array();
+        for (const auto& figure : validation.figures) {
+          nlohmann::json entry = {{"figure", figure_kind_name(figure.kind)}, {"published", figure.published},
+                                  {"predicted", figure.predicted}, {"relative_error", figure.relative_error}};
+          if (figure.published_fail > 0) entry["published_fail"] = figure.published_fail;
+          row["figures"].push_back(entry);
+        }
+      }
+      rows.push_back(row);
+    }
+    nlohmann::json summary = nlohmann::json::array();
+    for (const auto& s : summaries)
+      summary.push_back({{"figure", figure_kind_name(s.kind)}, {"rows", s.count}, {"median_abs_error", s.median_abs_error},
+                         {"worst_abs_error", s.worst_abs_error}, {"worst_line", s.worst_line}});
+    std::cout << nlohmann::json{{"kind", "prediction vs published"}, {"points", args.points}, {"runtime_profile", profile.name},
+                                {"rows", rows}, {"summary", summary}}.dump(2)
+              << "\n";
+    return 0;
+  }
+
+  fmt::print("longseq validate: PREDICTIONS (runtime profile '{}') against the published figures in {}\n\n", profile.name, args.points);
+  fmt::print("{:>5}  {:<20} {:<22} {:>5}  {:<17} {:>20} {:>12} {:>8}\n", "line", "source", "model", "gpus", "figure",
+             "published", "predicted", "error");
+  std::string skipped;
+  for (const auto& validation : validations) {
+    const PublishedPoint& point = validation.point;
+    if (!validation.skipped_reason.empty()) {
+      skipped += fmt::format("  line {:>3} {:<20} {}: {}\n", point.line, point.source, point.model, validation.skipped_reason);
+      continue;
+    }
+    for (const auto& figure : validation.figures)
+      fmt::print("{:>5}  {:<20.20} {:<22.22} {:>5}  {:<17} {:>20} {:>12} {:>+7.1f}%\n", point.line, point.source, point.model,
+                 point.gpus, figure_kind_name(figure.kind), published_format(figure),
+                 figure_value_format(figure.kind, figure.predicted), 100.0 * figure.relative_error);
+  }
+  if (!skipped.empty()) fmt::print("\nskipped rows:\n{}", skipped);
+  fmt::print("\nsummary (|relative error|; a predicted maximum inside a published [fits, fails) bracket counts as 0)\n");
+  fmt::print("  {:<17} {:>5} {:>10} {:>10} {:>6}\n", "figure", "rows", "median", "worst", "line");
+  for (const auto& s : summaries)
+    fmt::print("  {:<17} {:>5} {:>9.1f}% {:>9.1f}% {:>6}\n", figure_kind_name(s.kind), s.count, 100.0 * s.median_abs_error,
+               100.0 * s.worst_abs_error, s.worst_line);
+  return 0;
+}
+
+}  // namespace longseq

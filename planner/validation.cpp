@@ -1,0 +1,292 @@
+#include "planner/validation.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <fmt/format.h>
+#include <map>
+#include <sstream>
+
+#include "models/config_error.hpp"
+#include "models/embedded_files.hpp"
+#include "models/model_loader.hpp"
+#include "planner/max_seqlen.hpp"
+#include "planner/memory_model.hpp"
+#include "planner/time_model.hpp"
+#include "planner/units.hpp"
+
+namespace longseq {
+
+namespace {
+
+// One CSV record: fields split on commas, double quotes protect commas and "" is a quote.
+std::vector<std::string> csv_fields_split(const std::string& line, const std::string& where) {
+  std::vector<std::string> fields(1);
+  bool quoted = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (quoted) {
+      if (c == '"' && i + 1 < line.size() && line[i + 1] == '"') {
+        fields.back() += '"';
+        ++i;
+      } else if (c == '"') {
+        quoted = false;
+      } else {
+        fields.back() += c;
+      }
+    } else if (c == '"') {
+      quoted = true;
+    } else if (c == ',') {
+      fields.emplace_back();
+    } else if (c != '\r') {
+      fields.back() += c;
+    }
+  }
+  if (quoted) throw ConfigError(where, "", "unterminated quoted field");
+  return fields;
+}
+
+}  // namespace
+
+std::vector<PublishedPoint> published_points_parse(const std::string& csv_text, const std::string& source_name) {
+  std::istringstream stream(csv_text);
+  std::string line;
+  int64_t line_number = 0;
+  std::map<std::string, size_t> columns;
+  std::vector<PublishedPoint> points;
+  const std::vector<std::string> required = {"source", "model", "gpus", "gpu_type", "gpu_mem_gib", "nodes",
+                                             "gpus_per_node", "host_mem_gb", "features", "sp", "seqlen", "seqlen_fail",
+                                             "peak_mem_gib", "iter_time_s", "tflops", "mfu", "notes"};
+  while (std::getline(stream, line)) {
+    ++line_number;
+    const std::string where = fmt::format("{}:{}", source_name, line_number);
+    if (line.empty() || line[0] == '#' || line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::vector<std::string> fields = csv_fields_split(line, where);
+    if (columns.empty()) {
+      for (size_t i = 0; i < fields.size(); ++i) columns[fields[i]] = i;
+      for (const auto& name : required)
+        if (!columns.count(name)) throw ConfigError(where, name, "header lacks this column");
+      continue;
+    }
+    if (fields.size() != columns.size())
+      throw ConfigError(where, "", fmt::format("{} fields, but the header has {} columns", fields.size(), columns.size()));
+    auto text = [&](const char* name) { return fields[columns.at(name)]; };
+    auto number = [&](const char* name) -> std::optional<double> {
+      const std::string value = text(name);
+      if (value.empty()) return std::nullopt;
+      size_t used = 0;
+      double parsed = 0;
+      try {
+        parsed = std::stod(value, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != value.size() || !std::isfinite(parsed) || parsed < 0)
+        throw ConfigError(where, name, fmt::format("expected a non-negative number, got '{}'", value));
+      return parsed;
+    };
+    auto integer = [&](const char* name) -> std::optional<int64_t> {
+      const std::optional<double> value = number(name);
+      if (!value) return std::nullopt;
+      if (*value != std::floor(*value) || *value > 1e15)
+        throw ConfigError(where, name, fmt::format("expected an integer, got '{}'", text(name)));
+      return static_cast<int64_t>(*value);
+    };
+    auto required_integer = [&](const char* name) {
+      const std::optional<int64_t> value = integer(name);
+      if (!value || *value < 1) throw ConfigError(where, name, "required, and at least 1");
+      return *value;
+    };
+    PublishedPoint point;
+    point.line = line_number;
+    point.source = text("source");
+    point.model = text("model");
+    point.gpu_type = text("gpu_type");
+    point.features = text("features");
+    point.notes = text("notes");
+    if (point.model.empty()) throw ConfigError(where, "model", "required");
+    point.gpus = required_integer("gpus");
+    point.nodes = required_integer("nodes");
+    point.sp = required_integer("sp");
+    const std::optional<double> gpu_mem = number("gpu_mem_gib");
+    if (!gpu_mem || *gpu_mem <= 0) throw ConfigError(where, "gpu_mem_gib", "required, and positive");
+    point.gpu_mem_gib = *gpu_mem;
+    point.gpus_per_node = integer("gpus_per_node");
+    point.host_mem_gb = number("host_mem_gb");
+    point.seqlen = integer("seqlen");
+    point.seqlen_fail = integer("seqlen_fail");
+    point.peak_mem_gib = number("peak_mem_gib");
+    point.iter_time_s = number("iter_time_s");
+    point.tflops = number("tflops");
+    point.mfu = number("mfu");
+    points.push_back(std::move(point));
+  }
+  if (columns.empty()) throw ConfigError(source_name, "", "no header line (expected the published_points.csv columns)");
+  return points;
+}
+
+const char* figure_kind_name(FigureKind kind) {
+  switch (kind) {
+    case FigureKind::figure_max_seqlen: return "max_seqlen";
+    case FigureKind::figure_peak_memory: return "peak_memory_gib";
+    case FigureKind::figure_iteration_time: return "iteration_time_s";
+    case FigureKind::figure_tflops: return "tflops";
+    case FigureKind::figure_mfu: return "mfu";
+  }
+  return "?";
+}
+
+namespace {
+
+// The hardware card for "H100-SXM" with 80 GiB: "h100-sxm-80gb"; otherwise a built-in card whose
+// name starts with the type and whose memory is within 5%.
+std::optional<HardwareCard> hardware_for_point(const PublishedPoint& point) {
+  const std::string exact = text_to_lower(fmt::format("{}-{:g}gb", point.gpu_type, point.gpu_mem_gib));
+  for (const auto& name : builtin_hardware_names()) {
+    if (name == exact) return hardware_card_load(name);
+  }
+  for (const auto& name : builtin_hardware_names()) {
+    if (name.rfind(text_to_lower(point.gpu_type), 0) != 0) continue;
+    HardwareCard card = hardware_card_load(name);
+    if (std::fabs(card.gpu_memory_gib - point.gpu_mem_gib) <= 0.05 * point.gpu_mem_gib) return card;
+  }
+  return std::nullopt;
+}
+
+double relative_error(double predicted, double reference) { return (predicted - reference) / reference; }
+
+}  // namespace
+
+PointValidation point_validate(const PublishedPoint& point, const RuntimeProfile& profile) {
+  PointValidation validation;
+  validation.point = point;
+  auto skip = [&](const std::string& reason) {
+    validation.skipped_reason = reason;
+    return validation;
+  };
+
+  ModelSpec model;
+  try {
+    model = model_load(point.model);
+  } catch (const ConfigError&) {
+    return skip(fmt::format("no model card matches '{}'", point.model));
+  }
+  const std::optional<HardwareCard> hardware = hardware_for_point(point);
+  if (!hardware) return skip(fmt::format("no hardware card for {} with {:g} GiB", point.gpu_type, point.gpu_mem_gib));
+
+  PlanOptions plan;
+  plan.zero_stage = 0;
+  plan.activation_checkpointing = false;
+  plan.sp = point.sp;
+  bool ulysses = false;
+  std::stringstream features(point.features);
+  std::string feature;
+  while (std::getline(features, feature, '+')) {
+    if (feature == "zero1") plan.zero_stage = 1;
+    else if (feature == "zero2") plan.zero_stage = 2;
+    else if (feature == "zero3") plan.zero_stage = 3;
+    else if (feature == "ac") plan.activation_checkpointing = true;
+    else if (feature == "fa2") continue;  // the runtime profile's attention is FlashAttention-2
+    else if (feature == "opt_offload") plan.offload_optimizer = true;
+    else if (feature == "param_offload") plan.offload_params = true;
+    else if (feature == "tiled_loss") plan.tiled_loss = true;
+    else if (feature == "tiled_mlp") plan.tiled_mlp = true;
+    else if (feature == "ckpt_offload") plan.checkpoint_offload = true;
+    else if (feature == "ulysses") ulysses = true;
+    else if (feature == "tp") return skip("Megatron tensor parallelism (tp) is not modelled");
+    else if (feature == "fpdt") return skip("FPDT is not modelled yet");
+    else if (feature == "fa3" || feature == "sdpa") return skip(fmt::format("attention kernel '{}' is not modelled (FlashAttention-2 only)", feature));
+    else return skip(fmt::format("unknown feature '{}'", feature));
+  }
+  if (!ulysses && plan.sp != 1) return skip(fmt::format("sp={} without the ulysses feature", plan.sp));
+
+  const double host_gib = point.host_mem_gb ? *point.host_mem_gb * 1e9 / kBytesPerGib : 0;
+  ClusterSpec cluster;
+  try {
+    cluster = cluster_make(*hardware, point.gpus, point.nodes, point.gpus_per_node.value_or(0), host_gib);
+  } catch (const ConfigError& error) {
+    return skip(fmt::format("cluster: {}", error.what()));
+  }
+  const std::vector<std::string> problems = plan_problems(model, cluster, plan);
+  if (!problems.empty()) return skip(fmt::format("plan: {}", problems.front()));
+  validation.plan = plan_describe(plan);
+
+  const bool measured_at = point.notes.find("measured_at") != std::string::npos;
+  if (point.seqlen && !measured_at) {
+    const MaxSeqlenResult result = max_seqlen_find(model, cluster, plan, profile);
+    FigureComparison figure;
+    figure.kind = FigureKind::figure_max_seqlen;
+    figure.published = static_cast<double>(*point.seqlen);
+    figure.predicted = static_cast<double>(result.max_seqlen);
+    if (point.seqlen_fail) {
+      figure.published_fail = static_cast<double>(*point.seqlen_fail);
+      // The true maximum lies in [seqlen, seqlen_fail): inside is exact, outside is measured
+      // against the nearer bound.
+      if (figure.predicted < figure.published) figure.relative_error = relative_error(figure.predicted, figure.published);
+      else if (figure.predicted >= figure.published_fail) figure.relative_error = relative_error(figure.predicted, figure.published_fail);
+    } else {
+      figure.relative_error = relative_error(figure.predicted, figure.published);
+    }
+    validation.figures.push_back(figure);
+  }
+  if (!point.seqlen) return validation;
+  const int64_t seqlen = *point.seqlen;
+  if (!seqlen_problems(plan, seqlen).empty()) {
+    if (validation.figures.empty()) return skip(seqlen_problems(plan, seqlen).front());
+    return validation;
+  }
+  if (point.peak_mem_gib) {
+    const MemoryPrediction memory = memory_predict(model, cluster, plan, profile, seqlen);
+    FigureComparison figure;
+    figure.kind = FigureKind::figure_peak_memory;
+    figure.published = *point.peak_mem_gib;
+    figure.predicted = bytes_to_gib(memory.gpu_peak_bytes);
+    figure.relative_error = relative_error(figure.predicted, figure.published);
+    validation.figures.push_back(figure);
+  }
+  if (point.iter_time_s || point.tflops || point.mfu) {
+    const TimePrediction timing = time_predict(model, cluster, plan, profile, seqlen);
+    auto add = [&](FigureKind kind, std::optional<double> published, double predicted) {
+      if (!published) return;
+      FigureComparison figure;
+      figure.kind = kind;
+      figure.published = *published;
+      figure.predicted = predicted;
+      figure.relative_error = relative_error(predicted, *published);
+      validation.figures.push_back(figure);
+    };
+    add(FigureKind::figure_iteration_time, point.iter_time_s, timing.time.total_s());
+    add(FigureKind::figure_tflops, point.tflops, timing.megatron_tflops_per_gpu);
+    add(FigureKind::figure_mfu, point.mfu, timing.mfu);
+  }
+  return validation;
+}
+
+std::vector<FigureSummary> validation_summarize(const std::vector<PointValidation>& validations) {
+  std::vector<FigureSummary> summaries;
+  for (FigureKind kind : {FigureKind::figure_max_seqlen, FigureKind::figure_peak_memory, FigureKind::figure_iteration_time,
+                          FigureKind::figure_tflops, FigureKind::figure_mfu}) {
+    std::vector<double> errors;
+    FigureSummary summary;
+    summary.kind = kind;
+    for (const auto& validation : validations) {
+      for (const auto& figure : validation.figures) {
+        if (figure.kind != kind) continue;
+        const double error = std::fabs(figure.relative_error);
+        errors.push_back(error);
+        if (error >= summary.worst_abs_error) {
+          summary.worst_abs_error = error;
+          summary.worst_line = validation.point.line;
+        }
+      }
+    }
+    if (errors.empty()) continue;
+    std::sort(errors.begin(), errors.end());
+    const size_t n = errors.size();
+    summary.count = static_cast<int64_t>(n);
+    summary.median_abs_error = n % 2 ? errors[n / 2] : 0.5 * (errors[n / 2 - 1] + errors[n / 2]);
+    summaries.push_back(summary);
+  }
+  return summaries;
+}
+
+}  // namespace longseq

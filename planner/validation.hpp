@@ -1,0 +1,63 @@
+// validation.hpp: the cost model against published measurements.
+//
+// Reads rows in the format of shared/data/published_points.csv (see its header comment), maps
+// each row's features to a plan, predicts each figure the row reports (maximum sequence length,
+// peak memory, iteration time, TFLOPS, MFU) and scores it. A row the model cannot express is
+// kept, with the reason it was skipped.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "planner/cards.hpp"
+
+namespace longseq {
+
+struct PublishedPoint {
+  int64_t line = 0;  // 1-based line in the CSV file
+  std::string source, model, gpu_type, features, notes;
+  int64_t gpus = 0, nodes = 0, sp = 1;
+  double gpu_mem_gib = 0;
+  std::optional<int64_t> gpus_per_node;
+  std::optional<double> host_mem_gb;  // decimal GB, as the sources print node memory
+  std::optional<int64_t> seqlen, seqlen_fail;
+  std::optional<double> peak_mem_gib, iter_time_s, tflops, mfu;
+};
+
+// Throws ConfigError("FILE:LINE", column, reason) for a malformed row or a missing column.
+std::vector<PublishedPoint> published_points_parse(const std::string& csv_text, const std::string& source_name);
+
+enum class FigureKind { figure_max_seqlen, figure_peak_memory, figure_iteration_time, figure_tflops, figure_mfu };
+const char* figure_kind_name(FigureKind kind);
+
+struct FigureComparison {
+  FigureKind kind = FigureKind::figure_max_seqlen;
+  double published = 0;
+  double published_fail = 0;  // max seqlen only: the smallest length known to fail, 0 if none
+  double predicted = 0;
+  double relative_error = 0;  // (predicted - reference) / reference; 0 inside a [seqlen, seqlen_fail) bracket
+};
+
+struct PointValidation {
+  PublishedPoint point;
+  std::string plan;            // the plan the row mapped to, for the report
+  std::string skipped_reason;  // non-empty: no figure was predicted
+  std::vector<FigureComparison> figures;
+};
+
+PointValidation point_validate(const PublishedPoint& point, const RuntimeProfile& profile);
+
+struct FigureSummary {
+  FigureKind kind = FigureKind::figure_max_seqlen;
+  int64_t count = 0;
+  double median_abs_error = 0;
+  double worst_abs_error = 0;
+  int64_t worst_line = 0;
+};
+
+// One summary per figure kind that occurs, in FigureKind order.
+std::vector<FigureSummary> validation_summarize(const std::vector<PointValidation>& validations);
+
+}  // namespace longseq
