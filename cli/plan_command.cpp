@@ -35,6 +35,8 @@ struct PlanCommandArgs {
   int64_t tiled_mlp_on = 0, tiled_mlp_off = 0;
   int64_t tiled_loss_on = 0, tiled_loss_off = 0;
   int64_t mlp_tiles = -1, loss_tiles = -1;
+  bool fpdt = false;
+  std::string fpdt_chunk;
   int64_t micro_batch = 1;
   bool json = false;
 };
@@ -93,6 +95,9 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
   command->add_option("--mlp-tiles", args->mlp_tiles, "MLP tile count (default: DeepSpeed's ceil(S/sp / hidden))");
   command->add_option("--loss-tiles", args->loss_tiles, "loss tile count (default: the runtime profile's rule)");
   command->add_option("--micro-batch", args->micro_batch, "samples per rank per step (default 1)");
+  command->add_flag("--fpdt", args->fpdt,
+                    "FPDT chunked attention with host-resident chunks (turns tiled MLP/loss off: FPDT chunks them itself)");
+  command->add_option("--fpdt-chunk", args->fpdt_chunk, "FPDT chunk of the global sequence (default 64Ki = 65536)");
   command->add_option("--profile", args->profile, "runtime profile: deepspeed-hf (default), native, or a .yaml");
   command->add_flag("--json", args->json, "print JSON instead of tables");
   return args;
@@ -131,6 +136,13 @@ int plan_command_run(const PlanCommandArgs& args) {
   plan.mlp_tiles = mlp_tiles;
   plan.loss_tiles = loss_tiles;
   plan.micro_batch = args.micro_batch;
+  if (!args.fpdt_chunk.empty() && !args.fpdt) throw ConfigError("--fpdt-chunk", "", "given without --fpdt");
+  if (args.fpdt) {
+    plan.fpdt = true;
+    if (args.tiled_mlp_on == 0) plan.tiled_mlp = false;
+    if (args.tiled_loss_on == 0) plan.tiled_loss = false;
+    if (!args.fpdt_chunk.empty()) plan.fpdt_chunk_tokens = seqlen_parse(args.fpdt_chunk, "--fpdt-chunk");
+  }
 
   std::vector<std::string> problems = plan_problems(model, cluster, plan);
   std::optional<int64_t> seqlen;
@@ -168,7 +180,7 @@ int plan_command_run(const PlanCommandArgs& args) {
                            : !prediction.fits_gpu() ? "does NOT fit (GPU memory)" : "does NOT fit (host memory)");
     report["seqlen"] = *seqlen;
   } else {
-    const MaxSeqlenResult result = max_seqlen_find(model, cluster, plan, profile);
+    const MaxSeqlenResult result = max_seqlen_find(model, cluster, plan, profile, plan.fpdt ? plan.fpdt_chunk_tokens : 0);
     prediction = result.at_max;
     if (result.max_seqlen == 0)
       headline = fmt::format("maximum sequence length: none — even {} tokens exceed {}", result.granularity, result.binding_constraint);

@@ -122,7 +122,9 @@ double mlp_tile_tokens(const LayerShape& shape) {
 
 }  // namespace
 
-void decoder_layer_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep) {
+// Ulysses attention forward: from the layer input to "attention.output_local" ([T, n_q*d]),
+// leaving "attention_norm.output" live.
+void ulysses_attention_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep) {
   const Bytes bytes(shape, impl);
   const bool replicated = shape.kv_replication > 1;
 
@@ -169,6 +171,44 @@ void decoder_layer_forward(TensorTrace& trace, const LayerShape& shape, const La
   trace.free("attention.q_rope");
   trace.free("attention.k_rope");
   trace.free("attention.v_proj");
+}
+
+// FPDT attention forward (DS fpdt_layer.py _FPDTGPUOffloadingAttentionImpl_, REFERENCE §3.6):
+// per chunk, q/k/v projections of the local chunk, their all-to-alls, flash attention against the
+// k/v chunks fetched from the host one ahead (double buffer) into an fp32 accumulator, and the
+// output chunk's all-to-all back into the full local output. The chunk's q/k/v/output/lse go to
+// pinned host memory; nothing chunk-sized stays on the GPU for backward. Every chunk repeats the
+// same allocations, so one chunk stands for all.
+void fpdt_attention_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl) {
+  const Bytes bytes(shape, impl);
+  const double fraction = static_cast<double>(shape.fpdt_chunk_tokens) / static_cast<double>(shape.tokens);
+  const double q_chunk = bytes.q * fraction, kv_chunk = bytes.kv_replicated * fraction, lse_chunk = bytes.lse * fraction;
+  trace.set_moment("fpdt attention chunk");
+  trace.alloc(L, "attention_norm.output", bytes.x);
+  trace.alloc(L, "attention.output_local", bytes.q);  // final_output, filled chunk by chunk
+  trace.alloc(L, "fpdt.q_proj_chunk", q_chunk);
+  trace.alloc(L, "fpdt.k_proj_chunk", kv_chunk);
+  trace.alloc(L, "fpdt.v_proj_chunk", kv_chunk);
+  ulysses_all_to_all(trace, "fpdt.q_proj_chunk", "fpdt.q_chunk", q_chunk, shape, impl);
+  trace.free("fpdt.q_proj_chunk");
+  ulysses_all_to_all(trace, "fpdt.k_proj_chunk", "fpdt.k_chunk", kv_chunk, shape, impl);
+  trace.free("fpdt.k_proj_chunk");
+  ulysses_all_to_all(trace, "fpdt.v_proj_chunk", "fpdt.v_chunk", kv_chunk, shape, impl);
+  trace.free("fpdt.v_proj_chunk");
+  trace.alloc(L, "fpdt.kv_prefetch", 2.0 * kv_chunk);
+  trace.alloc(L, "fpdt.output_accumulator", q_chunk / static_cast<double>(impl.activation_bytes) * 4.0);
+  trace.alloc(L, "fpdt.lse_chunk", lse_chunk);
+  trace.alloc(L, "fpdt.output_chunk", q_chunk);
+  ulysses_all_to_all(trace, "fpdt.output_chunk", "fpdt.output_chunk_local", q_chunk, shape, impl);
+  for (const char* name : {"fpdt.output_chunk_local", "fpdt.output_chunk", "fpdt.lse_chunk", "fpdt.output_accumulator",
+                           "fpdt.kv_prefetch", "fpdt.v_chunk", "fpdt.k_chunk", "fpdt.q_chunk"})
+    trace.free(name);
+}
+
+void decoder_layer_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep) {
+  const Bytes bytes(shape, impl);
+  if (shape.fpdt_chunk_tokens > 0) fpdt_attention_forward(trace, shape, impl);
+  else ulysses_attention_forward(trace, shape, impl, keep);
 
   trace.set_moment("o_proj and residual");
   trace.alloc(L, "attention.o_proj_output", bytes.x);
@@ -181,6 +221,13 @@ void decoder_layer_forward(TensorTrace& trace, const LayerShape& shape, const La
   trace.alloc(L, "mlp_norm.output", bytes.x);
   if (shape.mlp_tiles == 0) {
     mlp_forward(trace, shape, impl, static_cast<double>(shape.tokens), keep);
+  } else if (shape.fpdt_chunk_tokens > 0) {
+    // FPDT_FFN: each chunk's output is written into one preallocated output; only x is saved.
+    trace.alloc(L, "mlp.output_full", bytes.x);
+    mlp_forward(trace, shape, impl, mlp_tile_tokens(shape), /*keep=*/false);
+    trace.free("mlp.output");  // this chunk's output, copied into mlp.output_full
+    trace.alias("mlp.output_full", L, "mlp.output");
+    trace.free("mlp.output_full");
   } else {
     // DeepSpeed TiledMLP forward (REFERENCE §3.2): each tile runs under no_grad, outputs are
     // collected in a list and torch.cat'ed; only the MLP input is saved.
@@ -196,31 +243,11 @@ void decoder_layer_forward(TensorTrace& trace, const LayerShape& shape, const La
   if (!keep) trace.free("residual.attention");
 }
 
-void decoder_layer_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl) {
+// Ulysses attention backward: from "attention.output_local" (o_proj's input) to
+// "attention_norm.output_grad", freeing what the forward kept.
+void ulysses_attention_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl) {
   const Bytes bytes(shape, impl);
   const bool replicated = shape.kv_replication > 1;
-
-  trace.set_moment("mlp");
-  if (shape.mlp_tiles == 0) {
-    mlp_backward(trace, shape, impl, static_cast<double>(shape.tokens), "mlp.input_grad");
-  } else {
-    // TiledMLP backward: x_grad = zeros_like(x); per tile, recompute with grad and backward; the
-    // tile's input gradient lands in a view of x_grad.
-    const double tile = mlp_tile_tokens(shape);
-    trace.alloc(L, "mlp.input_grad", bytes.x);
-    mlp_forward(trace, shape, impl, tile, /*keep=*/true);
-    mlp_backward(trace, shape, impl, tile, "mlp.tile_input_grad");
-    trace.free("mlp.tile_input_grad");
-    trace.free("mlp.output");
-  }
-  trace.free("mlp_norm.output");  // after gate/up weight gradients
-
-  trace.set_moment("mlp norm");
-  // RMSNorm backward, with the residual branch's gradient summed in.
-  trace.alloc(L, "residual.attention_grad", bytes.x);
-  trace.free("mlp.input_grad");
-  trace.free("residual.attention");
-
   trace.set_moment("o_proj and all-to-all");
   trace.alloc(L, "attention.output_local_grad", bytes.q);
   trace.free("attention.output_local");  // after o_proj's weight gradient
@@ -288,6 +315,65 @@ void decoder_layer_backward(TensorTrace& trace, const LayerShape& shape, const L
   trace.free("attention.v_proj_grad");
   trace.free("attention_norm.output");
 
+}
+
+// FPDT attention backward (REFERENCE §3.6): grad_layernorm_output is a full local buffer of zero
+// chunks; per inner step the q, output, lse and output-gradient chunks are prefetched (current and
+// next), with the k/v chunk, fp32 dk/dv accumulators and the current fp32 dq accumulator (the
+// others wait in host memory), plus flash attention's own per-chunk backward buffers; the q/k/v
+// weight gradient is accumulated in fp32 at full size.
+void fpdt_attention_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl) {
+  const Bytes bytes(shape, impl);
+  const double a = static_cast<double>(impl.activation_bytes);
+  const double fraction = static_cast<double>(shape.fpdt_chunk_tokens) / static_cast<double>(shape.tokens);
+  const double q_chunk = bytes.q * fraction, kv_chunk = bytes.kv_replicated * fraction, lse_chunk = bytes.lse * fraction;
+  trace.set_moment("fpdt attention backward chunk");
+  trace.alloc(L, "attention.output_local_grad", bytes.q);
+  trace.free("attention.output_local");
+  trace.alloc(L, "attention_norm.output_grad", bytes.x);  // grad_layernorm_output
+  const double qkv_weights = static_cast<double>(shape.hidden) * static_cast<double>(shape.q_width + 2 * shape.kv_width);
+  trace.alloc(L, "fpdt.qkv_weight_grad_fp32", qkv_weights * 4.0);
+  trace.alloc(L, "fpdt.q_output_grad_chunks", 2.0 * (3.0 * q_chunk + lse_chunk));
+  trace.alloc(L, "fpdt.kv_chunk", 2.0 * kv_chunk);
+  trace.alloc(L, "fpdt.kv_grad_accumulators", 2.0 * kv_chunk / a * 4.0);
+  trace.alloc(L, "fpdt.q_grad_accumulator", q_chunk / a * 4.0);
+  trace.alloc(L, "fpdt.flash_backward_chunk", q_chunk + 2.0 * kv_chunk + q_chunk / a * 4.0 + lse_chunk);
+  for (const char* name : {"fpdt.flash_backward_chunk", "fpdt.q_grad_accumulator", "fpdt.kv_grad_accumulators",
+                           "fpdt.kv_chunk", "fpdt.q_output_grad_chunks", "fpdt.qkv_weight_grad_fp32"})
+    trace.free(name);
+  trace.free("attention.output_local_grad");
+  trace.free("attention_norm.output");
+}
+
+void decoder_layer_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl) {
+  const Bytes bytes(shape, impl);
+
+  trace.set_moment("mlp");
+  if (shape.mlp_tiles == 0) {
+    mlp_backward(trace, shape, impl, static_cast<double>(shape.tokens), "mlp.input_grad");
+  } else {
+    // TiledMLP backward: x_grad = zeros_like(x); per tile, recompute with grad and backward; the
+    // tile's input gradient lands in a view of x_grad.
+    const double tile = mlp_tile_tokens(shape);
+    // FPDT_FFN writes each chunk's input gradient into the input's own storage (x[st:ed].copy_).
+    if (shape.fpdt_chunk_tokens > 0) trace.alias("mlp_norm.output", L, "mlp.input_grad");
+    else trace.alloc(L, "mlp.input_grad", bytes.x);
+    mlp_forward(trace, shape, impl, tile, /*keep=*/true);
+    mlp_backward(trace, shape, impl, tile, "mlp.tile_input_grad");
+    trace.free("mlp.tile_input_grad");
+    trace.free("mlp.output");
+  }
+  trace.free("mlp_norm.output");  // after gate/up weight gradients
+
+  trace.set_moment("mlp norm");
+  // RMSNorm backward, with the residual branch's gradient summed in.
+  trace.alloc(L, "residual.attention_grad", bytes.x);
+  trace.free("mlp.input_grad");
+  trace.free("residual.attention");
+
+  if (shape.fpdt_chunk_tokens > 0) fpdt_attention_backward(trace, shape, impl);
+  else ulysses_attention_backward(trace, shape, impl);
+
   trace.set_moment("attention norm");
   trace.alloc(L, "layer.input_grad", bytes.x);
   trace.free("attention_norm.output_grad");
@@ -295,6 +381,13 @@ void decoder_layer_backward(TensorTrace& trace, const LayerShape& shape, const L
   trace.free("layer.output_grad");
   trace.free("layer.output");
   trace.free("layer.input");
+}
+
+double fpdt_host_bytes(const LayerShape& shape, const LayerImplementation& impl) {
+  if (shape.fpdt_chunk_tokens == 0) return 0;
+  const Bytes bytes(shape, impl);
+  return bytes.q + 2.0 * bytes.kv_replicated + bytes.q + bytes.lse + bytes.x +
+         bytes.q / static_cast<double>(impl.activation_bytes) * 4.0;
 }
 
 double decoder_layer_saved_bytes(const LayerShape& shape, const LayerImplementation& impl) {

@@ -30,6 +30,10 @@ struct LayerShape {
   int64_t vocab = 0;           // V
   MlpKind mlp_kind = MlpKind::mlp_kind_swiglu;
   int64_t mlp_tiles = 0;       // 0: untiled MLP
+  // FPDT (0: off): local tokens per attention chunk, b * chunk / sp. Attention then holds chunk-
+  // sized buffers on the GPU, its q/k/v/output chunks live in host memory, and the MLP writes its
+  // input gradient into its input's storage (FPDT_FFN) instead of a separate buffer.
+  int64_t fpdt_chunk_tokens = 0;
 };
 
 // What the runtime's kernels allocate beyond the tensors themselves (see runtime profiles).
@@ -58,6 +62,10 @@ void decoder_layer_backward(TensorTrace& trace, const LayerShape& shape, const L
 // Bytes a layer keeps for backward when it runs forward with keep_for_backward, excluding its
 // output but including its input: the per-layer activation memory without checkpointing.
 double decoder_layer_saved_bytes(const LayerShape& shape, const LayerImplementation& impl);
+
+// Bytes FPDT keeps per rank in pinned host memory for the layer being computed: its q, k, v,
+// output and lse chunks, the input chunks, and the fp32 dq accumulators of backward.
+double fpdt_host_bytes(const LayerShape& shape, const LayerImplementation& impl);
 
 enum class LossImplementation {
   loss_untiled,        // HF: logits, fp32 upcast, log-softmax; backward holds three fp32 [T, V]

@@ -55,6 +55,14 @@ Setup setup_make(const ModelSpec& model, const PlanOptions& plan, const RuntimeP
     const int64_t tiles = plan.mlp_tiles > 0 ? plan.mlp_tiles : mlp_tiles_deepspeed_rule(seqlen / plan.sp, model.hidden_size);
     shape.mlp_tiles = std::min(tiles, shape.tokens);
   }
+  if (plan.fpdt) {
+    // FPDT chunks attention by fpdt_chunk_tokens of the global sequence, its FFN by half a local
+    // chunk (Megatron-DeepSpeed: fpdt_chunk_size // P // 2) and its loss by a 32nd of a local chunk
+    // (fpdt_chunk_size // P // 32), REFERENCE §3.6.
+    const int64_t local_chunk = plan.fpdt_chunk_tokens / plan.sp;
+    shape.fpdt_chunk_tokens = std::min(plan.micro_batch * local_chunk, shape.tokens);
+    shape.mlp_tiles = std::max<int64_t>(1, (seqlen / plan.sp) / std::max<int64_t>(1, local_chunk / 2));
+  }
 
   LayerImplementation& impl = setup.impl;
   impl.activation_bytes = profile.activation_bytes;
@@ -75,6 +83,10 @@ Setup setup_make(const ModelSpec& model, const PlanOptions& plan, const RuntimeP
       setup.loss_tile_tokens = (shape.tokens + shards - 1) / shards;
     }
     setup.loss_tile_tokens = std::min(setup.loss_tile_tokens, shape.tokens);
+  }
+  if (plan.fpdt) {
+    setup.loss = LossImplementation::loss_token_shards;
+    setup.loss_tile_tokens = std::min(std::max<int64_t>(1, plan.fpdt_chunk_tokens / plan.sp / 32), shape.tokens);
   }
   return setup;
 }
@@ -242,6 +254,7 @@ MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& clust
   }
   if (plan.offload_params) host_add("weights", params * as_double(profile.weight_bytes) / world);
   if (plan.checkpoint_offload) host_add("hidden_states_checkpoints", layers * x_bytes);
+  host_add("fpdt_chunks_pinned", fpdt_host_bytes(setup.shape, setup.impl));
   host_add("dataloader_buffers", profile.dataloader_host_bytes_per_token * as_double(seqlen) * as_double(plan.micro_batch));
   for (const auto& item : prediction.host_items) prediction.host_bytes_per_node += item.bytes;
   prediction.host_capacity_bytes = cluster.host_memory_gib * kBytesPerGib;

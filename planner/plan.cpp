@@ -75,6 +75,13 @@ std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec
   if (plan.loss_tiles < 0) problems.push_back(fmt::format("loss tile count {} is negative", plan.loss_tiles));
   if (plan.mlp_tiles > 0 && !plan.tiled_mlp) problems.push_back("an MLP tile count is given but tiled MLP is off");
   if (plan.loss_tiles > 0 && !plan.tiled_loss) problems.push_back("a loss tile count is given but tiled loss is off");
+  if (plan.fpdt) {
+    if (plan.fpdt_chunk_tokens < 1 || plan.fpdt_chunk_tokens % (plan.sp >= 1 ? plan.sp : 1) != 0)
+      problems.push_back(fmt::format("FPDT chunk of {} tokens must be a positive multiple of sp={}", plan.fpdt_chunk_tokens, plan.sp));
+    if (!plan.activation_checkpointing) problems.push_back("FPDT needs activation checkpointing (its recipe: --checkpoint-in-cpu)");
+    if (plan.tiled_mlp || plan.tiled_loss)
+      problems.push_back("FPDT chunks the MLP and the loss itself; turn tiled MLP and tiled loss off");
+  }
   if (plan.micro_batch < 1) problems.push_back(fmt::format("micro batch {} must be at least 1", plan.micro_batch));
   return problems;
 }
@@ -84,6 +91,9 @@ std::vector<std::string> seqlen_problems(const PlanOptions& plan, int64_t seqlen
   if (seqlen < 1) problems.push_back(fmt::format("sequence length {} must be positive", seqlen));
   else if (plan.sp >= 1 && seqlen % plan.sp != 0)
     problems.push_back(fmt::format("sequence length {} is not divisible by sp={} (each rank holds S/sp tokens)", seqlen, plan.sp));
+  else if (plan.fpdt && plan.fpdt_chunk_tokens > 0 && seqlen % plan.fpdt_chunk_tokens != 0)
+    problems.push_back(fmt::format("sequence length {} is not a multiple of the FPDT chunk of {} tokens (FPDT_InputConstruct)",
+                                   seqlen, plan.fpdt_chunk_tokens));
   return problems;
 }
 
@@ -103,6 +113,7 @@ std::string plan_describe(const PlanOptions& plan) {
   if (plan.checkpoint_offload) text += " +checkpoint-offload";
   if (plan.tiled_mlp) text += plan.mlp_tiles > 0 ? fmt::format(" +tiled-mlp({})", plan.mlp_tiles) : " +tiled-mlp";
   if (plan.tiled_loss) text += plan.loss_tiles > 0 ? fmt::format(" +tiled-loss({})", plan.loss_tiles) : " +tiled-loss";
+  if (plan.fpdt) text += fmt::format(" +fpdt(chunk {})", plan.fpdt_chunk_tokens);
   if (plan.micro_batch != 1) text += fmt::format(" micro-batch={}", plan.micro_batch);
   return text;
 }

@@ -39,6 +39,11 @@ struct PlanOptions {
   bool tiled_loss = false;
   int64_t loss_tiles = 0;               // 0: the runtime profile's rule
   int64_t micro_batch = 1;              // samples per rank per step (the papers always use 1)
+  // FPDT (REFERENCE §3.6): attention over sequence chunks of `fpdt_chunk_tokens` global tokens
+  // with q/k/v/output chunks held in pinned host memory, k/v fetched chunk by chunk (double
+  // buffered); MLP and loss chunked too. S must be a multiple of the chunk.
+  bool fpdt = false;
+  int64_t fpdt_chunk_tokens = 65536;    // DeepSpeed's default ds_sequence_parallel_fpdt_chunk_size
 
   // The ALST feature set (paper §5.2): ZeRO-3, optimizer offload, checkpointing, Ulysses,
   // tiled MLP, tiled logits+loss, checkpoint offload.

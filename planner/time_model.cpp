@@ -85,12 +85,41 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   time.zero_communication_exposed_s = std::max(0.0, zero_overlappable_s - layer_compute_s) + zero_exposed_s;
 
   // Checkpoint offload: each layer's hidden_states go to the host in forward and come back in
-  // backward. ArcticTraining copies synchronously: fully exposed.
+  // backward. ArcticTraining copies synchronously (fully exposed); FPDT overlaps the copies with
+  // the layer's compute on a side stream.
+  const double a = as_double(profile.activation_bytes);
+  const double local_tokens = as_double(plan.micro_batch) * as_double(seqlen / plan.sp);
+  const double x_bytes = local_tokens * as_double(model.hidden_size) * a;
   if (plan.checkpoint_offload) {
-    const double x_bytes = as_double(plan.micro_batch) * as_double(seqlen / plan.sp) * as_double(model.hidden_size) *
-                           as_double(profile.activation_bytes);
-    time.checkpoint_offload_s =
+    const double copies_s =
         layers * (pcie_seconds(x_bytes, card.pcie_device_to_host_gbps) + pcie_seconds(x_bytes, card.pcie_host_to_device_gbps));
+    time.checkpoint_offload_s = plan.fpdt ? std::max(0.0, copies_s - layer_compute_s) : copies_s;
+  }
+
+  // FPDT's chunk traffic over PCIe, per layer (REFERENCE §3.6). With u chunks, forward stores
+  // the q, k, v, output and lse chunks and the input chunks, and fetches k/v chunk j for every
+  // q chunk i >= j: u(u+1)/2 fetches of 2 K/u bytes = (u+1) K. Backward fetches q, output, lse and
+  // output-gradient chunks for every (i, j >= i) step and moves fp32 dq accumulators in and out.
+  // The traffic hides behind the chunk's attention compute; what exceeds it is exposed, and the
+  // first chunk of every layer pass is never hidden (the pipeline fill): small chunks starve the
+  // GPU, large ones lengthen the fill.
+  if (plan.fpdt) {
+    const double chunks = std::max(1.0, as_double(seqlen) / as_double(plan.fpdt_chunk_tokens));
+    const double q_bytes = local_tokens * as_double(model.q_width()) * a;
+    const double kv_bytes = local_tokens * as_double(model.kv_width() * kv_replication_factor(model, plan.sp)) * a;
+    const double lse_bytes = local_tokens * as_double(model.num_q_heads) * 4.0;
+    const double forward_bytes = 2.0 * q_bytes + 2.0 * kv_bytes + lse_bytes + x_bytes + (chunks + 1.0) * kv_bytes;
+    const double backward_bytes = (chunks + 1.0) / 2.0 * (3.0 * q_bytes + lse_bytes) + 2.0 * (q_bytes / a * 4.0) + (chunks + 1.0) * kv_bytes;
+    const double pcie_gbps = std::min(card.pcie_host_to_device_gbps, card.pcie_device_to_host_gbps);
+    const double attention_per_layer_s = time.attention_s / layers;
+    const double forward_share = 1.0 / (1.0 + 2.5 + recompute);  // of a layer's attention time
+    const double passes_forward = 1.0 + recompute;
+    const double fill_s = pcie_seconds(2.0 * kv_bytes / chunks, pcie_gbps);
+    const double forward_exposed =
+        std::max(0.0, pcie_seconds(forward_bytes, pcie_gbps) - attention_per_layer_s * forward_share) + fill_s;
+    const double backward_exposed =
+        std::max(0.0, pcie_seconds(backward_bytes, pcie_gbps) - attention_per_layer_s * 2.5 * forward_share) + fill_s;
+    time.fpdt_fetch_exposed_s = layers * (passes_forward * forward_exposed + backward_exposed);
   }
 
   // Optimizer step. Offloaded (DeepSpeed cpu_adam): gradients down, an Adam pass over the node's

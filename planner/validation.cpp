@@ -156,7 +156,7 @@ double relative_error(double predicted, double reference) { return (predicted - 
 
 }  // namespace
 
-PointValidation point_validate(const PublishedPoint& point, const RuntimeProfile& profile) {
+PointValidation point_validate(const PublishedPoint& point, const std::string& profile_name) {
   PointValidation validation;
   validation.point = point;
   auto skip = [&](const std::string& reason) {
@@ -193,11 +193,13 @@ PointValidation point_validate(const PublishedPoint& point, const RuntimeProfile
     else if (feature == "ckpt_offload") plan.checkpoint_offload = true;
     else if (feature == "ulysses") ulysses = true;
     else if (feature == "tp") return skip("Megatron tensor parallelism (tp) is not modelled");
-    else if (feature == "fpdt") return skip("FPDT is not modelled yet");
+    else if (feature == "fpdt") plan.fpdt = true;
     else if (feature == "fa3" || feature == "sdpa") return skip(fmt::format("attention kernel '{}' is not modelled (FlashAttention-2 only)", feature));
     else return skip(fmt::format("unknown feature '{}'", feature));
   }
   if (!ulysses && plan.sp != 1) return skip(fmt::format("sp={} without the ulysses feature", plan.sp));
+  // FPDT chunks the MLP and the loss itself; a listed tiled_mlp/tiled_loss adds nothing to it.
+  if (plan.fpdt) plan.tiled_mlp = plan.tiled_loss = false;
 
   const double host_gib = point.host_mem_gb ? *point.host_mem_gb * 1e9 / kBytesPerGib : 0;
   ClusterSpec cluster;
@@ -209,10 +211,14 @@ PointValidation point_validate(const PublishedPoint& point, const RuntimeProfile
   const std::vector<std::string> problems = plan_problems(model, cluster, plan);
   if (!problems.empty()) return skip(fmt::format("plan: {}", problems.front()));
   validation.plan = plan_describe(plan);
+  const RuntimeProfile profile =
+      runtime_profile_load(!profile_name.empty() ? profile_name : plan.fpdt ? "megatron-deepspeed" : "deepspeed-hf");
+  validation.profile = profile.name;
 
   const bool measured_at = point.notes.find("measured_at") != std::string::npos;
   if (point.seqlen && !measured_at) {
-    const MaxSeqlenResult result = max_seqlen_find(model, cluster, plan, profile);
+    // FPDT needs S to be a multiple of its chunk (which is a multiple of sp).
+    const MaxSeqlenResult result = max_seqlen_find(model, cluster, plan, profile, plan.fpdt ? plan.fpdt_chunk_tokens : 0);
     FigureComparison figure;
     figure.kind = FigureKind::figure_max_seqlen;
     figure.published = static_cast<double>(*point.seqlen);

@@ -43,11 +43,14 @@ struct FigureComparison {
 struct PointValidation {
   PublishedPoint point;
   std::string plan;            // the plan the row mapped to, for the report
+  std::string profile;         // the runtime profile used
   std::string skipped_reason;  // non-empty: no figure was predicted
   std::vector<FigureComparison> figures;
 };
 
-PointValidation point_validate(const PublishedPoint& point, const RuntimeProfile& profile);
+// `profile`: the runtime profile for every row; empty means "auto": megatron-deepspeed for FPDT
+// rows (FPDT's implementation runs under Megatron-DeepSpeed), deepspeed-hf for the others.
+PointValidation point_validate(const PublishedPoint& point, const std::string& profile_name);
 
 struct FigureSummary {
   FigureKind kind = FigureKind::figure_max_seqlen;

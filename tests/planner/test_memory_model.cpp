@@ -341,3 +341,49 @@ TEST_CASE("Llama-3.1-8B, ALST on 8xH100 at 3.8M: the values REFERENCE.md derives
         doctest::Approx(16 * P));
   CHECK(prediction.fits());
 }
+
+TEST_CASE("FPDT: the attention working set shrinks with the chunk, its chunks move to pinned host memory") {
+  const ModelSpec model = model_load("llama-3-8b");
+  const ClusterSpec cluster = cluster_make(hardware_card_load("a100-80gb"), 4, 1, 4, 0);
+  const RuntimeProfile profile = runtime_profile_load("megatron-deepspeed");
+  PlanOptions plan;
+  plan.sp = 4;
+  plan.zero_stage = 3;
+  plan.checkpoint_offload = true;
+  plan.fpdt = true;
+  const int64_t seqlen = 1 << 21;  // 2Mi, a multiple of every chunk below
+  double previous_peak = 0, first_peak = 0;
+  for (int64_t chunk : {int64_t{1} << 14, int64_t{1} << 16, int64_t{1} << 18}) {
+    plan.fpdt_chunk_tokens = chunk;
+    CAPTURE(chunk);
+    REQUIRE(plan_problems(model, cluster, plan).empty());
+    const MemoryPrediction prediction = memory_predict(model, cluster, plan, profile, seqlen);
+    // Larger chunks never need less GPU memory; small ones leave the full-size X tensors as the peak.
+    CHECK(prediction.gpu_peak_bytes >= previous_peak);
+    previous_peak = prediction.gpu_peak_bytes;
+    if (first_peak == 0) first_peak = previous_peak;
+    // Host: one layer's q, k, v, output, lse and input chunks plus fp32 dq accumulators per rank:
+    // X = Q = 512Ki tokens * 4096 * 2 B, K = X/4 (one kv head pair per rank: 8 kv / sp 4 = 2 heads), lse = T*32*4.
+    const double tokens = 524288, x = tokens * 4096 * 2, k = tokens * 1024 * 2, lse = tokens * 32 * 4;
+    CHECK(item_bytes(prediction.host_items, "fpdt_chunks_pinned") == doctest::Approx(4 * (x + 2 * k + x + lse + x + 2 * x)));
+  }
+  CHECK(previous_peak > first_peak);  // a 256Ki chunk's attention buffers exceed the 16Ki floor
+  PlanOptions whole = plan;
+  whole.fpdt = false;
+  CHECK(memory_predict(model, cluster, whole, profile, seqlen).gpu_peak_bytes > previous_peak);
+}
+
+TEST_CASE("FPDT plans are checked: chunk divides S, checkpointing on, no double tiling") {
+  const ModelSpec model = model_load("llama-3-8b");
+  PlanOptions plan;
+  plan.sp = 4;
+  plan.fpdt = true;
+  CHECK(plan_problems(model, cluster_of(4), plan).empty());
+  CHECK(seqlen_problems(plan, 65536 * 3).empty());
+  CHECK(seqlen_problems(plan, 65536 + 4).size() == 1);
+  plan.fpdt_chunk_tokens = 1002;  // not a multiple of sp = 4
+  CHECK_FALSE(plan_problems(model, cluster_of(4), plan).empty());
+  plan.fpdt_chunk_tokens = 65536;
+  plan.tiled_mlp = true;
+  CHECK_FALSE(plan_problems(model, cluster_of(4), plan).empty());
+}
