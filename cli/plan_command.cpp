@@ -8,6 +8,7 @@
 #include "models/config_error.hpp"
 #include "models/model_loader.hpp"
 #include "planner/max_seqlen.hpp"
+#include "planner/search.hpp"
 #include "planner/time_model.hpp"
 #include "planner/units.hpp"
 #include "reports/memory_report.hpp"
@@ -27,6 +28,9 @@ struct PlanCommandArgs {
   int64_t sp = -1;
   int zero_stage = -1;
   bool baseline = false;
+  bool alst = false;
+  bool search = false;
+  std::string objective;
   // Each switch is a pair; the count of each side says whether it was given.
   int64_t offload_optimizer_on = 0, offload_optimizer_off = 0;
   int64_t offload_params_on = 0, offload_params_off = 0;
@@ -67,9 +71,10 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
   auto args = std::make_shared<PlanCommandArgs>();
   CLI::App* command = app.add_subcommand(
       "plan",
-      "Predict per-GPU peak memory (named breakdown) and host memory per node for a plan; without --seqlen, find "
-      "the maximum sequence length. Defaults to the ALST feature set: ZeRO-3, optimizer offload, activation "
-      "checkpointing, Ulysses SP over as many GPUs as the heads allow, tiled MLP, tiled loss, checkpoint offload.");
+      "Predict per-GPU peak memory (named breakdown), host memory per node, step time and TFLOPS for a plan; without "
+      "--seqlen, find the maximum sequence length. Without plan flags it searches the plan space for the best plan "
+      "(the longest sequence, or with --seqlen the most tokens/s); plan flags (--alst, --baseline, --sp, --zero, the "
+      "switches) fix the plan instead.");
   command->add_option("--model,-m", args->model, "built-in card name (see `longseq models`), a card .yaml, or a Hugging Face config.json")
       ->required();
   command->add_option("--gpu", args->gpu, "hardware card name or .yaml (default h100-sxm-80gb; see `longseq hardware`)");
@@ -80,6 +85,14 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
   command->add_option("--seqlen,-s", args->seqlen, "sequence length to check, e.g. 32768, 32K, 1.5M (K/M = 10^3/10^6), 128Ki (2^10)");
   command->add_option("--sp", args->sp, "Ulysses sequence-parallel degree (default: largest valid; 1 with --baseline)");
   command->add_option("--zero", args->zero_stage, "ZeRO stage 0..3 (default 3)");
+  command->add_flag("--search", args->search,
+                    "search the plan space (the default when no plan flag is given): sp, ZeRO stage, offloads, "
+                    "checkpointing, tiling, FPDT and its chunk");
+  command->add_option("--objective", args->objective,
+                      "search objective: max-seqlen (default without --seqlen) or throughput (tokens/s at --seqlen)");
+  command->add_flag("--alst", args->alst,
+                    "the ALST feature set instead of a search: ZeRO-3, optimizer offload, checkpointing with offload, "
+                    "Ulysses over as many GPUs as the heads allow, tiled MLP, tiled loss");
   command->add_flag("--baseline", args->baseline,
                     "start from the ALST paper's baseline instead: ZeRO-3, optimizer offload, checkpointing, sp=1, no tiling or checkpoint offload");
   switch_register(*command, "offload-optimizer", args->offload_optimizer_on, args->offload_optimizer_off,
@@ -103,21 +116,22 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
   return args;
 }
 
-int plan_command_run(const PlanCommandArgs& args) {
-  const ModelSpec model = model_load(args.model);
-  const HardwareCard hardware = hardware_card_load(args.gpu);
-  const RuntimeProfile profile = runtime_profile_load(args.profile);
-  if (args.host_memory_gib != -1 && !(args.host_memory_gib > 0))
-    throw ConfigError("--host-mem-gib", "", fmt::format("must be positive, got {}", args.host_memory_gib));
-  const ClusterSpec cluster =
-      cluster_make(hardware, positive_or_default(args.gpus, "--gpus"), positive_or_default(args.nodes, "--nodes"),
-                   positive_or_default(args.gpus_per_node, "--gpus-per-node"), std::max(args.host_memory_gib, 0.0));
+namespace {
+
+bool plan_flags_given(const PlanCommandArgs& args) {
+  return args.alst || args.baseline || args.sp != -1 || args.zero_stage != -1 || args.mlp_tiles != -1 ||
+         args.loss_tiles != -1 || args.fpdt || !args.fpdt_chunk.empty() ||
+         args.offload_optimizer_on + args.offload_optimizer_off + args.offload_params_on + args.offload_params_off +
+                 args.checkpointing_on + args.checkpointing_off + args.checkpoint_offload_on + args.checkpoint_offload_off +
+                 args.tiled_mlp_on + args.tiled_mlp_off + args.tiled_loss_on + args.tiled_loss_off >
+             0;
+}
+
+// The fixed plan the flags describe: the ALST feature set (or the paper's baseline), then each flag.
+PlanOptions plan_from_flags(const PlanCommandArgs& args, const ModelSpec& model, const ClusterSpec& cluster) {
   const int64_t sp = positive_or_default(args.sp, "--sp");
-  const int64_t mlp_tiles = positive_or_default(args.mlp_tiles, "--mlp-tiles");
-  const int64_t loss_tiles = positive_or_default(args.loss_tiles, "--loss-tiles");
-  if (args.micro_batch < 1 || args.micro_batch > 1'000'000)
-    throw ConfigError("--micro-batch", "", fmt::format("must be in [1, 1000000], got {}", args.micro_batch));
   PlanOptions plan = PlanOptions::alst(sp_largest_valid(model, cluster.gpus));
+  if (args.alst && args.baseline) throw ConfigError("--alst", "", "given together with --baseline");
   if (args.baseline) {
     plan.sp = 1;
     plan.tiled_mlp = plan.tiled_loss = plan.checkpoint_offload = false;
@@ -133,8 +147,8 @@ int plan_command_run(const PlanCommandArgs& args) {
   // Checkpoint offload is part of the default set; turning checkpointing off turns it off too
   // unless the user asked for both, which plan_problems then reports.
   if (!plan.activation_checkpointing && args.checkpoint_offload_on == 0) plan.checkpoint_offload = false;
-  plan.mlp_tiles = mlp_tiles;
-  plan.loss_tiles = loss_tiles;
+  plan.mlp_tiles = positive_or_default(args.mlp_tiles, "--mlp-tiles");
+  plan.loss_tiles = positive_or_default(args.loss_tiles, "--loss-tiles");
   plan.micro_batch = args.micro_batch;
   if (!args.fpdt_chunk.empty() && !args.fpdt) throw ConfigError("--fpdt-chunk", "", "given without --fpdt");
   if (args.fpdt) {
@@ -143,18 +157,93 @@ int plan_command_run(const PlanCommandArgs& args) {
     if (args.tiled_loss_on == 0) plan.tiled_loss = false;
     if (!args.fpdt_chunk.empty()) plan.fpdt_chunk_tokens = seqlen_parse(args.fpdt_chunk, "--fpdt-chunk");
   }
+  return plan;
+}
 
-  std::vector<std::string> problems = plan_problems(model, cluster, plan);
+std::string problems_join(const std::vector<std::string>& problems) {
+  std::string joined;
+  for (const auto& problem : problems) joined += (joined.empty() ? "" : "; ") + problem;
+  return joined;
+}
+
+nlohmann::json plan_to_json(const PlanOptions& plan, const ClusterSpec& cluster) {
+  nlohmann::json json = {{"sp", plan.sp}, {"dp", cluster.gpus / plan.sp}, {"zero_stage", plan.zero_stage},
+                         {"offload_optimizer", plan.offload_optimizer}, {"offload_params", plan.offload_params},
+                         {"activation_checkpointing", plan.activation_checkpointing},
+                         {"checkpoint_offload", plan.checkpoint_offload}, {"tiled_mlp", plan.tiled_mlp},
+                         {"tiled_loss", plan.tiled_loss}, {"fpdt", plan.fpdt}, {"micro_batch", plan.micro_batch}};
+  if (plan.fpdt) json["fpdt_chunk_tokens"] = plan.fpdt_chunk_tokens;
+  json["summary"] = plan_describe(plan);
+  return json;
+}
+
+// The largest GPU component when `plan` runs out at `seqlen`, e.g. "model_states/optimizer_states 37.5 GiB".
+std::string largest_component_describe(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
+                                       const RuntimeProfile& profile, int64_t seqlen) {
+  const MemoryPrediction prediction = memory_predict(model, cluster, plan, profile, seqlen);
+  if (!prediction.fits_gpu()) {
+    const MemoryItem* largest = nullptr;
+    for (const auto& item : prediction.gpu_items)
+      if (!largest || item.bytes > largest->bytes) largest = &item;
+    if (largest) return fmt::format("largest: {}/{} {:.1f} GiB", largest->category, largest->name, bytes_to_gib(largest->bytes));
+  }
+  return fmt::format("host {:.0f} of {:.0f} GiB per node", bytes_to_gib(prediction.host_bytes_per_node),
+                     bytes_to_gib(prediction.host_capacity_bytes));
+}
+
+// One plan's full report: headline, memory breakdown, time. Fills `report` for --json.
+std::string plan_report(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
+                        const RuntimeProfile& profile, std::optional<int64_t> seqlen, nlohmann::json& report) {
+  MemoryPrediction prediction;
+  std::string out;
+  if (seqlen) {
+    prediction = memory_predict(model, cluster, plan, profile, *seqlen);
+    out += fmt::format("sequence length {} ({}): {}\n", integer_with_commas(*seqlen), seqlen_format(*seqlen),
+                       prediction.fits() ? "FITS"
+                       : !prediction.fits_gpu() && !prediction.fits_host() ? "does NOT fit (GPU and host memory)"
+                       : !prediction.fits_gpu() ? "does NOT fit (GPU memory)" : "does NOT fit (host memory)");
+    report["seqlen"] = *seqlen;
+  } else {
+    const MaxSeqlenResult result = max_seqlen_find(model, cluster, plan, profile, plan.fpdt ? plan.fpdt_chunk_tokens : 0);
+    prediction = result.at_max;
+    if (result.max_seqlen == 0)
+      out += fmt::format("maximum sequence length: none — even {} tokens exceed {}\n", result.granularity, result.binding_constraint);
+    else
+      out += fmt::format("maximum sequence length: {} tokens ({}), limited by {}\n", integer_with_commas(result.max_seqlen),
+                         seqlen_format(result.max_seqlen), result.binding_constraint);
+    report["max_seqlen"] = {{"tokens", result.max_seqlen}, {"granularity", result.granularity},
+                            {"binding_constraint", result.binding_constraint}};
+  }
+  report["prediction"] = memory_prediction_to_json(prediction);
+  out += fmt::format("  at {} tokens: {} tokens per rank", integer_with_commas(prediction.seqlen),
+                     integer_with_commas(prediction.local_tokens));
+  if (prediction.mlp_tiles > 0) out += fmt::format("; MLP tiles {}", prediction.mlp_tiles);
+  if (prediction.loss_tile_tokens > 0) out += fmt::format("; loss tiles of {} tokens", integer_with_commas(prediction.loss_tile_tokens));
+  if (prediction.kv_replication > 1) out += fmt::format("; kv heads replicated x{}", prediction.kv_replication);
+  out += "\n\n" + memory_table_render(prediction, cluster.ranks_per_node());
+  if (prediction.seqlen > 0 && prediction.fits()) {
+    const TimePrediction timing = time_predict(model, cluster, plan, profile, prediction.seqlen);
+    report["time"] = time_prediction_to_json(timing);
+    out += "\n" + time_table_render(timing);
+  }
+  return out;
+}
+
+}  // namespace
+
+int plan_command_run(const PlanCommandArgs& args) {
+  const ModelSpec model = model_load(args.model);
+  const HardwareCard hardware = hardware_card_load(args.gpu);
+  const RuntimeProfile profile = runtime_profile_load(args.profile);
+  if (args.host_memory_gib != -1 && !(args.host_memory_gib > 0))
+    throw ConfigError("--host-mem-gib", "", fmt::format("must be positive, got {}", args.host_memory_gib));
+  const ClusterSpec cluster =
+      cluster_make(hardware, positive_or_default(args.gpus, "--gpus"), positive_or_default(args.nodes, "--nodes"),
+                   positive_or_default(args.gpus_per_node, "--gpus-per-node"), std::max(args.host_memory_gib, 0.0));
+  if (args.micro_batch < 1 || args.micro_batch > 1'000'000)
+    throw ConfigError("--micro-batch", "", fmt::format("must be in [1, 1000000], got {}", args.micro_batch));
   std::optional<int64_t> seqlen;
-  if (!args.seqlen.empty()) {
-    seqlen = seqlen_parse(args.seqlen, "--seqlen");
-    for (auto& problem : seqlen_problems(plan, *seqlen)) problems.push_back(problem);
-  }
-  if (!problems.empty()) {
-    std::string joined;
-    for (const auto& problem : problems) joined += (joined.empty() ? "" : "; ") + problem;
-    throw ConfigError("plan", "", joined);
-  }
+  if (!args.seqlen.empty()) seqlen = seqlen_parse(args.seqlen, "--seqlen");
 
   const ParameterCount params = parameter_count(model);
   nlohmann::json report = {
@@ -162,62 +251,126 @@ int plan_command_run(const PlanCommandArgs& args) {
       {"cluster",
        {{"gpu", hardware.name}, {"gpus", cluster.gpus}, {"nodes", cluster.nodes}, {"gpus_per_node", cluster.gpus_per_node},
         {"gpu_memory_gib", hardware.gpu_memory_gib}, {"host_memory_gib_per_node", cluster.host_memory_gib}}},
-      {"plan",
-       {{"sp", plan.sp}, {"dp", cluster.gpus / plan.sp}, {"zero_stage", plan.zero_stage},
-        {"offload_optimizer", plan.offload_optimizer}, {"offload_params", plan.offload_params},
-        {"activation_checkpointing", plan.activation_checkpointing}, {"checkpoint_offload", plan.checkpoint_offload},
-        {"tiled_mlp", plan.tiled_mlp}, {"tiled_loss", plan.tiled_loss}, {"micro_batch", plan.micro_batch}}},
       {"runtime_profile", profile.name},
   };
+  std::string header = fmt::format("longseq plan: PREDICTIONS of the cost model (runtime profile '{}'), not measurements\n", profile.name);
+  header += fmt::format("  model    {}: {} parameters (L={} h={} heads q/kv={}/{} d={} f={} V={}{})\n", model.name,
+                        integer_with_commas(params.total), model.num_layers, model.hidden_size, model.num_q_heads,
+                        model.num_kv_heads, model.head_dim, model.intermediate_size, model.vocab_size,
+                        model.tied_embeddings ? ", tied" : "");
+  header += fmt::format("  cluster  {} x {} ({:.2f} GiB each), {} node(s) of {} GPUs, {:.0f} GiB host memory per node\n",
+                        cluster.gpus, hardware.name, hardware.gpu_memory_gib, cluster.nodes, cluster.gpus_per_node,
+                        cluster.host_memory_gib);
 
-  MemoryPrediction prediction;
-  std::string headline;
-  if (seqlen) {
-    prediction = memory_predict(model, cluster, plan, profile, *seqlen);
-    headline = fmt::format("sequence length {} ({}): {}", integer_with_commas(*seqlen), seqlen_format(*seqlen),
-                           prediction.fits() ? "FITS"
-                           : !prediction.fits_gpu() && !prediction.fits_host() ? "does NOT fit (GPU and host memory)"
-                           : !prediction.fits_gpu() ? "does NOT fit (GPU memory)" : "does NOT fit (host memory)");
-    report["seqlen"] = *seqlen;
-  } else {
-    const MaxSeqlenResult result = max_seqlen_find(model, cluster, plan, profile, plan.fpdt ? plan.fpdt_chunk_tokens : 0);
-    prediction = result.at_max;
-    if (result.max_seqlen == 0)
-      headline = fmt::format("maximum sequence length: none — even {} tokens exceed {}", result.granularity, result.binding_constraint);
-    else
-      headline = fmt::format("maximum sequence length: {} tokens ({}), limited by {}", integer_with_commas(result.max_seqlen),
-                             seqlen_format(result.max_seqlen), result.binding_constraint);
-    report["max_seqlen"] = {{"tokens", result.max_seqlen}, {"granularity", result.granularity},
-                            {"binding_constraint", result.binding_constraint}};
-  }
-  report["prediction"] = memory_prediction_to_json(prediction);
-  std::optional<TimePrediction> timing;
-  if (prediction.seqlen > 0 && prediction.fits()) {
-    timing = time_predict(model, cluster, plan, profile, prediction.seqlen);
-    report["time"] = time_prediction_to_json(*timing);
-  }
+  const bool fixed_plan = plan_flags_given(args);
+  if (args.search && fixed_plan)
+    throw ConfigError("--search", "", "chooses the plan itself; drop the plan flags (--alst, --baseline, --sp, --zero, switches)");
+  if (!args.objective.empty() && fixed_plan) throw ConfigError("--objective", "", "applies to the search; drop the plan flags");
 
-  if (args.json) {
-    std::cout << report.dump(2) << "\n";
+  if (fixed_plan) {
+    const PlanOptions plan = plan_from_flags(args, model, cluster);
+    std::vector<std::string> problems = plan_problems(model, cluster, plan);
+    if (seqlen)
+      for (auto& problem : seqlen_problems(plan, *seqlen)) problems.push_back(problem);
+    if (!problems.empty()) throw ConfigError("plan", "", problems_join(problems));
+    report["plan"] = plan_to_json(plan, cluster);
+    const std::string body = plan_report(model, cluster, plan, profile, seqlen, report);
+    if (args.json) {
+      std::cout << report.dump(2) << "\n";
+      return 0;
+    }
+    std::cout << header << fmt::format("  plan     {} (dp={})\n\n", plan_describe(plan), cluster.gpus / plan.sp) << body;
     return 0;
   }
-  std::cout << fmt::format("longseq plan: a PREDICTION of the cost model (runtime profile '{}'), not a measurement\n", profile.name);
-  std::cout << fmt::format("  model    {}: {} parameters (L={} h={} heads q/kv={}/{} d={} f={} V={}{})\n", model.name,
-                           integer_with_commas(params.total), model.num_layers, model.hidden_size, model.num_q_heads,
-                           model.num_kv_heads, model.head_dim, model.intermediate_size, model.vocab_size,
-                           model.tied_embeddings ? ", tied" : "");
-  std::cout << fmt::format("  cluster  {} x {} ({:.2f} GiB each), {} node(s) of {} GPUs, {:.0f} GiB host memory per node\n",
-                           cluster.gpus, hardware.name, hardware.gpu_memory_gib, cluster.nodes, cluster.gpus_per_node,
-                           cluster.host_memory_gib);
-  std::cout << fmt::format("  plan     {} (dp={})\n\n", plan_describe(plan), cluster.gpus / plan.sp);
-  std::cout << headline << "\n";
-  std::cout << fmt::format("  at {} tokens: {} tokens per rank", integer_with_commas(prediction.seqlen),
-                           integer_with_commas(prediction.local_tokens));
-  if (prediction.mlp_tiles > 0) std::cout << fmt::format("; MLP tiles {}", prediction.mlp_tiles);
-  if (prediction.loss_tile_tokens > 0) std::cout << fmt::format("; loss tiles of {} tokens", integer_with_commas(prediction.loss_tile_tokens));
-  if (prediction.kv_replication > 1) std::cout << fmt::format("; kv heads replicated x{}", prediction.kv_replication);
-  std::cout << "\n\n" << memory_table_render(prediction, cluster.ranks_per_node());
-  if (timing) std::cout << "\n" << time_table_render(*timing);
+
+  SearchOptions options;
+  if (args.objective.empty()) options.objective = seqlen ? SearchObjective::objective_throughput : SearchObjective::objective_max_seqlen;
+  else if (args.objective == "max-seqlen") options.objective = SearchObjective::objective_max_seqlen;
+  else if (args.objective == "throughput") options.objective = SearchObjective::objective_throughput;
+  else throw ConfigError("--objective", "", fmt::format("expected max-seqlen or throughput, got '{}'", args.objective));
+  if (options.objective == SearchObjective::objective_throughput && !seqlen)
+    throw ConfigError("--objective", "", "throughput needs --seqlen (the length to maximize tokens/s at)");
+  if (options.objective == SearchObjective::objective_max_seqlen && seqlen)
+    throw ConfigError("--seqlen", "", "the max-seqlen objective finds the length itself; drop --seqlen or use --objective throughput");
+  if (seqlen) options.seqlen = *seqlen;
+  if (args.micro_batch != 1) throw ConfigError("--micro-batch", "", "the search plans for micro batch 1 (as the papers do)");
+  const SearchResult result = plan_search(model, cluster, profile, options);
+  const bool by_length = options.objective == SearchObjective::objective_max_seqlen;
+
+  int64_t invalid = 0;
+  std::vector<std::pair<std::string, int64_t>> reasons;
+  for (const auto& candidate : result.candidates) {
+    if (candidate.problems.empty()) continue;
+    ++invalid;
+    auto found = std::find_if(reasons.begin(), reasons.end(), [&](const auto& r) { return r.first == candidate.problems.front(); });
+    if (found == reasons.end()) reasons.emplace_back(candidate.problems.front(), 1);
+    else ++found->second;
+  }
+  std::string out = header + fmt::format("\nsearched {} plans ({} predicted, {} invalid) in {:.1f} ms; objective: {}\n\n",
+                                         result.candidates.size(), result.evaluated, invalid, result.elapsed_ms,
+                                         by_length ? "the longest sequence" : fmt::format("tokens/s at {} tokens", integer_with_commas(options.seqlen)));
+  report["search"] = {{"objective", by_length ? "max-seqlen" : "throughput"}, {"plans", result.candidates.size()},
+                      {"predicted", result.evaluated}, {"invalid", invalid}, {"elapsed_ms", result.elapsed_ms}};
+  const SearchCandidate* winner = result.winner();
+  if (!winner) {
+    const SearchCandidate* best = result.candidates.empty() || !result.candidates.front().problems.empty() ? nullptr : &result.candidates.front();
+    out += "no plan fits";
+    if (best) out += fmt::format(" (closest: {}, {})", plan_describe(best->plan), best->binding_constraint);
+    out += "\n";
+    report["winner"] = nullptr;
+  } else {
+    report["plan"] = plan_to_json(winner->plan, cluster);
+    out += fmt::format("best plan: {} (dp={})\n", plan_describe(winner->plan), cluster.gpus / winner->plan.sp);
+    out += plan_report(model, cluster, winner->plan, profile, by_length ? std::nullopt : seqlen, report);
+
+    auto candidate_line = [&](const SearchCandidate& c) {
+      if (!c.fits)
+        return fmt::format("{} ({})", by_length ? "fits no length" : "does not fit", c.binding_constraint);
+      if (by_length)
+        return fmt::format("max {:>11} tokens, {:.1f} s/step there", integer_with_commas(c.max_seqlen), c.time.time.total_s());
+      return fmt::format("{:>9.0f} tokens/s, peak {:.1f} GiB", c.time.tokens_per_s, bytes_to_gib(c.memory.gpu_peak_bytes));
+    };
+    out += "\nrunner-ups:\n";
+    nlohmann::json runner_ups = nlohmann::json::array();
+    for (size_t i = 1; i < result.candidates.size() && i <= 5; ++i) {
+      const SearchCandidate& c = result.candidates[i];
+      if (!c.problems.empty() || !c.fits) break;
+      out += fmt::format("  {}. {:<78} {}\n", i + 1, plan_describe(c.plan), candidate_line(c));
+      runner_ups.push_back({{"plan", plan_to_json(c.plan, cluster)}, {"max_seqlen", c.max_seqlen},
+                            {"step_s", c.time.time.total_s()}, {"tokens_per_s", c.time.tokens_per_s}});
+    }
+    report["runner_ups"] = runner_ups;
+
+    out += "\nwhy not (the best plan with one thing changed):\n";
+    nlohmann::json alternatives = nlohmann::json::array();
+    for (const auto& alternative : search_notable_alternatives(result)) {
+      const SearchCandidate& c = *alternative.candidate;
+      std::string why;
+      if (!c.problems.empty()) {
+        why = "invalid: " + c.problems.front();
+      } else {
+        const int64_t failing = by_length ? c.max_seqlen + (c.plan.fpdt ? c.plan.fpdt_chunk_tokens : c.plan.sp) : options.seqlen;
+        why = candidate_line(c);
+        if (!c.fits || by_length)
+          why += "; at " + seqlen_format(failing) + " " + c.binding_constraint + " runs out (" +
+                 largest_component_describe(model, cluster, c.plan, profile, failing) + ")";
+      }
+      out += fmt::format("  {:<44} {}\n", alternative.change, why);
+      alternatives.push_back({{"change", alternative.change}, {"plan", plan_to_json(c.plan, cluster)}, {"outcome", why}});
+    }
+    report["alternatives"] = alternatives;
+  }
+  if (!reasons.empty()) {
+    out += "\ninvalid plans (not predicted):\n";
+    nlohmann::json invalid_json = nlohmann::json::array();
+    for (const auto& [reason, count] : reasons) {
+      out += fmt::format("  {:>4} x {}\n", count, reason);
+      invalid_json.push_back({{"reason", reason}, {"plans", count}});
+    }
+    report["invalid"] = invalid_json;
+  }
+  if (args.json) std::cout << report.dump(2) << "\n";
+  else std::cout << out;
   return 0;
 }
 

@@ -12,7 +12,7 @@ void TensorTrace::alloc(std::string_view category, std::string_view name, double
   // Strictly greater: among equal peaks the first is reported, which is the earlier moment.
   if (current_bytes_ > peak_bytes_) {
     peak_bytes_ = current_bytes_;
-    peak_items_ = live_;
+    if (record_peak_items_) peak_items_ = live_;
     peak_moment_ = moment_;
   }
 }

@@ -33,6 +33,9 @@ class TensorTrace {
   // is released when the last name sharing it is freed (PyTorch's view semantics). Used where a
   // runtime hands the same memory to two consumers, e.g. attention inputs without an all-to-all.
   void alias(std::string_view from, std::string_view category, std::string_view to);
+  // Without item recording the trace keeps only peak bytes and moment (the planner's search
+  // evaluates thousands of plans and needs no breakdown for most of them).
+  void set_record_peak_items(bool record) { record_peak_items_ = record; }
   // Labels the allocations that follow, for reporting when the peak happened.
   void set_moment(std::string_view moment) { moment_ = moment; }
 
@@ -48,6 +51,7 @@ class TensorTrace {
   double current_bytes_ = 0;
   double peak_bytes_ = 0;
   int64_t next_storage_id_ = 0;
+  bool record_peak_items_ = true;
   std::string_view moment_;
   std::string_view peak_moment_;
 };

@@ -1,5 +1,6 @@
 #include "planner/max_seqlen.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace longseq {
@@ -13,65 +14,103 @@ std::string binding_constraint_describe(const MemoryPrediction& prediction) {
   return "search limit";
 }
 
+// Worst of GPU and host memory as a fraction of capacity: fits when <= 1. Monotone in S.
+double usage_fraction(const MemoryPrediction& prediction) {
+  return std::max(prediction.gpu_peak_bytes / prediction.gpu_capacity_bytes,
+                  prediction.host_bytes_per_node / prediction.host_capacity_bytes);
+}
+
 }  // namespace
 
 MaxSeqlenResult max_seqlen_find(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
-                                const RuntimeProfile& profile, int64_t granularity) {
+                                const RuntimeProfile& profile, int64_t granularity, bool with_breakdown) {
   if (granularity == 0) granularity = plan.sp;
   if (granularity < 1 || granularity % plan.sp != 0)
     throw std::invalid_argument("max_seqlen_find: granularity must be a positive multiple of sp");
   MaxSeqlenResult result;
   result.granularity = granularity;
-  auto predict = [&](int64_t granules) { return memory_predict(model, cluster, plan, profile, granules * granularity); };
-
-  MemoryPrediction smallest = predict(1);
-  if (!smallest.fits()) {
-    result.at_max = smallest;
-    result.first_failure = smallest;
-    result.binding_constraint = binding_constraint_describe(smallest);
+  auto usage = [&](int64_t granules) {
+    return usage_fraction(memory_predict(model, cluster, plan, profile, granules * granularity, /*with_breakdown=*/false));
+  };
+  auto finish = [&](int64_t fit_granules, int64_t fail_granules) {
+    result.max_seqlen = fit_granules * granularity;
+    result.at_max = memory_predict(model, cluster, plan, profile, std::max<int64_t>(fit_granules, 1) * granularity, with_breakdown);
+    result.first_failure = fail_granules > 0
+                               ? memory_predict(model, cluster, plan, profile, fail_granules * granularity, with_breakdown)
+                               : result.at_max;
+    result.binding_constraint = fail_granules > 0 ? binding_constraint_describe(result.first_failure) : "search limit";
     return result;
-  }
-  // Grow until a length fails (or the limit), then bisect between the last fit and that failure.
-  const int64_t limit_granules = kSeqlenSearchLimit / granularity;
-  int64_t fit = 1;
-  MemoryPrediction fit_prediction = smallest;
-  int64_t fail = 0;
-  MemoryPrediction fail_prediction;
-  for (int64_t probe = 2;; probe *= 2) {
-    if (probe >= limit_granules) probe = limit_granules;
-    MemoryPrediction prediction = predict(probe);
-    if (!prediction.fits()) {
-      fail = probe;
-      fail_prediction = std::move(prediction);
+  };
+
+  // Invariant from here on: `low` granules fit (usage <= 1), `high` granules do not.
+  int64_t low = 1;
+  double low_usage = usage(1);
+  if (low_usage > 1) return finish(0, 1);
+  const int64_t limit = kSeqlenSearchLimit / granularity;
+
+  // Bracket. Memory is close to linear in S (every activation term is), so extrapolating the
+  // line through the last two fitting points lands near the limit; probing 5% past it usually
+  // fails at once. Growth is at least 2x per step, so absurd extrapolations cannot stall it.
+  int64_t previous = 0;
+  double previous_usage = 0;
+  int64_t high = 0;
+  double high_usage = 0;
+  int64_t probe = std::min<int64_t>(limit, 1024);
+  while (true) {
+    const double probe_usage = usage(probe);
+    if (probe_usage > 1) {
+      high = probe;
+      high_usage = probe_usage;
       break;
     }
-    fit = probe;
-    fit_prediction = std::move(prediction);
-    if (probe == limit_granules) break;
+    previous = low;
+    previous_usage = low_usage;
+    low = probe;
+    low_usage = probe_usage;
+    if (probe == limit) return finish(limit, 0);
+    const double slope = (low_usage - previous_usage) / static_cast<double>(low - previous);
+    double next = slope > 0 ? static_cast<double>(low) + (1.0 - low_usage) / slope * 1.05 : 2.0 * static_cast<double>(low);
+    next = std::max(next, 2.0 * static_cast<double>(low));
+    probe = static_cast<int64_t>(std::min(next, static_cast<double>(limit)));
   }
-  if (fail == 0) {
-    result.max_seqlen = fit * granularity;
-    result.at_max = fit_prediction;
-    result.first_failure = fit_prediction;
-    result.binding_constraint = "search limit";
-    return result;
-  }
-  while (fail - fit > 1) {
-    const int64_t middle = fit + (fail - fit) / 2;
-    MemoryPrediction prediction = predict(middle);
-    if (prediction.fits()) {
-      fit = middle;
-      fit_prediction = std::move(prediction);
+
+  // Shrink the bracket: a secant step between (low, high) to the crossing, then a check one
+  // granule above it; where the secant does not halve the bracket, bisect instead.
+  while (high - low > 1) {
+    const double span = static_cast<double>(high - low);
+    int64_t guess = low + static_cast<int64_t>((1.0 - low_usage) / (high_usage - low_usage) * span);
+    guess = std::clamp<int64_t>(guess, low + 1, high - 1);
+    const double guess_usage = usage(guess);
+    if (guess_usage > 1) {
+      high = guess;
+      high_usage = guess_usage;
     } else {
-      fail = middle;
-      fail_prediction = std::move(prediction);
+      low = guess;
+      low_usage = guess_usage;
+      if (high - low > 1) {
+        const double next_usage = usage(low + 1);
+        if (next_usage > 1) {
+          high = low + 1;
+          high_usage = next_usage;
+        } else {
+          low += 1;
+          low_usage = next_usage;
+        }
+      }
+    }
+    if (static_cast<double>(high - low) > span / 2 && high - low > 1) {
+      const int64_t middle = low + (high - low) / 2;
+      const double middle_usage = usage(middle);
+      if (middle_usage > 1) {
+        high = middle;
+        high_usage = middle_usage;
+      } else {
+        low = middle;
+        low_usage = middle_usage;
+      }
     }
   }
-  result.max_seqlen = fit * granularity;
-  result.at_max = std::move(fit_prediction);
-  result.binding_constraint = binding_constraint_describe(fail_prediction);
-  result.first_failure = std::move(fail_prediction);
-  return result;
+  return finish(low, high);
 }
 
 }  // namespace longseq

@@ -25,7 +25,8 @@ inline constexpr int64_t kSeqlenSearchLimit = 1'000'000'000'000;
 
 // Precondition: plan_problems(...) is empty. `granularity` 0 means sp; otherwise it must be a
 // multiple of sp.
+// With `with_breakdown` false the two reported predictions carry no per-tensor items (searches).
 MaxSeqlenResult max_seqlen_find(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
-                                const RuntimeProfile& profile, int64_t granularity = 0);
+                                const RuntimeProfile& profile, int64_t granularity = 0, bool with_breakdown = true);
 
 }  // namespace longseq

@@ -171,7 +171,7 @@ struct PhaseResult {
 }  // namespace
 
 MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
-                                const RuntimeProfile& profile, int64_t seqlen) {
+                                const RuntimeProfile& profile, int64_t seqlen, bool with_breakdown) {
   if (!plan_problems(model, cluster, plan).empty() || !seqlen_problems(plan, seqlen).empty())
     throw std::invalid_argument("memory_predict: invalid plan or sequence length (check plan_problems first)");
   const Setup setup = setup_make(model, plan, profile, seqlen);
@@ -183,6 +183,7 @@ MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& clust
   // Every phase starts from the static tensors and the activations of the layers below it.
   auto phase_begin = [&](PhaseResult& result, const char* name, double resident_layers) -> TensorTrace& {
     result.phase = name;
+    result.trace.set_record_peak_items(with_breakdown);
     static_tensors_place(result.trace, model, cluster, plan, profile, setup, seqlen);
     resident_activations_place(result.trace, plan, setup, resident_layers, saved_per_layer);
     return result.trace;

@@ -65,8 +65,10 @@ struct MemoryPrediction {
 
 // Precondition: plan_problems(...) and seqlen_problems(...) are empty (the CLI checks them and
 // reports reasons); violating it throws std::invalid_argument.
+// With `with_breakdown` false, gpu_items stays empty (totals, phases and host items are still
+// exact): the cheap form the searches use.
 MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
-                                const RuntimeProfile& profile, int64_t seqlen);
+                                const RuntimeProfile& profile, int64_t seqlen, bool with_breakdown = true);
 
 // DeepSpeed TiledMLP's shard count: ceil(S_l / hidden) (REFERENCE §3.2), at least 1.
 int64_t mlp_tiles_deepspeed_rule(int64_t local_tokens, int64_t hidden);

@@ -40,10 +40,10 @@ int64_t seqlen_parse(const std::string& text, const std::string& flag) {
 
 std::string seqlen_format(int64_t tokens) {
   struct Unit { int64_t size; const char* name; };
-  // Prefer the unit that gives an exact short form: powers of two as Ki/Mi, round decimals as K/M.
+  // Binary units only where they read as a round number (128Ki, 4Mi), as the FPDT paper writes
+  // its powers of two; everything else in decimal K/M/G as the ALST paper does.
   for (Unit unit : {Unit{1024 * 1024, "Mi"}, Unit{1024, "Ki"}}) {
-    if (tokens >= unit.size && tokens % unit.size == 0 && tokens / unit.size < 100000 &&
-        tokens % 1000 != 0)
+    if (tokens >= unit.size && tokens % unit.size == 0 && tokens / unit.size < 1000 && tokens % 1000 != 0)
       return fmt::format("{}{}", tokens / unit.size, unit.name);
   }
   for (Unit unit : {Unit{1000000000, "G"}, Unit{1000000, "M"}, Unit{1000, "K"}}) {

@@ -18,6 +18,7 @@ TEST_CASE("sequence lengths: K/M are decimal as the ALST paper writes them, Ki/M
   CHECK(seqlen_format(131'072) == "128Ki");
   CHECK(seqlen_format(3'712'000) == "3.712M");
   CHECK(seqlen_format(999) == "999");
+  CHECK(seqlen_format(7'143'424) == "7.143M");  // 6976Ki is exact but does not read as a size
 }
 
 TEST_CASE("bad sequence lengths name the flag and the reason") {

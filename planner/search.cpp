@@ -1,0 +1,161 @@
+#include "planner/search.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <fmt/format.h>
+
+namespace longseq {
+
+namespace {
+
+std::vector<PlanOptions> plans_enumerate(const ClusterSpec& cluster, const SearchOptions& options) {
+  std::vector<PlanOptions> plans;
+  for (int64_t sp = 1; sp <= cluster.gpus; ++sp) {
+    if (cluster.gpus % sp != 0) continue;  // world = dp x sp: only divisors are plans at all
+    for (int zero = 0; zero <= 3; ++zero) {
+      for (bool offload_optimizer : {false, true}) {
+        if (offload_optimizer && zero == 0) continue;  // ZeRO-Offload needs a ZeRO stage
+        for (bool offload_params : {false, true}) {
+          if (offload_params && zero != 3) continue;  // offload_param is a ZeRO-3 feature
+          for (bool checkpointing : {false, true}) {
+            for (bool checkpoint_offload : {false, true}) {
+              if (checkpoint_offload && !checkpointing) continue;
+              PlanOptions plan;
+              plan.sp = sp;
+              plan.zero_stage = zero;
+              plan.offload_optimizer = offload_optimizer;
+              plan.offload_params = offload_params;
+              plan.activation_checkpointing = checkpointing;
+              plan.checkpoint_offload = checkpoint_offload;
+              for (bool tiled_mlp : {false, true}) {
+                for (bool tiled_loss : {false, true}) {
+                  plan.tiled_mlp = tiled_mlp;
+                  plan.tiled_loss = tiled_loss;
+                  plans.push_back(plan);
+                }
+              }
+              if (!checkpointing) continue;  // FPDT runs with checkpointing
+              plan.tiled_mlp = plan.tiled_loss = false;
+              plan.fpdt = true;
+              for (int64_t chunk : options.fpdt_chunks) {
+                if (chunk % sp != 0) continue;
+                plan.fpdt_chunk_tokens = chunk;
+                plans.push_back(plan);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  return plans;
+}
+
+bool better(const SearchCandidate& a, const SearchCandidate& b, SearchObjective objective) {
+  if (a.problems.empty() != b.problems.empty()) return a.problems.empty();
+  if (a.fits != b.fits) return a.fits;
+  if (objective == SearchObjective::objective_max_seqlen) {
+    if (a.max_seqlen != b.max_seqlen) return a.max_seqlen > b.max_seqlen;
+    // Equal lengths: the faster plan, then the one with more GPU memory to spare.
+    if (a.time.time.total_s() != b.time.time.total_s()) return a.time.time.total_s() < b.time.time.total_s();
+    return a.memory.gpu_peak_bytes < b.memory.gpu_peak_bytes;
+  }
+  if (a.score != b.score) return a.score > b.score;
+  return a.memory.gpu_peak_bytes < b.memory.gpu_peak_bytes;
+}
+
+}  // namespace
+
+const SearchCandidate* SearchResult::winner() const {
+  return !candidates.empty() && candidates.front().fits ? &candidates.front() : nullptr;
+}
+
+SearchResult plan_search(const ModelSpec& model, const ClusterSpec& cluster, const RuntimeProfile& profile,
+                         const SearchOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  SearchResult result;
+  for (const PlanOptions& plan : plans_enumerate(cluster, options)) {
+    SearchCandidate candidate;
+    candidate.plan = plan;
+    candidate.problems = plan_problems(model, cluster, plan);
+    if (options.objective == SearchObjective::objective_throughput)
+      for (auto& problem : seqlen_problems(plan, options.seqlen)) candidate.problems.push_back(problem);
+    if (!candidate.problems.empty()) {
+      result.candidates.push_back(std::move(candidate));
+      continue;
+    }
+    ++result.evaluated;
+    if (options.objective == SearchObjective::objective_max_seqlen) {
+      const MaxSeqlenResult found =
+          max_seqlen_find(model, cluster, plan, profile, plan.fpdt ? plan.fpdt_chunk_tokens : 0, /*with_breakdown=*/false);
+      candidate.fits = found.max_seqlen > 0;
+      candidate.max_seqlen = found.max_seqlen;
+      candidate.binding_constraint = found.binding_constraint;
+      candidate.memory = candidate.fits ? found.at_max : found.first_failure;
+      if (candidate.fits) candidate.time = time_predict(model, cluster, plan, profile, found.max_seqlen);
+      candidate.score = static_cast<double>(found.max_seqlen);
+    } else {
+      candidate.memory = memory_predict(model, cluster, plan, profile, options.seqlen, /*with_breakdown=*/false);
+      candidate.fits = candidate.memory.fits();
+      candidate.binding_constraint = !candidate.memory.fits_gpu() ? "GPU memory" : !candidate.memory.fits_host() ? "host memory" : "";
+      if (candidate.fits) {
+        candidate.time = time_predict(model, cluster, plan, profile, options.seqlen);
+        candidate.score = candidate.time.tokens_per_s;
+      }
+    }
+    result.candidates.push_back(std::move(candidate));
+  }
+  std::stable_sort(result.candidates.begin(), result.candidates.end(),
+                   [&](const SearchCandidate& a, const SearchCandidate& b) { return better(a, b, options.objective); });
+  result.elapsed_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+std::vector<SearchAlternative> search_notable_alternatives(const SearchResult& result) {
+  std::vector<SearchAlternative> alternatives;
+  const SearchCandidate* winner = result.winner();
+  if (!winner) return alternatives;
+  const PlanOptions& w = winner->plan;
+  // Candidates equal to the winner except in one field (the first of each kind, best first).
+  auto same_except = [](const PlanOptions& a, const PlanOptions& b, int field) {
+    // Fields: 0 sp, 1 zero, 2 optimizer offload, 3 param offload, 4 checkpointing/offload, 5 tiling/FPDT
+    if (field != 0 && a.sp != b.sp) return false;
+    if (field != 1 && a.zero_stage != b.zero_stage) return false;
+    if (field != 2 && a.offload_optimizer != b.offload_optimizer) return false;
+    if (field != 3 && a.offload_params != b.offload_params) return false;
+    if (field != 4 && (a.activation_checkpointing != b.activation_checkpointing || a.checkpoint_offload != b.checkpoint_offload))
+      return false;
+    if (field != 5 && (a.tiled_mlp != b.tiled_mlp || a.tiled_loss != b.tiled_loss || a.fpdt != b.fpdt ||
+                       (a.fpdt && a.fpdt_chunk_tokens != b.fpdt_chunk_tokens)))
+      return false;
+    return true;
+  };
+  auto describe = [&](const PlanOptions& p, int field) -> std::string {
+    switch (field) {
+      case 0: return fmt::format("sp={} instead of {}", p.sp, w.sp);
+      case 1: return fmt::format("ZeRO-{} instead of ZeRO-{}", p.zero_stage, w.zero_stage);
+      case 2: return p.offload_optimizer ? "with optimizer offload" : "without optimizer offload";
+      case 3: return p.offload_params ? "with parameter offload" : "without parameter offload";
+      case 4: return !p.activation_checkpointing ? "without activation checkpointing"
+                     : p.checkpoint_offload      ? "with checkpoint offload"
+                                                 : "without checkpoint offload";
+      default:
+        if (p.fpdt) return fmt::format("FPDT with {}-token chunks", p.fpdt_chunk_tokens);
+        return fmt::format("{} tiled MLP, {} tiled loss{}", p.tiled_mlp ? "with" : "without", p.tiled_loss ? "with" : "without",
+                           w.fpdt ? ", no FPDT" : "");
+    }
+  };
+  for (int field = 0; field <= 5; ++field) {
+    std::vector<std::string> seen;
+    for (const auto& candidate : result.candidates) {
+      if (&candidate == winner || !same_except(candidate.plan, w, field)) continue;
+      const std::string change = describe(candidate.plan, field);
+      if (std::find(seen.begin(), seen.end(), change) != seen.end()) continue;
+      seen.push_back(change);
+      alternatives.push_back({change, &candidate});
+    }
+  }
+  return alternatives;
+}
+
+}  // namespace longseq

@@ -1,0 +1,61 @@
+// search.hpp: the plan search — enumerate plans, predict each, pick the best by an objective,
+// and keep every loser's reason.
+//
+// Enumerated: Ulysses degree (divisors of the GPU count), ZeRO stage 0-3, optimizer offload,
+// parameter offload (ZeRO-3), activation checkpointing and checkpoint offload, tiled MLP, tiled
+// loss, FPDT off or on with a chunk from a ladder. Plans that break a rule (head divisibility,
+// option combinations) are kept with their reason; plans that fit nothing say which memory ran
+// out and which component was largest.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "planner/max_seqlen.hpp"
+#include "planner/time_model.hpp"
+
+namespace longseq {
+
+enum class SearchObjective {
+  objective_max_seqlen,  // the longest sequence that fits (ties: less time per token)
+  objective_throughput,  // the most tokens/s at a given sequence length
+};
+
+struct SearchOptions {
+  SearchObjective objective = SearchObjective::objective_max_seqlen;
+  int64_t seqlen = 0;  // the length for objective_throughput
+  std::vector<int64_t> fpdt_chunks = {16384, 32768, 65536, 131072, 262144};
+};
+
+struct SearchCandidate {
+  PlanOptions plan;
+  std::vector<std::string> problems;  // non-empty: invalid, nothing predicted
+  bool fits = false;                  // max-seqlen: something fits; throughput: the given length fits
+  int64_t max_seqlen = 0;             // max-seqlen objective
+  std::string binding_constraint;     // what ran out first
+  std::string largest_component;      // the largest GPU component when it ran out
+  MemoryPrediction memory;            // at max_seqlen (or the given length), without breakdown
+  TimePrediction time;                // at the same length, when it fits
+  double score = 0;                   // higher is better
+};
+
+struct SearchResult {
+  std::vector<SearchCandidate> candidates;  // valid ones best first, then the invalid ones
+  int64_t evaluated = 0;                    // valid plans predicted
+  double elapsed_ms = 0;
+  const SearchCandidate* winner() const;    // nullptr when no plan fits
+};
+
+SearchResult plan_search(const ModelSpec& model, const ClusterSpec& cluster, const RuntimeProfile& profile,
+                         const SearchOptions& options);
+
+// The best candidate that differs from the winner in one named way (e.g. "without checkpoint
+// offload", "sp=4"), for explaining why the winner won.
+struct SearchAlternative {
+  std::string change;
+  const SearchCandidate* candidate = nullptr;
+};
+std::vector<SearchAlternative> search_notable_alternatives(const SearchResult& result);
+
+}  // namespace longseq

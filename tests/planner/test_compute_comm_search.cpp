@@ -1,0 +1,138 @@
+// FLOPs and communication volumes by hand for a small model; the search's invariants.
+#include <doctest/doctest.h>
+
+#include "models/model_loader.hpp"
+#include "planner/comm_model.hpp"
+#include "planner/compute_model.hpp"
+#include "planner/search.hpp"
+
+using namespace longseq;
+
+namespace {
+
+// L=2, h=64, n_q=8, n_kv=2, d=8, f=128, V=512.
+ModelSpec tiny() {
+  ModelSpec model;
+  model.name = "tiny";
+  model.num_layers = 2;
+  model.hidden_size = 64;
+  model.num_q_heads = 8;
+  model.num_kv_heads = 2;
+  model.head_dim = 8;
+  model.intermediate_size = 128;
+  model.vocab_size = 512;
+  return model;
+}
+
+HardwareCard card() {
+  HardwareCard hardware;
+  hardware.name = "test";
+  hardware.gpu_memory_gib = 80;
+  hardware.gpus_per_node = 4;
+  hardware.host_memory_gib = 1000;
+  hardware.nccl_intranode_busbw_gbps = 100;
+  hardware.internode_gbps_per_node = 40;
+  hardware.nccl_latency_us = 10;
+  return hardware;
+}
+
+}  // namespace
+
+TEST_CASE("layer FLOPs by hand: S = 1000, sp = 2, so 500 local tokens and 4 heads per rank") {
+  const LayerForwardFlops flops = layer_forward_flops(tiny(), 1, 1000, 2);
+  // q, k, v: 2 * 500 * 64 * (64 + 16 + 16); o: 2 * 500 * 64 * 64.
+  CHECK(flops.projections == 2.0 * 500 * 64 * 96 + 2.0 * 500 * 64 * 64);
+  // SwiGLU: three [64 x 128] GEMMs.
+  CHECK(flops.mlp == 3 * 2.0 * 500 * 64 * 128);
+  // Causal attention over the full 1000 tokens for 8/2 = 4 heads: 4 * S^2 * d * heads / 2.
+  CHECK(flops.attention == 4.0 * 1000 * 1000 * 8 * 4 / 2);
+  CHECK(lm_head_forward_flops(tiny(), 1, 1000, 2) == 2.0 * 500 * 64 * 512);
+}
+
+TEST_CASE("step FLOPs: backward 2x, recompute with checkpointing, TiledMLP's extra MLP forward") {
+  PlanOptions plan;
+  plan.sp = 2;
+  const LayerForwardFlops layer = layer_forward_flops(tiny(), 1, 1000, 2);
+  const double lm_head = lm_head_forward_flops(tiny(), 1, 1000, 2);
+  const StepFlops checkpointed = step_flops_executed(tiny(), plan, 1000);
+  CHECK(checkpointed.matmul == doctest::Approx(2 * (layer.projections + layer.mlp) * 4 + 3 * lm_head));
+  CHECK(checkpointed.attention == doctest::Approx(2 * layer.attention * (1 + 2.5 + 1)));
+  plan.tiled_mlp = true;
+  CHECK(step_flops_executed(tiny(), plan, 1000).matmul == doctest::Approx(checkpointed.matmul + 2 * layer.mlp));
+  const StepFlops model = step_flops_model(tiny(), plan, 1000);  // no recompute of any kind
+  CHECK(model.matmul == doctest::Approx(2 * (layer.projections + layer.mlp) * 3 + 3 * lm_head));
+  CHECK(model.attention == doctest::Approx(2 * layer.attention * 3.5));
+}
+
+TEST_CASE("the ALST formula reproduces REFERENCE §2.3: 3.8M tokens on 8 GPUs in 6455 s is 591 TFLOPS") {
+  const double flos = megatron_flos_per_sample(model_load("llama-3.1-8b"), 3'800'000);
+  CHECK(flos / 8 / 6455 / 1e12 == doctest::Approx(591.2).epsilon(0.002));
+}
+
+TEST_CASE("collectives: nccl-tests bus factors and the alpha-beta time") {
+  CHECK(collective_bus_factor(Collective::collective_all_to_all, 4) == 0.75);
+  CHECK(collective_bus_factor(Collective::collective_all_gather, 8) == 0.875);
+  CHECK(collective_bus_factor(Collective::collective_reduce_scatter, 2) == 0.5);
+  CHECK(collective_bus_factor(Collective::collective_all_reduce, 4) == 1.5);
+  CHECK(collective_bus_factor(Collective::collective_all_reduce, 1) == 0);
+  const ClusterSpec cluster = cluster_make(card(), 8, 0, 0, 0);  // 2 nodes of 4
+  const Link inside = link_for_group(cluster, 4);
+  CHECK_FALSE(inside.crosses_nodes);
+  CHECK(inside.busbw_gbps == 100);
+  const Link across = link_for_group(cluster, 8);
+  CHECK(across.crosses_nodes);
+  CHECK(across.busbw_gbps == 10);  // 40 GBps per node shared by 4 GPUs
+  // 1 GB all-to-all over 4 ranks inside the node: 10 us + 1e9 * 3/4 / 100e9 s.
+  CHECK(collective_seconds(Collective::collective_all_to_all, 1e9, 4, inside) == doctest::Approx(10e-6 + 0.0075));
+}
+
+TEST_CASE("Ulysses all-to-all volume by hand, with kv replication") {
+  // sp = 2: 500 tokens per rank; q and out 64 wide, k and v 16 wide: 500 * (2*64 + 2*16) * 2 bytes.
+  CHECK(ulysses_layer_all_to_all_bytes(tiny(), 1, 1000, 2, 2) == 500.0 * 160 * 2);
+  // sp = 4 > n_kv = 2: k and v are replicated twice: 250 * (2*64 + 2*32) * 2 bytes.
+  CHECK(ulysses_layer_all_to_all_bytes(tiny(), 1, 1000, 4, 2) == 250.0 * 192 * 2);
+  CHECK(ulysses_layer_all_to_all_bytes(tiny(), 1, 1000, 1, 2) == 0);
+}
+
+TEST_CASE("search: the winner fits, nothing enumerated is longer, head rules are never broken") {
+  // Llama-3.1-8B on 12 GPUs: sp = 3, 6, 12 break the head rules (32 q heads).
+  const ModelSpec model = model_load("llama-3.1-8b");
+  const ClusterSpec cluster = cluster_make(hardware_card_load("h100-sxm-80gb"), 12, 0, 0, 0);
+  const RuntimeProfile profile = runtime_profile_load("deepspeed-hf");
+  const SearchResult result = plan_search(model, cluster, profile, {});
+  const SearchCandidate* winner = result.winner();
+  REQUIRE(winner != nullptr);
+  CHECK(winner->max_seqlen > 0);
+  CHECK(memory_predict(model, cluster, winner->plan, profile, winner->max_seqlen).fits());
+  int64_t invalid = 0;
+  for (const auto& candidate : result.candidates) {
+    if (!candidate.problems.empty()) {
+      ++invalid;
+      CHECK((candidate.plan.sp == 3 || candidate.plan.sp == 6 || candidate.plan.sp == 12));
+      continue;
+    }
+    CHECK(candidate.max_seqlen <= winner->max_seqlen);
+  }
+  CHECK(invalid > 0);
+  CHECK(winner->plan.sp != 3);
+  CHECK(winner->plan.sp != 6);
+  CHECK(winner->plan.sp != 12);
+  CHECK(model.num_q_heads % winner->plan.sp == 0);
+  CHECK(result.evaluated + invalid == static_cast<int64_t>(result.candidates.size()));
+  CHECK_FALSE(search_notable_alternatives(result).empty());
+}
+
+TEST_CASE("search for throughput: the winner fits the length and is the fastest that does") {
+  const ModelSpec model = model_load("llama-3.1-8b");
+  const ClusterSpec cluster = cluster_make(hardware_card_load("h100-sxm-80gb"), 8, 0, 0, 0);
+  const RuntimeProfile profile = runtime_profile_load("deepspeed-hf");
+  SearchOptions options;
+  options.objective = SearchObjective::objective_throughput;
+  options.seqlen = 1 << 20;
+  const SearchResult result = plan_search(model, cluster, profile, options);
+  const SearchCandidate* winner = result.winner();
+  REQUIRE(winner != nullptr);
+  CHECK(memory_predict(model, cluster, winner->plan, profile, options.seqlen).fits());
+  for (const auto& candidate : result.candidates)
+    if (candidate.problems.empty() && candidate.fits) CHECK(candidate.time.tokens_per_s <= winner->time.tokens_per_s);
+}
