@@ -86,6 +86,7 @@ RuntimeProfile runtime_profile_from_text(const std::string& yaml_text, const std
   else if (tiling == "shards") profile.loss_tiling = LossTiling::loss_tiling_shards;
   else throw ConfigError(source_name, "loss_tiling", fmt::format("expected liger or shards, got '{}'", tiling));
   profile.dataloader_host_bytes_per_token = reader.get_double("dataloader_host_bytes_per_token", 0, 1 << 20);
+  profile.activation_overhead_factor = reader.get_double("activation_overhead_factor", 1.0, 4.0);
   reader.reject_unknown_keys();
   return profile;
 }

@@ -54,6 +54,9 @@ struct RuntimeProfile {
   bool fused_swiglu = false;
   LossTiling loss_tiling = LossTiling::loss_tiling_shards;
   double dataloader_host_bytes_per_token = 0;
+  // CALIBRATED, not derived: GPU memory that grows with S costs this many times what the tensor
+  // inventory adds up to (allocator and framework behaviour the inventory cannot see). 1 = none.
+  double activation_overhead_factor = 1.0;
 };
 
 // Resolve a built-in card by name (case-insensitive, file stem) or read a YAML file by path.

@@ -225,17 +225,31 @@ MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& clust
   prediction.loss_tile_tokens = setup.loss_tile_tokens;
   prediction.kv_replication = setup.shape.kv_replication;
   prediction.gpu_capacity_bytes = cluster.hardware.gpu_memory_gib * kBytesPerGib;
+  // The profile's calibrated overhead scales what grows with S. Within a phase the S-independent
+  // part (model states, ZeRO buffers, runtime) is constant, so the scaled peak falls at the same
+  // moment: fixed + factor * (peak - fixed).
   const PhaseResult* worst = &phases[0];
+  std::vector<double> scaled_peaks, overheads;
   for (const auto& phase : phases) {
-    prediction.phases.push_back({phase.phase, std::string(phase.trace.peak_moment()), phase.trace.peak_bytes()});
-    if (phase.trace.peak_bytes() > worst->trace.peak_bytes()) worst = &phase;
+    double fixed = 0;
+    for (const auto& item : phase.trace.live_items())
+      if (item.category == kCategoryModelStates || item.category == kCategoryZero || item.category == kCategoryRuntime)
+        fixed += item.bytes;
+    const double overhead = (profile.activation_overhead_factor - 1.0) * (phase.trace.peak_bytes() - fixed);
+    overheads.push_back(overhead);
+    scaled_peaks.push_back(phase.trace.peak_bytes() + overhead);
+    prediction.phases.push_back({phase.phase, std::string(phase.trace.peak_moment()), scaled_peaks.back()});
+    if (scaled_peaks.back() > scaled_peaks[worst - phases.data()]) worst = &phase;
   }
+  const size_t worst_index = static_cast<size_t>(worst - phases.data());
   prediction.gpu_peak_phase = worst->phase;
   prediction.gpu_peak_moment = std::string(worst->trace.peak_moment());
-  prediction.gpu_peak_bytes = worst->trace.peak_bytes();
+  prediction.gpu_peak_bytes = scaled_peaks[worst_index];
   for (const auto& item : worst->trace.peak_items())
     if (item.bytes > 0)
       prediction.gpu_items.push_back({std::string(item.category), std::string(item.name), item.bytes, item.count});
+  if (with_breakdown && overheads[worst_index] > 0)
+    prediction.gpu_items.push_back({kCategoryCalibrated, "activation_overhead", overheads[worst_index], 1});
 
   // Host memory of the fullest node. No pinned staging buffers are counted for deepspeed-hf:
   // offload_optimizer's pin_memory defaults to false and the ALST recipes leave it so, and the

@@ -26,6 +26,7 @@ inline constexpr const char* kCategoryCheckpoints = "activation_checkpoints";
 inline constexpr const char* kCategoryInputs = "inputs";
 inline constexpr const char* kCategoryRuntime = "runtime_overheads";
 inline constexpr const char* kCategoryHost = "host";
+inline constexpr const char* kCategoryCalibrated = "calibrated_overhead";
 
 struct MemoryItem {
   std::string category;

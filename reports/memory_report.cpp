@@ -21,7 +21,7 @@ namespace {
 
 constexpr const char* kGpuCategoryOrder[] = {kCategoryModelStates, kCategoryZero,     kCategoryCheckpoints,
                                              kCategoryLayer,       kCategoryLoss,     kCategoryInputs,
-                                             kCategoryRuntime};
+                                             kCategoryRuntime,     kCategoryCalibrated};
 
 void items_render(std::string& out, const std::vector<MemoryItem>& items, const std::string& category) {
   for (const auto& item : items) {

@@ -387,3 +387,24 @@ TEST_CASE("FPDT plans are checked: chunk divides S, checkpointing on, no double 
   plan.tiled_mlp = true;
   CHECK_FALSE(plan_problems(model, cluster_of(4), plan).empty());
 }
+
+TEST_CASE("the calibrated activation overhead scales only what grows with S, as its own item") {
+  const ModelSpec model = small_model();
+  const ClusterSpec cluster = cluster_of(2);
+  RuntimeProfile plain = plain_profile();
+  plain.cuda_context_gib = 0.5;
+  RuntimeProfile calibrated = plain;
+  calibrated.activation_overhead_factor = 1.5;
+  const PlanOptions plan = bare_plan(2, 3);
+  const MemoryPrediction before = memory_predict(model, cluster, plan, plain, 8192);
+  const MemoryPrediction after = memory_predict(model, cluster, plan, calibrated, 8192);
+  const double fixed = category_bytes(before.gpu_items, kCategoryModelStates) + category_bytes(before.gpu_items, kCategoryZero) +
+                       category_bytes(before.gpu_items, kCategoryRuntime);
+  CHECK(fixed > 0);
+  CHECK(after.gpu_peak_bytes == doctest::Approx(fixed + 1.5 * (before.gpu_peak_bytes - fixed)));
+  CHECK(item_bytes(after.gpu_items, "activation_overhead") == doctest::Approx(0.5 * (before.gpu_peak_bytes - fixed)));
+  double items = 0;
+  for (const auto& item : after.gpu_items) items += item.bytes;
+  CHECK(items == doctest::Approx(after.gpu_peak_bytes));
+  CHECK(after.host_bytes_per_node == before.host_bytes_per_node);  // host memory is not scaled
+}
