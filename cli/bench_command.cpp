@@ -1,11 +1,11 @@
 // bench_command.cpp: `longseq bench` — how long the plan search takes. A benchmark, not a test:
 // it prints figures and never fails on them.
 #include <algorithm>
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <memory>
 #include <vector>
 
+#include "cli/commands.hpp"
 #include "models/model_loader.hpp"
 #include "planner/search.hpp"
 #include "planner/units.hpp"

@@ -7,18 +7,11 @@
 #include <fmt/format.h>
 #include <iostream>
 
-#include "cli/plan_command.hpp"
-#include "cli/validate_command.hpp"
+#include "cli/commands.hpp"
 #include "models/config_error.hpp"
 #include "models/model_loader.hpp"
 #include "planner/cards.hpp"
 #include "reports/memory_report.hpp"
-
-namespace longseq {
-struct BenchCommandArgs;
-std::shared_ptr<BenchCommandArgs> bench_command_register(CLI::App& app);
-int bench_command_run(const BenchCommandArgs& args);
-}  // namespace longseq
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "cli/plan_command.hpp"
+#include "cli/commands.hpp"
 
 #include <fmt/format.h>
 #include <algorithm>

@@ -1,4 +1,4 @@
-#include "cli/validate_command.hpp"
+#include "cli/commands.hpp"
 
 #include <fmt/format.h>
 #include <iostream>

@@ -74,41 +74,25 @@ MaxSeqlenResult max_seqlen_find(const ModelSpec& model, const ClusterSpec& clust
     probe = static_cast<int64_t>(std::min(next, static_cast<double>(limit)));
   }
 
+  // Evaluates one length and moves the bracket end it belongs to.
+  auto probe_bracket = [&](int64_t granules) {
+    const double granules_usage = usage(granules);
+    if (granules_usage > 1) {
+      high = granules;
+      high_usage = granules_usage;
+    } else {
+      low = granules;
+      low_usage = granules_usage;
+    }
+    return granules_usage <= 1;
+  };
   // Shrink the bracket: a secant step between (low, high) to the crossing, then a check one
   // granule above it; where the secant does not halve the bracket, bisect instead.
   while (high - low > 1) {
     const double span = static_cast<double>(high - low);
-    int64_t guess = low + static_cast<int64_t>((1.0 - low_usage) / (high_usage - low_usage) * span);
-    guess = std::clamp<int64_t>(guess, low + 1, high - 1);
-    const double guess_usage = usage(guess);
-    if (guess_usage > 1) {
-      high = guess;
-      high_usage = guess_usage;
-    } else {
-      low = guess;
-      low_usage = guess_usage;
-      if (high - low > 1) {
-        const double next_usage = usage(low + 1);
-        if (next_usage > 1) {
-          high = low + 1;
-          high_usage = next_usage;
-        } else {
-          low += 1;
-          low_usage = next_usage;
-        }
-      }
-    }
-    if (static_cast<double>(high - low) > span / 2 && high - low > 1) {
-      const int64_t middle = low + (high - low) / 2;
-      const double middle_usage = usage(middle);
-      if (middle_usage > 1) {
-        high = middle;
-        high_usage = middle_usage;
-      } else {
-        low = middle;
-        low_usage = middle_usage;
-      }
-    }
+    const int64_t guess = low + static_cast<int64_t>((1.0 - low_usage) / (high_usage - low_usage) * span);
+    if (probe_bracket(std::clamp<int64_t>(guess, low + 1, high - 1)) && high - low > 1) probe_bracket(low + 1);
+    if (static_cast<double>(high - low) > span / 2 && high - low > 1) probe_bracket(low + (high - low) / 2);
   }
   return finish(low, high);
 }

@@ -5,24 +5,14 @@
 #include "planner/comm_model.hpp"
 #include "planner/compute_model.hpp"
 #include "planner/search.hpp"
+#include "support/test_models.hpp"
 
 using namespace longseq;
 
 namespace {
 
 // L=2, h=64, n_q=8, n_kv=2, d=8, f=128, V=512.
-ModelSpec tiny() {
-  ModelSpec model;
-  model.name = "tiny";
-  model.num_layers = 2;
-  model.hidden_size = 64;
-  model.num_q_heads = 8;
-  model.num_kv_heads = 2;
-  model.head_dim = 8;
-  model.intermediate_size = 128;
-  model.vocab_size = 512;
-  return model;
-}
+ModelSpec tiny() { return testing::small_llama(2, 2); }
 
 HardwareCard card() {
   HardwareCard hardware;

@@ -10,24 +10,14 @@
 #include "planner/max_seqlen.hpp"
 #include "planner/memory_model.hpp"
 #include "planner/units.hpp"
+#include "support/test_models.hpp"
 
 using namespace longseq;
 
 namespace {
 
-// L=4, h=64, n_q=8, n_kv=4, d=8, f=128, V=512, SwiGLU, untied.
-ModelSpec small_model(int64_t kv_heads = 4) {
-  ModelSpec model;
-  model.name = "small";
-  model.num_layers = 4;
-  model.hidden_size = 64;
-  model.num_q_heads = 8;
-  model.num_kv_heads = kv_heads;
-  model.head_dim = 8;
-  model.intermediate_size = 128;
-  model.vocab_size = 512;
-  return model;
-}
+// L=4, h=64, n_q=8, n_kv=4 unless given, d=8, f=128, V=512.
+ModelSpec small_model(int64_t kv_heads = 4) { return testing::small_llama(4, kv_heads); }
 
 RuntimeProfile plain_profile() {
   RuntimeProfile profile;  // bf16 activations/weights, 18 bytes/parameter of model states

@@ -1,0 +1,23 @@
+// commands.hpp: the `longseq` subcommands. Each registers its flags on the CLI11 app (the
+// returned arguments are filled by the parse and must outlive it) and runs to an exit code.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <memory>
+
+namespace longseq {
+
+struct PlanCommandArgs;      // `longseq plan`: predict a plan, or search for the best one
+struct ValidateCommandArgs;  // `longseq validate`: predictions against published measurements
+struct BenchCommandArgs;     // `longseq bench`: how long the plan search takes
+
+std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app);
+int plan_command_run(const PlanCommandArgs& args);
+
+std::shared_ptr<ValidateCommandArgs> validate_command_register(CLI::App& app);
+int validate_command_run(const ValidateCommandArgs& args);
+
+std::shared_ptr<BenchCommandArgs> bench_command_register(CLI::App& app);
+int bench_command_run(const BenchCommandArgs& args);
+
+}  // namespace longseq
