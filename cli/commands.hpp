@@ -10,6 +10,8 @@ namespace longseq {
 struct PlanCommandArgs;      // `longseq plan`: predict a plan, or search for the best one
 struct ValidateCommandArgs;  // `longseq validate`: predictions against published measurements
 struct BenchCommandArgs;     // `longseq bench`: how long the plan search takes
+struct SweepCommandArgs;     // `longseq sweep`: run a scenario file's sweep
+struct ReportCommandArgs;    // `longseq report`: figures and report.md from a sweep
 
 std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app);
 int plan_command_run(const PlanCommandArgs& args);
@@ -19,5 +21,11 @@ int validate_command_run(const ValidateCommandArgs& args);
 
 std::shared_ptr<BenchCommandArgs> bench_command_register(CLI::App& app);
 int bench_command_run(const BenchCommandArgs& args);
+
+std::shared_ptr<SweepCommandArgs> sweep_command_register(CLI::App& app);
+int sweep_command_run(const SweepCommandArgs& args);
+
+std::shared_ptr<ReportCommandArgs> report_command_register(CLI::App& app);
+int report_command_run(const ReportCommandArgs& args);
 
 }  // namespace longseq

@@ -1,4 +1,4 @@
-// main.cpp: the `longseq` command line. Subcommands: plan, validate, bench, models, hardware.
+// main.cpp: the `longseq` command line. Subcommands: plan, sweep, report, validate, bench, models, hardware.
 //
 // Exit codes: 0 success (a plan that does not fit is an answer, not an error); 2 bad input or an
 // impossible plan, with a one-line reason naming the file/flag and key; CLI11's own codes for
@@ -48,6 +48,8 @@ int main(int argc, char** argv) {
   auto plan_args = longseq::plan_command_register(app);
   auto validate_args = longseq::validate_command_register(app);
   auto bench_args = longseq::bench_command_register(app);
+  auto sweep_args = longseq::sweep_command_register(app);
+  auto report_args = longseq::report_command_register(app);
   CLI::App* models = app.add_subcommand("models", "List the built-in model cards with exact parameter counts");
   CLI::App* hardware = app.add_subcommand("hardware", "List the built-in hardware cards");
   CLI11_PARSE(app, argc, argv);
@@ -55,6 +57,8 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("plan")) return longseq::plan_command_run(*plan_args);
     if (app.got_subcommand("validate")) return longseq::validate_command_run(*validate_args);
     if (app.got_subcommand("bench")) return longseq::bench_command_run(*bench_args);
+    if (app.got_subcommand("sweep")) return longseq::sweep_command_run(*sweep_args);
+    if (app.got_subcommand("report")) return longseq::report_command_run(*report_args);
     if (models->parsed()) return models_list();
     if (hardware->parsed()) return hardware_list();
   } catch (const longseq::ConfigError& error) {

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <optional>
 
@@ -11,6 +13,7 @@
 #include "planner/search.hpp"
 #include "planner/time_model.hpp"
 #include "planner/units.hpp"
+#include "reports/export.hpp"
 #include "reports/memory_report.hpp"
 
 namespace longseq {
@@ -43,6 +46,8 @@ struct PlanCommandArgs {
   std::string fpdt_chunk;
   int64_t micro_batch = 1;
   bool json = false;
+  std::string emit;      // "deepspeed" or "accelerate"
+  std::string emit_out;  // file for the emitted config (default stdout)
 };
 
 namespace {
@@ -113,6 +118,9 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
   command->add_option("--fpdt-chunk", args->fpdt_chunk, "FPDT chunk of the global sequence (default 64Ki = 65536)");
   command->add_option("--profile", args->profile, "runtime profile: deepspeed-hf (default), native, or a .yaml");
   command->add_flag("--json", args->json, "print JSON instead of tables");
+  command->add_option("--emit", args->emit,
+                      "write the (chosen) plan as a framework config instead of the report: deepspeed (JSON) or accelerate (YAML)");
+  command->add_option("--emit-out", args->emit_out, "file for --emit (default: standard output)");
   return args;
 }
 
@@ -229,6 +237,31 @@ std::string plan_report(const ModelSpec& model, const ClusterSpec& cluster, cons
   return out;
 }
 
+// --emit: the plan as a DeepSpeed or Accelerate config, to a file (written whole) or stdout;
+// settings the target cannot express go to stderr.
+int plan_emit(const PlanCommandArgs& args, const PlanOptions& plan, const ClusterSpec& cluster, const RuntimeProfile& profile) {
+  ExportedConfig exported;
+  if (args.emit == "deepspeed") exported = deepspeed_config_emit(plan, cluster, profile);
+  else if (args.emit == "accelerate") exported = accelerate_config_emit(plan, cluster, profile);
+  else throw ConfigError("--emit", "", fmt::format("expected deepspeed or accelerate, got '{}'", args.emit));
+  for (const auto& note : exported.notes) std::cerr << "longseq: note: " << note << "\n";
+  if (args.emit_out.empty()) {
+    std::cout << exported.text;
+    return 0;
+  }
+  const std::string partial = args.emit_out + ".partial";
+  {
+    std::ofstream stream(partial, std::ios::binary);
+    stream << exported.text;
+    if (!stream) throw ConfigError(args.emit_out, "", "cannot write file");
+  }
+  std::error_code error;
+  std::filesystem::rename(partial, args.emit_out, error);
+  if (error) throw ConfigError(args.emit_out, "", "cannot write file");
+  std::cerr << "longseq: wrote " << args.emit_out << " (" << plan_describe(plan) << ")\n";
+  return 0;
+}
+
 }  // namespace
 
 int plan_command_run(const PlanCommandArgs& args) {
@@ -273,6 +306,7 @@ int plan_command_run(const PlanCommandArgs& args) {
     if (seqlen)
       for (auto& problem : seqlen_problems(plan, *seqlen)) problems.push_back(problem);
     if (!problems.empty()) throw ConfigError("plan", "", problems_join(problems));
+    if (!args.emit.empty()) return plan_emit(args, plan, cluster, profile);
     report["plan"] = plan_to_json(plan, cluster);
     const std::string body = plan_report(model, cluster, plan, profile, seqlen, report);
     if (args.json) {
@@ -312,6 +346,7 @@ int plan_command_run(const PlanCommandArgs& args) {
   report["search"] = {{"objective", by_length ? "max-seqlen" : "throughput"}, {"plans", result.candidates.size()},
                       {"predicted", result.evaluated}, {"invalid", invalid}, {"elapsed_ms", result.elapsed_ms}};
   const SearchCandidate* winner = result.winner();
+  if (!winner && !args.emit.empty()) throw ConfigError("--emit", "", "no plan fits, so there is nothing to emit");
   if (!winner) {
     const SearchCandidate* best = result.candidates.empty() || !result.candidates.front().problems.empty() ? nullptr : &result.candidates.front();
     out += "no plan fits";
@@ -319,6 +354,7 @@ int plan_command_run(const PlanCommandArgs& args) {
     out += "\n";
     report["winner"] = nullptr;
   } else {
+    if (!args.emit.empty()) return plan_emit(args, winner->plan, cluster, profile);
     report["plan"] = plan_to_json(winner->plan, cluster);
     out += fmt::format("best plan: {} (dp={})\n", plan_describe(winner->plan), cluster.gpus / winner->plan.sp);
     out += plan_report(model, cluster, winner->plan, profile, by_length ? std::nullopt : seqlen, report);

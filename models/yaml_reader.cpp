@@ -17,13 +17,56 @@ YamlReader::YamlReader(const std::string& text, std::string source_name)
   if (!root_.IsMap()) throw ConfigError(source_name_, "", "expected a mapping of key: value at the top level");
 }
 
+YamlReader::YamlReader(YAML::Node mapping, std::string source_name, std::string key_prefix)
+    : source_name_(std::move(source_name)), key_prefix_(std::move(key_prefix)), root_(std::move(mapping)) {
+  if (!root_.IsMap()) throw ConfigError(source_name_, key_prefix_, "expected a mapping of key: value");
+}
+
+YamlReader YamlReader::get_section(const std::string& key) {
+  read_keys_.insert(key);
+  YAML::Node node = root_[key];
+  if (!node) throw ConfigError(source_name_, key_name(key), "required section is missing");
+  if (!node.IsMap()) throw ConfigError(source_name_, key_name(key), "expected a mapping of key: value");
+  return YamlReader(node, source_name_, key_name(key));
+}
+
+std::vector<std::pair<YAML::Node, std::string>> YamlReader::get_sequence(const std::string& key) {
+  read_keys_.insert(key);
+  std::vector<std::pair<YAML::Node, std::string>> elements;
+  YAML::Node node = root_[key];
+  if (!node) return elements;
+  if (!node.IsSequence()) throw ConfigError(source_name_, key_name(key), "expected a list ([a, b, ...])");
+  for (size_t i = 0; i < node.size(); ++i) elements.emplace_back(node[i], fmt::format("{}[{}]", key_name(key), i));
+  return elements;
+}
+
+std::string YamlReader::node_to_string(const YAML::Node& node, const std::string& name) const {
+  if (!node.IsScalar()) throw ConfigError(source_name_, name, "expected a single value");
+  return node.Scalar();
+}
+
+int64_t YamlReader::node_to_int(const YAML::Node& node, const std::string& name, int64_t minimum, int64_t maximum) const {
+  const std::string text = node_to_string(node, name);
+  size_t used = 0;
+  long long value = 0;
+  try {
+    value = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || text.empty()) throw ConfigError(source_name_, name, fmt::format("expected an integer, got '{}'", text));
+  if (value < minimum || value > maximum)
+    throw ConfigError(source_name_, name, fmt::format("{} is out of range [{}, {}]", value, minimum, maximum));
+  return value;
+}
+
 bool YamlReader::has(const std::string& key) const { return static_cast<bool>(root_[key]); }
 
 YAML::Node YamlReader::require(const std::string& key) {
   read_keys_.insert(key);
   YAML::Node node = root_[key];
-  if (!node) throw ConfigError(source_name_, key, "required key is missing");
-  if (!node.IsScalar()) throw ConfigError(source_name_, key, "expected a single value");
+  if (!node) throw ConfigError(source_name_, key_name(key), "required key is missing");
+  if (!node.IsScalar()) throw ConfigError(source_name_, key_name(key), "expected a single value");
   return node;
 }
 
@@ -42,18 +85,18 @@ double YamlReader::get_number(const std::string& key, const char* what) {
     value = std::stod(text, &used);
     if (used != text.size()) throw std::invalid_argument(text);
   } catch (const std::exception&) {
-    throw ConfigError(source_name_, key, fmt::format("expected {}, got '{}'", what, text));
+    throw ConfigError(source_name_, key_name(key), fmt::format("expected {}, got '{}'", what, text));
   }
-  if (!std::isfinite(value)) throw ConfigError(source_name_, key, fmt::format("expected {}, got '{}'", what, text));
+  if (!std::isfinite(value)) throw ConfigError(source_name_, key_name(key), fmt::format("expected {}, got '{}'", what, text));
   return value;
 }
 
 int64_t YamlReader::get_int(const std::string& key, int64_t minimum, int64_t maximum) {
   // Accept 1e5 and 5e8 as DeepSpeed configs write them, but only when the value is whole.
   const double value = get_number(key, "an integer");
-  if (value != std::floor(value)) throw ConfigError(source_name_, key, fmt::format("expected an integer, got {}", value));
+  if (value != std::floor(value)) throw ConfigError(source_name_, key_name(key), fmt::format("expected an integer, got {}", value));
   if (value < static_cast<double>(minimum) || value > static_cast<double>(maximum))
-    throw ConfigError(source_name_, key, fmt::format("{} is out of range [{}, {}]", value, minimum, maximum));
+    throw ConfigError(source_name_, key_name(key), fmt::format("{} is out of range [{}, {}]", value, minimum, maximum));
   return static_cast<int64_t>(value);
 }
 
@@ -64,7 +107,7 @@ int64_t YamlReader::get_int(const std::string& key, int64_t minimum, int64_t max
 double YamlReader::get_double(const std::string& key, double minimum, double maximum) {
   const double value = get_number(key, "a number");
   if (value < minimum || value > maximum)
-    throw ConfigError(source_name_, key, fmt::format("{} is out of range [{}, {}]", value, minimum, maximum));
+    throw ConfigError(source_name_, key_name(key), fmt::format("{} is out of range [{}, {}]", value, minimum, maximum));
   return value;
 }
 
@@ -76,7 +119,7 @@ bool YamlReader::get_bool(const std::string& key) {
   const std::string text = require(key).Scalar();
   if (text == "true") return true;
   if (text == "false") return false;
-  throw ConfigError(source_name_, key, fmt::format("expected true or false, got '{}'", text));
+  throw ConfigError(source_name_, key_name(key), fmt::format("expected true or false, got '{}'", text));
 }
 
 bool YamlReader::get_bool(const std::string& key, bool default_value) {
@@ -86,7 +129,7 @@ bool YamlReader::get_bool(const std::string& key, bool default_value) {
 void YamlReader::reject_unknown_keys() const {
   for (const auto& entry : root_) {
     const std::string key = entry.first.as<std::string>();
-    if (!read_keys_.count(key)) throw ConfigError(source_name_, key, "unknown key");
+    if (!read_keys_.count(key)) throw ConfigError(source_name_, key_name(key), "unknown key");
   }
 }
 

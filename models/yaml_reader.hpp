@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "models/config_error.hpp"
 
@@ -19,6 +21,8 @@ class YamlReader {
  public:
   // Parses `text` (the content of `source_name`); throws ConfigError on malformed YAML.
   YamlReader(const std::string& text, std::string source_name);
+  // A nested mapping; its keys are reported as "prefix.key".
+  YamlReader(YAML::Node mapping, std::string source_name, std::string key_prefix);
 
   const std::string& source_name() const { return source_name_; }
   bool has(const std::string& key) const;
@@ -33,6 +37,16 @@ class YamlReader {
   bool get_bool(const std::string& key);
   bool get_bool(const std::string& key, bool default_value);
 
+  // The mapping under `key` (which must be a mapping).
+  YamlReader get_section(const std::string& key);
+  // The sequence under `key`: empty when absent; each element handed back as a node together
+  // with its dotted name ("sweep.gpus[2]") for messages.
+  std::vector<std::pair<YAML::Node, std::string>> get_sequence(const std::string& key);
+  // Whole-token conversions for list elements and scalars given as nodes.
+  int64_t node_to_int(const YAML::Node& node, const std::string& name, int64_t minimum, int64_t maximum) const;
+  std::string node_to_string(const YAML::Node& node, const std::string& name) const;
+  std::string key_name(const std::string& key) const { return key_prefix_.empty() ? key : key_prefix_ + "." + key; }
+
   // Call after reading every field: throws on any key that was never read.
   void reject_unknown_keys() const;
 
@@ -40,6 +54,7 @@ class YamlReader {
   YAML::Node require(const std::string& key);
   double get_number(const std::string& key, const char* what);
   std::string source_name_;
+  std::string key_prefix_;
   YAML::Node root_;
   std::set<std::string> read_keys_;
 };

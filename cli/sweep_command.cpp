@@ -1,0 +1,79 @@
+// sweep_command.cpp: `longseq sweep SCENARIO.yaml [-o DIR]` and `longseq report DIR`.
+#include <chrono>
+#include <cstdio>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include "cli/commands.hpp"
+#include "planner/scenario.hpp"
+#include "reports/report.hpp"
+#include "reports/sweep_output.hpp"
+
+namespace longseq {
+
+struct SweepCommandArgs {
+  std::string scenario;
+  std::string out_dir;
+  bool quiet = false;
+};
+
+struct ReportCommandArgs {
+  std::string results_dir;
+};
+
+std::shared_ptr<SweepCommandArgs> sweep_command_register(CLI::App& app) {
+  auto args = std::make_shared<SweepCommandArgs>();
+  CLI::App* command = app.add_subcommand(
+      "sweep", "Run a scenario's sweep (predictions) and write results.csv, results.json and results.md");
+  command->add_option("scenario", args->scenario, "scenario YAML (see scenarios/README.md)")->required();
+  command->add_option("-o,--out", args->out_dir, "output directory (default out/<scenario name>)");
+  command->add_flag("-q,--quiet", args->quiet, "no progress on stderr");
+  return args;
+}
+
+int sweep_command_run(const SweepCommandArgs& args) {
+  const Scenario scenario = scenario_load(args.scenario);
+  const std::string out_dir = args.out_dir.empty() ? "out/" + scenario.name : args.out_dir;
+  const bool tty = isatty(fileno(stderr));
+  const auto start = std::chrono::steady_clock::now();
+  // Progress only for sweeps that take a while: after the first second, at most once a second
+  // (on a terminal redrawn in place, in a log one line each time).
+  auto last_report = start;
+  bool reported = false;
+  auto progress = [&](size_t done, size_t total) {
+    const auto now = std::chrono::steady_clock::now();
+    if (args.quiet || now - last_report < std::chrono::seconds(1)) return;
+    last_report = now;
+    reported = true;
+    if (tty) fmt::print(stderr, "\r[{}/{}] {}", done, total, scenario.name);
+    else fmt::print(stderr, "[{}/{}] {}\n", done, total, scenario.name);
+  };
+  const std::vector<SweepRow> rows = scenario_run(scenario, progress);
+  if (reported && tty) fmt::print(stderr, "\n");
+  sweep_results_write(scenario, rows, out_dir);
+  size_t fits = 0, errors = 0;
+  for (const auto& row : rows) {
+    fits += row.fits;
+    errors += !row.error.empty();
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  fmt::print("{}: {} points ({} fit, {} could not be planned) in {:.2f} s; PREDICTIONS written to {}/results.{{csv,json,md}}\n",
+             scenario.name, rows.size(), fits, errors, seconds, out_dir);
+  return 0;
+}
+
+std::shared_ptr<ReportCommandArgs> report_command_register(CLI::App& app) {
+  auto args = std::make_shared<ReportCommandArgs>();
+  CLI::App* command = app.add_subcommand("report", "Draw a sweep's figures (PNG and SVG, with gnuplot) and write report.md");
+  command->add_option("results_dir", args->results_dir, "a directory written by `longseq sweep`")->required();
+  return args;
+}
+
+int report_command_run(const ReportCommandArgs& args) {
+  const ReportOutcome outcome = report_write(args.results_dir);
+  for (const auto& figure : outcome.figures) fmt::print("figure: {}\n", figure);
+  fmt::print("report: {}\n", outcome.report_path);
+  return 0;
+}
+
+}  // namespace longseq

@@ -1,0 +1,370 @@
+#include "planner/scenario.hpp"
+
+#include <algorithm>
+#include <filesystem>
+#include <fmt/format.h>
+#include <map>
+
+#include "models/config_error.hpp"
+#include "models/model_loader.hpp"
+#include "models/yaml_reader.hpp"
+#include "planner/max_seqlen.hpp"
+#include "planner/search.hpp"
+#include "planner/time_model.hpp"
+#include "planner/units.hpp"
+
+namespace longseq {
+
+void PlanSettings::override_with(const PlanSettings& later) {
+  auto take = [](auto& mine, const auto& theirs) {
+    if (theirs) mine = theirs;
+  };
+  take(preset, later.preset);
+  take(search, later.search);
+  take(sp, later.sp);
+  take(zero_stage, later.zero_stage);
+  take(offload_optimizer, later.offload_optimizer);
+  take(offload_params, later.offload_params);
+  take(activation_checkpointing, later.activation_checkpointing);
+  take(checkpoint_offload, later.checkpoint_offload);
+  take(tiled_mlp, later.tiled_mlp);
+  take(tiled_loss, later.tiled_loss);
+  take(fpdt, later.fpdt);
+  take(mlp_tiles, later.mlp_tiles);
+  take(loss_tiles, later.loss_tiles);
+  take(fpdt_chunk_tokens, later.fpdt_chunk_tokens);
+}
+
+namespace {
+
+constexpr int64_t kMaxGpus = 1 << 20;
+
+int64_t seqlen_from_node(const YamlReader& reader, const YAML::Node& node, const std::string& name) {
+  return seqlen_parse(reader.node_to_string(node, name), reader.source_name() + ": key '" + name + "'");
+}
+
+// Reads the plan keys of `reader` (a plan section or a ladder step) into settings.
+PlanSettings plan_settings_read(YamlReader& reader) {
+  PlanSettings settings;
+  auto optional_bool = [&](const char* key, std::optional<bool>& field) {
+    if (reader.has(key)) field = reader.get_bool(key);
+  };
+  if (reader.has("preset")) {
+    settings.preset = reader.get_string("preset");
+    if (*settings.preset != "alst" && *settings.preset != "baseline")
+      throw ConfigError(reader.source_name(), reader.key_name("preset"), fmt::format("expected alst or baseline, got '{}'", *settings.preset));
+  }
+  if (reader.has("search")) {
+    settings.search = reader.get_string("search");
+    if (*settings.search != "max-seqlen" && *settings.search != "throughput")
+      throw ConfigError(reader.source_name(), reader.key_name("search"),
+                        fmt::format("expected max-seqlen or throughput, got '{}'", *settings.search));
+  }
+  if (reader.has("sp") && reader.get_string("sp") != "auto") settings.sp = reader.get_int("sp", 1, kMaxGpus);
+  if (reader.has("zero_stage")) settings.zero_stage = static_cast<int>(reader.get_int("zero_stage", 0, 3));
+  optional_bool("offload_optimizer", settings.offload_optimizer);
+  optional_bool("offload_params", settings.offload_params);
+  optional_bool("activation_checkpointing", settings.activation_checkpointing);
+  optional_bool("checkpoint_offload", settings.checkpoint_offload);
+  optional_bool("tiled_mlp", settings.tiled_mlp);
+  optional_bool("tiled_loss", settings.tiled_loss);
+  optional_bool("fpdt", settings.fpdt);
+  if (reader.has("mlp_tiles")) settings.mlp_tiles = reader.get_int("mlp_tiles", 1, int64_t{1} << 40);
+  if (reader.has("loss_tiles")) settings.loss_tiles = reader.get_int("loss_tiles", 1, int64_t{1} << 40);
+  if (reader.has("fpdt_chunk_tokens"))
+    settings.fpdt_chunk_tokens = seqlen_parse(reader.get_string("fpdt_chunk_tokens"),
+                                              reader.source_name() + ": key '" + reader.key_name("fpdt_chunk_tokens") + "'");
+  return settings;
+}
+
+std::string resolve_relative(const std::string& value, const std::string& scenario_path) {
+  if (value.empty() || std::filesystem::path(value).is_absolute()) return value;
+  const auto candidate = std::filesystem::path(scenario_path).parent_path() / value;
+  std::error_code error;
+  return std::filesystem::exists(candidate, error) ? candidate.string() : value;  // else a built-in name
+}
+
+}  // namespace
+
+Scenario scenario_from_text(const std::string& yaml_text, const std::string& path) {
+  YamlReader reader(yaml_text, path);
+  Scenario scenario;
+  scenario.path = path;
+  scenario.name = reader.get_string("name");
+  if (scenario.name.empty() || scenario.name.find_first_of("/\\\\ ") != std::string::npos)
+    throw ConfigError(path, "name", "must be a non-empty name without spaces or slashes (it names the output directory)");
+  scenario.description = reader.get_string("description", "");
+  scenario.reproduces = reader.get_string("reproduces", "");
+  scenario.model = resolve_relative(reader.get_string("model"), path);
+  scenario.runtime_profile = reader.get_string("runtime_profile", "deepspeed-hf");
+
+  YamlReader cluster = reader.get_section("cluster");
+  scenario.gpu = resolve_relative(cluster.get_string("gpu"), path);
+  if (cluster.has("gpus")) scenario.gpus = cluster.get_int("gpus", 1, kMaxGpus);
+  if (cluster.has("nodes")) scenario.nodes = cluster.get_int("nodes", 1, kMaxGpus);
+  if (cluster.has("gpus_per_node")) scenario.gpus_per_node = cluster.get_int("gpus_per_node", 1, 1024);
+  if (cluster.has("host_memory_gib")) scenario.host_memory_gib = cluster.get_double("host_memory_gib", 0.001, 1e9);
+  cluster.reject_unknown_keys();
+
+  if (reader.has("plan")) {
+    YamlReader plan = reader.get_section("plan");
+    scenario.plan = plan_settings_read(plan);
+    plan.reject_unknown_keys();
+  } else {
+    scenario.plan.search = "max-seqlen";
+  }
+
+  YamlReader sweep = reader.get_section("sweep");
+  for (auto& [node, name] : sweep.get_sequence("model")) scenario.sweep_model.push_back(resolve_relative(sweep.node_to_string(node, name), path));
+  for (auto& [node, name] : sweep.get_sequence("gpu")) scenario.sweep_gpu.push_back(resolve_relative(sweep.node_to_string(node, name), path));
+  for (auto& [node, name] : sweep.get_sequence("gpus")) scenario.sweep_gpus.push_back(sweep.node_to_int(node, name, 1, kMaxGpus));
+  for (auto& [node, name] : sweep.get_sequence("seqlen")) scenario.sweep_seqlen.push_back(seqlen_from_node(sweep, node, name));
+  for (auto& [node, name] : sweep.get_sequence("sp")) scenario.sweep_sp.push_back(sweep.node_to_int(node, name, 1, kMaxGpus));
+  for (auto& [node, name] : sweep.get_sequence("mlp_tiles")) scenario.sweep_mlp_tiles.push_back(sweep.node_to_int(node, name, 1, int64_t{1} << 40));
+  for (auto& [node, name] : sweep.get_sequence("loss_tiles")) scenario.sweep_loss_tiles.push_back(sweep.node_to_int(node, name, 1, int64_t{1} << 40));
+  for (auto& [node, name] : sweep.get_sequence("fpdt_chunk_tokens")) scenario.sweep_fpdt_chunk_tokens.push_back(seqlen_from_node(sweep, node, name));
+  for (auto& [node, name] : sweep.get_sequence("ladder")) {
+    if (!node.IsMap()) throw ConfigError(path, name, "expected a mapping with a name and plan settings");
+    YamlReader step(node, path, name);
+    LadderStep ladder_step;
+    ladder_step.name = step.get_string("name");
+    ladder_step.settings = plan_settings_read(step);
+    step.reject_unknown_keys();
+    scenario.sweep_ladder.push_back(ladder_step);
+  }
+  sweep.reject_unknown_keys();
+  const size_t axes = scenario.sweep_model.size() + scenario.sweep_gpu.size() + scenario.sweep_gpus.size() +
+                      scenario.sweep_seqlen.size() + scenario.sweep_sp.size() + scenario.sweep_mlp_tiles.size() +
+                      scenario.sweep_loss_tiles.size() + scenario.sweep_fpdt_chunk_tokens.size() + scenario.sweep_ladder.size();
+  if (axes == 0) throw ConfigError(path, "sweep", "is empty: give at least one axis with at least one value");
+
+  if (reader.has("published")) {
+    YamlReader published = reader.get_section("published");
+    scenario.published_source = published.get_string("source");
+    scenario.published_figure = published.get_string("figure", "max_seqlen");
+    if (scenario.published_figure != "max_seqlen" && scenario.published_figure != "peak_memory_gib" &&
+        scenario.published_figure != "iteration_time_s")
+      throw ConfigError(path, published.key_name("figure"),
+                        fmt::format("expected max_seqlen, peak_memory_gib or iteration_time_s, got '{}'", scenario.published_figure));
+    for (auto& [node, name] : published.get_sequence("points")) {
+      if (!node.IsMap()) throw ConfigError(path, name, "expected a mapping of axis values and a value");
+      ScenarioPublishedPoint point;
+      bool has_value = false;
+      for (const auto& entry : node) {
+        const std::string key = entry.first.as<std::string>();
+        const std::string element = name + "." + key;
+        const std::string text = published.node_to_string(entry.second, element);
+        if (key == "value" || key == "value_fail") {
+          const double value = scenario.published_figure == "max_seqlen"
+                                   ? static_cast<double>(seqlen_parse(text, path + ": key '" + element + "'"))
+                                   : std::stod(text);
+          (key == "value" ? point.value : point.value_fail) = value;
+          has_value |= key == "value";
+        } else if (key == "gpus" || key == "model" || key == "gpu" || key == "seqlen" || key == "sp" || key == "step" ||
+                   key == "mlp_tiles" || key == "loss_tiles" || key == "fpdt_chunk_tokens") {
+          point.where.emplace_back(key, key == "seqlen" ? std::to_string(seqlen_parse(text, path + ": key '" + element + "'")) : text);
+        } else {
+          throw ConfigError(path, element, "unknown key (an axis name, value or value_fail)");
+        }
+      }
+      if (!has_value) throw ConfigError(path, name, "has no value");
+      scenario.published_points.push_back(point);
+    }
+    published.reject_unknown_keys();
+  }
+  reader.reject_unknown_keys();
+  bool throughput = scenario.plan.search == "throughput";
+  for (const auto& step : scenario.sweep_ladder) throughput |= step.settings.search == "throughput";
+  if (throughput && scenario.sweep_seqlen.empty())
+    throw ConfigError(path, "plan.search", "throughput is measured at given lengths: add a sweep.seqlen axis");
+  return scenario;
+}
+
+Scenario scenario_load(const std::string& path) { return scenario_from_text(file_read_text(path), path); }
+
+namespace {
+
+PlanOptions plan_from_settings(const PlanSettings& settings, const ModelSpec& model, const ClusterSpec& cluster) {
+  const int64_t sp = settings.sp.value_or(sp_largest_valid(model, cluster.gpus));
+  PlanOptions plan;
+  plan.sp = sp;
+  if (settings.preset) {
+    plan = PlanOptions::alst(sp);
+    // ALST on one GPU also offloaded the weights (paper §5.2).
+    plan.offload_params = cluster.gpus == 1;
+    if (*settings.preset == "baseline") {
+      plan.sp = settings.sp.value_or(1);
+      plan.tiled_mlp = plan.tiled_loss = plan.checkpoint_offload = false;
+    }
+  }
+  if (settings.zero_stage) plan.zero_stage = *settings.zero_stage;
+  if (settings.offload_optimizer) plan.offload_optimizer = *settings.offload_optimizer;
+  if (settings.offload_params) plan.offload_params = *settings.offload_params;
+  if (settings.activation_checkpointing) plan.activation_checkpointing = *settings.activation_checkpointing;
+  if (settings.checkpoint_offload) plan.checkpoint_offload = *settings.checkpoint_offload;
+  if (settings.tiled_mlp) plan.tiled_mlp = *settings.tiled_mlp;
+  if (settings.tiled_loss) plan.tiled_loss = *settings.tiled_loss;
+  if (settings.fpdt) plan.fpdt = *settings.fpdt;
+  if (settings.mlp_tiles) plan.mlp_tiles = *settings.mlp_tiles;
+  if (settings.loss_tiles) plan.loss_tiles = *settings.loss_tiles;
+  if (settings.fpdt_chunk_tokens) plan.fpdt_chunk_tokens = *settings.fpdt_chunk_tokens;
+  return plan;
+}
+
+template <typename T>
+std::vector<std::optional<T>> axis_values(const std::vector<T>& values) {
+  if (values.empty()) return {std::nullopt};
+  return {values.begin(), values.end()};
+}
+
+bool point_matches(const ScenarioPublishedPoint& point, const std::vector<std::pair<std::string, std::string>>& axes) {
+  for (const auto& [key, value] : point.where) {
+    bool found = false;
+    for (const auto& [axis, axis_value] : axes) found |= axis == key && axis_value == value;
+    if (!found) return false;
+  }
+  return true;
+}
+
+void row_fill_prediction(SweepRow& row, const MemoryPrediction& memory) {
+  row.fits = memory.fits();
+  row.gpu_peak_gib = bytes_to_gib(memory.gpu_peak_bytes);
+  row.gpu_capacity_gib = bytes_to_gib(memory.gpu_capacity_bytes);
+  row.host_per_node_gib = bytes_to_gib(memory.host_bytes_per_node);
+  for (const auto& item : memory.gpu_items) {
+    auto found = std::find_if(row.gpu_category_gib.begin(), row.gpu_category_gib.end(),
+                              [&](const auto& entry) { return entry.first == item.category; });
+    if (found == row.gpu_category_gib.end()) row.gpu_category_gib.emplace_back(item.category, bytes_to_gib(item.bytes));
+    else found->second += bytes_to_gib(item.bytes);
+  }
+}
+
+}  // namespace
+
+std::vector<SweepRow> scenario_run(const Scenario& scenario, const std::function<void(size_t, size_t)>& progress) {
+  const RuntimeProfile profile = runtime_profile_load(scenario.runtime_profile);
+  std::map<std::string, ModelSpec> models;
+  std::map<std::string, HardwareCard> cards;
+  auto model_of = [&](const std::string& name) -> const ModelSpec& {
+    auto found = models.find(name);
+    if (found == models.end()) found = models.emplace(name, model_load(name)).first;
+    return found->second;
+  };
+  auto card_of = [&](const std::string& name) -> const HardwareCard& {
+    auto found = cards.find(name);
+    if (found == cards.end()) found = cards.emplace(name, hardware_card_load(name)).first;
+    return found->second;
+  };
+  // Load every named model and card up front, so a bad name fails before any work.
+  for (const auto& name : scenario.sweep_model.empty() ? std::vector<std::string>{scenario.model} : scenario.sweep_model) model_of(name);
+  for (const auto& name : scenario.sweep_gpu.empty() ? std::vector<std::string>{scenario.gpu} : scenario.sweep_gpu) card_of(name);
+
+  std::vector<std::optional<LadderStep>> steps;
+  if (scenario.sweep_ladder.empty()) steps.push_back(std::nullopt);
+  for (const auto& step : scenario.sweep_ladder) steps.push_back(step);
+  const auto models_axis = axis_values(scenario.sweep_model);
+  const auto gpu_axis = axis_values(scenario.sweep_gpu);
+  const auto gpus_axis = axis_values(scenario.sweep_gpus);
+  const auto sp_axis = axis_values(scenario.sweep_sp);
+  const auto seqlen_axis = axis_values(scenario.sweep_seqlen);
+  const auto mlp_axis = axis_values(scenario.sweep_mlp_tiles);
+  const auto loss_axis = axis_values(scenario.sweep_loss_tiles);
+  const auto chunk_axis = axis_values(scenario.sweep_fpdt_chunk_tokens);
+  const size_t total = models_axis.size() * gpu_axis.size() * gpus_axis.size() * sp_axis.size() * seqlen_axis.size() *
+                       mlp_axis.size() * loss_axis.size() * chunk_axis.size() * steps.size();
+
+  std::vector<SweepRow> rows;
+  for (const auto& model_name : models_axis)
+    for (const auto& gpu_name : gpu_axis)
+      for (const auto& gpus : gpus_axis)
+        for (const auto& sp : sp_axis)
+          for (const auto& seqlen : seqlen_axis)
+            for (const auto& mlp_tiles : mlp_axis)
+              for (const auto& loss_tiles : loss_axis)
+                for (const auto& chunk : chunk_axis)
+                  for (const auto& step : steps) {
+                    SweepRow row;
+                    const std::string model_key = model_name.value_or(scenario.model);
+                    const std::string gpu_key = gpu_name.value_or(scenario.gpu);
+                    const ModelSpec& model = model_of(model_key);
+                    const HardwareCard& card = card_of(gpu_key);
+                    row.model = model.name;
+                    row.gpu = card.name;
+                    if (model_name) row.axes.emplace_back("model", *model_name);
+                    if (gpu_name) row.axes.emplace_back("gpu", *gpu_name);
+                    if (gpus) row.axes.emplace_back("gpus", std::to_string(*gpus));
+                    if (sp) row.axes.emplace_back("sp", std::to_string(*sp));
+                    if (seqlen) row.axes.emplace_back("seqlen", std::to_string(*seqlen));
+                    if (mlp_tiles) row.axes.emplace_back("mlp_tiles", std::to_string(*mlp_tiles));
+                    if (loss_tiles) row.axes.emplace_back("loss_tiles", std::to_string(*loss_tiles));
+                    if (chunk) row.axes.emplace_back("fpdt_chunk_tokens", std::to_string(*chunk));
+                    if (step) {
+                      row.step = step->name;
+                      row.axes.emplace_back("step", step->name);
+                    }
+                    row.mode = seqlen ? "at_seqlen" : "max_seqlen";
+                    row.seqlen = seqlen.value_or(0);
+                    try {
+                      const ClusterSpec cluster =
+                          cluster_make(card, gpus.value_or(scenario.gpus.value_or(0)), gpus ? 0 : scenario.nodes.value_or(0),
+                                       scenario.gpus_per_node.value_or(0), scenario.host_memory_gib.value_or(0));
+                      row.gpus = cluster.gpus;
+                      row.nodes = cluster.nodes;
+                      PlanSettings settings = scenario.plan;
+                      if (step) settings.override_with(step->settings);
+                      if (sp) settings.sp = *sp;
+                      if (mlp_tiles) settings.mlp_tiles = *mlp_tiles;
+                      if (loss_tiles) settings.loss_tiles = *loss_tiles;
+                      if (chunk) settings.fpdt_chunk_tokens = *chunk;
+                      PlanOptions plan;
+                      if (settings.search) {
+                        SearchOptions options;
+                        options.objective = seqlen ? SearchObjective::objective_throughput : SearchObjective::objective_max_seqlen;
+                        options.seqlen = seqlen.value_or(0);
+                        const SearchResult result = plan_search(model, cluster, profile, options);
+                        if (!result.winner()) throw ConfigError("", "", "no plan fits");
+                        plan = result.winner()->plan;
+                      } else {
+                        plan = plan_from_settings(settings, model, cluster);
+                      }
+                      std::vector<std::string> problems = plan_problems(model, cluster, plan);
+                      if (seqlen)
+                        for (auto& problem : seqlen_problems(plan, *seqlen)) problems.push_back(problem);
+                      if (!problems.empty()) throw ConfigError("", "", problems.front());
+                      row.plan = plan;
+                      MemoryPrediction memory;
+                      if (seqlen) {
+                        memory = memory_predict(model, cluster, plan, profile, *seqlen);
+                        row.binding_constraint = !memory.fits_gpu() ? "GPU memory" : !memory.fits_host() ? "host memory" : "";
+                      } else {
+                        const MaxSeqlenResult found = max_seqlen_find(model, cluster, plan, profile, plan.fpdt ? plan.fpdt_chunk_tokens : 0);
+                        memory = found.at_max;
+                        row.seqlen = found.max_seqlen;
+                        row.binding_constraint = found.binding_constraint;
+                      }
+                      row_fill_prediction(row, memory);
+                      if (row.seqlen > 0 && memory.fits()) {
+                        const TimePrediction time = time_predict(model, cluster, plan, profile, row.seqlen);
+                        row.step_s = time.time.total_s();
+                        row.tflops_hardware = time.hardware_tflops_per_gpu;
+                        row.tflops_megatron = time.megatron_tflops_per_gpu;
+                        row.mfu = time.mfu;
+                        row.tokens_per_s = time.tokens_per_s;
+                      }
+                      if (!seqlen && row.seqlen == 0) row.fits = false;
+                    } catch (const ConfigError& error) {
+                      row.error = error.what();  // this point cannot run; the others still do
+                    }
+                    for (const auto& point : scenario.published_points) {
+                      if (!point_matches(point, row.axes)) continue;
+                      row.published = point.value;
+                      row.published_fail = point.value_fail;
+                      break;
+                    }
+                    rows.push_back(std::move(row));
+                    if (progress) progress(rows.size(), total);
+                  }
+  return rows;
+}
+
+}  // namespace longseq

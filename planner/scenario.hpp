@@ -1,0 +1,88 @@
+// scenario.hpp: experiments as files — a model on a cluster with plan settings, swept over
+// axes, with the published measurements they reproduce. The format is documented in
+// scenarios/README.md; the executor issues extend it (a scenario names what to run).
+//
+// Invariant: scenario_load either returns a complete, checked Scenario or throws ConfigError
+// naming the file, the dotted key and the reason; nothing is evaluated before that.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "planner/plan.hpp"
+
+namespace longseq {
+
+// Plan settings as a scenario writes them: only what is given is set.
+struct PlanSettings {
+  std::optional<std::string> preset;  // "alst" or "baseline"
+  std::optional<std::string> search;  // "max-seqlen" or "throughput": the plan is searched
+  std::optional<int64_t> sp;          // absent or "auto": the largest valid degree
+  std::optional<int> zero_stage;
+  std::optional<bool> offload_optimizer, offload_params, activation_checkpointing, checkpoint_offload, tiled_mlp,
+      tiled_loss, fpdt;
+  std::optional<int64_t> mlp_tiles, loss_tiles, fpdt_chunk_tokens;
+  // Later settings win, field by field.
+  void override_with(const PlanSettings& later);
+};
+
+struct LadderStep {
+  std::string name;
+  PlanSettings settings;
+};
+
+
+// A measurement to overlay and score: where it applies (axis values) and what it says.
+struct ScenarioPublishedPoint {
+  std::vector<std::pair<std::string, std::string>> where;  // axis name -> value as written, e.g. {"gpus", "8"}
+  double value = 0;
+  double value_fail = 0;  // max_seqlen: the smallest length known to fail (0: none)
+};
+
+struct Scenario {
+  std::string path;  // the file it came from
+  std::string name, description, reproduces;
+  std::string model;  // card name or a path (relative paths resolved against the file)
+  std::string gpu;
+  std::optional<int64_t> gpus, nodes, gpus_per_node;
+  std::optional<double> host_memory_gib;
+  std::string runtime_profile = "deepspeed-hf";
+  PlanSettings plan;
+  // Sweep axes, crossed in this order; an empty axis is not swept.
+  std::vector<std::string> sweep_model, sweep_gpu;
+  std::vector<int64_t> sweep_gpus, sweep_seqlen, sweep_sp, sweep_mlp_tiles, sweep_loss_tiles, sweep_fpdt_chunk_tokens;
+  std::vector<LadderStep> sweep_ladder;
+  std::string published_source;
+  std::string published_figure;  // "max_seqlen", "peak_memory_gib" or "iteration_time_s"
+  std::vector<ScenarioPublishedPoint> published_points;
+};
+
+Scenario scenario_load(const std::string& path);
+Scenario scenario_from_text(const std::string& yaml_text, const std::string& path);
+
+// One evaluated point of a sweep.
+struct SweepRow {
+  std::vector<std::pair<std::string, std::string>> axes;  // the swept values that made this row
+  std::string model, gpu, step;
+  int64_t gpus = 0, nodes = 0;
+  std::optional<PlanOptions> plan;  // absent when the search found nothing or the plan is invalid
+  std::string mode;                 // "max_seqlen" or "at_seqlen"
+  int64_t seqlen = 0;               // the maximum found, or the length evaluated
+  bool fits = false;
+  std::string binding_constraint;
+  double gpu_peak_gib = 0, gpu_capacity_gib = 0, host_per_node_gib = 0;
+  std::vector<std::pair<std::string, double>> gpu_category_gib;  // the breakdown by category, at the peak
+  double step_s = 0, tflops_hardware = 0, tflops_megatron = 0, mfu = 0, tokens_per_s = 0;
+  std::optional<double> published;
+  double published_fail = 0;
+  std::string error;  // why nothing was predicted
+};
+
+// Evaluates every point; `progress` (may be empty) is called after each with (done, total).
+std::vector<SweepRow> scenario_run(const Scenario& scenario,
+                                   const std::function<void(size_t, size_t)>& progress = {});
+
+}  // namespace longseq

@@ -1,0 +1,190 @@
+#include "reports/sweep_output.hpp"
+
+#include <filesystem>
+#include <fmt/format.h>
+#include <fstream>
+#include <unistd.h>
+
+#include "models/config_error.hpp"
+#include "models/layer_inventory.hpp"
+#include "planner/memory_model.hpp"
+#include "planner/units.hpp"
+#include "reports/memory_report.hpp"
+
+namespace longseq {
+
+namespace {
+
+const std::vector<std::string> kCategories = {kCategoryModelStates, kCategoryZero,    kCategoryCheckpoints, kCategoryLayer,
+                                              kCategoryLoss,        kCategoryInputs,  kCategoryRuntime,     kCategoryCalibrated};
+
+std::string csv_escape(const std::string& text) {
+  if (text.find_first_of(",\"\n") == std::string::npos) return text;
+  std::string quoted = "\"";
+  for (char c : text) quoted += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return quoted + "\"";
+}
+
+std::string json_cell_to_text(const nlohmann::json& value) {
+  if (value.is_null()) return "";
+  if (value.is_string()) return value.get<std::string>();
+  if (value.is_boolean()) return value.get<bool>() ? "true" : "false";
+  if (value.is_number_integer()) return std::to_string(value.get<int64_t>());
+  return fmt::format("{:.6g}", value.get<double>());
+}
+
+void file_write(const std::filesystem::path& path, const std::string& content) {
+  std::ofstream stream(path, std::ios::binary);
+  stream << content;
+  if (!stream) throw ConfigError(path.string(), "", "cannot write file");
+}
+
+}  // namespace
+
+const std::vector<std::string>& sweep_columns() {
+  static const std::vector<std::string> columns = [] {
+    std::vector<std::string> names = {"model", "gpu", "gpus", "nodes", "step", "plan", "sp", "dp", "zero_stage",
+                                      "offload_optimizer", "offload_params", "activation_checkpointing",
+                                      "checkpoint_offload", "tiled_mlp", "tiled_loss", "fpdt_chunk_tokens", "mode", "seqlen",
+                                      "fits", "binding_constraint", "gpu_peak_gib", "gpu_capacity_gib", "host_per_node_gib"};
+    for (const auto& category : kCategories) names.push_back(std::string(category) + "_gib");
+    for (const char* name : {"step_s", "tflops_hardware", "tflops_megatron", "mfu", "tokens_per_s", "published",
+                             "published_fail", "error"})
+      names.push_back(name);
+    return names;
+  }();
+  return columns;
+}
+
+nlohmann::json sweep_results_to_json(const Scenario& scenario, const std::vector<SweepRow>& rows) {
+  nlohmann::json rows_json = nlohmann::json::array();
+  for (const SweepRow& row : rows) {
+    nlohmann::json json;
+    json["model"] = row.model;
+    json["gpu"] = row.gpu;
+    json["gpus"] = row.gpus;
+    json["nodes"] = row.nodes;
+    json["step"] = row.step;
+    nlohmann::json axes = nlohmann::json::object();
+    for (const auto& [axis, value] : row.axes) axes[axis] = value;
+    json["axes"] = axes;
+    if (row.plan) {
+      const PlanOptions& plan = *row.plan;
+      json["plan"] = plan_describe(plan);
+      json["sp"] = plan.sp;
+      json["dp"] = row.gpus / plan.sp;
+      json["zero_stage"] = plan.zero_stage;
+      json["offload_optimizer"] = plan.offload_optimizer;
+      json["offload_params"] = plan.offload_params;
+      json["activation_checkpointing"] = plan.activation_checkpointing;
+      json["checkpoint_offload"] = plan.checkpoint_offload;
+      json["tiled_mlp"] = plan.tiled_mlp;
+      json["tiled_loss"] = plan.tiled_loss;
+      json["fpdt_chunk_tokens"] = plan.fpdt ? nlohmann::json(plan.fpdt_chunk_tokens) : nlohmann::json(nullptr);
+    }
+    json["mode"] = row.mode;
+    json["seqlen"] = row.seqlen;
+    json["fits"] = row.fits;
+    json["binding_constraint"] = row.binding_constraint;
+    if (row.error.empty()) {
+      json["gpu_peak_gib"] = row.gpu_peak_gib;
+      json["gpu_capacity_gib"] = row.gpu_capacity_gib;
+      json["host_per_node_gib"] = row.host_per_node_gib;
+      for (const auto& category : kCategories) {
+        double gib = 0;
+        for (const auto& [name, value] : row.gpu_category_gib)
+          if (name == category) gib = value;
+        json[std::string(category) + "_gib"] = gib;
+      }
+    }
+    if (row.step_s > 0) {
+      json["step_s"] = row.step_s;
+      json["tflops_hardware"] = row.tflops_hardware;
+      json["tflops_megatron"] = row.tflops_megatron;
+      json["mfu"] = row.mfu;
+      json["tokens_per_s"] = row.tokens_per_s;
+    }
+    if (row.published) {
+      json["published"] = *row.published;
+      if (row.published_fail > 0) json["published_fail"] = row.published_fail;
+    }
+    json["error"] = row.error;
+    rows_json.push_back(json);
+  }
+  return {{"kind", "prediction"},
+          {"scenario",
+           {{"name", scenario.name}, {"path", scenario.path}, {"description", scenario.description},
+            {"reproduces", scenario.reproduces}, {"runtime_profile", scenario.runtime_profile},
+            {"published_source", scenario.published_source}, {"published_figure", scenario.published_figure}}},
+          {"columns", sweep_columns()},
+          {"rows", rows_json}};
+}
+
+std::string sweep_markdown_table(const nlohmann::json& results) {
+  std::string out = "| model | gpus | step | plan | mode | seqlen | fits | GPU peak GiB | host GiB/node | step s | TFLOPS (ALST formula) | published |\n";
+  out += "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  for (const auto& row : results["rows"]) {
+    auto cell = [&](const char* key) { return row.contains(key) ? json_cell_to_text(row[key]) : std::string(); };
+    auto number = [&](const char* key, const char* format) {
+      return row.contains(key) && row[key].is_number() ? fmt::format(fmt::runtime(format), row[key].get<double>()) : std::string();
+    };
+    const bool max_mode = cell("mode") == "max_seqlen";
+    std::string seqlen = row["seqlen"].get<int64_t>() > 0 ? integer_with_commas(row["seqlen"].get<int64_t>()) : "";
+    if (!cell("error").empty()) seqlen = fmt::format("— ({})", cell("error"));
+    out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", cell("model"), cell("gpus"), cell("step"),
+                       cell("plan"), max_mode ? "max" : "at", seqlen, cell("fits"), number("gpu_peak_gib", "{:.1f}"),
+                       number("host_per_node_gib", "{:.0f}"), number("step_s", "{:.1f}"), number("tflops_megatron", "{:.1f}"),
+                       row.contains("published") ? (max_mode ? integer_with_commas(static_cast<int64_t>(row["published"].get<double>()))
+                                                             : fmt::format("{:.1f}", row["published"].get<double>()))
+                                                 : "");
+  }
+  return out;
+}
+
+void sweep_results_write(const Scenario& scenario, const std::vector<SweepRow>& rows, const std::string& out_dir) {
+  const nlohmann::json results = sweep_results_to_json(scenario, rows);
+  std::string csv;
+  for (size_t i = 0; i < sweep_columns().size(); ++i) {
+    if (i) csv += ',';
+    csv += sweep_columns()[i];
+  }
+  csv += "\n";
+  for (const auto& row : results["rows"]) {
+    for (size_t i = 0; i < sweep_columns().size(); ++i) {
+      const std::string& column = sweep_columns()[i];
+      if (i) csv += ',';
+      csv += csv_escape(row.contains(column) ? json_cell_to_text(row[column]) : "");
+    }
+    csv += "\n";
+  }
+  std::string markdown = fmt::format("# {}\n\nPREDICTIONS of longseq (runtime profile `{}`), not measurements.\n\n",
+                                     scenario.name, scenario.runtime_profile);
+  if (!scenario.description.empty()) markdown += scenario.description + "\n\n";
+  if (!scenario.reproduces.empty()) markdown += "Reproduces: " + scenario.reproduces + "\n\n";
+  if (!scenario.published_source.empty()) markdown += "Published values: " + scenario.published_source + "\n\n";
+  markdown += sweep_markdown_table(results);
+
+  namespace fs = std::filesystem;
+  const fs::path target(out_dir);
+  const fs::path staging = target.parent_path() / (target.filename().string() + fmt::format(".partial-{}", getpid()));
+  std::error_code error;
+  fs::remove_all(staging, error);
+  if (!fs::create_directories(staging, error) && error)
+    throw ConfigError(out_dir, "", fmt::format("cannot create the output directory: {}", error.message()));
+  try {
+    file_write(staging / "results.csv", csv);
+    file_write(staging / "results.json", results.dump(2) + "\n");
+    file_write(staging / "results.md", markdown);
+  } catch (...) {
+    fs::remove_all(staging, error);
+    throw;
+  }
+  fs::remove_all(target, error);
+  fs::rename(staging, target, error);
+  if (error) {
+    fs::remove_all(staging, error);
+    throw ConfigError(out_dir, "", "cannot move the results into place");
+  }
+}
+
+}  // namespace longseq
