@@ -26,14 +26,16 @@ std::shared_ptr<SweepCommandArgs> sweep_command_register(CLI::App& app) {
   CLI::App* command = app.add_subcommand(
       "sweep", "Run a scenario's sweep (predictions) and write results.csv, results.json and results.md");
   command->add_option("scenario", args->scenario, "scenario YAML (see scenarios/README.md)")->required();
-  command->add_option("-o,--out", args->out_dir, "output directory (default out/<scenario name>)");
+  command->add_option("-o,--out", args->out_dir, "output directory (default: the scenario's output.directory, else out/<name>)");
   command->add_flag("-q,--quiet", args->quiet, "no progress on stderr");
   return args;
 }
 
 int sweep_command_run(const SweepCommandArgs& args) {
   const Scenario scenario = scenario_load(args.scenario);
-  const std::string out_dir = args.out_dir.empty() ? "out/" + scenario.name : args.out_dir;
+  const std::string out_dir = !args.out_dir.empty()                  ? args.out_dir
+                              : !scenario.output_directory.empty() ? scenario.output_directory
+                                                                   : "out/" + scenario.name;
   const bool tty = isatty(fileno(stderr));
   const auto start = std::chrono::steady_clock::now();
   // Progress only for sweeps that take a while: after the first second, at most once a second

@@ -172,6 +172,19 @@ Scenario scenario_from_text(const std::string& yaml_text, const std::string& pat
     }
     published.reject_unknown_keys();
   }
+  if (reader.has("output")) {
+    YamlReader output = reader.get_section("output");
+    scenario.output_directory = output.get_string("directory", "");
+    for (auto& [node, name] : output.get_sequence("figures")) {
+      const std::string figure = output.node_to_string(node, name);
+      const auto& known = report_figure_names();
+      if (std::find(known.begin(), known.end(), figure) == known.end())
+        throw ConfigError(path, name, fmt::format("unknown figure '{}' (known: max_seqlen_vs_gpus, ablation, memory_breakdown, "
+                                                  "predicted_vs_published)", figure));
+      scenario.output_figures.push_back(figure);
+    }
+    output.reject_unknown_keys();
+  }
   reader.reject_unknown_keys();
   bool throughput = scenario.plan.search == "throughput";
   for (const auto& step : scenario.sweep_ladder) throughput |= step.settings.search == "throughput";
@@ -181,6 +194,11 @@ Scenario scenario_from_text(const std::string& yaml_text, const std::string& pat
 }
 
 Scenario scenario_load(const std::string& path) { return scenario_from_text(file_read_text(path), path); }
+
+const std::vector<std::string>& report_figure_names() {
+  static const std::vector<std::string> names = {"max_seqlen_vs_gpus", "ablation", "memory_breakdown", "predicted_vs_published"};
+  return names;
+}
 
 namespace {
 

@@ -58,7 +58,14 @@ struct Scenario {
   std::string published_source;
   std::string published_figure;  // "max_seqlen", "peak_memory_gib" or "iteration_time_s"
   std::vector<ScenarioPublishedPoint> published_points;
+  // What to write: the default output directory of `longseq sweep` and the figures `longseq
+  // report` draws (empty: every figure that applies).
+  std::string output_directory;
+  std::vector<std::string> output_figures;
 };
+
+// The figures `longseq report` knows how to draw.
+const std::vector<std::string>& report_figure_names();
 
 Scenario scenario_load(const std::string& path);
 Scenario scenario_from_text(const std::string& yaml_text, const std::string& path);

@@ -86,6 +86,11 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
   const std::string title = scenario.value("reproduces", std::string()).empty() ? scenario.value("name", std::string("sweep"))
                                                                                  : scenario["reproduces"].get<std::string>();
   const std::string published_source = scenario.value("published_source", std::string());
+  // The scenario may name the figures it wants; otherwise every one that applies is drawn.
+  std::set<std::string> wanted;
+  if (scenario.contains("figures"))
+    for (const auto& name : scenario["figures"]) wanted.insert(name.get<std::string>());
+  auto want = [&](const char* name) { return wanted.empty() || wanted.count(name) > 0; };
 
   const fs::path staging = dir / fmt::format("figures.partial-{}", getpid());
   std::error_code error;
@@ -108,7 +113,7 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
   }
 
   // Maximum sequence length against GPU count, log-log, as the ALST paper draws its scaling.
-  if (max_mode && gpu_counts.size() >= 2) {
+  if (want("max_seqlen_vs_gpus") && max_mode && gpu_counts.size() >= 2) {
     std::set<double> gpu_values;
     for (const auto& count : gpu_counts) gpu_values.insert(std::stod(count));
     // Per series: a block of predictions, then a block of its published points (value to
@@ -149,7 +154,7 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
   }
 
   // The feature ladder as bars, predicted beside published.
-  if (max_mode && has_steps) {
+  if (want("ablation") && max_mode && has_steps) {
     std::string data;
     for (const auto& row : rows)
       if (usable(row))
@@ -168,7 +173,7 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
   }
 
   // Per-GPU memory at the peak, stacked by component.
-  {
+  if (want("memory_breakdown")) {
     const std::vector<std::pair<std::string, std::string>> categories = {
         {"model_states_gib", "model states"},   {"zero_buffers_gib", "ZeRO buffers"},
         {"activation_checkpoints_gib", "checkpoints"}, {"layer_working_set_gib", "layer working set"},
@@ -198,7 +203,7 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
   }
 
   // Predicted against published, with the line of agreement.
-  if (has_published) {
+  if (want("predicted_vs_published") && has_published) {
     std::string data;
     double low = 1e300, high = 0;
     const bool lengths = scenario.value("published_figure", std::string("max_seqlen")) == "max_seqlen";

@@ -115,7 +115,8 @@ nlohmann::json sweep_results_to_json(const Scenario& scenario, const std::vector
           {"scenario",
            {{"name", scenario.name}, {"path", scenario.path}, {"description", scenario.description},
             {"reproduces", scenario.reproduces}, {"runtime_profile", scenario.runtime_profile},
-            {"published_source", scenario.published_source}, {"published_figure", scenario.published_figure}}},
+            {"published_source", scenario.published_source}, {"published_figure", scenario.published_figure},
+            {"figures", scenario.output_figures}}},
           {"columns", sweep_columns()},
           {"rows", rows_json}};
 }

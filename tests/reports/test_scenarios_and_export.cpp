@@ -93,6 +93,8 @@ TEST_CASE("bad scenario files name the file, the key and the reason") {
   const std::string empty = error_of(kData + "/scenarios/empty-sweep.yaml");
   CHECK(empty.find("empty-sweep.yaml: key 'sweep': is empty") != std::string::npos);
   CHECK(error_of(kData + "/scenarios/does-not-exist.yaml").find("cannot open file") != std::string::npos);
+  CHECK_THROWS_WITH_AS(scenario_from_text("name: x\nmodel: m\ncluster: {gpu: g}\nsweep: {gpus: [1]}\noutput: {figures: [pie]}\n", "x.yaml"),
+                       doctest::Contains("x.yaml: key 'output.figures[0]': unknown figure 'pie'"), ConfigError);
 }
 
 TEST_CASE("a failed sweep writes nothing; a rerun replaces the old results whole") {
