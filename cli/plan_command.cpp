@@ -2,8 +2,6 @@
 
 #include <fmt/format.h>
 #include <algorithm>
-#include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <optional>
 
@@ -249,15 +247,7 @@ int plan_emit(const PlanCommandArgs& args, const PlanOptions& plan, const Cluste
     std::cout << exported.text;
     return 0;
   }
-  const std::string partial = args.emit_out + ".partial";
-  {
-    std::ofstream stream(partial, std::ios::binary);
-    stream << exported.text;
-    if (!stream) throw ConfigError(args.emit_out, "", "cannot write file");
-  }
-  std::error_code error;
-  std::filesystem::rename(partial, args.emit_out, error);
-  if (error) throw ConfigError(args.emit_out, "", "cannot write file");
+  file_write_text(args.emit_out, exported.text);
   std::cerr << "longseq: wrote " << args.emit_out << " (" << plan_describe(plan) << ")\n";
   return 0;
 }

@@ -4,7 +4,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fmt/format.h>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -22,11 +21,6 @@ namespace {
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
 
-void file_write(const fs::path& path, const std::string& content) {
-  std::ofstream stream(path, std::ios::binary);
-  stream << content;
-  if (!stream) throw ConfigError(path.string(), "", "cannot write file");
-}
 
 std::string quoted(const std::string& text) {
   std::string out = "\"";
@@ -142,8 +136,8 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
                           published_titled ? "notitle" : "title 'published (triangles; bars: [fits, fails) brackets)'");
       published_titled = true;
     }
-    file_write(staging / "max_seqlen_vs_gpus.dat", data);
-    file_write(staging / "max_seqlen_vs_gpus.gp",
+    file_write_text((staging / "max_seqlen_vs_gpus.dat").string(), data);
+    file_write_text((staging / "max_seqlen_vs_gpus.gp").string(),
                script_wrap("max_seqlen_vs_gpus",
                            fmt::format("set title {}\nset logscale x 2\nset logscale y 10\nset xrange [{}:{}]\nset xlabel 'GPUs'\n"
                                        "set ylabel 'maximum sequence length (tokens)'\nset format y '%.0s%c'\n"
@@ -160,8 +154,8 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
       if (usable(row))
         data += fmt::format("{} {} {}\n", quoted(row_label(row)), row["seqlen"].get<int64_t>(),
                             row.contains("published") ? fmt::format("{}", row["published"].get<double>()) : "NaN");
-    file_write(staging / "ablation.dat", data);
-    file_write(staging / "ablation.gp",
+    file_write_text((staging / "ablation.dat").string(), data);
+    file_write_text((staging / "ablation.gp").string(),
                script_wrap("ablation",
                            fmt::format("set title {}\nset style data histograms\nset style histogram clustered gap 1\n"
                                        "set style fill solid 0.85 border -1\nset logscale y 10\nset format y '%.0s%c'\n"
@@ -191,8 +185,8 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
       for (size_t i = 0; i < categories.size(); ++i)
         plot += fmt::format("{}'memory_breakdown.dat' using {}{} title {}", i ? ", " : "", i + 2, i ? "" : ":xtic(1)",
                             quoted(categories[i].second));
-      file_write(staging / "memory_breakdown.dat", data);
-      file_write(staging / "memory_breakdown.gp",
+      file_write_text((staging / "memory_breakdown.dat").string(), data);
+      file_write_text((staging / "memory_breakdown.gp").string(),
                  script_wrap("memory_breakdown",
                              fmt::format("set title {}\nset style data histograms\nset style histogram rowstacked\n"
                                          "set style fill solid 0.85 border -1\nset boxwidth 0.75\nset ylabel 'GiB per GPU at the peak'\n"
@@ -218,8 +212,8 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
     }
     if (!data.empty()) {
       const std::string unit = lengths ? "maximum sequence length (tokens)" : "peak memory (GiB)";
-      file_write(staging / "predicted_vs_published.dat", data);
-      file_write(staging / "predicted_vs_published.gp",
+      file_write_text((staging / "predicted_vs_published.dat").string(), data);
+      file_write_text((staging / "predicted_vs_published.gp").string(),
                  script_wrap("predicted_vs_published",
                              fmt::format("set title {}\n{}set xrange [{}:{}]\nset yrange [{}:{}]\nset xlabel 'published {}'\n"
                                          "set ylabel 'predicted {}'\nset grid\nset key top left\n"
@@ -262,7 +256,7 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
   markdown += "## Results\n\n" + sweep_markdown_table(results) +
               "\nAll columns, machine-readable: [results.csv](results.csv), [results.json](results.json).\n";
   outcome.report_path = (dir / "report.md").string();
-  file_write(outcome.report_path, markdown);
+  file_write_text(outcome.report_path, markdown);
   return outcome;
 }
 

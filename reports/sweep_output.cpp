@@ -2,11 +2,11 @@
 
 #include <filesystem>
 #include <fmt/format.h>
-#include <fstream>
 #include <unistd.h>
 
 #include "models/config_error.hpp"
 #include "models/layer_inventory.hpp"
+#include "models/model_loader.hpp"
 #include "planner/memory_model.hpp"
 #include "planner/units.hpp"
 #include "reports/memory_report.hpp"
@@ -33,11 +33,6 @@ std::string json_cell_to_text(const nlohmann::json& value) {
   return fmt::format("{:.6g}", value.get<double>());
 }
 
-void file_write(const std::filesystem::path& path, const std::string& content) {
-  std::ofstream stream(path, std::ios::binary);
-  stream << content;
-  if (!stream) throw ConfigError(path.string(), "", "cannot write file");
-}
 
 }  // namespace
 
@@ -173,9 +168,9 @@ void sweep_results_write(const Scenario& scenario, const std::vector<SweepRow>& 
   if (!fs::create_directories(staging, error) && error)
     throw ConfigError(out_dir, "", fmt::format("cannot create the output directory: {}", error.message()));
   try {
-    file_write(staging / "results.csv", csv);
-    file_write(staging / "results.json", results.dump(2) + "\n");
-    file_write(staging / "results.md", markdown);
+    file_write_text((staging / "results.csv").string(), csv);
+    file_write_text((staging / "results.json").string(), results.dump(2) + "\n");
+    file_write_text((staging / "results.md").string(), markdown);
   } catch (...) {
     fs::remove_all(staging, error);
     throw;
