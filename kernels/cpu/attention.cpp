@@ -1,0 +1,145 @@
+#include "kernels/cpu/attention.hpp"
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace longseq::kernels {
+
+namespace {
+
+template <typename Real>
+using RowMatrix = Eigen::Matrix<Real, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+// A [rows, HD] slice of one head out of a [T, heads, HD] buffer: rows are heads * HD apart.
+template <typename Real>
+using HeadSlice = Eigen::Map<const RowMatrix<Real>, 0, Eigen::OuterStride<>>;
+template <typename Real>
+using MutableHeadSlice = Eigen::Map<RowMatrix<Real>, 0, Eigen::OuterStride<>>;
+
+// First key each query of [i0, i1) may see: the start of its document.
+int64_t block_first_key(const int32_t* position_ids, int64_t i0, int64_t i1) {
+  int64_t first = i1;
+  for (int64_t i = i0; i < i1; ++i) first = std::min<int64_t>(first, i - position_ids[i]);
+  return first;
+}
+
+// Scores of the query block against the key block, masked (-inf) outside each query's window.
+template <typename Real>
+void block_scores(RowMatrix<Real>& scores, const HeadSlice<Real>& queries, const HeadSlice<Real>& keys,
+                  const int32_t* position_ids, int64_t i0, int64_t j0, Real scale) {
+  scores.noalias() = queries * keys.transpose();
+  scores *= scale;
+  for (int64_t r = 0; r < scores.rows(); ++r) {
+    const int64_t i = i0 + r;
+    const int64_t first = i - position_ids[i];
+    for (int64_t c = 0; c < scores.cols(); ++c) {
+      const int64_t j = j0 + c;
+      if (j > i || j < first) scores(r, c) = -std::numeric_limits<Real>::infinity();
+    }
+  }
+}
+
+}  // namespace
+
+template <typename Real>
+void attention_forward(Real* out, Real* lse, const Real* q, const Real* k, const Real* v, const int32_t* position_ids,
+                       int64_t T, int64_t NQ, int64_t NKV, int64_t HD, int64_t block) {
+  const Real scale = Real(1) / std::sqrt(static_cast<Real>(HD));
+  const int64_t group = NQ / NKV;
+  const Real negative_infinity = -std::numeric_limits<Real>::infinity();
+  RowMatrix<Real> scores, accumulator;
+  std::vector<Real> row_max, row_sum;
+  for (int64_t h = 0; h < NQ; ++h) {
+    const int64_t g = h / group;
+    for (int64_t i0 = 0; i0 < T; i0 += block) {
+      const int64_t i1 = std::min(T, i0 + block), rows = i1 - i0;
+      const HeadSlice<Real> queries(q + (i0 * NQ + h) * HD, rows, HD, Eigen::OuterStride<>(NQ * HD));
+      accumulator.setZero(rows, HD);
+      row_max.assign(rows, negative_infinity);
+      row_sum.assign(rows, Real(0));
+      const int64_t first_key = block_first_key(position_ids, i0, i1);
+      for (int64_t j0 = first_key / block * block; j0 < i1; j0 += block) {
+        const int64_t j1 = std::min(T, j0 + block), cols = j1 - j0;
+        const HeadSlice<Real> keys(k + (j0 * NKV + g) * HD, cols, HD, Eigen::OuterStride<>(NKV * HD));
+        const HeadSlice<Real> values(v + (j0 * NKV + g) * HD, cols, HD, Eigen::OuterStride<>(NKV * HD));
+        block_scores(scores, queries, keys, position_ids, i0, j0, scale);
+        // Online softmax: rescale what was accumulated when a row's maximum grows.
+        for (int64_t r = 0; r < rows; ++r) {
+          const Real block_max = scores.row(r).maxCoeff();
+          const Real new_max = std::max(row_max[r], block_max);
+          if (new_max == negative_infinity) {  // nothing visible yet in this row: contributes nothing
+            scores.row(r).setZero();
+            continue;
+          }
+          const Real correction = std::exp(row_max[r] - new_max);
+          scores.row(r) = (scores.row(r).array() - new_max).exp().matrix();
+          row_sum[r] = row_sum[r] * correction + scores.row(r).sum();
+          accumulator.row(r) *= correction;
+          row_max[r] = new_max;
+        }
+        accumulator.noalias() += scores * values;
+      }
+      MutableHeadSlice<Real> output(out + (i0 * NQ + h) * HD, rows, HD, Eigen::OuterStride<>(NQ * HD));
+      for (int64_t r = 0; r < rows; ++r) {
+        output.row(r) = accumulator.row(r) / row_sum[r];  // every query sees at least itself
+        lse[h * T + i0 + r] = row_max[r] + std::log(row_sum[r]);
+      }
+    }
+  }
+}
+
+template <typename Real>
+void attention_backward(Real* dq, Real* dk, Real* dv, const Real* dout, const Real* q, const Real* k, const Real* v,
+                        const Real* out, const Real* lse, const int32_t* position_ids, int64_t T, int64_t NQ, int64_t NKV,
+                        int64_t HD, int64_t block) {
+  const Real scale = Real(1) / std::sqrt(static_cast<Real>(HD));
+  const int64_t group = NQ / NKV;
+  RowMatrix<Real> probabilities, dprobabilities;
+  std::vector<Real> delta(static_cast<size_t>(T));
+  for (int64_t h = 0; h < NQ; ++h) {
+    const int64_t g = h / group;
+    // D_i = rowsum(dO_i * O_i), the softmax backward's correction term.
+    for (int64_t i = 0; i < T; ++i) {
+      Real sum = 0;
+      for (int64_t d = 0; d < HD; ++d) sum += dout[(i * NQ + h) * HD + d] * out[(i * NQ + h) * HD + d];
+      delta[static_cast<size_t>(i)] = sum;
+    }
+    for (int64_t i0 = 0; i0 < T; i0 += block) {
+      const int64_t i1 = std::min(T, i0 + block), rows = i1 - i0;
+      const HeadSlice<Real> queries(q + (i0 * NQ + h) * HD, rows, HD, Eigen::OuterStride<>(NQ * HD));
+      const HeadSlice<Real> output_grad(dout + (i0 * NQ + h) * HD, rows, HD, Eigen::OuterStride<>(NQ * HD));
+      MutableHeadSlice<Real> query_grad(dq + (i0 * NQ + h) * HD, rows, HD, Eigen::OuterStride<>(NQ * HD));
+      const int64_t first_key = block_first_key(position_ids, i0, i1);
+      for (int64_t j0 = first_key / block * block; j0 < i1; j0 += block) {
+        const int64_t j1 = std::min(T, j0 + block), cols = j1 - j0;
+        const HeadSlice<Real> keys(k + (j0 * NKV + g) * HD, cols, HD, Eigen::OuterStride<>(NKV * HD));
+        const HeadSlice<Real> values(v + (j0 * NKV + g) * HD, cols, HD, Eigen::OuterStride<>(NKV * HD));
+        MutableHeadSlice<Real> key_grad(dk + (j0 * NKV + g) * HD, cols, HD, Eigen::OuterStride<>(NKV * HD));
+        MutableHeadSlice<Real> value_grad(dv + (j0 * NKV + g) * HD, cols, HD, Eigen::OuterStride<>(NKV * HD));
+        block_scores(probabilities, queries, keys, position_ids, i0, j0, scale);
+        for (int64_t r = 0; r < rows; ++r)
+          probabilities.row(r) = (probabilities.row(r).array() - lse[h * T + i0 + r]).exp().matrix();  // exp(-inf) = 0
+        value_grad.noalias() += probabilities.transpose() * output_grad;
+        dprobabilities.noalias() = output_grad * values.transpose();
+        for (int64_t r = 0; r < rows; ++r)
+          dprobabilities.row(r) = (probabilities.row(r).array() * (dprobabilities.row(r).array() - delta[static_cast<size_t>(i0 + r)])).matrix();
+        query_grad.noalias() += scale * (dprobabilities * keys);
+        key_grad.noalias() += scale * (dprobabilities.transpose() * queries);
+      }
+    }
+  }
+}
+
+#define LONGSEQ_INSTANTIATE(Real)                                                                                     \
+  template void attention_forward<Real>(Real*, Real*, const Real*, const Real*, const Real*, const int32_t*, int64_t, \
+                                        int64_t, int64_t, int64_t, int64_t);                                          \
+  template void attention_backward<Real>(Real*, Real*, Real*, const Real*, const Real*, const Real*, const Real*,     \
+                                         const Real*, const Real*, const int32_t*, int64_t, int64_t, int64_t, int64_t, \
+                                         int64_t);
+LONGSEQ_INSTANTIATE(float)
+LONGSEQ_INSTANTIATE(double)
+#undef LONGSEQ_INSTANTIATE
+
+}  // namespace longseq::kernels
