@@ -45,9 +45,17 @@ struct LayerImplementation {
   bool fused_swiglu = false;             // SwiGLU saves gate and up only (Liger), not SiLU(gate)
 };
 
-// Category names used in traces and breakdowns.
+// Category names of traces and breakdowns, shared by the planner's predictions and the executor's
+// measurements (in the order reports print them).
+inline constexpr const char* kCategoryModelStates = "model_states";
+inline constexpr const char* kCategoryZero = "zero_buffers";
+inline constexpr const char* kCategoryCheckpoints = "activation_checkpoints";
 inline constexpr const char* kCategoryLayer = "layer_working_set";
 inline constexpr const char* kCategoryLoss = "logits_and_loss";
+inline constexpr const char* kCategoryInputs = "inputs";
+inline constexpr const char* kCategoryRuntime = "runtime_overheads";
+inline constexpr const char* kCategoryHost = "host";
+inline constexpr const char* kCategoryCalibrated = "calibrated_overhead";
 
 // Forward of one decoder layer. Expects "layer.input" live; leaves "layer.output" live. With
 // keep_for_backward (recompute, or no checkpointing) it also leaves live what backward needs.

@@ -13,20 +13,13 @@
 #include <string>
 #include <vector>
 
+#include "models/layer_inventory.hpp"
 #include "models/model_spec.hpp"
 #include "planner/cards.hpp"
 #include "planner/plan.hpp"
 
 namespace longseq {
 
-// Breakdown categories, in the order they are printed.
-inline constexpr const char* kCategoryModelStates = "model_states";
-inline constexpr const char* kCategoryZero = "zero_buffers";
-inline constexpr const char* kCategoryCheckpoints = "activation_checkpoints";
-inline constexpr const char* kCategoryInputs = "inputs";
-inline constexpr const char* kCategoryRuntime = "runtime_overheads";
-inline constexpr const char* kCategoryHost = "host";
-inline constexpr const char* kCategoryCalibrated = "calibrated_overhead";
 
 struct MemoryItem {
   std::string category;

@@ -1,0 +1,49 @@
+#include "executor/arena.hpp"
+
+#include <algorithm>
+#include <fmt/format.h>
+
+namespace longseq {
+
+Buffer& Buffer::operator=(Buffer&& other) noexcept {
+  if (this != &other) {
+    release();
+    arena_ = other.arena_;
+    name_ = other.name_;
+    data_ = std::move(other.data_);
+    elements_ = other.elements_;
+    other.arena_ = nullptr;
+    other.elements_ = 0;
+  }
+  return *this;
+}
+
+void Buffer::release() {
+  if (arena_) arena_->free(name_);
+  arena_ = nullptr;
+  data_.reset();
+  elements_ = 0;
+}
+
+Arena::Arena(std::string name, double capacity_bytes) : name_(std::move(name)), capacity_bytes_(capacity_bytes) {}
+
+Buffer Arena::allocate(std::string_view category, std::string_view name, int64_t elements, bool zeroed) {
+  const double bytes = static_cast<double>(elements) * static_cast<double>(sizeof(float));
+  if (trace_.current_bytes() + bytes > capacity_bytes_) {
+    std::vector<TraceItem> live = trace_.live_items();
+    live.push_back({category, name, bytes, 1, -1});
+    throw DeviceOutOfMemory(fmt::format("{} out of memory: {} needs {:.1f} MiB with {:.1f} of {:.1f} MiB in use", name_, name,
+                                        bytes / (1 << 20), trace_.current_bytes() / (1 << 20), capacity_bytes_ / (1 << 20)),
+                            std::move(live));
+  }
+  Buffer buffer;
+  buffer.arena_ = this;
+  buffer.name_ = name;
+  buffer.elements_ = elements;
+  buffer.data_.reset(elements > 0 ? new float[static_cast<size_t>(elements)] : nullptr);
+  if (zeroed && elements > 0) std::fill_n(buffer.data_.get(), elements, 0.0f);
+  trace_.alloc(category, name, bytes);
+  return buffer;
+}
+
+}  // namespace longseq

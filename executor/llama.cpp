@@ -1,0 +1,322 @@
+#include "executor/llama.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <optional>
+
+#include "kernels/cpu/attention.hpp"
+#include "kernels/cpu/dense.hpp"
+#include "kernels/cpu/loss_optimizer.hpp"
+#include "kernels/cpu/norm_rope.hpp"
+#include "models/layer_inventory.hpp"
+
+namespace longseq {
+
+namespace k = kernels;
+
+LlamaLayout llama_layout(const ModelSpec& model) {
+  LlamaLayout layout;
+  const int64_t C = model.hidden_size, Q = model.q_width(), KV = model.kv_width(), F = model.intermediate_size;
+  int64_t offset = 0;
+  auto take = [&](int64_t elements) {
+    const int64_t start = offset;
+    offset += elements;
+    return start;
+  };
+  layout.embedding = take(model.vocab_size * C);
+  for (int64_t i = 0; i < model.num_layers; ++i) {
+    LlamaLayout::Layer layer{};
+    layer.attention_norm = take(C);
+    layer.q_proj = take(Q * C);
+    layer.k_proj = take(KV * C);
+    layer.v_proj = take(KV * C);
+    layer.o_proj = take(C * Q);
+    layer.mlp_norm = take(C);
+    layer.gate_proj = take(F * C);
+    layer.up_proj = take(F * C);
+    layer.down_proj = take(C * F);
+    layout.layers.push_back(layer);
+  }
+  layout.final_norm = take(C);
+  layout.lm_head = model.tied_embeddings ? layout.embedding : take(model.vocab_size * C);
+  layout.total = offset;
+  return layout;
+}
+
+namespace {
+
+constexpr const char* kStates = kCategoryModelStates;
+constexpr const char* L = kCategoryLayer;
+
+struct Dims {
+  int64_t T, C, Q, KV, NQ, NKV, HD, F, V;
+};
+
+// What a layer keeps for its backward when its forward runs with keep_for_backward.
+struct LayerSaved {
+  Buffer attention_norm_output, attention_norm_rstd, q, k, v, attention_output, lse, residual, mlp_norm_output,
+      mlp_norm_rstd, gate, up, product;
+};
+
+int64_t tile_size(int64_t T, int64_t tiles) { return tiles > 0 ? (T + tiles - 1) / tiles : T; }
+
+// One decoder layer's forward. Returns the layer output; fills `saved` when given.
+Buffer layer_forward(const float* params, const LlamaLayout::Layer& w, const float* x, const int32_t* positions, const Dims& d,
+                     const TrainingOptions& options, Arena& device, LayerSaved* saved) {
+  LayerSaved local;
+  LayerSaved& s = saved ? *saved : local;
+  device.set_moment("forward: attention");
+  s.attention_norm_output = device.allocate(L, "attention_norm.output", d.T * d.C);
+  s.attention_norm_rstd = device.allocate(L, "attention_norm.rstd", d.T);
+  k::rmsnorm_forward(s.attention_norm_output.data(), s.attention_norm_rstd.data(), x, params + w.attention_norm, d.T, d.C,
+                     options.rmsnorm_eps);
+  s.q = device.allocate(L, "attention.q", d.T * d.Q);
+  s.k = device.allocate(L, "attention.k", d.T * d.KV);
+  s.v = device.allocate(L, "attention.v", d.T * d.KV);
+  k::linear_forward(s.q.data(), s.attention_norm_output.data(), params + w.q_proj, static_cast<const float*>(nullptr), d.T, d.C, d.Q);
+  k::linear_forward(s.k.data(), s.attention_norm_output.data(), params + w.k_proj, static_cast<const float*>(nullptr), d.T, d.C, d.KV);
+  k::linear_forward(s.v.data(), s.attention_norm_output.data(), params + w.v_proj, static_cast<const float*>(nullptr), d.T, d.C, d.KV);
+  k::rope_forward(s.q.data(), s.q.data(), positions, d.T, d.NQ, d.HD, options.rope_theta);
+  k::rope_forward(s.k.data(), s.k.data(), positions, d.T, d.NKV, d.HD, options.rope_theta);
+  if (!saved) s.attention_norm_output.release();
+  s.attention_output = device.allocate(L, "attention.output", d.T * d.Q);
+  s.lse = device.allocate(L, "attention.lse", d.NQ * d.T);
+  k::attention_forward(s.attention_output.data(), s.lse.data(), s.q.data(), s.k.data(), s.v.data(), positions, d.T, d.NQ,
+                       d.NKV, d.HD, options.attention_block);
+  if (!saved) {
+    s.q.release();
+    s.k.release();
+    s.v.release();
+    s.lse.release();
+  }
+  device.set_moment("forward: o_proj and residual");
+  s.residual = device.allocate(L, "residual.attention", d.T * d.C);
+  k::linear_forward(s.residual.data(), s.attention_output.data(), params + w.o_proj, static_cast<const float*>(nullptr), d.T, d.Q, d.C);
+  for (int64_t i = 0; i < d.T * d.C; ++i) s.residual.data()[i] += x[i];
+  if (!saved) s.attention_output.release();
+
+  device.set_moment("forward: mlp");
+  s.mlp_norm_output = device.allocate(L, "mlp_norm.output", d.T * d.C);
+  s.mlp_norm_rstd = device.allocate(L, "mlp_norm.rstd", d.T);
+  k::rmsnorm_forward(s.mlp_norm_output.data(), s.mlp_norm_rstd.data(), s.residual.data(), params + w.mlp_norm, d.T, d.C,
+                     options.rmsnorm_eps);
+  Buffer output = device.allocate(L, "layer.output", d.T * d.C);
+  const int64_t tile = options.mlp_tiles > 0 ? tile_size(d.T, options.mlp_tiles) : d.T;
+  const bool keep_intermediates = saved && options.mlp_tiles == 0;
+  for (int64_t t0 = 0; t0 < d.T; t0 += tile) {
+    const int64_t rows = std::min(tile, d.T - t0);
+    Buffer gate = device.allocate(L, "mlp.gate", rows * d.F);
+    Buffer up = device.allocate(L, "mlp.up", rows * d.F);
+    const float* h = s.mlp_norm_output.data() + t0 * d.C;
+    k::linear_forward(gate.data(), h, params + w.gate_proj, static_cast<const float*>(nullptr), rows, d.C, d.F);
+    k::linear_forward(up.data(), h, params + w.up_proj, static_cast<const float*>(nullptr), rows, d.C, d.F);
+    Buffer product = device.allocate(L, "mlp.product", rows * d.F);
+    k::swiglu_forward(product.data(), gate.data(), up.data(), rows * d.F);
+    k::linear_forward(output.data() + t0 * d.C, product.data(), params + w.down_proj, static_cast<const float*>(nullptr), rows,
+                      d.F, d.C);
+    if (keep_intermediates) {
+      s.gate = std::move(gate);
+      s.up = std::move(up);
+      s.product = std::move(product);
+    }
+  }
+  for (int64_t i = 0; i < d.T * d.C; ++i) output.data()[i] += s.residual.data()[i];
+  if (!saved) {
+    s.mlp_norm_output.release();
+    s.mlp_norm_rstd.release();
+    s.residual.release();
+  }
+  return output;
+}
+
+// One decoder layer's backward after layer_forward with `saved`. dy is the gradient of the
+// layer output; returns the gradient of its input.
+Buffer layer_backward(float* grads, const float* params, const LlamaLayout::Layer& w, const float* x, const float* dy,
+                      const int32_t* positions, const Dims& d, const TrainingOptions& options, Arena& device, LayerSaved& s) {
+  device.set_moment("backward: mlp");
+  // The residual branch passes dy through; the MLP adds its input gradient through the norm.
+  Buffer mlp_input_grad = device.allocate(L, "mlp.input_grad", d.T * d.C, true);
+  const int64_t tile = options.mlp_tiles > 0 ? tile_size(d.T, options.mlp_tiles) : d.T;
+  for (int64_t t0 = 0; t0 < d.T; t0 += tile) {
+    const int64_t rows = std::min(tile, d.T - t0);
+    const float* h = s.mlp_norm_output.data() + t0 * d.C;
+    Buffer gate, up, product;
+    if (options.mlp_tiles == 0) {
+      gate = std::move(s.gate);
+      up = std::move(s.up);
+      product = std::move(s.product);
+    } else {  // TiledMLP: recompute this tile
+      gate = device.allocate(L, "mlp.gate", rows * d.F);
+      up = device.allocate(L, "mlp.up", rows * d.F);
+      k::linear_forward(gate.data(), h, params + w.gate_proj, static_cast<const float*>(nullptr), rows, d.C, d.F);
+      k::linear_forward(up.data(), h, params + w.up_proj, static_cast<const float*>(nullptr), rows, d.C, d.F);
+      product = device.allocate(L, "mlp.product", rows * d.F);
+      k::swiglu_forward(product.data(), gate.data(), up.data(), rows * d.F);
+    }
+    Buffer product_grad = device.allocate(L, "mlp.product_grad", rows * d.F, true);
+    k::linear_backward(product_grad.data(), grads + w.down_proj, static_cast<float*>(nullptr), dy + t0 * d.C, product.data(),
+                       params + w.down_proj, rows, d.F, d.C);
+    product.release();
+    Buffer gate_grad = device.allocate(L, "mlp.gate_grad", rows * d.F, true);
+    Buffer up_grad = device.allocate(L, "mlp.up_grad", rows * d.F, true);
+    k::swiglu_backward(gate_grad.data(), up_grad.data(), product_grad.data(), gate.data(), up.data(), rows * d.F);
+    product_grad.release();
+    float* dh = mlp_input_grad.data() + t0 * d.C;
+    k::linear_backward(dh, grads + w.gate_proj, static_cast<float*>(nullptr), gate_grad.data(), h, params + w.gate_proj, rows, d.C, d.F);
+    k::linear_backward(dh, grads + w.up_proj, static_cast<float*>(nullptr), up_grad.data(), h, params + w.up_proj, rows, d.C, d.F);
+  }
+  s.mlp_norm_output.release();
+  device.set_moment("backward: mlp norm");
+  Buffer residual_grad = device.allocate(L, "residual.attention_grad", d.T * d.C);
+  std::copy_n(dy, d.T * d.C, residual_grad.data());
+  k::rmsnorm_backward(residual_grad.data(), grads + w.mlp_norm, mlp_input_grad.data(), s.residual.data(), params + w.mlp_norm,
+                      s.mlp_norm_rstd.data(), d.T, d.C);
+  mlp_input_grad.release();
+  s.residual.release();
+  s.mlp_norm_rstd.release();
+
+  device.set_moment("backward: attention");
+  Buffer output_grad = device.allocate(L, "attention.output_grad", d.T * d.Q, true);
+  k::linear_backward(output_grad.data(), grads + w.o_proj, static_cast<float*>(nullptr), residual_grad.data(),
+                     s.attention_output.data(), params + w.o_proj, d.T, d.Q, d.C);
+  Buffer q_grad = device.allocate(L, "attention.q_grad", d.T * d.Q, true);
+  Buffer k_grad = device.allocate(L, "attention.k_grad", d.T * d.KV, true);
+  Buffer v_grad = device.allocate(L, "attention.v_grad", d.T * d.KV, true);
+  k::attention_backward(q_grad.data(), k_grad.data(), v_grad.data(), output_grad.data(), s.q.data(), s.k.data(), s.v.data(),
+                        s.attention_output.data(), s.lse.data(), positions, d.T, d.NQ, d.NKV, d.HD, options.attention_block);
+  output_grad.release();
+  s.attention_output.release();
+  s.lse.release();
+  s.q.release();
+  s.k.release();
+  s.v.release();
+  // RoPE's backward is the inverse rotation, done in place on the gradients.
+  Buffer q_proj_grad = device.allocate(L, "attention.q_proj_grad", d.T * d.Q, true);
+  k::rope_backward(q_proj_grad.data(), q_grad.data(), positions, d.T, d.NQ, d.HD, options.rope_theta);
+  q_grad.release();
+  Buffer k_proj_grad = device.allocate(L, "attention.k_proj_grad", d.T * d.KV, true);
+  k::rope_backward(k_proj_grad.data(), k_grad.data(), positions, d.T, d.NKV, d.HD, options.rope_theta);
+  k_grad.release();
+  Buffer norm_grad = device.allocate(L, "attention_norm.output_grad", d.T * d.C, true);
+  const float* h1 = s.attention_norm_output.data();
+  k::linear_backward(norm_grad.data(), grads + w.q_proj, static_cast<float*>(nullptr), q_proj_grad.data(), h1, params + w.q_proj, d.T, d.C, d.Q);
+  k::linear_backward(norm_grad.data(), grads + w.k_proj, static_cast<float*>(nullptr), k_proj_grad.data(), h1, params + w.k_proj, d.T, d.C, d.KV);
+  k::linear_backward(norm_grad.data(), grads + w.v_proj, static_cast<float*>(nullptr), v_grad.data(), h1, params + w.v_proj, d.T, d.C, d.KV);
+  q_proj_grad.release();
+  k_proj_grad.release();
+  v_grad.release();
+  s.attention_norm_output.release();
+
+  device.set_moment("backward: attention norm");
+  Buffer input_grad = std::move(residual_grad);  // dx = residual gradient + the attention branch
+  k::rmsnorm_backward(input_grad.data(), grads + w.attention_norm, norm_grad.data(), x, params + w.attention_norm,
+                      s.attention_norm_rstd.data(), d.T, d.C);
+  s.attention_norm_rstd.release();
+  return input_grad;
+}
+
+}  // namespace
+
+LlamaModel::LlamaModel(const ModelSpec& model, Arena& device) : spec_(model), layout_(llama_layout(model)), device_(device) {
+  parameters_ = device.allocate(kStates, "weights", layout_.total, true);
+  gradients_ = device.allocate(kStates, "gradients_fp32", layout_.total, true);
+}
+
+StepResult LlamaModel::forward_backward(const int32_t* tokens, const int32_t* labels, const int32_t* positions, int64_t T,
+                                        const TrainingOptions& options, Arena& device, Arena& host) {
+  const ModelSpec& m = spec_;
+  const Dims d{T, m.hidden_size, m.q_width(), m.kv_width(), m.num_q_heads, m.num_kv_heads, m.head_dim, m.intermediate_size, m.vocab_size};
+  const float* params = parameters_.data();
+  float* grads = gradients_.data();
+  std::fill_n(grads, layout_.total, 0.0f);
+  const int64_t layers = m.num_layers;
+
+  // Forward. With checkpointing only each layer's input survives (on the device, or copied to
+  // the host pool); without it every layer keeps what its backward reads.
+  Buffer x = device.allocate(L, "layer.input", T * d.C);
+  k::embedding_forward(x.data(), tokens, params + layout_.embedding, T, d.C);
+  std::vector<Buffer> inputs(static_cast<size_t>(layers));
+  std::vector<LayerSaved> saved(options.activation_checkpointing ? 0 : static_cast<size_t>(layers));
+  for (int64_t i = 0; i < layers; ++i) {
+    const auto& w = layout_.layers[static_cast<size_t>(i)];
+    Buffer y = layer_forward(params, w, x.data(), positions, d, options, device,
+                             options.activation_checkpointing ? nullptr : &saved[static_cast<size_t>(i)]);
+    if (options.checkpoint_offload) {
+      Buffer copy = host.allocate(kCategoryCheckpoints, "hidden_states_checkpoints", T * d.C);
+      std::copy_n(x.data(), T * d.C, copy.data());
+      x.release();
+      inputs[static_cast<size_t>(i)] = std::move(copy);
+    } else {
+      inputs[static_cast<size_t>(i)] = std::move(x);
+    }
+    x = std::move(y);
+  }
+
+  // Final norm, logits and loss; the gradient comes back into the last layer's output.
+  device.set_moment("loss: logits and cross entropy");
+  StepResult result;
+  for (int64_t t = 0; t < T; ++t) result.counted_tokens += labels[t] != k::kIgnoreIndex;
+  const float loss_scale = result.counted_tokens > 0 ? 1.0f / static_cast<float>(result.counted_tokens) : 0.0f;
+  Buffer final_output = device.allocate(kCategoryLoss, "final_norm.output", T * d.C);
+  Buffer final_rstd = device.allocate(kCategoryLoss, "final_norm.rstd", T);
+  k::rmsnorm_forward(final_output.data(), final_rstd.data(), x.data(), params + layout_.final_norm, T, d.C, options.rmsnorm_eps);
+  Buffer final_grad = device.allocate(kCategoryLoss, "final_norm.output_grad", T * d.C, true);
+  const int64_t loss_tile = options.loss_tiles > 0 ? tile_size(T, options.loss_tiles) : T;
+  double loss_sum = 0;
+  for (int64_t t0 = 0; t0 < T; t0 += loss_tile) {
+    const int64_t rows = std::min(loss_tile, T - t0);
+    Buffer logits = device.allocate(kCategoryLoss, "loss.logits", rows * d.V);
+    k::linear_forward(logits.data(), final_output.data() + t0 * d.C, params + layout_.lm_head, static_cast<const float*>(nullptr),
+                      rows, d.C, d.V);
+    Buffer losses = device.allocate(kCategoryLoss, "loss.per_token", rows);
+    k::cross_entropy_forward(losses.data(), logits.data(), labels + t0, rows, d.V);
+    for (int64_t r = 0; r < rows; ++r) loss_sum += losses.data()[r];
+    Buffer logits_grad = device.allocate(kCategoryLoss, "loss.logits_grad", rows * d.V, true);
+    k::cross_entropy_backward(logits_grad.data(), logits.data(), labels + t0, loss_scale, rows, d.V);
+    logits.release();
+    k::linear_backward(final_grad.data() + t0 * d.C, grads + layout_.lm_head, static_cast<float*>(nullptr), logits_grad.data(),
+                       final_output.data() + t0 * d.C, params + layout_.lm_head, rows, d.C, d.V);
+  }
+  result.loss = result.counted_tokens > 0 ? loss_sum / static_cast<double>(result.counted_tokens) : 0.0;
+  final_output.release();
+  Buffer dy = device.allocate(L, "layer.output_grad", T * d.C, true);
+  k::rmsnorm_backward(dy.data(), grads + layout_.final_norm, final_grad.data(), x.data(), params + layout_.final_norm,
+                      final_rstd.data(), T, d.C);
+  final_grad.release();
+  final_rstd.release();
+  x.release();
+
+  // Backward, last layer first; with checkpointing each layer is recomputed from its input.
+  for (int64_t i = layers - 1; i >= 0; --i) {
+    const auto& w = layout_.layers[static_cast<size_t>(i)];
+    Buffer input = std::move(inputs[static_cast<size_t>(i)]);
+    if (options.checkpoint_offload) {
+      Buffer fetched = device.allocate(L, "layer.input", T * d.C);
+      std::copy_n(input.data(), T * d.C, fetched.data());
+      input = std::move(fetched);
+    }
+    LayerSaved recomputed;
+    LayerSaved& layer_saved = options.activation_checkpointing ? recomputed : saved[static_cast<size_t>(i)];
+    if (options.activation_checkpointing) {
+      Buffer output = layer_forward(params, w, input.data(), positions, d, options, device, &recomputed);
+      output.release();
+    }
+    Buffer dx = layer_backward(grads, params, w, input.data(), dy.data(), positions, d, options, device, layer_saved);
+    dy = std::move(dx);
+  }
+  k::embedding_backward(grads + layout_.embedding, dy.data(), tokens, T, d.C);
+  return result;
+}
+
+void LlamaModel::adamw_step(float lr, float beta1, float beta2, float eps, float weight_decay) {
+  if (adam_m_.empty()) {
+    adam_m_ = device_.allocate(kStates, "optimizer_states", layout_.total, true);
+    adam_v_ = device_.allocate(kStates, "optimizer_states", layout_.total, true);
+  }
+  ++step_;
+  k::adamw_update(parameters_.data(), gradients_.data(), adam_m_.data(), adam_v_.data(), layout_.total, lr, beta1, beta2, eps,
+                  weight_decay, step_);
+}
+
+}  // namespace longseq

@@ -1,0 +1,76 @@
+// llama.hpp: a Llama-style decoder that trains on the CPU with the kernels of kernels/cpu.
+//
+// Parameters live in one flat buffer (gradients and Adam moments in buffers of the same layout).
+// Activations are allocated through the device arena under the tensor inventory's names, so the
+// arena's peak can be diffed against the planner's `native` prediction. Each memory option
+// (checkpointing with recompute, checkpoint offload to the host pool, tiled MLP, tiled loss)
+// changes what is live, never the arithmetic: tests hold loss and gradients equal across them.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "executor/arena.hpp"
+#include "models/model_spec.hpp"
+
+namespace longseq {
+
+// Offsets of every parameter tensor in the flat buffer.
+struct LlamaLayout {
+  struct Layer {
+    int64_t attention_norm, q_proj, k_proj, v_proj, o_proj, mlp_norm, gate_proj, up_proj, down_proj;
+  };
+  int64_t embedding = 0;
+  std::vector<Layer> layers;
+  int64_t final_norm = 0;
+  int64_t lm_head = 0;  // == embedding when tied
+  int64_t total = 0;
+};
+
+LlamaLayout llama_layout(const ModelSpec& model);
+
+struct TrainingOptions {
+  bool activation_checkpointing = false;
+  bool checkpoint_offload = false;  // needs checkpointing
+  int64_t mlp_tiles = 0;            // 0: untiled
+  int64_t loss_tiles = 0;           // 0: untiled
+  int64_t attention_block = 64;     // tokens per attention block
+  double rope_theta = 500000.0;     // Llama-3's
+  float rmsnorm_eps = 1e-5f;
+};
+
+struct StepResult {
+  double loss = 0;               // mean over counted tokens
+  int64_t counted_tokens = 0;    // labels that are not -100
+};
+
+// A whole model: parameters, their gradients and Adam moments, allocated in `device`.
+class LlamaModel {
+ public:
+  LlamaModel(const ModelSpec& model, Arena& device);
+  const ModelSpec& spec() const { return spec_; }
+  const LlamaLayout& layout() const { return layout_; }
+  float* parameters() { return parameters_.data(); }
+  const float* parameters() const { return parameters_.data(); }
+  float* gradients() { return gradients_.data(); }
+  const float* gradients() const { return gradients_.data(); }
+  int64_t parameter_count() const { return layout_.total; }
+
+  // Forward and backward for one sequence of T tokens: labels pre-shifted (label t is the
+  // target of token t, -100 to ignore), position_ids restarting at 0 for every packed document.
+  // Gradients are overwritten. Activations come from `device`; offloaded checkpoints from `host`.
+  StepResult forward_backward(const int32_t* tokens, const int32_t* labels, const int32_t* position_ids, int64_t T,
+                              const TrainingOptions& options, Arena& device, Arena& host);
+
+  // PyTorch-style AdamW on every parameter (moments allocated in the device arena on first use).
+  void adamw_step(float lr, float beta1, float beta2, float eps, float weight_decay);
+
+ private:
+  ModelSpec spec_;
+  LlamaLayout layout_;
+  Arena& device_;
+  Buffer parameters_, gradients_, adam_m_, adam_v_;
+  int64_t step_ = 0;
+};
+
+}  // namespace longseq
