@@ -12,6 +12,7 @@ struct ValidateCommandArgs;  // `longseq validate`: predictions against publishe
 struct BenchCommandArgs;     // `longseq bench`: how long the plan search takes
 struct SweepCommandArgs;     // `longseq sweep`: run a scenario file's sweep
 struct ReportCommandArgs;    // `longseq report`: figures and report.md from a sweep
+struct RunCommandArgs;       // `longseq run`: train with real kernels, measured vs predicted
 
 std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app);
 int plan_command_run(const PlanCommandArgs& args);
@@ -27,5 +28,8 @@ int sweep_command_run(const SweepCommandArgs& args);
 
 std::shared_ptr<ReportCommandArgs> report_command_register(CLI::App& app);
 int report_command_run(const ReportCommandArgs& args);
+
+std::shared_ptr<RunCommandArgs> run_command_register(CLI::App& app);
+int run_command_run(const RunCommandArgs& args);
 
 }  // namespace longseq

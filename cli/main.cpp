@@ -1,4 +1,4 @@
-// main.cpp: the `longseq` command line. Subcommands: plan, sweep, report, validate, bench, models, hardware.
+// main.cpp: the `longseq` command line. Subcommands: plan, sweep, report, run, validate, bench, models, hardware.
 //
 // Exit codes: 0 success (a plan that does not fit is an answer, not an error); 2 bad input or an
 // impossible plan, with a one-line reason naming the file/flag and key; CLI11's own codes for
@@ -50,6 +50,7 @@ int main(int argc, char** argv) {
   auto bench_args = longseq::bench_command_register(app);
   auto sweep_args = longseq::sweep_command_register(app);
   auto report_args = longseq::report_command_register(app);
+  auto run_args = longseq::run_command_register(app);
   CLI::App* models = app.add_subcommand("models", "List the built-in model cards with exact parameter counts");
   CLI::App* hardware = app.add_subcommand("hardware", "List the built-in hardware cards");
   CLI11_PARSE(app, argc, argv);
@@ -59,6 +60,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("bench")) return longseq::bench_command_run(*bench_args);
     if (app.got_subcommand("sweep")) return longseq::sweep_command_run(*sweep_args);
     if (app.got_subcommand("report")) return longseq::report_command_run(*report_args);
+    if (app.got_subcommand("run")) return longseq::run_command_run(*run_args);
     if (models->parsed()) return models_list();
     if (hardware->parsed()) return hardware_list();
   } catch (const longseq::ConfigError& error) {

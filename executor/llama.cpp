@@ -218,9 +218,11 @@ Buffer layer_backward(float* grads, const float* params, const LlamaLayout::Laye
 
 }  // namespace
 
-LlamaModel::LlamaModel(const ModelSpec& model, Arena& device) : spec_(model), layout_(llama_layout(model)), device_(device) {
+LlamaModel::LlamaModel(const ModelSpec& model, Arena& device) : spec_(model), layout_(llama_layout(model)) {
   parameters_ = device.allocate(kStates, "weights", layout_.total, true);
   gradients_ = device.allocate(kStates, "gradients_fp32", layout_.total, true);
+  adam_m_ = device.allocate(kStates, "optimizer_states", layout_.total, true);
+  adam_v_ = device.allocate(kStates, "optimizer_states", layout_.total, true);
 }
 
 StepResult LlamaModel::forward_backward(const int32_t* tokens, const int32_t* labels, const int32_t* positions, int64_t T,
@@ -310,10 +312,6 @@ StepResult LlamaModel::forward_backward(const int32_t* tokens, const int32_t* la
 }
 
 void LlamaModel::adamw_step(float lr, float beta1, float beta2, float eps, float weight_decay) {
-  if (adam_m_.empty()) {
-    adam_m_ = device_.allocate(kStates, "optimizer_states", layout_.total, true);
-    adam_v_ = device_.allocate(kStates, "optimizer_states", layout_.total, true);
-  }
   ++step_;
   k::adamw_update(parameters_.data(), gradients_.data(), adam_m_.data(), adam_v_.data(), layout_.total, lr, beta1, beta2, eps,
                   weight_decay, step_);

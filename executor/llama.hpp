@@ -47,6 +47,7 @@ struct StepResult {
 // A whole model: parameters, their gradients and Adam moments, allocated in `device`.
 class LlamaModel {
  public:
+  // Parameters, gradients and both Adam moments are allocated in `device` here.
   LlamaModel(const ModelSpec& model, Arena& device);
   const ModelSpec& spec() const { return spec_; }
   const LlamaLayout& layout() const { return layout_; }
@@ -62,13 +63,12 @@ class LlamaModel {
   StepResult forward_backward(const int32_t* tokens, const int32_t* labels, const int32_t* position_ids, int64_t T,
                               const TrainingOptions& options, Arena& device, Arena& host);
 
-  // PyTorch-style AdamW on every parameter (moments allocated in the device arena on first use).
+  // PyTorch-style AdamW on every parameter (its moments are allocated with the model).
   void adamw_step(float lr, float beta1, float beta2, float eps, float weight_decay);
 
  private:
   ModelSpec spec_;
   LlamaLayout layout_;
-  Arena& device_;
   Buffer parameters_, gradients_, adam_m_, adam_v_;
   int64_t step_ = 0;
 };

@@ -477,4 +477,157 @@ void lm_loss_forward_backward(TensorTrace& trace, const LayerShape& shape, const
   trace.free("final_norm.input");
 }
 
+namespace {
+
+// Sizes in bytes for the executor's fp32 buffers.
+struct ExecutorBytes {
+  double x, q, kv, lse, rstd, f_tile, last_f_tile;
+  ExecutorBytes(const LayerShape& shape) {
+    const double t = static_cast<double>(shape.tokens);
+    x = t * static_cast<double>(shape.hidden) * 4;
+    q = t * static_cast<double>(shape.q_width) * 4;
+    kv = t * static_cast<double>(shape.kv_width) * 4;
+    lse = t * static_cast<double>(shape.num_q_heads) * 4;
+    rstd = t * 4;
+    const int64_t tile = shape.mlp_tiles > 0 ? (shape.tokens + shape.mlp_tiles - 1) / shape.mlp_tiles : shape.tokens;
+    f_tile = static_cast<double>(tile) * static_cast<double>(shape.intermediate) * 4;
+    last_f_tile = static_cast<double>(shape.tokens - (shape.tokens - 1) / tile * tile) * static_cast<double>(shape.intermediate) * 4;
+  }
+};
+
+int64_t executor_tile_count(const LayerShape& shape) {
+  if (shape.mlp_tiles == 0) return 1;
+  const int64_t tile = (shape.tokens + shape.mlp_tiles - 1) / shape.mlp_tiles;
+  return (shape.tokens + tile - 1) / tile;
+}
+
+// executor/llama.cpp layer_forward. Leaves "layer.output" and, with keep, the saved tensors.
+void executor_layer_forward(TensorTrace& trace, const LayerShape& shape, bool keep) {
+  const ExecutorBytes b(shape);
+  trace.set_moment("forward: attention");
+  trace.alloc(L, "attention_norm.output", b.x);
+  trace.alloc(L, "attention_norm.rstd", b.rstd);
+  trace.alloc(L, "attention.q", b.q);
+  trace.alloc(L, "attention.k", b.kv);
+  trace.alloc(L, "attention.v", b.kv);
+  if (!keep) trace.free("attention_norm.output");
+  trace.alloc(L, "attention.output", b.q);
+  trace.alloc(L, "attention.lse", b.lse);
+  if (!keep)
+    for (const char* name : {"attention.q", "attention.k", "attention.v", "attention.lse"}) trace.free(name);
+  trace.set_moment("forward: o_proj and residual");
+  trace.alloc(L, "residual.attention", b.x);
+  if (!keep) trace.free("attention.output");
+  trace.set_moment("forward: mlp");
+  trace.alloc(L, "mlp_norm.output", b.x);
+  trace.alloc(L, "mlp_norm.rstd", b.rstd);
+  trace.alloc(L, "layer.output", b.x);
+  const int64_t tiles = executor_tile_count(shape);
+  const bool keep_intermediates = keep && shape.mlp_tiles == 0;
+  for (int64_t tile = 0; tile < tiles; ++tile) {
+    const double f = tile + 1 == tiles ? b.last_f_tile : b.f_tile;
+    trace.alloc(L, "mlp.gate", f);
+    trace.alloc(L, "mlp.up", f);
+    trace.alloc(L, "mlp.product", f);
+    if (!keep_intermediates)
+      for (const char* name : {"mlp.product", "mlp.up", "mlp.gate"}) trace.free(name);
+  }
+  if (!keep) {
+    for (const char* name : {"mlp_norm.output", "mlp_norm.rstd", "residual.attention", "attention_norm.rstd"}) trace.free(name);
+  }
+}
+
+// executor/llama.cpp layer_backward after executor_layer_forward(keep). Expects "layer.input"
+// and "layer.output_grad" live; leaves "layer.input_grad".
+void executor_layer_backward(TensorTrace& trace, const LayerShape& shape) {
+  const ExecutorBytes b(shape);
+  trace.set_moment("backward: mlp");
+  trace.alloc(L, "mlp.input_grad", b.x);
+  const int64_t tiles = executor_tile_count(shape);
+  for (int64_t tile = 0; tile < tiles; ++tile) {
+    const double f = tile + 1 == tiles ? b.last_f_tile : b.f_tile;
+    if (shape.mlp_tiles > 0) {
+      trace.alloc(L, "mlp.gate", f);
+      trace.alloc(L, "mlp.up", f);
+      trace.alloc(L, "mlp.product", f);
+    }
+    trace.alloc(L, "mlp.product_grad", f);
+    trace.free("mlp.product");
+    trace.alloc(L, "mlp.gate_grad", f);
+    trace.alloc(L, "mlp.up_grad", f);
+    trace.free("mlp.product_grad");
+    for (const char* name : {"mlp.up_grad", "mlp.gate_grad", "mlp.up", "mlp.gate"}) trace.free(name);
+  }
+  trace.free("mlp_norm.output");
+  trace.set_moment("backward: mlp norm");
+  trace.alloc(L, "residual.attention_grad", b.x);
+  for (const char* name : {"mlp.input_grad", "residual.attention", "mlp_norm.rstd"}) trace.free(name);
+  trace.set_moment("backward: attention");
+  trace.alloc(L, "attention.output_grad", b.q);
+  trace.alloc(L, "attention.q_grad", b.q);
+  trace.alloc(L, "attention.k_grad", b.kv);
+  trace.alloc(L, "attention.v_grad", b.kv);
+  for (const char* name : {"attention.output_grad", "attention.output", "attention.lse", "attention.q", "attention.k", "attention.v"})
+    trace.free(name);
+  trace.alloc(L, "attention.q_proj_grad", b.q);
+  trace.free("attention.q_grad");
+  trace.alloc(L, "attention.k_proj_grad", b.kv);
+  trace.free("attention.k_grad");
+  trace.alloc(L, "attention_norm.output_grad", b.x);
+  for (const char* name : {"attention.q_proj_grad", "attention.k_proj_grad", "attention.v_grad", "attention_norm.output"}) trace.free(name);
+  trace.set_moment("backward: attention norm");
+  // The input gradient is the residual gradient's buffer, renamed.
+  trace.alias("residual.attention_grad", L, "layer.input_grad");
+  trace.free("residual.attention_grad");
+  trace.free("attention_norm.rstd");
+  trace.free("attention_norm.output_grad");
+}
+
+}  // namespace
+
+void executor_step_replay(TensorTrace& trace, const LayerShape& shape, const ExecutorStepOptions& options) {
+  const ExecutorBytes b(shape);
+  const bool keep = !options.checkpointing;
+  // Forward: each layer's input survives as a checkpoint (on the device unless offloaded); the
+  // executor names the stored input "layer.input" and each output "layer.output" in turn.
+  trace.set_moment("forward: embedding");
+  trace.alloc(L, "layer.input", b.x);
+  for (int64_t i = 0; i < options.layers; ++i) {
+    executor_layer_forward(trace, shape, keep);
+    if (options.checkpoint_offload) trace.free("layer.input");  // copied to the host pool
+    // The output becomes the next layer's input.
+    trace.alias("layer.output", L, "layer.input");
+    trace.free("layer.output");
+  }
+  trace.set_moment("loss: logits and cross entropy");
+  trace.alloc(kCategoryLoss, "final_norm.output", b.x);
+  trace.alloc(kCategoryLoss, "final_norm.rstd", b.rstd);
+  trace.alloc(kCategoryLoss, "final_norm.output_grad", b.x);
+  const int64_t tile = options.loss_tile_tokens > 0 ? options.loss_tile_tokens : shape.tokens;
+  for (int64_t t0 = 0; t0 < shape.tokens; t0 += tile) {
+    const double rows = static_cast<double>(std::min(tile, shape.tokens - t0));
+    trace.alloc(kCategoryLoss, "loss.logits", rows * static_cast<double>(shape.vocab) * 4);
+    trace.alloc(kCategoryLoss, "loss.per_token", rows * 4);
+    trace.alloc(kCategoryLoss, "loss.logits_grad", rows * static_cast<double>(shape.vocab) * 4);
+    for (const char* name : {"loss.logits", "loss.logits_grad", "loss.per_token"}) trace.free(name);
+  }
+  trace.free("final_norm.output");
+  trace.alloc(L, "layer.output_grad", b.x);
+  for (const char* name : {"final_norm.output_grad", "final_norm.rstd", "layer.input"}) trace.free(name);  // the last output
+  // Backward, last layer first.
+  for (int64_t i = options.layers - 1; i >= 0; --i) {
+    if (options.checkpoint_offload) trace.alloc(L, "layer.input", b.x);  // fetched from the host pool
+    if (options.checkpointing) {
+      executor_layer_forward(trace, shape, /*keep=*/true);
+      trace.free("layer.output");
+    }
+    executor_layer_backward(trace, shape);
+    trace.free("layer.output_grad");
+    trace.alias("layer.input_grad", L, "layer.output_grad");
+    trace.free("layer.input_grad");
+    trace.free("layer.input");
+  }
+  trace.free("layer.output_grad");
+}
+
 }  // namespace longseq

@@ -75,6 +75,19 @@ double decoder_layer_saved_bytes(const LayerShape& shape, const LayerImplementat
 // output and lse chunks, the input chunks, and the fp32 dq accumulators of backward.
 double fpdt_host_bytes(const LayerShape& shape, const LayerImplementation& impl);
 
+// longseq's own executor (executor/llama.cpp), tensor for tensor and in its order: RoPE in place,
+// no all-to-all (one rank), SwiGLU keeping gate/up/product with separate gradient buffers, RMSNorm
+// keeping its rstd, a cross entropy that writes the logits' gradient without a log-softmax copy.
+// The whole step is replayed, every layer, since the executor's peak is exactly what it allocates.
+// `shape.mlp_tiles` 0 is untiled; `loss_tile_tokens` 0 is untiled.
+struct ExecutorStepOptions {
+  int64_t layers = 0;
+  bool checkpointing = false;
+  bool checkpoint_offload = false;
+  int64_t loss_tile_tokens = 0;
+};
+void executor_step_replay(TensorTrace& trace, const LayerShape& shape, const ExecutorStepOptions& options);
+
 enum class LossImplementation {
   loss_untiled,        // HF: logits, fp32 upcast, log-softmax; backward holds three fp32 [T, V]
   loss_liger_chunked,  // Liger fused linear cross entropy: gradients computed in forward, per chunk

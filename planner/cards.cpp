@@ -87,6 +87,9 @@ RuntimeProfile runtime_profile_from_text(const std::string& yaml_text, const std
   else throw ConfigError(source_name, "loss_tiling", fmt::format("expected liger or shards, got '{}'", tiling));
   profile.dataloader_host_bytes_per_token = reader.get_double("dataloader_host_bytes_per_token", 0, 1 << 20);
   profile.activation_overhead_factor = reader.get_double("activation_overhead_factor", 1.0, 4.0);
+  profile.step_schedule = reader.get_string("step_schedule", "phases");
+  if (profile.step_schedule != "phases" && profile.step_schedule != "executor")
+    throw ConfigError(source_name, "step_schedule", fmt::format("expected phases or executor, got '{}'", profile.step_schedule));
   reader.reject_unknown_keys();
   return profile;
 }

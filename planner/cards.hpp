@@ -54,6 +54,9 @@ struct RuntimeProfile {
   bool fused_swiglu = false;
   LossTiling loss_tiling = LossTiling::loss_tiling_shards;
   double dataloader_host_bytes_per_token = 0;
+  // How a step's memory is predicted: "phases" replays the three heaviest phases of a framework
+  // stack through the layer inventory; "executor" replays longseq's executor step, every layer.
+  std::string step_schedule = "phases";
   // CALIBRATED, not derived: GPU memory that grows with S costs this many times what the tensor
   // inventory adds up to (allocator and framework behaviour the inventory cannot see). 1 = none.
   double activation_overhead_factor = 1.0;

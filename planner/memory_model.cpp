@@ -95,7 +95,8 @@ double as_double(int64_t value) { return static_cast<double>(value); }
 
 // Model states, runtime overheads and inputs: live for the whole step.
 void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const ClusterSpec& cluster,
-                          const PlanOptions& plan, const RuntimeProfile& profile, const Setup& setup, int64_t seqlen) {
+                          const PlanOptions& plan, const RuntimeProfile& profile, const Setup& setup, int64_t seqlen,
+                          bool with_inputs = true) {
   const double params = as_double(setup.params.total);
   const double world = as_double(cluster.gpus);
   // ZeRO partitions over all ranks (data x sequence parallel; REFERENCE training configuration):
@@ -117,6 +118,7 @@ void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const Clus
 
   // input_ids and shift_labels (int64) for this rank's tokens; position_ids all-gathered to the
   // full sequence for attention when sp > 1 (REFERENCE §3.1); RoPE cos and sin [b, S_l, d].
+  if (!with_inputs) return;
   const double tokens = as_double(setup.shape.tokens);
   trace.alloc(kCategoryInputs, "input_ids_and_labels", tokens * 16.0);
   trace.alloc(kCategoryInputs, "position_ids", as_double(plan.micro_batch) * as_double(plan.sp > 1 ? seqlen : seqlen / plan.sp) * 8.0);
@@ -179,7 +181,7 @@ MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& clust
   const double x_bytes = as_double(setup.shape.tokens) * as_double(model.hidden_size) * as_double(profile.activation_bytes);
   const double saved_per_layer = plan.activation_checkpointing ? 0 : decoder_layer_saved_bytes(setup.shape, setup.impl);
 
-  std::vector<PhaseResult> phases(3);
+  std::vector<PhaseResult> phases(profile.step_schedule == "executor" ? 1 : 3);
   // Every phase starts from the static tensors and the activations of the layers below it.
   auto phase_begin = [&](PhaseResult& result, const char* name, double resident_layers) -> TensorTrace& {
     result.phase = name;
@@ -189,33 +191,48 @@ MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& clust
     return result.trace;
   };
 
-  // Forward of the last layer: the checkpoints of all layers below it are resident.
-  {
-    TensorTrace& trace = phase_begin(phases[0], "forward of the last decoder layer", layers - 1);
-    zero_layer_buffers_place(trace, plan, profile, setup, /*backward=*/false);
-    trace.alloc(kCategoryLayer, "layer.input", x_bytes);
-    decoder_layer_forward(trace, setup.shape, setup.impl, /*keep=*/!plan.activation_checkpointing);
-  }
-  // Logits and loss: every layer's checkpoint is resident, the LM head is gathered.
-  {
-    TensorTrace& trace = phase_begin(phases[1], "logits and loss", layers);
-    if (plan.zero_stage == 3)
-      trace.alloc(kCategoryZero, "gathered_lm_head", as_double(model.vocab_size) * as_double(model.hidden_size) *
-                                                         as_double(profile.weight_bytes));
-    gradient_reduce_bucket_place(trace, plan, profile, setup);
-    trace.alloc(kCategoryLayer, "final_norm.input", x_bytes);
-    lm_loss_forward_backward(trace, setup.shape, setup.impl, setup.loss, setup.loss_tile_tokens, profile.weight_bytes);
-  }
-  // Recompute + backward of the last layer: the heaviest backward step (later ones hold fewer
-  // checkpoints). With checkpointing the incoming gradient exists before the recompute starts.
-  {
-    TensorTrace& trace = phase_begin(phases[2], "backward of the last decoder layer", layers - 1);
-    zero_layer_buffers_place(trace, plan, profile, setup, /*backward=*/true);
-    trace.alloc(kCategoryLayer, "layer.input", x_bytes);
-    if (plan.activation_checkpointing) trace.alloc(kCategoryLayer, "layer.output_grad", x_bytes);
-    decoder_layer_forward(trace, setup.shape, setup.impl, /*keep=*/true);
-    if (!plan.activation_checkpointing) trace.alloc(kCategoryLayer, "layer.output_grad", x_bytes);
-    decoder_layer_backward(trace, setup.shape, setup.impl);
+  if (profile.step_schedule == "executor") {
+    // longseq's executor: the whole step replayed, every layer, as executor/llama.cpp allocates.
+    // Its inputs (tokens, labels, positions) live outside the arena, so they are not counted.
+    TensorTrace& trace = phases[0].trace;
+    phases[0].phase = "training step (executor schedule)";
+    trace.set_record_peak_items(with_breakdown);
+    static_tensors_place(trace, model, cluster, plan, profile, setup, seqlen, /*with_inputs=*/false);
+    ExecutorStepOptions options;
+    options.layers = model.num_layers;
+    options.checkpointing = plan.activation_checkpointing;
+    options.checkpoint_offload = plan.checkpoint_offload;
+    options.loss_tile_tokens = plan.tiled_loss ? setup.loss_tile_tokens : 0;
+    executor_step_replay(trace, setup.shape, options);
+  } else {
+    // Forward of the last layer: the checkpoints of all layers below it are resident.
+    {
+      TensorTrace& trace = phase_begin(phases[0], "forward of the last decoder layer", layers - 1);
+      zero_layer_buffers_place(trace, plan, profile, setup, /*backward=*/false);
+      trace.alloc(kCategoryLayer, "layer.input", x_bytes);
+      decoder_layer_forward(trace, setup.shape, setup.impl, /*keep=*/!plan.activation_checkpointing);
+    }
+    // Logits and loss: every layer's checkpoint is resident, the LM head is gathered.
+    {
+      TensorTrace& trace = phase_begin(phases[1], "logits and loss", layers);
+      if (plan.zero_stage == 3)
+        trace.alloc(kCategoryZero, "gathered_lm_head", as_double(model.vocab_size) * as_double(model.hidden_size) *
+                                                           as_double(profile.weight_bytes));
+      gradient_reduce_bucket_place(trace, plan, profile, setup);
+      trace.alloc(kCategoryLayer, "final_norm.input", x_bytes);
+      lm_loss_forward_backward(trace, setup.shape, setup.impl, setup.loss, setup.loss_tile_tokens, profile.weight_bytes);
+    }
+    // Recompute + backward of the last layer: the heaviest backward step (later ones hold fewer
+    // checkpoints). With checkpointing the incoming gradient exists before the recompute starts.
+    {
+      TensorTrace& trace = phase_begin(phases[2], "backward of the last decoder layer", layers - 1);
+      zero_layer_buffers_place(trace, plan, profile, setup, /*backward=*/true);
+      trace.alloc(kCategoryLayer, "layer.input", x_bytes);
+      if (plan.activation_checkpointing) trace.alloc(kCategoryLayer, "layer.output_grad", x_bytes);
+      decoder_layer_forward(trace, setup.shape, setup.impl, /*keep=*/true);
+      if (!plan.activation_checkpointing) trace.alloc(kCategoryLayer, "layer.output_grad", x_bytes);
+      decoder_layer_backward(trace, setup.shape, setup.impl);
+    }
   }
 
   MemoryPrediction prediction;

@@ -1,0 +1,49 @@
+#include "executor/trainer.hpp"
+
+#include <random>
+
+#include "models/config_error.hpp"
+
+namespace longseq {
+
+Sample sample_synthetic(int64_t seqlen, int64_t vocab, uint32_t seed) {
+  Sample sample;
+  std::mt19937 generator(seed);
+  const int64_t key_length = std::max<int64_t>(1, std::min<int64_t>(32, seqlen / 8));
+  const int32_t marker = static_cast<int32_t>(vocab - 1);
+  std::uniform_int_distribution<int32_t> key_token(16, static_cast<int32_t>(vocab) - 2);
+  std::vector<int32_t> key(static_cast<size_t>(key_length));
+  for (auto& token : key) token = key_token(generator);
+  // [key] [filler cycle 0..15 ...] [marker] [key again]
+  for (int64_t i = 0; i < seqlen; ++i) {
+    const int64_t tail = seqlen - key_length;
+    int32_t token;
+    if (i < key_length) token = key[static_cast<size_t>(i)];
+    else if (i < tail - 1) token = static_cast<int32_t>(i % 16);
+    else if (i == tail - 1) token = marker;
+    else token = key[static_cast<size_t>(i - tail)];
+    sample.tokens.push_back(token);
+    sample.positions.push_back(static_cast<int32_t>(i));
+  }
+  // Labels are the next token; the key itself is random, so its first copy is not predicted.
+  for (int64_t i = 0; i < seqlen; ++i)
+    sample.labels.push_back(i + 1 < seqlen && i + 1 >= key_length ? sample.tokens[static_cast<size_t>(i + 1)] : -100);
+  return sample;
+}
+
+Sample sample_from_text(const std::string& text, int64_t seqlen, int64_t offset) {
+  if (text.empty()) throw ConfigError("--data", "", "the text file is empty");
+  Sample sample;
+  const auto size = static_cast<int64_t>(text.size());
+  for (int64_t i = 0; i <= seqlen; ++i) {
+    const auto byte = static_cast<unsigned char>(text[static_cast<size_t>((offset + i) % size)]);
+    if (i < seqlen) {
+      sample.tokens.push_back(byte);
+      sample.positions.push_back(static_cast<int32_t>(i));
+    }
+    if (i > 0) sample.labels.push_back(byte);
+  }
+  return sample;
+}
+
+}  // namespace longseq
