@@ -15,6 +15,7 @@
 #include "models/config_error.hpp"
 #include "models/layer_inventory.hpp"
 #include "models/model_loader.hpp"
+#include "planner/max_seqlen.hpp"
 #include "planner/memory_model.hpp"
 #include "planner/units.hpp"
 #include "reports/memory_report.hpp"
@@ -31,6 +32,7 @@ struct RunCommandArgs {
   double budget_mib = 0;
   double lr = 3e-3;
   uint32_t seed = 1;
+  bool auto_plan = false;
   bool json = false;
 };
 
@@ -51,6 +53,9 @@ std::shared_ptr<RunCommandArgs> run_command_register(CLI::App& app) {
   command->add_option("--budget-mib", args->budget_mib, "device memory budget in MiB; exceeding it fails cleanly (default: none)");
   command->add_option("--lr", args->lr, "AdamW learning rate (default 3e-3)");
   command->add_option("--seed", args->seed, "data seed (default 1)");
+  command->add_flag("--auto", args->auto_plan,
+                    "let the planner choose checkpointing, offload and tile counts for the longest sequence that fits "
+                    "--budget-mib, then run that plan at that length (the loop: plan, run, measure)");
   command->add_flag("--json", args->json, "print JSON");
   return args;
 }
@@ -71,9 +76,37 @@ std::map<std::string, double> bytes_by_category(const std::vector<MemoryItem>& i
 
 }  // namespace
 
+namespace {
+
+// The plan for the executor's options on one rank: no Ulysses, no ZeRO sharding, no offload but
+// the checkpoints'.
+PlanOptions plan_for_options(const TrainingOptions& options) {
+  PlanOptions plan;
+  plan.sp = 1;
+  plan.zero_stage = 0;
+  plan.activation_checkpointing = options.activation_checkpointing;
+  plan.checkpoint_offload = options.checkpoint_offload;
+  plan.tiled_mlp = options.mlp_tiles > 0;
+  plan.mlp_tiles = options.mlp_tiles;
+  plan.tiled_loss = options.loss_tiles > 0;
+  plan.loss_tiles = options.loss_tiles;
+  return plan;
+}
+
+ClusterSpec cpu_device(double budget_bytes) {
+  HardwareCard cpu;
+  cpu.name = "cpu-device";
+  cpu.gpu_memory_gib = std::isfinite(budget_bytes) ? budget_bytes / kBytesPerGib : 1e6;
+  cpu.gpus_per_node = 1;
+  cpu.host_memory_gib = 1e6;
+  return cluster_make(cpu, 1, 1, 1, 0);
+}
+
+}  // namespace
+
 int run_command_run(const RunCommandArgs& args) {
   const ModelSpec model = model_load(args.model);
-  const int64_t seqlen = seqlen_parse(args.seqlen, "--seqlen");
+  int64_t seqlen = seqlen_parse(args.seqlen, "--seqlen");
   if (seqlen > (int64_t{1} << 24)) throw ConfigError("--seqlen", "", "more than 16Mi tokens is beyond a CPU run");
   if (args.checkpoint_offload && !args.checkpointing) throw ConfigError("--checkpoint-offload", "", "needs --checkpointing");
   if (args.budget_mib < 0) throw ConfigError("--budget-mib", "", "must be positive");
@@ -87,6 +120,40 @@ int run_command_run(const RunCommandArgs& args) {
   options.loss_tiles = args.loss_tiles;
   options.attention_block = args.attention_block;
   const double budget_bytes = args.budget_mib > 0 ? args.budget_mib * 1024 * 1024 : std::numeric_limits<double>::infinity();
+  const RuntimeProfile native = runtime_profile_load("native");
+  if (args.auto_plan) {
+    if (args.budget_mib <= 0) throw ConfigError("--auto", "", "needs --budget-mib (the device memory to plan for)");
+    if (args.checkpointing || args.checkpoint_offload || args.mlp_tiles > 0 || args.loss_tiles > 0)
+      throw ConfigError("--auto", "", "chooses checkpointing, offload and tiles itself; drop those flags");
+    // The planner's choice among the executor's options: the longest sequence (in steps of 64
+    // tokens) that fits the budget; on a tie, the plan with fewer techniques (it runs faster).
+    int64_t best = 0, best_techniques = 0;
+    for (bool checkpointing : {false, true})
+      for (bool offload : {false, true}) {
+        if (offload && !checkpointing) continue;
+        for (int64_t mlp_tiles : {0, 4, 16, 64})
+          for (int64_t loss_tiles : {0, 4, 16, 64}) {
+            TrainingOptions candidate = options;
+            candidate.activation_checkpointing = checkpointing;
+            candidate.checkpoint_offload = offload;
+            candidate.mlp_tiles = mlp_tiles;
+            candidate.loss_tiles = loss_tiles;
+            const int64_t length = max_seqlen_find(model, cpu_device(budget_bytes), plan_for_options(candidate), native, 64,
+                                                   /*with_breakdown=*/false).max_seqlen;
+            const int64_t techniques = checkpointing + offload + (mlp_tiles > 0) + (loss_tiles > 0);
+            if (length > best || (length == best && techniques < best_techniques)) {
+              best = length;
+              best_techniques = techniques;
+              options = candidate;
+            }
+          }
+      }
+    if (best == 0) throw ConfigError("--budget-mib", "", "not even 64 tokens fit: the model states alone exceed the budget");
+    seqlen = best;
+    if (!args.json)
+      fmt::print("longseq run --auto: the planner chose {} for {} tokens, the longest that fits {:.0f} MiB (PREDICTION)\n",
+                 plan_describe(plan_for_options(options)), integer_with_commas(seqlen), args.budget_mib);
+  }
   Arena device("device", budget_bytes), host("host");
 
   nlohmann::json report = {{"model", model.name}, {"seqlen", seqlen}, {"steps", nlohmann::json::array()}};
@@ -129,22 +196,7 @@ int run_command_run(const RunCommandArgs& args) {
   }
 
   // The planner's prediction for the same plan on a "device" of the run's budget.
-  HardwareCard cpu;
-  cpu.name = "cpu-device";
-  cpu.gpu_memory_gib = std::isfinite(budget_bytes) ? budget_bytes / kBytesPerGib : 1e6;
-  cpu.gpus_per_node = 1;
-  cpu.host_memory_gib = 1e6;
-  const ClusterSpec cluster = cluster_make(cpu, 1, 1, 1, 0);
-  PlanOptions plan;
-  plan.sp = 1;
-  plan.zero_stage = 0;
-  plan.activation_checkpointing = args.checkpointing;
-  plan.checkpoint_offload = args.checkpoint_offload;
-  plan.tiled_mlp = args.mlp_tiles > 0;
-  plan.mlp_tiles = args.mlp_tiles;
-  plan.tiled_loss = args.loss_tiles > 0;
-  plan.loss_tiles = args.loss_tiles;
-  const MemoryPrediction predicted = memory_predict(model, cluster, plan, runtime_profile_load("native"), seqlen);
+  const MemoryPrediction predicted = memory_predict(model, cpu_device(budget_bytes), plan_for_options(options), native, seqlen);
   const auto measured_categories = bytes_by_category(device.peak_items());
   const auto predicted_categories = bytes_by_category(predicted.gpu_items);
   std::map<std::string, std::pair<double, double>> rows;
@@ -169,6 +221,10 @@ int run_command_run(const RunCommandArgs& args) {
              predicted.gpu_peak_bytes / (1 << 20), 100.0 * difference);
   fmt::print("  peak moment: measured during '{}'; predicted in the {}, during '{}'\n", device.peak_moment(),
              predicted.gpu_peak_phase, predicted.gpu_peak_moment);
+  if (std::isfinite(budget_bytes))
+    fmt::print("  budget {:.0f} MiB: measured peak {} ({:.1f}% of it); prediction {} the measurement ({:+.2f}%, bar: 3%)\n",
+               args.budget_mib, device.peak_bytes() <= budget_bytes ? "within" : "OVER", 100.0 * device.peak_bytes() / budget_bytes,
+               std::fabs(difference) <= 0.03 ? "matches" : "MISSES", 100.0 * difference);
   return 0;
 }
 
