@@ -1,18 +1,25 @@
 // bench_command.cpp: `longseq bench` — how long the plan search takes. A benchmark, not a test:
 // it prints figures and never fails on them.
 #include <algorithm>
+#include <chrono>
 #include <fmt/format.h>
 #include <memory>
 #include <vector>
 
 #include "cli/commands.hpp"
 #include "models/model_loader.hpp"
+#include "executor/trainer.hpp"
+#include "kernels/cpu/dense.hpp"
+#include "planner/compute_model.hpp"
+#include "planner/memory_model.hpp"
 #include "planner/search.hpp"
 #include "planner/units.hpp"
 
 namespace longseq {
 
 struct BenchCommandArgs {
+  bool executor = false;
+  std::vector<std::string> seqlens = {"4Ki", "16Ki"};
   std::string model = "llama-3.1-70b";
   std::string gpu = "h100-sxm-80gb";
   std::string profile = "deepspeed-hf";
@@ -22,7 +29,13 @@ struct BenchCommandArgs {
 
 std::shared_ptr<BenchCommandArgs> bench_command_register(CLI::App& app) {
   auto args = std::make_shared<BenchCommandArgs>();
-  CLI::App* command = app.add_subcommand("bench", "Time the plan search (max-seqlen objective) for 1, 2, 4, ... GPUs");
+  CLI::App* command = app.add_subcommand(
+      "bench", "Time the plan search (max-seqlen objective) for 1, 2, 4, ... GPUs; with --executor, time training steps of the "
+               "CPU executor instead");
+  command->add_flag("--executor", args->executor,
+                    "benchmark the executor: tokens/s and GFLOP/s per step beside this machine's matmul rate, and peak "
+                    "memory with and without each technique (model default tiny-llama)");
+  command->add_option("--seqlens", args->seqlens, "lengths for --executor (default 4Ki 16Ki)");
   command->add_option("--model", args->model, "model (default llama-3.1-70b)");
   command->add_option("--gpu", args->gpu, "hardware card (default h100-sxm-80gb)");
   command->add_option("--profile", args->profile, "runtime profile (default deepspeed-hf)");
@@ -31,7 +44,95 @@ std::shared_ptr<BenchCommandArgs> bench_command_register(CLI::App& app) {
   return args;
 }
 
+namespace {
+
+// This machine's float matrix-multiply rate through Eigen (the executor's GEMM path): the best
+// of five 1024^3 products.
+double matmul_gflops_measure() {
+  const int64_t n = 1024;
+  std::vector<float> a(static_cast<size_t>(n * n), 0.5f), b(static_cast<size_t>(n * n), 0.25f), c(static_cast<size_t>(n * n));
+  double best = 0;
+  for (int repeat = 0; repeat < 5; ++repeat) {
+    const auto start = std::chrono::steady_clock::now();
+    kernels::linear_forward(c.data(), a.data(), b.data(), static_cast<const float*>(nullptr), n, n, n);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    best = std::max(best, 2.0 * static_cast<double>(n * n * n) / seconds / 1e9);
+  }
+  return best;
+}
+
+int executor_bench(const BenchCommandArgs& args) {
+  const ModelSpec model = model_load(args.model == "llama-3.1-70b" ? "tiny-llama" : args.model);
+  const double matmul_gflops = matmul_gflops_measure();
+  fmt::print("executor benchmark: {} on this machine's CPU (fp32), one training step per row, MEASURED; "
+             "float matmul rate here: {:.1f} GFLOP/s (Eigen, 1024^3, best of 5)\n", model.name, matmul_gflops);
+  fmt::print("{:>8} {:<26} {:>9} {:>10} {:>9} {:>10} {:>12} {:>8} {:>15} {:>8}\n", "tokens", "technique", "seconds", "tokens/s",
+             "GFLOP/s", "of matmul", "peak MiB", "vs none", "predicted MiB", "error");
+  HardwareCard cpu;
+  cpu.name = "cpu-device";
+  cpu.gpu_memory_gib = 1e6;
+  cpu.gpus_per_node = 1;
+  cpu.host_memory_gib = 1e6;
+  const ClusterSpec cluster = cluster_make(cpu, 1, 1, 1, 0);
+  const RuntimeProfile native = runtime_profile_load("native");
+  struct Technique {
+    const char* name;
+    TrainingOptions options;
+  };
+  std::vector<Technique> techniques;
+  techniques.push_back({"none", {}});
+  TrainingOptions o;
+  o.activation_checkpointing = true;
+  techniques.push_back({"checkpointing", o});
+  o.checkpoint_offload = true;
+  techniques.push_back({"checkpointing + offload", o});
+  TrainingOptions mlp;
+  mlp.mlp_tiles = 16;
+  techniques.push_back({"tiled MLP (16)", mlp});
+  TrainingOptions loss;
+  loss.loss_tiles = 16;
+  techniques.push_back({"tiled loss (16)", loss});
+  TrainingOptions all = o;
+  all.mlp_tiles = all.loss_tiles = 16;
+  techniques.push_back({"all of them", all});
+  for (const auto& text : args.seqlens) {
+    const int64_t seqlen = seqlen_parse(text, "--seqlens");
+    const Sample sample = sample_synthetic(seqlen, model.vocab_size, 1);
+    double baseline_peak = 0;
+    for (const auto& technique : techniques) {
+      Arena device("device"), host("host");
+      LlamaModel llama(model, device);
+      std::fill_n(llama.parameters(), llama.parameter_count(), 0.01f);
+      const auto start = std::chrono::steady_clock::now();
+      llama.forward_backward(sample.tokens.data(), sample.labels.data(), sample.positions.data(), seqlen, technique.options, device, host);
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      PlanOptions plan;
+      plan.sp = 1;
+      plan.zero_stage = 0;
+      plan.activation_checkpointing = technique.options.activation_checkpointing;
+      plan.checkpoint_offload = technique.options.checkpoint_offload;
+      plan.tiled_mlp = technique.options.mlp_tiles > 0;
+      plan.mlp_tiles = technique.options.mlp_tiles;
+      plan.tiled_loss = technique.options.loss_tiles > 0;
+      plan.loss_tiles = technique.options.loss_tiles;
+      const double gflops = step_flops_executed(model, plan, seqlen).total() / seconds / 1e9;
+      const double predicted = memory_predict(model, cluster, plan, native, seqlen, /*with_breakdown=*/false).gpu_peak_bytes;
+      if (baseline_peak == 0) baseline_peak = device.peak_bytes();
+      fmt::print("{:>8} {:<26} {:>9.3f} {:>10.0f} {:>9.2f} {:>9.1f}% {:>12.2f} {:>7.1f}% {:>15.2f} {:>+7.2f}%\n", seqlen,
+                 technique.name, seconds, static_cast<double>(seqlen) / seconds, gflops, 100.0 * gflops / matmul_gflops,
+                 device.peak_bytes() / (1 << 20), 100.0 * device.peak_bytes() / baseline_peak, predicted / (1 << 20),
+                 100.0 * (predicted - device.peak_bytes()) / device.peak_bytes());
+    }
+  }
+  fmt::print("GFLOP/s counts the planner's compute model (recompute included), not a profiler; 'predicted' is the planner's\n"
+             "native PREDICTION for the same plan, 'peak' the arena's MEASUREMENT.\n");
+  return 0;
+}
+
+}  // namespace
+
 int bench_command_run(const BenchCommandArgs& args) {
+  if (args.executor) return executor_bench(args);
   const ModelSpec model = model_load(args.model);
   const HardwareCard hardware = hardware_card_load(args.gpu);
   const RuntimeProfile profile = runtime_profile_load(args.profile);
