@@ -16,6 +16,7 @@
 #include "models/layer_inventory.hpp"
 #include "models/model_loader.hpp"
 #include "planner/max_seqlen.hpp"
+#include "planner/scenario.hpp"
 #include "planner/memory_model.hpp"
 #include "planner/units.hpp"
 #include "reports/memory_report.hpp"
@@ -23,6 +24,8 @@
 namespace longseq {
 
 struct RunCommandArgs {
+  std::string scenario;
+  CLI::App* command = nullptr;  // to tell flags given from defaults when a scenario supplies values
   std::string model = "tiny-llama";
   std::string seqlen = "1Ki";
   int64_t steps = 5;
@@ -41,6 +44,9 @@ std::shared_ptr<RunCommandArgs> run_command_register(CLI::App& app) {
   CLI::App* command = app.add_subcommand(
       "run", "Train a few steps on this machine's CPU with real kernels; print loss, step time, tokens/s and MEASURED peak "
              "memory, then the planner's native PREDICTION for the same plan beside it");
+  args->command = command;
+  command->add_option("scenario", args->scenario,
+                      "a scenario with a run: section (scenarios/README.md); flags given as well override it");
   command->add_option("--model,-m", args->model, "model card or config.json (default tiny-llama)");
   command->add_option("--seqlen,-s", args->seqlen, "tokens per step (default 1Ki)");
   command->add_option("--steps", args->steps, "training steps (default 5)")->check(CLI::Range(1, 100000));
@@ -104,7 +110,27 @@ ClusterSpec cpu_device(double budget_bytes) {
 
 }  // namespace
 
-int run_command_run(const RunCommandArgs& args) {
+int run_command_run(const RunCommandArgs& given) {
+  // A scenario supplies model, plan and run settings; a flag given on the command line wins.
+  RunCommandArgs args = given;
+  if (!given.scenario.empty()) {
+    const Scenario scenario = scenario_load(given.scenario);
+    if (!scenario.run) throw ConfigError(given.scenario, "run", "this scenario has no run: section (it is for longseq sweep)");
+    auto unset = [&](const char* flag) { return given.command->count(flag) == 0; };
+    if (unset("--model")) args.model = scenario.model;
+    const Scenario::Run& run = *scenario.run;
+    if (unset("--seqlen") && run.seqlen) args.seqlen = std::to_string(*run.seqlen);
+    if (unset("--steps")) args.steps = run.steps;
+    if (unset("--budget-mib") && run.budget_mib) args.budget_mib = *run.budget_mib;
+    if (unset("--auto")) args.auto_plan = run.auto_plan;
+    if (unset("--data")) args.data = run.data;
+    const PlanSettings& plan = scenario.plan;
+    if (unset("--checkpointing") && plan.activation_checkpointing) args.checkpointing = *plan.activation_checkpointing;
+    if (unset("--checkpoint-offload") && plan.checkpoint_offload) args.checkpoint_offload = *plan.checkpoint_offload;
+    if (unset("--mlp-tiles") && plan.tiled_mlp.value_or(false)) args.mlp_tiles = plan.mlp_tiles.value_or(16);
+    if (unset("--loss-tiles") && plan.tiled_loss.value_or(false)) args.loss_tiles = plan.loss_tiles.value_or(16);
+    if (!args.json) fmt::print("scenario {}: {}\n", scenario.name, scenario.description);
+  }
   const ModelSpec model = model_load(args.model);
   int64_t seqlen = seqlen_parse(args.seqlen, "--seqlen");
   if (seqlen > (int64_t{1} << 24)) throw ConfigError("--seqlen", "", "more than 16Mi tokens is beyond a CPU run");

@@ -98,13 +98,30 @@ Scenario scenario_from_text(const std::string& yaml_text, const std::string& pat
   scenario.model = resolve_relative(reader.get_string("model"), path);
   scenario.runtime_profile = reader.get_string("runtime_profile", "deepspeed-hf");
 
-  YamlReader cluster = reader.get_section("cluster");
-  scenario.gpu = resolve_relative(cluster.get_string("gpu"), path);
-  if (cluster.has("gpus")) scenario.gpus = cluster.get_int("gpus", 1, kMaxGpus);
-  if (cluster.has("nodes")) scenario.nodes = cluster.get_int("nodes", 1, kMaxGpus);
-  if (cluster.has("gpus_per_node")) scenario.gpus_per_node = cluster.get_int("gpus_per_node", 1, 1024);
-  if (cluster.has("host_memory_gib")) scenario.host_memory_gib = cluster.get_double("host_memory_gib", 0.001, 1e9);
-  cluster.reject_unknown_keys();
+  if (reader.has("run")) {
+    YamlReader run = reader.get_section("run");
+    Scenario::Run settings;
+    if (run.has("seqlen"))
+      settings.seqlen = seqlen_parse(run.get_string("seqlen"), path + ": key '" + run.key_name("seqlen") + "'");
+    settings.steps = run.get_int("steps", 1, 100000, 5);
+    if (run.has("budget_mib")) settings.budget_mib = run.get_double("budget_mib", 0.001, 1e9);
+    settings.auto_plan = run.get_bool("auto", false);
+    settings.data = resolve_relative(run.get_string("data", ""), path);
+    run.reject_unknown_keys();
+    if (settings.auto_plan && !settings.budget_mib) throw ConfigError(path, "run.auto", "needs run.budget_mib (the device memory to plan for)");
+    if (!settings.auto_plan && !settings.seqlen) throw ConfigError(path, "run.seqlen", "required unless run.auto is true");
+    scenario.run = settings;
+  }
+  // A run-only scenario needs no cluster or sweep: it runs on this machine.
+  if (!scenario.run || reader.has("cluster")) {
+    YamlReader cluster = reader.get_section("cluster");
+    scenario.gpu = resolve_relative(cluster.get_string("gpu"), path);
+    if (cluster.has("gpus")) scenario.gpus = cluster.get_int("gpus", 1, kMaxGpus);
+    if (cluster.has("nodes")) scenario.nodes = cluster.get_int("nodes", 1, kMaxGpus);
+    if (cluster.has("gpus_per_node")) scenario.gpus_per_node = cluster.get_int("gpus_per_node", 1, 1024);
+    if (cluster.has("host_memory_gib")) scenario.host_memory_gib = cluster.get_double("host_memory_gib", 0.001, 1e9);
+    cluster.reject_unknown_keys();
+  }
 
   if (reader.has("plan")) {
     YamlReader plan = reader.get_section("plan");
@@ -114,6 +131,10 @@ Scenario scenario_from_text(const std::string& yaml_text, const std::string& pat
     scenario.plan.search = "max-seqlen";
   }
 
+  if (scenario.run && !reader.has("sweep")) {
+    reader.reject_unknown_keys();
+    return scenario;
+  }
   YamlReader sweep = reader.get_section("sweep");
   for (auto& [node, name] : sweep.get_sequence("model")) scenario.sweep_model.push_back(resolve_relative(sweep.node_to_string(node, name), path));
   for (auto& [node, name] : sweep.get_sequence("gpu")) scenario.sweep_gpu.push_back(resolve_relative(sweep.node_to_string(node, name), path));

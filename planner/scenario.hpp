@@ -62,6 +62,15 @@ struct Scenario {
   // report` draws (empty: every figure that applies).
   std::string output_directory;
   std::vector<std::string> output_figures;
+  // What `longseq run` does with this scenario on this machine's CPU (absent: not a run scenario).
+  struct Run {
+    std::optional<int64_t> seqlen;  // absent with auto_plan: the planner picks it
+    int64_t steps = 5;
+    std::optional<double> budget_mib;
+    bool auto_plan = false;         // the planner picks checkpointing, offload, tiles and the length
+    std::string data;               // a text file (bytes); empty: the synthetic copy task
+  };
+  std::optional<Run> run;
 };
 
 // The figures `longseq report` knows how to draw.

@@ -9,10 +9,14 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <vector>
 
 #include "executor/llama.hpp"
+#include "executor/trainer.hpp"
+#include "models/config_error.hpp"
+#include "planner/scenario.hpp"
 #include "models/model_loader.hpp"
 #include "planner/memory_model.hpp"
 
@@ -245,4 +249,42 @@ TEST_CASE("measured peak device memory equals the planner's native prediction, a
       if (c.offload) CHECK(predicted.host_bytes_per_node == doctest::Approx(host.peak_bytes()).epsilon(0.001));
     }
   }
+}
+
+TEST_CASE("training data: labels are pre-shifted next tokens, positions count from 0") {
+  const Sample synthetic = sample_synthetic(256, 256, 7);
+  REQUIRE(synthetic.tokens.size() == 256);
+  CHECK(synthetic.positions[255] == 255);
+  const int64_t key = 32;  // min(32, 256 / 8)
+  for (int64_t i = key - 1; i < 255; ++i) CHECK(synthetic.labels[static_cast<size_t>(i)] == synthetic.tokens[static_cast<size_t>(i + 1)]);
+  CHECK(synthetic.labels[0] == -100);    // the random key is not predictable
+  CHECK(synthetic.labels[255] == -100);  // nothing follows the last token
+  // The key is copied at the end, after the marker.
+  for (int64_t i = 0; i < key; ++i) CHECK(synthetic.tokens[static_cast<size_t>(256 - key + i)] == synthetic.tokens[static_cast<size_t>(i)]);
+  CHECK(synthetic.tokens[static_cast<size_t>(256 - key - 1)] == 255);
+  CHECK(sample_synthetic(256, 256, 7).tokens == synthetic.tokens);  // deterministic per seed
+
+  const Sample text = sample_from_text("abc", 5, 1);  // bytes from offset 1, wrapping around
+  CHECK(text.tokens == std::vector<int32_t>{'b', 'c', 'a', 'b', 'c'});
+  CHECK(text.labels == std::vector<int32_t>{'c', 'a', 'b', 'c', 'a'});
+}
+
+TEST_CASE("run scenarios: the run section is checked, and the executor scenarios parse") {
+  const std::string base = "name: r\nmodel: tiny-llama\n";
+  CHECK(scenario_from_text(base + "run: {seqlen: 1Ki, steps: 2}\n", "r.yaml").run->steps == 2);
+  CHECK_THROWS_WITH_AS(scenario_from_text(base + "run: {auto: true}\n", "r.yaml"), doctest::Contains("r.yaml: key 'run.auto': needs run.budget_mib"),
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(scenario_from_text(base + "run: {steps: 2}\n", "r.yaml"), doctest::Contains("key 'run.seqlen': required"), ConfigError);
+  CHECK_THROWS_WITH_AS(scenario_from_text(base + "run: {seqlen: 1Ki, stepz: 2}\n", "r.yaml"), doctest::Contains("key 'run.stepz': unknown key"),
+                       ConfigError);
+  CHECK_THROWS_WITH_AS(scenario_from_text(base, "r.yaml"), doctest::Contains("key 'cluster': required section is missing"), ConfigError);
+  int found = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(std::string(LONGSEQ_SCENARIOS_DIR) + "/executor")) {
+    CAPTURE(entry.path().string());
+    const Scenario scenario = scenario_load(entry.path().string());
+    CHECK(scenario.run.has_value());
+    CHECK_NOTHROW(model_load(scenario.model));
+    ++found;
+  }
+  CHECK(found >= 2);
 }
