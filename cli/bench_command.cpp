@@ -2,6 +2,7 @@
 // it prints figures and never fails on them.
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <fmt/format.h>
 #include <memory>
 #include <vector>
@@ -68,12 +69,7 @@ int executor_bench(const BenchCommandArgs& args) {
              "float matmul rate here: {:.1f} GFLOP/s (Eigen, 1024^3, best of 5)\n", model.name, matmul_gflops);
   fmt::print("{:>8} {:<26} {:>9} {:>10} {:>9} {:>10} {:>12} {:>8} {:>15} {:>8}\n", "tokens", "technique", "seconds", "tokens/s",
              "GFLOP/s", "of matmul", "peak MiB", "vs none", "predicted MiB", "error");
-  HardwareCard cpu;
-  cpu.name = "cpu-device";
-  cpu.gpu_memory_gib = 1e6;
-  cpu.gpus_per_node = 1;
-  cpu.host_memory_gib = 1e6;
-  const ClusterSpec cluster = cluster_make(cpu, 1, 1, 1, 0);
+  const ClusterSpec cluster = executor_cluster(std::numeric_limits<double>::infinity());
   const RuntimeProfile native = runtime_profile_load("native");
   struct Technique {
     const char* name;
@@ -106,15 +102,7 @@ int executor_bench(const BenchCommandArgs& args) {
       const auto start = std::chrono::steady_clock::now();
       llama.forward_backward(sample.tokens.data(), sample.labels.data(), sample.positions.data(), seqlen, technique.options, device, host);
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      PlanOptions plan;
-      plan.sp = 1;
-      plan.zero_stage = 0;
-      plan.activation_checkpointing = technique.options.activation_checkpointing;
-      plan.checkpoint_offload = technique.options.checkpoint_offload;
-      plan.tiled_mlp = technique.options.mlp_tiles > 0;
-      plan.mlp_tiles = technique.options.mlp_tiles;
-      plan.tiled_loss = technique.options.loss_tiles > 0;
-      plan.loss_tiles = technique.options.loss_tiles;
+      const PlanOptions plan = executor_plan(technique.options);
       const double gflops = step_flops_executed(model, plan, seqlen).total() / seconds / 1e9;
       const double predicted = memory_predict(model, cluster, plan, native, seqlen, /*with_breakdown=*/false).gpu_peak_bytes;
       if (baseline_peak == 0) baseline_peak = device.peak_bytes();

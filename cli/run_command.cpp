@@ -82,34 +82,6 @@ std::map<std::string, double> bytes_by_category(const std::vector<MemoryItem>& i
 
 }  // namespace
 
-namespace {
-
-// The plan for the executor's options on one rank: no Ulysses, no ZeRO sharding, no offload but
-// the checkpoints'.
-PlanOptions plan_for_options(const TrainingOptions& options) {
-  PlanOptions plan;
-  plan.sp = 1;
-  plan.zero_stage = 0;
-  plan.activation_checkpointing = options.activation_checkpointing;
-  plan.checkpoint_offload = options.checkpoint_offload;
-  plan.tiled_mlp = options.mlp_tiles > 0;
-  plan.mlp_tiles = options.mlp_tiles;
-  plan.tiled_loss = options.loss_tiles > 0;
-  plan.loss_tiles = options.loss_tiles;
-  return plan;
-}
-
-ClusterSpec cpu_device(double budget_bytes) {
-  HardwareCard cpu;
-  cpu.name = "cpu-device";
-  cpu.gpu_memory_gib = std::isfinite(budget_bytes) ? budget_bytes / kBytesPerGib : 1e6;
-  cpu.gpus_per_node = 1;
-  cpu.host_memory_gib = 1e6;
-  return cluster_make(cpu, 1, 1, 1, 0);
-}
-
-}  // namespace
-
 int run_command_run(const RunCommandArgs& given) {
   // A scenario supplies model, plan and run settings; a flag given on the command line wins.
   RunCommandArgs args = given;
@@ -164,7 +136,7 @@ int run_command_run(const RunCommandArgs& given) {
             candidate.checkpoint_offload = offload;
             candidate.mlp_tiles = mlp_tiles;
             candidate.loss_tiles = loss_tiles;
-            const int64_t length = max_seqlen_find(model, cpu_device(budget_bytes), plan_for_options(candidate), native, 64,
+            const int64_t length = max_seqlen_find(model, executor_cluster(budget_bytes), executor_plan(candidate), native, 64,
                                                    /*with_breakdown=*/false).max_seqlen;
             const int64_t techniques = checkpointing + offload + (mlp_tiles > 0) + (loss_tiles > 0);
             if (length > best || (length == best && techniques < best_techniques)) {
@@ -178,7 +150,7 @@ int run_command_run(const RunCommandArgs& given) {
     seqlen = best;
     if (!args.json)
       fmt::print("longseq run --auto: the planner chose {} for {} tokens, the longest that fits {:.0f} MiB (PREDICTION)\n",
-                 plan_describe(plan_for_options(options)), integer_with_commas(seqlen), args.budget_mib);
+                 plan_describe(executor_plan(options)), integer_with_commas(seqlen), args.budget_mib);
   }
   Arena device("device", budget_bytes), host("host");
 
@@ -222,7 +194,7 @@ int run_command_run(const RunCommandArgs& given) {
   }
 
   // The planner's prediction for the same plan on a "device" of the run's budget.
-  const MemoryPrediction predicted = memory_predict(model, cpu_device(budget_bytes), plan_for_options(options), native, seqlen);
+  const MemoryPrediction predicted = memory_predict(model, executor_cluster(budget_bytes), executor_plan(options), native, seqlen);
   const auto measured_categories = bytes_by_category(device.peak_items());
   const auto predicted_categories = bytes_by_category(predicted.gpu_items);
   std::map<std::string, std::pair<double, double>> rows;

@@ -1,5 +1,6 @@
 #include "executor/trainer.hpp"
 
+#include <cmath>
 #include <random>
 
 #include "models/config_error.hpp"
@@ -29,6 +30,28 @@ Sample sample_synthetic(int64_t seqlen, int64_t vocab, uint32_t seed) {
   for (int64_t i = 0; i < seqlen; ++i)
     sample.labels.push_back(i + 1 < seqlen && i + 1 >= key_length ? sample.tokens[static_cast<size_t>(i + 1)] : -100);
   return sample;
+}
+
+PlanOptions executor_plan(const TrainingOptions& options) {
+  PlanOptions plan;
+  plan.sp = 1;
+  plan.zero_stage = 0;
+  plan.activation_checkpointing = options.activation_checkpointing;
+  plan.checkpoint_offload = options.checkpoint_offload;
+  plan.tiled_mlp = options.mlp_tiles > 0;
+  plan.mlp_tiles = options.mlp_tiles;
+  plan.tiled_loss = options.loss_tiles > 0;
+  plan.loss_tiles = options.loss_tiles;
+  return plan;
+}
+
+ClusterSpec executor_cluster(double budget_bytes) {
+  HardwareCard cpu;
+  cpu.name = "cpu-device";
+  cpu.gpu_memory_gib = std::isfinite(budget_bytes) ? budget_bytes / (1024.0 * 1024.0 * 1024.0) : 1e6;
+  cpu.gpus_per_node = 1;
+  cpu.host_memory_gib = 1e6;
+  return cluster_make(cpu, 1, 1, 1, 0);
 }
 
 Sample sample_from_text(const std::string& text, int64_t seqlen, int64_t offset) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "executor/llama.hpp"
+#include "planner/plan.hpp"
 
 namespace longseq {
 
@@ -23,6 +24,13 @@ Sample sample_synthetic(int64_t seqlen, int64_t vocab, uint32_t seed);
 // Byte-level sample from a text file (the bytes are the tokens; vocab must be >= 256), starting
 // at `offset` and wrapping around. Throws ConfigError when the file cannot be read or is empty.
 Sample sample_from_text(const std::string& text, int64_t seqlen, int64_t offset);
+
+// The planner's view of an executor run: one rank (no Ulysses, no ZeRO sharding) with the
+// executor's options.
+PlanOptions executor_plan(const TrainingOptions& options);
+
+// This machine's CPU "device" as a one-GPU cluster of `budget_bytes` (infinite: unbounded).
+ClusterSpec executor_cluster(double budget_bytes);
 
 struct StepMeasurement {
   int64_t step = 0;

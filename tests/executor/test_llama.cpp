@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <vector>
 
@@ -200,12 +201,7 @@ TEST_CASE("measured peak device memory equals the planner's native prediction, a
   // what really ran. The issue's bar is 3%; both sides describe the same tensors, so they agree
   // exactly and this test holds them to 0.1%.
   const ModelSpec spec = model_load("tiny-llama");
-  HardwareCard cpu;
-  cpu.name = "cpu-device";
-  cpu.gpu_memory_gib = 1000;
-  cpu.gpus_per_node = 1;
-  cpu.host_memory_gib = 1000;
-  const ClusterSpec cluster = cluster_make(cpu, 1, 1, 1, 0);
+  const ClusterSpec cluster = executor_cluster(std::numeric_limits<double>::infinity());
   const RuntimeProfile native = runtime_profile_load("native");
   struct Case {
     bool checkpointing, offload;
@@ -234,16 +230,7 @@ TEST_CASE("measured peak device memory equals the planner's native prediction, a
       options.mlp_tiles = c.mlp_tiles;
       options.loss_tiles = c.loss_tiles;
       model.forward_backward(batch.tokens.data(), batch.labels.data(), batch.positions.data(), seqlen, options, device, host);
-      PlanOptions plan;
-      plan.sp = 1;
-      plan.zero_stage = 0;
-      plan.activation_checkpointing = c.checkpointing;
-      plan.checkpoint_offload = c.offload;
-      plan.tiled_mlp = c.mlp_tiles > 0;
-      plan.mlp_tiles = c.mlp_tiles;
-      plan.tiled_loss = c.loss_tiles > 0;
-      plan.loss_tiles = c.loss_tiles;
-      const MemoryPrediction predicted = memory_predict(spec, cluster, plan, native, seqlen);
+      const MemoryPrediction predicted = memory_predict(spec, cluster, executor_plan(options), native, seqlen);
       CHECK(predicted.gpu_peak_bytes == doctest::Approx(device.peak_bytes()).epsilon(0.001));
       CHECK(predicted.gpu_peak_moment == device.peak_moment());
       if (c.offload) CHECK(predicted.host_bytes_per_node == doctest::Approx(host.peak_bytes()).epsilon(0.001));
