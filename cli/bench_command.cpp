@@ -2,6 +2,7 @@
 // it prints figures and never fails on them.
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <limits>
 #include <fmt/format.h>
 #include <memory>
@@ -110,6 +111,7 @@ int executor_bench(const BenchCommandArgs& args) {
                  technique.name, seconds, static_cast<double>(seqlen) / seconds, gflops, 100.0 * gflops / matmul_gflops,
                  device.peak_bytes() / (1 << 20), 100.0 * device.peak_bytes() / baseline_peak, predicted / (1 << 20),
                  100.0 * (predicted - device.peak_bytes()) / device.peak_bytes());
+      std::fflush(stdout);  // a long benchmark shows each row as it is measured
     }
   }
   fmt::print("GFLOP/s counts the planner's compute model (recompute included), not a profiler; 'predicted' is the planner's\n"

@@ -5,27 +5,48 @@
 
 namespace longseq {
 
+namespace {
+class HostMemoryBackend final : public MemoryBackend {
+ public:
+  float* allocate(int64_t elements) override { return elements > 0 ? new float[static_cast<size_t>(elements)] : nullptr; }
+  void release(float* data) noexcept override { delete[] data; }
+  void fill_zero(float* data, int64_t elements) override { std::fill_n(data, elements, 0.0f); }
+};
+}  // namespace
+
+MemoryBackend& host_memory_backend() {
+  static HostMemoryBackend backend;
+  return backend;
+}
+
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
   if (this != &other) {
     release();
     arena_ = other.arena_;
     name_ = other.name_;
-    data_ = std::move(other.data_);
+    data_ = other.data_;
     elements_ = other.elements_;
     other.arena_ = nullptr;
+    other.data_ = nullptr;
     other.elements_ = 0;
   }
   return *this;
 }
 
 void Buffer::release() {
-  if (arena_) arena_->free(name_);
+  if (arena_) arena_->free(name_, data_);
   arena_ = nullptr;
-  data_.reset();
+  data_ = nullptr;
   elements_ = 0;
 }
 
-Arena::Arena(std::string name, double capacity_bytes) : name_(std::move(name)), capacity_bytes_(capacity_bytes) {}
+Arena::Arena(std::string name, double capacity_bytes, MemoryBackend& backend)
+    : name_(std::move(name)), backend_(backend), capacity_bytes_(capacity_bytes) {}
+
+void Arena::free(std::string_view name, float* data) noexcept {
+  backend_.release(data);
+  trace_.free(name);  // the name was recorded at allocation, so it is live
+}
 
 Buffer Arena::allocate(std::string_view category, std::string_view name, int64_t elements, bool zeroed) {
   const double bytes = static_cast<double>(elements) * static_cast<double>(sizeof(float));
@@ -40,8 +61,8 @@ Buffer Arena::allocate(std::string_view category, std::string_view name, int64_t
   buffer.arena_ = this;
   buffer.name_ = name;
   buffer.elements_ = elements;
-  buffer.data_.reset(elements > 0 ? new float[static_cast<size_t>(elements)] : nullptr);
-  if (zeroed && elements > 0) std::fill_n(buffer.data_.get(), elements, 0.0f);
+  buffer.data_ = backend_.allocate(elements);
+  if (zeroed && elements > 0) backend_.fill_zero(buffer.data_, elements);
   trace_.alloc(category, name, bytes);
   return buffer;
 }

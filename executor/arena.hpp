@@ -9,7 +9,6 @@
 
 #include <cstdint>
 #include <limits>
-#include <memory>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -28,6 +27,19 @@ class DeviceOutOfMemory : public std::runtime_error {
   std::vector<TraceItem> live;
 };
 
+// Where an arena's bytes come from: host memory here; the CUDA path supplies a cudaMalloc-backed
+// backend with the same three calls, and the arena's accounting stays as it is.
+class MemoryBackend {
+ public:
+  virtual ~MemoryBackend() = default;
+  virtual float* allocate(int64_t elements) = 0;
+  virtual void release(float* data) noexcept = 0;
+  virtual void fill_zero(float* data, int64_t elements) = 0;
+};
+
+// Plain host memory (the CPU "device" and every host pool).
+MemoryBackend& host_memory_backend();
+
 class Arena;
 
 // A float buffer owned by an arena: move-only; releases its bytes when destroyed.
@@ -40,8 +52,8 @@ class Buffer {
   Buffer& operator=(const Buffer&) = delete;
   ~Buffer() { release(); }
 
-  float* data() { return data_.get(); }
-  const float* data() const { return data_.get(); }
+  float* data() { return data_; }
+  const float* data() const { return data_; }
   int64_t size() const { return elements_; }
   bool empty() const { return elements_ == 0; }
   void release();
@@ -50,14 +62,15 @@ class Buffer {
   friend class Arena;
   Arena* arena_ = nullptr;
   std::string_view name_;
-  std::unique_ptr<float[]> data_;
+  float* data_ = nullptr;
   int64_t elements_ = 0;
 };
 
 class Arena {
  public:
   // capacity_bytes: the budget (infinite by default); name: "device" or "host", for messages.
-  explicit Arena(std::string name, double capacity_bytes = std::numeric_limits<double>::infinity());
+  explicit Arena(std::string name, double capacity_bytes = std::numeric_limits<double>::infinity(),
+                 MemoryBackend& backend = host_memory_backend());
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
 
@@ -73,8 +86,9 @@ class Arena {
 
  private:
   friend class Buffer;
-  void free(std::string_view name) { trace_.free(name); }
+  void free(std::string_view name, float* data) noexcept;
   std::string name_;
+  MemoryBackend& backend_;
   double capacity_bytes_;
   TensorTrace trace_;
 };
