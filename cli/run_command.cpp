@@ -104,6 +104,7 @@ int run_command_run(const RunCommandArgs& given) {
     if (!args.json) fmt::print("scenario {}: {}\n", scenario.name, scenario.description);
   }
   const ModelSpec model = model_load(args.model);
+  executor_model_check(model);
   int64_t seqlen = seqlen_parse(args.seqlen, "--seqlen");
   if (seqlen > (int64_t{1} << 24)) throw ConfigError("--seqlen", "", "more than 16Mi tokens is beyond a CPU run");
   if (args.checkpoint_offload && !args.checkpointing) throw ConfigError("--checkpoint-offload", "", "needs --checkpointing");

@@ -9,6 +9,7 @@
 #include "kernels/cpu/dense.hpp"
 #include "kernels/cpu/loss_optimizer.hpp"
 #include "kernels/cpu/norm_rope.hpp"
+#include "models/config_error.hpp"
 #include "models/layer_inventory.hpp"
 
 namespace longseq {
@@ -218,7 +219,20 @@ Buffer layer_backward(float* grads, const float* params, const LlamaLayout::Laye
 
 }  // namespace
 
+void executor_model_check(const ModelSpec& model) {
+  // The executor implements Llama-style blocks; anything else would train a different model.
+  std::string unsupported;
+  if (model.mlp_kind != MlpKind::mlp_kind_swiglu) unsupported += " a GELU MLP";
+  if (model.norm_kind != NormKind::norm_kind_rmsnorm) unsupported += " LayerNorm";
+  if (model.qkv_bias || model.o_proj_bias || model.mlp_bias) unsupported += " biases";
+  if (model.qk_norm) unsupported += " q/k norms";
+  if (!unsupported.empty())
+    throw ConfigError(model.name, "", "the executor trains Llama-style models (SwiGLU, RMSNorm, no biases, no q/k norms); this one has" +
+                                          unsupported);
+}
+
 LlamaModel::LlamaModel(const ModelSpec& model, Arena& device) : spec_(model), layout_(llama_layout(model)) {
+  executor_model_check(model);
   parameters_ = device.allocate(kStates, "weights", layout_.total, true);
   gradients_ = device.allocate(kStates, "gradients_fp32", layout_.total, true);
   adam_m_ = device.allocate(kStates, "optimizer_states", layout_.total, true);

@@ -29,6 +29,9 @@ struct LlamaLayout {
 
 LlamaLayout llama_layout(const ModelSpec& model);
 
+// Throws ConfigError naming what the executor cannot train (GELU, LayerNorm, biases, q/k norms).
+void executor_model_check(const ModelSpec& model);
+
 struct TrainingOptions {
   bool activation_checkpointing = false;
   bool checkpoint_offload = false;  // needs checkpointing
@@ -47,7 +50,8 @@ struct StepResult {
 // A whole model: parameters, their gradients and Adam moments, allocated in `device`.
 class LlamaModel {
  public:
-  // Parameters, gradients and both Adam moments are allocated in `device` here.
+  // Parameters, gradients and both Adam moments are allocated in `device` here. Throws
+  // ConfigError for a model that is not Llama-style (see executor_model_check).
   LlamaModel(const ModelSpec& model, Arena& device);
   const ModelSpec& spec() const { return spec_; }
   const LlamaLayout& layout() const { return layout_; }
