@@ -1,9 +1,12 @@
 #include "executor/llama.hpp"
 
+#include "executor/ulysses.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <optional>
+#include <stdexcept>
 
 #include "kernels/cpu/attention.hpp"
 #include "kernels/cpu/dense.hpp"
@@ -58,13 +61,15 @@ struct Dims {
 struct LayerSaved {
   Buffer attention_norm_output, attention_norm_rstd, q, k, v, attention_output, lse, residual, mlp_norm_output,
       mlp_norm_rstd, gate, up, product;
+  // With Ulysses: attention's own inputs and output over the whole sequence for this rank's heads.
+  Buffer q_global, k_global, v_global, output_global;
 };
 
 int64_t tile_size(int64_t T, int64_t tiles) { return tiles > 0 ? (T + tiles - 1) / tiles : T; }
 
 // One decoder layer's forward. Returns the layer output; fills `saved` when given.
 Buffer layer_forward(const float* params, const LlamaLayout::Layer& w, const float* x, const int32_t* positions, const Dims& d,
-                     const TrainingOptions& options, Arena& device, LayerSaved* saved) {
+                     const TrainingOptions& options, Arena& device, LayerSaved* saved, const Ulysses& ulysses) {
   LayerSaved local;
   LayerSaved& s = saved ? *saved : local;
   device.set_moment("forward: attention");
@@ -81,15 +86,48 @@ Buffer layer_forward(const float* params, const LlamaLayout::Layer& w, const flo
   k::rope_forward(s.q.data(), s.q.data(), positions, d.T, d.NQ, d.HD, options.rope_theta);
   k::rope_forward(s.k.data(), s.k.data(), positions, d.T, d.NKV, d.HD, options.rope_theta);
   if (!saved) s.attention_norm_output.release();
-  s.attention_output = device.allocate(L, "attention.output", d.T * d.Q);
-  s.lse = device.allocate(L, "attention.lse", d.NQ * d.T);
-  k::attention_forward(s.attention_output.data(), s.lse.data(), s.q.data(), s.k.data(), s.v.data(), positions, d.T, d.NQ,
-                       d.NKV, d.HD, options.attention_block);
-  if (!saved) {
+  if (!ulysses.active()) {
+    s.attention_output = device.allocate(L, "attention.output", d.T * d.Q);
+    s.lse = device.allocate(L, "attention.lse", d.NQ * d.T);
+    k::attention_forward(s.attention_output.data(), s.lse.data(), s.q.data(), s.k.data(), s.v.data(), positions, d.T, d.NQ,
+                         d.NKV, d.HD, options.attention_block);
+    if (!saved) {
+      s.q.release();
+      s.k.release();
+      s.v.release();
+      s.lse.release();
+    }
+  } else {
+    // All-to-all in: every token of the sample for this rank's heads.
+    const int64_t S = d.T * ulysses.sp, q_count = d.T * ulysses.q_heads * d.HD;
+    auto q_head = [&](int64_t r, int64_t j) { return r * ulysses.q_heads + j; };
+    auto kv_head = [&](int64_t r, int64_t j) { return ulysses.kv_head_of(r, j); };
+    auto exchange = [&](const char* name, const float* rank_tokens, int64_t heads_total, int64_t heads_per_rank, auto head_of) {
+      const int64_t count = d.T * heads_per_rank * d.HD;
+      Buffer send = device.allocate(L, "ulysses.staging", ulysses.sp * count);
+      heads_pack(send.data(), rank_tokens, d.T, heads_total, heads_per_rank, d.HD, ulysses.sp, head_of);
+      Buffer global = device.allocate(L, name, ulysses.sp * count);
+      ulysses.group->all_to_all(send.data(), global.data(), count);
+      return global;
+    };
+    s.q_global = exchange("attention.q_global", s.q.data(), d.NQ, ulysses.q_heads, q_head);
+    s.k_global = exchange("attention.k_global", s.k.data(), d.NKV, ulysses.kv_heads, kv_head);
+    s.v_global = exchange("attention.v_global", s.v.data(), d.NKV, ulysses.kv_heads, kv_head);
     s.q.release();
     s.k.release();
     s.v.release();
-    s.lse.release();
+    s.output_global = device.allocate(L, "attention.output_global", ulysses.sp * q_count);
+    s.lse = device.allocate(L, "attention.lse", ulysses.q_heads * S);
+    k::attention_forward(s.output_global.data(), s.lse.data(), s.q_global.data(), s.k_global.data(), s.v_global.data(),
+                         ulysses.global_positions, S, ulysses.q_heads, ulysses.kv_heads, d.HD, options.attention_block);
+    // All-to-all out: the output's token blocks go back to the ranks that own them.
+    Buffer recv = device.allocate(L, "ulysses.staging", ulysses.sp * q_count);
+    ulysses.group->all_to_all(s.output_global.data(), recv.data(), q_count);
+    s.attention_output = device.allocate(L, "attention.output", d.T * d.Q, true);
+    heads_unpack_add(s.attention_output.data(), recv.data(), d.T, d.NQ, ulysses.q_heads, d.HD, ulysses.sp, q_head);
+    if (!saved) {
+      for (Buffer* buffer : {&s.q_global, &s.k_global, &s.v_global, &s.output_global, &s.lse}) buffer->release();
+    }
   }
   device.set_moment("forward: o_proj and residual");
   s.residual = device.allocate(L, "residual.attention", d.T * d.C);
@@ -134,7 +172,8 @@ Buffer layer_forward(const float* params, const LlamaLayout::Layer& w, const flo
 // One decoder layer's backward after layer_forward with `saved`. dy is the gradient of the
 // layer output; returns the gradient of its input.
 Buffer layer_backward(float* grads, const float* params, const LlamaLayout::Layer& w, const float* x, const float* dy,
-                      const int32_t* positions, const Dims& d, const TrainingOptions& options, Arena& device, LayerSaved& s) {
+                      const int32_t* positions, const Dims& d, const TrainingOptions& options, Arena& device, LayerSaved& s,
+                      const Ulysses& ulysses) {
   device.set_moment("backward: mlp");
   // The residual branch passes dy through; the MLP adds its input gradient through the norm.
   Buffer mlp_input_grad = device.allocate(L, "mlp.input_grad", d.T * d.C, true);
@@ -184,14 +223,45 @@ Buffer layer_backward(float* grads, const float* params, const LlamaLayout::Laye
   Buffer q_grad = device.allocate(L, "attention.q_grad", d.T * d.Q, true);
   Buffer k_grad = device.allocate(L, "attention.k_grad", d.T * d.KV, true);
   Buffer v_grad = device.allocate(L, "attention.v_grad", d.T * d.KV, true);
-  k::attention_backward(q_grad.data(), k_grad.data(), v_grad.data(), output_grad.data(), s.q.data(), s.k.data(), s.v.data(),
-                        s.attention_output.data(), s.lse.data(), positions, d.T, d.NQ, d.NKV, d.HD, options.attention_block);
-  output_grad.release();
-  s.attention_output.release();
-  s.lse.release();
-  s.q.release();
-  s.k.release();
-  s.v.release();
+  if (!ulysses.active()) {
+    k::attention_backward(q_grad.data(), k_grad.data(), v_grad.data(), output_grad.data(), s.q.data(), s.k.data(), s.v.data(),
+                          s.attention_output.data(), s.lse.data(), positions, d.T, d.NQ, d.NKV, d.HD, options.attention_block);
+    output_grad.release();
+    s.attention_output.release();
+    s.lse.release();
+    s.q.release();
+    s.k.release();
+    s.v.release();
+  } else {
+    // The mirror of the forward: the output gradient goes to the heads' ranks, q/k/v gradients
+    // come back to the tokens' ranks (replicated kv heads summed).
+    const int64_t S = d.T * ulysses.sp, q_count = d.T * ulysses.q_heads * d.HD, kv_count = d.T * ulysses.kv_heads * d.HD;
+    auto q_head = [&](int64_t r, int64_t j) { return r * ulysses.q_heads + j; };
+    auto kv_head = [&](int64_t r, int64_t j) { return ulysses.kv_head_of(r, j); };
+    Buffer send = device.allocate(L, "ulysses.staging", ulysses.sp * q_count);
+    heads_pack(send.data(), output_grad.data(), d.T, d.NQ, ulysses.q_heads, d.HD, ulysses.sp, q_head);
+    output_grad.release();
+    Buffer output_grad_global = device.allocate(L, "attention.output_grad_global", ulysses.sp * q_count);
+    ulysses.group->all_to_all(send.data(), output_grad_global.data(), q_count);
+    send.release();
+    Buffer q_grad_global = device.allocate(L, "attention.q_grad_global", ulysses.sp * q_count, true);
+    Buffer k_grad_global = device.allocate(L, "attention.k_grad_global", ulysses.sp * kv_count, true);
+    Buffer v_grad_global = device.allocate(L, "attention.v_grad_global", ulysses.sp * kv_count, true);
+    k::attention_backward(q_grad_global.data(), k_grad_global.data(), v_grad_global.data(), output_grad_global.data(),
+                          s.q_global.data(), s.k_global.data(), s.v_global.data(), s.output_global.data(), s.lse.data(),
+                          ulysses.global_positions, S, ulysses.q_heads, ulysses.kv_heads, d.HD, options.attention_block);
+    for (Buffer* buffer : {&output_grad_global, &s.output_global, &s.lse, &s.q_global, &s.k_global, &s.v_global}) buffer->release();
+    s.attention_output.release();
+    auto gather_back = [&](Buffer& global, float* rank_tokens, int64_t count, int64_t heads_total, int64_t heads_per_rank, auto head_of) {
+      Buffer recv = device.allocate(L, "ulysses.staging", ulysses.sp * count);
+      ulysses.group->all_to_all(global.data(), recv.data(), count);
+      global.release();
+      heads_unpack_add(rank_tokens, recv.data(), d.T, heads_total, heads_per_rank, d.HD, ulysses.sp, head_of);
+    };
+    gather_back(q_grad_global, q_grad.data(), q_count, d.NQ, ulysses.q_heads, q_head);
+    gather_back(k_grad_global, k_grad.data(), kv_count, d.NKV, ulysses.kv_heads, kv_head);
+    gather_back(v_grad_global, v_grad.data(), kv_count, d.NKV, ulysses.kv_heads, kv_head);
+  }
   // RoPE's backward is the inverse rotation, done in place on the gradients.
   Buffer q_proj_grad = device.allocate(L, "attention.q_proj_grad", d.T * d.Q, true);
   k::rope_backward(q_proj_grad.data(), q_grad.data(), positions, d.T, d.NQ, d.HD, options.rope_theta);
@@ -240,13 +310,25 @@ LlamaModel::LlamaModel(const ModelSpec& model, Arena& device) : spec_(model), la
 }
 
 StepResult LlamaModel::forward_backward(const int32_t* tokens, const int32_t* labels, const int32_t* positions, int64_t T,
-                                        const TrainingOptions& options, Arena& device, Arena& host) {
+                                        const TrainingOptions& options, Arena& device, Arena& host, const SequenceParallel& parallel) {
   const ModelSpec& m = spec_;
   const Dims d{T, m.hidden_size, m.q_width(), m.kv_width(), m.num_q_heads, m.num_kv_heads, m.head_dim, m.intermediate_size, m.vocab_size};
   const float* params = parameters_.data();
   float* grads = gradients_.data();
   std::fill_n(grads, layout_.total, 0.0f);
   const int64_t layers = m.num_layers;
+  Ulysses ulysses;
+  if (parallel.group && parallel.group->size() > 1) {
+    ulysses.group = parallel.group;
+    ulysses.global_positions = parallel.global_positions;
+    ulysses.sp = parallel.group->size();
+    if (!parallel.global_positions) throw std::invalid_argument("forward_backward: Ulysses needs the global position ids");
+    if (m.num_q_heads % ulysses.sp != 0 || (m.num_kv_heads % ulysses.sp != 0 && ulysses.sp % m.num_kv_heads != 0))
+      throw std::invalid_argument("forward_backward: sp breaks Ulysses' head rules (plan_problems reports this)");
+    ulysses.q_heads = m.num_q_heads / ulysses.sp;
+    ulysses.replication = ulysses.sp > m.num_kv_heads ? ulysses.sp / m.num_kv_heads : 1;
+    ulysses.kv_heads = ulysses.replication > 1 ? 1 : m.num_kv_heads / ulysses.sp;
+  }
 
   // Forward. With checkpointing only each layer's input survives (on the device, or copied to
   // the host pool); without it every layer keeps what its backward reads.
@@ -257,7 +339,7 @@ StepResult LlamaModel::forward_backward(const int32_t* tokens, const int32_t* la
   for (int64_t i = 0; i < layers; ++i) {
     const auto& w = layout_.layers[static_cast<size_t>(i)];
     Buffer y = layer_forward(params, w, x.data(), positions, d, options, device,
-                             options.activation_checkpointing ? nullptr : &saved[static_cast<size_t>(i)]);
+                             options.activation_checkpointing ? nullptr : &saved[static_cast<size_t>(i)], ulysses);
     if (options.checkpoint_offload) {
       Buffer copy = host.allocate(kCategoryCheckpoints, "hidden_states_checkpoints", T * d.C);
       std::copy_n(x.data(), T * d.C, copy.data());
@@ -271,8 +353,16 @@ StepResult LlamaModel::forward_backward(const int32_t* tokens, const int32_t* la
 
   // Final norm, logits and loss; the gradient comes back into the last layer's output.
   device.set_moment("loss: logits and cross entropy");
+  // The loss is the mean over every counted token of the sample: with Ulysses the count is summed
+  // over the ranks first (ranks whose tokens are all ignored included), so each rank's gradient is
+  // its share of the same mean.
   StepResult result;
   for (int64_t t = 0; t < T; ++t) result.counted_tokens += labels[t] != k::kIgnoreIndex;
+  if (ulysses.active()) {
+    double count = static_cast<double>(result.counted_tokens);
+    ulysses.group->all_reduce(&count, 1);
+    result.counted_tokens = static_cast<int64_t>(count);
+  }
   const float loss_scale = result.counted_tokens > 0 ? 1.0f / static_cast<float>(result.counted_tokens) : 0.0f;
   Buffer final_output = device.allocate(kCategoryLoss, "final_norm.output", T * d.C);
   Buffer final_rstd = device.allocate(kCategoryLoss, "final_norm.rstd", T);
@@ -294,6 +384,7 @@ StepResult LlamaModel::forward_backward(const int32_t* tokens, const int32_t* la
     k::linear_backward(final_grad.data() + t0 * d.C, grads + layout_.lm_head, static_cast<float*>(nullptr), logits_grad.data(),
                        final_output.data() + t0 * d.C, params + layout_.lm_head, rows, d.C, d.V);
   }
+  if (ulysses.active()) ulysses.group->all_reduce(&loss_sum, 1);
   result.loss = result.counted_tokens > 0 ? loss_sum / static_cast<double>(result.counted_tokens) : 0.0;
   final_output.release();
   Buffer dy = device.allocate(L, "layer.output_grad", T * d.C, true);
@@ -315,13 +406,15 @@ StepResult LlamaModel::forward_backward(const int32_t* tokens, const int32_t* la
     LayerSaved recomputed;
     LayerSaved& layer_saved = options.activation_checkpointing ? recomputed : saved[static_cast<size_t>(i)];
     if (options.activation_checkpointing) {
-      Buffer output = layer_forward(params, w, input.data(), positions, d, options, device, &recomputed);
+      Buffer output = layer_forward(params, w, input.data(), positions, d, options, device, &recomputed, ulysses);
       output.release();
     }
-    Buffer dx = layer_backward(grads, params, w, input.data(), dy.data(), positions, d, options, device, layer_saved);
+    Buffer dx = layer_backward(grads, params, w, input.data(), dy.data(), positions, d, options, device, layer_saved, ulysses);
     dy = std::move(dx);
   }
   k::embedding_backward(grads + layout_.embedding, dy.data(), tokens, T, d.C);
+  // Every rank saw different tokens with the same weights: the gradient is the sum.
+  if (ulysses.active()) ulysses.group->all_reduce(grads, layout_.total);
   return result;
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "executor/arena.hpp"
+#include "executor/communicator.hpp"
 #include "models/model_spec.hpp"
 
 namespace longseq {
@@ -42,6 +43,13 @@ struct TrainingOptions {
   float rmsnorm_eps = 1e-5f;
 };
 
+// Ulysses sequence parallelism: this rank holds T = S / sp consecutive tokens of the sample;
+// attention all-to-alls over `group` (DeepSpeed's layout, REFERENCE §3.1). Empty: one rank.
+struct SequenceParallel {
+  Communicator* group = nullptr;
+  const int32_t* global_positions = nullptr;  // [S] position ids of the whole sample (attention masks with them)
+};
+
 struct StepResult {
   double loss = 0;               // mean over counted tokens
   int64_t counted_tokens = 0;    // labels that are not -100
@@ -64,8 +72,10 @@ class LlamaModel {
   // Forward and backward for one sequence of T tokens: labels pre-shifted (label t is the
   // target of token t, -100 to ignore), position_ids restarting at 0 for every packed document.
   // Gradients are overwritten. Activations come from `device`; offloaded checkpoints from `host`.
+  // With a sequence group of sp ranks, tokens/labels/position_ids are this rank's T tokens; the
+  // loss is the token-weighted mean over all ranks and the gradients are summed across them.
   StepResult forward_backward(const int32_t* tokens, const int32_t* labels, const int32_t* position_ids, int64_t T,
-                              const TrainingOptions& options, Arena& device, Arena& host);
+                              const TrainingOptions& options, Arena& device, Arena& host, const SequenceParallel& parallel = {});
 
   // PyTorch-style AdamW on every parameter (its moments are allocated with the model).
   void adamw_step(float lr, float beta1, float beta2, float eps, float weight_decay);

@@ -1,0 +1,41 @@
+// communicator.hpp: the collectives the executor uses, behind a small interface — Open MPI between
+// processes on the CPU (mpi_communicator.hpp), NCCL between GPUs later, one rank without either.
+//
+// Buffer conventions follow MPI's: `count` is per rank. all_to_all sends block r of `send`
+// (elements [r*count, (r+1)*count)) to rank r and puts rank r's block in block r of `recv`.
+#pragma once
+
+#include <cstdint>
+
+namespace longseq {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual void all_to_all(const float* send, float* recv, int64_t count) = 0;
+  // recv[size * count]: every rank's `send` in rank order.
+  virtual void all_gather(const float* send, float* recv, int64_t count) = 0;
+  // send[size * count] summed across ranks; this rank keeps block `rank()` in recv[count].
+  virtual void reduce_scatter(const float* send, float* recv, int64_t count) = 0;
+  // Sums in place across ranks.
+  virtual void all_reduce(float* data, int64_t count) = 0;
+  virtual void all_reduce(double* data, int64_t count) = 0;
+  virtual void broadcast(float* data, int64_t count, int root) = 0;
+};
+
+// One rank: every collective is a copy (or nothing).
+class SingleRankCommunicator final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void all_to_all(const float* send, float* recv, int64_t count) override;
+  void all_gather(const float* send, float* recv, int64_t count) override;
+  void reduce_scatter(const float* send, float* recv, int64_t count) override;
+  void all_reduce(float*, int64_t) override {}
+  void all_reduce(double*, int64_t) override {}
+  void broadcast(float*, int64_t, int) override {}
+};
+
+}  // namespace longseq

@@ -1,0 +1,39 @@
+// mpi_communicator.hpp: the Communicator over Open MPI (one process per rank; `mpirun -np 4` on
+// one machine is a real four-rank run, a hostfile spreads it across machines). Only code that
+// starts MPI includes this header.
+#pragma once
+
+#include <mpi.h>
+
+#include "executor/communicator.hpp"
+
+namespace longseq {
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // Wraps an existing communicator (not owned), e.g. MPI_COMM_WORLD.
+  explicit MpiCommunicator(MPI_Comm comm);
+  // A sub-group: ranks with the same `color`, ordered by `key` (MPI_Comm_split); owns the handle.
+  MpiCommunicator split(int color, int key) const;
+  MpiCommunicator(MpiCommunicator&& other) noexcept;
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+  ~MpiCommunicator() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void all_to_all(const float* send, float* recv, int64_t count) override;
+  void all_gather(const float* send, float* recv, int64_t count) override;
+  void reduce_scatter(const float* send, float* recv, int64_t count) override;
+  void all_reduce(float* data, int64_t count) override;
+  void all_reduce(double* data, int64_t count) override;
+  void broadcast(float* data, int64_t count, int root) override;
+
+ private:
+  MpiCommunicator(MPI_Comm comm, bool owned);
+  MPI_Comm comm_;
+  bool owned_ = false;
+  int rank_ = 0, size_ = 1;
+};
+
+}  // namespace longseq

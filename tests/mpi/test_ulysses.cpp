@@ -1,0 +1,137 @@
+// Ulysses across MPI ranks: the layout, and the same training as one rank. Run with
+//   mpirun --allow-run-as-root --oversubscribe -np 2 (or 4) longseq_mpi_tests
+// Every rank runs every check; the program fails when any rank's check fails.
+//
+// Tolerances: sharding changes only summation order (attention over the same keys, gradients
+// summed across ranks), so loss agrees to 1e-6 relative and each gradient to 3e-5 of its
+// tensor's largest |gradient|, as for the single-rank memory options (test_llama.cpp).
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <numeric>
+
+#include "executor/mpi_communicator.hpp"
+#include "executor/ulysses.hpp"
+#include "models/model_loader.hpp"
+#include "support/tiny_llama_fixture.hpp"
+
+using namespace longseq;
+using namespace longseq::testing;
+
+namespace {
+
+MpiCommunicator& world() {
+  static MpiCommunicator communicator(MPI_COMM_WORLD);
+  return communicator;
+}
+
+struct Outcome {
+  StepResult result;
+  std::vector<float> gradients;
+};
+
+// One step of tiny-llama on `batch`: on this rank alone (group null) or sharded over `group`.
+Outcome step(const Batch& batch, Communicator* group) {
+  const ModelSpec spec = model_load("tiny-llama");
+  Arena device("device"), host("host");
+  LlamaModel model(spec, device);
+  parameters_fill(model);
+  const auto S = static_cast<int64_t>(batch.tokens.size());
+  Outcome outcome;
+  if (!group) {
+    outcome.result = model.forward_backward(batch.tokens.data(), batch.labels.data(), batch.positions.data(), S, {}, device, host);
+  } else {
+    // Labels are pre-shifted over the whole sample before sharding, so none is lost at a boundary.
+    const int64_t T = S / group->size(), first = group->rank() * T;
+    SequenceParallel parallel{group, batch.positions.data()};
+    outcome.result = model.forward_backward(batch.tokens.data() + first, batch.labels.data() + first,
+                                            batch.positions.data() + first, T, {}, device, host, parallel);
+  }
+  outcome.gradients.assign(model.gradients(), model.gradients() + model.parameter_count());
+  return outcome;
+}
+
+void gradients_close(const std::vector<float>& actual, const std::vector<float>& expected) {
+  REQUIRE(actual.size() == expected.size());
+  double largest = 0, worst = 0;
+  for (size_t i = 0; i < actual.size(); ++i) {
+    largest = std::max(largest, std::fabs(static_cast<double>(expected[i])));
+    worst = std::max(worst, std::fabs(static_cast<double>(actual[i]) - expected[i]));
+  }
+  CHECK(worst <= 3e-5 * largest);
+}
+
+}  // namespace
+
+TEST_CASE("all-to-all layout: every rank gets all tokens of its heads, and back again exactly") {
+  const int64_t sp = world().size(), T = 3, NQ = 4 * sp, HD = 2;
+  const int64_t heads = NQ / sp;
+  // value(token, head, d) identifies each element: token is the global token index.
+  auto value = [](int64_t token, int64_t head, int64_t d) { return static_cast<float>(token * 1000 + head * 10 + d); };
+  std::vector<float> local(static_cast<size_t>(T * NQ * HD));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < NQ; ++h)
+      for (int64_t d = 0; d < HD; ++d) local[static_cast<size_t>((t * NQ + h) * HD + d)] = value(world().rank() * T + t, h, d);
+  auto head_of = [&](int64_t r, int64_t j) { return r * heads + j; };
+  std::vector<float> send(local.size()), global(local.size());
+  heads_pack(send.data(), local.data(), T, NQ, heads, HD, sp, head_of);
+  world().all_to_all(send.data(), global.data(), T * heads * HD);
+  for (int64_t token = 0; token < sp * T; ++token)  // [global token][my head][d]
+    for (int64_t j = 0; j < heads; ++j)
+      for (int64_t d = 0; d < HD; ++d)
+        CHECK(global[static_cast<size_t>((token * heads + j) * HD + d)] == value(token, world().rank() * heads + j, d));
+  std::vector<float> back(local.size()), round_trip(local.size(), 0.0f);
+  world().all_to_all(global.data(), back.data(), T * heads * HD);
+  heads_unpack_add(round_trip.data(), back.data(), T, NQ, heads, HD, sp, head_of);
+  CHECK(round_trip == local);
+}
+
+TEST_CASE("GQA with fewer kv heads than ranks: kv heads are replicated, rank r gets head r / (sp / n_kv)") {
+  const int64_t sp = world().size(), NKV = 1, T = 2, HD = 1;  // MQA: one kv head for every rank
+  Ulysses ulysses;
+  ulysses.sp = sp;
+  ulysses.replication = sp / NKV;
+  ulysses.kv_heads = 1;
+  std::vector<float> local(static_cast<size_t>(T * NKV * HD));
+  for (int64_t t = 0; t < T; ++t) local[static_cast<size_t>(t)] = static_cast<float>(world().rank() * T + t);
+  std::vector<float> send(static_cast<size_t>(sp * T)), global(static_cast<size_t>(sp * T));
+  heads_pack(send.data(), local.data(), T, NKV, 1, HD, sp, [&](int64_t r, int64_t j) { return ulysses.kv_head_of(r, j); });
+  world().all_to_all(send.data(), global.data(), T);
+  for (int64_t token = 0; token < sp * T; ++token) CHECK(global[static_cast<size_t>(token)] == static_cast<float>(token));
+  CHECK(ulysses.kv_head_of(world().rank(), 0) == 0);
+}
+
+TEST_CASE("Ulysses over all ranks: loss and every gradient equal the single-rank run") {
+  const Batch batch = batch_make(64);  // two packed documents; tiny-llama has 2 kv heads, so sp = 4 replicates them
+  const Outcome single = step(batch, nullptr);
+  const Outcome sharded = step(batch, &world());
+  CHECK(sharded.result.counted_tokens == single.result.counted_tokens);
+  CHECK(sharded.result.loss == doctest::Approx(single.result.loss).epsilon(1e-6));
+  gradients_close(sharded.gradients, single.gradients);
+}
+
+TEST_CASE("uneven valid tokens: a rank whose tokens are all ignored still gives the single-rank loss") {
+  Batch batch = batch_make(64);
+  for (int64_t t = 0; t < 64 / world().size(); ++t) batch.labels[static_cast<size_t>(t)] = -100;  // rank 0: a prompt
+  const Outcome single = step(batch, nullptr);
+  const Outcome sharded = step(batch, &world());
+  CHECK(sharded.result.counted_tokens == single.result.counted_tokens);
+  CHECK(sharded.result.loss == doctest::Approx(single.result.loss).epsilon(1e-6));
+  gradients_close(sharded.gradients, single.gradients);
+}
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int failed = 0;
+  {
+    doctest::Context context(argc, argv);
+    if (world().rank() != 0) context.setOption("no-version", true);
+    failed = context.run() != 0 ? 1 : 0;
+  }
+  int any_failed = 0;
+  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return any_failed;
+}
