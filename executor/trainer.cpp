@@ -32,9 +32,9 @@ Sample sample_synthetic(int64_t seqlen, int64_t vocab, uint32_t seed) {
   return sample;
 }
 
-PlanOptions executor_plan(const TrainingOptions& options) {
+PlanOptions executor_plan(const TrainingOptions& options, int64_t sp) {
   PlanOptions plan;
-  plan.sp = 1;
+  plan.sp = sp;
   plan.zero_stage = 0;
   plan.activation_checkpointing = options.activation_checkpointing;
   plan.checkpoint_offload = options.checkpoint_offload;
@@ -45,13 +45,13 @@ PlanOptions executor_plan(const TrainingOptions& options) {
   return plan;
 }
 
-ClusterSpec executor_cluster(double budget_bytes) {
+ClusterSpec executor_cluster(double budget_bytes, int64_t ranks) {
   HardwareCard cpu;
   cpu.name = "cpu-device";
   cpu.gpu_memory_gib = std::isfinite(budget_bytes) ? budget_bytes / (1024.0 * 1024.0 * 1024.0) : 1e6;
-  cpu.gpus_per_node = 1;
+  cpu.gpus_per_node = ranks;
   cpu.host_memory_gib = 1e6;
-  return cluster_make(cpu, 1, 1, 1, 0);
+  return cluster_make(cpu, ranks, 1, ranks, 0);
 }
 
 Sample sample_from_text(const std::string& text, int64_t seqlen, int64_t offset) {

@@ -25,12 +25,13 @@ Sample sample_synthetic(int64_t seqlen, int64_t vocab, uint32_t seed);
 // at `offset` and wrapping around. Throws ConfigError when the file cannot be read or is empty.
 Sample sample_from_text(const std::string& text, int64_t seqlen, int64_t offset);
 
-// The planner's view of an executor run: one rank (no Ulysses, no ZeRO sharding) with the
+// The planner's view of an executor run: Ulysses over `sp` ranks (no ZeRO sharding) with the
 // executor's options.
-PlanOptions executor_plan(const TrainingOptions& options);
+PlanOptions executor_plan(const TrainingOptions& options, int64_t sp = 1);
 
-// This machine's CPU "device" as a one-GPU cluster of `budget_bytes` (infinite: unbounded).
-ClusterSpec executor_cluster(double budget_bytes);
+// This machine's CPU "device" as a cluster of `ranks` one-GPU ranks on one node, each with
+// `budget_bytes` (infinite: unbounded).
+ClusterSpec executor_cluster(double budget_bytes, int64_t ranks = 1);
 
 struct StepMeasurement {
   int64_t step = 0;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 namespace longseq {
 namespace {
@@ -481,12 +482,15 @@ namespace {
 
 // Sizes in bytes for the executor's fp32 buffers.
 struct ExecutorBytes {
-  double x, q, kv, lse, rstd, f_tile, last_f_tile;
+  double x, q, kv, kv_global, lse, rstd, f_tile, last_f_tile;
   ExecutorBytes(const LayerShape& shape) {
     const double t = static_cast<double>(shape.tokens);
     x = t * static_cast<double>(shape.hidden) * 4;
     q = t * static_cast<double>(shape.q_width) * 4;
     kv = t * static_cast<double>(shape.kv_width) * 4;
+    // After Ulysses' all-to-all: all sp x T tokens for this rank's kv heads (n_kv/sp, or one
+    // replicated head), i.e. T x (n_kv x d x replication) elements.
+    kv_global = kv * static_cast<double>(shape.kv_replication);
     lse = t * static_cast<double>(shape.num_q_heads) * 4;
     rstd = t * 4;
     const int64_t tile = shape.mlp_tiles > 0 ? (shape.tokens + shape.mlp_tiles - 1) / shape.mlp_tiles : shape.tokens;
@@ -511,10 +515,31 @@ void executor_layer_forward(TensorTrace& trace, const LayerShape& shape, bool ke
   trace.alloc(L, "attention.k", b.kv);
   trace.alloc(L, "attention.v", b.kv);
   if (!keep) trace.free("attention_norm.output");
-  trace.alloc(L, "attention.output", b.q);
-  trace.alloc(L, "attention.lse", b.lse);
-  if (!keep)
-    for (const char* name : {"attention.q", "attention.k", "attention.v", "attention.lse"}) trace.free(name);
+  if (shape.sp == 1) {
+    trace.alloc(L, "attention.output", b.q);
+    trace.alloc(L, "attention.lse", b.lse);
+    if (!keep)
+      for (const char* name : {"attention.q", "attention.k", "attention.v", "attention.lse"}) trace.free(name);
+  } else {
+    // Ulysses (executor/llama.cpp): each tensor is packed into a staging buffer and exchanged
+    // into a global one; the output comes back through another staging buffer.
+    for (auto [name, bytes] : {std::pair{"attention.q_global", b.q}, std::pair{"attention.k_global", b.kv_global},
+                               std::pair{"attention.v_global", b.kv_global}}) {
+      trace.alloc(L, "ulysses.staging", bytes);
+      trace.alloc(L, name, bytes);
+      trace.free("ulysses.staging");
+    }
+    for (const char* name : {"attention.q", "attention.k", "attention.v"}) trace.free(name);
+    trace.alloc(L, "attention.output_global", b.q);
+    trace.alloc(L, "attention.lse", b.lse);
+    trace.alloc(L, "ulysses.staging", b.q);
+    trace.alloc(L, "attention.output", b.q);
+    if (!keep)
+      for (const char* name : {"attention.q_global", "attention.k_global", "attention.v_global", "attention.output_global",
+                               "attention.lse"})
+        trace.free(name);
+    trace.free("ulysses.staging");
+  }
   trace.set_moment("forward: o_proj and residual");
   trace.alloc(L, "residual.attention", b.x);
   if (!keep) trace.free("attention.output");
@@ -567,8 +592,27 @@ void executor_layer_backward(TensorTrace& trace, const LayerShape& shape) {
   trace.alloc(L, "attention.q_grad", b.q);
   trace.alloc(L, "attention.k_grad", b.kv);
   trace.alloc(L, "attention.v_grad", b.kv);
-  for (const char* name : {"attention.output_grad", "attention.output", "attention.lse", "attention.q", "attention.k", "attention.v"})
-    trace.free(name);
+  if (shape.sp == 1) {
+    for (const char* name : {"attention.output_grad", "attention.output", "attention.lse", "attention.q", "attention.k", "attention.v"})
+      trace.free(name);
+  } else {
+    trace.alloc(L, "ulysses.staging", b.q);
+    trace.free("attention.output_grad");
+    trace.alloc(L, "attention.output_grad_global", b.q);
+    trace.free("ulysses.staging");
+    trace.alloc(L, "attention.q_grad_global", b.q);
+    trace.alloc(L, "attention.k_grad_global", b.kv_global);
+    trace.alloc(L, "attention.v_grad_global", b.kv_global);
+    for (const char* name : {"attention.output_grad_global", "attention.output_global", "attention.lse", "attention.q_global",
+                             "attention.k_global", "attention.v_global", "attention.output"})
+      trace.free(name);
+    for (auto [name, bytes] : {std::pair{"attention.q_grad_global", b.q}, std::pair{"attention.k_grad_global", b.kv_global},
+                               std::pair{"attention.v_grad_global", b.kv_global}}) {
+      trace.alloc(L, "ulysses.staging", bytes);
+      trace.free(name);
+      trace.free("ulysses.staging");
+    }
+  }
   trace.alloc(L, "attention.q_proj_grad", b.q);
   trace.free("attention.q_grad");
   trace.alloc(L, "attention.k_proj_grad", b.kv);

@@ -10,9 +10,13 @@
 #include <mpi.h>
 
 #include <cmath>
+#include <limits>
+#include <string>
 #include <numeric>
 
 #include "executor/mpi_communicator.hpp"
+#include "executor/trainer.hpp"
+#include "planner/memory_model.hpp"
 #include "executor/ulysses.hpp"
 #include "models/model_loader.hpp"
 #include "support/tiny_llama_fixture.hpp"
@@ -30,6 +34,8 @@ MpiCommunicator& world() {
 struct Outcome {
   StepResult result;
   std::vector<float> gradients;
+  double device_peak_bytes = 0;
+  std::string peak_moment;
 };
 
 // One step of tiny-llama on `batch`: on this rank alone (group null) or sharded over `group`.
@@ -50,6 +56,8 @@ Outcome step(const Batch& batch, Communicator* group) {
                                             batch.positions.data() + first, T, {}, device, host, parallel);
   }
   outcome.gradients.assign(model.gradients(), model.gradients() + model.parameter_count());
+  outcome.device_peak_bytes = device.peak_bytes();
+  outcome.peak_moment = std::string(device.peak_moment());
   return outcome;
 }
 
@@ -120,6 +128,17 @@ TEST_CASE("uneven valid tokens: a rank whose tokens are all ignored still gives 
   CHECK(sharded.result.counted_tokens == single.result.counted_tokens);
   CHECK(sharded.result.loss == doctest::Approx(single.result.loss).epsilon(1e-6));
   gradients_close(sharded.gradients, single.gradients);
+}
+
+TEST_CASE("each rank's measured peak equals the planner's native prediction for sp ranks") {
+  const Batch batch = batch_make(64);
+  const Outcome sharded = step(batch, &world());
+  const int64_t sp = world().size();
+  const MemoryPrediction predicted =
+      memory_predict(model_load("tiny-llama"), executor_cluster(std::numeric_limits<double>::infinity(), sp),
+                     executor_plan({}, sp), runtime_profile_load("native"), 64);
+  CHECK(predicted.gpu_peak_bytes == doctest::Approx(sharded.device_peak_bytes).epsilon(0.001));
+  CHECK(predicted.gpu_peak_moment == sharded.peak_moment);
 }
 
 int main(int argc, char** argv) {
