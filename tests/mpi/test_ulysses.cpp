@@ -141,6 +141,27 @@ TEST_CASE("each rank's measured peak equals the planner's native prediction for 
   CHECK(predicted.gpu_peak_moment == sharded.peak_moment);
 }
 
+TEST_CASE("three AdamW steps sharded follow the single-rank loss curve") {
+  const ModelSpec spec = model_load("tiny-llama");
+  Arena device("device"), host("host"), reference_device("reference"), reference_host("reference host");
+  LlamaModel sharded(spec, device), single(spec, reference_device);
+  parameters_fill(sharded);
+  parameters_fill(single);
+  const Batch batch = batch_make(64);
+  const int64_t T = 64 / world().size(), first = world().rank() * T;
+  for (int step = 1; step <= 3; ++step) {
+    SequenceParallel parallel{&world(), batch.positions.data()};
+    const double loss = sharded.forward_backward(batch.tokens.data() + first, batch.labels.data() + first,
+                                                 batch.positions.data() + first, T, {}, device, host, parallel).loss;
+    const double reference = single.forward_backward(batch.tokens.data(), batch.labels.data(), batch.positions.data(), 64, {},
+                                                     reference_device, reference_host).loss;
+    sharded.adamw_step(1e-2f, 0.9f, 0.95f, 1e-8f, 0.0f);
+    single.adamw_step(1e-2f, 0.9f, 0.95f, 1e-8f, 0.0f);
+    if (world().rank() == 0) MESSAGE("step " << step << ": loss sp=" << world().size() << " " << loss << ", one rank " << reference);
+    CHECK(loss == doctest::Approx(reference).epsilon(1e-5));
+  }
+}
+
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   int failed = 0;
