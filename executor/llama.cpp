@@ -309,14 +309,88 @@ LlamaModel::LlamaModel(const ModelSpec& model, Arena& device) : spec_(model), la
   adam_v_ = device.allocate(kStates, "optimizer_states", layout_.total, true);
 }
 
+void LlamaModel::partition(Arena& device, Communicator& group) {
+  if (zero_group_) throw std::logic_error("LlamaModel::partition: already partitioned");
+  const int64_t ranks = group.size(), rank = group.rank();
+  auto add = [&](int64_t start, int64_t end) {
+    Module module;
+    module.start = start;
+    module.size = end - start;
+    module.chunk = (module.size + ranks - 1) / ranks;
+    module.shard_offset = modules_.empty() ? 0 : modules_.back().shard_offset + modules_.back().chunk;
+    modules_.push_back(module);
+  };
+  add(layout_.embedding, layout_.embedding + spec_.vocab_size * spec_.hidden_size);
+  for (size_t i = 0; i < layout_.layers.size(); ++i)
+    add(layout_.layers[i].attention_norm, i + 1 < layout_.layers.size() ? layout_.layers[i + 1].attention_norm : layout_.final_norm);
+  add(layout_.final_norm, layout_.total);
+  const int64_t shard = modules_.back().shard_offset + modules_.back().chunk;
+  Buffer weights = device.allocate(kStates, "weights", shard, true);
+  for (const Module& module : modules_)
+    for (int64_t i = 0; i < module.chunk; ++i) {
+      const int64_t source = rank * module.chunk + i;
+      if (source < module.size) weights.data()[module.shard_offset + i] = parameters_.data()[module.start + source];
+    }
+  // Release the full buffers before the shards of the rest exist: that is the point.
+  parameters_ = std::move(weights);
+  gradients_.release();
+  adam_m_.release();
+  adam_v_.release();
+  gradients_ = device.allocate(kStates, "gradients_fp32", shard, true);
+  adam_m_ = device.allocate(kStates, "optimizer_states", shard, true);
+  adam_v_ = device.allocate(kStates, "optimizer_states", shard, true);
+  zero_group_ = &group;
+}
+
+std::vector<float> LlamaModel::gather_full(const float* shard) const {
+  if (!zero_group_) return std::vector<float>(shard, shard + layout_.total);
+  std::vector<float> full(static_cast<size_t>(layout_.total));
+  for (const Module& module : modules_) {
+    std::vector<float> gathered(static_cast<size_t>(module.chunk * zero_group_->size()));
+    zero_group_->all_gather(shard + module.shard_offset, gathered.data(), module.chunk);
+    std::copy_n(gathered.data(), module.size, full.data() + module.start);
+  }
+  return full;
+}
+
 StepResult LlamaModel::forward_backward(const int32_t* tokens, const int32_t* labels, const int32_t* positions, int64_t T,
                                         const TrainingOptions& options, Arena& device, Arena& host, const SequenceParallel& parallel) {
   const ModelSpec& m = spec_;
   const Dims d{T, m.hidden_size, m.q_width(), m.kv_width(), m.num_q_heads, m.num_kv_heads, m.head_dim, m.intermediate_size, m.vocab_size};
+  // Without ZeRO the weights and gradients are the full flat buffers. With ZeRO-3 a module is
+  // all-gathered into "gathered_layer_weights" when it runs, and its gradient, produced whole in
+  // "weight_gradient", is reduce-scattered into this rank's shard (summing every rank's part).
   const float* params = parameters_.data();
   float* grads = gradients_.data();
-  std::fill_n(grads, layout_.total, 0.0f);
+  std::fill_n(grads, parameters_.size(), 0.0f);
   const int64_t layers = m.num_layers;
+  const bool zero = zero_group_ != nullptr;
+  auto gather = [&](size_t index) {
+    const Module& module = modules_[index];
+    Buffer gathered = device.allocate(kCategoryZero, "gathered_layer_weights", module.chunk * zero_group_->size());
+    zero_group_->all_gather(parameters_.data() + module.shard_offset, gathered.data(), module.chunk);
+    return gathered;
+  };
+  auto gradient_buffer = [&](size_t index) {
+    return device.allocate(kCategoryZero, "weight_gradient", modules_[index].chunk * zero_group_->size(), true);
+  };
+  auto scatter = [&](size_t index, Buffer& gradient) {
+    const Module& module = modules_[index];
+    Buffer part = device.allocate(kCategoryZero, "gradient_shard_in_flight", module.chunk);
+    zero_group_->reduce_scatter(gradient.data(), part.data(), module.chunk);
+    for (int64_t i = 0; i < module.chunk; ++i) gradients_.data()[module.shard_offset + i] += part.data()[i];
+    gradient.release();
+  };
+  // A layer's offsets relative to its module, for running it on the gathered buffer.
+  auto rebased = [&](size_t layer) {
+    LlamaLayout::Layer w = layout_.layers[layer];
+    const int64_t start = modules_[1 + layer].start;
+    for (int64_t* offset : {&w.attention_norm, &w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj, &w.mlp_norm, &w.gate_proj, &w.up_proj,
+                            &w.down_proj})
+      *offset -= start;
+    return w;
+  };
+  const size_t final_module = static_cast<size_t>(layers) + 1;
   Ulysses ulysses;
   if (parallel.group && parallel.group->size() > 1) {
     ulysses.group = parallel.group;
@@ -333,13 +407,20 @@ StepResult LlamaModel::forward_backward(const int32_t* tokens, const int32_t* la
   // Forward. With checkpointing only each layer's input survives (on the device, or copied to
   // the host pool); without it every layer keeps what its backward reads.
   Buffer x = device.allocate(L, "layer.input", T * d.C);
-  k::embedding_forward(x.data(), tokens, params + layout_.embedding, T, d.C);
+  if (zero) {
+    Buffer table = gather(0);
+    k::embedding_forward(x.data(), tokens, table.data(), T, d.C);
+  } else {
+    k::embedding_forward(x.data(), tokens, params + layout_.embedding, T, d.C);
+  }
   std::vector<Buffer> inputs(static_cast<size_t>(layers));
   std::vector<LayerSaved> saved(options.activation_checkpointing ? 0 : static_cast<size_t>(layers));
   for (int64_t i = 0; i < layers; ++i) {
-    const auto& w = layout_.layers[static_cast<size_t>(i)];
-    Buffer y = layer_forward(params, w, x.data(), positions, d, options, device,
+    Buffer gathered = zero ? gather(1 + static_cast<size_t>(i)) : Buffer();
+    const LlamaLayout::Layer w = zero ? rebased(static_cast<size_t>(i)) : layout_.layers[static_cast<size_t>(i)];
+    Buffer y = layer_forward(zero ? gathered.data() : params, w, x.data(), positions, d, options, device,
                              options.activation_checkpointing ? nullptr : &saved[static_cast<size_t>(i)], ulysses);
+    gathered.release();
     if (options.checkpoint_offload) {
       Buffer copy = host.allocate(kCategoryCheckpoints, "hidden_states_checkpoints", T * d.C);
       std::copy_n(x.data(), T * d.C, copy.data());
@@ -364,16 +445,37 @@ StepResult LlamaModel::forward_backward(const int32_t* tokens, const int32_t* la
     result.counted_tokens = static_cast<int64_t>(count);
   }
   const float loss_scale = result.counted_tokens > 0 ? 1.0f / static_cast<float>(result.counted_tokens) : 0.0f;
+  // Where the final norm and the LM head (and their gradients) are for this step.
+  Buffer final_weights, tied_weights, final_gradient, tied_gradient;
+  const float* final_norm_weight = params + layout_.final_norm;
+  const float* lm_head_weight = params + layout_.lm_head;
+  float* final_norm_grad = grads + layout_.final_norm;
+  float* lm_head_grad = grads + layout_.lm_head;
+  if (zero) {
+    final_weights = gather(final_module);
+    final_gradient = gradient_buffer(final_module);
+    final_norm_weight = final_weights.data();
+    final_norm_grad = final_gradient.data();
+    if (m.tied_embeddings) {
+      tied_weights = gather(0);
+      tied_gradient = gradient_buffer(0);
+      lm_head_weight = tied_weights.data();
+      lm_head_grad = tied_gradient.data();
+    } else {
+      lm_head_weight = final_weights.data() + (layout_.lm_head - layout_.final_norm);
+      lm_head_grad = final_gradient.data() + (layout_.lm_head - layout_.final_norm);
+    }
+  }
   Buffer final_output = device.allocate(kCategoryLoss, "final_norm.output", T * d.C);
   Buffer final_rstd = device.allocate(kCategoryLoss, "final_norm.rstd", T);
-  k::rmsnorm_forward(final_output.data(), final_rstd.data(), x.data(), params + layout_.final_norm, T, d.C, options.rmsnorm_eps);
+  k::rmsnorm_forward(final_output.data(), final_rstd.data(), x.data(), final_norm_weight, T, d.C, options.rmsnorm_eps);
   Buffer final_grad = device.allocate(kCategoryLoss, "final_norm.output_grad", T * d.C, true);
   const int64_t loss_tile = options.loss_tiles > 0 ? tile_size(T, options.loss_tiles) : T;
   double loss_sum = 0;
   for (int64_t t0 = 0; t0 < T; t0 += loss_tile) {
     const int64_t rows = std::min(loss_tile, T - t0);
     Buffer logits = device.allocate(kCategoryLoss, "loss.logits", rows * d.V);
-    k::linear_forward(logits.data(), final_output.data() + t0 * d.C, params + layout_.lm_head, static_cast<const float*>(nullptr),
+    k::linear_forward(logits.data(), final_output.data() + t0 * d.C, lm_head_weight, static_cast<const float*>(nullptr),
                       rows, d.C, d.V);
     Buffer losses = device.allocate(kCategoryLoss, "loss.per_token", rows);
     k::cross_entropy_forward(losses.data(), logits.data(), labels + t0, rows, d.V);
@@ -381,22 +483,31 @@ StepResult LlamaModel::forward_backward(const int32_t* tokens, const int32_t* la
     Buffer logits_grad = device.allocate(kCategoryLoss, "loss.logits_grad", rows * d.V, true);
     k::cross_entropy_backward(logits_grad.data(), logits.data(), labels + t0, loss_scale, rows, d.V);
     logits.release();
-    k::linear_backward(final_grad.data() + t0 * d.C, grads + layout_.lm_head, static_cast<float*>(nullptr), logits_grad.data(),
-                       final_output.data() + t0 * d.C, params + layout_.lm_head, rows, d.C, d.V);
+    k::linear_backward(final_grad.data() + t0 * d.C, lm_head_grad, static_cast<float*>(nullptr), logits_grad.data(),
+                       final_output.data() + t0 * d.C, lm_head_weight, rows, d.C, d.V);
   }
   if (ulysses.active()) ulysses.group->all_reduce(&loss_sum, 1);
   result.loss = result.counted_tokens > 0 ? loss_sum / static_cast<double>(result.counted_tokens) : 0.0;
   final_output.release();
   Buffer dy = device.allocate(L, "layer.output_grad", T * d.C, true);
-  k::rmsnorm_backward(dy.data(), grads + layout_.final_norm, final_grad.data(), x.data(), params + layout_.final_norm,
-                      final_rstd.data(), T, d.C);
+  k::rmsnorm_backward(dy.data(), final_norm_grad, final_grad.data(), x.data(), final_norm_weight, final_rstd.data(), T, d.C);
+  if (zero) {
+    scatter(final_module, final_gradient);
+    if (m.tied_embeddings) scatter(0, tied_gradient);
+    final_weights.release();
+    tied_weights.release();
+  }
   final_grad.release();
   final_rstd.release();
   x.release();
 
   // Backward, last layer first; with checkpointing each layer is recomputed from its input.
   for (int64_t i = layers - 1; i >= 0; --i) {
-    const auto& w = layout_.layers[static_cast<size_t>(i)];
+    Buffer gathered = zero ? gather(1 + static_cast<size_t>(i)) : Buffer();
+    Buffer layer_gradient = zero ? gradient_buffer(1 + static_cast<size_t>(i)) : Buffer();
+    const float* layer_params = zero ? gathered.data() : params;
+    float* layer_grads = zero ? layer_gradient.data() : grads;
+    const LlamaLayout::Layer w = zero ? rebased(static_cast<size_t>(i)) : layout_.layers[static_cast<size_t>(i)];
     Buffer input = std::move(inputs[static_cast<size_t>(i)]);
     if (options.checkpoint_offload) {
       Buffer fetched = device.allocate(L, "layer.input", T * d.C);
@@ -406,21 +517,29 @@ StepResult LlamaModel::forward_backward(const int32_t* tokens, const int32_t* la
     LayerSaved recomputed;
     LayerSaved& layer_saved = options.activation_checkpointing ? recomputed : saved[static_cast<size_t>(i)];
     if (options.activation_checkpointing) {
-      Buffer output = layer_forward(params, w, input.data(), positions, d, options, device, &recomputed, ulysses);
+      Buffer output = layer_forward(layer_params, w, input.data(), positions, d, options, device, &recomputed, ulysses);
       output.release();
     }
-    Buffer dx = layer_backward(grads, params, w, input.data(), dy.data(), positions, d, options, device, layer_saved, ulysses);
+    Buffer dx = layer_backward(layer_grads, layer_params, w, input.data(), dy.data(), positions, d, options, device, layer_saved,
+                               ulysses);
     dy = std::move(dx);
+    if (zero) scatter(1 + static_cast<size_t>(i), layer_gradient);
   }
-  k::embedding_backward(grads + layout_.embedding, dy.data(), tokens, T, d.C);
-  // Every rank saw different tokens with the same weights: the gradient is the sum.
-  if (ulysses.active()) ulysses.group->all_reduce(grads, layout_.total);
+  if (zero) {
+    Buffer table_gradient = gradient_buffer(0);
+    k::embedding_backward(table_gradient.data(), dy.data(), tokens, T, d.C);
+    scatter(0, table_gradient);
+  } else {
+    k::embedding_backward(grads + layout_.embedding, dy.data(), tokens, T, d.C);
+    // Every rank saw different tokens with the same weights: the gradient is the sum.
+    if (ulysses.active()) ulysses.group->all_reduce(grads, layout_.total);
+  }
   return result;
 }
 
 void LlamaModel::adamw_step(float lr, float beta1, float beta2, float eps, float weight_decay) {
   ++step_;
-  k::adamw_update(parameters_.data(), gradients_.data(), adam_m_.data(), adam_v_.data(), layout_.total, lr, beta1, beta2, eps,
+  k::adamw_update(parameters_.data(), gradients_.data(), adam_m_.data(), adam_v_.data(), parameters_.size(), lr, beta1, beta2, eps,
                   weight_decay, step_);
 }
 

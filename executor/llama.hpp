@@ -63,11 +63,24 @@ class LlamaModel {
   LlamaModel(const ModelSpec& model, Arena& device);
   const ModelSpec& spec() const { return spec_; }
   const LlamaLayout& layout() const { return layout_; }
+  // This rank's parameters and gradients: all of them, or after partition() its ZeRO-3 shard.
   float* parameters() { return parameters_.data(); }
   const float* parameters() const { return parameters_.data(); }
   float* gradients() { return gradients_.data(); }
   const float* gradients() const { return gradients_.data(); }
   int64_t parameter_count() const { return layout_.total; }
+  int64_t local_parameter_count() const { return parameters_.size(); }
+
+  // ZeRO-3 over `group`: from here on this rank keeps only its shard of every module's weights,
+  // gradients and Adam moments (modules: the embedding, each decoder layer, the final norm with
+  // the LM head, each split into equal padded chunks). A module's weights are all-gathered
+  // before it runs and released after; its gradients are reduce-scattered into the shards.
+  // Every rank must hold the same full weights when this is called.
+  void partition(Arena& device, Communicator& group);
+  bool partitioned() const { return zero_group_ != nullptr; }
+  // The full flat vector from this rank's shards (e.g. gradients() or parameters()), for tests
+  // and checkpoints; a collective: every rank of the group must call it.
+  std::vector<float> gather_full(const float* shard) const;
 
   // Forward and backward for one sequence of T tokens: labels pre-shifted (label t is the
   // target of token t, -100 to ignore), position_ids restarting at 0 for every packed document.
@@ -81,8 +94,13 @@ class LlamaModel {
   void adamw_step(float lr, float beta1, float beta2, float eps, float weight_decay);
 
  private:
+  struct Module {
+    int64_t start = 0, size = 0, chunk = 0, shard_offset = 0;
+  };
   ModelSpec spec_;
   LlamaLayout layout_;
+  Communicator* zero_group_ = nullptr;
+  std::vector<Module> modules_;  // embedding, layers..., final norm + LM head (ZeRO-3 only)
   Buffer parameters_, gradients_, adam_m_, adam_v_;
   int64_t step_ = 0;
 };

@@ -162,6 +162,41 @@ TEST_CASE("three AdamW steps sharded follow the single-rank loss curve") {
   }
 }
 
+TEST_CASE("ZeRO-3 with Ulysses: gradients and the AdamW update equal the unsharded single-rank step") {
+  const ModelSpec spec = model_load("tiny-llama");
+  const Batch batch = batch_make(64);
+  Arena reference_device("reference"), reference_host("reference host");
+  LlamaModel single(spec, reference_device);
+  parameters_fill(single);
+  single.forward_backward(batch.tokens.data(), batch.labels.data(), batch.positions.data(), 64, {}, reference_device, reference_host);
+  const std::vector<float> single_gradients(single.gradients(), single.gradients() + single.parameter_count());
+  single.adamw_step(1e-2f, 0.9f, 0.95f, 1e-8f, 0.01f);
+
+  Arena device("device"), host("host");
+  LlamaModel sharded(spec, device);
+  parameters_fill(sharded);
+  sharded.partition(device, world());
+  CHECK(sharded.local_parameter_count() <= sharded.parameter_count() / world().size() + 6);  // modules padded
+  const int64_t T = 64 / world().size(), first = world().rank() * T;
+  SequenceParallel parallel{&world(), batch.positions.data()};
+  TrainingOptions options;
+  options.activation_checkpointing = true;  // ZeRO-3 with recompute gathers each layer twice
+  sharded.forward_backward(batch.tokens.data() + first, batch.labels.data() + first, batch.positions.data() + first, T, options,
+                           device, host, parallel);
+  gradients_close(sharded.gather_full(sharded.gradients()), single_gradients);
+  sharded.adamw_step(1e-2f, 0.9f, 0.95f, 1e-8f, 0.01f);
+  const std::vector<float> weights = sharded.gather_full(sharded.parameters());
+  double worst = 0;
+  for (int64_t i = 0; i < single.parameter_count(); ++i)
+    worst = std::max(worst, std::fabs(static_cast<double>(weights[static_cast<size_t>(i)]) - single.parameters()[i]));
+  // Adam's first step is about lr * g / |g|: for near-zero gradients it magnifies their float
+  // rounding, so the updates agree to 0.5% of the step size (measured: 1.7e-5 at sp=2).
+  CHECK(worst <= 0.005 * 1e-2);
+  // Each rank holds a 1/sp share of the model states, so the peak is lower than without ZeRO.
+  const Outcome replicated = step(batch, &world());
+  CHECK(device.peak_bytes() < replicated.device_peak_bytes);
+}
+
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   int failed = 0;
