@@ -43,6 +43,7 @@ struct RunCommandArgs {
   uint32_t seed = 1;
   bool auto_plan = false;
   int64_t sp = 0;  // 0: every rank of the run (mpirun -np N)
+  int zero_stage = 0;
   bool compare_single_rank = false;
   bool json = false;
 };
@@ -72,6 +73,8 @@ std::shared_ptr<RunCommandArgs> run_command_register(CLI::App& app) {
                     "--budget-mib, then run that plan at that length (the loop: plan, run, measure)");
   command->add_option("--sp", args->sp,
                       "Ulysses degree under mpirun (default: every rank); the rest are data parallel")->check(CLI::Range(1, 1 << 20));
+  command->add_option("--zero", args->zero_stage, "0: every rank holds the whole model (default); 3: ZeRO-3 over all ranks")
+      ->check(CLI::IsMember({0, 3}));
   command->add_flag("--compare-single-rank", args->compare_single_rank,
                     "under mpirun, rank 0 also trains one unsharded replica on the same samples and prints its loss beside");
   command->add_flag("--json", args->json, "print JSON");
@@ -166,6 +169,7 @@ int run_command_run(const RunCommandArgs& given) {
     if (unset("--mlp-tiles") && plan.tiled_mlp.value_or(false)) args.mlp_tiles = plan.mlp_tiles.value_or(16);
     if (unset("--loss-tiles") && plan.tiled_loss.value_or(false)) args.loss_tiles = plan.loss_tiles.value_or(16);
     if (unset("--sp") && plan.sp) args.sp = *plan.sp;
+    if (unset("--zero") && plan.zero_stage) args.zero_stage = *plan.zero_stage;
     if (speaker) fmt::print("scenario {}: {}\n", scenario.name, scenario.description);
   }
   const ModelSpec model = model_load(args.model);
@@ -207,7 +211,7 @@ int run_command_run(const RunCommandArgs& given) {
               candidate.checkpoint_offload = offload;
               candidate.mlp_tiles = mlp_tiles;
               candidate.loss_tiles = loss_tiles;
-              const PlanOptions plan = executor_plan(candidate, degree);
+              const PlanOptions plan = executor_plan(candidate, degree, args.zero_stage);
               if (!plan_problems(model, cluster, plan).empty()) continue;
               const int64_t length = max_seqlen_find(model, cluster, plan, native, 64 * degree, /*with_breakdown=*/false).max_seqlen;
               const int64_t techniques = checkpointing + offload + (mlp_tiles > 0) + (loss_tiles > 0);
@@ -223,10 +227,10 @@ int run_command_run(const RunCommandArgs& given) {
     seqlen = best;
     if (speaker)
       fmt::print("longseq run --auto: the planner chose {} for {} tokens, the longest that fits {:.0f} MiB per rank on {} rank(s) "
-                 "(PREDICTION)\n", plan_describe(executor_plan(options, sp)), integer_with_commas(seqlen), args.budget_mib, world_size);
+                 "(PREDICTION)\n", plan_describe(executor_plan(options, sp, args.zero_stage)), integer_with_commas(seqlen), args.budget_mib, world_size);
   }
   const ClusterSpec cluster = executor_cluster(budget_bytes, world_size);
-  const PlanOptions plan = executor_plan(options, sp);
+  const PlanOptions plan = executor_plan(options, sp, args.zero_stage);
   std::vector<std::string> problems = plan_problems(model, cluster, plan);
   for (auto& problem : seqlen_problems(plan, seqlen)) problems.push_back(problem);
   if (!problems.empty()) throw ConfigError("--sp", "", problems.front());
@@ -244,20 +248,30 @@ int run_command_run(const RunCommandArgs& given) {
                                    integer_with_commas(local_tokens));
   }
   try {
-    // Every rank starts from the same weights (same seed): small normal weights, norms at 1.
-    auto initialise = [&](LlamaModel& llama) {
+    // Every rank starts from the same weights (same seed): small normal weights, norms at 1. They
+    // are made in ordinary host memory, as a checkpoint would be read, and loaded into the model.
+    const std::vector<float> initial_weights = [&] {
+      const LlamaLayout layout = llama_layout(model);
+      std::vector<float> weights(static_cast<size_t>(layout.total));
       std::mt19937 generator(args.seed);
       std::normal_distribution<float> normal(0.0f, 0.02f);
-      for (int64_t i = 0; i < llama.parameter_count(); ++i) llama.parameters()[i] = normal(generator);
-      auto norm_ones = [&](int64_t offset) { std::fill_n(llama.parameters() + offset, model.hidden_size, 1.0f); };
-      for (const auto& layer : llama.layout().layers) {
+      for (float& weight : weights) weight = normal(generator);
+      auto norm_ones = [&](int64_t offset) { std::fill_n(weights.data() + offset, model.hidden_size, 1.0f); };
+      for (const auto& layer : layout.layers) {
         norm_ones(layer.attention_norm);
         norm_ones(layer.mlp_norm);
       }
-      norm_ones(llama.layout().final_norm);
-    };
-    LlamaModel llama(model, device);
-    initialise(llama);
+      norm_ones(layout.final_norm);
+      return weights;
+    }();
+    // ZeRO-3 builds only this rank's shards (zero.Init), so no rank ever holds the whole model.
+    std::optional<LlamaModel> model_storage;
+    if (args.zero_stage == 3)
+      model_storage.emplace(model, device, *ranks.world);
+    else
+      model_storage.emplace(model, device);
+    LlamaModel& llama = *model_storage;
+    llama.load_parameters(initial_weights.data());
     // --compare-single-rank: rank 0 also trains one unsharded replica on group 0's samples.
     std::optional<Arena> reference_device, reference_host;
     std::optional<LlamaModel> reference;
@@ -266,7 +280,7 @@ int run_command_run(const RunCommandArgs& given) {
       reference_device.emplace("reference device");
       reference_host.emplace("reference host");
       reference.emplace(model, *reference_device);
-      initialise(*reference);
+      reference->load_parameters(initial_weights.data());
     }
     if (speaker)
       fmt::print("{:>5} {:>9} {:>9} {:>10} {:>16} {:>14}{}\n", "step", "loss", "seconds", "tokens/s", "device peak MiB", "host peak MiB",
@@ -280,8 +294,9 @@ int run_command_run(const RunCommandArgs& given) {
       StepResult result = llama.forward_backward(sample.tokens.data() + first_token, sample.labels.data() + first_token,
                                                  sample.positions.data() + first_token, local_tokens, options, device, host, parallel);
       if (dp > 1) {  // the gradient is the mean over the data-parallel groups' samples
-        ranks.data_group->all_reduce(llama.gradients(), llama.parameter_count());
-        for (int64_t i = 0; i < llama.parameter_count(); ++i) llama.gradients()[i] /= static_cast<float>(dp);
+        // ZeRO-3's reduce-scatter already summed every rank's part; replicas sum across groups.
+        if (!llama.partitioned()) ranks.data_group->all_reduce(llama.gradients(), llama.local_parameter_count());
+        for (int64_t i = 0; i < llama.local_parameter_count(); ++i) llama.gradients()[i] /= static_cast<float>(dp);
         double loss = result.loss;
         ranks.data_group->all_reduce(&loss, 1);
         result.loss = loss / static_cast<double>(dp);

@@ -23,7 +23,7 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
   if (this != &other) {
     release();
     arena_ = other.arena_;
-    name_ = other.name_;
+    storage_id_ = other.storage_id_;
     data_ = other.data_;
     elements_ = other.elements_;
     other.arena_ = nullptr;
@@ -34,7 +34,7 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
 }
 
 void Buffer::release() {
-  if (arena_) arena_->free(name_, data_);
+  if (arena_) arena_->free(storage_id_, data_);
   arena_ = nullptr;
   data_ = nullptr;
   elements_ = 0;
@@ -43,9 +43,9 @@ void Buffer::release() {
 Arena::Arena(std::string name, double capacity_bytes, MemoryBackend& backend)
     : name_(std::move(name)), backend_(backend), capacity_bytes_(capacity_bytes) {}
 
-void Arena::free(std::string_view name, float* data) noexcept {
+void Arena::free(int64_t storage_id, float* data) noexcept {
   backend_.release(data);
-  trace_.free(name);  // the name was recorded at allocation, so it is live
+  trace_.free_storage(storage_id);  // recorded at allocation, so it is live
 }
 
 Buffer Arena::allocate(std::string_view category, std::string_view name, int64_t elements, bool zeroed) {
@@ -59,11 +59,10 @@ Buffer Arena::allocate(std::string_view category, std::string_view name, int64_t
   }
   Buffer buffer;
   buffer.arena_ = this;
-  buffer.name_ = name;
   buffer.elements_ = elements;
   buffer.data_ = backend_.allocate(elements);
   if (zeroed && elements > 0) backend_.fill_zero(buffer.data_, elements);
-  trace_.alloc(category, name, bytes);
+  buffer.storage_id_ = trace_.alloc(category, name, bytes);
   return buffer;
 }
 

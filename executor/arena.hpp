@@ -61,7 +61,7 @@ class Buffer {
  private:
   friend class Arena;
   Arena* arena_ = nullptr;
-  std::string_view name_;
+  int64_t storage_id_ = -1;
   float* data_ = nullptr;
   int64_t elements_ = 0;
 };
@@ -86,7 +86,7 @@ class Arena {
 
  private:
   friend class Buffer;
-  void free(std::string_view name, float* data) noexcept;
+  void free(int64_t storage_id, float* data) noexcept;
   std::string name_;
   MemoryBackend& backend_;
   double capacity_bytes_;

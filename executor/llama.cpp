@@ -309,9 +309,18 @@ LlamaModel::LlamaModel(const ModelSpec& model, Arena& device) : spec_(model), la
   adam_v_ = device.allocate(kStates, "optimizer_states", layout_.total, true);
 }
 
-void LlamaModel::partition(Arena& device, Communicator& group) {
-  if (zero_group_) throw std::logic_error("LlamaModel::partition: already partitioned");
-  const int64_t ranks = group.size(), rank = group.rank();
+LlamaModel::LlamaModel(const ModelSpec& model, Arena& device, Communicator& zero_group) : spec_(model), layout_(llama_layout(model)) {
+  executor_model_check(model);
+  const int64_t shard = plan_modules(zero_group.size());
+  parameters_ = device.allocate(kStates, "weights", shard, true);
+  gradients_ = device.allocate(kStates, "gradients_fp32", shard, true);
+  adam_m_ = device.allocate(kStates, "optimizer_states", shard, true);
+  adam_v_ = device.allocate(kStates, "optimizer_states", shard, true);
+  zero_group_ = &zero_group;
+}
+
+int64_t LlamaModel::plan_modules(int64_t ranks) {
+  modules_.clear();
   auto add = [&](int64_t start, int64_t end) {
     Module module;
     module.start = start;
@@ -324,13 +333,31 @@ void LlamaModel::partition(Arena& device, Communicator& group) {
   for (size_t i = 0; i < layout_.layers.size(); ++i)
     add(layout_.layers[i].attention_norm, i + 1 < layout_.layers.size() ? layout_.layers[i + 1].attention_norm : layout_.final_norm);
   add(layout_.final_norm, layout_.total);
-  const int64_t shard = modules_.back().shard_offset + modules_.back().chunk;
-  Buffer weights = device.allocate(kStates, "weights", shard, true);
+  return modules_.back().shard_offset + modules_.back().chunk;
+}
+
+void LlamaModel::copy_shard(const float* full, float* shard) const {
+  const int64_t rank = zero_group_->rank();
   for (const Module& module : modules_)
     for (int64_t i = 0; i < module.chunk; ++i) {
       const int64_t source = rank * module.chunk + i;
-      if (source < module.size) weights.data()[module.shard_offset + i] = parameters_.data()[module.start + source];
+      shard[module.shard_offset + i] = source < module.size ? full[module.start + source] : 0.0f;
     }
+}
+
+void LlamaModel::load_parameters(const float* full) {
+  if (zero_group_)
+    copy_shard(full, parameters_.data());
+  else
+    std::copy_n(full, layout_.total, parameters_.data());
+}
+
+void LlamaModel::partition(Arena& device, Communicator& group) {
+  if (zero_group_) throw std::logic_error("LlamaModel::partition: already partitioned");
+  zero_group_ = &group;
+  const int64_t shard = plan_modules(group.size());
+  Buffer weights = device.allocate(kStates, "weights", shard, true);
+  copy_shard(parameters_.data(), weights.data());
   // Release the full buffers before the shards of the rest exist: that is the point.
   parameters_ = std::move(weights);
   gradients_.release();
@@ -339,7 +366,6 @@ void LlamaModel::partition(Arena& device, Communicator& group) {
   gradients_ = device.allocate(kStates, "gradients_fp32", shard, true);
   adam_m_ = device.allocate(kStates, "optimizer_states", shard, true);
   adam_v_ = device.allocate(kStates, "optimizer_states", shard, true);
-  zero_group_ = &group;
 }
 
 std::vector<float> LlamaModel::gather_full(const float* shard) const {
@@ -365,14 +391,14 @@ StepResult LlamaModel::forward_backward(const int32_t* tokens, const int32_t* la
   std::fill_n(grads, parameters_.size(), 0.0f);
   const int64_t layers = m.num_layers;
   const bool zero = zero_group_ != nullptr;
-  auto gather = [&](size_t index) {
+  auto gather = [&](size_t index, const char* name = "gathered_layer_weights") {
     const Module& module = modules_[index];
-    Buffer gathered = device.allocate(kCategoryZero, "gathered_layer_weights", module.chunk * zero_group_->size());
+    Buffer gathered = device.allocate(kCategoryZero, name, module.chunk * zero_group_->size());
     zero_group_->all_gather(parameters_.data() + module.shard_offset, gathered.data(), module.chunk);
     return gathered;
   };
-  auto gradient_buffer = [&](size_t index) {
-    return device.allocate(kCategoryZero, "weight_gradient", modules_[index].chunk * zero_group_->size(), true);
+  auto gradient_buffer = [&](size_t index, const char* name = "weight_gradient") {
+    return device.allocate(kCategoryZero, name, modules_[index].chunk * zero_group_->size(), true);
   };
   auto scatter = [&](size_t index, Buffer& gradient) {
     const Module& module = modules_[index];
@@ -457,8 +483,8 @@ StepResult LlamaModel::forward_backward(const int32_t* tokens, const int32_t* la
     final_norm_weight = final_weights.data();
     final_norm_grad = final_gradient.data();
     if (m.tied_embeddings) {
-      tied_weights = gather(0);
-      tied_gradient = gradient_buffer(0);
+      tied_weights = gather(0, "gathered_embedding_weights");
+      tied_gradient = gradient_buffer(0, "embedding_weight_gradient");
       lm_head_weight = tied_weights.data();
       lm_head_grad = tied_gradient.data();
     } else {

@@ -61,6 +61,12 @@ class LlamaModel {
   // Parameters, gradients and both Adam moments are allocated in `device` here. Throws
   // ConfigError for a model that is not Llama-style (see executor_model_check).
   LlamaModel(const ModelSpec& model, Arena& device);
+  // ZeRO-3 from the start (DeepSpeed's zero.Init): only this rank's shards are ever allocated;
+  // fill them with load_parameters. partition() below explains the sharding.
+  LlamaModel(const ModelSpec& model, Arena& device, Communicator& zero_group);
+  // Sets the weights from a full flat vector of parameter_count() values held by every rank (a
+  // checkpoint in host memory); a partitioned model keeps its shard of it.
+  void load_parameters(const float* full);
   const ModelSpec& spec() const { return spec_; }
   const LlamaLayout& layout() const { return layout_; }
   // This rank's parameters and gradients: all of them, or after partition() its ZeRO-3 shard.
@@ -97,6 +103,10 @@ class LlamaModel {
   struct Module {
     int64_t start = 0, size = 0, chunk = 0, shard_offset = 0;
   };
+  // Splits the model into modules_ for `ranks` shards; returns the shard length.
+  int64_t plan_modules(int64_t ranks);
+  // This rank's padded chunks of every module of `full`.
+  void copy_shard(const float* full, float* shard) const;
   ModelSpec spec_;
   LlamaLayout layout_;
   Communicator* zero_group_ = nullptr;

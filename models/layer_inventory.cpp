@@ -632,18 +632,50 @@ void executor_layer_backward(TensorTrace& trace, const LayerShape& shape) {
 void executor_step_replay(TensorTrace& trace, const LayerShape& shape, const ExecutorStepOptions& options) {
   const ExecutorBytes b(shape);
   const bool keep = !options.checkpointing;
+  const bool zero = options.zero_ranks > 0;
+  // ZeRO-3 (executor/llama.cpp): a module gathered whole (padded to equal chunks), its gradient
+  // produced whole, reduce-scattered through a one-chunk buffer.
+  auto module_bytes = [&](int64_t parameters) {
+    const int64_t chunk = (parameters + options.zero_ranks - 1) / options.zero_ranks;
+    return std::pair{static_cast<double>(chunk * options.zero_ranks) * 4, static_cast<double>(chunk) * 4};
+  };
+  auto gather = [&](int64_t parameters, const char* name = "gathered_layer_weights") {
+    trace.alloc(kCategoryZero, name, module_bytes(parameters).first);
+  };
+  auto gradient = [&](int64_t parameters, const char* name = "weight_gradient") {
+    trace.alloc(kCategoryZero, name, module_bytes(parameters).first);
+  };
+  auto scatter = [&](int64_t parameters, const char* name = "weight_gradient") {
+    trace.alloc(kCategoryZero, "gradient_shard_in_flight", module_bytes(parameters).second);
+    trace.free(name);
+    trace.free("gradient_shard_in_flight");
+  };
   // Forward: each layer's input survives as a checkpoint (on the device unless offloaded); the
   // executor names the stored input "layer.input" and each output "layer.output" in turn.
   trace.set_moment("forward: embedding");
   trace.alloc(L, "layer.input", b.x);
+  if (zero) {
+    gather(options.embedding_parameters);
+    trace.free("gathered_layer_weights");
+  }
   for (int64_t i = 0; i < options.layers; ++i) {
+    if (zero) gather(options.layer_parameters);
     executor_layer_forward(trace, shape, keep);
+    if (zero) trace.free("gathered_layer_weights");
     if (options.checkpoint_offload) trace.free("layer.input");  // copied to the host pool
     // The output becomes the next layer's input.
     trace.alias("layer.output", L, "layer.input");
     trace.free("layer.output");
   }
   trace.set_moment("loss: logits and cross entropy");
+  if (zero) {
+    gather(options.final_parameters);
+    gradient(options.final_parameters);
+    if (options.tied_embeddings) {
+      gather(options.embedding_parameters, "gathered_embedding_weights");
+      gradient(options.embedding_parameters, "embedding_weight_gradient");
+    }
+  }
   trace.alloc(kCategoryLoss, "final_norm.output", b.x);
   trace.alloc(kCategoryLoss, "final_norm.rstd", b.rstd);
   trace.alloc(kCategoryLoss, "final_norm.output_grad", b.x);
@@ -657,9 +689,20 @@ void executor_step_replay(TensorTrace& trace, const LayerShape& shape, const Exe
   }
   trace.free("final_norm.output");
   trace.alloc(L, "layer.output_grad", b.x);
+  if (zero) {
+    // The final module's gradient first, then (tied) the embedding's; both gathers released after.
+    scatter(options.final_parameters);
+    if (options.tied_embeddings) scatter(options.embedding_parameters, "embedding_weight_gradient");
+    trace.free("gathered_layer_weights");
+    if (options.tied_embeddings) trace.free("gathered_embedding_weights");
+  }
   for (const char* name : {"final_norm.output_grad", "final_norm.rstd", "layer.input"}) trace.free(name);  // the last output
   // Backward, last layer first.
   for (int64_t i = options.layers - 1; i >= 0; --i) {
+    if (zero) {
+      gather(options.layer_parameters);
+      gradient(options.layer_parameters);
+    }
     if (options.checkpoint_offload) trace.alloc(L, "layer.input", b.x);  // fetched from the host pool
     if (options.checkpointing) {
       executor_layer_forward(trace, shape, /*keep=*/true);
@@ -669,7 +712,13 @@ void executor_step_replay(TensorTrace& trace, const LayerShape& shape, const Exe
     trace.free("layer.output_grad");
     trace.alias("layer.input_grad", L, "layer.output_grad");
     trace.free("layer.input_grad");
+    if (zero) scatter(options.layer_parameters);
     trace.free("layer.input");
+    if (zero) trace.free("gathered_layer_weights");
+  }
+  if (zero) {
+    gradient(options.embedding_parameters);
+    scatter(options.embedding_parameters);
   }
   trace.free("layer.output_grad");
 }

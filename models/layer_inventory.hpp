@@ -85,6 +85,11 @@ struct ExecutorStepOptions {
   bool checkpointing = false;
   bool checkpoint_offload = false;
   int64_t loss_tile_tokens = 0;
+  // ZeRO-3 over this many ranks (0: off). Module sizes in parameters: the embedding, one decoder
+  // layer, and the final norm with the LM head (just the norm when tied).
+  int64_t zero_ranks = 0;
+  int64_t embedding_parameters = 0, layer_parameters = 0, final_parameters = 0;
+  bool tied_embeddings = false;
 };
 void executor_step_replay(TensorTrace& trace, const LayerShape& shape, const ExecutorStepOptions& options);
 

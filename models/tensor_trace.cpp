@@ -4,10 +4,11 @@
 
 namespace longseq {
 
-void TensorTrace::alloc(std::string_view category, std::string_view name, double bytes, double count) {
+int64_t TensorTrace::alloc(std::string_view category, std::string_view name, double bytes, double count) {
   // Zero-byte tensors are kept (so the schedule can free them) and left out of reports.
   if (bytes < 0 || count <= 0) throw std::logic_error("TensorTrace::alloc: negative size for '" + std::string(name) + "'");
-  live_.push_back(TraceItem{category, name, bytes, count, next_storage_id_++});
+  const int64_t storage_id = next_storage_id_++;
+  live_.push_back(TraceItem{category, name, bytes, count, storage_id});
   current_bytes_ += bytes;
   // Strictly greater: among equal peaks the first is reported, which is the earlier moment.
   if (current_bytes_ > peak_bytes_) {
@@ -15,6 +16,17 @@ void TensorTrace::alloc(std::string_view category, std::string_view name, double
     if (record_peak_items_) peak_items_ = live_;
     peak_moment_ = moment_;
   }
+  return storage_id;
+}
+
+void TensorTrace::free_storage(int64_t storage_id) {
+  for (auto it = live_.begin(); it != live_.end(); ++it) {
+    if (it->storage_id != storage_id) continue;
+    current_bytes_ -= it->bytes;
+    live_.erase(it);
+    return;
+  }
+  throw std::logic_error("TensorTrace::free_storage: storage " + std::to_string(storage_id) + " is not live");
 }
 
 void TensorTrace::free(std::string_view name) {

@@ -24,10 +24,14 @@ struct TraceItem {
 
 class TensorTrace {
  public:
-  void alloc(std::string_view category, std::string_view name, double bytes, double count = 1);
+  // Returns the new tensor's storage id (for free_storage).
+  int64_t alloc(std::string_view category, std::string_view name, double bytes, double count = 1);
   // Frees the most recently allocated live tensor called `name`; freeing a tensor that is not
   // live is a bug in the schedule and throws std::logic_error.
   void free(std::string_view name);
+  // Frees exactly the tensor allocated with this id (an arena releasing its own buffer, whatever
+  // other live tensors share its name).
+  void free_storage(int64_t storage_id);
   bool is_live(std::string_view name) const;
   // Makes `to` a view of live tensor `from`: both names share one storage, counted once, which
   // is released when the last name sharing it is freed (PyTorch's view semantics). Used where a

@@ -203,6 +203,13 @@ MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& clust
     options.checkpointing = plan.activation_checkpointing;
     options.checkpoint_offload = plan.checkpoint_offload;
     options.loss_tile_tokens = plan.tiled_loss ? setup.loss_tile_tokens : 0;
+    if (plan.zero_stage == 3) {  // the executor's ZeRO-3 partitions every module over all ranks
+      options.zero_ranks = cluster.gpus;
+      options.embedding_parameters = setup.params.embedding;
+      options.layer_parameters = setup.params.per_layer;
+      options.final_parameters = setup.params.final_norm + setup.params.lm_head;
+      options.tied_embeddings = model.tied_embeddings;
+    }
     executor_step_replay(trace, setup.shape, options);
   } else {
     // Forward of the last layer: the checkpoints of all layers below it are resident.

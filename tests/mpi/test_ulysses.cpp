@@ -197,6 +197,45 @@ TEST_CASE("ZeRO-3 with Ulysses: gradients and the AdamW update equal the unshard
   CHECK(device.peak_bytes() < replicated.device_peak_bytes);
 }
 
+TEST_CASE("ZeRO-3 built sharded (zero.Init): each rank's measured peak equals the planner's prediction") {
+  const ModelSpec spec = model_load("tiny-llama");
+  const Batch batch = batch_make(64);
+  const int64_t sp = world().size(), T = 64 / sp, first = world().rank() * T;
+  // The same weights on every rank, loaded into shards: they equal what partition() keeps.
+  Arena whole_device("whole");
+  LlamaModel whole(spec, whole_device);
+  parameters_fill(whole);
+  const std::vector<float> full(whole.parameters(), whole.parameters() + whole.parameter_count());
+  whole.partition(whole_device, world());
+  struct Case {
+    const char* name;
+    TrainingOptions options;
+  };
+  TrainingOptions checkpointed;
+  checkpointed.activation_checkpointing = true;
+  TrainingOptions offloaded = checkpointed;
+  offloaded.checkpoint_offload = true;
+  TrainingOptions tiled = checkpointed;
+  tiled.mlp_tiles = 4;
+  tiled.loss_tiles = 4;
+  for (const Case& c : {Case{"no checkpointing", {}}, Case{"checkpointing", checkpointed}, Case{"checkpoint offload", offloaded},
+                        Case{"tiled MLP and loss", tiled}}) {
+    CAPTURE(c.name);
+    Arena device("device"), host("host");
+    LlamaModel sharded(spec, device, world());
+    sharded.load_parameters(full.data());
+    REQUIRE(sharded.local_parameter_count() == whole.local_parameter_count());
+    CHECK(std::equal(sharded.parameters(), sharded.parameters() + sharded.local_parameter_count(), whole.parameters()));
+    SequenceParallel parallel{&world(), batch.positions.data()};
+    sharded.forward_backward(batch.tokens.data() + first, batch.labels.data() + first, batch.positions.data() + first, T, c.options,
+                             device, host, parallel);
+    const MemoryPrediction predicted = memory_predict(spec, executor_cluster(std::numeric_limits<double>::infinity(), sp),
+                                                      executor_plan(c.options, sp, /*zero_stage=*/3), runtime_profile_load("native"), 64);
+    CHECK(predicted.gpu_peak_bytes == doctest::Approx(device.peak_bytes()).epsilon(0.001));
+    CHECK(predicted.gpu_peak_moment == device.peak_moment());
+  }
+}
+
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   int failed = 0;
