@@ -144,13 +144,9 @@ void ranks_split(Ranks& ranks, int64_t sp) {
   ranks.data_group = std::make_unique<SingleRankCommunicator>();
 }
 
-}  // namespace
-
-int run_command_run(const RunCommandArgs& given) {
+int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
   // A scenario supplies model, plan and run settings; a flag given on the command line wins.
   RunCommandArgs args = given;
-  Ranks ranks;
-  ranks_start(ranks);
   const bool speaker = ranks.world_rank == 0 && !args.json;  // only rank 0 prints tables
   if (!given.scenario.empty()) {
     const Scenario scenario = scenario_load(given.scenario);
@@ -371,6 +367,26 @@ int run_command_run(const RunCommandArgs& given) {
                worst <= 0.03 ? "matches" : "MISSES", 100.0 * (std::fabs(difference) > worst ? difference : worst));
   }
   return 0;
+}
+
+}  // namespace
+
+int run_command_run(const RunCommandArgs& given) {
+  Ranks ranks;
+  ranks_start(ranks);
+  try {
+    return run_on_ranks(given, ranks);
+  } catch (const std::exception& error) {
+    if (!ranks.mpi || ranks.world_size == 1) throw;
+#ifdef LONGSEQ_HAVE_MPI
+    // The other ranks may be waiting in a collective this one will never join: say which rank
+    // failed and why, then take the whole job down rather than let it hang.
+    const bool input = dynamic_cast<const ConfigError*>(&error) != nullptr;
+    std::cerr << fmt::format("longseq: error on rank {} of {}: {}\n", ranks.world_rank, ranks.world_size, error.what()) << std::flush;
+    MPI_Abort(MPI_COMM_WORLD, input ? 2 : 1);
+#endif
+    throw;
+  }
 }
 
 }  // namespace longseq
