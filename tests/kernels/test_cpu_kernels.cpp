@@ -9,11 +9,13 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
 
 #include "kernels/cpu/attention.hpp"
+#include "kernels/cuda/bf16.hpp"
 #include "kernels/cpu/dense.hpp"
 #include "kernels/cpu/loss_optimizer.hpp"
 #include "kernels/cpu/norm_rope.hpp"
@@ -237,4 +239,26 @@ TEST_CASE("adamw: one step by hand") {
   CHECK(m == doctest::Approx(0.05));
   CHECK(v == doctest::Approx(0.00025));
   CHECK(param == doctest::Approx(0.999 - 0.1 * 0.5 / (0.5 + 1e-8)));
+}
+
+// bf16 conversions (kernels/cuda/bf16.hpp) are host code shared with the GPU suite's reference
+// inputs, so they are tested here, where CI runs.
+TEST_CASE("bf16: round to nearest even, exact for representable values, NaN stays NaN") {
+  using longseq::bf16_from_float;
+  using longseq::bf16_to_float;
+  CHECK(bf16_from_float(1.0f) == 0x3f80);
+  CHECK(bf16_to_float(0x3f80) == 1.0f);
+  CHECK(bf16_from_float(-2.0f) == 0xc000);
+  // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties go to the even mantissa (1.0).
+  CHECK(bf16_from_float(1.0f + 0x1p-8f) == 0x3f80);
+  // 1 + 3 * 2^-8 is halfway between 1 + 2^-7 (odd) and 1 + 2^-6 (even): it rounds up.
+  CHECK(bf16_from_float(1.0f + 3 * 0x1p-8f) == 0x3f82);
+  // Just above halfway rounds up.
+  CHECK(bf16_from_float(1.0f + 0x1p-8f + 0x1p-20f) == 0x3f81);
+  // Every bf16 value converts to float and back unchanged.
+  for (uint32_t bits = 0; bits < 0x7f80; bits += 37) CHECK(bf16_from_float(bf16_to_float(static_cast<uint16_t>(bits))) == bits);
+  CHECK(std::isnan(bf16_to_float(bf16_from_float(std::numeric_limits<float>::quiet_NaN()))));
+  CHECK(bf16_to_float(bf16_from_float(std::numeric_limits<float>::infinity())) == std::numeric_limits<float>::infinity());
+  // The largest float rounds to infinity (beyond bf16's largest finite value), as in PyTorch.
+  CHECK(std::isinf(bf16_to_float(bf16_from_float(std::numeric_limits<float>::max()))));
 }

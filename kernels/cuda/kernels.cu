@@ -1,0 +1,291 @@
+// kernels.cu: the CUDA kernels of kernels.hpp. Each op is a static __global__ kernel, a static
+// launcher choosing the grid, and the checked entry point (ggml's and llm.c's shape): the math
+// mirrors kernels/cpu line for line so the GPU suite can compare them on random inputs.
+// Compiled wherever nvcc exists; run only on a GPU machine (tests/gpu/gpu_kernels.cpp).
+#include "kernels/cuda/kernels.hpp"
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace longseq::cuda {
+namespace {
+
+void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) throw std::runtime_error(std::string("CUDA ") + what + ": " + cudaGetErrorString(status));
+}
+// After a launch: the launch error now, not at the next synchronising call.
+void check_launch(const char* op) { check(cudaGetLastError(), op); }
+void check_blas(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS) throw std::runtime_error(std::string("cuBLAS ") + what + ": status " + std::to_string(status));
+}
+
+constexpr int kThreads = 256;  // per block: 8 warps, enough to hide latency for row reductions
+int blocks_for(int64_t n) { return static_cast<int>((n + kThreads - 1) / kThreads); }
+
+__device__ inline float load(const Bf16* p, int64_t i) { return __uint_as_float(static_cast<uint32_t>(p[i]) << 16); }
+__device__ inline Bf16 bf16(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
+
+// Block-wide reductions over kThreads threads (a warp shuffle, then one warp over the warps).
+__device__ float block_sum(float value) {
+  __shared__ float partial[kThreads / 32];
+  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = value;
+  __syncthreads();
+  value = threadIdx.x < kThreads / 32 ? partial[threadIdx.x] : 0.0f;
+  if (threadIdx.x < 32)
+    for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  __shared__ float total;
+  if (threadIdx.x == 0) total = value;
+  __syncthreads();
+  return total;
+}
+__device__ float block_max(float value) {
+  __shared__ float partial[kThreads / 32];
+  for (int offset = 16; offset > 0; offset /= 2) value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
+  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = value;
+  __syncthreads();
+  value = threadIdx.x < kThreads / 32 ? partial[threadIdx.x] : -INFINITY;
+  if (threadIdx.x < 32)
+    for (int offset = 16; offset > 0; offset /= 2) value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
+  __shared__ float result;
+  if (threadIdx.x == 0) result = value;
+  __syncthreads();
+  return result;
+}
+
+// ---- embedding ----
+__global__ void embedding_forward_kernel(Bf16* out, const int32_t* tokens, const Bf16* table, int64_t T, int64_t C) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= T * C) return;
+  const int64_t t = i / C, c = i % C;
+  out[i] = table[static_cast<int64_t>(tokens[t]) * C + c];
+}
+__global__ void embedding_backward_kernel(float* dtable, const Bf16* dout, const int32_t* tokens, int64_t T, int64_t C) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= T * C) return;
+  const int64_t t = i / C, c = i % C;
+  atomicAdd(dtable + static_cast<int64_t>(tokens[t]) * C + c, load(dout, i));
+}
+
+// ---- RMSNorm: one block per token ----
+__global__ void rmsnorm_forward_kernel(Bf16* out, float* rstd, const Bf16* inp, const Bf16* weight, int64_t C, float eps) {
+  const int64_t t = blockIdx.x;
+  const Bf16* x = inp + t * C;
+  float sum_squares = 0;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) sum_squares += load(x, c) * load(x, c);
+  const float r = rsqrtf(block_sum(sum_squares) / static_cast<float>(C) + eps);
+  if (threadIdx.x == 0) rstd[t] = r;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) out[t * C + c] = bf16(load(x, c) * r * load(weight, c));
+}
+__global__ void rmsnorm_backward_kernel(Bf16* dinp, float* dweight, const Bf16* dout, const Bf16* inp, const Bf16* weight,
+                                        const float* rstd, int64_t C) {
+  const int64_t t = blockIdx.x;
+  const Bf16* x = inp + t * C;
+  const Bf16* d = dout + t * C;
+  const float r = rstd[t];
+  // y = x r w: dx = r (w d) - x r^3 / C * sum(w d x), as kernels/cpu/norm_rope.cpp.
+  float dot = 0;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) dot += load(weight, c) * load(d, c) * load(x, c);
+  dot = block_sum(dot);
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    const float xc = load(x, c), dc = load(d, c);
+    dinp[t * C + c] = bf16(load(dinp, t * C + c) + r * load(weight, c) * dc - xc * r * r * r * dot / static_cast<float>(C));
+    atomicAdd(dweight + c, dc * xc * r);
+  }
+}
+
+// ---- rotary embedding: one thread per (token, frequency), looping over heads ----
+__device__ void rope_angle(double& cosine, double& sine, int32_t position, int64_t k, int64_t HD, double theta) {
+  const double angle = static_cast<double>(position) * pow(theta, -2.0 * static_cast<double>(k) / static_cast<double>(HD));
+  sincos(angle, &sine, &cosine);
+}
+__global__ void rope_forward_kernel(Bf16* out, const Bf16* inp, const int32_t* position_ids, int64_t T, int64_t NH, int64_t HD,
+                                    double theta) {
+  const int64_t half = HD / 2, i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= T * half) return;
+  const int64_t t = i / half, k = i % half;
+  double cosine, sine;
+  rope_angle(cosine, sine, position_ids[t], k, HD, theta);
+  for (int64_t h = 0; h < NH; ++h) {
+    const int64_t base = (t * NH + h) * HD;
+    const double x1 = load(inp, base + k), x2 = load(inp, base + k + half);
+    out[base + k] = bf16(static_cast<float>(x1 * cosine - x2 * sine));
+    out[base + k + half] = bf16(static_cast<float>(x2 * cosine + x1 * sine));
+  }
+}
+__global__ void rope_backward_kernel(Bf16* dinp, const Bf16* dout, const int32_t* position_ids, int64_t T, int64_t NH, int64_t HD,
+                                     double theta) {
+  const int64_t half = HD / 2, i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= T * half) return;
+  const int64_t t = i / half, k = i % half;
+  double cosine, sine;
+  rope_angle(cosine, sine, position_ids[t], k, HD, theta);
+  for (int64_t h = 0; h < NH; ++h) {
+    const int64_t base = (t * NH + h) * HD;
+    const double d1 = load(dout, base + k), d2 = load(dout, base + k + half);
+    dinp[base + k] = bf16(load(dinp, base + k) + static_cast<float>(d1 * cosine + d2 * sine));
+    dinp[base + k + half] = bf16(load(dinp, base + k + half) + static_cast<float>(d2 * cosine - d1 * sine));
+  }
+}
+
+// ---- SwiGLU ----
+__global__ void swiglu_forward_kernel(Bf16* out, const Bf16* gate, const Bf16* up, int64_t N) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= N) return;
+  const float g = load(gate, i), sigmoid = 1.0f / (1.0f + expf(-g));
+  out[i] = bf16(g * sigmoid * load(up, i));
+}
+__global__ void swiglu_backward_kernel(Bf16* dgate, Bf16* dup, const Bf16* dout, const Bf16* gate, const Bf16* up, int64_t N) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= N) return;
+  const float g = load(gate, i), u = load(up, i), d = load(dout, i), sigmoid = 1.0f / (1.0f + expf(-g));
+  // d silu(g) / dg = sigmoid (1 + g (1 - sigmoid))
+  dgate[i] = bf16(load(dgate, i) + d * u * sigmoid * (1.0f + g * (1.0f - sigmoid)));
+  dup[i] = bf16(load(dup, i) + d * g * sigmoid);
+}
+
+// ---- cross entropy: one block per token ----
+__device__ float row_logsumexp(const Bf16* row, int64_t V) {
+  float maximum = -INFINITY;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) maximum = fmaxf(maximum, load(row, i));
+  maximum = block_max(maximum);
+  float sum = 0;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) sum += expf(load(row, i) - maximum);
+  return maximum + logf(block_sum(sum));
+}
+__global__ void cross_entropy_forward_kernel(float* losses, const Bf16* logits, const int32_t* labels, int64_t V) {
+  const int64_t t = blockIdx.x;
+  if (labels[t] == -100) {  // kIgnoreIndex, uniform across the block
+    if (threadIdx.x == 0) losses[t] = 0;
+    return;
+  }
+  const Bf16* row = logits + t * V;
+  const float logsumexp = row_logsumexp(row, V);
+  if (threadIdx.x == 0) losses[t] = logsumexp - load(row, labels[t]);
+}
+__global__ void cross_entropy_backward_kernel(Bf16* dlogits, const Bf16* logits, const int32_t* labels, float loss_scale, int64_t V) {
+  const int64_t t = blockIdx.x;
+  const int32_t label = labels[t];
+  if (label == -100) return;
+  const Bf16* row = logits + t * V;
+  const float logsumexp = row_logsumexp(row, V);
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+    const float gradient = loss_scale * (expf(load(row, i) - logsumexp) - (i == label ? 1.0f : 0.0f));
+    dlogits[t * V + i] = bf16(load(dlogits, t * V + i) + gradient);
+  }
+}
+
+// ---- AdamW ----
+__global__ void adamw_kernel(float* params, Bf16* weights_bf16, const float* grads, float* m, float* v, int64_t N, float lr,
+                             float beta1, float beta2, float eps, float weight_decay, float bias1, float bias2) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= N) return;
+  float p = params[i] - lr * weight_decay * params[i];
+  const float g = grads[i];
+  m[i] = beta1 * m[i] + (1.0f - beta1) * g;
+  v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
+  p -= lr * (m[i] / bias1) / (sqrtf(v[i] / bias2) + eps);
+  params[i] = p;
+  if (weights_bf16) weights_bf16[i] = bf16(p);
+}
+
+}  // namespace
+
+void* device_malloc(size_t bytes) {
+  void* pointer = nullptr;
+  check(cudaMalloc(&pointer, bytes), "cudaMalloc");
+  return pointer;
+}
+void device_free(void* pointer) noexcept { cudaFree(pointer); }
+void copy_to_device(void* device, const void* host, size_t bytes) { check(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice), "copy to device"); }
+void copy_to_host(void* host, const void* device, size_t bytes) { check(cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost), "copy to host"); }
+void device_memset_zero(void* device, size_t bytes) { check(cudaMemset(device, 0, bytes), "cudaMemset"); }
+void device_synchronize() { check(cudaDeviceSynchronize(), "synchronize"); }
+
+void embedding_forward(Bf16* out, const int32_t* tokens, const Bf16* table, int64_t T, int64_t C) {
+  embedding_forward_kernel<<<blocks_for(T * C), kThreads>>>(out, tokens, table, T, C);
+  check_launch("embedding_forward");
+}
+void embedding_backward(float* dtable, const Bf16* dout, const int32_t* tokens, int64_t T, int64_t C) {
+  embedding_backward_kernel<<<blocks_for(T * C), kThreads>>>(dtable, dout, tokens, T, C);
+  check_launch("embedding_backward");
+}
+void rmsnorm_forward(Bf16* out, float* rstd, const Bf16* inp, const Bf16* weight, int64_t T, int64_t C, float eps) {
+  rmsnorm_forward_kernel<<<static_cast<unsigned>(T), kThreads>>>(out, rstd, inp, weight, C, eps);
+  check_launch("rmsnorm_forward");
+}
+void rmsnorm_backward(Bf16* dinp, float* dweight, const Bf16* dout, const Bf16* inp, const Bf16* weight, const float* rstd,
+                      int64_t T, int64_t C) {
+  rmsnorm_backward_kernel<<<static_cast<unsigned>(T), kThreads>>>(dinp, dweight, dout, inp, weight, rstd, C);
+  check_launch("rmsnorm_backward");
+}
+void rope_forward(Bf16* out, const Bf16* inp, const int32_t* position_ids, int64_t T, int64_t NH, int64_t HD, double theta) {
+  rope_forward_kernel<<<blocks_for(T * HD / 2), kThreads>>>(out, inp, position_ids, T, NH, HD, theta);
+  check_launch("rope_forward");
+}
+void rope_backward(Bf16* dinp, const Bf16* dout, const int32_t* position_ids, int64_t T, int64_t NH, int64_t HD, double theta) {
+  rope_backward_kernel<<<blocks_for(T * HD / 2), kThreads>>>(dinp, dout, position_ids, T, NH, HD, theta);
+  check_launch("rope_backward");
+}
+void swiglu_forward(Bf16* out, const Bf16* gate, const Bf16* up, int64_t N) {
+  swiglu_forward_kernel<<<blocks_for(N), kThreads>>>(out, gate, up, N);
+  check_launch("swiglu_forward");
+}
+void swiglu_backward(Bf16* dgate, Bf16* dup, const Bf16* dout, const Bf16* gate, const Bf16* up, int64_t N) {
+  swiglu_backward_kernel<<<blocks_for(N), kThreads>>>(dgate, dup, dout, gate, up, N);
+  check_launch("swiglu_backward");
+}
+void cross_entropy_forward(float* losses, const Bf16* logits, const int32_t* labels, int64_t T, int64_t V) {
+  cross_entropy_forward_kernel<<<static_cast<unsigned>(T), kThreads>>>(losses, logits, labels, V);
+  check_launch("cross_entropy_forward");
+}
+void cross_entropy_backward(Bf16* dlogits, const Bf16* logits, const int32_t* labels, float loss_scale, int64_t T, int64_t V) {
+  cross_entropy_backward_kernel<<<static_cast<unsigned>(T), kThreads>>>(dlogits, logits, labels, loss_scale, V);
+  check_launch("cross_entropy_backward");
+}
+void adamw_update(float* params, Bf16* weights_bf16, const float* grads, float* m, float* v, int64_t N, float lr, float beta1,
+                  float beta2, float eps, float weight_decay, int64_t step) {
+  const float bias1 = 1.0f - powf(beta1, static_cast<float>(step)), bias2 = 1.0f - powf(beta2, static_cast<float>(step));
+  adamw_kernel<<<blocks_for(N), kThreads>>>(params, weights_bf16, grads, m, v, N, lr, beta1, beta2, eps, weight_decay, bias1, bias2);
+  check_launch("adamw_update");
+}
+
+// cuBLAS is column-major: a row-major [R, K] buffer is a column-major [K, R] one, so each product
+// below is the transposed product of the row-major formula in the comment.
+Blas::Blas() {
+  cublasHandle_t handle = nullptr;
+  check_blas(cublasCreate(&handle), "create");
+  handle_ = handle;
+}
+Blas::~Blas() { cublasDestroy(static_cast<cublasHandle_t>(handle_)); }
+
+void Blas::linear_forward(Bf16* out, const Bf16* inp, const Bf16* weight, int64_t T, int64_t C, int64_t OC) {
+  // out^T [OC, T] = weight [OC, C] (stored as [C, OC]: transposed) x inp^T [C, T]
+  const float one = 1.0f, zero = 0.0f;
+  check_blas(cublasGemmEx(static_cast<cublasHandle_t>(handle_), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(OC), static_cast<int>(T),
+                          static_cast<int>(C), &one, weight, CUDA_R_16BF, static_cast<int>(C), inp, CUDA_R_16BF, static_cast<int>(C),
+                          &zero, out, CUDA_R_16BF, static_cast<int>(OC), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+             "linear_forward");
+}
+
+void Blas::linear_backward(Bf16* dinp, float* dweight, const Bf16* dout, const Bf16* inp, const Bf16* weight, int64_t T, int64_t C,
+                           int64_t OC) {
+  const float one = 1.0f;
+  auto handle = static_cast<cublasHandle_t>(handle_);
+  if (dinp)  // dinp^T [C, T] += weight^T [C, OC] x dout^T [OC, T]
+    check_blas(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(C), static_cast<int>(T), static_cast<int>(OC), &one,
+                            weight, CUDA_R_16BF, static_cast<int>(C), dout, CUDA_R_16BF, static_cast<int>(OC), &one, dinp, CUDA_R_16BF,
+                            static_cast<int>(C), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "linear_backward dinp");
+  if (dweight)  // dweight^T [C, OC] += inp^T [C, T] x dout [T, OC] (fp32 output)
+    check_blas(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_T, static_cast<int>(C), static_cast<int>(OC), static_cast<int>(T), &one,
+                            inp, CUDA_R_16BF, static_cast<int>(C), dout, CUDA_R_16BF, static_cast<int>(OC), &one, dweight, CUDA_R_32F,
+                            static_cast<int>(C), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "linear_backward dweight");
+}
+
+}  // namespace longseq::cuda

@@ -1,0 +1,71 @@
+// kernels.hpp: the CUDA kernels, with the CPU kernels' operations, argument order and sizes
+// (kernels/cpu/dense.hpp states the conventions: outputs first, sizes last, backward ADDS into
+// every gradient). Storage is bf16 for activations and weights, fp32 for what accumulates: the
+// RMSNorm rstd, per-token losses, weight gradients and the AdamW master weights and moments
+// (mixed precision as in ALST's DeepSpeed bf16 runs: fp32 gradients and optimizer states).
+// Every pointer is a device pointer; every launch goes on the default stream, and every entry
+// point checks the launch and throws std::runtime_error naming the op and CUDA's reason.
+// Plain C++ (no CUDA types) so host code and tests include it without nvcc.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cuda/bf16.hpp"
+
+namespace longseq::cuda {
+
+// Device memory and copies (cudaMalloc / cudaMemcpy, checked).
+void* device_malloc(size_t bytes);
+void device_free(void* pointer) noexcept;
+void copy_to_device(void* device, const void* host, size_t bytes);
+void copy_to_host(void* host, const void* device, size_t bytes);
+void device_memset_zero(void* device, size_t bytes);
+void device_synchronize();
+
+// out[T, C] = table[tokens[t], :]
+void embedding_forward(Bf16* out, const int32_t* tokens, const Bf16* table, int64_t T, int64_t C);
+// dtable[tokens[t], :] += dout[t, :] (atomic adds: repeated tokens accumulate)
+void embedding_backward(float* dtable, const Bf16* dout, const int32_t* tokens, int64_t T, int64_t C);
+
+// out = inp * rstd * weight, rstd[t] = 1 / sqrt(mean(inp[t]^2) + eps); one block per token.
+void rmsnorm_forward(Bf16* out, float* rstd, const Bf16* inp, const Bf16* weight, int64_t T, int64_t C, float eps);
+void rmsnorm_backward(Bf16* dinp, float* dweight, const Bf16* dout, const Bf16* inp, const Bf16* weight, const float* rstd,
+                      int64_t T, int64_t C);
+
+// Rotary embedding, HF rotate_half convention, angles in double as the CPU kernel computes them.
+void rope_forward(Bf16* out, const Bf16* inp, const int32_t* position_ids, int64_t T, int64_t NH, int64_t HD, double theta);
+void rope_backward(Bf16* dinp, const Bf16* dout, const int32_t* position_ids, int64_t T, int64_t NH, int64_t HD, double theta);
+
+// out[N] = silu(gate) * up
+void swiglu_forward(Bf16* out, const Bf16* gate, const Bf16* up, int64_t N);
+void swiglu_backward(Bf16* dgate, Bf16* dup, const Bf16* dout, const Bf16* gate, const Bf16* up, int64_t N);
+
+// losses[t] = logsumexp(logits[t]) - logits[t, labels[t]] (0 for label -100); one block per token.
+void cross_entropy_forward(float* losses, const Bf16* logits, const int32_t* labels, int64_t T, int64_t V);
+// dlogits[t] += loss_scale * (softmax(logits[t]) - onehot(labels[t])) for counted tokens.
+void cross_entropy_backward(Bf16* dlogits, const Bf16* logits, const int32_t* labels, float loss_scale, int64_t T, int64_t V);
+
+// PyTorch's AdamW on fp32 master weights (kernels/cpu/loss_optimizer.hpp), also writing the bf16
+// copy the forward pass reads (weights_bf16 may be null).
+void adamw_update(float* params, Bf16* weights_bf16, const float* grads, float* m, float* v, int64_t N, float lr, float beta1,
+                  float beta2, float eps, float weight_decay, int64_t step);
+
+// Matrix products through cuBLAS (bf16 inputs, fp32 accumulation: CUBLAS_COMPUTE_32F).
+class Blas {
+ public:
+  Blas();
+  ~Blas();
+  Blas(const Blas&) = delete;
+  Blas& operator=(const Blas&) = delete;
+  // out[T, OC] = inp[T, C] @ weight[OC, C]^T
+  void linear_forward(Bf16* out, const Bf16* inp, const Bf16* weight, int64_t T, int64_t C, int64_t OC);
+  // dinp[T, C] += dout @ weight (bf16); dweight[OC, C] += dout^T @ inp (fp32); either may be null.
+  void linear_backward(Bf16* dinp, float* dweight, const Bf16* dout, const Bf16* inp, const Bf16* weight, int64_t T, int64_t C,
+                       int64_t OC);
+
+ private:
+  void* handle_ = nullptr;  // cublasHandle_t
+};
+
+}  // namespace longseq::cuda

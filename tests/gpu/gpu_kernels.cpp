@@ -1,0 +1,218 @@
+// gpu_kernels: every CUDA kernel (kernels/cuda/kernels.hpp), forward and backward, against the CPU
+// kernel on the same random inputs. Inputs are drawn, rounded to bf16, and given to both sides
+// (the CPU in fp32), so the difference is the GPU's bf16 output rounding and its summation order:
+// tolerances are relative to the largest reference value, 1e-2 for bf16 outputs (bf16 keeps 8
+// significant bits, 2^-8 = 0.4% per rounding, a few roundings per op) and 1e-4 for fp32 outputs.
+// Exits 77 (CTest: SKIPPED, never passed) when no GPU is visible.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/dense.hpp"
+#include "kernels/cpu/loss_optimizer.hpp"
+#include "kernels/cpu/norm_rope.hpp"
+#include "kernels/cuda/device_query.hpp"
+#include "kernels/cuda/kernels.hpp"
+
+namespace {
+
+using longseq::Bf16;
+namespace cpu = longseq::kernels;
+namespace gpu = longseq::cuda;
+
+constexpr double kBf16Tolerance = 1e-2;
+constexpr double kFp32Tolerance = 1e-4;
+
+// Random values already representable in bf16.
+std::vector<float> random_values(size_t n, float scale, uint32_t seed) {
+  std::mt19937 generator(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> values(n);
+  for (float& value : values) value = longseq::bf16_to_float(longseq::bf16_from_float(normal(generator)));
+  return values;
+}
+std::vector<Bf16> to_bf16(const std::vector<float>& values) {
+  std::vector<Bf16> result(values.size());
+  std::transform(values.begin(), values.end(), result.begin(), longseq::bf16_from_float);
+  return result;
+}
+std::vector<float> from_bf16(const std::vector<Bf16>& values) {
+  std::vector<float> result(values.size());
+  std::transform(values.begin(), values.end(), result.begin(), longseq::bf16_to_float);
+  return result;
+}
+
+// A device copy of a host vector, freed on scope exit.
+template <typename T>
+class DeviceArray {
+ public:
+  explicit DeviceArray(const std::vector<T>& host) : size_(host.size()) {
+    data_ = static_cast<T*>(gpu::device_malloc(bytes()));
+    gpu::copy_to_device(data_, host.data(), bytes());
+  }
+  ~DeviceArray() { gpu::device_free(data_); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  T* get() { return data_; }
+  std::vector<T> download() const {
+    std::vector<T> host(size_);
+    gpu::copy_to_host(host.data(), data_, bytes());
+    return host;
+  }
+
+ private:
+  size_t bytes() const { return size_ * sizeof(T); }
+  size_t size_;
+  T* data_ = nullptr;
+};
+
+// max |gpu - reference| / max |reference|
+double relative_error(const std::vector<float>& gpu_values, const std::vector<float>& reference) {
+  REQUIRE(gpu_values.size() == reference.size());
+  double worst = 0, largest = 1e-30;
+  for (size_t i = 0; i < reference.size(); ++i) {
+    worst = std::max(worst, std::fabs(static_cast<double>(gpu_values[i]) - reference[i]));
+    largest = std::max(largest, std::fabs(static_cast<double>(reference[i])));
+  }
+  return worst / largest;
+}
+
+}  // namespace
+
+TEST_CASE("embedding forward and backward (repeated tokens accumulate)") {
+  const int64_t T = 37, C = 64, V = 11;
+  const auto table = random_values(static_cast<size_t>(V * C), 1.0f, 1);
+  const auto dout = random_values(static_cast<size_t>(T * C), 1.0f, 2);
+  std::vector<int32_t> tokens(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) tokens[static_cast<size_t>(t)] = static_cast<int32_t>((t * 7) % V);
+  std::vector<float> out(static_cast<size_t>(T * C)), dtable(table.size(), 0.0f);
+  cpu::embedding_forward(out.data(), tokens.data(), table.data(), T, C);
+  cpu::embedding_backward(dtable.data(), dout.data(), tokens.data(), T, C);
+  DeviceArray<Bf16> d_table(to_bf16(table)), d_out(std::vector<Bf16>(out.size())), d_dout(to_bf16(dout));
+  DeviceArray<int32_t> d_tokens(tokens);
+  DeviceArray<float> d_dtable(std::vector<float>(dtable.size(), 0.0f));
+  gpu::embedding_forward(d_out.get(), d_tokens.get(), d_table.get(), T, C);
+  gpu::embedding_backward(d_dtable.get(), d_dout.get(), d_tokens.get(), T, C);
+  CHECK(relative_error(from_bf16(d_out.download()), out) == 0.0);  // a copy
+  CHECK(relative_error(d_dtable.download(), dtable) <= kFp32Tolerance);
+}
+
+TEST_CASE("RMSNorm forward and backward") {
+  const int64_t T = 19, C = 1000;  // C not a multiple of the block: the strided loops' tails
+  const auto inp = random_values(static_cast<size_t>(T * C), 1.0f, 3), weight = random_values(static_cast<size_t>(C), 1.0f, 4);
+  const auto dout = random_values(static_cast<size_t>(T * C), 1.0f, 5);
+  std::vector<float> out(inp.size()), rstd(static_cast<size_t>(T)), dinp(inp.size(), 0.0f), dweight(weight.size(), 0.0f);
+  cpu::rmsnorm_forward(out.data(), rstd.data(), inp.data(), weight.data(), T, C, 1e-5f);
+  cpu::rmsnorm_backward(dinp.data(), dweight.data(), dout.data(), inp.data(), weight.data(), rstd.data(), T, C);
+  DeviceArray<Bf16> d_inp(to_bf16(inp)), d_weight(to_bf16(weight)), d_out(std::vector<Bf16>(out.size())), d_dout(to_bf16(dout)),
+      d_dinp(std::vector<Bf16>(dinp.size(), 0));
+  DeviceArray<float> d_rstd(rstd), d_dweight(std::vector<float>(dweight.size(), 0.0f));
+  gpu::rmsnorm_forward(d_out.get(), d_rstd.get(), d_inp.get(), d_weight.get(), T, C, 1e-5f);
+  gpu::rmsnorm_backward(d_dinp.get(), d_dweight.get(), d_dout.get(), d_inp.get(), d_weight.get(), d_rstd.get(), T, C);
+  CHECK(relative_error(from_bf16(d_out.download()), out) <= kBf16Tolerance);
+  CHECK(relative_error(d_rstd.download(), rstd) <= kFp32Tolerance);
+  CHECK(relative_error(from_bf16(d_dinp.download()), dinp) <= kBf16Tolerance);
+  CHECK(relative_error(d_dweight.download(), dweight) <= kFp32Tolerance);
+}
+
+TEST_CASE("rotary embedding forward and backward, positions restarting per document") {
+  const int64_t T = 33, NH = 4, HD = 64;
+  const auto inp = random_values(static_cast<size_t>(T * NH * HD), 1.0f, 6), dout = random_values(inp.size(), 1.0f, 7);
+  std::vector<int32_t> positions(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) positions[static_cast<size_t>(t)] = static_cast<int32_t>(t < 20 ? t * 1000 : t - 20);
+  std::vector<float> out(inp.size()), dinp(inp.size(), 0.0f);
+  cpu::rope_forward(out.data(), inp.data(), positions.data(), T, NH, HD, 500000.0);
+  cpu::rope_backward(dinp.data(), dout.data(), positions.data(), T, NH, HD, 500000.0);
+  DeviceArray<Bf16> d_inp(to_bf16(inp)), d_out(std::vector<Bf16>(out.size())), d_dout(to_bf16(dout)), d_dinp(std::vector<Bf16>(dinp.size(), 0));
+  DeviceArray<int32_t> d_positions(positions);
+  gpu::rope_forward(d_out.get(), d_inp.get(), d_positions.get(), T, NH, HD, 500000.0);
+  gpu::rope_backward(d_dinp.get(), d_dout.get(), d_positions.get(), T, NH, HD, 500000.0);
+  CHECK(relative_error(from_bf16(d_out.download()), out) <= kBf16Tolerance);
+  CHECK(relative_error(from_bf16(d_dinp.download()), dinp) <= kBf16Tolerance);
+}
+
+TEST_CASE("SwiGLU forward and backward") {
+  const int64_t N = 5000;
+  const auto gate = random_values(static_cast<size_t>(N), 2.0f, 8), up = random_values(gate.size(), 1.0f, 9), dout = random_values(gate.size(), 1.0f, 10);
+  std::vector<float> out(gate.size()), dgate(gate.size(), 0.0f), dup(gate.size(), 0.0f);
+  cpu::swiglu_forward(out.data(), gate.data(), up.data(), N);
+  cpu::swiglu_backward(dgate.data(), dup.data(), dout.data(), gate.data(), up.data(), N);
+  DeviceArray<Bf16> d_gate(to_bf16(gate)), d_up(to_bf16(up)), d_dout(to_bf16(dout)), d_out(std::vector<Bf16>(out.size())),
+      d_dgate(std::vector<Bf16>(gate.size(), 0)), d_dup(std::vector<Bf16>(gate.size(), 0));
+  gpu::swiglu_forward(d_out.get(), d_gate.get(), d_up.get(), N);
+  gpu::swiglu_backward(d_dgate.get(), d_dup.get(), d_dout.get(), d_gate.get(), d_up.get(), N);
+  CHECK(relative_error(from_bf16(d_out.download()), out) <= kBf16Tolerance);
+  CHECK(relative_error(from_bf16(d_dgate.download()), dgate) <= kBf16Tolerance);
+  CHECK(relative_error(from_bf16(d_dup.download()), dup) <= kBf16Tolerance);
+}
+
+TEST_CASE("cross entropy forward and backward with ignored labels") {
+  const int64_t T = 23, V = 3001;
+  const auto logits = random_values(static_cast<size_t>(T * V), 3.0f, 11);
+  std::vector<int32_t> labels(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) labels[static_cast<size_t>(t)] = t % 5 == 0 ? cpu::kIgnoreIndex : static_cast<int32_t>((t * 131) % V);
+  const float scale = 1.0f / 18.0f;  // 18 counted tokens
+  std::vector<float> losses(static_cast<size_t>(T)), dlogits(logits.size(), 0.0f);
+  cpu::cross_entropy_forward(losses.data(), logits.data(), labels.data(), T, V);
+  cpu::cross_entropy_backward(dlogits.data(), logits.data(), labels.data(), scale, T, V);
+  DeviceArray<Bf16> d_logits(to_bf16(logits)), d_dlogits(std::vector<Bf16>(logits.size(), 0));
+  DeviceArray<int32_t> d_labels(labels);
+  DeviceArray<float> d_losses(std::vector<float>(losses.size(), -1.0f));
+  gpu::cross_entropy_forward(d_losses.get(), d_logits.get(), d_labels.get(), T, V);
+  gpu::cross_entropy_backward(d_dlogits.get(), d_logits.get(), d_labels.get(), scale, T, V);
+  CHECK(relative_error(d_losses.download(), losses) <= kFp32Tolerance);
+  CHECK(relative_error(from_bf16(d_dlogits.download()), dlogits) <= kBf16Tolerance);
+}
+
+TEST_CASE("AdamW: fp32 master weights, moments and the bf16 copy") {
+  const int64_t N = 4099;
+  auto params = random_values(static_cast<size_t>(N), 1.0f, 12);
+  const auto grads = random_values(params.size(), 0.1f, 13);
+  std::vector<float> m(params.size(), 0.0f), v(params.size(), 0.0f);
+  DeviceArray<float> d_params(params), d_grads(grads), d_m(m), d_v(v);
+  DeviceArray<Bf16> d_copy(std::vector<Bf16>(params.size(), 0));
+  for (int64_t step = 1; step <= 3; ++step) {
+    cpu::adamw_update(params.data(), grads.data(), m.data(), v.data(), N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
+    gpu::adamw_update(d_params.get(), d_copy.get(), d_grads.get(), d_m.get(), d_v.get(), N, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step);
+  }
+  CHECK(relative_error(d_params.download(), params) <= kFp32Tolerance);
+  CHECK(relative_error(d_m.download(), m) <= kFp32Tolerance);
+  CHECK(relative_error(d_v.download(), v) <= kFp32Tolerance);
+  CHECK(relative_error(from_bf16(d_copy.download()), params) <= kBf16Tolerance);
+}
+
+TEST_CASE("linear forward and backward through cuBLAS (bf16 in, fp32 accumulation)") {
+  const int64_t T = 45, C = 96, OC = 80;  // no dimension a multiple of another: transposes are checked
+  const auto inp = random_values(static_cast<size_t>(T * C), 1.0f, 14), weight = random_values(static_cast<size_t>(OC * C), 0.1f, 15);
+  const auto dout = random_values(static_cast<size_t>(T * OC), 1.0f, 16);
+  // Backward adds: start both gradients from non-zero values.
+  const auto dinp_start = random_values(inp.size(), 1.0f, 17), dweight_start = random_values(weight.size(), 1.0f, 18);
+  std::vector<float> out(static_cast<size_t>(T * OC)), dinp = dinp_start, dweight = dweight_start;
+  cpu::linear_forward(out.data(), inp.data(), weight.data(), static_cast<const float*>(nullptr), T, C, OC);
+  cpu::linear_backward(dinp.data(), dweight.data(), static_cast<float*>(nullptr), dout.data(), inp.data(), weight.data(), T, C, OC);
+  gpu::Blas blas;
+  DeviceArray<Bf16> d_inp(to_bf16(inp)), d_weight(to_bf16(weight)), d_dout(to_bf16(dout)), d_out(std::vector<Bf16>(out.size())),
+      d_dinp(to_bf16(dinp_start));
+  DeviceArray<float> d_dweight(dweight_start);
+  blas.linear_forward(d_out.get(), d_inp.get(), d_weight.get(), T, C, OC);
+  blas.linear_backward(d_dinp.get(), d_dweight.get(), d_dout.get(), d_inp.get(), d_weight.get(), T, C, OC);
+  CHECK(relative_error(from_bf16(d_out.download()), out) <= kBf16Tolerance);
+  CHECK(relative_error(from_bf16(d_dinp.download()), dinp) <= kBf16Tolerance);
+  CHECK(relative_error(d_dweight.download(), dweight) <= kFp32Tolerance);
+}
+
+int main(int argc, char** argv) {
+  const longseq::CudaDeviceInfo info = longseq::cuda_device_query();
+  if (info.device_count == 0) {
+    std::printf("SKIPPED: no CUDA device visible (%s)\n", info.error.empty() ? "none found" : info.error.c_str());
+    return 77;
+  }
+  std::printf("GPU kernels against the CPU kernels on %s\n", info.name.c_str());
+  doctest::Context context(argc, argv);
+  return context.run();
+}
