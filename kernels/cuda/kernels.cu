@@ -179,6 +179,101 @@ __global__ void cross_entropy_backward_kernel(Bf16* dlogits, const Bf16* logits,
   }
 }
 
+// ---- attention: one warp per (token, head); lane l holds head channels l, l + 32, ... ----
+constexpr int kMaxChannelsPerLane = 8;  // HD <= 256
+constexpr int kWarpsPerBlock = 4;
+__device__ float warp_sum(float value) {
+  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  return value;
+}
+// Dot product of two head vectors, each lane summing its channels; every lane gets the total.
+__device__ float head_dot(const Bf16* a, const Bf16* b, int64_t HD) {
+  float partial = 0;
+  for (int64_t d = threadIdx.x % 32; d < HD; d += 32) partial += load(a, d) * load(b, d);
+  return warp_sum(partial);
+}
+__device__ int64_t warp_task() { return (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32; }
+
+__global__ void attention_forward_kernel(Bf16* out, float* lse, const Bf16* q, const Bf16* k, const Bf16* v, const int32_t* position_ids,
+                                         int64_t T, int64_t NQ, int64_t NKV, int64_t HD, float scale) {
+  const int64_t task = warp_task();
+  if (task >= T * NQ) return;  // whole warps leave together: T * NQ tasks, 32 lanes each
+  const int64_t i = task / NQ, h = task % NQ, g = h / (NQ / NKV), lane = threadIdx.x % 32;
+  const Bf16* query = q + (i * NQ + h) * HD;
+  float accumulator[kMaxChannelsPerLane] = {};
+  float running_max = -INFINITY, running_sum = 0;
+  for (int64_t j = i - position_ids[i]; j <= i; ++j) {  // this query's document, causally
+    const float score = head_dot(query, k + (j * NKV + g) * HD, HD) * scale;
+    const float new_max = fmaxf(running_max, score);
+    const float correction = expf(running_max - new_max), weight = expf(score - new_max);
+    running_sum = running_sum * correction + weight;
+    const Bf16* value = v + (j * NKV + g) * HD;
+    for (int c = 0; c * 32 + lane < HD; ++c) accumulator[c] = accumulator[c] * correction + weight * load(value, c * 32 + lane);
+    running_max = new_max;
+  }
+  for (int c = 0; c * 32 + lane < HD; ++c) out[(i * NQ + h) * HD + c * 32 + lane] = bf16(accumulator[c] / running_sum);
+  if (lane == 0) lse[h * T + i] = running_max + logf(running_sum);
+}
+
+__global__ void attention_delta_kernel(float* delta, const Bf16* dout, const Bf16* out, int64_t T, int64_t NQ, int64_t HD) {
+  const int64_t task = warp_task();
+  if (task >= T * NQ) return;
+  const int64_t i = task / NQ, h = task % NQ;
+  const float sum = head_dot(dout + (i * NQ + h) * HD, out + (i * NQ + h) * HD, HD);
+  if (threadIdx.x % 32 == 0) delta[h * T + i] = sum;
+}
+
+// dq for one (query, head): sum over its keys of scale * p (dp - delta) k_j.
+__global__ void attention_dq_kernel(Bf16* dq, const float* delta, const Bf16* dout, const Bf16* q, const Bf16* k, const Bf16* v,
+                                    const float* lse, const int32_t* position_ids, int64_t T, int64_t NQ, int64_t NKV, int64_t HD,
+                                    float scale) {
+  const int64_t task = warp_task();
+  if (task >= T * NQ) return;
+  const int64_t i = task / NQ, h = task % NQ, g = h / (NQ / NKV), lane = threadIdx.x % 32;
+  const Bf16* query = q + (i * NQ + h) * HD;
+  const Bf16* output_grad = dout + (i * NQ + h) * HD;
+  float gradient[kMaxChannelsPerLane] = {};
+  for (int64_t j = i - position_ids[i]; j <= i; ++j) {
+    const Bf16* key = k + (j * NKV + g) * HD;
+    const float probability = expf(head_dot(query, key, HD) * scale - lse[h * T + i]);
+    const float dscore = probability * (head_dot(output_grad, v + (j * NKV + g) * HD, HD) - delta[h * T + i]);
+    for (int c = 0; c * 32 + lane < HD; ++c) gradient[c] += scale * dscore * load(key, c * 32 + lane);
+  }
+  for (int c = 0; c * 32 + lane < HD; ++c) {
+    const int64_t index = (i * NQ + h) * HD + c * 32 + lane;
+    dq[index] = bf16(load(dq, index) + gradient[c]);
+  }
+}
+
+// dk and dv for one (key, kv head): every query head of its group, every later query of its
+// document (i - position_ids[i] is the document's first token, the same for the whole document).
+__global__ void attention_dkv_kernel(Bf16* dk, Bf16* dv, const float* delta, const Bf16* dout, const Bf16* q, const Bf16* k,
+                                     const Bf16* v, const float* lse, const int32_t* position_ids, int64_t T, int64_t NQ, int64_t NKV,
+                                     int64_t HD, float scale) {
+  const int64_t task = warp_task();
+  if (task >= T * NKV) return;
+  const int64_t j = task / NKV, g = task % NKV, group = NQ / NKV, lane = threadIdx.x % 32;
+  const Bf16* key = k + (j * NKV + g) * HD;
+  const Bf16* value = v + (j * NKV + g) * HD;
+  float key_gradient[kMaxChannelsPerLane] = {}, value_gradient[kMaxChannelsPerLane] = {};
+  for (int64_t i = j; i < T && i - position_ids[i] <= j; ++i)
+    for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+      const Bf16* query = q + (i * NQ + h) * HD;
+      const Bf16* output_grad = dout + (i * NQ + h) * HD;
+      const float probability = expf(head_dot(query, key, HD) * scale - lse[h * T + i]);
+      const float dscore = probability * (head_dot(output_grad, value, HD) - delta[h * T + i]);
+      for (int c = 0; c * 32 + lane < HD; ++c) {
+        value_gradient[c] += probability * load(output_grad, c * 32 + lane);
+        key_gradient[c] += scale * dscore * load(query, c * 32 + lane);
+      }
+    }
+  for (int c = 0; c * 32 + lane < HD; ++c) {
+    const int64_t index = (j * NKV + g) * HD + c * 32 + lane;
+    dk[index] = bf16(load(dk, index) + key_gradient[c]);
+    dv[index] = bf16(load(dv, index) + value_gradient[c]);
+  }
+}
+
 // ---- AdamW ----
 __global__ void adamw_kernel(float* params, Bf16* weights_bf16, const float* grads, float* m, float* v, int64_t N, float lr,
                              float beta1, float beta2, float eps, float weight_decay, float bias1, float bias2) {
@@ -247,6 +342,37 @@ void cross_entropy_backward(Bf16* dlogits, const Bf16* logits, const int32_t* la
   cross_entropy_backward_kernel<<<static_cast<unsigned>(T), kThreads>>>(dlogits, logits, labels, loss_scale, V);
   check_launch("cross_entropy_backward");
 }
+namespace {
+void attention_check_shape(int64_t NQ, int64_t NKV, int64_t HD) {
+  if (HD % 32 != 0 || HD > 32 * kMaxChannelsPerLane || NKV <= 0 || NQ % NKV != 0)
+    throw std::runtime_error("CUDA attention: head_dim must be a multiple of 32 up to 256 and q heads a multiple of kv heads");
+}
+int warp_blocks(int64_t tasks) { return static_cast<int>((tasks + kWarpsPerBlock - 1) / kWarpsPerBlock); }
+}  // namespace
+
+void attention_forward(Bf16* out, float* lse, const Bf16* q, const Bf16* k, const Bf16* v, const int32_t* position_ids, int64_t T,
+                       int64_t NQ, int64_t NKV, int64_t HD) {
+  attention_check_shape(NQ, NKV, HD);
+  const float scale = 1.0f / sqrtf(static_cast<float>(HD));
+  attention_forward_kernel<<<warp_blocks(T * NQ), 32 * kWarpsPerBlock>>>(out, lse, q, k, v, position_ids, T, NQ, NKV, HD, scale);
+  check_launch("attention_forward");
+}
+
+void attention_backward(Bf16* dq, Bf16* dk, Bf16* dv, float* delta_scratch, const Bf16* dout, const Bf16* q, const Bf16* k,
+                        const Bf16* v, const Bf16* out, const float* lse, const int32_t* position_ids, int64_t T, int64_t NQ,
+                        int64_t NKV, int64_t HD) {
+  attention_check_shape(NQ, NKV, HD);
+  const float scale = 1.0f / sqrtf(static_cast<float>(HD));
+  attention_delta_kernel<<<warp_blocks(T * NQ), 32 * kWarpsPerBlock>>>(delta_scratch, dout, out, T, NQ, HD);
+  check_launch("attention_backward delta");
+  attention_dq_kernel<<<warp_blocks(T * NQ), 32 * kWarpsPerBlock>>>(dq, delta_scratch, dout, q, k, v, lse, position_ids, T, NQ, NKV,
+                                                                    HD, scale);
+  check_launch("attention_backward dq");
+  attention_dkv_kernel<<<warp_blocks(T * NKV), 32 * kWarpsPerBlock>>>(dk, dv, delta_scratch, dout, q, k, v, lse, position_ids, T, NQ,
+                                                                      NKV, HD, scale);
+  check_launch("attention_backward dk dv");
+}
+
 void adamw_update(float* params, Bf16* weights_bf16, const float* grads, float* m, float* v, int64_t N, float lr, float beta1,
                   float beta2, float eps, float weight_decay, int64_t step) {
   const float bias1 = 1.0f - powf(beta1, static_cast<float>(step)), bias2 = 1.0f - powf(beta2, static_cast<float>(step));

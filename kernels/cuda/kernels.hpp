@@ -46,6 +46,19 @@ void cross_entropy_forward(float* losses, const Bf16* logits, const int32_t* lab
 // dlogits[t] += loss_scale * (softmax(logits[t]) - onehot(labels[t])) for counted tokens.
 void cross_entropy_backward(Bf16* dlogits, const Bf16* logits, const int32_t* labels, float loss_scale, int64_t T, int64_t V);
 
+// Causal attention with an online softmax, masked by position_ids like kernels/cpu/attention.hpp
+// (q[T, NQ, HD], k and v[T, NKV, HD], out[T, NQ, HD], lse[NQ, T] in fp32). One warp per query and
+// head walks that query's keys, so memory is O(T) (no T x T scores), but keys are re-read per
+// query: a correct reference-speed kernel; a tiled FlashAttention-2 kernel is the fast follow-up.
+// HD must be a multiple of 32, at most 256.
+void attention_forward(Bf16* out, float* lse, const Bf16* q, const Bf16* k, const Bf16* v, const int32_t* position_ids, int64_t T,
+                       int64_t NQ, int64_t NKV, int64_t HD);
+// Adds into dq, dk and dv; delta_scratch is an fp32 [NQ, T] buffer the caller provides (the
+// arena accounts for it), overwritten with rowsum(dout * out).
+void attention_backward(Bf16* dq, Bf16* dk, Bf16* dv, float* delta_scratch, const Bf16* dout, const Bf16* q, const Bf16* k,
+                        const Bf16* v, const Bf16* out, const float* lse, const int32_t* position_ids, int64_t T, int64_t NQ,
+                        int64_t NKV, int64_t HD);
+
 // PyTorch's AdamW on fp32 master weights (kernels/cpu/loss_optimizer.hpp), also writing the bf16
 // copy the forward pass reads (weights_bf16 may be null).
 void adamw_update(float* params, Bf16* weights_bf16, const float* grads, float* m, float* v, int64_t N, float lr, float beta1,

@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/cpu/attention.hpp"
 #include "kernels/cpu/dense.hpp"
 #include "kernels/cpu/loss_optimizer.hpp"
 #include "kernels/cpu/norm_rope.hpp"
@@ -204,6 +205,32 @@ TEST_CASE("linear forward and backward through cuBLAS (bf16 in, fp32 accumulatio
   CHECK(relative_error(from_bf16(d_out.download()), out) <= kBf16Tolerance);
   CHECK(relative_error(from_bf16(d_dinp.download()), dinp) <= kBf16Tolerance);
   CHECK(relative_error(d_dweight.download(), dweight) <= kFp32Tolerance);
+}
+
+TEST_CASE("attention forward and backward: GQA, two packed documents") {
+  const int64_t T = 70, NQ = 4, NKV = 2, HD = 64;
+  const auto q = random_values(static_cast<size_t>(T * NQ * HD), 1.0f, 19), dout = random_values(q.size(), 1.0f, 20);
+  const auto k = random_values(static_cast<size_t>(T * NKV * HD), 1.0f, 21), v = random_values(k.size(), 1.0f, 22);
+  std::vector<int32_t> positions(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) positions[static_cast<size_t>(t)] = static_cast<int32_t>(t < 41 ? t : t - 41);
+  std::vector<float> out(q.size()), lse(static_cast<size_t>(NQ * T)), dq(q.size(), 0.0f), dk(k.size(), 0.0f), dv(k.size(), 0.0f);
+  cpu::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), positions.data(), T, NQ, NKV, HD, 16);
+  // The GPU backward reads the GPU's bf16 output; the reference gets the same rounded output.
+  DeviceArray<Bf16> d_q(to_bf16(q)), d_k(to_bf16(k)), d_v(to_bf16(v)), d_out(std::vector<Bf16>(out.size())), d_dout(to_bf16(dout)),
+      d_dq(std::vector<Bf16>(dq.size(), 0)), d_dk(std::vector<Bf16>(dk.size(), 0)), d_dv(std::vector<Bf16>(dv.size(), 0));
+  DeviceArray<int32_t> d_positions(positions);
+  DeviceArray<float> d_lse(lse), d_delta(lse);
+  gpu::attention_forward(d_out.get(), d_lse.get(), d_q.get(), d_k.get(), d_v.get(), d_positions.get(), T, NQ, NKV, HD);
+  const std::vector<float> gpu_out = from_bf16(d_out.download());
+  CHECK(relative_error(gpu_out, out) <= kBf16Tolerance);
+  CHECK(relative_error(d_lse.download(), lse) <= kFp32Tolerance);
+  cpu::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), gpu_out.data(), lse.data(),
+                          positions.data(), T, NQ, NKV, HD, 16);
+  gpu::attention_backward(d_dq.get(), d_dk.get(), d_dv.get(), d_delta.get(), d_dout.get(), d_q.get(), d_k.get(), d_v.get(), d_out.get(),
+                          d_lse.get(), d_positions.get(), T, NQ, NKV, HD);
+  CHECK(relative_error(from_bf16(d_dq.download()), dq) <= kBf16Tolerance);
+  CHECK(relative_error(from_bf16(d_dk.download()), dk) <= kBf16Tolerance);
+  CHECK(relative_error(from_bf16(d_dv.download()), dv) <= kBf16Tolerance);
 }
 
 int main(int argc, char** argv) {
