@@ -1,0 +1,39 @@
+// nccl_communicator.hpp: the Communicator over NCCL, one rank per GPU, bootstrapped over MPI
+// (rank 0 makes the NCCL unique id and broadcasts it). Buffers are device pointers. Each
+// collective runs on this communicator's stream and is waited for before returning, so callers
+// see the same blocking semantics as the MPI communicator; overlapping them with compute is the
+// asynchronous-offload work that follows. all_to_all is NCCL's grouped send/recv.
+// Built only where CUDA, NCCL and MPI are; compiled in CI, not yet run on a GPU.
+#pragma once
+
+#include <mpi.h>
+
+#include "executor/communicator.hpp"
+
+namespace longseq {
+
+class NcclCommunicator final : public Communicator {
+ public:
+  // Every rank of `bootstrap` calls this together; `device` is this rank's GPU (cudaSetDevice).
+  NcclCommunicator(MPI_Comm bootstrap, int device);
+  ~NcclCommunicator() override;
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void all_to_all(const float* send, float* recv, int64_t count) override;
+  void all_gather(const float* send, float* recv, int64_t count) override;
+  void reduce_scatter(const float* send, float* recv, int64_t count) override;
+  void all_reduce(float* data, int64_t count) override;
+  void all_reduce(double* data, int64_t count) override;
+  void broadcast(float* data, int64_t count, int root) override;
+
+ private:
+  void wait();
+  void* comm_ = nullptr;    // ncclComm_t
+  void* stream_ = nullptr;  // cudaStream_t
+  int rank_ = 0, size_ = 1;
+};
+
+}  // namespace longseq
