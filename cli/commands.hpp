@@ -13,6 +13,7 @@ struct BenchCommandArgs;     // `longseq bench`: how long the plan search takes
 struct SweepCommandArgs;     // `longseq sweep`: run a scenario file's sweep
 struct ReportCommandArgs;    // `longseq report`: figures and report.md from a sweep
 struct RunCommandArgs;       // `longseq run`: train with real kernels, measured vs predicted
+struct LaunchCommandArgs;    // `longseq launch`: a run scenario as an mpirun or Slurm job
 
 std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app);
 int plan_command_run(const PlanCommandArgs& args);
@@ -31,5 +32,8 @@ int report_command_run(const ReportCommandArgs& args);
 
 std::shared_ptr<RunCommandArgs> run_command_register(CLI::App& app);
 int run_command_run(const RunCommandArgs& args);
+
+std::shared_ptr<LaunchCommandArgs> launch_command_register(CLI::App& app);
+int launch_command_run(const LaunchCommandArgs& args);
 
 }  // namespace longseq

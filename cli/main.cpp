@@ -51,6 +51,7 @@ int main(int argc, char** argv) {
   auto sweep_args = longseq::sweep_command_register(app);
   auto report_args = longseq::report_command_register(app);
   auto run_args = longseq::run_command_register(app);
+  auto launch_args = longseq::launch_command_register(app);
   CLI::App* models = app.add_subcommand("models", "List the built-in model cards with exact parameter counts");
   CLI::App* hardware = app.add_subcommand("hardware", "List the built-in hardware cards");
   CLI11_PARSE(app, argc, argv);
@@ -61,6 +62,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("sweep")) return longseq::sweep_command_run(*sweep_args);
     if (app.got_subcommand("report")) return longseq::report_command_run(*report_args);
     if (app.got_subcommand("run")) return longseq::run_command_run(*run_args);
+    if (app.got_subcommand("launch")) return longseq::launch_command_run(*launch_args);
     if (models->parsed()) return models_list();
     if (hardware->parsed()) return hardware_list();
   } catch (const longseq::ConfigError& error) {

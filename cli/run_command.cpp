@@ -334,7 +334,9 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
   for (float peak : peaks) worst = std::max(worst, std::fabs(predicted.gpu_peak_bytes - peak) / peak);
   const double difference = (predicted.gpu_peak_bytes - device.peak_bytes()) / device.peak_bytes();
   report["measured_peak_mib"] = device.peak_bytes() / (1 << 20);
-  report["measured_peak_mib_per_rank"] = peaks;
+  std::vector<double> peaks_mib;
+  for (float peak : peaks) peaks_mib.push_back(peak / (1 << 20));
+  report["measured_peak_mib_per_rank"] = peaks_mib;
   report["measured_peak_moment"] = std::string(device.peak_moment());
   report["predicted_peak_mib"] = predicted.gpu_peak_bytes / (1 << 20);
   report["predicted_peak_moment"] = predicted.gpu_peak_phase + ", " + predicted.gpu_peak_moment;

@@ -1,0 +1,146 @@
+// launch_command.cpp: `longseq launch SCENARIO.yaml` runs a run scenario as a multi-rank job:
+// mpirun on this machine, mpirun across the machines of a hostfile, or a Slurm batch job. The
+// layout is checked before anything runs or is submitted; --dry-run prints what would happen.
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+
+#include <sys/wait.h>
+
+#include "cli/commands.hpp"
+#include "executor/job_launch.hpp"
+#include "models/config_error.hpp"
+#include "planner/scenario.hpp"
+
+namespace longseq {
+
+struct LaunchCommandArgs {
+  std::string scenario;
+  int64_t ranks = 0, ranks_per_node = 0, sp = 0;
+  std::string hostfile, output, time_limit = "00:30:00", partition;
+  std::vector<std::string> mpirun_extra;
+  bool slurm = false, wait = false, dry_run = false;
+};
+
+std::shared_ptr<LaunchCommandArgs> launch_command_register(CLI::App& app) {
+  auto args = std::make_shared<LaunchCommandArgs>();
+  CLI::App* command = app.add_subcommand("launch", "Run a run scenario as a multi-rank job: mpirun here, across a hostfile, or under Slurm");
+  command->add_option("scenario", args->scenario, "a scenario file with a run: section")->required();
+  command->add_option("--ranks", args->ranks, "world size (default: the scenario's cluster.gpus, else its plan.sp, else 1)")
+      ->check(CLI::Range(1, 1 << 20));
+  command->add_option("--ranks-per-node", args->ranks_per_node,
+                      "ranks on each node, one per GPU (default: the scenario's cluster.gpus_per_node, else all on one node)")
+      ->check(CLI::Range(1, 1 << 20));
+  command->add_option("--sp", args->sp, "Ulysses degree (default: the scenario's plan.sp, else the run decides)")->check(CLI::Range(1, 1 << 20));
+  command->add_option("--hostfile", args->hostfile, "an Open MPI hostfile: run across its machines");
+  command->add_flag("--slurm", args->slurm, "write a Slurm batch script into the output directory and submit it with sbatch");
+  command->add_flag("--wait", args->wait, "with --slurm: wait for the job to finish (sbatch --wait) and print its result");
+  command->add_option("--time", args->time_limit, "Slurm time limit (default 00:30:00)");
+  command->add_option("--partition", args->partition, "Slurm partition (default: the cluster's)");
+  command->add_option("--output", args->output, "where run.json (and the batch script and Slurm log) go (default: launch-<scenario name>)");
+  command->add_option("--mpirun-arg", args->mpirun_extra, "an extra mpirun argument, e.g. --mpirun-arg=--allow-run-as-root (repeatable)")
+      ->allow_extra_args(false);
+  command->add_flag("--dry-run", args->dry_run, "print the layout and what would run or be submitted; write nothing");
+  return args;
+}
+
+namespace {
+
+// The path of the running longseq binary: every rank runs the same one.
+std::string this_binary() {
+  std::error_code error;
+  const auto path = std::filesystem::read_symlink("/proc/self/exe", error);
+  return error ? std::string("longseq") : path.string();
+}
+
+// Runs a shell command and returns its exit status (and its stdout when `output` is given).
+int shell_run(const std::string& command, std::string* output = nullptr) {
+  if (!output) {
+    const int status = std::system(command.c_str());
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+  }
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) return 1;
+  char buffer[4096];
+  size_t read;
+  while ((read = fread(buffer, 1, sizeof buffer, pipe)) > 0) output->append(buffer, read);
+  const int status = pclose(pipe);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+}
+
+}  // namespace
+
+int launch_command_run(const LaunchCommandArgs& args) {
+  const Scenario scenario = scenario_load(args.scenario);
+  if (!scenario.run) throw ConfigError(args.scenario, "run", "this scenario has no run: section (longseq launch runs run scenarios)");
+  if (args.wait && !args.slurm) throw ConfigError("--wait", "", "needs --slurm");
+  if (args.slurm && !args.hostfile.empty()) throw ConfigError("--hostfile", "", "not with --slurm: Slurm's allocation decides the machines");
+
+  LaunchRequest request;
+  request.scenario_path = std::filesystem::absolute(args.scenario).string();
+  request.scenario_name = scenario.name;
+  request.ranks = args.ranks > 0 ? args.ranks : scenario.gpus.value_or(scenario.plan.sp.value_or(1));
+  request.ranks_per_node = args.ranks_per_node > 0 ? args.ranks_per_node : scenario.gpus_per_node.value_or(request.ranks);
+  request.sp = args.sp > 0 ? args.sp : scenario.plan.sp.value_or(0);
+  request.hostfile = args.hostfile;
+  request.output_directory = std::filesystem::absolute(args.output.empty() ? "launch-" + scenario.name : args.output).string();
+  request.longseq_binary = this_binary();
+  request.time_limit = args.time_limit;
+  request.partition = args.partition;
+  request.mpirun_extra = args.mpirun_extra;
+  const JobLayout layout = job_layout(request);  // refuses bad layouts before anything is written
+  if (layout.nodes > 1 && !args.slurm && args.hostfile.empty())
+    throw ConfigError("--ranks-per-node", "", fmt::format("{} nodes need machines: give --hostfile or --slurm", layout.nodes));
+
+  fmt::print("longseq launch {}: {} rank(s) = Ulysses sp={} x data parallel dp={}, {} node(s) of {} rank(s){}\n", scenario.name,
+             layout.ranks, layout.sp, layout.dp, layout.nodes, layout.ranks_per_node,
+             layout.sp_spans_nodes ? " (Ulysses groups span nodes)" : "");
+  const std::string script_path = request.output_directory + "/job.sbatch";
+  if (args.dry_run) {
+    if (args.slurm)
+      fmt::print("would write {} and submit it with sbatch:\n{}", script_path, sbatch_script(request, layout));
+    else
+      fmt::print("would run:\n{}\n", mpirun_command(request, layout));
+    return 0;
+  }
+  std::filesystem::create_directories(request.output_directory);
+  const std::string result_path = request.output_directory + "/run.json";
+  if (!args.slurm) {
+    const std::string command = mpirun_command(request, layout);
+    fmt::print("running: {}\n", command);
+    std::fflush(stdout);
+    const int status = shell_run(command);
+    if (status != 0) {
+      std::filesystem::remove(result_path);  // nothing half-written
+      std::cerr << fmt::format("longseq: error: launch: the job failed (exit {}); see the messages above\n", status);
+      return status == 2 ? 2 : 1;
+    }
+    fmt::print("results: {}\n", result_path);
+    return 0;
+  }
+  {
+    std::ofstream script(script_path);
+    script << sbatch_script(request, layout);
+    if (!script) throw ConfigError(script_path, "", "cannot write the batch script");
+  }
+  std::string submitted;
+  const int status = shell_run(fmt::format("sbatch --parsable{} {}", args.wait ? " --wait" : "", shell_quote(script_path)), &submitted);
+  const std::string job_id = submitted.substr(0, submitted.find_first_of(";\n"));
+  if (job_id.empty()) {
+    std::filesystem::remove(script_path);
+    throw ConfigError("--slurm", "", fmt::format("sbatch did not accept the job (exit {})", status));
+  }
+  fmt::print("submitted Slurm job {}; results: {}, log: {}/slurm-{}.out\n", job_id, result_path, request.output_directory, job_id);
+  if (args.wait) {
+    fmt::print("job {} {}\n", job_id, status == 0 ? "finished" : fmt::format("failed (exit {})", status));
+    if (status != 0) std::filesystem::remove(result_path);
+    return status == 0 ? 0 : 1;
+  }
+  return 0;
+}
+
+}  // namespace longseq

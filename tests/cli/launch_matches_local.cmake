@@ -1,0 +1,36 @@
+# launch_matches_local.cmake: `longseq launch` of a run scenario over 2 local ranks writes
+# OUTPUT/run.json whose per-step losses equal a one-rank `longseq run` of the same scenario (to 4
+# decimals: fp32 sums in a different order), and nothing else is needed to read it.
+# Usage: cmake -DLONGSEQ=path -DMPIEXEC=path -DSCENARIO=file -DOUTPUT=dir -P launch_matches_local.cmake
+file(REMOVE_RECURSE "${OUTPUT}")
+execute_process(COMMAND ${LONGSEQ} run ${SCENARIO} --json RESULT_VARIABLE local_exit OUTPUT_VARIABLE local_json ERROR_VARIABLE local_err)
+if(NOT local_exit EQUAL 0)
+  message(FATAL_ERROR "the local run failed: ${local_err}")
+endif()
+execute_process(COMMAND ${LONGSEQ} launch ${SCENARIO} --ranks 2 --output ${OUTPUT}
+                        --mpirun-arg=--allow-run-as-root --mpirun-arg=--oversubscribe
+                RESULT_VARIABLE launch_exit OUTPUT_VARIABLE launch_out ERROR_VARIABLE launch_err)
+if(NOT launch_exit EQUAL 0)
+  message(FATAL_ERROR "longseq launch failed (${launch_exit}): ${launch_out}${launch_err}")
+endif()
+file(READ "${OUTPUT}/run.json" launched_json)
+string(JSON ranks GET "${launched_json}" ranks)
+if(NOT ranks EQUAL 2)
+  message(FATAL_ERROR "run.json says ${ranks} ranks, expected 2")
+endif()
+string(JSON steps LENGTH "${local_json}" steps)
+string(JSON launched_steps LENGTH "${launched_json}" steps)
+if(NOT steps EQUAL launched_steps)
+  message(FATAL_ERROR "${steps} local steps, ${launched_steps} launched")
+endif()
+math(EXPR last "${steps} - 1")
+foreach(i RANGE ${last})
+  string(JSON local_loss GET "${local_json}" steps ${i} loss)
+  string(JSON launched_loss GET "${launched_json}" steps ${i} loss)
+  string(REGEX MATCH "^[0-9]+\\.[0-9][0-9][0-9][0-9]" local_rounded "${local_loss}")
+  string(REGEX MATCH "^[0-9]+\\.[0-9][0-9][0-9][0-9]" launched_rounded "${launched_loss}")
+  if(NOT local_rounded STREQUAL launched_rounded)
+    message(FATAL_ERROR "step ${i}: loss ${launched_loss} launched on 2 ranks, ${local_loss} on one")
+  endif()
+  message(STATUS "step ${i}: loss ${launched_loss} on 2 ranks, ${local_loss} on one")
+endforeach()
