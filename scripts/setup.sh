@@ -7,6 +7,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libeigen3-dev libyaml-cpp-dev libfmt-dev nlohmann-json3-dev libcli11-dev doctest-dev
   libopenmpi-dev openmpi-bin
+  slurmctld slurmd slurm-client munge
   gnuplot-nox
 )
 
