@@ -103,32 +103,22 @@ __device__ void rope_angle(double& cosine, double& sine, int32_t position, int64
   const double angle = static_cast<double>(position) * pow(theta, -2.0 * static_cast<double>(k) / static_cast<double>(HD));
   sincos(angle, &sine, &cosine);
 }
-__global__ void rope_forward_kernel(Bf16* out, const Bf16* inp, const int32_t* position_ids, int64_t T, int64_t NH, int64_t HD,
-                                    double theta) {
+// Forward rotates by the angle; backward applies the transpose, the rotation by minus the angle
+// (direction -1), and adds into the gradient.
+__global__ void rope_rotate_kernel(Bf16* out, const Bf16* inp, const int32_t* position_ids, int64_t T, int64_t NH, int64_t HD,
+                                   double theta, double direction, bool accumulate) {
   const int64_t half = HD / 2, i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= T * half) return;
   const int64_t t = i / half, k = i % half;
   double cosine, sine;
   rope_angle(cosine, sine, position_ids[t], k, HD, theta);
+  sine *= direction;
   for (int64_t h = 0; h < NH; ++h) {
     const int64_t base = (t * NH + h) * HD;
     const double x1 = load(inp, base + k), x2 = load(inp, base + k + half);
-    out[base + k] = bf16(static_cast<float>(x1 * cosine - x2 * sine));
-    out[base + k + half] = bf16(static_cast<float>(x2 * cosine + x1 * sine));
-  }
-}
-__global__ void rope_backward_kernel(Bf16* dinp, const Bf16* dout, const int32_t* position_ids, int64_t T, int64_t NH, int64_t HD,
-                                     double theta) {
-  const int64_t half = HD / 2, i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= T * half) return;
-  const int64_t t = i / half, k = i % half;
-  double cosine, sine;
-  rope_angle(cosine, sine, position_ids[t], k, HD, theta);
-  for (int64_t h = 0; h < NH; ++h) {
-    const int64_t base = (t * NH + h) * HD;
-    const double d1 = load(dout, base + k), d2 = load(dout, base + k + half);
-    dinp[base + k] = bf16(load(dinp, base + k) + static_cast<float>(d1 * cosine + d2 * sine));
-    dinp[base + k + half] = bf16(load(dinp, base + k + half) + static_cast<float>(d2 * cosine - d1 * sine));
+    const float first = static_cast<float>(x1 * cosine - x2 * sine), second = static_cast<float>(x2 * cosine + x1 * sine);
+    out[base + k] = bf16(accumulate ? load(out, base + k) + first : first);
+    out[base + k + half] = bf16(accumulate ? load(out, base + k + half) + second : second);
   }
 }
 
@@ -319,11 +309,11 @@ void rmsnorm_backward(Bf16* dinp, float* dweight, const Bf16* dout, const Bf16* 
   check_launch("rmsnorm_backward");
 }
 void rope_forward(Bf16* out, const Bf16* inp, const int32_t* position_ids, int64_t T, int64_t NH, int64_t HD, double theta) {
-  rope_forward_kernel<<<blocks_for(T * HD / 2), kThreads>>>(out, inp, position_ids, T, NH, HD, theta);
+  rope_rotate_kernel<<<blocks_for(T * HD / 2), kThreads>>>(out, inp, position_ids, T, NH, HD, theta, 1.0, false);
   check_launch("rope_forward");
 }
 void rope_backward(Bf16* dinp, const Bf16* dout, const int32_t* position_ids, int64_t T, int64_t NH, int64_t HD, double theta) {
-  rope_backward_kernel<<<blocks_for(T * HD / 2), kThreads>>>(dinp, dout, position_ids, T, NH, HD, theta);
+  rope_rotate_kernel<<<blocks_for(T * HD / 2), kThreads>>>(dinp, dout, position_ids, T, NH, HD, theta, -1.0, true);
   check_launch("rope_backward");
 }
 void swiglu_forward(Bf16* out, const Bf16* gate, const Bf16* up, int64_t N) {
