@@ -44,36 +44,38 @@ inline void rope_angle(double& cosine, double& sine, int32_t position, int64_t k
 }
 }  // namespace
 
+namespace {
+// Rotates every head of every token by its position's angles (direction +1), or by minus them
+// (direction -1: the transpose, which is the backward), writing or adding into `out`. Each pair
+// is read before it is written, so out == inp works.
 template <typename Real>
-void rope_forward(Real* out, const Real* inp, const int32_t* position_ids, int64_t T, int64_t NH, int64_t HD, double theta) {
+void rope_rotate(Real* out, const Real* inp, const int32_t* position_ids, int64_t T, int64_t NH, int64_t HD, double theta,
+                 double direction, bool accumulate) {
   const int64_t half = HD / 2;
   for (int64_t t = 0; t < T; ++t)
     for (int64_t k = 0; k < half; ++k) {
       double cosine, sine;
       rope_angle(cosine, sine, position_ids[t], k, HD, theta);
+      sine *= direction;
       for (int64_t h = 0; h < NH; ++h) {
         const int64_t base = (t * NH + h) * HD;
         const Real x1 = inp[base + k], x2 = inp[base + k + half];
-        out[base + k] = static_cast<Real>(x1 * cosine - x2 * sine);
-        out[base + k + half] = static_cast<Real>(x2 * cosine + x1 * sine);
+        const auto first = static_cast<Real>(x1 * cosine - x2 * sine), second = static_cast<Real>(x2 * cosine + x1 * sine);
+        out[base + k] = accumulate ? out[base + k] + first : first;
+        out[base + k + half] = accumulate ? out[base + k + half] + second : second;
       }
     }
+}
+}  // namespace
+
+template <typename Real>
+void rope_forward(Real* out, const Real* inp, const int32_t* position_ids, int64_t T, int64_t NH, int64_t HD, double theta) {
+  rope_rotate(out, inp, position_ids, T, NH, HD, theta, 1.0, false);
 }
 
 template <typename Real>
 void rope_backward(Real* dinp, const Real* dout, const int32_t* position_ids, int64_t T, int64_t NH, int64_t HD, double theta) {
-  const int64_t half = HD / 2;
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t k = 0; k < half; ++k) {
-      double cosine, sine;
-      rope_angle(cosine, sine, position_ids[t], k, HD, theta);
-      for (int64_t h = 0; h < NH; ++h) {
-        const int64_t base = (t * NH + h) * HD;
-        const Real d1 = dout[base + k], d2 = dout[base + k + half];
-        dinp[base + k] += static_cast<Real>(d1 * cosine + d2 * sine);
-        dinp[base + k + half] += static_cast<Real>(d2 * cosine - d1 * sine);
-      }
-    }
+  rope_rotate(dinp, dout, position_ids, T, NH, HD, theta, -1.0, true);
 }
 
 #define LONGSEQ_INSTANTIATE(Real)                                                                                           \
