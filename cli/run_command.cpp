@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <cmath>
 #include <iostream>
+#include <unistd.h>
 #include <limits>
 #include <map>
 #include <random>
@@ -98,6 +99,12 @@ std::map<std::string, double> bytes_by_category(const std::vector<MemoryItem>& i
 }  // namespace
 
 namespace {
+
+// Where a measurement was taken: this machine's name.
+std::string host_name() {
+  char name[256] = {};
+  return gethostname(name, sizeof name - 1) == 0 ? std::string(name) : std::string("this machine");
+}
 
 // MPI for the length of a run launched by mpirun (Open MPI sets OMPI_COMM_WORLD_SIZE); without
 // it a run is one rank and needs no MPI.
@@ -236,7 +243,10 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
   Arena device("device", budget_bytes), host("host");
 
   nlohmann::json report = {{"model", model.name}, {"seqlen", seqlen}, {"ranks", world_size}, {"sp", sp}, {"dp", dp},
+                           {"plan", plan_describe(plan)}, {"scenario", args.scenario},
+                           {"measured_on", fmt::format("{} (CPU, fp32), {} rank(s)", host_name(), world_size)},
                            {"steps", nlohmann::json::array()}};
+  if (args.budget_mib > 0) report["budget_mib"] = args.budget_mib;
   if (speaker) {
     fmt::print("longseq run: {} on this machine's CPU (fp32), {} tokens per step, {} data; MEASURED\n", model.name,
                integer_with_commas(seqlen), args.data.empty() ? "synthetic long-range copy" : args.data);
@@ -308,6 +318,7 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
       const double tokens_per_s = static_cast<double>(seqlen * dp) / seconds;
       report["steps"].push_back({{"step", step}, {"loss", result.loss}, {"seconds", seconds}, {"tokens_per_s", tokens_per_s},
                                  {"device_peak_mib", device.peak_bytes() / (1 << 20)}, {"host_peak_mib", host.peak_bytes() / (1 << 20)}});
+      if (compare) report["steps"].back()["loss_on_one_rank"] = reference_loss;
       if (speaker)
         fmt::print("{:>5} {:>9.4f} {:>9.3f} {:>10.0f} {:>16.2f} {:>14.2f}{}\n", step, result.loss, seconds, tokens_per_s,
                    device.peak_bytes() / (1 << 20), host.peak_bytes() / (1 << 20),

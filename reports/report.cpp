@@ -62,11 +62,100 @@ std::string row_label(const Json& row) {
 
 bool usable(const Json& row) { return row.value("error", std::string()).empty() && row.contains("gpu_peak_gib"); }
 
+// Runs gnuplot on every STEM.gp in `staging`, then moves the staging directory into place as
+// DIR/figures (replacing an older one) only when all were drawn. Throws ConfigError naming the
+// script that failed.
+fs::path figures_draw(const fs::path& dir, const fs::path& staging, const std::vector<std::string>& stems, const std::string& gnuplot_command) {
+  std::error_code error;
+  for (const auto& stem : stems) {
+    const std::string command = fmt::format("cd {} && {} {}.gp > {}.log 2>&1", quoted(staging.string()), gnuplot_command, stem, stem);
+    if (std::system(command.c_str()) != 0) {
+      const std::string log = file_read_text((staging / (stem + ".log")).string());
+      fs::remove_all(staging, error);
+      throw ConfigError(stem + ".gp", "", fmt::format("gnuplot failed: {}", log.substr(0, 400)));
+    }
+    fs::remove(staging / (stem + ".log"), error);
+  }
+  const fs::path figures_dir = dir / "figures";
+  fs::remove_all(figures_dir, error);
+  fs::rename(staging, figures_dir, error);
+  if (error) throw ConfigError(figures_dir.string(), "", "cannot move the figures into place");
+  return figures_dir;
+}
+
+fs::path staging_make(const fs::path& dir) {
+  const fs::path staging = dir / fmt::format("figures.partial-{}", getpid());
+  std::error_code error;
+  fs::remove_all(staging, error);
+  fs::create_directories(staging, error);
+  if (error) throw ConfigError(staging.string(), "", "cannot create the figures directory");
+  return staging;
+}
+
+// A run's result (`longseq run --json`, or `longseq launch`'s run.json): the loss per step (beside
+// the one-rank replica's when it was compared) and the measured peak of every rank against the
+// planner's prediction.
+ReportOutcome run_report_write(const fs::path& dir, const fs::path& run_path, const std::string& gnuplot_command) {
+  Json run;
+  try {
+    run = Json::parse(file_read_text(run_path.string()));
+  } catch (const Json::parse_error& error) {
+    throw ConfigError(run_path.string(), "", fmt::format("malformed JSON: {}", error.what()));
+  }
+  if (!run.contains("steps") || !run["steps"].is_array() || run["steps"].empty() || !run.contains("predicted_peak_mib"))
+    throw ConfigError(run_path.string(), "steps", "not a longseq run result (write one with `longseq run --json` or `longseq launch`)");
+  const fs::path staging = staging_make(dir);
+  const bool compared = run["steps"][0].contains("loss_on_one_rank");
+  std::string data;
+  for (const auto& step : run["steps"])
+    data += fmt::format("{} {} {}\n", step["step"].get<int64_t>(), step["loss"].get<double>(), step.value("loss_on_one_rank", 0.0));
+  file_write_text((staging / "loss.dat").string(), data);
+  file_write_text((staging / "loss.gp").string(),
+                  script_wrap("loss", fmt::format("set title 'Training loss per step: {}, {} tokens, {} rank(s) (MEASURED)'\n"
+                                                  "set xlabel 'step'\nset xtics 1\nset ylabel 'loss'\nset grid\nset key top right\n"
+                                                  "plot 'loss.dat' using 1:2 with linespoints lw 2 title '{} rank(s)'{}",
+                                                  run.value("model", std::string()), run.value("seqlen", 0), run.value("ranks", 1),
+                                                  run.value("ranks", 1),
+                                                  compared ? ", '' using 1:3 with linespoints dt 2 title 'one unsharded rank'" : "")));
+  const fs::path figures_dir = figures_draw(dir, staging, {"loss"}, gnuplot_command);
+
+  std::string markdown = fmt::format("# Run: {} at {} tokens\n\n", run.value("model", std::string()), run.value("seqlen", 0));
+  markdown += fmt::format("MEASURED on {}; the PREDICTION is the planner's (runtime profile `native`) for the same plan.\n\n",
+                          run.value("measured_on", std::string("the machine that wrote run.json")));
+  markdown += fmt::format("Plan: {}; {} rank(s) = Ulysses sp={} x data parallel dp={}.\n\n", run.value("plan", std::string("?")),
+                          run.value("ranks", 1), run.value("sp", 1), run.value("dp", 1));
+  markdown += "## Loss\n\n![Loss per step](figures/loss.png)\n\n([SVG](figures/loss.svg))\n\n";
+  markdown += compared ? "| step | loss | loss on one rank | seconds | tokens/s |\n|---:|---:|---:|---:|---:|\n"
+                       : "| step | loss | seconds | tokens/s |\n|---:|---:|---:|---:|\n";
+  for (const auto& step : run["steps"]) {
+    markdown += fmt::format("| {} | {:.4f} |", step["step"].get<int64_t>(), step["loss"].get<double>());
+    if (compared) markdown += fmt::format(" {:.4f} |", step["loss_on_one_rank"].get<double>());
+    markdown += fmt::format(" {:.3f} | {:.0f} |\n", step["seconds"].get<double>(), step["tokens_per_s"].get<double>());
+  }
+  const double predicted = run["predicted_peak_mib"].get<double>();
+  markdown += fmt::format("\n## Peak device memory per rank\n\nPREDICTED: {:.3f} MiB ({}).\n\n| rank | MEASURED MiB | difference |\n|---:|---:|---:|\n",
+                          predicted, run.value("predicted_peak_moment", std::string()));
+  const Json per_rank = run.contains("measured_peak_mib_per_rank") ? run["measured_peak_mib_per_rank"]
+                                                                   : Json::array({run.value("measured_peak_mib", 0.0)});
+  for (size_t rank = 0; rank < per_rank.size(); ++rank) {
+    const double measured = per_rank[rank].get<double>();
+    markdown += fmt::format("| {} | {:.3f} | {:+.2f}% |\n", rank, measured, measured > 0 ? 100.0 * (predicted - measured) / measured : 0.0);
+  }
+  if (run.contains("budget_mib")) markdown += fmt::format("\nBudget: {:.1f} MiB per rank.\n", run["budget_mib"].get<double>());
+  ReportOutcome outcome;
+  outcome.figures.push_back((figures_dir / "loss.png").string());
+  outcome.report_path = (dir / "report.md").string();
+  file_write_text(outcome.report_path, markdown);
+  return outcome;
+}
+
 }  // namespace
 
 ReportOutcome report_write(const std::string& results_dir, const std::string& gnuplot_command) {
   const fs::path dir(results_dir);
   const fs::path results_path = dir / "results.json";
+  // A run's result (longseq launch's run.json) gets the run report; a sweep's, the sweep report.
+  if (!fs::exists(results_path) && fs::exists(dir / "run.json")) return run_report_write(dir, dir / "run.json", gnuplot_command);
   Json results;
   try {
     results = Json::parse(file_read_text(results_path.string()));
@@ -86,11 +175,7 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
     for (const auto& name : scenario["figures"]) wanted.insert(name.get<std::string>());
   auto want = [&](const char* name) { return wanted.empty() || wanted.count(name) > 0; };
 
-  const fs::path staging = dir / fmt::format("figures.partial-{}", getpid());
-  std::error_code error;
-  fs::remove_all(staging, error);
-  fs::create_directories(staging, error);
-  if (error) throw ConfigError(staging.string(), "", "cannot create the figures directory");
+  const fs::path staging = staging_make(dir);
 
   struct Figure {
     std::string stem, caption;
@@ -227,21 +312,9 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
     }
   }
 
-  for (const auto& figure : figures) {
-    const std::string command = fmt::format("cd {} && {} {}.gp > {}.log 2>&1", quoted(staging.string()), gnuplot_command,
-                                            figure.stem, figure.stem);
-    if (std::system(command.c_str()) != 0) {
-      const std::string log = file_read_text((staging / (figure.stem + ".log")).string());
-      fs::remove_all(staging, error);
-      throw ConfigError(figure.stem + ".gp", "", fmt::format("gnuplot failed: {}", log.substr(0, 400)));
-    }
-    fs::remove(staging / (figure.stem + ".log"), error);
-  }
-  const fs::path figures_dir = dir / "figures";
-  fs::remove_all(figures_dir, error);
-  fs::rename(staging, figures_dir, error);
-  if (error) throw ConfigError(figures_dir.string(), "", "cannot move the figures into place");
-
+  std::vector<std::string> stems;
+  for (const auto& figure : figures) stems.push_back(figure.stem);
+  const fs::path figures_dir = figures_draw(dir, staging, stems, gnuplot_command);
   ReportOutcome outcome;
   std::string markdown = fmt::format("# {}\n\nPREDICTIONS of longseq (runtime profile `{}`), not measurements.\n\n",
                                      scenario.value("name", std::string("sweep")), scenario.value("runtime_profile", std::string()));
