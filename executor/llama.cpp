@@ -303,20 +303,20 @@ void executor_model_check(const ModelSpec& model) {
 
 LlamaModel::LlamaModel(const ModelSpec& model, Arena& device) : spec_(model), layout_(llama_layout(model)) {
   executor_model_check(model);
-  parameters_ = device.allocate(kStates, "weights", layout_.total, true);
-  gradients_ = device.allocate(kStates, "gradients_fp32", layout_.total, true);
-  adam_m_ = device.allocate(kStates, "optimizer_states", layout_.total, true);
-  adam_v_ = device.allocate(kStates, "optimizer_states", layout_.total, true);
+  states_allocate(device, layout_.total);
 }
 
 LlamaModel::LlamaModel(const ModelSpec& model, Arena& device, Communicator& zero_group) : spec_(model), layout_(llama_layout(model)) {
   executor_model_check(model);
-  const int64_t shard = plan_modules(zero_group.size());
-  parameters_ = device.allocate(kStates, "weights", shard, true);
-  gradients_ = device.allocate(kStates, "gradients_fp32", shard, true);
-  adam_m_ = device.allocate(kStates, "optimizer_states", shard, true);
-  adam_v_ = device.allocate(kStates, "optimizer_states", shard, true);
+  states_allocate(device, plan_modules(zero_group.size()));
   zero_group_ = &zero_group;
+}
+
+void LlamaModel::states_allocate(Arena& device, int64_t elements) {
+  parameters_ = device.allocate(kStates, "weights", elements, true);
+  gradients_ = device.allocate(kStates, "gradients_fp32", elements, true);
+  adam_m_ = device.allocate(kStates, "optimizer_states", elements, true);
+  adam_v_ = device.allocate(kStates, "optimizer_states", elements, true);
 }
 
 int64_t LlamaModel::plan_modules(int64_t ranks) {
@@ -336,36 +336,18 @@ int64_t LlamaModel::plan_modules(int64_t ranks) {
   return modules_.back().shard_offset + modules_.back().chunk;
 }
 
-void LlamaModel::copy_shard(const float* full, float* shard) const {
+void LlamaModel::load_parameters(const float* full) {
+  if (!zero_group_) {
+    std::copy_n(full, layout_.total, parameters_.data());
+    return;
+  }
+  // This rank's padded chunk of every module (the padding is zero).
   const int64_t rank = zero_group_->rank();
   for (const Module& module : modules_)
     for (int64_t i = 0; i < module.chunk; ++i) {
       const int64_t source = rank * module.chunk + i;
-      shard[module.shard_offset + i] = source < module.size ? full[module.start + source] : 0.0f;
+      parameters_.data()[module.shard_offset + i] = source < module.size ? full[module.start + source] : 0.0f;
     }
-}
-
-void LlamaModel::load_parameters(const float* full) {
-  if (zero_group_)
-    copy_shard(full, parameters_.data());
-  else
-    std::copy_n(full, layout_.total, parameters_.data());
-}
-
-void LlamaModel::partition(Arena& device, Communicator& group) {
-  if (zero_group_) throw std::logic_error("LlamaModel::partition: already partitioned");
-  zero_group_ = &group;
-  const int64_t shard = plan_modules(group.size());
-  Buffer weights = device.allocate(kStates, "weights", shard, true);
-  copy_shard(parameters_.data(), weights.data());
-  // Release the full buffers before the shards of the rest exist: that is the point.
-  parameters_ = std::move(weights);
-  gradients_.release();
-  adam_m_.release();
-  adam_v_.release();
-  gradients_ = device.allocate(kStates, "gradients_fp32", shard, true);
-  adam_m_ = device.allocate(kStates, "optimizer_states", shard, true);
-  adam_v_ = device.allocate(kStates, "optimizer_states", shard, true);
 }
 
 std::vector<float> LlamaModel::gather_full(const float* shard) const {

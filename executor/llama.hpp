@@ -61,15 +61,18 @@ class LlamaModel {
   // Parameters, gradients and both Adam moments are allocated in `device` here. Throws
   // ConfigError for a model that is not Llama-style (see executor_model_check).
   LlamaModel(const ModelSpec& model, Arena& device);
-  // ZeRO-3 from the start (DeepSpeed's zero.Init): only this rank's shards are ever allocated;
-  // fill them with load_parameters. partition() below explains the sharding.
+  // ZeRO-3 over `zero_group`, from the start (DeepSpeed's zero.Init): this rank allocates only
+  // its shard of every module's weights, gradients and Adam moments (modules: the embedding,
+  // each decoder layer, the final norm with the LM head, each split into equal padded chunks);
+  // fill them with load_parameters. A module's weights are all-gathered before it runs and
+  // released after; its gradients are reduce-scattered into the shards.
   LlamaModel(const ModelSpec& model, Arena& device, Communicator& zero_group);
   // Sets the weights from a full flat vector of parameter_count() values held by every rank (a
   // checkpoint in host memory); a partitioned model keeps its shard of it.
   void load_parameters(const float* full);
   const ModelSpec& spec() const { return spec_; }
   const LlamaLayout& layout() const { return layout_; }
-  // This rank's parameters and gradients: all of them, or after partition() its ZeRO-3 shard.
+  // This rank's parameters and gradients: all of them, or with ZeRO-3 its shard.
   float* parameters() { return parameters_.data(); }
   const float* parameters() const { return parameters_.data(); }
   float* gradients() { return gradients_.data(); }
@@ -77,12 +80,6 @@ class LlamaModel {
   int64_t parameter_count() const { return layout_.total; }
   int64_t local_parameter_count() const { return parameters_.size(); }
 
-  // ZeRO-3 over `group`: from here on this rank keeps only its shard of every module's weights,
-  // gradients and Adam moments (modules: the embedding, each decoder layer, the final norm with
-  // the LM head, each split into equal padded chunks). A module's weights are all-gathered
-  // before it runs and released after; its gradients are reduce-scattered into the shards.
-  // Every rank must hold the same full weights when this is called.
-  void partition(Arena& device, Communicator& group);
   bool partitioned() const { return zero_group_ != nullptr; }
   // The full flat vector from this rank's shards (e.g. gradients() or parameters()), for tests
   // and checkpoints; a collective: every rank of the group must call it.
@@ -105,8 +102,8 @@ class LlamaModel {
   };
   // Splits the model into modules_ for `ranks` shards; returns the shard length.
   int64_t plan_modules(int64_t ranks);
-  // This rank's padded chunks of every module of `full`.
-  void copy_shard(const float* full, float* shard) const;
+  // Weights, gradients and both Adam moments of `elements` values each (all, or a shard).
+  void states_allocate(Arena& device, int64_t elements);
   ModelSpec spec_;
   LlamaLayout layout_;
   Communicator* zero_group_ = nullptr;

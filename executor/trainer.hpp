@@ -26,7 +26,7 @@ Sample sample_synthetic(int64_t seqlen, int64_t vocab, uint32_t seed);
 Sample sample_from_text(const std::string& text, int64_t seqlen, int64_t offset);
 
 // The planner's view of an executor run: Ulysses over `sp` ranks, ZeRO stage 0 (replicated) or 3
-// (LlamaModel::partition over every rank), with the executor's options.
+// (LlamaModel built sharded over every rank), with the executor's options.
 PlanOptions executor_plan(const TrainingOptions& options, int64_t sp = 1, int zero_stage = 0);
 
 // This machine's CPU "device" as a cluster of `ranks` one-GPU ranks on one node, each with

@@ -29,33 +29,30 @@ int blocks_for(int64_t n) { return static_cast<int>((n + kThreads - 1) / kThread
 __device__ inline float load(const Bf16* p, int64_t i) { return __uint_as_float(static_cast<uint32_t>(p[i]) << 16); }
 __device__ inline Bf16 bf16(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
 
-// Block-wide reductions over kThreads threads (a warp shuffle, then one warp over the warps).
-__device__ float block_sum(float value) {
+// Block-wide reductions over kThreads threads (a warp shuffle, then one warp over the warps);
+// every thread gets the result. `identity` fills the lanes beyond the block's warps.
+template <typename Combine>
+__device__ float block_reduce(float value, Combine combine, float identity) {
   __shared__ float partial[kThreads / 32];
-  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  for (int offset = 16; offset > 0; offset /= 2) value = combine(value, __shfl_xor_sync(0xffffffffu, value, offset));
   if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = value;
   __syncthreads();
-  value = threadIdx.x < kThreads / 32 ? partial[threadIdx.x] : 0.0f;
+  value = threadIdx.x < kThreads / 32 ? partial[threadIdx.x] : identity;
   if (threadIdx.x < 32)
-    for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
-  __shared__ float total;
-  if (threadIdx.x == 0) total = value;
-  __syncthreads();
-  return total;
-}
-__device__ float block_max(float value) {
-  __shared__ float partial[kThreads / 32];
-  for (int offset = 16; offset > 0; offset /= 2) value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
-  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = value;
-  __syncthreads();
-  value = threadIdx.x < kThreads / 32 ? partial[threadIdx.x] : -INFINITY;
-  if (threadIdx.x < 32)
-    for (int offset = 16; offset > 0; offset /= 2) value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
+    for (int offset = 16; offset > 0; offset /= 2) value = combine(value, __shfl_xor_sync(0xffffffffu, value, offset));
   __shared__ float result;
   if (threadIdx.x == 0) result = value;
   __syncthreads();
   return result;
 }
+struct Add {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+struct Max {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+__device__ float block_sum(float value) { return block_reduce(value, Add{}, 0.0f); }
+__device__ float block_max(float value) { return block_reduce(value, Max{}, -INFINITY); }
 
 // ---- embedding ----
 __global__ void embedding_forward_kernel(Bf16* out, const int32_t* tokens, const Bf16* table, int64_t T, int64_t C) {
