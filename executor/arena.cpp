@@ -1,6 +1,7 @@
 #include "executor/arena.hpp"
 
-#include <algorithm>
+#include <cstring>
+#include <new>
 #include <fmt/format.h>
 
 namespace longseq {
@@ -8,9 +9,9 @@ namespace longseq {
 namespace {
 class HostMemoryBackend final : public MemoryBackend {
  public:
-  float* allocate(int64_t elements) override { return elements > 0 ? new float[static_cast<size_t>(elements)] : nullptr; }
-  void release(float* data) noexcept override { delete[] data; }
-  void fill_zero(float* data, int64_t elements) override { std::fill_n(data, elements, 0.0f); }
+  void* allocate(size_t bytes) override { return bytes > 0 ? ::operator new(bytes) : nullptr; }
+  void release(void* data) noexcept override { ::operator delete(data); }
+  void fill_zero(void* data, size_t bytes) override { std::memset(data, 0, bytes); }
 };
 }  // namespace
 
@@ -19,37 +20,16 @@ MemoryBackend& host_memory_backend() {
   return backend;
 }
 
-Buffer& Buffer::operator=(Buffer&& other) noexcept {
-  if (this != &other) {
-    release();
-    arena_ = other.arena_;
-    storage_id_ = other.storage_id_;
-    data_ = other.data_;
-    elements_ = other.elements_;
-    other.arena_ = nullptr;
-    other.data_ = nullptr;
-    other.elements_ = 0;
-  }
-  return *this;
-}
-
-void Buffer::release() {
-  if (arena_) arena_->free(storage_id_, data_);
-  arena_ = nullptr;
-  data_ = nullptr;
-  elements_ = 0;
-}
-
 Arena::Arena(std::string name, double capacity_bytes, MemoryBackend& backend)
     : name_(std::move(name)), backend_(backend), capacity_bytes_(capacity_bytes) {}
 
-void Arena::free(int64_t storage_id, float* data) noexcept {
+void Arena::free(int64_t storage_id, void* data) noexcept {
   backend_.release(data);
   trace_.free_storage(storage_id);  // recorded at allocation, so it is live
 }
 
-Buffer Arena::allocate(std::string_view category, std::string_view name, int64_t elements, bool zeroed) {
-  const double bytes = static_cast<double>(elements) * static_cast<double>(sizeof(float));
+void* Arena::allocate_bytes(std::string_view category, std::string_view name, int64_t bytes_wanted, bool zeroed, int64_t& storage_id) {
+  const double bytes = static_cast<double>(bytes_wanted);
   if (trace_.current_bytes() + bytes > capacity_bytes_) {
     std::vector<TraceItem> live = trace_.live_items();
     live.push_back({category, name, bytes, 1, -1});
@@ -57,13 +37,10 @@ Buffer Arena::allocate(std::string_view category, std::string_view name, int64_t
                                         bytes / (1 << 20), trace_.current_bytes() / (1 << 20), capacity_bytes_ / (1 << 20)),
                             std::move(live));
   }
-  Buffer buffer;
-  buffer.arena_ = this;
-  buffer.elements_ = elements;
-  buffer.data_ = backend_.allocate(elements);
-  if (zeroed && elements > 0) backend_.fill_zero(buffer.data_, elements);
-  buffer.storage_id_ = trace_.alloc(category, name, bytes);
-  return buffer;
+  void* data = backend_.allocate(static_cast<size_t>(bytes_wanted));
+  if (zeroed && bytes_wanted > 0) backend_.fill_zero(data, static_cast<size_t>(bytes_wanted));
+  storage_id = trace_.alloc(category, name, bytes);
+  return data;
 }
 
 }  // namespace longseq

@@ -8,31 +8,49 @@
 namespace longseq {
 
 namespace {
-// The device or the driver refusing surfaces as std::bad_alloc, as the host backend's new[] does
-// (the arena checks its own budget before asking).
+// The device or the driver refusing surfaces as std::bad_alloc, as the host backend's operator
+// new does (the arena checks its own budget before asking).
 void* checked(cudaError_t status, void* pointer) {
   if (status != cudaSuccess) throw std::bad_alloc();
   return pointer;
 }
 }  // namespace
 
-float* CudaDeviceMemoryBackend::allocate(int64_t elements) {
+void* CudaDeviceMemoryBackend::allocate(size_t bytes) {
+  if (bytes == 0) return nullptr;
   void* pointer = nullptr;
-  const cudaError_t status = cudaMalloc(&pointer, static_cast<size_t>(elements) * sizeof(float));
-  return static_cast<float*>(checked(status, pointer));
+  return checked(cudaMallocAsync(&pointer, bytes, cudaStreamLegacy), pointer);
 }
-void CudaDeviceMemoryBackend::release(float* data) noexcept { cudaFree(data); }
-void CudaDeviceMemoryBackend::fill_zero(float* data, int64_t elements) {
-  if (cudaMemset(data, 0, static_cast<size_t>(elements) * sizeof(float)) != cudaSuccess) throw std::bad_alloc();
+void CudaDeviceMemoryBackend::release(void* data) noexcept {
+  if (data) cudaFreeAsync(data, cudaStreamLegacy);
+}
+void CudaDeviceMemoryBackend::fill_zero(void* data, size_t bytes) {
+  if (cudaMemsetAsync(data, 0, bytes, cudaStreamLegacy) != cudaSuccess) throw std::bad_alloc();
 }
 
-float* PinnedHostMemoryBackend::allocate(int64_t elements) {
-  void* pointer = nullptr;
-  const cudaError_t status = cudaMallocHost(&pointer, static_cast<size_t>(elements) * sizeof(float));
-  return static_cast<float*>(checked(status, pointer));
+PinnedHostMemoryBackend::~PinnedHostMemoryBackend() {
+  for (auto& [pointer, bytes] : sizes_) cudaFreeHost(pointer);
 }
-void PinnedHostMemoryBackend::release(float* data) noexcept { cudaFreeHost(data); }
-void PinnedHostMemoryBackend::fill_zero(float* data, int64_t elements) { std::memset(data, 0, static_cast<size_t>(elements) * sizeof(float)); }
+void* PinnedHostMemoryBackend::allocate(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  if (auto reusable = released_.find(bytes); reusable != released_.end()) {
+    void* pointer = reusable->second;
+    released_.erase(reusable);
+    return pointer;
+  }
+  void* pointer = nullptr;
+  checked(cudaMallocHost(&pointer, bytes), pointer);
+  sizes_[pointer] = bytes;
+  return pointer;
+}
+void PinnedHostMemoryBackend::release(void* data) noexcept {
+  if (!data) return;
+  try {
+    released_.emplace(sizes_.at(data), data);
+  } catch (...) {  // not ours: nothing to keep
+  }
+}
+void PinnedHostMemoryBackend::fill_zero(void* data, size_t bytes) { std::memset(data, 0, bytes); }
 
 double device_memory_outside_arena_bytes(const Arena& device) {
   size_t free_bytes = 0, total_bytes = 0;
