@@ -14,9 +14,19 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  virtual void all_to_all(const float* send, float* recv, int64_t count) = 0;
+  // Collectives that only move data take any element type (fp32 on the CPU, bf16 activations and
+  // weights on the GPU); the implementations move bytes.
+  template <typename T>
+  void all_to_all(const T* send, T* recv, int64_t count) {
+    all_to_all_bytes(send, recv, count * static_cast<int64_t>(sizeof(T)));
+  }
   // recv[size * count]: every rank's `send` in rank order.
-  virtual void all_gather(const float* send, float* recv, int64_t count) = 0;
+  template <typename T>
+  void all_gather(const T* send, T* recv, int64_t count) {
+    all_gather_bytes(send, recv, count * static_cast<int64_t>(sizeof(T)));
+  }
+  virtual void all_to_all_bytes(const void* send, void* recv, int64_t bytes_per_rank) = 0;
+  virtual void all_gather_bytes(const void* send, void* recv, int64_t bytes_per_rank) = 0;
   // send[size * count] summed across ranks; this rank keeps block `rank()` in recv[count].
   virtual void reduce_scatter(const float* send, float* recv, int64_t count) = 0;
   // Sums in place across ranks.
@@ -25,13 +35,13 @@ class Communicator {
   virtual void broadcast(float* data, int64_t count, int root) = 0;
 };
 
-// One rank: every collective is a copy (or nothing).
+// One rank, host memory: every collective is a copy (or nothing).
 class SingleRankCommunicator final : public Communicator {
  public:
   int rank() const override { return 0; }
   int size() const override { return 1; }
-  void all_to_all(const float* send, float* recv, int64_t count) override;
-  void all_gather(const float* send, float* recv, int64_t count) override;
+  void all_to_all_bytes(const void* send, void* recv, int64_t bytes_per_rank) override;
+  void all_gather_bytes(const void* send, void* recv, int64_t bytes_per_rank) override;
   void reduce_scatter(const float* send, float* recv, int64_t count) override;
   void all_reduce(float*, int64_t) override {}
   void all_reduce(double*, int64_t) override {}

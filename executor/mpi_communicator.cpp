@@ -9,7 +9,8 @@ namespace longseq {
 
 namespace {
 
-// MPI counts are int; the executor's buffers are far below that, and a larger one is a bug.
+// MPI counts are int (2 GiB of bytes per rank's block); a larger block is refused by name rather
+// than truncated.
 int mpi_count(int64_t count) {
   if (count < 0 || count > INT_MAX) throw std::length_error("MPI collective of " + std::to_string(count) + " elements");
   return static_cast<int>(count);
@@ -43,12 +44,13 @@ MpiCommunicator MpiCommunicator::split(int color, int key) const {
   return MpiCommunicator(group, true);
 }
 
-void MpiCommunicator::all_to_all(const float* send, float* recv, int64_t count) {
-  mpi_check(MPI_Alltoall(send, mpi_count(count), MPI_FLOAT, recv, mpi_count(count), MPI_FLOAT, comm_), "MPI_Alltoall");
+void MpiCommunicator::all_to_all_bytes(const void* send, void* recv, int64_t bytes_per_rank) {
+  mpi_check(MPI_Alltoall(send, mpi_count(bytes_per_rank), MPI_BYTE, recv, mpi_count(bytes_per_rank), MPI_BYTE, comm_), "MPI_Alltoall");
 }
 
-void MpiCommunicator::all_gather(const float* send, float* recv, int64_t count) {
-  mpi_check(MPI_Allgather(send, mpi_count(count), MPI_FLOAT, recv, mpi_count(count), MPI_FLOAT, comm_), "MPI_Allgather");
+void MpiCommunicator::all_gather_bytes(const void* send, void* recv, int64_t bytes_per_rank) {
+  mpi_check(MPI_Allgather(send, mpi_count(bytes_per_rank), MPI_BYTE, recv, mpi_count(bytes_per_rank), MPI_BYTE, comm_),
+            "MPI_Allgather");
 }
 
 void MpiCommunicator::reduce_scatter(const float* send, float* recv, int64_t count) {

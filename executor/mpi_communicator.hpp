@@ -22,8 +22,8 @@ class MpiCommunicator final : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  void all_to_all(const float* send, float* recv, int64_t count) override;
-  void all_gather(const float* send, float* recv, int64_t count) override;
+  void all_to_all_bytes(const void* send, void* recv, int64_t bytes_per_rank) override;
+  void all_gather_bytes(const void* send, void* recv, int64_t bytes_per_rank) override;
   void reduce_scatter(const float* send, float* recv, int64_t count) override;
   void all_reduce(float* data, int64_t count) override;
   void all_reduce(double* data, int64_t count) override;

@@ -34,34 +34,54 @@ NcclCommunicator::NcclCommunicator(MPI_Comm bootstrap, int device) {
   cudaStream_t stream = nullptr;
   cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
   stream_ = stream;
+  cudaEvent_t event = nullptr;
+  cuda_check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
+  compute_done_ = event;
 }
 
 NcclCommunicator::~NcclCommunicator() {
   if (comm_) ncclCommDestroy(static_cast<ncclComm_t>(comm_));
   if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+  if (compute_done_) cudaEventDestroy(static_cast<cudaEvent_t>(compute_done_));
+}
+
+// The communicator's stream is non-blocking, so it does not order itself after the kernels on the
+// default stream by itself: without this a collective could read a buffer still being written.
+void NcclCommunicator::after_compute() {
+  auto event = static_cast<cudaEvent_t>(compute_done_);
+  cuda_check(cudaEventRecord(event, cudaStreamLegacy), "cudaEventRecord");
+  cuda_check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream_), event, 0), "cudaStreamWaitEvent");
 }
 
 void NcclCommunicator::wait() { cuda_check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)), "collective"); }
 
-void NcclCommunicator::all_to_all(const float* send, float* recv, int64_t count) {
+// Movement collectives go as ncclUint8: bf16 activations and weights cross the wire at 2 bytes
+// an element (the bf16 payloads DeepSpeed's Ulysses and ZeRO-3 send), fp32 at 4.
+void NcclCommunicator::all_to_all_bytes(const void* send, void* recv, int64_t bytes_per_rank) {
   auto comm = static_cast<ncclComm_t>(comm_);
   auto stream = static_cast<cudaStream_t>(stream_);
+  after_compute();
+  const auto* send_bytes = static_cast<const unsigned char*>(send);
+  auto* recv_bytes = static_cast<unsigned char*>(recv);
   nccl_check(ncclGroupStart(), "ncclGroupStart");
   for (int peer = 0; peer < size_; ++peer) {
-    nccl_check(ncclSend(send + peer * count, elements(count), ncclFloat, peer, comm, stream), "ncclSend");
-    nccl_check(ncclRecv(recv + peer * count, elements(count), ncclFloat, peer, comm, stream), "ncclRecv");
+    nccl_check(ncclSend(send_bytes + peer * bytes_per_rank, elements(bytes_per_rank), ncclUint8, peer, comm, stream), "ncclSend");
+    nccl_check(ncclRecv(recv_bytes + peer * bytes_per_rank, elements(bytes_per_rank), ncclUint8, peer, comm, stream), "ncclRecv");
   }
   nccl_check(ncclGroupEnd(), "ncclGroupEnd");
   wait();
 }
 
-void NcclCommunicator::all_gather(const float* send, float* recv, int64_t count) {
-  nccl_check(ncclAllGather(send, recv, elements(count), ncclFloat, static_cast<ncclComm_t>(comm_), static_cast<cudaStream_t>(stream_)),
+void NcclCommunicator::all_gather_bytes(const void* send, void* recv, int64_t bytes_per_rank) {
+  after_compute();
+  nccl_check(ncclAllGather(send, recv, elements(bytes_per_rank), ncclUint8, static_cast<ncclComm_t>(comm_),
+                           static_cast<cudaStream_t>(stream_)),
              "ncclAllGather");
   wait();
 }
 
 void NcclCommunicator::reduce_scatter(const float* send, float* recv, int64_t count) {
+  after_compute();
   nccl_check(ncclReduceScatter(send, recv, elements(count), ncclFloat, ncclSum, static_cast<ncclComm_t>(comm_),
                                static_cast<cudaStream_t>(stream_)),
              "ncclReduceScatter");
@@ -69,20 +89,36 @@ void NcclCommunicator::reduce_scatter(const float* send, float* recv, int64_t co
 }
 
 void NcclCommunicator::all_reduce(float* data, int64_t count) {
+  after_compute();
   nccl_check(ncclAllReduce(data, data, elements(count), ncclFloat, ncclSum, static_cast<ncclComm_t>(comm_),
                            static_cast<cudaStream_t>(stream_)),
              "ncclAllReduce");
   wait();
 }
 
+// Scalars the step sums (token counts, loss sums) are host doubles: staged through the device.
 void NcclCommunicator::all_reduce(double* data, int64_t count) {
-  nccl_check(ncclAllReduce(data, data, elements(count), ncclDouble, ncclSum, static_cast<ncclComm_t>(comm_),
+  cudaPointerAttributes attributes{};
+  const bool on_device = cudaPointerGetAttributes(&attributes, data) == cudaSuccess && attributes.type == cudaMemoryTypeDevice;
+  double* device_data = data;
+  const size_t bytes = elements(count) * sizeof(double);
+  if (!on_device) {
+    cuda_check(cudaMalloc(&device_data, bytes), "cudaMalloc");
+    cuda_check(cudaMemcpy(device_data, data, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+  }
+  after_compute();
+  nccl_check(ncclAllReduce(device_data, device_data, elements(count), ncclDouble, ncclSum, static_cast<ncclComm_t>(comm_),
                            static_cast<cudaStream_t>(stream_)),
              "ncclAllReduce");
   wait();
+  if (!on_device) {
+    cuda_check(cudaMemcpy(data, device_data, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    cuda_check(cudaFree(device_data), "cudaFree");
+  }
 }
 
 void NcclCommunicator::broadcast(float* data, int64_t count, int root) {
+  after_compute();
   nccl_check(ncclBroadcast(data, data, elements(count), ncclFloat, root, static_cast<ncclComm_t>(comm_), static_cast<cudaStream_t>(stream_)),
              "ncclBroadcast");
   wait();

@@ -1,8 +1,8 @@
 // nccl_communicator.hpp: the Communicator over NCCL, one rank per GPU, bootstrapped over MPI
-// (rank 0 makes the NCCL unique id and broadcasts it). Buffers are device pointers. Each
-// collective runs on this communicator's stream and is waited for before returning, so callers
-// see the same blocking semantics as the MPI communicator; overlapping them with compute is the
-// asynchronous-offload work that follows. all_to_all is NCCL's grouped send/recv.
+// (rank 0 makes the NCCL unique id and broadcasts it). Buffers are device pointers (all_reduce of
+// doubles also takes host scalars). Each collective runs on this communicator's stream after the
+// default stream's queued kernels and is waited for before returning, so callers see the blocking
+// semantics of the MPI communicator. all_to_all is NCCL's grouped send/recv.
 // Built only where CUDA, NCCL and MPI are; compiled in CI, not yet run on a GPU.
 #pragma once
 
@@ -22,17 +22,19 @@ class NcclCommunicator final : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  void all_to_all(const float* send, float* recv, int64_t count) override;
-  void all_gather(const float* send, float* recv, int64_t count) override;
+  void all_to_all_bytes(const void* send, void* recv, int64_t bytes_per_rank) override;
+  void all_gather_bytes(const void* send, void* recv, int64_t bytes_per_rank) override;
   void reduce_scatter(const float* send, float* recv, int64_t count) override;
   void all_reduce(float* data, int64_t count) override;
   void all_reduce(double* data, int64_t count) override;
   void broadcast(float* data, int64_t count, int root) override;
 
  private:
+  void after_compute();
   void wait();
   void* comm_ = nullptr;    // ncclComm_t
   void* stream_ = nullptr;  // cudaStream_t
+  void* compute_done_ = nullptr;  // cudaEvent_t recorded on the default stream
   int rank_ = 0, size_ = 1;
 };
 
