@@ -97,6 +97,11 @@ class Arena {
     buffer.elements_ = elements;
     return buffer;
   }
+  // `name`, a string literal, becomes the buffer's name in the trace (same bytes, new role).
+  template <typename T>
+  void rename(BufferOf<T>& buffer, std::string_view name) {
+    trace_.rename_storage(buffer.storage_id_, name);
+  }
   void set_moment(std::string_view moment) { trace_.set_moment(moment); }
 
   double current_bytes() const { return trace_.current_bytes(); }

@@ -1,4 +1,5 @@
-// llama.hpp: a Llama-style decoder that trains on the CPU with the kernels of kernels/cpu.
+// llama.hpp: a Llama-style decoder that trains with real kernels: on the CPU (kernels/cpu, fp32)
+// or on a GPU (kernels/cuda, bf16 with fp32 accumulation), by one step written over both.
 //
 // Parameters live in one flat buffer (gradients and Adam moments in buffers of the same layout).
 // Activations are allocated through the device arena under the tensor inventory's names, so the
@@ -12,6 +13,7 @@
 
 #include "executor/arena.hpp"
 #include "executor/communicator.hpp"
+#include "executor/cpu_ops.hpp"
 #include "models/model_spec.hpp"
 
 namespace longseq {
@@ -55,41 +57,49 @@ struct StepResult {
   int64_t counted_tokens = 0;    // labels that are not -100
 };
 
-// A whole model: parameters, their gradients and Adam moments, allocated in `device`.
-class LlamaModel {
+// A whole model: fp32 master weights, their gradients and Adam moments, allocated in `device`,
+// trained by one step written once for every device (executor/llama_step.hpp) over `Ops`: the
+// CPU's kernels in fp32 (CpuOps, below as LlamaModel) or the GPU's in bf16 (CudaOps).
+template <class Ops>
+class BasicLlamaModel {
  public:
-  // Parameters, gradients and both Adam moments are allocated in `device` here. Throws
-  // ConfigError for a model that is not Llama-style (see executor_model_check).
-  LlamaModel(const ModelSpec& model, Arena& device);
+  using Act = typename Ops::Act;
+  // Weights, gradients and both Adam moments are allocated in `device` here (with a separate
+  // Act copy of the weights where Act is not float). Throws ConfigError for a model that is not
+  // Llama-style (see executor_model_check).
+  BasicLlamaModel(const ModelSpec& model, Arena& device);
   // ZeRO-3 over `zero_group`, from the start (DeepSpeed's zero.Init): this rank allocates only
   // its shard of every module's weights, gradients and Adam moments (modules: the embedding,
   // each decoder layer, the final norm with the LM head, each split into equal padded chunks);
   // fill them with load_parameters. A module's weights are all-gathered before it runs and
   // released after; its gradients are reduce-scattered into the shards.
-  LlamaModel(const ModelSpec& model, Arena& device, Communicator& zero_group);
-  // Sets the weights from a full flat vector of parameter_count() values held by every rank (a
-  // checkpoint in host memory); a partitioned model keeps its shard of it.
+  BasicLlamaModel(const ModelSpec& model, Arena& device, Communicator& zero_group);
+  // Sets the weights from a full flat vector of parameter_count() values in host memory, held by
+  // every rank (a checkpoint); a partitioned model keeps its shard of it.
   void load_parameters(const float* full);
   const ModelSpec& spec() const { return spec_; }
   const LlamaLayout& layout() const { return layout_; }
-  // This rank's parameters and gradients: all of them, or with ZeRO-3 its shard.
-  float* parameters() { return parameters_.data(); }
-  const float* parameters() const { return parameters_.data(); }
+  // This rank's fp32 master weights and gradients (device memory on a GPU): all of them, or with
+  // ZeRO-3 its shard.
+  float* parameters() { return master_.data(); }
+  const float* parameters() const { return master_.data(); }
   float* gradients() { return gradients_.data(); }
   const float* gradients() const { return gradients_.data(); }
   int64_t parameter_count() const { return layout_.total; }
-  int64_t local_parameter_count() const { return parameters_.size(); }
+  int64_t local_parameter_count() const { return master_.size(); }
+  Ops& ops() { return ops_; }
 
   bool partitioned() const { return zero_group_ != nullptr; }
-  // The full flat vector from this rank's shards (e.g. gradients() or parameters()), for tests
-  // and checkpoints; a collective: every rank of the group must call it.
-  std::vector<float> gather_full(const float* shard) const;
+  // The full flat vector, in host memory, from this rank's shards (e.g. gradients() or
+  // parameters()), for tests and checkpoints; a collective: every rank of the group must call it.
+  std::vector<float> gather_full(const float* shard);
 
   // Forward and backward for one sequence of T tokens: labels pre-shifted (label t is the
-  // target of token t, -100 to ignore), position_ids restarting at 0 for every packed document.
-  // Gradients are overwritten. Activations come from `device`; offloaded checkpoints from `host`.
-  // With a sequence group of sp ranks, tokens/labels/position_ids are this rank's T tokens; the
-  // loss is the token-weighted mean over all ranks and the gradients are summed across them.
+  // target of token t, -100 to ignore), position_ids restarting at 0 for every packed document;
+  // all three in host memory. Gradients are overwritten. Activations come from `device`;
+  // offloaded checkpoints from `host`. With a sequence group of sp ranks, tokens/labels/
+  // position_ids are this rank's T tokens; the loss is the token-weighted mean over all ranks
+  // and the gradients are summed across them.
   StepResult forward_backward(const int32_t* tokens, const int32_t* labels, const int32_t* position_ids, int64_t T,
                               const TrainingOptions& options, Arena& device, Arena& host, const SequenceParallel& parallel = {});
 
@@ -104,12 +114,20 @@ class LlamaModel {
   int64_t plan_modules(int64_t ranks);
   // Weights, gradients and both Adam moments of `elements` values each (all, or a shard).
   void states_allocate(Arena& device, int64_t elements);
+  // The weights the kernels read: the master weights themselves, or their Act copy.
+  Act* weights();
   ModelSpec spec_;
   LlamaLayout layout_;
   Communicator* zero_group_ = nullptr;
   std::vector<Module> modules_;  // embedding, layers..., final norm + LM head (ZeRO-3 only)
-  Buffer parameters_, gradients_, adam_m_, adam_v_;
+  Ops ops_;
+  Buffer master_, gradients_, adam_m_, adam_v_;
+  BufferOf<Act> weights_copy_;  // only where Act is not float (Ops::kSeparateMasterWeights)
   int64_t step_ = 0;
 };
+
+// The CPU executor: fp32 kernels of kernels/cpu (instantiated in llama.cpp).
+using LlamaModel = BasicLlamaModel<CpuOps>;
+extern template class BasicLlamaModel<CpuOps>;
 
 }  // namespace longseq

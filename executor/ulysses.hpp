@@ -13,36 +13,41 @@
 
 namespace longseq {
 
-// Ulysses geometry of one rank: q heads NQ/sp; kv heads NKV/sp, or one head replicated when
-// sp > NKV (DeepSpeed's rule, REFERENCE §3.1).
-struct Ulysses {
-  Communicator* group = nullptr;
-  const int32_t* global_positions = nullptr;
-  int64_t sp = 1, q_heads = 0, kv_heads = 0, replication = 1;
-  bool active() const { return sp > 1; }
-  // The global kv head that block `j` of rank `r`'s kv heads is.
-  int64_t kv_head_of(int64_t r, int64_t j) const { return replication > 1 ? r / replication : r * kv_heads + j; }
+// Which global head block j of rank r's heads is: q heads r * per_rank + j; kv heads the same,
+// or, replicated when sp > NKV, head r / replication (DeepSpeed's rule, REFERENCE §3.1). A plain
+// struct, so the GPU's pack kernels take it by value.
+struct HeadBlocks {
+  int64_t per_rank = 1, replication = 1;
+  int64_t head(int64_t r, int64_t j) const { return replication > 1 ? r / replication : r * per_rank + j; }
 };
 
-// send[r][t][j][d] = source[t][head(r, j)][d]: this rank's tokens, regrouped by destination rank.
-template <typename HeadOf>
-void heads_pack(float* send, const float* source, int64_t T, int64_t heads_total, int64_t heads_per_rank, int64_t HD, int64_t sp,
-                HeadOf head_of) {
+// Ulysses geometry of one rank: q heads NQ/sp; kv heads NKV/sp, or one head replicated.
+struct Ulysses {
+  Communicator* group = nullptr;
+  const int32_t* global_positions = nullptr;  // where the step's kernels read them (device memory on a GPU)
+  int64_t sp = 1, q_heads = 0, kv_heads = 0, replication = 1;
+  bool active() const { return sp > 1; }
+  HeadBlocks q_blocks() const { return {q_heads, 1}; }
+  HeadBlocks kv_blocks() const { return {kv_heads, replication}; }
+};
+
+// send[r][t][j][d] = source[t][blocks.head(r, j)][d]: this rank's tokens, regrouped by destination rank.
+template <typename T>
+void heads_pack(T* send, const T* source, int64_t tokens, int64_t heads_total, HeadBlocks blocks, int64_t HD, int64_t sp) {
   for (int64_t r = 0; r < sp; ++r)
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t j = 0; j < heads_per_rank; ++j)
-        std::copy_n(source + (t * heads_total + head_of(r, j)) * HD, HD, send + ((r * T + t) * heads_per_rank + j) * HD);
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int64_t j = 0; j < blocks.per_rank; ++j)
+        std::copy_n(source + (t * heads_total + blocks.head(r, j)) * HD, HD, send + ((r * tokens + t) * blocks.per_rank + j) * HD);
 }
 
-// The inverse regrouping, adding into target[t][head(r, j)][d] (replicated kv heads sum their gradients).
-template <typename HeadOf>
-void heads_unpack_add(float* target, const float* recv, int64_t T, int64_t heads_total, int64_t heads_per_rank, int64_t HD,
-                      int64_t sp, HeadOf head_of) {
+// The inverse regrouping, adding into target[t][blocks.head(r, j)][d] (replicated kv heads sum their gradients).
+template <typename T>
+void heads_unpack_add(T* target, const T* recv, int64_t tokens, int64_t heads_total, HeadBlocks blocks, int64_t HD, int64_t sp) {
   for (int64_t r = 0; r < sp; ++r)
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t j = 0; j < heads_per_rank; ++j) {
-        float* out = target + (t * heads_total + head_of(r, j)) * HD;
-        const float* in = recv + ((r * T + t) * heads_per_rank + j) * HD;
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int64_t j = 0; j < blocks.per_rank; ++j) {
+        T* out = target + (t * heads_total + blocks.head(r, j)) * HD;
+        const T* in = recv + ((r * tokens + t) * blocks.per_rank + j) * HD;
         for (int64_t d = 0; d < HD; ++d) out[d] += in[d];
       }
 }

@@ -483,19 +483,20 @@ namespace {
 // Sizes in bytes for the executor's fp32 buffers.
 struct ExecutorBytes {
   double x, q, kv, kv_global, lse, rstd, f_tile, last_f_tile;
-  ExecutorBytes(const LayerShape& shape) {
-    const double t = static_cast<double>(shape.tokens);
-    x = t * static_cast<double>(shape.hidden) * 4;
-    q = t * static_cast<double>(shape.q_width) * 4;
-    kv = t * static_cast<double>(shape.kv_width) * 4;
+  // act: bytes per activation element (fp32 on the CPU, bf16 on the GPU); rstd and lse are fp32.
+  ExecutorBytes(const LayerShape& shape, int64_t act) {
+    const double t = static_cast<double>(shape.tokens), a = static_cast<double>(act);
+    x = t * static_cast<double>(shape.hidden) * a;
+    q = t * static_cast<double>(shape.q_width) * a;
+    kv = t * static_cast<double>(shape.kv_width) * a;
     // After Ulysses' all-to-all: all sp x T tokens for this rank's kv heads (n_kv/sp, or one
     // replicated head), i.e. T x (n_kv x d x replication) elements.
     kv_global = kv * static_cast<double>(shape.kv_replication);
     lse = t * static_cast<double>(shape.num_q_heads) * 4;
     rstd = t * 4;
     const int64_t tile = shape.mlp_tiles > 0 ? (shape.tokens + shape.mlp_tiles - 1) / shape.mlp_tiles : shape.tokens;
-    f_tile = static_cast<double>(tile) * static_cast<double>(shape.intermediate) * 4;
-    last_f_tile = static_cast<double>(shape.tokens - (shape.tokens - 1) / tile * tile) * static_cast<double>(shape.intermediate) * 4;
+    f_tile = static_cast<double>(tile) * static_cast<double>(shape.intermediate) * a;
+    last_f_tile = static_cast<double>(shape.tokens - (shape.tokens - 1) / tile * tile) * static_cast<double>(shape.intermediate) * a;
   }
 };
 
@@ -505,9 +506,9 @@ int64_t executor_tile_count(const LayerShape& shape) {
   return (shape.tokens + tile - 1) / tile;
 }
 
-// executor/llama.cpp layer_forward. Leaves "layer.output" and, with keep, the saved tensors.
-void executor_layer_forward(TensorTrace& trace, const LayerShape& shape, bool keep) {
-  const ExecutorBytes b(shape);
+// executor/llama_step.hpp layer_forward. Leaves "layer.output" and, with keep, the saved tensors.
+void executor_layer_forward(TensorTrace& trace, const LayerShape& shape, int64_t act, bool keep) {
+  const ExecutorBytes b(shape, act);
   trace.set_moment("forward: attention");
   trace.alloc(L, "attention_norm.output", b.x);
   trace.alloc(L, "attention_norm.rstd", b.rstd);
@@ -521,7 +522,7 @@ void executor_layer_forward(TensorTrace& trace, const LayerShape& shape, bool ke
     if (!keep)
       for (const char* name : {"attention.q", "attention.k", "attention.v", "attention.lse"}) trace.free(name);
   } else {
-    // Ulysses (executor/llama.cpp): each tensor is packed into a staging buffer and exchanged
+    // Ulysses (executor/llama_step.hpp): each tensor is packed into a staging buffer and exchanged
     // into a global one; the output comes back through another staging buffer.
     for (auto [name, bytes] : {std::pair{"attention.q_global", b.q}, std::pair{"attention.k_global", b.kv_global},
                                std::pair{"attention.v_global", b.kv_global}}) {
@@ -562,10 +563,10 @@ void executor_layer_forward(TensorTrace& trace, const LayerShape& shape, bool ke
   }
 }
 
-// executor/llama.cpp layer_backward after executor_layer_forward(keep). Expects "layer.input"
+// executor/llama_step.hpp layer_backward after executor_layer_forward(keep). Expects "layer.input"
 // and "layer.output_grad" live; leaves "layer.input_grad".
-void executor_layer_backward(TensorTrace& trace, const LayerShape& shape) {
-  const ExecutorBytes b(shape);
+void executor_layer_backward(TensorTrace& trace, const LayerShape& shape, int64_t act) {
+  const ExecutorBytes b(shape, act);
   trace.set_moment("backward: mlp");
   trace.alloc(L, "mlp.input_grad", b.x);
   const int64_t tiles = executor_tile_count(shape);
@@ -593,6 +594,8 @@ void executor_layer_backward(TensorTrace& trace, const LayerShape& shape) {
   trace.alloc(L, "attention.k_grad", b.kv);
   trace.alloc(L, "attention.v_grad", b.kv);
   if (shape.sp == 1) {
+    trace.alloc(L, "attention.softmax_delta", b.lse);  // rowsum(dO * O), fp32 [NQ, T]
+    trace.free("attention.softmax_delta");
     for (const char* name : {"attention.output_grad", "attention.output", "attention.lse", "attention.q", "attention.k", "attention.v"})
       trace.free(name);
   } else {
@@ -603,6 +606,8 @@ void executor_layer_backward(TensorTrace& trace, const LayerShape& shape) {
     trace.alloc(L, "attention.q_grad_global", b.q);
     trace.alloc(L, "attention.k_grad_global", b.kv_global);
     trace.alloc(L, "attention.v_grad_global", b.kv_global);
+    trace.alloc(L, "attention.softmax_delta", b.lse);
+    trace.free("attention.softmax_delta");
     for (const char* name : {"attention.output_grad_global", "attention.output_global", "attention.lse", "attention.q_global",
                              "attention.k_global", "attention.v_global", "attention.output"})
       trace.free(name);
@@ -630,23 +635,25 @@ void executor_layer_backward(TensorTrace& trace, const LayerShape& shape) {
 }  // namespace
 
 void executor_step_replay(TensorTrace& trace, const LayerShape& shape, const ExecutorStepOptions& options) {
-  const ExecutorBytes b(shape);
+  const int64_t act = options.activation_bytes;
+  const ExecutorBytes b(shape, act);
   const bool keep = !options.checkpointing;
   const bool zero = options.zero_ranks > 0;
-  // ZeRO-3 (executor/llama.cpp): a module gathered whole (padded to equal chunks), its gradient
+  // ZeRO-3 (executor/llama_step.hpp): a module gathered whole (padded to equal chunks), its gradient
   // produced whole, reduce-scattered through a one-chunk buffer.
   auto module_bytes = [&](int64_t parameters) {
     const int64_t chunk = (parameters + options.zero_ranks - 1) / options.zero_ranks;
-    return std::pair{static_cast<double>(chunk * options.zero_ranks) * 4, static_cast<double>(chunk) * 4};
+    return std::pair{static_cast<double>(chunk * options.zero_ranks), static_cast<double>(chunk)};
   };
+  // Weights are gathered in the activation type, gradients reduced in fp32.
   auto gather = [&](int64_t parameters, const char* name = "gathered_layer_weights") {
-    trace.alloc(kCategoryZero, name, module_bytes(parameters).first);
+    trace.alloc(kCategoryZero, name, module_bytes(parameters).first * static_cast<double>(act));
   };
   auto gradient = [&](int64_t parameters, const char* name = "weight_gradient") {
-    trace.alloc(kCategoryZero, name, module_bytes(parameters).first);
+    trace.alloc(kCategoryZero, name, module_bytes(parameters).first * 4);
   };
   auto scatter = [&](int64_t parameters, const char* name = "weight_gradient") {
-    trace.alloc(kCategoryZero, "gradient_shard_in_flight", module_bytes(parameters).second);
+    trace.alloc(kCategoryZero, "gradient_shard_in_flight", module_bytes(parameters).second * 4);
     trace.free(name);
     trace.free("gradient_shard_in_flight");
   };
@@ -660,13 +667,20 @@ void executor_step_replay(TensorTrace& trace, const LayerShape& shape, const Exe
   }
   for (int64_t i = 0; i < options.layers; ++i) {
     if (zero) gather(options.layer_parameters);
-    executor_layer_forward(trace, shape, keep);
+    executor_layer_forward(trace, shape, act, keep);
     if (zero) trace.free("gathered_layer_weights");
-    if (options.checkpoint_offload) trace.free("layer.input");  // copied to the host pool
+    if (options.checkpoint_offload) {
+      // The input's copy to the host pool runs while the next layer computes; the previous
+      // layer's, done by now, gives its device buffer back.
+      if (i > 0) trace.free("checkpoint.offload_in_flight");
+      trace.alias("layer.input", L, "checkpoint.offload_in_flight");
+      trace.free("layer.input");
+    }
     // The output becomes the next layer's input.
     trace.alias("layer.output", L, "layer.input");
     trace.free("layer.output");
   }
+  if (options.checkpoint_offload && options.layers > 0) trace.free("checkpoint.offload_in_flight");
   trace.set_moment("loss: logits and cross entropy");
   if (zero) {
     gather(options.final_parameters);
@@ -682,9 +696,9 @@ void executor_step_replay(TensorTrace& trace, const LayerShape& shape, const Exe
   const int64_t tile = options.loss_tile_tokens > 0 ? options.loss_tile_tokens : shape.tokens;
   for (int64_t t0 = 0; t0 < shape.tokens; t0 += tile) {
     const double rows = static_cast<double>(std::min(tile, shape.tokens - t0));
-    trace.alloc(kCategoryLoss, "loss.logits", rows * static_cast<double>(shape.vocab) * 4);
+    trace.alloc(kCategoryLoss, "loss.logits", rows * static_cast<double>(shape.vocab) * static_cast<double>(act));
     trace.alloc(kCategoryLoss, "loss.per_token", rows * 4);
-    trace.alloc(kCategoryLoss, "loss.logits_grad", rows * static_cast<double>(shape.vocab) * 4);
+    trace.alloc(kCategoryLoss, "loss.logits_grad", rows * static_cast<double>(shape.vocab) * static_cast<double>(act));
     for (const char* name : {"loss.logits", "loss.logits_grad", "loss.per_token"}) trace.free(name);
   }
   trace.free("final_norm.output");
@@ -697,18 +711,24 @@ void executor_step_replay(TensorTrace& trace, const LayerShape& shape, const Exe
     if (options.tied_embeddings) trace.free("gathered_embedding_weights");
   }
   for (const char* name : {"final_norm.output_grad", "final_norm.rstd", "layer.input"}) trace.free(name);  // the last output
-  // Backward, last layer first.
+  // Backward, last layer first. Offloaded inputs are fetched one layer ahead: the fetch of layer
+  // i - 1's input runs while layer i computes.
+  if (options.checkpoint_offload && options.layers > 0) trace.alloc(L, "checkpoint.prefetched", b.x);
   for (int64_t i = options.layers - 1; i >= 0; --i) {
     if (zero) {
       gather(options.layer_parameters);
       gradient(options.layer_parameters);
     }
-    if (options.checkpoint_offload) trace.alloc(L, "layer.input", b.x);  // fetched from the host pool
+    if (options.checkpoint_offload) {
+      trace.alias("checkpoint.prefetched", L, "layer.input");
+      trace.free("checkpoint.prefetched");
+      if (i > 0) trace.alloc(L, "checkpoint.prefetched", b.x);
+    }
     if (options.checkpointing) {
-      executor_layer_forward(trace, shape, /*keep=*/true);
+      executor_layer_forward(trace, shape, act, /*keep=*/true);
       trace.free("layer.output");
     }
-    executor_layer_backward(trace, shape);
+    executor_layer_backward(trace, shape, act);
     trace.free("layer.output_grad");
     trace.alias("layer.input_grad", L, "layer.output_grad");
     trace.free("layer.input_grad");

@@ -75,13 +75,16 @@ double decoder_layer_saved_bytes(const LayerShape& shape, const LayerImplementat
 // output and lse chunks, the input chunks, and the fp32 dq accumulators of backward.
 double fpdt_host_bytes(const LayerShape& shape, const LayerImplementation& impl);
 
-// longseq's own executor (executor/llama.cpp), tensor for tensor and in its order: RoPE in place,
+// longseq's own executor (executor/llama_step.hpp), tensor for tensor and in its order: RoPE in place,
 // no all-to-all (one rank), SwiGLU keeping gate/up/product with separate gradient buffers, RMSNorm
 // keeping its rstd, a cross entropy that writes the logits' gradient without a log-softmax copy.
 // The whole step is replayed, every layer, since the executor's peak is exactly what it allocates.
 // `shape.mlp_tiles` 0 is untiled; `loss_tile_tokens` 0 is untiled.
 struct ExecutorStepOptions {
   int64_t layers = 0;
+  // Bytes of an activation (and weight) element as the kernels read it: 4 on the CPU (fp32), 2 on
+  // a GPU (bf16). Gradients, rstd, lse, softmax delta and per-token losses are fp32 on both.
+  int64_t activation_bytes = 4;
   bool checkpointing = false;
   bool checkpoint_offload = false;
   int64_t loss_tile_tokens = 0;

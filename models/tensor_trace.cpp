@@ -29,6 +29,15 @@ void TensorTrace::free_storage(int64_t storage_id) {
   throw std::logic_error("TensorTrace::free_storage: storage " + std::to_string(storage_id) + " is not live");
 }
 
+void TensorTrace::rename_storage(int64_t storage_id, std::string_view name) {
+  for (auto& item : live_)
+    if (item.storage_id == storage_id) {
+      item.name = name;
+      return;
+    }
+  throw std::logic_error("TensorTrace::rename_storage: storage " + std::to_string(storage_id) + " is not live");
+}
+
 void TensorTrace::free(std::string_view name) {
   for (auto it = live_.rbegin(); it != live_.rend(); ++it) {
     if (it->name != name) continue;

@@ -32,6 +32,9 @@ class TensorTrace {
   // Frees exactly the tensor allocated with this id (an arena releasing its own buffer, whatever
   // other live tensors share its name).
   void free_storage(int64_t storage_id);
+  // Gives the live tensor with this id a new name (a runtime handing a buffer to a new role
+  // without copying it, e.g. a checkpoint whose copy to the host is still in flight).
+  void rename_storage(int64_t storage_id, std::string_view name);
   bool is_live(std::string_view name) const;
   // Makes `to` a view of live tensor `from`: both names share one storage, counted once, which
   // is released when the last name sharing it is freed (PyTorch's view semantics). Used where a

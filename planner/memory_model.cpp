@@ -192,7 +192,7 @@ MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& clust
   };
 
   if (profile.step_schedule == "executor") {
-    // longseq's executor: the whole step replayed, every layer, as executor/llama.cpp allocates.
+    // longseq's executor: the whole step replayed, every layer, as executor/llama_step.hpp allocates.
     // Its inputs (tokens, labels, positions) live outside the arena, so they are not counted.
     TensorTrace& trace = phases[0].trace;
     phases[0].phase = "training step (executor schedule)";
@@ -200,6 +200,7 @@ MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& clust
     static_tensors_place(trace, model, cluster, plan, profile, setup, seqlen, /*with_inputs=*/false);
     ExecutorStepOptions options;
     options.layers = model.num_layers;
+    options.activation_bytes = profile.activation_bytes;
     options.checkpointing = plan.activation_checkpointing;
     options.checkpoint_offload = plan.checkpoint_offload;
     options.loss_tile_tokens = plan.tiled_loss ? setup.loss_tile_tokens : 0;

@@ -91,20 +91,20 @@ void attention_forward(Real* out, Real* lse, const Real* q, const Real* k, const
 }
 
 template <typename Real>
-void attention_backward(Real* dq, Real* dk, Real* dv, const Real* dout, const Real* q, const Real* k, const Real* v,
+void attention_backward(Real* dq, Real* dk, Real* dv, Real* delta_scratch, const Real* dout, const Real* q, const Real* k, const Real* v,
                         const Real* out, const Real* lse, const int32_t* position_ids, int64_t T, int64_t NQ, int64_t NKV,
                         int64_t HD, int64_t block) {
   const Real scale = Real(1) / std::sqrt(static_cast<Real>(HD));
   const int64_t group = NQ / NKV;
   RowMatrix<Real> probabilities, dprobabilities;
-  std::vector<Real> delta(static_cast<size_t>(T));
   for (int64_t h = 0; h < NQ; ++h) {
     const int64_t g = h / group;
     // D_i = rowsum(dO_i * O_i), the softmax backward's correction term.
+    Real* delta = delta_scratch + h * T;
     for (int64_t i = 0; i < T; ++i) {
       Real sum = 0;
       for (int64_t d = 0; d < HD; ++d) sum += dout[(i * NQ + h) * HD + d] * out[(i * NQ + h) * HD + d];
-      delta[static_cast<size_t>(i)] = sum;
+      delta[i] = sum;
     }
     for (int64_t i0 = 0; i0 < T; i0 += block) {
       const int64_t i1 = std::min(T, i0 + block), rows = i1 - i0;
@@ -124,7 +124,7 @@ void attention_backward(Real* dq, Real* dk, Real* dv, const Real* dout, const Re
         value_grad.noalias() += probabilities.transpose() * output_grad;
         dprobabilities.noalias() = output_grad * values.transpose();
         for (int64_t r = 0; r < rows; ++r)
-          dprobabilities.row(r) = (probabilities.row(r).array() * (dprobabilities.row(r).array() - delta[static_cast<size_t>(i0 + r)])).matrix();
+          dprobabilities.row(r) = (probabilities.row(r).array() * (dprobabilities.row(r).array() - delta[i0 + r])).matrix();
         query_grad.noalias() += scale * (dprobabilities * keys);
         key_grad.noalias() += scale * (dprobabilities.transpose() * queries);
       }
@@ -135,7 +135,7 @@ void attention_backward(Real* dq, Real* dk, Real* dv, const Real* dout, const Re
 #define LONGSEQ_INSTANTIATE(Real)                                                                                     \
   template void attention_forward<Real>(Real*, Real*, const Real*, const Real*, const Real*, const int32_t*, int64_t, \
                                         int64_t, int64_t, int64_t, int64_t);                                          \
-  template void attention_backward<Real>(Real*, Real*, Real*, const Real*, const Real*, const Real*, const Real*,     \
+  template void attention_backward<Real>(Real*, Real*, Real*, Real*, const Real*, const Real*, const Real*, const Real*,     \
                                          const Real*, const Real*, const int32_t*, int64_t, int64_t, int64_t, int64_t, \
                                          int64_t);
 LONGSEQ_INSTANTIATE(float)

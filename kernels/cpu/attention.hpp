@@ -17,9 +17,11 @@ template <typename Real>
 void attention_forward(Real* out, Real* lse, const Real* q, const Real* k, const Real* v, const int32_t* position_ids,
                        int64_t T, int64_t NQ, int64_t NKV, int64_t HD, int64_t block);
 
-// Adds into dq, dk and dv (conventions of dense.hpp).
+// Adds into dq, dk and dv (conventions of dense.hpp). delta_scratch[NQ, T] is the caller's buffer
+// for D = rowsum(dout * out), as FlashAttention-2's backward keeps it (softmax_d, [b, h, S] fp32),
+// and as the CUDA kernel takes it, so both paths allocate the same tensors.
 template <typename Real>
-void attention_backward(Real* dq, Real* dk, Real* dv, const Real* dout, const Real* q, const Real* k, const Real* v,
+void attention_backward(Real* dq, Real* dk, Real* dv, Real* delta_scratch, const Real* dout, const Real* q, const Real* k, const Real* v,
                         const Real* out, const Real* lse, const int32_t* position_ids, int64_t T, int64_t NQ, int64_t NKV,
                         int64_t HD, int64_t block);
 

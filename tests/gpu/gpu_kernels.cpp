@@ -224,7 +224,8 @@ TEST_CASE("attention forward and backward: GQA, two packed documents") {
   const std::vector<float> gpu_out = from_bf16(d_out.download());
   CHECK(relative_error(gpu_out, out) <= kBf16Tolerance);
   CHECK(relative_error(d_lse.download(), lse) <= kFp32Tolerance);
-  cpu::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), gpu_out.data(), lse.data(),
+  std::vector<float> delta(lse.size());
+  cpu::attention_backward(dq.data(), dk.data(), dv.data(), delta.data(), dout.data(), q.data(), k.data(), v.data(), gpu_out.data(), lse.data(),
                           positions.data(), T, NQ, NKV, HD, 16);
   gpu::attention_backward(d_dq.get(), d_dk.get(), d_dv.get(), d_delta.get(), d_dout.get(), d_q.get(), d_k.get(), d_v.get(), d_out.get(),
                           d_lse.get(), d_positions.get(), T, NQ, NKV, HD);

@@ -192,8 +192,8 @@ TEST_CASE("attention: backward for q, k and v matches finite differences (GQA, p
     return weighted_sum(out, weights);
   };
   loss();
-  Vector dq(q.size(), 0), dk(k.size(), 0), dv(v.size(), 0);
-  attention_backward(dq.data(), dk.data(), dv.data(), weights.data(), q.data(), k.data(), v.data(), out.data(), lse.data(),
+  Vector dq(q.size(), 0), dk(k.size(), 0), dv(v.size(), 0), delta(NQ * T);
+  attention_backward(dq.data(), dk.data(), dv.data(), delta.data(), weights.data(), q.data(), k.data(), v.data(), out.data(), lse.data(),
                      positions.data(), T, NQ, NKV, HD, block);
   check_gradient(q, dq, loss, "dq");
   check_gradient(k, dk, loss, "dk");

@@ -92,9 +92,9 @@ TEST_CASE("all-to-all layout: every rank gets all tokens of its heads, and back 
   for (int64_t t = 0; t < T; ++t)
     for (int64_t h = 0; h < NQ; ++h)
       for (int64_t d = 0; d < HD; ++d) local[static_cast<size_t>((t * NQ + h) * HD + d)] = value(world().rank() * T + t, h, d);
-  auto head_of = [&](int64_t r, int64_t j) { return r * heads + j; };
+  const HeadBlocks blocks{heads, 1};
   std::vector<float> send(local.size()), global(local.size());
-  heads_pack(send.data(), local.data(), T, NQ, heads, HD, sp, head_of);
+  heads_pack(send.data(), local.data(), T, NQ, blocks, HD, sp);
   world().all_to_all(send.data(), global.data(), T * heads * HD);
   for (int64_t token = 0; token < sp * T; ++token)  // [global token][my head][d]
     for (int64_t j = 0; j < heads; ++j)
@@ -102,7 +102,7 @@ TEST_CASE("all-to-all layout: every rank gets all tokens of its heads, and back 
         CHECK(global[static_cast<size_t>((token * heads + j) * HD + d)] == value(token, world().rank() * heads + j, d));
   std::vector<float> back(local.size()), round_trip(local.size(), 0.0f);
   world().all_to_all(global.data(), back.data(), T * heads * HD);
-  heads_unpack_add(round_trip.data(), back.data(), T, NQ, heads, HD, sp, head_of);
+  heads_unpack_add(round_trip.data(), back.data(), T, NQ, blocks, HD, sp);
   CHECK(round_trip == local);
 }
 
@@ -115,10 +115,10 @@ TEST_CASE("GQA with fewer kv heads than ranks: kv heads are replicated, rank r g
   std::vector<float> local(static_cast<size_t>(T * NKV * HD));
   for (int64_t t = 0; t < T; ++t) local[static_cast<size_t>(t)] = static_cast<float>(world().rank() * T + t);
   std::vector<float> send(static_cast<size_t>(sp * T)), global(static_cast<size_t>(sp * T));
-  heads_pack(send.data(), local.data(), T, NKV, 1, HD, sp, [&](int64_t r, int64_t j) { return ulysses.kv_head_of(r, j); });
+  heads_pack(send.data(), local.data(), T, NKV, ulysses.kv_blocks(), HD, sp);
   world().all_to_all(send.data(), global.data(), T);
   for (int64_t token = 0; token < sp * T; ++token) CHECK(global[static_cast<size_t>(token)] == static_cast<float>(token));
-  CHECK(ulysses.kv_head_of(world().rank(), 0) == 0);
+  CHECK(ulysses.kv_blocks().head(world().rank(), 0) == 0);
 }
 
 TEST_CASE("Ulysses over all ranks: loss and every gradient equal the single-rank run") {

@@ -1,0 +1,143 @@
+// cpu_ops.hpp: what one training step asks of a device, for the CPU: the kernels of kernels/cpu
+// in fp32, element-wise data movement, and copies to and from the host pool.
+//
+// The training step (executor/llama_step.hpp) is written once against this set of calls; the GPU
+// supplies the same calls over CUDA kernels and cuBLAS (executor/cuda_ops.hpp). `Act` is the type
+// activations and weights are stored in (float here, bf16 on the GPU); what accumulates (weight
+// gradients, RMSNorm's rstd, attention's lse and delta, per-token losses, the AdamW master
+// weights and moments) is float on both. Kernel conventions are kernels/cpu/dense.hpp's: outputs
+// first, backward adds into every gradient.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "executor/ulysses.hpp"
+#include "kernels/cpu/attention.hpp"
+#include "kernels/cpu/dense.hpp"
+#include "kernels/cpu/loss_optimizer.hpp"
+#include "kernels/cpu/norm_rope.hpp"
+
+namespace longseq {
+
+class CpuOps {
+ public:
+  using Act = float;
+  static constexpr const char* kDevice = "cpu";
+  // The fp32 weights are the master weights: no second copy to keep in step.
+  static constexpr bool kSeparateMasterWeights = false;
+
+  // ---- kernels ----
+  void embedding_forward(Act* out, const int32_t* tokens, const Act* table, int64_t T, int64_t C) {
+    kernels::embedding_forward(out, tokens, table, T, C);
+  }
+  void embedding_backward(float* dtable, const Act* dout, const int32_t* tokens, int64_t T, int64_t C) {
+    kernels::embedding_backward(dtable, dout, tokens, T, C);
+  }
+  void rmsnorm_forward(Act* out, float* rstd, const Act* inp, const Act* weight, int64_t T, int64_t C, float eps) {
+    kernels::rmsnorm_forward(out, rstd, inp, weight, T, C, eps);
+  }
+  void rmsnorm_backward(Act* dinp, float* dweight, const Act* dout, const Act* inp, const Act* weight, const float* rstd, int64_t T,
+                        int64_t C) {
+    kernels::rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, T, C);
+  }
+  void rope_forward(Act* out, const Act* inp, const int32_t* positions, int64_t T, int64_t NH, int64_t HD, double theta) {
+    kernels::rope_forward(out, inp, positions, T, NH, HD, theta);
+  }
+  void rope_backward(Act* dinp, const Act* dout, const int32_t* positions, int64_t T, int64_t NH, int64_t HD, double theta) {
+    kernels::rope_backward(dinp, dout, positions, T, NH, HD, theta);
+  }
+  void linear_forward(Act* out, const Act* inp, const Act* weight, int64_t T, int64_t C, int64_t OC) {
+    kernels::linear_forward(out, inp, weight, static_cast<const Act*>(nullptr), T, C, OC);
+  }
+  void linear_backward(Act* dinp, float* dweight, const Act* dout, const Act* inp, const Act* weight, int64_t T, int64_t C, int64_t OC) {
+    kernels::linear_backward(dinp, dweight, static_cast<float*>(nullptr), dout, inp, weight, T, C, OC);
+  }
+  void swiglu_forward(Act* out, const Act* gate, const Act* up, int64_t N) { kernels::swiglu_forward(out, gate, up, N); }
+  void swiglu_backward(Act* dgate, Act* dup, const Act* dout, const Act* gate, const Act* up, int64_t N) {
+    kernels::swiglu_backward(dgate, dup, dout, gate, up, N);
+  }
+  void attention_forward(Act* out, float* lse, const Act* q, const Act* k, const Act* v, const int32_t* positions, int64_t T,
+                         int64_t NQ, int64_t NKV, int64_t HD, int64_t block) {
+    kernels::attention_forward(out, lse, q, k, v, positions, T, NQ, NKV, HD, block);
+  }
+  void attention_backward(Act* dq, Act* dk, Act* dv, float* delta_scratch, const Act* dout, const Act* q, const Act* k, const Act* v,
+                          const Act* out, const float* lse, const int32_t* positions, int64_t T, int64_t NQ, int64_t NKV, int64_t HD,
+                          int64_t block) {
+    kernels::attention_backward(dq, dk, dv, delta_scratch, dout, q, k, v, out, lse, positions, T, NQ, NKV, HD, block);
+  }
+  void cross_entropy_forward(float* losses, const Act* logits, const int32_t* labels, int64_t T, int64_t V) {
+    kernels::cross_entropy_forward(losses, logits, labels, T, V);
+  }
+  void cross_entropy_backward(Act* dlogits, const Act* logits, const int32_t* labels, float loss_scale, int64_t T, int64_t V) {
+    kernels::cross_entropy_backward(dlogits, logits, labels, loss_scale, T, V);
+  }
+  // AdamW on the fp32 master weights; `weights` (the Act copy the kernels read) is the same
+  // storage here.
+  void adamw_update(float* master, Act* /*weights*/, const float* grads, float* m, float* v, int64_t N, float lr, float beta1,
+                    float beta2, float eps, float weight_decay, int64_t step) {
+    kernels::adamw_update(master, grads, m, v, N, lr, beta1, beta2, eps, weight_decay, step);
+  }
+
+  // ---- element-wise and data movement on device buffers ----
+  template <typename T>
+  void add(T* inout, const T* addend, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) inout[i] += addend[i];
+  }
+  template <typename T>
+  void copy(T* destination, const T* source, int64_t n) {
+    std::copy_n(source, n, destination);
+  }
+  void fill_zero(float* data, int64_t n) { std::fill_n(data, n, 0.0f); }
+  void heads_pack(Act* send, const Act* source, int64_t tokens, int64_t heads_total, HeadBlocks blocks, int64_t HD, int64_t sp) {
+    longseq::heads_pack(send, source, tokens, heads_total, blocks, HD, sp);
+  }
+  void heads_unpack_add(Act* target, const Act* recv, int64_t tokens, int64_t heads_total, HeadBlocks blocks, int64_t HD, int64_t sp) {
+    longseq::heads_unpack_add(target, recv, tokens, heads_total, blocks, HD, sp);
+  }
+  // Sum of n device values, on the host, accumulated in double in index order.
+  double sum(const float* values, int64_t n) { return std::accumulate(values, values + n, 0.0); }
+
+  // ---- between the host and the device ----
+  // Memory the step needs beside the arena (its int32 inputs, checkpoint gathers): here a host
+  // vector; on the GPU device memory outside the arena's accounting.
+  template <typename T>
+  using Scratch = std::vector<T>;
+  template <typename T>
+  Scratch<T> scratch(int64_t n) {
+    return Scratch<T>(static_cast<size_t>(n));
+  }
+  template <typename T>
+  void to_device(T* device, const T* host, int64_t n) {
+    std::copy_n(host, n, device);
+  }
+  template <typename T>
+  void to_host(T* host, const T* device, int64_t n) {
+    std::copy_n(device, n, host);
+  }
+  // The weights the kernels read, from the master weights (nothing to do here: they are one).
+  void weights_from_master(Act* /*weights*/, const float* /*master*/, int64_t /*n*/) {}
+
+  // Checkpoint offload between the device and the host pool. On the GPU a copy runs on a side
+  // stream and `copy_wait` makes later device work wait for it; here copies finish at once.
+  struct PendingCopy {};
+  PendingCopy copy_to_host_begin(Act* host, const Act* device, int64_t n) {
+    std::copy_n(device, n, host);
+    return {};
+  }
+  PendingCopy copy_to_device_begin(Act* device, const Act* host, int64_t n) {
+    std::copy_n(host, n, device);
+    return {};
+  }
+  // Device work issued after this call runs after the copy.
+  void copy_wait(PendingCopy&) {}
+  // The host waits for the copy (before reusing its host memory).
+  void copy_finish(PendingCopy&) {}
+  // The host waits for every queued device operation (for timing a step).
+  void synchronize() {}
+};
+
+}  // namespace longseq

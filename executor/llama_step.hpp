@@ -1,0 +1,587 @@
+// llama_step.hpp: BasicLlamaModel's training step, written once over a device's Ops (cpu_ops.hpp
+// states what an Ops provides). Included by llama.cpp, which instantiates it for the CPU, and by
+// llama_cuda.cpp for the GPU: every allocation, its name and its order, every collective and
+// every memory option are this one text, so what the CPU tests prove about the schedule (memory
+// measured == predicted, loss and gradients unchanged by each option) holds for the GPU's too.
+#pragma once
+
+#include <algorithm>
+#include <stdexcept>
+#include <vector>
+
+#include "executor/llama.hpp"
+#include "executor/ulysses.hpp"
+#include "kernels/cpu/loss_optimizer.hpp"
+#include "models/layer_inventory.hpp"
+
+namespace longseq::llama_step {
+
+inline constexpr const char* kStates = kCategoryModelStates;
+inline constexpr const char* L = kCategoryLayer;
+
+struct Dims {
+  int64_t T, C, Q, KV, NQ, NKV, HD, F, V;
+};
+
+// What a layer keeps for its backward when its forward runs with keep_for_backward.
+template <typename Act>
+struct LayerSaved {
+  BufferOf<Act> attention_norm_output, q, k, v, attention_output, residual, mlp_norm_output, gate, up, product;
+  Buffer attention_norm_rstd, lse, mlp_norm_rstd;
+  // With Ulysses: attention's own inputs and output over the whole sequence for this rank's heads.
+  BufferOf<Act> q_global, k_global, v_global, output_global;
+};
+
+inline int64_t tile_size(int64_t T, int64_t tiles) { return tiles > 0 ? (T + tiles - 1) / tiles : T; }
+
+// One decoder layer's forward. Returns the layer output; fills `saved` when given.
+template <class Ops, typename Act = typename Ops::Act>
+BufferOf<Act> layer_forward(Ops& ops, const Act* params, const LlamaLayout::Layer& w, const Act* x, const int32_t* positions,
+                            const Dims& d, const TrainingOptions& options, Arena& device, LayerSaved<Act>* saved,
+                            const Ulysses& ulysses) {
+  LayerSaved<Act> local;
+  LayerSaved<Act>& s = saved ? *saved : local;
+  device.set_moment("forward: attention");
+  s.attention_norm_output = device.allocate<Act>(L, "attention_norm.output", d.T * d.C);
+  s.attention_norm_rstd = device.allocate(L, "attention_norm.rstd", d.T);
+  ops.rmsnorm_forward(s.attention_norm_output.data(), s.attention_norm_rstd.data(), x, params + w.attention_norm, d.T, d.C,
+                      options.rmsnorm_eps);
+  s.q = device.allocate<Act>(L, "attention.q", d.T * d.Q);
+  s.k = device.allocate<Act>(L, "attention.k", d.T * d.KV);
+  s.v = device.allocate<Act>(L, "attention.v", d.T * d.KV);
+  ops.linear_forward(s.q.data(), s.attention_norm_output.data(), params + w.q_proj, d.T, d.C, d.Q);
+  ops.linear_forward(s.k.data(), s.attention_norm_output.data(), params + w.k_proj, d.T, d.C, d.KV);
+  ops.linear_forward(s.v.data(), s.attention_norm_output.data(), params + w.v_proj, d.T, d.C, d.KV);
+  ops.rope_forward(s.q.data(), s.q.data(), positions, d.T, d.NQ, d.HD, options.rope_theta);
+  ops.rope_forward(s.k.data(), s.k.data(), positions, d.T, d.NKV, d.HD, options.rope_theta);
+  if (!saved) s.attention_norm_output.release();
+  if (!ulysses.active()) {
+    s.attention_output = device.allocate<Act>(L, "attention.output", d.T * d.Q);
+    s.lse = device.allocate(L, "attention.lse", d.NQ * d.T);
+    ops.attention_forward(s.attention_output.data(), s.lse.data(), s.q.data(), s.k.data(), s.v.data(), positions, d.T, d.NQ, d.NKV,
+                          d.HD, options.attention_block);
+    if (!saved) {
+      s.q.release();
+      s.k.release();
+      s.v.release();
+      s.lse.release();
+    }
+  } else {
+    // All-to-all in: every token of the sample for this rank's heads.
+    const int64_t S = d.T * ulysses.sp, q_count = d.T * ulysses.q_heads * d.HD;
+    auto exchange = [&](const char* name, const Act* rank_tokens, int64_t heads_total, HeadBlocks blocks) {
+      const int64_t count = d.T * blocks.per_rank * d.HD;
+      BufferOf<Act> send = device.allocate<Act>(L, "ulysses.staging", ulysses.sp * count);
+      ops.heads_pack(send.data(), rank_tokens, d.T, heads_total, blocks, d.HD, ulysses.sp);
+      BufferOf<Act> global = device.allocate<Act>(L, name, ulysses.sp * count);
+      ulysses.group->all_to_all(send.data(), global.data(), count);
+      return global;
+    };
+    s.q_global = exchange("attention.q_global", s.q.data(), d.NQ, ulysses.q_blocks());
+    s.k_global = exchange("attention.k_global", s.k.data(), d.NKV, ulysses.kv_blocks());
+    s.v_global = exchange("attention.v_global", s.v.data(), d.NKV, ulysses.kv_blocks());
+    s.q.release();
+    s.k.release();
+    s.v.release();
+    s.output_global = device.allocate<Act>(L, "attention.output_global", ulysses.sp * q_count);
+    s.lse = device.allocate(L, "attention.lse", ulysses.q_heads * S);
+    ops.attention_forward(s.output_global.data(), s.lse.data(), s.q_global.data(), s.k_global.data(), s.v_global.data(),
+                          ulysses.global_positions, S, ulysses.q_heads, ulysses.kv_heads, d.HD, options.attention_block);
+    // All-to-all out: the output's token blocks go back to the ranks that own them.
+    BufferOf<Act> recv = device.allocate<Act>(L, "ulysses.staging", ulysses.sp * q_count);
+    ulysses.group->all_to_all(s.output_global.data(), recv.data(), q_count);
+    s.attention_output = device.allocate<Act>(L, "attention.output", d.T * d.Q, true);
+    ops.heads_unpack_add(s.attention_output.data(), recv.data(), d.T, d.NQ, ulysses.q_blocks(), d.HD, ulysses.sp);
+    if (!saved) {
+      for (BufferOf<Act>* buffer : {&s.q_global, &s.k_global, &s.v_global, &s.output_global}) buffer->release();
+      s.lse.release();
+    }
+  }
+  device.set_moment("forward: o_proj and residual");
+  s.residual = device.allocate<Act>(L, "residual.attention", d.T * d.C);
+  ops.linear_forward(s.residual.data(), s.attention_output.data(), params + w.o_proj, d.T, d.Q, d.C);
+  ops.add(s.residual.data(), x, d.T * d.C);
+  if (!saved) s.attention_output.release();
+
+  device.set_moment("forward: mlp");
+  s.mlp_norm_output = device.allocate<Act>(L, "mlp_norm.output", d.T * d.C);
+  s.mlp_norm_rstd = device.allocate(L, "mlp_norm.rstd", d.T);
+  ops.rmsnorm_forward(s.mlp_norm_output.data(), s.mlp_norm_rstd.data(), s.residual.data(), params + w.mlp_norm, d.T, d.C,
+                      options.rmsnorm_eps);
+  BufferOf<Act> output = device.allocate<Act>(L, "layer.output", d.T * d.C);
+  const int64_t tile = options.mlp_tiles > 0 ? tile_size(d.T, options.mlp_tiles) : d.T;
+  const bool keep_intermediates = saved && options.mlp_tiles == 0;
+  for (int64_t t0 = 0; t0 < d.T; t0 += tile) {
+    const int64_t rows = std::min(tile, d.T - t0);
+    BufferOf<Act> gate = device.allocate<Act>(L, "mlp.gate", rows * d.F);
+    BufferOf<Act> up = device.allocate<Act>(L, "mlp.up", rows * d.F);
+    const Act* h = s.mlp_norm_output.data() + t0 * d.C;
+    ops.linear_forward(gate.data(), h, params + w.gate_proj, rows, d.C, d.F);
+    ops.linear_forward(up.data(), h, params + w.up_proj, rows, d.C, d.F);
+    BufferOf<Act> product = device.allocate<Act>(L, "mlp.product", rows * d.F);
+    ops.swiglu_forward(product.data(), gate.data(), up.data(), rows * d.F);
+    ops.linear_forward(output.data() + t0 * d.C, product.data(), params + w.down_proj, rows, d.F, d.C);
+    if (keep_intermediates) {
+      s.gate = std::move(gate);
+      s.up = std::move(up);
+      s.product = std::move(product);
+    }
+  }
+  ops.add(output.data(), s.residual.data(), d.T * d.C);
+  if (!saved) {
+    s.mlp_norm_output.release();
+    s.mlp_norm_rstd.release();
+    s.residual.release();
+  }
+  return output;
+}
+
+// One decoder layer's backward after layer_forward with `saved`. dy is the gradient of the
+// layer output; returns the gradient of its input.
+template <class Ops, typename Act = typename Ops::Act>
+BufferOf<Act> layer_backward(Ops& ops, float* grads, const Act* params, const LlamaLayout::Layer& w, const Act* x, const Act* dy,
+                             const int32_t* positions, const Dims& d, const TrainingOptions& options, Arena& device,
+                             LayerSaved<Act>& s, const Ulysses& ulysses) {
+  device.set_moment("backward: mlp");
+  // The residual branch passes dy through; the MLP adds its input gradient through the norm.
+  BufferOf<Act> mlp_input_grad = device.allocate<Act>(L, "mlp.input_grad", d.T * d.C, true);
+  const int64_t tile = options.mlp_tiles > 0 ? tile_size(d.T, options.mlp_tiles) : d.T;
+  for (int64_t t0 = 0; t0 < d.T; t0 += tile) {
+    const int64_t rows = std::min(tile, d.T - t0);
+    const Act* h = s.mlp_norm_output.data() + t0 * d.C;
+    BufferOf<Act> gate, up, product;
+    if (options.mlp_tiles == 0) {
+      gate = std::move(s.gate);
+      up = std::move(s.up);
+      product = std::move(s.product);
+    } else {  // TiledMLP: recompute this tile
+      gate = device.allocate<Act>(L, "mlp.gate", rows * d.F);
+      up = device.allocate<Act>(L, "mlp.up", rows * d.F);
+      ops.linear_forward(gate.data(), h, params + w.gate_proj, rows, d.C, d.F);
+      ops.linear_forward(up.data(), h, params + w.up_proj, rows, d.C, d.F);
+      product = device.allocate<Act>(L, "mlp.product", rows * d.F);
+      ops.swiglu_forward(product.data(), gate.data(), up.data(), rows * d.F);
+    }
+    BufferOf<Act> product_grad = device.allocate<Act>(L, "mlp.product_grad", rows * d.F, true);
+    ops.linear_backward(product_grad.data(), grads + w.down_proj, dy + t0 * d.C, product.data(), params + w.down_proj, rows, d.F, d.C);
+    product.release();
+    BufferOf<Act> gate_grad = device.allocate<Act>(L, "mlp.gate_grad", rows * d.F, true);
+    BufferOf<Act> up_grad = device.allocate<Act>(L, "mlp.up_grad", rows * d.F, true);
+    ops.swiglu_backward(gate_grad.data(), up_grad.data(), product_grad.data(), gate.data(), up.data(), rows * d.F);
+    product_grad.release();
+    Act* dh = mlp_input_grad.data() + t0 * d.C;
+    ops.linear_backward(dh, grads + w.gate_proj, gate_grad.data(), h, params + w.gate_proj, rows, d.C, d.F);
+    ops.linear_backward(dh, grads + w.up_proj, up_grad.data(), h, params + w.up_proj, rows, d.C, d.F);
+  }
+  s.mlp_norm_output.release();
+  device.set_moment("backward: mlp norm");
+  BufferOf<Act> residual_grad = device.allocate<Act>(L, "residual.attention_grad", d.T * d.C);
+  ops.copy(residual_grad.data(), dy, d.T * d.C);
+  ops.rmsnorm_backward(residual_grad.data(), grads + w.mlp_norm, mlp_input_grad.data(), s.residual.data(), params + w.mlp_norm,
+                       s.mlp_norm_rstd.data(), d.T, d.C);
+  mlp_input_grad.release();
+  s.residual.release();
+  s.mlp_norm_rstd.release();
+
+  device.set_moment("backward: attention");
+  BufferOf<Act> output_grad = device.allocate<Act>(L, "attention.output_grad", d.T * d.Q, true);
+  ops.linear_backward(output_grad.data(), grads + w.o_proj, residual_grad.data(), s.attention_output.data(), params + w.o_proj, d.T,
+                      d.Q, d.C);
+  BufferOf<Act> q_grad = device.allocate<Act>(L, "attention.q_grad", d.T * d.Q, true);
+  BufferOf<Act> k_grad = device.allocate<Act>(L, "attention.k_grad", d.T * d.KV, true);
+  BufferOf<Act> v_grad = device.allocate<Act>(L, "attention.v_grad", d.T * d.KV, true);
+  if (!ulysses.active()) {
+    Buffer delta = device.allocate(L, "attention.softmax_delta", d.NQ * d.T);
+    ops.attention_backward(q_grad.data(), k_grad.data(), v_grad.data(), delta.data(), output_grad.data(), s.q.data(), s.k.data(),
+                           s.v.data(), s.attention_output.data(), s.lse.data(), positions, d.T, d.NQ, d.NKV, d.HD,
+                           options.attention_block);
+    delta.release();
+    output_grad.release();
+    s.attention_output.release();
+    s.lse.release();
+    s.q.release();
+    s.k.release();
+    s.v.release();
+  } else {
+    // The mirror of the forward: the output gradient goes to the heads' ranks, q/k/v gradients
+    // come back to the tokens' ranks (replicated kv heads summed).
+    const int64_t S = d.T * ulysses.sp, q_count = d.T * ulysses.q_heads * d.HD, kv_count = d.T * ulysses.kv_heads * d.HD;
+    BufferOf<Act> send = device.allocate<Act>(L, "ulysses.staging", ulysses.sp * q_count);
+    ops.heads_pack(send.data(), output_grad.data(), d.T, d.NQ, ulysses.q_blocks(), d.HD, ulysses.sp);
+    output_grad.release();
+    BufferOf<Act> output_grad_global = device.allocate<Act>(L, "attention.output_grad_global", ulysses.sp * q_count);
+    ulysses.group->all_to_all(send.data(), output_grad_global.data(), q_count);
+    send.release();
+    BufferOf<Act> q_grad_global = device.allocate<Act>(L, "attention.q_grad_global", ulysses.sp * q_count, true);
+    BufferOf<Act> k_grad_global = device.allocate<Act>(L, "attention.k_grad_global", ulysses.sp * kv_count, true);
+    BufferOf<Act> v_grad_global = device.allocate<Act>(L, "attention.v_grad_global", ulysses.sp * kv_count, true);
+    Buffer delta = device.allocate(L, "attention.softmax_delta", ulysses.q_heads * S);
+    ops.attention_backward(q_grad_global.data(), k_grad_global.data(), v_grad_global.data(), delta.data(), output_grad_global.data(),
+                           s.q_global.data(), s.k_global.data(), s.v_global.data(), s.output_global.data(), s.lse.data(),
+                           ulysses.global_positions, S, ulysses.q_heads, ulysses.kv_heads, d.HD, options.attention_block);
+    delta.release();
+    for (BufferOf<Act>* buffer : {&output_grad_global, &s.output_global}) buffer->release();
+    s.lse.release();
+    for (BufferOf<Act>* buffer : {&s.q_global, &s.k_global, &s.v_global}) buffer->release();
+    s.attention_output.release();
+    auto gather_back = [&](BufferOf<Act>& global, Act* rank_tokens, int64_t count, int64_t heads_total, HeadBlocks blocks) {
+      BufferOf<Act> recv = device.allocate<Act>(L, "ulysses.staging", ulysses.sp * count);
+      ulysses.group->all_to_all(global.data(), recv.data(), count);
+      global.release();
+      ops.heads_unpack_add(rank_tokens, recv.data(), d.T, heads_total, blocks, d.HD, ulysses.sp);
+    };
+    gather_back(q_grad_global, q_grad.data(), q_count, d.NQ, ulysses.q_blocks());
+    gather_back(k_grad_global, k_grad.data(), kv_count, d.NKV, ulysses.kv_blocks());
+    gather_back(v_grad_global, v_grad.data(), kv_count, d.NKV, ulysses.kv_blocks());
+  }
+  // RoPE's backward is the inverse rotation.
+  BufferOf<Act> q_proj_grad = device.allocate<Act>(L, "attention.q_proj_grad", d.T * d.Q, true);
+  ops.rope_backward(q_proj_grad.data(), q_grad.data(), positions, d.T, d.NQ, d.HD, options.rope_theta);
+  q_grad.release();
+  BufferOf<Act> k_proj_grad = device.allocate<Act>(L, "attention.k_proj_grad", d.T * d.KV, true);
+  ops.rope_backward(k_proj_grad.data(), k_grad.data(), positions, d.T, d.NKV, d.HD, options.rope_theta);
+  k_grad.release();
+  BufferOf<Act> norm_grad = device.allocate<Act>(L, "attention_norm.output_grad", d.T * d.C, true);
+  const Act* h1 = s.attention_norm_output.data();
+  ops.linear_backward(norm_grad.data(), grads + w.q_proj, q_proj_grad.data(), h1, params + w.q_proj, d.T, d.C, d.Q);
+  ops.linear_backward(norm_grad.data(), grads + w.k_proj, k_proj_grad.data(), h1, params + w.k_proj, d.T, d.C, d.KV);
+  ops.linear_backward(norm_grad.data(), grads + w.v_proj, v_grad.data(), h1, params + w.v_proj, d.T, d.C, d.KV);
+  q_proj_grad.release();
+  k_proj_grad.release();
+  v_grad.release();
+  s.attention_norm_output.release();
+
+  device.set_moment("backward: attention norm");
+  BufferOf<Act> input_grad = std::move(residual_grad);  // dx = residual gradient + the attention branch
+  ops.rmsnorm_backward(input_grad.data(), grads + w.attention_norm, norm_grad.data(), x, params + w.attention_norm,
+                       s.attention_norm_rstd.data(), d.T, d.C);
+  s.attention_norm_rstd.release();
+  return input_grad;
+}
+
+}  // namespace longseq::llama_step
+
+namespace longseq {
+
+template <class Ops>
+BasicLlamaModel<Ops>::BasicLlamaModel(const ModelSpec& model, Arena& device) : spec_(model), layout_(llama_layout(model)) {
+  executor_model_check(model);
+  states_allocate(device, layout_.total);
+}
+
+template <class Ops>
+BasicLlamaModel<Ops>::BasicLlamaModel(const ModelSpec& model, Arena& device, Communicator& zero_group)
+    : spec_(model), layout_(llama_layout(model)) {
+  executor_model_check(model);
+  states_allocate(device, plan_modules(zero_group.size()));
+  zero_group_ = &zero_group;
+}
+
+template <class Ops>
+void BasicLlamaModel<Ops>::states_allocate(Arena& device, int64_t elements) {
+  if constexpr (Ops::kSeparateMasterWeights) {
+    // Mixed precision (DeepSpeed's bf16 mode): the kernels read Act weights, AdamW updates fp32
+    // master weights and writes the Act copy back.
+    weights_copy_ = device.allocate<Act>(llama_step::kStates, "weights", elements, true);
+    master_ = device.allocate(llama_step::kStates, "master_weights", elements, true);
+  } else {
+    master_ = device.allocate(llama_step::kStates, "weights", elements, true);
+  }
+  gradients_ = device.allocate(llama_step::kStates, "gradients_fp32", elements, true);
+  adam_m_ = device.allocate(llama_step::kStates, "optimizer_states", elements, true);
+  adam_v_ = device.allocate(llama_step::kStates, "optimizer_states", elements, true);
+}
+
+template <class Ops>
+typename BasicLlamaModel<Ops>::Act* BasicLlamaModel<Ops>::weights() {
+  if constexpr (Ops::kSeparateMasterWeights)
+    return weights_copy_.data();
+  else
+    return master_.data();
+}
+
+template <class Ops>
+int64_t BasicLlamaModel<Ops>::plan_modules(int64_t ranks) {
+  modules_.clear();
+  auto add = [&](int64_t start, int64_t end) {
+    Module module;
+    module.start = start;
+    module.size = end - start;
+    module.chunk = (module.size + ranks - 1) / ranks;
+    module.shard_offset = modules_.empty() ? 0 : modules_.back().shard_offset + modules_.back().chunk;
+    modules_.push_back(module);
+  };
+  add(layout_.embedding, layout_.embedding + spec_.vocab_size * spec_.hidden_size);
+  for (size_t i = 0; i < layout_.layers.size(); ++i)
+    add(layout_.layers[i].attention_norm, i + 1 < layout_.layers.size() ? layout_.layers[i + 1].attention_norm : layout_.final_norm);
+  add(layout_.final_norm, layout_.total);
+  return modules_.back().shard_offset + modules_.back().chunk;
+}
+
+template <class Ops>
+void BasicLlamaModel<Ops>::load_parameters(const float* full) {
+  std::vector<float> local(full, full + (zero_group_ ? 0 : layout_.total));
+  if (zero_group_) {
+    // This rank's padded chunk of every module (the padding is zero).
+    local.assign(static_cast<size_t>(master_.size()), 0.0f);
+    const int64_t rank = zero_group_->rank();
+    for (const Module& module : modules_)
+      for (int64_t i = 0; i < module.chunk; ++i) {
+        const int64_t source = rank * module.chunk + i;
+        if (source < module.size) local[static_cast<size_t>(module.shard_offset + i)] = full[module.start + source];
+      }
+  }
+  ops_.to_device(master_.data(), local.data(), master_.size());
+  ops_.weights_from_master(weights(), master_.data(), master_.size());
+}
+
+template <class Ops>
+std::vector<float> BasicLlamaModel<Ops>::gather_full(const float* shard) {
+  std::vector<float> full(static_cast<size_t>(layout_.total));
+  if (!zero_group_) {
+    ops_.to_host(full.data(), shard, layout_.total);
+    return full;
+  }
+  for (const Module& module : modules_) {
+    auto gathered = ops_.template scratch<float>(module.chunk * zero_group_->size());
+    zero_group_->all_gather(shard + module.shard_offset, gathered.data(), module.chunk);
+    ops_.to_host(full.data() + module.start, gathered.data(), module.size);
+  }
+  return full;
+}
+
+template <class Ops>
+StepResult BasicLlamaModel<Ops>::forward_backward(const int32_t* host_tokens, const int32_t* host_labels,
+                                                  const int32_t* host_positions, int64_t T, const TrainingOptions& options,
+                                                  Arena& device, Arena& host, const SequenceParallel& parallel) {
+  using namespace llama_step;
+  const ModelSpec& m = spec_;
+  const Dims d{T, m.hidden_size, m.q_width(), m.kv_width(), m.num_q_heads, m.num_kv_heads, m.head_dim, m.intermediate_size, m.vocab_size};
+  Ops& ops = ops_;
+  // The step's int32 inputs where its kernels read them (beside the arena: they are not part of
+  // the executor's predicted schedule, REFERENCE counts them under "inputs").
+  auto upload = [&](const int32_t* values, int64_t n) {
+    auto copy = ops.template scratch<int32_t>(n);
+    ops.to_device(copy.data(), values, n);
+    return copy;
+  };
+  const auto tokens_on_device = upload(host_tokens, T), labels_on_device = upload(host_labels, T),
+             positions_on_device = upload(host_positions, T);
+  const int32_t* tokens = tokens_on_device.data();
+  const int32_t* labels = labels_on_device.data();
+  const int32_t* positions = positions_on_device.data();
+  // Without ZeRO the weights and gradients are the full flat buffers. With ZeRO-3 a module is
+  // all-gathered into "gathered_layer_weights" when it runs, and its gradient, produced whole in
+  // "weight_gradient", is reduce-scattered into this rank's shard (summing every rank's part).
+  const Act* params = weights();
+  float* grads = gradients_.data();
+  ops.fill_zero(grads, gradients_.size());
+  const int64_t layers = m.num_layers;
+  const bool zero = zero_group_ != nullptr;
+  auto gather = [&](size_t index, const char* name = "gathered_layer_weights") {
+    const Module& module = modules_[index];
+    BufferOf<Act> gathered = device.allocate<Act>(kCategoryZero, name, module.chunk * zero_group_->size());
+    zero_group_->all_gather(weights() + module.shard_offset, gathered.data(), module.chunk);
+    return gathered;
+  };
+  auto gradient_buffer = [&](size_t index, const char* name = "weight_gradient") {
+    return device.allocate(kCategoryZero, name, modules_[index].chunk * zero_group_->size(), true);
+  };
+  auto scatter = [&](size_t index, Buffer& gradient) {
+    const Module& module = modules_[index];
+    Buffer part = device.allocate(kCategoryZero, "gradient_shard_in_flight", module.chunk);
+    zero_group_->reduce_scatter(gradient.data(), part.data(), module.chunk);
+    ops.add(gradients_.data() + module.shard_offset, part.data(), module.chunk);
+    gradient.release();
+  };
+  // A layer's offsets relative to its module, for running it on the gathered buffer.
+  auto rebased = [&](size_t layer) {
+    LlamaLayout::Layer w = layout_.layers[layer];
+    const int64_t start = modules_[1 + layer].start;
+    for (int64_t* offset : {&w.attention_norm, &w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj, &w.mlp_norm, &w.gate_proj, &w.up_proj,
+                            &w.down_proj})
+      *offset -= start;
+    return w;
+  };
+  const size_t final_module = static_cast<size_t>(layers) + 1;
+  Ulysses ulysses;
+  auto global_positions_on_device = ops.template scratch<int32_t>(0);
+  if (parallel.group && parallel.group->size() > 1) {
+    ulysses.group = parallel.group;
+    ulysses.sp = parallel.group->size();
+    if (!parallel.global_positions) throw std::invalid_argument("forward_backward: Ulysses needs the global position ids");
+    if (m.num_q_heads % ulysses.sp != 0 || (m.num_kv_heads % ulysses.sp != 0 && ulysses.sp % m.num_kv_heads != 0))
+      throw std::invalid_argument("forward_backward: sp breaks Ulysses' head rules (plan_problems reports this)");
+    global_positions_on_device = upload(parallel.global_positions, T * ulysses.sp);
+    ulysses.global_positions = global_positions_on_device.data();
+    ulysses.q_heads = m.num_q_heads / ulysses.sp;
+    ulysses.replication = ulysses.sp > m.num_kv_heads ? ulysses.sp / m.num_kv_heads : 1;
+    ulysses.kv_heads = ulysses.replication > 1 ? 1 : m.num_kv_heads / ulysses.sp;
+  }
+
+  // Forward. With checkpointing only each layer's input survives (on the device, or copied to
+  // the host pool); without it every layer keeps what its backward reads.
+  BufferOf<Act> x = device.allocate<Act>(L, "layer.input", T * d.C);
+  if (zero) {
+    BufferOf<Act> table = gather(0);
+    ops.embedding_forward(x.data(), tokens, table.data(), T, d.C);
+  } else {
+    ops.embedding_forward(x.data(), tokens, params + layout_.embedding, T, d.C);
+  }
+  std::vector<BufferOf<Act>> inputs(static_cast<size_t>(layers));
+  std::vector<LayerSaved<Act>> saved(options.activation_checkpointing ? 0 : static_cast<size_t>(layers));
+  // Checkpoint offload is asynchronous: a layer's input is copied to the host while the next
+  // layer computes, and its device buffer is released only once that layer is done (one extra
+  // checkpoint on the device: the price of the overlap ALST's blocking copy does without).
+  BufferOf<Act> offload_in_flight;
+  typename Ops::PendingCopy offload_copy{};
+  for (int64_t i = 0; i < layers; ++i) {
+    BufferOf<Act> gathered = zero ? gather(1 + static_cast<size_t>(i)) : BufferOf<Act>();
+    const LlamaLayout::Layer w = zero ? rebased(static_cast<size_t>(i)) : layout_.layers[static_cast<size_t>(i)];
+    BufferOf<Act> y = layer_forward(ops, zero ? gathered.data() : params, w, x.data(), positions, d, options, device,
+                                    options.activation_checkpointing ? nullptr : &saved[static_cast<size_t>(i)], ulysses);
+    gathered.release();
+    if (options.checkpoint_offload) {
+      if (!offload_in_flight.empty()) {
+        ops.copy_wait(offload_copy);
+        offload_in_flight.release();
+      }
+      BufferOf<Act> copy = host.allocate<Act>(kCategoryCheckpoints, "hidden_states_checkpoints", T * d.C);
+      offload_copy = ops.copy_to_host_begin(copy.data(), x.data(), T * d.C);
+      device.rename(x, "checkpoint.offload_in_flight");
+      offload_in_flight = std::move(x);
+      inputs[static_cast<size_t>(i)] = std::move(copy);
+    } else {
+      inputs[static_cast<size_t>(i)] = std::move(x);
+    }
+    x = std::move(y);
+  }
+  if (!offload_in_flight.empty()) {
+    ops.copy_wait(offload_copy);
+    offload_in_flight.release();
+  }
+
+  // Final norm, logits and loss; the gradient comes back into the last layer's output.
+  device.set_moment("loss: logits and cross entropy");
+  // The loss is the mean over every counted token of the sample: with Ulysses the count is summed
+  // over the ranks first (ranks whose tokens are all ignored included), so each rank's gradient is
+  // its share of the same mean.
+  StepResult result;
+  for (int64_t t = 0; t < T; ++t) result.counted_tokens += host_labels[t] != kernels::kIgnoreIndex;
+  if (ulysses.active()) {
+    double count = static_cast<double>(result.counted_tokens);
+    ulysses.group->all_reduce(&count, 1);
+    result.counted_tokens = static_cast<int64_t>(count);
+  }
+  const float loss_scale = result.counted_tokens > 0 ? 1.0f / static_cast<float>(result.counted_tokens) : 0.0f;
+  // Where the final norm and the LM head (and their gradients) are for this step.
+  BufferOf<Act> final_weights, tied_weights;
+  Buffer final_gradient, tied_gradient;
+  const Act* final_norm_weight = params + layout_.final_norm;
+  const Act* lm_head_weight = params + layout_.lm_head;
+  float* final_norm_grad = grads + layout_.final_norm;
+  float* lm_head_grad = grads + layout_.lm_head;
+  if (zero) {
+    final_weights = gather(final_module);
+    final_gradient = gradient_buffer(final_module);
+    final_norm_weight = final_weights.data();
+    final_norm_grad = final_gradient.data();
+    if (m.tied_embeddings) {
+      tied_weights = gather(0, "gathered_embedding_weights");
+      tied_gradient = gradient_buffer(0, "embedding_weight_gradient");
+      lm_head_weight = tied_weights.data();
+      lm_head_grad = tied_gradient.data();
+    } else {
+      lm_head_weight = final_weights.data() + (layout_.lm_head - layout_.final_norm);
+      lm_head_grad = final_gradient.data() + (layout_.lm_head - layout_.final_norm);
+    }
+  }
+  BufferOf<Act> final_output = device.allocate<Act>(kCategoryLoss, "final_norm.output", T * d.C);
+  Buffer final_rstd = device.allocate(kCategoryLoss, "final_norm.rstd", T);
+  ops.rmsnorm_forward(final_output.data(), final_rstd.data(), x.data(), final_norm_weight, T, d.C, options.rmsnorm_eps);
+  BufferOf<Act> final_grad = device.allocate<Act>(kCategoryLoss, "final_norm.output_grad", T * d.C, true);
+  const int64_t loss_tile = options.loss_tiles > 0 ? tile_size(T, options.loss_tiles) : T;
+  double loss_sum = 0;
+  for (int64_t t0 = 0; t0 < T; t0 += loss_tile) {
+    const int64_t rows = std::min(loss_tile, T - t0);
+    BufferOf<Act> logits = device.allocate<Act>(kCategoryLoss, "loss.logits", rows * d.V);
+    ops.linear_forward(logits.data(), final_output.data() + t0 * d.C, lm_head_weight, rows, d.C, d.V);
+    Buffer losses = device.allocate(kCategoryLoss, "loss.per_token", rows);
+    ops.cross_entropy_forward(losses.data(), logits.data(), labels + t0, rows, d.V);
+    loss_sum += ops.sum(losses.data(), rows);
+    BufferOf<Act> logits_grad = device.allocate<Act>(kCategoryLoss, "loss.logits_grad", rows * d.V, true);
+    ops.cross_entropy_backward(logits_grad.data(), logits.data(), labels + t0, loss_scale, rows, d.V);
+    logits.release();
+    ops.linear_backward(final_grad.data() + t0 * d.C, lm_head_grad, logits_grad.data(), final_output.data() + t0 * d.C, lm_head_weight,
+                        rows, d.C, d.V);
+  }
+  if (ulysses.active()) ulysses.group->all_reduce(&loss_sum, 1);
+  result.loss = result.counted_tokens > 0 ? loss_sum / static_cast<double>(result.counted_tokens) : 0.0;
+  final_output.release();
+  BufferOf<Act> dy = device.allocate<Act>(L, "layer.output_grad", T * d.C, true);
+  ops.rmsnorm_backward(dy.data(), final_norm_grad, final_grad.data(), x.data(), final_norm_weight, final_rstd.data(), T, d.C);
+  if (zero) {
+    scatter(final_module, final_gradient);
+    if (m.tied_embeddings) scatter(0, tied_gradient);
+    final_weights.release();
+    tied_weights.release();
+  }
+  final_grad.release();
+  final_rstd.release();
+  x.release();
+
+  // Backward, last layer first; with checkpointing each layer is recomputed from its input. An
+  // offloaded input is prefetched one layer ahead, its copy overlapping this layer's backward.
+  BufferOf<Act> prefetched;
+  typename Ops::PendingCopy prefetch_copy{};
+  auto prefetch = [&](int64_t layer) {
+    prefetched = device.allocate<Act>(L, "checkpoint.prefetched", T * d.C);
+    prefetch_copy = ops.copy_to_device_begin(prefetched.data(), inputs[static_cast<size_t>(layer)].data(), T * d.C);
+  };
+  if (options.checkpoint_offload && layers > 0) prefetch(layers - 1);
+  for (int64_t i = layers - 1; i >= 0; --i) {
+    BufferOf<Act> gathered = zero ? gather(1 + static_cast<size_t>(i)) : BufferOf<Act>();
+    Buffer layer_gradient = zero ? gradient_buffer(1 + static_cast<size_t>(i)) : Buffer();
+    const Act* layer_params = zero ? gathered.data() : params;
+    float* layer_grads = zero ? layer_gradient.data() : grads;
+    const LlamaLayout::Layer w = zero ? rebased(static_cast<size_t>(i)) : layout_.layers[static_cast<size_t>(i)];
+    BufferOf<Act> input = std::move(inputs[static_cast<size_t>(i)]);
+    if (options.checkpoint_offload) {
+      ops.copy_wait(prefetch_copy);
+      ops.copy_finish(prefetch_copy);  // the host copy may be reused once the device has it
+      input.release();
+      device.rename(prefetched, "layer.input");
+      input = std::move(prefetched);
+      if (i > 0) prefetch(i - 1);
+    }
+    LayerSaved<Act> recomputed;
+    LayerSaved<Act>& layer_saved = options.activation_checkpointing ? recomputed : saved[static_cast<size_t>(i)];
+    if (options.activation_checkpointing) {
+      BufferOf<Act> output = layer_forward(ops, layer_params, w, input.data(), positions, d, options, device, &recomputed, ulysses);
+      output.release();
+    }
+    BufferOf<Act> dx =
+        layer_backward(ops, layer_grads, layer_params, w, input.data(), dy.data(), positions, d, options, device, layer_saved, ulysses);
+    dy = std::move(dx);
+    if (zero) scatter(1 + static_cast<size_t>(i), layer_gradient);
+  }
+  if (zero) {
+    Buffer table_gradient = gradient_buffer(0);
+    ops.embedding_backward(table_gradient.data(), dy.data(), tokens, T, d.C);
+    scatter(0, table_gradient);
+  } else {
+    ops.embedding_backward(grads + layout_.embedding, dy.data(), tokens, T, d.C);
+    // Every rank saw different tokens with the same weights: the gradient is the sum.
+    if (ulysses.active()) ulysses.group->all_reduce(grads, layout_.total);
+  }
+  return result;
+}
+
+template <class Ops>
+void BasicLlamaModel<Ops>::adamw_step(float lr, float beta1, float beta2, float eps, float weight_decay) {
+  ++step_;
+  ops_.adamw_update(master_.data(), weights(), gradients_.data(), adam_m_.data(), adam_v_.data(), master_.size(), lr, beta1, beta2, eps,
+                    weight_decay, step_);
+}
+
+}  // namespace longseq
