@@ -275,7 +275,76 @@ __global__ void adamw_kernel(float* params, Bf16* weights_bf16, const float* gra
   if (weights_bf16) weights_bf16[i] = bf16(p);
 }
 
+// ---- element-wise data movement ----
+__global__ void add_bf16_kernel(Bf16* inout, const Bf16* addend, int64_t N) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < N) inout[i] = bf16(load(inout, i) + load(addend, i));
+}
+__global__ void add_f32_kernel(float* inout, const float* addend, int64_t N) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < N) inout[i] += addend[i];
+}
+__global__ void bf16_from_master_kernel(Bf16* weights, const float* master, int64_t N) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < N) weights[i] = bf16(master[i]);
+}
+__device__ inline int64_t ulysses_head(int64_t r, int64_t j, int64_t heads_per_rank, int64_t replication) {
+  return replication > 1 ? r / replication : r * heads_per_rank + j;
+}
+// One thread per element of send: i = ((r * T + t) * heads_per_rank + j) * HD + d.
+__global__ void heads_pack_kernel(Bf16* send, const Bf16* source, int64_t T, int64_t heads_total, int64_t heads_per_rank,
+                                  int64_t replication, int64_t HD, int64_t sp) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= sp * T * heads_per_rank * HD) return;
+  const int64_t d = i % HD, j = (i / HD) % heads_per_rank, t = (i / (HD * heads_per_rank)) % T, r = i / (HD * heads_per_rank * T);
+  send[i] = source[(t * heads_total + ulysses_head(r, j, heads_per_rank, replication)) * HD + d];
+}
+// One thread per element of target [T, heads_total, HD]: sums the blocks that map to its head.
+__global__ void heads_unpack_add_kernel(Bf16* target, const Bf16* recv, int64_t T, int64_t heads_total, int64_t heads_per_rank,
+                                        int64_t replication, int64_t HD, int64_t sp) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= T * heads_total * HD) return;
+  const int64_t d = i % HD, head = (i / HD) % heads_total, t = i / (HD * heads_total);
+  float sum = load(target, i);
+  bool touched = false;
+  for (int64_t r = 0; r < sp; ++r)
+    for (int64_t j = 0; j < heads_per_rank; ++j)
+      if (ulysses_head(r, j, heads_per_rank, replication) == head) {
+        sum += load(recv, ((r * T + t) * heads_per_rank + j) * HD + d);
+        touched = true;
+      }
+  if (touched) target[i] = bf16(sum);
+}
+
 }  // namespace
+
+void add(Bf16* inout, const Bf16* addend, int64_t N) {
+  add_bf16_kernel<<<blocks_for(N), kThreads>>>(inout, addend, N);
+  check_launch("add bf16");
+}
+void add(float* inout, const float* addend, int64_t N) {
+  add_f32_kernel<<<blocks_for(N), kThreads>>>(inout, addend, N);
+  check_launch("add fp32");
+}
+void copy_device(void* destination, const void* source, size_t bytes) {
+  check(cudaMemcpyAsync(destination, source, bytes, cudaMemcpyDeviceToDevice, cudaStreamLegacy), "copy_device");
+}
+void bf16_from_master(Bf16* weights, const float* master, int64_t N) {
+  bf16_from_master_kernel<<<blocks_for(N), kThreads>>>(weights, master, N);
+  check_launch("bf16_from_master");
+}
+void heads_pack(Bf16* send, const Bf16* source, int64_t T, int64_t heads_total, int64_t heads_per_rank, int64_t replication,
+                int64_t HD, int64_t sp) {
+  heads_pack_kernel<<<blocks_for(sp * T * heads_per_rank * HD), kThreads>>>(send, source, T, heads_total, heads_per_rank, replication,
+                                                                             HD, sp);
+  check_launch("heads_pack");
+}
+void heads_unpack_add(Bf16* target, const Bf16* recv, int64_t T, int64_t heads_total, int64_t heads_per_rank, int64_t replication,
+                      int64_t HD, int64_t sp) {
+  heads_unpack_add_kernel<<<blocks_for(T * heads_total * HD), kThreads>>>(target, recv, T, heads_total, heads_per_rank, replication,
+                                                                          HD, sp);
+  check_launch("heads_unpack_add");
+}
 
 void* device_malloc(size_t bytes) {
   void* pointer = nullptr;
@@ -331,8 +400,10 @@ void cross_entropy_backward(Bf16* dlogits, const Bf16* logits, const int32_t* la
 }
 namespace {
 void attention_check_shape(int64_t NQ, int64_t NKV, int64_t HD) {
-  if (HD % 32 != 0 || HD > 32 * kMaxChannelsPerLane || NKV <= 0 || NQ % NKV != 0)
-    throw std::runtime_error("CUDA attention: head_dim must be a multiple of 32 up to 256 and q heads a multiple of kv heads");
+  // Lane l holds channels l, l + 32, ...: a head_dim that is not a multiple of 32 leaves the
+  // last round's upper lanes idle (every channel loop stops at HD), so any HD up to 256 works.
+  if (HD <= 0 || HD > 32 * kMaxChannelsPerLane || NKV <= 0 || NQ % NKV != 0)
+    throw std::runtime_error("CUDA attention: head_dim must be 1..256 and q heads a multiple of kv heads");
 }
 int warp_blocks(int64_t tasks) { return static_cast<int>((tasks + kWarpsPerBlock - 1) / kWarpsPerBlock); }
 }  // namespace

@@ -50,7 +50,7 @@ void cross_entropy_backward(Bf16* dlogits, const Bf16* logits, const int32_t* la
 // (q[T, NQ, HD], k and v[T, NKV, HD], out[T, NQ, HD], lse[NQ, T] in fp32). One warp per query and
 // head walks that query's keys, so memory is O(T) (no T x T scores), but keys are re-read per
 // query: a correct reference-speed kernel; a tiled FlashAttention-2 kernel is the fast follow-up.
-// HD must be a multiple of 32, at most 256.
+// HD at most 256 (lanes beyond HD idle when it is not a multiple of 32).
 void attention_forward(Bf16* out, float* lse, const Bf16* q, const Bf16* k, const Bf16* v, const int32_t* position_ids, int64_t T,
                        int64_t NQ, int64_t NKV, int64_t HD);
 // Adds into dq, dk and dv; delta_scratch is an fp32 [NQ, T] buffer the caller provides (the
@@ -63,6 +63,24 @@ void attention_backward(Bf16* dq, Bf16* dk, Bf16* dv, float* delta_scratch, cons
 // copy the forward pass reads (weights_bf16 may be null).
 void adamw_update(float* params, Bf16* weights_bf16, const float* grads, float* m, float* v, int64_t N, float lr, float beta1,
                   float beta2, float eps, float weight_decay, int64_t step);
+
+// ---- element-wise data movement (the step's residual adds, copies and Ulysses regrouping) ----
+// inout[N] += addend (bf16 storage, the sum rounded once; fp32 for gradient shards)
+void add(Bf16* inout, const Bf16* addend, int64_t N);
+void add(float* inout, const float* addend, int64_t N);
+// Device-to-device copy of `bytes` on the default stream.
+void copy_device(void* destination, const void* source, size_t bytes);
+// weights[N] = bf16(master[N]): the copy the kernels read, from the fp32 master weights.
+void bf16_from_master(Bf16* weights, const float* master, int64_t N);
+// Ulysses' regrouping (executor/ulysses.hpp, same layouts): block j of destination rank r's heads
+// is global head (replication > 1 ? r / replication : r * heads_per_rank + j).
+// send[r][t][j][d] = source[t][head(r, j)][d]
+void heads_pack(Bf16* send, const Bf16* source, int64_t T, int64_t heads_total, int64_t heads_per_rank, int64_t replication,
+                int64_t HD, int64_t sp);
+// target[t][head(r, j)][d] += recv[r][t][j][d]; one thread per target element sums every block
+// that maps to it, in rank order (replicated kv heads), so no two threads write one element.
+void heads_unpack_add(Bf16* target, const Bf16* recv, int64_t T, int64_t heads_total, int64_t heads_per_rank, int64_t replication,
+                      int64_t HD, int64_t sp);
 
 // Matrix products through cuBLAS (bf16 inputs, fp32 accumulation: CUBLAS_COMPUTE_32F).
 class Blas {

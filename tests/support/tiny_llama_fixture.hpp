@@ -6,7 +6,12 @@
 #include <cstdint>
 #include <vector>
 
+#include <doctest/doctest.h>
+
+#include <algorithm>
+
 #include "executor/llama.hpp"
+#include "models/model_loader.hpp"
 
 namespace longseq::testing {
 
@@ -44,6 +49,29 @@ inline Batch batch_make(int64_t T) {
     batch.labels.push_back(last_of_document || i % 7 == 3 ? -100 : batch.tokens[static_cast<size_t>(i + 1)]);
   }
   return batch;
+}
+
+// Every tensor of the layout: each gradient within `tolerance` of that tensor's largest |gradient|.
+inline void gradients_compare(const std::vector<float>& actual, const std::vector<float>& expected, double tolerance) {
+  REQUIRE(actual.size() == expected.size());
+  const LlamaLayout layout = llama_layout(model_load("tiny-llama"));
+  std::vector<int64_t> starts = {layout.embedding};
+  for (const auto& l : layout.layers)
+    for (int64_t s : {l.attention_norm, l.q_proj, l.k_proj, l.v_proj, l.o_proj, l.mlp_norm, l.gate_proj, l.up_proj, l.down_proj})
+      starts.push_back(s);
+  starts.push_back(layout.final_norm);
+  starts.push_back(layout.lm_head);
+  starts.push_back(layout.total);
+  for (size_t t = 0; t + 1 < starts.size(); ++t) {
+    double largest = 0, worst = 0;
+    for (int64_t i = starts[t]; i < starts[t + 1]; ++i) {
+      largest = std::max(largest, std::fabs(static_cast<double>(expected[static_cast<size_t>(i)])));
+      worst = std::max(worst, std::fabs(static_cast<double>(actual[static_cast<size_t>(i)]) - expected[static_cast<size_t>(i)]));
+    }
+    CAPTURE(t);
+    CHECK(largest > 0);  // every parameter receives gradient in this batch
+    CHECK(worst <= tolerance * largest);
+  }
 }
 
 }  // namespace longseq::testing

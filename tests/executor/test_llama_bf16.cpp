@@ -1,0 +1,162 @@
+// The GPU's training step, run on the CPU: BasicLlamaModel over Bf16CpuOps allocates exactly what
+// it allocates over CudaOps (bf16 activations and weights, fp32 master weights, gradients and Adam
+// moments, bf16 ZeRO-3 gathers), with bf16 rounding where the GPU kernels round. So without a GPU
+// the suite checks the GPU schedule against the native-cuda prediction and its bf16 arithmetic
+// against the fp32 model.
+//
+// Tolerances, measured here and then stated with margin. bf16 against fp32: the loss differs by
+// 2.8e-5 relative (tolerance 2e-4); the gradients by up to 0.174 in relative L2 norm per tensor
+// (tolerance 0.25), largest for the RMSNorm weights and the first layers. That size is this tiny
+// model's sensitivity, not the step's error: rounding only its weights to bf16, with every
+// operation in fp32, already moves the gradients by up to 0.077 (its gradients are small
+// differences of larger terms). Memory options on the bf16 step change the loss by at most 1e-6
+// relative and each tensor's gradient by at most 1.4e-7 relative L2 (tolerance 1e-6).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "executor/llama_step.hpp"
+#include "executor/trainer.hpp"
+#include "models/model_loader.hpp"
+#include "planner/memory_model.hpp"
+#include "support/bf16_cpu_ops.hpp"
+#include "support/tiny_llama_fixture.hpp"
+
+namespace longseq {
+template class BasicLlamaModel<testing::Bf16CpuOps>;
+}
+
+using namespace longseq;
+using namespace longseq::testing;
+
+namespace {
+
+using Bf16Model = BasicLlamaModel<Bf16CpuOps>;
+
+constexpr double kLossTolerance = 2e-4;
+constexpr double kGradientTolerance = 0.25;
+constexpr double kOptionsTolerance = 1e-6;
+
+// The tiny model's fixture weights as a full host vector (what load_parameters takes).
+std::vector<float> fixture_weights() {
+  Arena device("fixture");
+  LlamaModel model(model_load("tiny-llama"), device);
+  parameters_fill(model);
+  return std::vector<float>(model.parameters(), model.parameters() + model.parameter_count());
+}
+
+struct Bf16Run {
+  StepResult result;
+  std::vector<float> gradients;
+};
+
+Bf16Run bf16_run(const TrainingOptions& options) {
+  Arena device("device"), host("host");
+  Bf16Model model(model_load("tiny-llama"), device);
+  const std::vector<float> weights = fixture_weights();
+  model.load_parameters(weights.data());
+  const Batch batch = batch_make(64);
+  Bf16Run out;
+  out.result = model.forward_backward(batch.tokens.data(), batch.labels.data(), batch.positions.data(), 64, options, device, host);
+  out.gradients = model.gather_full(model.gradients());
+  return out;
+}
+
+// Per tensor of the layout: ||actual - expected|| / ||expected|| (the norm bf16's error is judged
+// by: single elements near zero carry the 2^-8 rounding of their larger neighbours).
+std::vector<double> relative_l2_per_tensor(const std::vector<float>& actual, const std::vector<float>& expected) {
+  const LlamaLayout layout = llama_layout(model_load("tiny-llama"));
+  std::vector<int64_t> starts = {layout.embedding};
+  for (const auto& l : layout.layers)
+    for (int64_t s : {l.attention_norm, l.q_proj, l.k_proj, l.v_proj, l.o_proj, l.mlp_norm, l.gate_proj, l.up_proj, l.down_proj})
+      starts.push_back(s);
+  for (int64_t s : {layout.final_norm, layout.lm_head, layout.total}) starts.push_back(s);
+  std::vector<double> errors;
+  for (size_t t = 0; t + 1 < starts.size(); ++t) {
+    double difference = 0, norm = 0;
+    for (int64_t i = starts[t]; i < starts[t + 1]; ++i) {
+      const double e = expected[static_cast<size_t>(i)], a = actual[static_cast<size_t>(i)];
+      difference += (a - e) * (a - e);
+      norm += e * e;
+    }
+    errors.push_back(std::sqrt(difference / norm));
+  }
+  return errors;
+}
+
+double runtime_bytes(const MemoryPrediction& prediction) {
+  double bytes = 0;
+  for (const MemoryItem& item : prediction.gpu_items)
+    if (item.category == kCategoryRuntime) bytes += item.bytes;
+  return bytes;
+}
+
+}  // namespace
+
+TEST_CASE("bf16 step (the GPU's schedule on the CPU): loss and gradients track the fp32 model") {
+  Arena device("device"), host("host");
+  LlamaModel fp32(model_load("tiny-llama"), device);
+  parameters_fill(fp32);
+  const Batch batch = batch_make(64);
+  const StepResult reference = fp32.forward_backward(batch.tokens.data(), batch.labels.data(), batch.positions.data(), 64, {}, device, host);
+  const std::vector<float> reference_gradients(fp32.gradients(), fp32.gradients() + fp32.parameter_count());
+
+  const Bf16Run plain = bf16_run({});
+  CHECK(plain.result.counted_tokens == reference.counted_tokens);
+  CHECK(plain.result.loss == doctest::Approx(reference.loss).epsilon(kLossTolerance));
+  CHECK(plain.result.loss != reference.loss);  // bf16 really rounds: not the fp32 computation again
+  for (double error : relative_l2_per_tensor(plain.gradients, reference_gradients)) CHECK(error <= kGradientTolerance);
+
+  TrainingOptions everything;
+  everything.activation_checkpointing = everything.checkpoint_offload = true;
+  everything.mlp_tiles = 3;
+  everything.loss_tiles = 5;
+  TrainingOptions checkpointing;
+  checkpointing.activation_checkpointing = true;
+  for (const TrainingOptions& options : {checkpointing, everything}) {
+    CAPTURE(options.mlp_tiles);
+    const Bf16Run other = bf16_run(options);
+    CHECK(other.result.loss == doctest::Approx(plain.result.loss).epsilon(1e-6));
+    for (double error : relative_l2_per_tensor(other.gradients, plain.gradients)) CHECK(error <= kOptionsTolerance);
+    gradients_compare(other.gradients, plain.gradients, 1e-5);
+  }
+}
+
+TEST_CASE("bf16 step: measured arena peak equals the native-cuda prediction less what lives outside the arena") {
+  const ModelSpec spec = model_load("tiny-llama");
+  const ClusterSpec cluster = executor_cluster(std::numeric_limits<double>::infinity());
+  const RuntimeProfile profile = runtime_profile_load("native-cuda");
+  const std::vector<float> weights = fixture_weights();
+  struct Case {
+    bool checkpointing, offload;
+    int64_t mlp_tiles, loss_tiles;
+    bool zero3;
+  };
+  for (const Case& c : {Case{false, false, 0, 0, false}, Case{true, false, 0, 0, false}, Case{true, true, 0, 0, false},
+                        Case{false, false, 4, 4, false}, Case{true, true, 8, 8, true}}) {
+    CAPTURE(c.checkpointing);
+    CAPTURE(c.offload);
+    CAPTURE(c.mlp_tiles);
+    CAPTURE(c.zero3);
+    const int64_t seqlen = 512;
+    Arena device("device"), host("host");
+    SingleRankCommunicator one_rank;
+    Bf16Model model = c.zero3 ? Bf16Model(spec, device, one_rank) : Bf16Model(spec, device);
+    model.load_parameters(weights.data());
+    const Sample sample = sample_synthetic(seqlen, spec.vocab_size, 3);
+    TrainingOptions options;
+    options.activation_checkpointing = c.checkpointing;
+    options.checkpoint_offload = c.offload;
+    options.mlp_tiles = c.mlp_tiles;
+    options.loss_tiles = c.loss_tiles;
+    model.forward_backward(sample.tokens.data(), sample.labels.data(), sample.positions.data(), seqlen, options, device, host);
+    const MemoryPrediction predicted = memory_predict(spec, cluster, executor_plan(options, 1, c.zero3 ? 3 : 0), profile, seqlen);
+    // 1 GiB context + 32 MiB cuBLAS workspace (one rank: no NCCL buffers), outside the arena.
+    CHECK(runtime_bytes(predicted) == doctest::Approx(1024.0 * 1024 * 1024 + 32.0 * 1024 * 1024));
+    CHECK(predicted.gpu_peak_bytes - runtime_bytes(predicted) == doctest::Approx(device.peak_bytes()).epsilon(1e-9));
+    CHECK(predicted.gpu_peak_moment == device.peak_moment());
+    if (c.offload) CHECK(predicted.host_bytes_per_node == doctest::Approx(host.peak_bytes()).epsilon(1e-9));
+  }
+}

@@ -1,0 +1,169 @@
+// bf16_cpu_ops.hpp: the GPU's step on the CPU. An Ops (executor/cpu_ops.hpp lists the calls)
+// whose activations and weights are bf16 like CudaOps's, computed by the CPU kernels in fp32 and
+// rounded to bf16 where the GPU kernels round (each op's bf16 outputs, once per op). With it the
+// CPU suite runs BasicLlamaModel's mixed-precision schedule exactly as the GPU allocates it
+// (bf16 buffers, separate fp32 master weights, bf16 ZeRO-3 gathers) and checks it against the
+// native-cuda prediction and the fp32 model; tests/gpu compares the GPU with it.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+#include "executor/cpu_ops.hpp"
+#include "kernels/cuda/bf16.hpp"
+
+namespace longseq::testing {
+
+class Bf16CpuOps {
+ public:
+  using Act = Bf16;
+  static constexpr const char* kDevice = "cpu-bf16";
+  static constexpr bool kSeparateMasterWeights = true;
+
+  void embedding_forward(Act* out, const int32_t* tokens, const Act* table, int64_t T, int64_t C) {
+    // A lookup: the rows are copied, already bf16.
+    for (int64_t t = 0; t < T; ++t) std::copy_n(table + tokens[t] * C, C, out + t * C);
+  }
+  void embedding_backward(float* dtable, const Act* dout, const int32_t* tokens, int64_t T, int64_t C) {
+    kernels::embedding_backward(dtable, wide(dout, T * C).data(), tokens, T, C);
+  }
+  void rmsnorm_forward(Act* out, float* rstd, const Act* inp, const Act* weight, int64_t T, int64_t C, float eps) {
+    std::vector<float> result(static_cast<size_t>(T * C));
+    kernels::rmsnorm_forward(result.data(), rstd, wide(inp, T * C).data(), wide(weight, C).data(), T, C, eps);
+    narrow(out, result);
+  }
+  void rmsnorm_backward(Act* dinp, float* dweight, const Act* dout, const Act* inp, const Act* weight, const float* rstd, int64_t T,
+                        int64_t C) {
+    std::vector<float> gradient = wide(dinp, T * C);
+    kernels::rmsnorm_backward(gradient.data(), dweight, wide(dout, T * C).data(), wide(inp, T * C).data(), wide(weight, C).data(), rstd,
+                              T, C);
+    narrow(dinp, gradient);
+  }
+  void rope_forward(Act* out, const Act* inp, const int32_t* positions, int64_t T, int64_t NH, int64_t HD, double theta) {
+    std::vector<float> values = wide(inp, T * NH * HD);
+    kernels::rope_forward(values.data(), values.data(), positions, T, NH, HD, theta);
+    narrow(out, values);
+  }
+  void rope_backward(Act* dinp, const Act* dout, const int32_t* positions, int64_t T, int64_t NH, int64_t HD, double theta) {
+    std::vector<float> gradient = wide(dinp, T * NH * HD);
+    kernels::rope_backward(gradient.data(), wide(dout, T * NH * HD).data(), positions, T, NH, HD, theta);
+    narrow(dinp, gradient);
+  }
+  void linear_forward(Act* out, const Act* inp, const Act* weight, int64_t T, int64_t C, int64_t OC) {
+    std::vector<float> result(static_cast<size_t>(T * OC));
+    kernels::linear_forward(result.data(), wide(inp, T * C).data(), wide(weight, OC * C).data(), static_cast<const float*>(nullptr), T,
+                            C, OC);
+    narrow(out, result);
+  }
+  void linear_backward(Act* dinp, float* dweight, const Act* dout, const Act* inp, const Act* weight, int64_t T, int64_t C, int64_t OC) {
+    std::vector<float> gradient = dinp ? wide(dinp, T * C) : std::vector<float>();
+    kernels::linear_backward(dinp ? gradient.data() : nullptr, dweight, static_cast<float*>(nullptr), wide(dout, T * OC).data(),
+                             wide(inp, T * C).data(), wide(weight, OC * C).data(), T, C, OC);
+    if (dinp) narrow(dinp, gradient);
+  }
+  void swiglu_forward(Act* out, const Act* gate, const Act* up, int64_t N) {
+    std::vector<float> result(static_cast<size_t>(N));
+    kernels::swiglu_forward(result.data(), wide(gate, N).data(), wide(up, N).data(), N);
+    narrow(out, result);
+  }
+  void swiglu_backward(Act* dgate, Act* dup, const Act* dout, const Act* gate, const Act* up, int64_t N) {
+    std::vector<float> gate_gradient = wide(dgate, N), up_gradient = wide(dup, N);
+    kernels::swiglu_backward(gate_gradient.data(), up_gradient.data(), wide(dout, N).data(), wide(gate, N).data(), wide(up, N).data(), N);
+    narrow(dgate, gate_gradient);
+    narrow(dup, up_gradient);
+  }
+  void attention_forward(Act* out, float* lse, const Act* q, const Act* k, const Act* v, const int32_t* positions, int64_t T,
+                         int64_t NQ, int64_t NKV, int64_t HD, int64_t block) {
+    std::vector<float> result(static_cast<size_t>(T * NQ * HD));
+    kernels::attention_forward(result.data(), lse, wide(q, T * NQ * HD).data(), wide(k, T * NKV * HD).data(), wide(v, T * NKV * HD).data(),
+                               positions, T, NQ, NKV, HD, block);
+    narrow(out, result);
+  }
+  void attention_backward(Act* dq, Act* dk, Act* dv, float* delta_scratch, const Act* dout, const Act* q, const Act* k, const Act* v,
+                          const Act* out, const float* lse, const int32_t* positions, int64_t T, int64_t NQ, int64_t NKV, int64_t HD,
+                          int64_t block) {
+    std::vector<float> q_gradient = wide(dq, T * NQ * HD), k_gradient = wide(dk, T * NKV * HD), v_gradient = wide(dv, T * NKV * HD);
+    kernels::attention_backward(q_gradient.data(), k_gradient.data(), v_gradient.data(), delta_scratch, wide(dout, T * NQ * HD).data(),
+                                wide(q, T * NQ * HD).data(), wide(k, T * NKV * HD).data(), wide(v, T * NKV * HD).data(),
+                                wide(out, T * NQ * HD).data(), lse, positions, T, NQ, NKV, HD, block);
+    narrow(dq, q_gradient);
+    narrow(dk, k_gradient);
+    narrow(dv, v_gradient);
+  }
+  void cross_entropy_forward(float* losses, const Act* logits, const int32_t* labels, int64_t T, int64_t V) {
+    kernels::cross_entropy_forward(losses, wide(logits, T * V).data(), labels, T, V);
+  }
+  void cross_entropy_backward(Act* dlogits, const Act* logits, const int32_t* labels, float loss_scale, int64_t T, int64_t V) {
+    std::vector<float> gradient = wide(dlogits, T * V);
+    kernels::cross_entropy_backward(gradient.data(), wide(logits, T * V).data(), labels, loss_scale, T, V);
+    narrow(dlogits, gradient);
+  }
+  void adamw_update(float* master, Act* weights, const float* grads, float* m, float* v, int64_t N, float lr, float beta1, float beta2,
+                    float eps, float weight_decay, int64_t step) {
+    kernels::adamw_update(master, grads, m, v, N, lr, beta1, beta2, eps, weight_decay, step);
+    weights_from_master(weights, master, N);
+  }
+
+  void add(Act* inout, const Act* addend, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) inout[i] = bf16_from_float(bf16_to_float(inout[i]) + bf16_to_float(addend[i]));
+  }
+  void add(float* inout, const float* addend, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) inout[i] += addend[i];
+  }
+  template <typename T>
+  void copy(T* destination, const T* source, int64_t n) {
+    std::copy_n(source, n, destination);
+  }
+  void fill_zero(float* data, int64_t n) { std::fill_n(data, n, 0.0f); }
+  void heads_pack(Act* send, const Act* source, int64_t tokens, int64_t heads_total, HeadBlocks blocks, int64_t HD, int64_t sp) {
+    longseq::heads_pack(send, source, tokens, heads_total, blocks, HD, sp);  // a copy: no arithmetic
+  }
+  void heads_unpack_add(Act* target, const Act* recv, int64_t tokens, int64_t heads_total, HeadBlocks blocks, int64_t HD, int64_t sp) {
+    std::vector<float> sums = wide(target, tokens * heads_total * HD);
+    longseq::heads_unpack_add(sums.data(), wide(recv, sp * tokens * blocks.per_rank * HD).data(), tokens, heads_total, blocks, HD, sp);
+    narrow(target, sums);
+  }
+  double sum(const float* values, int64_t n) { return std::accumulate(values, values + n, 0.0); }
+
+  template <typename T>
+  using Scratch = std::vector<T>;
+  template <typename T>
+  Scratch<T> scratch(int64_t n) {
+    return Scratch<T>(static_cast<size_t>(n));
+  }
+  template <typename T>
+  void to_device(T* device, const T* host, int64_t n) {
+    std::copy_n(host, n, device);
+  }
+  template <typename T>
+  void to_host(T* host, const T* device, int64_t n) {
+    std::copy_n(device, n, host);
+  }
+  void weights_from_master(Act* weights, const float* master, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) weights[i] = bf16_from_float(master[i]);
+  }
+  struct PendingCopy {};
+  PendingCopy copy_to_host_begin(Act* host, const Act* device, int64_t n) {
+    std::copy_n(device, n, host);
+    return {};
+  }
+  PendingCopy copy_to_device_begin(Act* device, const Act* host, int64_t n) {
+    std::copy_n(host, n, device);
+    return {};
+  }
+  void copy_wait(PendingCopy&) {}
+  void copy_finish(PendingCopy&) {}
+  void synchronize() {}
+
+ private:
+  static std::vector<float> wide(const Act* values, int64_t n) {
+    std::vector<float> result(static_cast<size_t>(n));
+    std::transform(values, values + n, result.begin(), bf16_to_float);
+    return result;
+  }
+  static void narrow(Act* out, const std::vector<float>& values) { std::transform(values.begin(), values.end(), out, bf16_from_float); }
+};
+
+}  // namespace longseq::testing
