@@ -19,6 +19,14 @@
 #ifdef LONGSEQ_HAVE_MPI
 #include "executor/mpi_communicator.hpp"
 #endif
+#ifdef LONGSEQ_HAVE_CUDA
+#include "executor/cuda_memory.hpp"
+#include "executor/llama_cuda.hpp"
+#include "kernels/cuda/device_query.hpp"
+#endif
+#ifdef LONGSEQ_HAVE_NCCL
+#include "executor/nccl_communicator.hpp"
+#endif
 #include "models/config_error.hpp"
 #include "models/layer_inventory.hpp"
 #include "models/model_loader.hpp"
@@ -34,6 +42,8 @@ struct RunCommandArgs {
   std::string scenario;
   CLI::App* command = nullptr;  // to tell flags given from defaults when a scenario supplies values
   std::string model = "tiny-llama";
+  int64_t layers = 0;  // 0: the card's
+  std::string device = "cpu";
   std::string seqlen = "1Ki";
   int64_t steps = 5;
   bool checkpointing = false, checkpoint_offload = false;
@@ -52,12 +62,19 @@ struct RunCommandArgs {
 std::shared_ptr<RunCommandArgs> run_command_register(CLI::App& app) {
   auto args = std::make_shared<RunCommandArgs>();
   CLI::App* command = app.add_subcommand(
-      "run", "Train a few steps on this machine's CPU with real kernels; print loss, step time, tokens/s and MEASURED peak "
-             "memory, then the planner's native PREDICTION for the same plan beside it");
+      "run", "Train a few steps with real kernels (this machine's CPU, or --device cuda); print loss, step time, tokens/s and "
+             "MEASURED peak memory, then the planner's PREDICTION for the same plan beside it (runtime profile native, or "
+             "native-cuda on a GPU)");
   args->command = command;
   command->add_option("scenario", args->scenario,
                       "a scenario with a run: section (scenarios/README.md); flags given as well override it");
   command->add_option("--model,-m", args->model, "model card or config.json (default tiny-llama)");
+  command->add_option("--layers", args->layers, "keep only the first N decoder layers of the model (a layer stack of its shape)")
+      ->check(CLI::Range(1, 1 << 20));
+  command->add_option("--device", args->device,
+                      "cpu: kernels/cpu in fp32 (default); cuda: kernels/cuda in bf16 with cuBLAS, NCCL between ranks, one GPU per "
+                      "rank")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   command->add_option("--seqlen,-s", args->seqlen, "tokens per step (default 1Ki)");
   command->add_option("--steps", args->steps, "training steps (default 5)")->check(CLI::Range(1, 100000));
   command->add_flag("--checkpointing", args->checkpointing, "activation checkpointing per layer (recompute in backward)");
@@ -109,12 +126,17 @@ std::string host_name() {
 // MPI for the length of a run launched by mpirun (Open MPI sets OMPI_COMM_WORLD_SIZE); without
 // it a run is one rank and needs no MPI.
 struct Ranks {
-  std::unique_ptr<Communicator> world, sequence_group, data_group;
+  // world: host-memory collectives (MPI, or one rank); on a GPU the sequence and data groups and
+  // zero_world (ZeRO-3 over every rank) are NCCL communicators over the same ranks.
+  std::unique_ptr<Communicator> world, sequence_group, data_group, zero_world;
   int world_rank = 0, world_size = 1;
   bool mpi = false;
+  int gpu = -1;  // this rank's GPU, -1 on the CPU
+  Communicator& zero_group() { return zero_world ? *zero_world : *world; }
   ~Ranks() {
     sequence_group.reset();
     data_group.reset();
+    zero_world.reset();
     world.reset();
 #ifdef LONGSEQ_HAVE_MPI
     if (mpi) MPI_Finalize();
@@ -141,14 +163,113 @@ void ranks_split(Ranks& ranks, int64_t sp) {
 #ifdef LONGSEQ_HAVE_MPI
   if (ranks.mpi) {
     auto& world = static_cast<MpiCommunicator&>(*ranks.world);
-    ranks.sequence_group = std::make_unique<MpiCommunicator>(world.split(static_cast<int>(ranks.world_rank / sp), ranks.world_rank));
-    ranks.data_group = std::make_unique<MpiCommunicator>(world.split(static_cast<int>(ranks.world_rank % sp), ranks.world_rank));
+    MpiCommunicator sequence = world.split(static_cast<int>(ranks.world_rank / sp), ranks.world_rank);
+    MpiCommunicator data = world.split(static_cast<int>(ranks.world_rank % sp), ranks.world_rank);
+    if (ranks.gpu >= 0) {
+#ifdef LONGSEQ_HAVE_NCCL
+      // NCCL over the same groups, bootstrapped by them (the MPI handles are not needed after).
+      ranks.sequence_group = std::make_unique<NcclCommunicator>(sequence.comm(), ranks.gpu);
+      ranks.data_group = std::make_unique<NcclCommunicator>(data.comm(), ranks.gpu);
+      ranks.zero_world = std::make_unique<NcclCommunicator>(world.comm(), ranks.gpu);
+      return;
+#else
+      throw ConfigError("--device", "", "cuda across ranks needs NCCL, and this build found none");
+#endif
+    }
+    ranks.sequence_group = std::make_unique<MpiCommunicator>(std::move(sequence));
+    ranks.data_group = std::make_unique<MpiCommunicator>(std::move(data));
     return;
   }
 #endif
   (void)sp;
   ranks.sequence_group = std::make_unique<SingleRankCommunicator>();
   ranks.data_group = std::make_unique<SingleRankCommunicator>();
+}
+
+// What the training loop reads (and the report it fills), for either device's model.
+struct TrainLoop {
+  const RunCommandArgs& args;
+  const ModelSpec& model;
+  Ranks& ranks;
+  const TrainingOptions& options;
+  Arena& device;
+  Arena& host;
+  const std::vector<float>& initial_weights;
+  const std::string& text;
+  int64_t seqlen, dp, dp_rank, local_tokens, first_token;
+  bool speaker;
+  int64_t world_size;
+  nlohmann::json& report;
+};
+
+// Builds the model (whole, or ZeRO-3 shards), trains args.steps steps and prints each. Returns the
+// device memory outside the arena at the end (CUDA context, cuBLAS, NCCL; 0 on the CPU).
+template <class Model>
+double model_train(const TrainLoop& loop) {
+  const auto& [args, model, ranks, options, device, host, initial_weights, text, seqlen, dp, dp_rank, local_tokens, first_token,
+               speaker, world_size, report] = loop;
+  // ZeRO-3 builds only this rank's shards (zero.Init), so no rank ever holds the whole model.
+  std::optional<Model> model_storage;
+  if (args.zero_stage == 3)
+    model_storage.emplace(model, device, ranks.zero_group());
+  else
+    model_storage.emplace(model, device);
+  Model& llama = *model_storage;
+  llama.load_parameters(initial_weights.data());
+  // --compare-single-rank: rank 0 also trains one unsharded replica on group 0's samples.
+  std::optional<Arena> reference_device, reference_host;
+  std::optional<LlamaModel> reference;
+  const bool compare = args.compare_single_rank && ranks.world_rank == 0 && world_size > 1 && dp == 1;
+  if (compare) {
+    reference_device.emplace("reference device");
+    reference_host.emplace("reference host");
+    reference.emplace(model, *reference_device);
+    reference->load_parameters(initial_weights.data());
+  }
+  if (speaker)
+    fmt::print("{:>5} {:>9} {:>9} {:>10} {:>16} {:>14}{}\n", "step", "loss", "seconds", "tokens/s", "device peak MiB", "host peak MiB",
+               compare ? "   loss on 1 rank" : "");
+  for (int64_t step = 1; step <= args.steps; ++step) {
+    const uint32_t sample_seed = args.seed + static_cast<uint32_t>((step - 1) * dp + dp_rank + 1);
+    const Sample sample = args.data.empty() ? sample_synthetic(seqlen, model.vocab_size, sample_seed)
+                                            : sample_from_text(text, seqlen, ((step - 1) * dp + dp_rank) * seqlen);
+    const auto start = std::chrono::steady_clock::now();
+    SequenceParallel parallel{ranks.sequence_group.get(), sample.positions.data()};
+    StepResult result = llama.forward_backward(sample.tokens.data() + first_token, sample.labels.data() + first_token,
+                                               sample.positions.data() + first_token, local_tokens, options, device, host, parallel);
+    if (dp > 1) {  // the gradient is the mean over the data-parallel groups' samples
+      // ZeRO-3's reduce-scatter already summed every rank's part; replicas sum across groups.
+      if (!llama.partitioned()) ranks.data_group->all_reduce(llama.gradients(), llama.local_parameter_count());
+      llama.gradients_scale(1.0f / static_cast<float>(dp));
+      double loss = result.loss;
+      ranks.data_group->all_reduce(&loss, 1);
+      result.loss = loss / static_cast<double>(dp);
+    }
+    llama.adamw_step(static_cast<float>(args.lr), 0.9f, 0.95f, 1e-8f, 0.0f);
+    llama.ops().synchronize();  // a GPU step is done when its queued work is
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    double reference_loss = 0;
+    if (compare) {
+      reference_loss = reference->forward_backward(sample.tokens.data(), sample.labels.data(), sample.positions.data(), seqlen,
+                                                   options, *reference_device, *reference_host).loss;
+      reference->adamw_step(static_cast<float>(args.lr), 0.9f, 0.95f, 1e-8f, 0.0f);
+    }
+    const double tokens_per_s = static_cast<double>(seqlen * dp) / seconds;
+    report["steps"].push_back({{"step", step}, {"loss", result.loss}, {"seconds", seconds}, {"tokens_per_s", tokens_per_s},
+                               {"device_peak_mib", device.peak_bytes() / (1 << 20)}, {"host_peak_mib", host.peak_bytes() / (1 << 20)}});
+    if (compare) report["steps"].back()["loss_on_one_rank"] = reference_loss;
+    if (speaker)
+      fmt::print("{:>5} {:>9.4f} {:>9.3f} {:>10.0f} {:>16.2f} {:>14.2f}{}\n", step, result.loss, seconds, tokens_per_s,
+                 device.peak_bytes() / (1 << 20), host.peak_bytes() / (1 << 20),
+                 compare ? fmt::format(" {:>16.4f}", reference_loss) : "");
+  }
+  double outside_arena_bytes = 0;
+#ifdef LONGSEQ_HAVE_CUDA
+  // After a synchronize the stream-ordered pool has returned what the arena released, so what the
+  // GPU holds beyond the arena's live bytes is the runtime's own.
+  if constexpr (std::is_same_v<Model, CudaLlamaModel>) outside_arena_bytes = device_memory_outside_arena_bytes(device);
+#endif
+  return outside_arena_bytes;
 }
 
 int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
@@ -175,10 +296,37 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
     if (unset("--zero") && plan.zero_stage) args.zero_stage = *plan.zero_stage;
     if (speaker) fmt::print("scenario {}: {}\n", scenario.name, scenario.description);
   }
-  const ModelSpec model = model_load(args.model);
+  ModelSpec model = model_load(args.model);
   executor_model_check(model);
+  if (args.layers > 0) {
+    if (args.layers > model.num_layers)
+      throw ConfigError("--layers", "", fmt::format("{} has {} decoder layers, not {}", model.name, model.num_layers, args.layers));
+    model.num_layers = args.layers;  // the planner predicts the same truncated stack
+  }
+  const bool on_gpu = args.device == "cuda";
+  std::string device_description = "CPU, fp32";  // where the measurement is taken
+  double device_memory_bytes = static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  if (on_gpu) {
+#ifdef LONGSEQ_HAVE_CUDA
+    const CudaDeviceInfo info = cuda_device_query();
+    if (info.device_count == 0)
+      throw ConfigError("--device", "", "cuda: no GPU to run on: " + (info.error.empty() ? std::string("no CUDA device visible") : info.error));
+    // One GPU per rank: the node-local rank picks it (Open MPI's OMPI_COMM_WORLD_LOCAL_RANK).
+    const char* local_rank = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    ranks.gpu = (local_rank ? std::atoi(local_rank) : 0) % info.device_count;
+    cuda_device_select(ranks.gpu);
+    device_description = "GPU " + info.name + ", bf16";
+    device_memory_bytes = static_cast<double>(info.free_bytes);
+    if (args.compare_single_rank)
+      throw ConfigError("--compare-single-rank", "", "is for CPU runs (a replica would share this rank's GPU)");
+    if (args.zero_stage == 3 && !ranks.mpi)
+      throw ConfigError("--zero", "", "3 on the GPU shards over NCCL ranks: run it under mpirun (longseq launch)");
+#else
+    throw ConfigError("--device", "", "cuda: no GPU to run on: this build has no CUDA (nvcc was not found when it was configured)");
+#endif
+  }
   int64_t seqlen = seqlen_parse(args.seqlen, "--seqlen");
-  if (seqlen > (int64_t{1} << 24)) throw ConfigError("--seqlen", "", "more than 16Mi tokens is beyond a CPU run");
+  if (seqlen > (int64_t{1} << 24)) throw ConfigError("--seqlen", "", "more than 16Mi tokens is beyond one run of this executor");
   if (args.checkpoint_offload && !args.checkpointing) throw ConfigError("--checkpoint-offload", "", "needs --checkpointing");
   if (args.budget_mib < 0) throw ConfigError("--budget-mib", "", "must be positive");
   if (!args.data.empty() && model.vocab_size < 256) throw ConfigError("--data", "", "byte-level text needs a vocabulary of at least 256");
@@ -193,7 +341,8 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
   options.attention_block = args.attention_block;
   int64_t sp = args.sp > 0 ? args.sp : world_size;
   const double budget_bytes = args.budget_mib > 0 ? args.budget_mib * 1024 * 1024 : std::numeric_limits<double>::infinity();
-  const RuntimeProfile native = runtime_profile_load("native");
+  // The prediction for the device that runs: fp32 on the CPU, bf16 with the GPU's runtime terms.
+  const RuntimeProfile profile = runtime_profile_load(on_gpu ? "native-cuda" : "native");
   if (args.auto_plan) {
     if (args.budget_mib <= 0) throw ConfigError("--auto", "", "needs --budget-mib (the device memory to plan for)");
     if (args.checkpointing || args.checkpoint_offload || args.mlp_tiles > 0 || args.loss_tiles > 0 || args.sp > 0)
@@ -216,7 +365,7 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
               candidate.loss_tiles = loss_tiles;
               const PlanOptions plan = executor_plan(candidate, degree, args.zero_stage);
               if (!plan_problems(model, cluster, plan).empty()) continue;
-              const int64_t length = max_seqlen_find(model, cluster, plan, native, 64 * degree, /*with_breakdown=*/false).max_seqlen;
+              const int64_t length = max_seqlen_find(model, cluster, plan, profile, 64 * degree, /*with_breakdown=*/false).max_seqlen;
               const int64_t techniques = checkpointing + offload + (mlp_tiles > 0) + (loss_tiles > 0);
               if (length > best || (length == best && techniques < best_techniques)) {
                 best = length;
@@ -237,22 +386,49 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
   std::vector<std::string> problems = plan_problems(model, cluster, plan);
   for (auto& problem : seqlen_problems(plan, seqlen)) problems.push_back(problem);
   if (!problems.empty()) throw ConfigError("--sp", "", problems.front());
+  // A plan that cannot fit this machine fails here, by the prediction, not by the kernel's OOM
+  // killer (CPU) or a CUDA error halfway through (GPU).
+  const MemoryPrediction predicted = memory_predict(model, cluster, plan, profile, seqlen);
+  // On the CPU the host pool and the fp32 initial weights (read like a checkpoint) share the memory.
+  const double needed_bytes =
+      predicted.gpu_peak_bytes + (on_gpu ? 0.0 : predicted.host_bytes_per_node + 4.0 * static_cast<double>(llama_layout(model).total));
+  if (needed_bytes > device_memory_bytes)
+    throw ConfigError("--model", "", fmt::format("{} at {} tokens needs {:.1f} GiB (PREDICTION, runtime profile {}) and this machine's {} "
+                                                 "has {:.1f} GiB free; try --layers, a shorter --seqlen or more ranks",
+                                                 model.name, integer_with_commas(seqlen), needed_bytes / kBytesPerGib, profile.name,
+                                                 on_gpu ? "GPU" : "memory", device_memory_bytes / kBytesPerGib));
   ranks_split(ranks, sp);
   const int64_t dp = world_size / sp, dp_rank = ranks.world_rank / sp, local_tokens = seqlen / sp;
   const int64_t first_token = (ranks.world_rank % sp) * local_tokens;
-  Arena device("device", budget_bytes), host("host");
+  // Device memory: host memory on the CPU; on a GPU stream-ordered device memory and pinned host
+  // memory for offloaded checkpoints (the backends outlive the arenas).
+  MemoryBackend* device_backend = &host_memory_backend();
+  MemoryBackend* host_backend = &host_memory_backend();
+#ifdef LONGSEQ_HAVE_CUDA
+  std::optional<CudaDeviceMemoryBackend> cuda_device_memory;
+  std::optional<PinnedHostMemoryBackend> pinned_host_memory;
+  if (on_gpu) {
+    device_backend = &cuda_device_memory.emplace();
+    host_backend = &pinned_host_memory.emplace();
+  }
+#endif
+  Arena device("device", budget_bytes, *device_backend), host("host", std::numeric_limits<double>::infinity(), *host_backend);
 
   nlohmann::json report = {{"model", model.name}, {"seqlen", seqlen}, {"ranks", world_size}, {"sp", sp}, {"dp", dp},
                            {"plan", plan_describe(plan)}, {"scenario", args.scenario},
-                           {"measured_on", fmt::format("{} (CPU, fp32), {} rank(s)", host_name(), world_size)},
+                           {"device", args.device}, {"layers", model.num_layers},
+                           {"measured_on", fmt::format("{} ({}), {} rank(s)", host_name(), device_description, world_size)},
                            {"steps", nlohmann::json::array()}};
   if (args.budget_mib > 0) report["budget_mib"] = args.budget_mib;
   if (speaker) {
-    fmt::print("longseq run: {} on this machine's CPU (fp32), {} tokens per step, {} data; MEASURED\n", model.name,
-               integer_with_commas(seqlen), args.data.empty() ? "synthetic long-range copy" : args.data);
+    fmt::print("longseq run: {}{} on this machine ({}), {} tokens per step, {} data; MEASURED\n", model.name,
+               args.layers > 0 ? fmt::format(" (first {} decoder layers)", model.num_layers) : "", device_description,
+               integer_with_commas(seqlen),
+               args.data.empty() ? "synthetic long-range copy" : args.data);
     if (world_size > 1) fmt::print("ranks: {} (Ulysses sp={}, data parallel dp={}), {} tokens per rank\n", world_size, sp, dp,
                                    integer_with_commas(local_tokens));
   }
+  double outside_arena_bytes = 0;  // measured on a GPU: what lives beside the arena
   try {
     // Every rank starts from the same weights (same seed): small normal weights, norms at 1. They
     // are made in ordinary host memory, as a checkpoint would be read, and loaded into the model.
@@ -270,60 +446,14 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
       norm_ones(layout.final_norm);
       return weights;
     }();
-    // ZeRO-3 builds only this rank's shards (zero.Init), so no rank ever holds the whole model.
-    std::optional<LlamaModel> model_storage;
-    if (args.zero_stage == 3)
-      model_storage.emplace(model, device, *ranks.world);
+    const TrainLoop loop{args,  model,         ranks,        options,     device,  host,       initial_weights, text,
+                         seqlen, dp,           dp_rank,      local_tokens, first_token, speaker, world_size, report};
+#ifdef LONGSEQ_HAVE_CUDA
+    if (on_gpu)
+      outside_arena_bytes = model_train<CudaLlamaModel>(loop);
     else
-      model_storage.emplace(model, device);
-    LlamaModel& llama = *model_storage;
-    llama.load_parameters(initial_weights.data());
-    // --compare-single-rank: rank 0 also trains one unsharded replica on group 0's samples.
-    std::optional<Arena> reference_device, reference_host;
-    std::optional<LlamaModel> reference;
-    const bool compare = args.compare_single_rank && ranks.world_rank == 0 && world_size > 1 && dp == 1;
-    if (compare) {
-      reference_device.emplace("reference device");
-      reference_host.emplace("reference host");
-      reference.emplace(model, *reference_device);
-      reference->load_parameters(initial_weights.data());
-    }
-    if (speaker)
-      fmt::print("{:>5} {:>9} {:>9} {:>10} {:>16} {:>14}{}\n", "step", "loss", "seconds", "tokens/s", "device peak MiB", "host peak MiB",
-                 compare ? "   loss on 1 rank" : "");
-    for (int64_t step = 1; step <= args.steps; ++step) {
-      const uint32_t sample_seed = args.seed + static_cast<uint32_t>((step - 1) * dp + dp_rank + 1);
-      const Sample sample = args.data.empty() ? sample_synthetic(seqlen, model.vocab_size, sample_seed)
-                                              : sample_from_text(text, seqlen, ((step - 1) * dp + dp_rank) * seqlen);
-      const auto start = std::chrono::steady_clock::now();
-      SequenceParallel parallel{ranks.sequence_group.get(), sample.positions.data()};
-      StepResult result = llama.forward_backward(sample.tokens.data() + first_token, sample.labels.data() + first_token,
-                                                 sample.positions.data() + first_token, local_tokens, options, device, host, parallel);
-      if (dp > 1) {  // the gradient is the mean over the data-parallel groups' samples
-        // ZeRO-3's reduce-scatter already summed every rank's part; replicas sum across groups.
-        if (!llama.partitioned()) ranks.data_group->all_reduce(llama.gradients(), llama.local_parameter_count());
-        for (int64_t i = 0; i < llama.local_parameter_count(); ++i) llama.gradients()[i] /= static_cast<float>(dp);
-        double loss = result.loss;
-        ranks.data_group->all_reduce(&loss, 1);
-        result.loss = loss / static_cast<double>(dp);
-      }
-      llama.adamw_step(static_cast<float>(args.lr), 0.9f, 0.95f, 1e-8f, 0.0f);
-      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      double reference_loss = 0;
-      if (compare) {
-        reference_loss = reference->forward_backward(sample.tokens.data(), sample.labels.data(), sample.positions.data(), seqlen,
-                                                     options, *reference_device, *reference_host).loss;
-        reference->adamw_step(static_cast<float>(args.lr), 0.9f, 0.95f, 1e-8f, 0.0f);
-      }
-      const double tokens_per_s = static_cast<double>(seqlen * dp) / seconds;
-      report["steps"].push_back({{"step", step}, {"loss", result.loss}, {"seconds", seconds}, {"tokens_per_s", tokens_per_s},
-                                 {"device_peak_mib", device.peak_bytes() / (1 << 20)}, {"host_peak_mib", host.peak_bytes() / (1 << 20)}});
-      if (compare) report["steps"].back()["loss_on_one_rank"] = reference_loss;
-      if (speaker)
-        fmt::print("{:>5} {:>9.4f} {:>9.3f} {:>10.0f} {:>16.2f} {:>14.2f}{}\n", step, result.loss, seconds, tokens_per_s,
-                   device.peak_bytes() / (1 << 20), host.peak_bytes() / (1 << 20),
-                   compare ? fmt::format(" {:>16.4f}", reference_loss) : "");
-    }
+#endif
+      model_train<LlamaModel>(loop);
   } catch (const DeviceOutOfMemory& error) {
     std::string breakdown;
     for (const auto& [category, bytes] : bytes_by_category(error.live))
@@ -335,21 +465,30 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
   std::vector<float> peaks(static_cast<size_t>(world_size));
   const auto own_peak = static_cast<float>(device.peak_bytes());
   ranks.world->all_gather(&own_peak, peaks.data(), 1);
-  const MemoryPrediction predicted = memory_predict(model, cluster, plan, native, seqlen);
   const auto measured_categories = bytes_by_category(device.peak_items());
   const auto predicted_categories = bytes_by_category(predicted.gpu_items);
+  // The arena's peak is diffed against the prediction without its runtime terms (CUDA context,
+  // cuBLAS workspace, NCCL buffers: zero in the CPU profile), which a GPU measures beside it.
+  const double predicted_outside_bytes =
+      predicted_categories.count(kCategoryRuntime) ? predicted_categories.at(kCategoryRuntime) : 0.0;
+  const double predicted_arena_bytes = predicted.gpu_peak_bytes - predicted_outside_bytes;
   std::map<std::string, std::pair<double, double>> rows;
   for (const auto& [category, bytes] : measured_categories) rows[category].first = bytes;
   for (const auto& [category, bytes] : predicted_categories) rows[category].second = bytes;
+  if (on_gpu) rows[kCategoryRuntime].first = outside_arena_bytes;
   double worst = 0;
-  for (float peak : peaks) worst = std::max(worst, std::fabs(predicted.gpu_peak_bytes - peak) / peak);
-  const double difference = (predicted.gpu_peak_bytes - device.peak_bytes()) / device.peak_bytes();
+  for (float peak : peaks) worst = std::max(worst, std::fabs(predicted_arena_bytes - peak) / peak);
+  const double difference = (predicted_arena_bytes - device.peak_bytes()) / device.peak_bytes();
   report["measured_peak_mib"] = device.peak_bytes() / (1 << 20);
   std::vector<double> peaks_mib;
   for (float peak : peaks) peaks_mib.push_back(peak / (1 << 20));
   report["measured_peak_mib_per_rank"] = peaks_mib;
   report["measured_peak_moment"] = std::string(device.peak_moment());
-  report["predicted_peak_mib"] = predicted.gpu_peak_bytes / (1 << 20);
+  report["predicted_peak_mib"] = predicted_arena_bytes / (1 << 20);
+  if (on_gpu) {
+    report["measured_outside_arena_mib"] = outside_arena_bytes / (1 << 20);
+    report["predicted_outside_arena_mib"] = predicted_outside_bytes / (1 << 20);
+  }
   report["predicted_peak_moment"] = predicted.gpu_peak_phase + ", " + predicted.gpu_peak_moment;
   report["prediction_error"] = difference;
   report["prediction_worst_rank_error"] = worst;
@@ -358,14 +497,18 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
     std::cout << report.dump(2) << "\n";
     return 0;
   }
-  fmt::print("\ndevice memory at the peak{}: MEASURED (this run's arena) vs PREDICTED (planner, runtime profile native)\n",
-             world_size > 1 ? " of rank 0" : "");
+  fmt::print("\ndevice memory at the peak{}: MEASURED (this run's arena{}) vs PREDICTED (planner, runtime profile {})\n",
+             world_size > 1 ? " of rank 0" : "", on_gpu ? "; runtime_overheads: cudaMemGetInfo beyond it, after the last step" : "",
+             profile.name);
   fmt::print("  {:<26} {:>14} {:>15} {:>12}\n", "category", "measured MiB", "predicted MiB", "difference");
   for (const auto& [category, values] : rows)
     fmt::print("  {:<26} {:>14.3f} {:>15.3f} {:>12}\n", category, values.first / (1 << 20), values.second / (1 << 20),
                values.first > 0 ? fmt::format("{:+.1f}%", 100.0 * (values.second - values.first) / values.first) : "");
-  fmt::print("  {:<26} {:>14.3f} {:>15.3f} {:>+11.1f}%\n", "total", device.peak_bytes() / (1 << 20),
-             predicted.gpu_peak_bytes / (1 << 20), 100.0 * difference);
+  fmt::print("  {:<26} {:>14.3f} {:>15.3f} {:>+11.1f}%\n", on_gpu ? "total in the arena" : "total", device.peak_bytes() / (1 << 20),
+             predicted_arena_bytes / (1 << 20), 100.0 * difference);
+  if (on_gpu)
+    fmt::print("  {:<26} {:>14.3f} {:>15.3f}\n", "total with the runtime", (device.peak_bytes() + outside_arena_bytes) / (1 << 20),
+               predicted.gpu_peak_bytes / (1 << 20));
   fmt::print("  peak moment: measured during '{}'; predicted in the {}, during '{}'\n", device.peak_moment(),
              predicted.gpu_peak_phase, predicted.gpu_peak_moment);
   if (world_size > 1) {

@@ -92,6 +92,9 @@ class CpuOps {
     std::copy_n(source, n, destination);
   }
   void fill_zero(float* data, int64_t n) { std::fill_n(data, n, 0.0f); }
+  void scale(float* data, int64_t n, float factor) {
+    for (int64_t i = 0; i < n; ++i) data[i] *= factor;
+  }
   void heads_pack(Act* send, const Act* source, int64_t tokens, int64_t heads_total, HeadBlocks blocks, int64_t HD, int64_t sp) {
     longseq::heads_pack(send, source, tokens, heads_total, blocks, HD, sp);
   }

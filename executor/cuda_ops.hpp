@@ -119,6 +119,7 @@ class CudaOps {
     cuda::copy_device(destination, source, static_cast<size_t>(n) * sizeof(T));
   }
   void fill_zero(float* data, int64_t n) { cuda::device_memset_zero(data, static_cast<size_t>(n) * sizeof(float)); }
+  void scale(float* data, int64_t n, float factor) { cuda::scale(data, n, factor); }
   void heads_pack(Act* send, const Act* source, int64_t tokens, int64_t heads_total, HeadBlocks blocks, int64_t HD, int64_t sp) {
     cuda::heads_pack(send, source, tokens, heads_total, blocks.per_rank, blocks.replication, HD, sp);
   }

@@ -103,6 +103,9 @@ class BasicLlamaModel {
   StepResult forward_backward(const int32_t* tokens, const int32_t* labels, const int32_t* position_ids, int64_t T,
                               const TrainingOptions& options, Arena& device, Arena& host, const SequenceParallel& parallel = {});
 
+  // Multiplies this rank's gradients by `factor` (the mean over data-parallel groups).
+  void gradients_scale(float factor) { ops_.scale(gradients_.data(), gradients_.size(), factor); }
+
   // PyTorch-style AdamW on every parameter (its moments are allocated with the model).
   void adamw_step(float lr, float beta1, float beta2, float eps, float weight_decay);
 

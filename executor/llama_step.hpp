@@ -320,18 +320,19 @@ int64_t BasicLlamaModel<Ops>::plan_modules(int64_t ranks) {
 
 template <class Ops>
 void BasicLlamaModel<Ops>::load_parameters(const float* full) {
-  std::vector<float> local(full, full + (zero_group_ ? 0 : layout_.total));
-  if (zero_group_) {
+  if (!zero_group_) {
+    ops_.to_device(master_.data(), full, layout_.total);
+  } else {
     // This rank's padded chunk of every module (the padding is zero).
-    local.assign(static_cast<size_t>(master_.size()), 0.0f);
+    std::vector<float> local(static_cast<size_t>(master_.size()), 0.0f);
     const int64_t rank = zero_group_->rank();
     for (const Module& module : modules_)
       for (int64_t i = 0; i < module.chunk; ++i) {
         const int64_t source = rank * module.chunk + i;
         if (source < module.size) local[static_cast<size_t>(module.shard_offset + i)] = full[module.start + source];
       }
+    ops_.to_device(master_.data(), local.data(), master_.size());
   }
-  ops_.to_device(master_.data(), local.data(), master_.size());
   ops_.weights_from_master(weights(), master_.data(), master_.size());
 }
 

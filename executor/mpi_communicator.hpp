@@ -15,6 +15,8 @@ class MpiCommunicator final : public Communicator {
   explicit MpiCommunicator(MPI_Comm comm);
   // A sub-group: ranks with the same `color`, ordered by `key` (MPI_Comm_split); owns the handle.
   MpiCommunicator split(int color, int key) const;
+  // The MPI handle (e.g. to bootstrap an NCCL communicator over the same ranks).
+  MPI_Comm comm() const { return comm_; }
   MpiCommunicator(MpiCommunicator&& other) noexcept;
   MpiCommunicator(const MpiCommunicator&) = delete;
   MpiCommunicator& operator=(const MpiCommunicator&) = delete;

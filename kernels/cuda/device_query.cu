@@ -3,6 +3,9 @@
 
 #include <cuda_runtime.h>
 
+#include <stdexcept>
+#include <string>
+
 namespace longseq {
 
 CudaDeviceInfo cuda_device_query() {
@@ -23,6 +26,11 @@ CudaDeviceInfo cuda_device_query() {
     info.total_bytes = static_cast<int64_t>(total_bytes);
   }
   return info;
+}
+
+void cuda_device_select(int device) {
+  const cudaError_t status = cudaSetDevice(device);
+  if (status != cudaSuccess) throw std::runtime_error(std::string("cudaSetDevice: ") + cudaGetErrorString(status));
 }
 
 }  // namespace longseq

@@ -17,4 +17,7 @@ struct CudaDeviceInfo {
 
 CudaDeviceInfo cuda_device_query();
 
+// Makes `device` this process's GPU (cudaSetDevice); throws std::runtime_error with CUDA's reason.
+void cuda_device_select(int device);
+
 }  // namespace longseq

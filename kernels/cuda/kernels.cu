@@ -284,6 +284,10 @@ __global__ void add_f32_kernel(float* inout, const float* addend, int64_t N) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i < N) inout[i] += addend[i];
 }
+__global__ void scale_kernel(float* data, int64_t N, float factor) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < N) data[i] *= factor;
+}
 __global__ void bf16_from_master_kernel(Bf16* weights, const float* master, int64_t N) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i < N) weights[i] = bf16(master[i]);
@@ -325,6 +329,10 @@ void add(Bf16* inout, const Bf16* addend, int64_t N) {
 void add(float* inout, const float* addend, int64_t N) {
   add_f32_kernel<<<blocks_for(N), kThreads>>>(inout, addend, N);
   check_launch("add fp32");
+}
+void scale(float* data, int64_t N, float factor) {
+  scale_kernel<<<blocks_for(N), kThreads>>>(data, N, factor);
+  check_launch("scale");
 }
 void copy_device(void* destination, const void* source, size_t bytes) {
   check(cudaMemcpyAsync(destination, source, bytes, cudaMemcpyDeviceToDevice, cudaStreamLegacy), "copy_device");

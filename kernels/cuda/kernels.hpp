@@ -68,6 +68,8 @@ void adamw_update(float* params, Bf16* weights_bf16, const float* grads, float* 
 // inout[N] += addend (bf16 storage, the sum rounded once; fp32 for gradient shards)
 void add(Bf16* inout, const Bf16* addend, int64_t N);
 void add(float* inout, const float* addend, int64_t N);
+// data[N] *= factor (fp32: averaging gradients over data-parallel groups)
+void scale(float* data, int64_t N, float factor);
 // Device-to-device copy of `bytes` on the default stream.
 void copy_device(void* destination, const void* source, size_t bytes);
 // weights[N] = bf16(master[N]): the copy the kernels read, from the fp32 master weights.
