@@ -39,13 +39,6 @@ constexpr double kLossTolerance = 2e-4;
 constexpr double kGradientTolerance = 0.25;
 constexpr double kOptionsTolerance = 1e-6;
 
-// The tiny model's fixture weights as a full host vector (what load_parameters takes).
-std::vector<float> fixture_weights() {
-  Arena device("fixture");
-  LlamaModel model(model_load("tiny-llama"), device);
-  parameters_fill(model);
-  return std::vector<float>(model.parameters(), model.parameters() + model.parameter_count());
-}
 
 struct Bf16Run {
   StepResult result;
@@ -64,27 +57,6 @@ Bf16Run bf16_run(const TrainingOptions& options) {
   return out;
 }
 
-// Per tensor of the layout: ||actual - expected|| / ||expected|| (the norm bf16's error is judged
-// by: single elements near zero carry the 2^-8 rounding of their larger neighbours).
-std::vector<double> relative_l2_per_tensor(const std::vector<float>& actual, const std::vector<float>& expected) {
-  const LlamaLayout layout = llama_layout(model_load("tiny-llama"));
-  std::vector<int64_t> starts = {layout.embedding};
-  for (const auto& l : layout.layers)
-    for (int64_t s : {l.attention_norm, l.q_proj, l.k_proj, l.v_proj, l.o_proj, l.mlp_norm, l.gate_proj, l.up_proj, l.down_proj})
-      starts.push_back(s);
-  for (int64_t s : {layout.final_norm, layout.lm_head, layout.total}) starts.push_back(s);
-  std::vector<double> errors;
-  for (size_t t = 0; t + 1 < starts.size(); ++t) {
-    double difference = 0, norm = 0;
-    for (int64_t i = starts[t]; i < starts[t + 1]; ++i) {
-      const double e = expected[static_cast<size_t>(i)], a = actual[static_cast<size_t>(i)];
-      difference += (a - e) * (a - e);
-      norm += e * e;
-    }
-    errors.push_back(std::sqrt(difference / norm));
-  }
-  return errors;
-}
 
 double runtime_bytes(const MemoryPrediction& prediction) {
   double bytes = 0;

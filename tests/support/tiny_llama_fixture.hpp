@@ -35,6 +35,14 @@ inline void parameters_fill(LlamaModel& model) {
   }
 }
 
+// The tiny model's fixture weights as a full host vector (what load_parameters takes).
+inline std::vector<float> fixture_weights() {
+  Arena device("fixture");
+  LlamaModel model(model_load("tiny-llama"), device);
+  parameters_fill(model);
+  return std::vector<float>(model.parameters(), model.parameters() + model.parameter_count());
+}
+
 struct Batch {
   std::vector<int32_t> tokens, labels, positions;
 };
@@ -51,17 +59,21 @@ inline Batch batch_make(int64_t T) {
   return batch;
 }
 
-// Every tensor of the layout: each gradient within `tolerance` of that tensor's largest |gradient|.
-inline void gradients_compare(const std::vector<float>& actual, const std::vector<float>& expected, double tolerance) {
-  REQUIRE(actual.size() == expected.size());
+// Where each parameter tensor of tiny-llama starts in the flat layout, then the total.
+inline std::vector<int64_t> tensor_starts() {
   const LlamaLayout layout = llama_layout(model_load("tiny-llama"));
   std::vector<int64_t> starts = {layout.embedding};
   for (const auto& l : layout.layers)
     for (int64_t s : {l.attention_norm, l.q_proj, l.k_proj, l.v_proj, l.o_proj, l.mlp_norm, l.gate_proj, l.up_proj, l.down_proj})
       starts.push_back(s);
-  starts.push_back(layout.final_norm);
-  starts.push_back(layout.lm_head);
-  starts.push_back(layout.total);
+  for (int64_t s : {layout.final_norm, layout.lm_head, layout.total}) starts.push_back(s);
+  return starts;
+}
+
+// Every tensor of the layout: each gradient within `tolerance` of that tensor's largest |gradient|.
+inline void gradients_compare(const std::vector<float>& actual, const std::vector<float>& expected, double tolerance) {
+  REQUIRE(actual.size() == expected.size());
+  const std::vector<int64_t> starts = tensor_starts();
   for (size_t t = 0; t + 1 < starts.size(); ++t) {
     double largest = 0, worst = 0;
     for (int64_t i = starts[t]; i < starts[t + 1]; ++i) {
@@ -72,6 +84,23 @@ inline void gradients_compare(const std::vector<float>& actual, const std::vecto
     CHECK(largest > 0);  // every parameter receives gradient in this batch
     CHECK(worst <= tolerance * largest);
   }
+}
+
+// Per tensor of the layout: ||actual - expected|| / ||expected|| (the norm bf16's error is judged
+// by: single elements near zero carry the 2^-8 rounding of their larger neighbours).
+inline std::vector<double> relative_l2_per_tensor(const std::vector<float>& actual, const std::vector<float>& expected) {
+  const std::vector<int64_t> starts = tensor_starts();
+  std::vector<double> errors;
+  for (size_t t = 0; t + 1 < starts.size(); ++t) {
+    double difference = 0, norm = 0;
+    for (int64_t i = starts[t]; i < starts[t + 1]; ++i) {
+      const double e = expected[static_cast<size_t>(i)], a = actual[static_cast<size_t>(i)];
+      difference += (a - e) * (a - e);
+      norm += e * e;
+    }
+    errors.push_back(std::sqrt(difference / norm));
+  }
+  return errors;
 }
 
 }  // namespace longseq::testing
