@@ -1,6 +1,7 @@
 // run_command.cpp: `longseq run` — train a few steps with real kernels on this machine, measure,
 // and set the planner's `native` prediction for the same plan beside the measurement.
 #include <chrono>
+#include <filesystem>
 #include <cstdlib>
 #include <memory>
 #include <optional>
@@ -57,6 +58,7 @@ struct RunCommandArgs {
   int zero_stage = 0;
   bool compare_single_rank = false;
   bool json = false;
+  std::string json_out;
 };
 
 std::shared_ptr<RunCommandArgs> run_command_register(CLI::App& app) {
@@ -96,6 +98,8 @@ std::shared_ptr<RunCommandArgs> run_command_register(CLI::App& app) {
   command->add_flag("--compare-single-rank", args->compare_single_rank,
                     "under mpirun, rank 0 also trains one unsharded replica on the same samples and prints its loss beside");
   command->add_flag("--json", args->json, "print JSON");
+  command->add_option("--json-out", args->json_out,
+                      "also write the JSON result to this file (what `longseq report DIR` reads as DIR/run.json), beside the text");
   return args;
 }
 
@@ -329,6 +333,10 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
   if (seqlen > (int64_t{1} << 24)) throw ConfigError("--seqlen", "", "more than 16Mi tokens is beyond one run of this executor");
   if (args.checkpoint_offload && !args.checkpointing) throw ConfigError("--checkpoint-offload", "", "needs --checkpointing");
   if (args.budget_mib < 0) throw ConfigError("--budget-mib", "", "must be positive");
+  if (!args.json_out.empty()) {  // refused before training, not after it
+    const std::filesystem::path parent = std::filesystem::absolute(args.json_out).parent_path();
+    if (!std::filesystem::is_directory(parent)) throw ConfigError("--json-out", "", "directory " + parent.string() + " does not exist");
+  }
   if (!args.data.empty() && model.vocab_size < 256) throw ConfigError("--data", "", "byte-level text needs a vocabulary of at least 256");
   const std::string text = args.data.empty() ? std::string() : file_read_text(args.data);
   const int64_t world_size = ranks.world_size;
@@ -416,7 +424,7 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
 
   nlohmann::json report = {{"model", model.name}, {"seqlen", seqlen}, {"ranks", world_size}, {"sp", sp}, {"dp", dp},
                            {"plan", plan_describe(plan)}, {"scenario", args.scenario},
-                           {"device", args.device}, {"layers", model.num_layers},
+                           {"device", args.device}, {"layers", model.num_layers}, {"profile", profile.name},
                            {"measured_on", fmt::format("{} ({}), {} rank(s)", host_name(), device_description, world_size)},
                            {"steps", nlohmann::json::array()}};
   if (args.budget_mib > 0) report["budget_mib"] = args.budget_mib;
@@ -493,6 +501,7 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
   report["prediction_error"] = difference;
   report["prediction_worst_rank_error"] = worst;
   if (ranks.world_rank != 0) return 0;
+  if (!args.json_out.empty()) file_write_text(args.json_out, report.dump(2) + "\n");
   if (args.json) {
     std::cout << report.dump(2) << "\n";
     return 0;

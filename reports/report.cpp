@@ -120,8 +120,9 @@ ReportOutcome run_report_write(const fs::path& dir, const fs::path& run_path, co
   const fs::path figures_dir = figures_draw(dir, staging, {"loss"}, gnuplot_command);
 
   std::string markdown = fmt::format("# Run: {} at {} tokens\n\n", run.value("model", std::string()), run.value("seqlen", 0));
-  markdown += fmt::format("MEASURED on {}; the PREDICTION is the planner's (runtime profile `native`) for the same plan.\n\n",
-                          run.value("measured_on", std::string("the machine that wrote run.json")));
+  markdown += fmt::format("MEASURED on {}; the PREDICTION is the planner's (runtime profile `{}`) for the same plan.\n\n",
+                          run.value("measured_on", std::string("the machine that wrote run.json")),
+                          run.value("profile", std::string("native")));
   markdown += fmt::format("Plan: {}; {} rank(s) = Ulysses sp={} x data parallel dp={}.\n\n", run.value("plan", std::string("?")),
                           run.value("ranks", 1), run.value("sp", 1), run.value("dp", 1));
   markdown += "## Loss\n\n![Loss per step](figures/loss.png)\n\n([SVG](figures/loss.svg))\n\n";
@@ -141,6 +142,10 @@ ReportOutcome run_report_write(const fs::path& dir, const fs::path& run_path, co
     const double measured = per_rank[rank].get<double>();
     markdown += fmt::format("| {} | {:.3f} | {:+.2f}% |\n", rank, measured, measured > 0 ? 100.0 * (predicted - measured) / measured : 0.0);
   }
+  if (run.contains("measured_outside_arena_mib"))
+    markdown += fmt::format("\nOutside the arena (CUDA context, cuBLAS workspace, NCCL buffers): MEASURED {:.1f} MiB (cudaMemGetInfo "
+                            "after the last step, rank 0), PREDICTED {:.1f} MiB.\n",
+                            run["measured_outside_arena_mib"].get<double>(), run["predicted_outside_arena_mib"].get<double>());
   if (run.contains("budget_mib")) markdown += fmt::format("\nBudget: {:.1f} MiB per rank.\n", run["budget_mib"].get<double>());
   ReportOutcome outcome;
   outcome.figures.push_back((figures_dir / "loss.png").string());

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# gpu-check.sh: the one command for a GPU machine. Builds with CUDA, runs the GPU test suite
-# (ctest -L gpu: device query, every CUDA kernel against the CPU kernel, NCCL against MPI when
-# there are two GPUs), and writes what it measured to build/gpu-check/report.md.
+# gpu-check.sh: the one command for a GPU machine. Builds with CUDA, then
+#   1. the GPU test suite (ctest -L gpu: device query, every CUDA kernel against the CPU kernel,
+#      the tiny model's training step against the CPU, NCCL against MPI when there are two GPUs);
+#   2. a measured-vs-predicted run of the tiny model on the GPU (longseq run --device cuda, with
+#      checkpoint offload and tiled MLP/loss) against the native-cuda profile;
+#   3. a Llama-3.1-8B-shaped decoder layer stack (LAYER_STACK_LAYERS layers, default 4) at a long
+#      sequence (LAYER_STACK_SEQLEN, default 32Ki) on one GPU, measured against the prediction;
+# and writes all of it to build/gpu-check/report.md (the runs' JSON beside it).
 #
-# Exit codes: 0 every GPU test passed; 1 a GPU test failed; 3 no GPU visible here (nothing was
+# Exit codes: 0 everything passed; 1 a GPU test or run failed; 3 no GPU visible here (nothing was
 # measured, and the report says so); 4 built without a CUDA compiler.
-#
-# Not yet covered (issue 7, in progress): a training step of the tiny model on the GPU with
-# measured vs predicted memory, and a Llama-3.1-8B-shaped layer stack at a long sequence; the
-# executor's LlamaModel still runs on the CPU kernels.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 report_dir=build/gpu-check
@@ -30,6 +31,20 @@ fi
 log="$report_dir/ctest.log"
 OMP_NUM_THREADS=1 ctest --test-dir build -L gpu --output-on-failure > "$log" 2>&1
 status=$?
+
+# The measured-vs-predicted runs: the text table for this report, run.json beside it (and, where
+# gnuplot is installed, `longseq report`'s figure of the loss).
+run_measured() {  # name, then longseq run arguments
+  local name=$1
+  shift
+  mkdir -p "$report_dir/$name"
+  echo "gpu-check: longseq run --device cuda $*" >&2
+  build/cli/longseq run --device cuda "$@" --json-out "$report_dir/$name/run.json" > "$report_dir/$name/run.txt" 2>&1 || status=1
+  if command -v gnuplot >/dev/null && [ -f "$report_dir/$name/run.json" ]; then build/cli/longseq report "$report_dir/$name" >/dev/null; fi
+}
+run_measured tiny-llama --model tiny-llama --seqlen 8Ki --steps 3 --checkpointing --checkpoint-offload --mlp-tiles 4 --loss-tiles 4
+run_measured llama-3.1-8b-layer-stack --model llama-3.1-8b --layers "${LAYER_STACK_LAYERS:-4}" --seqlen "${LAYER_STACK_SEQLEN:-32Ki}" \
+  --steps 2 --checkpointing --checkpoint-offload --mlp-tiles 8 --loss-tiles 8
 {
   echo "# GPU check: MEASURED on $(hostname), $(date -u +%FT%TZ)"
   echo
@@ -42,6 +57,14 @@ status=$?
   echo '```'
   cat "$log"
   echo '```'
+  for name in tiny-llama llama-3.1-8b-layer-stack; do
+    echo
+    echo "## longseq run --device cuda: $name (MEASURED on this GPU vs PREDICTED by native-cuda)"
+    echo
+    echo '```'
+    cat "$report_dir/$name/run.txt"
+    echo '```'
+  done
 } > "$report"
 cat "$log"
 echo "gpu-check: report written to $report"

@@ -11,6 +11,7 @@
 #include "models/model_loader.hpp"
 #include "planner/scenario.hpp"
 #include "reports/export.hpp"
+#include "reports/report.hpp"
 #include "reports/sweep_output.hpp"
 
 using namespace longseq;
@@ -144,4 +145,22 @@ TEST_CASE("an exported Accelerate config is YAML with the Ulysses parallelism_co
   CHECK(config["parallelism_config"]["parallelism_config_dp_shard_size"].as<int>() == 4);
   CHECK(config["parallelism_config"]["parallelism_config_sp_backend"].as<std::string>() == "deepspeed");
   CHECK(exported.text.find("# not expressible here: FPDT") != std::string::npos);
+}
+
+TEST_CASE("run report: a GPU run's profile and the memory outside its arena are reported beside the arena's peak") {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("longseq-run-report-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const nlohmann::json run = {{"model", "Llama-3.1-8B"}, {"seqlen", 32768}, {"ranks", 1}, {"sp", 1}, {"dp", 1}, {"plan", "sp=1"},
+                              {"profile", "native-cuda"}, {"measured_on", "gpu-node (GPU NVIDIA H100, bf16), 1 rank(s)"},
+                              {"steps", {{{"step", 1}, {"loss", 12.0}, {"seconds", 2.0}, {"tokens_per_s", 16384.0}}}},
+                              {"measured_peak_mib", 1000.0}, {"predicted_peak_mib", 1010.0}, {"predicted_peak_moment", "backward"},
+                              {"measured_outside_arena_mib", 1500.0}, {"predicted_outside_arena_mib", 1056.0}};
+  std::ofstream(dir / "run.json") << run.dump();
+  report_write(dir.string(), "true");  // a gnuplot that draws nothing: the report's text is under test
+  std::ifstream stream(dir / "report.md");
+  const std::string report((std::istreambuf_iterator<char>(stream)), std::istreambuf_iterator<char>());
+  CHECK(report.find("runtime profile `native-cuda`") != std::string::npos);
+  CHECK(report.find("| 0 | 1000.000 | +1.00% |") != std::string::npos);
+  CHECK(report.find("MEASURED 1500.0 MiB (cudaMemGetInfo after the last step, rank 0), PREDICTED 1056.0 MiB") != std::string::npos);
+  std::filesystem::remove_all(dir);
 }
