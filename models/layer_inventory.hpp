@@ -76,9 +76,12 @@ double decoder_layer_saved_bytes(const LayerShape& shape, const LayerImplementat
 double fpdt_host_bytes(const LayerShape& shape, const LayerImplementation& impl);
 
 // longseq's own executor (executor/llama_step.hpp), tensor for tensor and in its order: RoPE in place,
-// no all-to-all (one rank), SwiGLU keeping gate/up/product with separate gradient buffers, RMSNorm
-// keeping its rstd, a cross entropy that writes the logits' gradient without a log-softmax copy.
-// The whole step is replayed, every layer, since the executor's peak is exactly what it allocates.
+// Ulysses through staging buffers, SwiGLU keeping gate/up/product with separate gradient buffers,
+// RMSNorm keeping its rstd, attention backward with FlashAttention-2's softmax delta, a cross
+// entropy that writes the logits' gradient without a log-softmax copy, checkpoint offload that
+// keeps a layer's input on the device until the next layer is done (the copy overlaps it) and
+// fetches inputs one layer ahead in backward. The whole step is replayed, every layer, since the
+// executor's peak is exactly what it allocates.
 // `shape.mlp_tiles` 0 is untiled; `loss_tile_tokens` 0 is untiled.
 struct ExecutorStepOptions {
   int64_t layers = 0;

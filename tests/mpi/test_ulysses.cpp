@@ -106,6 +106,22 @@ TEST_CASE("all-to-all layout: every rank gets all tokens of its heads, and back 
   CHECK(round_trip == local);
 }
 
+TEST_CASE("all-to-all and all-gather move 2-byte elements (the GPU's bf16) as they move floats") {
+  const int64_t sp = world().size(), count = 5;
+  std::vector<uint16_t> send(static_cast<size_t>(sp * count)), received(send.size()), gathered(send.size());
+  for (int64_t r = 0; r < sp; ++r)
+    for (int64_t i = 0; i < count; ++i) send[static_cast<size_t>(r * count + i)] = static_cast<uint16_t>(world().rank() * 1000 + r * 10 + i);
+  world().all_to_all(send.data(), received.data(), count);
+  world().all_gather(send.data(), gathered.data(), count);
+  for (int64_t r = 0; r < sp; ++r)
+    for (int64_t i = 0; i < count; ++i) {
+      // Block r of what this rank received is block `rank` of what rank r sent.
+      CHECK(received[static_cast<size_t>(r * count + i)] == r * 1000 + world().rank() * 10 + i);
+      // Block r of the gather is rank r's first block.
+      CHECK(gathered[static_cast<size_t>(r * count + i)] == r * 1000 + i);
+    }
+}
+
 TEST_CASE("GQA with fewer kv heads than ranks: kv heads are replicated, rank r gets head r / (sp / n_kv)") {
   const int64_t sp = world().size(), NKV = 1, T = 2, HD = 1;  // MQA: one kv head for every rank
   Ulysses ulysses;
