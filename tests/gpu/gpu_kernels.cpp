@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "executor/ulysses.hpp"
 #include "kernels/cpu/attention.hpp"
 #include "kernels/cpu/dense.hpp"
 #include "kernels/cpu/loss_optimizer.hpp"
@@ -238,6 +239,50 @@ static void attention_check(int64_t HD) {
 TEST_CASE("attention forward and backward: GQA, two packed documents") {
   attention_check(64);  // two channels per lane
   attention_check(16);  // tiny-llama's head_dim: half the lanes idle
+}
+
+TEST_CASE("data movement: residual adds, gradient scaling, bf16 weights from fp32 masters") {
+  const int64_t N = 1000;
+  const auto a = random_values(N, 1.0f, 30), b = random_values(N, 1.0f, 31);
+  DeviceArray<Bf16> d_a(to_bf16(a)), d_b(to_bf16(b));
+  gpu::add(d_a.get(), d_b.get(), N);
+  const std::vector<Bf16> sums = d_a.download();
+  for (int64_t i = 0; i < N; ++i)  // the fp32 sum rounded once, as the CPU's bf16 path rounds it
+    CHECK(sums[static_cast<size_t>(i)] == longseq::bf16_from_float(a[static_cast<size_t>(i)] + b[static_cast<size_t>(i)]));
+  DeviceArray<float> d_f(a), d_g(b);
+  gpu::add(d_f.get(), d_g.get(), N);
+  gpu::scale(d_f.get(), N, 0.25f);
+  const std::vector<float> scaled = d_f.download();
+  for (int64_t i = 0; i < N; ++i) CHECK(scaled[static_cast<size_t>(i)] == (a[static_cast<size_t>(i)] + b[static_cast<size_t>(i)]) * 0.25f);
+  std::vector<float> masters(N);
+  for (int64_t i = 0; i < N; ++i) masters[static_cast<size_t>(i)] = 0.001f * static_cast<float>(i) - 0.37f;  // not bf16-exact
+  DeviceArray<float> d_masters(masters);
+  DeviceArray<Bf16> d_weights(std::vector<Bf16>(N, 0));
+  gpu::bf16_from_master(d_weights.get(), d_masters.get(), N);
+  CHECK(d_weights.download() == to_bf16(masters));  // round to nearest even, as bf16.hpp
+}
+
+TEST_CASE("Ulysses regrouping: pack and unpack-add match executor/ulysses.hpp, replicated kv heads summed") {
+  const int64_t T = 7, HD = 16, sp = 4;
+  struct Shape {
+    int64_t heads_total;
+    longseq::HeadBlocks blocks;
+  };
+  // q heads (8 over 4 ranks: 2 each) and one kv head replicated on every rank (MQA, sp > NKV).
+  for (const Shape& shape : {Shape{8, {2, 1}}, Shape{1, {1, 4}}}) {
+    CAPTURE(shape.heads_total);
+    const int64_t source_size = T * shape.heads_total * HD, send_size = sp * T * shape.blocks.per_rank * HD;
+    const auto source = random_values(static_cast<size_t>(source_size), 1.0f, 32);
+    std::vector<float> send(static_cast<size_t>(send_size)), target(static_cast<size_t>(source_size), 0.0f);
+    longseq::heads_pack(send.data(), source.data(), T, shape.heads_total, shape.blocks, HD, sp);
+    longseq::heads_unpack_add(target.data(), send.data(), T, shape.heads_total, shape.blocks, HD, sp);
+    DeviceArray<Bf16> d_source(to_bf16(source)), d_send(std::vector<Bf16>(send.size(), 0)),
+        d_target(std::vector<Bf16>(target.size(), 0));
+    gpu::heads_pack(d_send.get(), d_source.get(), T, shape.heads_total, shape.blocks.per_rank, shape.blocks.replication, HD, sp);
+    gpu::heads_unpack_add(d_target.get(), d_send.get(), T, shape.heads_total, shape.blocks.per_rank, shape.blocks.replication, HD, sp);
+    CHECK(from_bf16(d_send.download()) == send);  // a copy of bf16-exact values
+    CHECK(relative_error(from_bf16(d_target.download()), target) <= kBf16Tolerance);
+  }
 }
 
 int main(int argc, char** argv) {
