@@ -24,6 +24,7 @@ struct LaunchCommandArgs {
   std::string hostfile, output, time_limit = "00:30:00", partition;
   std::vector<std::string> mpirun_extra;
   bool slurm = false, wait = false, dry_run = false;
+  std::string device = "cpu";
 };
 
 std::shared_ptr<LaunchCommandArgs> launch_command_register(CLI::App& app) {
@@ -44,6 +45,8 @@ std::shared_ptr<LaunchCommandArgs> launch_command_register(CLI::App& app) {
   command->add_option("--output", args->output, "where run.json (and the batch script and Slurm log) go (default: launch-<scenario name>)");
   command->add_option("--mpirun-arg", args->mpirun_extra, "an extra mpirun argument, e.g. --mpirun-arg=--allow-run-as-root (repeatable)")
       ->allow_extra_args(false);
+  command->add_option("--device", args->device, "cpu (default) or cuda: one GPU per rank (longseq run --device cuda)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   command->add_flag("--dry-run", args->dry_run, "print the layout and what would run or be submitted; write nothing");
   return args;
 }
@@ -92,6 +95,7 @@ int launch_command_run(const LaunchCommandArgs& args) {
   request.time_limit = args.time_limit;
   request.partition = args.partition;
   request.mpirun_extra = args.mpirun_extra;
+  request.device = args.device;
   const JobLayout layout = job_layout(request);  // refuses bad layouts before anything is written
   if (layout.nodes > 1 && !args.slurm && args.hostfile.empty())
     throw ConfigError("--ranks-per-node", "", fmt::format("{} nodes need machines: give --hostfile or --slurm", layout.nodes));

@@ -351,6 +351,9 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
   const double budget_bytes = args.budget_mib > 0 ? args.budget_mib * 1024 * 1024 : std::numeric_limits<double>::infinity();
   // The prediction for the device that runs: fp32 on the CPU, bf16 with the GPU's runtime terms.
   const RuntimeProfile profile = runtime_profile_load(on_gpu ? "native-cuda" : "native");
+  // --budget-mib bounds the arena (which enforces it); on a GPU the planner's per-GPU memory also
+  // holds the runtime's context, workspace and NCCL buffers beside it.
+  const double planner_budget_bytes = budget_bytes + (on_gpu ? runtime_overhead_bytes(profile, world_size) : 0.0);
   if (args.auto_plan) {
     if (args.budget_mib <= 0) throw ConfigError("--auto", "", "needs --budget-mib (the device memory to plan for)");
     if (args.checkpointing || args.checkpoint_offload || args.mlp_tiles > 0 || args.loss_tiles > 0 || args.sp > 0)
@@ -358,7 +361,7 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
     // The planner's choice among the executor's options (and the Ulysses degrees the heads and
     // the rank count allow): the longest sequence, in steps of 64 tokens per rank, that fits the
     // per-rank budget; on a tie, fewer techniques (they cost time).
-    const ClusterSpec cluster = executor_cluster(budget_bytes, world_size);
+    const ClusterSpec cluster = executor_cluster(planner_budget_bytes, world_size);
     int64_t best = 0, best_techniques = 0;
     for (int64_t degree = 1; degree <= world_size; ++degree)
       for (bool checkpointing : {false, true})
@@ -389,7 +392,7 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
       fmt::print("longseq run --auto: the planner chose {} for {} tokens, the longest that fits {:.0f} MiB per rank on {} rank(s) "
                  "(PREDICTION)\n", plan_describe(executor_plan(options, sp, args.zero_stage)), integer_with_commas(seqlen), args.budget_mib, world_size);
   }
-  const ClusterSpec cluster = executor_cluster(budget_bytes, world_size);
+  const ClusterSpec cluster = executor_cluster(planner_budget_bytes, world_size);
   const PlanOptions plan = executor_plan(options, sp, args.zero_stage);
   std::vector<std::string> problems = plan_problems(model, cluster, plan);
   for (auto& problem : seqlen_problems(plan, seqlen)) problems.push_back(problem);

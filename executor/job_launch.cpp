@@ -91,6 +91,7 @@ std::string mpirun_command(const LaunchRequest& request, const JobLayout& layout
   for (const auto& extra : request.mpirun_extra) command.append(" ").append(shell_quote(extra));
   command += fmt::format(" {} run {}", shell_quote(request.longseq_binary), shell_quote(request.scenario_path));
   if (request.sp > 0) command += fmt::format(" --sp {}", request.sp);  // otherwise the run's own choice (every rank, or --auto's)
+  if (request.device != "cpu") command += fmt::format(" --device {}", shell_quote(request.device));
   command += fmt::format(" --json > {}", shell_quote(request.output_directory + "/run.json"));
   return command;
 }
@@ -103,8 +104,10 @@ std::string sbatch_script(const LaunchRequest& request, const JobLayout& layout)
   script += fmt::format("#SBATCH --job-name=longseq-{}\n", request.scenario_name);
   script += fmt::format("#SBATCH --nodes={}\n", layout.nodes);
   script += fmt::format("#SBATCH --ntasks-per-node={}\n", layout.ranks_per_node);
-  // The executor runs on CPU ranks today (one core each); the GPU executor will add --gpus-per-task=1.
+  // One core per rank on the CPU; on GPUs also one GPU per rank (the run picks it by node-local rank,
+  // so Slurm must not hide the node's other GPUs from it: --gpus-per-node, not --gpus-per-task).
   script += "#SBATCH --cpus-per-task=1\n";
+  if (request.device == "cuda") script += fmt::format("#SBATCH --gpus-per-node={}\n", layout.ranks_per_node);
   script += fmt::format("#SBATCH --time={}\n", request.time_limit);
   script += fmt::format("#SBATCH --output={}/slurm-%j.out\n", request.output_directory);
   if (!request.partition.empty()) script += fmt::format("#SBATCH --partition={}\n", request.partition);

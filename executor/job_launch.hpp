@@ -26,6 +26,7 @@ struct LaunchRequest {
   std::string time_limit = "00:30:00";
   std::string partition;                  // Slurm partition (empty: the cluster's default)
   std::vector<std::string> mpirun_extra;  // passed to mpirun as given, e.g. --allow-run-as-root
+  std::string device = "cpu";             // "cuda": every rank runs `longseq run --device cuda` on its own GPU
 };
 
 struct JobLayout {

@@ -94,6 +94,15 @@ Setup setup_make(const ModelSpec& model, const PlanOptions& plan, const RuntimeP
 double as_double(int64_t value) { return static_cast<double>(value); }
 
 // Model states, runtime overheads and inputs: live for the whole step.
+}  // namespace
+
+double runtime_overhead_bytes(const RuntimeProfile& profile, int64_t gpus) {
+  return profile.cuda_context_gib * kBytesPerGib + (gpus > 1 ? profile.nccl_buffers_gib * kBytesPerGib : 0.0) +
+         profile.cublas_workspace_mib * 1024.0 * 1024.0;
+}
+
+namespace {
+
 void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const ClusterSpec& cluster,
                           const PlanOptions& plan, const RuntimeProfile& profile, const Setup& setup, int64_t seqlen,
                           bool with_inputs = true) {
@@ -112,6 +121,7 @@ void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const Clus
     trace.alloc(kCategoryModelStates, "optimizer_states", params * as_double(profile.optimizer_state_bytes) / optimizer_shards);
   }
 
+  // The three terms of runtime_overhead_bytes, by name.
   trace.alloc(kCategoryRuntime, "cuda_context", profile.cuda_context_gib * kBytesPerGib);
   if (cluster.gpus > 1) trace.alloc(kCategoryRuntime, "nccl_buffers", profile.nccl_buffers_gib * kBytesPerGib);
   trace.alloc(kCategoryRuntime, "cublas_workspace", profile.cublas_workspace_mib * 1024.0 * 1024.0);

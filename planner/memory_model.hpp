@@ -61,6 +61,10 @@ struct MemoryPrediction {
 // reports reasons); violating it throws std::invalid_argument.
 // With `with_breakdown` false, gpu_items stays empty (totals, phases and host items are still
 // exact): the cheap form the searches use.
+// GPU memory the runtime holds outside any allocator: CUDA context, cuBLAS workspace, and NCCL
+// buffers when there is more than one rank (the profile's runtime_overheads items).
+double runtime_overhead_bytes(const RuntimeProfile& profile, int64_t gpus);
+
 MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
                                 const RuntimeProfile& profile, int64_t seqlen, bool with_breakdown = true);
 

@@ -41,6 +41,17 @@ TEST_CASE("one node: Ulysses groups inside it, data parallel across them") {
         "mpirun -np 4 --map-by ppr:4:node /bin/longseq run /s/tiny.yaml --sp 2 --json > /out/run.json");
 }
 
+TEST_CASE("GPU ranks: the run goes to --device cuda and the batch script asks for a GPU per rank") {
+  LaunchRequest request = request_for(8, 4, 4);
+  request.device = "cuda";
+  const JobLayout layout = job_layout(request);
+  CHECK(mpirun_command(request, layout) ==
+        "mpirun -np 8 --map-by ppr:4:node /bin/longseq run /s/tiny.yaml --sp 4 --device cuda --json > /out/run.json");
+  const std::string script = sbatch_script(request, layout);
+  CHECK(script.find("#SBATCH --cpus-per-task=1\n#SBATCH --gpus-per-node=4\n") != std::string::npos);
+  CHECK(sbatch_script(request_for(8, 4, 4), layout).find("gpus") == std::string::npos);  // CPU ranks ask for none
+}
+
 TEST_CASE("two nodes, a group per node, as a Slurm batch script") {
   LaunchRequest request = request_for(8, 4, 4);
   request.partition = "gpu";

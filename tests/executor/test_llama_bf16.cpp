@@ -127,6 +127,7 @@ TEST_CASE("bf16 step: measured arena peak equals the native-cuda prediction less
     const MemoryPrediction predicted = memory_predict(spec, cluster, executor_plan(options, 1, c.zero3 ? 3 : 0), profile, seqlen);
     // 1 GiB context + 32 MiB cuBLAS workspace (one rank: no NCCL buffers), outside the arena.
     CHECK(runtime_bytes(predicted) == doctest::Approx(1024.0 * 1024 * 1024 + 32.0 * 1024 * 1024));
+    CHECK(runtime_bytes(predicted) == runtime_overhead_bytes(profile, 1));
     CHECK(predicted.gpu_peak_bytes - runtime_bytes(predicted) == doctest::Approx(device.peak_bytes()).epsilon(1e-9));
     CHECK(predicted.gpu_peak_moment == device.peak_moment());
     if (c.offload) CHECK(predicted.host_bytes_per_node == doctest::Approx(host.peak_bytes()).epsilon(1e-9));
