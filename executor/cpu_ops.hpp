@@ -23,7 +23,64 @@
 
 namespace longseq {
 
-class CpuOps {
+// What every Ops whose "device" is host memory shares: copies, fp32 arithmetic on gradients,
+// host vectors as scratch, and checkpoint copies that finish at once (CpuOps; the tests' bf16
+// emulation). On the GPU (CudaOps) each of these is a CUDA call instead.
+class HostMemoryMovement {
+ public:
+  void add(float* inout, const float* addend, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) inout[i] += addend[i];
+  }
+  template <typename T>
+  void copy(T* destination, const T* source, int64_t n) {
+    std::copy_n(source, n, destination);
+  }
+  void fill_zero(float* data, int64_t n) { std::fill_n(data, n, 0.0f); }
+  void scale(float* data, int64_t n, float factor) {
+    for (int64_t i = 0; i < n; ++i) data[i] *= factor;
+  }
+  // Sum of n device values, on the host, accumulated in double in index order.
+  double sum(const float* values, int64_t n) { return std::accumulate(values, values + n, 0.0); }
+
+  // Memory the step needs beside the arena (its int32 inputs, checkpoint gathers): here a host
+  // vector; on the GPU device memory outside the arena's accounting.
+  template <typename T>
+  using Scratch = std::vector<T>;
+  template <typename T>
+  Scratch<T> scratch(int64_t n) {
+    return Scratch<T>(static_cast<size_t>(n));
+  }
+  template <typename T>
+  void to_device(T* device, const T* host, int64_t n) {
+    std::copy_n(host, n, device);
+  }
+  template <typename T>
+  void to_host(T* host, const T* device, int64_t n) {
+    std::copy_n(device, n, host);
+  }
+
+  // Checkpoint offload between the device and the host pool. On the GPU a copy runs on a side
+  // stream and `copy_wait` makes later device work wait for it; here copies finish at once.
+  struct PendingCopy {};
+  template <typename T>
+  PendingCopy copy_to_host_begin(T* host, const T* device, int64_t n) {
+    std::copy_n(device, n, host);
+    return {};
+  }
+  template <typename T>
+  PendingCopy copy_to_device_begin(T* device, const T* host, int64_t n) {
+    std::copy_n(host, n, device);
+    return {};
+  }
+  // Device work issued after this call runs after the copy.
+  void copy_wait(PendingCopy&) {}
+  // The host waits for the copy (before reusing its host memory).
+  void copy_finish(PendingCopy&) {}
+  // The host waits for every queued device operation (for timing a step).
+  void synchronize() {}
+};
+
+class CpuOps : public HostMemoryMovement {
  public:
   using Act = float;
   static constexpr const char* kDevice = "cpu";
@@ -82,65 +139,15 @@ class CpuOps {
     kernels::adamw_update(master, grads, m, v, N, lr, beta1, beta2, eps, weight_decay, step);
   }
 
-  // ---- element-wise and data movement on device buffers ----
-  template <typename T>
-  void add(T* inout, const T* addend, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) inout[i] += addend[i];
-  }
-  template <typename T>
-  void copy(T* destination, const T* source, int64_t n) {
-    std::copy_n(source, n, destination);
-  }
-  void fill_zero(float* data, int64_t n) { std::fill_n(data, n, 0.0f); }
-  void scale(float* data, int64_t n, float factor) {
-    for (int64_t i = 0; i < n; ++i) data[i] *= factor;
-  }
+  // ---- element-wise and data movement (the rest, add included, is HostMemoryMovement's) ----
   void heads_pack(Act* send, const Act* source, int64_t tokens, int64_t heads_total, HeadBlocks blocks, int64_t HD, int64_t sp) {
     longseq::heads_pack(send, source, tokens, heads_total, blocks, HD, sp);
   }
   void heads_unpack_add(Act* target, const Act* recv, int64_t tokens, int64_t heads_total, HeadBlocks blocks, int64_t HD, int64_t sp) {
     longseq::heads_unpack_add(target, recv, tokens, heads_total, blocks, HD, sp);
   }
-  // Sum of n device values, on the host, accumulated in double in index order.
-  double sum(const float* values, int64_t n) { return std::accumulate(values, values + n, 0.0); }
-
-  // ---- between the host and the device ----
-  // Memory the step needs beside the arena (its int32 inputs, checkpoint gathers): here a host
-  // vector; on the GPU device memory outside the arena's accounting.
-  template <typename T>
-  using Scratch = std::vector<T>;
-  template <typename T>
-  Scratch<T> scratch(int64_t n) {
-    return Scratch<T>(static_cast<size_t>(n));
-  }
-  template <typename T>
-  void to_device(T* device, const T* host, int64_t n) {
-    std::copy_n(host, n, device);
-  }
-  template <typename T>
-  void to_host(T* host, const T* device, int64_t n) {
-    std::copy_n(device, n, host);
-  }
   // The weights the kernels read, from the master weights (nothing to do here: they are one).
   void weights_from_master(Act* /*weights*/, const float* /*master*/, int64_t /*n*/) {}
-
-  // Checkpoint offload between the device and the host pool. On the GPU a copy runs on a side
-  // stream and `copy_wait` makes later device work wait for it; here copies finish at once.
-  struct PendingCopy {};
-  PendingCopy copy_to_host_begin(Act* host, const Act* device, int64_t n) {
-    std::copy_n(device, n, host);
-    return {};
-  }
-  PendingCopy copy_to_device_begin(Act* device, const Act* host, int64_t n) {
-    std::copy_n(host, n, device);
-    return {};
-  }
-  // Device work issued after this call runs after the copy.
-  void copy_wait(PendingCopy&) {}
-  // The host waits for the copy (before reusing its host memory).
-  void copy_finish(PendingCopy&) {}
-  // The host waits for every queued device operation (for timing a step).
-  void synchronize() {}
 };
 
 }  // namespace longseq

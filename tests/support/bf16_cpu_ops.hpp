@@ -16,7 +16,7 @@
 
 namespace longseq::testing {
 
-class Bf16CpuOps {
+class Bf16CpuOps : public HostMemoryMovement {
  public:
   using Act = Bf16;
   static constexpr const char* kDevice = "cpu-bf16";
@@ -106,19 +106,10 @@ class Bf16CpuOps {
     weights_from_master(weights, master, N);
   }
 
+  // ---- element-wise and data movement (the rest is HostMemoryMovement's) ----
+  using HostMemoryMovement::add;
   void add(Act* inout, const Act* addend, int64_t n) {
     for (int64_t i = 0; i < n; ++i) inout[i] = bf16_from_float(bf16_to_float(inout[i]) + bf16_to_float(addend[i]));
-  }
-  void add(float* inout, const float* addend, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) inout[i] += addend[i];
-  }
-  template <typename T>
-  void copy(T* destination, const T* source, int64_t n) {
-    std::copy_n(source, n, destination);
-  }
-  void fill_zero(float* data, int64_t n) { std::fill_n(data, n, 0.0f); }
-  void scale(float* data, int64_t n, float factor) {
-    for (int64_t i = 0; i < n; ++i) data[i] *= factor;
   }
   void heads_pack(Act* send, const Act* source, int64_t tokens, int64_t heads_total, HeadBlocks blocks, int64_t HD, int64_t sp) {
     longseq::heads_pack(send, source, tokens, heads_total, blocks, HD, sp);  // a copy: no arithmetic
@@ -128,37 +119,9 @@ class Bf16CpuOps {
     longseq::heads_unpack_add(sums.data(), wide(recv, sp * tokens * blocks.per_rank * HD).data(), tokens, heads_total, blocks, HD, sp);
     narrow(target, sums);
   }
-  double sum(const float* values, int64_t n) { return std::accumulate(values, values + n, 0.0); }
-
-  template <typename T>
-  using Scratch = std::vector<T>;
-  template <typename T>
-  Scratch<T> scratch(int64_t n) {
-    return Scratch<T>(static_cast<size_t>(n));
-  }
-  template <typename T>
-  void to_device(T* device, const T* host, int64_t n) {
-    std::copy_n(host, n, device);
-  }
-  template <typename T>
-  void to_host(T* host, const T* device, int64_t n) {
-    std::copy_n(device, n, host);
-  }
   void weights_from_master(Act* weights, const float* master, int64_t n) {
     for (int64_t i = 0; i < n; ++i) weights[i] = bf16_from_float(master[i]);
   }
-  struct PendingCopy {};
-  PendingCopy copy_to_host_begin(Act* host, const Act* device, int64_t n) {
-    std::copy_n(device, n, host);
-    return {};
-  }
-  PendingCopy copy_to_device_begin(Act* device, const Act* host, int64_t n) {
-    std::copy_n(host, n, device);
-    return {};
-  }
-  void copy_wait(PendingCopy&) {}
-  void copy_finish(PendingCopy&) {}
-  void synchronize() {}
 
  private:
   static std::vector<float> wide(const Act* values, int64_t n) {
