@@ -19,6 +19,7 @@
 #include "kernels/cpu/dense.hpp"
 #include "kernels/cpu/loss_optimizer.hpp"
 #include "kernels/cpu/norm_rope.hpp"
+#include "kernels/cpu/blocked_attention_cpu.hpp"
 
 using namespace longseq::kernels;
 using Vector = std::vector<double>;
@@ -261,4 +262,49 @@ TEST_CASE("bf16: round to nearest even, exact for representable values, NaN stay
   CHECK(bf16_to_float(bf16_from_float(std::numeric_limits<float>::infinity())) == std::numeric_limits<float>::infinity());
   // The largest float rounds to infinity (beyond bf16's largest finite value), as in PyTorch.
   CHECK(std::isinf(bf16_to_float(bf16_from_float(std::numeric_limits<float>::max()))));
+}
+
+TEST_CASE("blocked attention (the GPU's algorithm) equals the CPU attention, forward and backward") {
+  // fp32 on both sides; the blocked form only reorders sums. Measured worst difference 2.2e-7 of
+  // the largest value; tolerance 1e-5. Blocks that do not divide T, a block wider than T, GQA, two documents.
+  const int64_t T = 37, NQ = 4, NKV = 2, HD = 8;
+  std::vector<int32_t> positions(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) positions[static_cast<size_t>(t)] = static_cast<int32_t>(t < 22 ? t : t - 22);
+  auto as_float = [](const Vector& values) { return std::vector<float>(values.begin(), values.end()); };
+  const std::vector<float> q = as_float(random_vector(T * NQ * HD, 41)), k = as_float(random_vector(T * NKV * HD, 42)),
+                           v = as_float(random_vector(T * NKV * HD, 43)), dout = as_float(random_vector(T * NQ * HD, 44));
+  std::vector<float> out(q.size()), lse(static_cast<size_t>(NQ * T)), delta(lse.size());
+  std::vector<float> dq(q.size(), 0.0f), dk(k.size(), 0.0f), dv(v.size(), 0.0f);
+  attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), positions.data(), T, NQ, NKV, HD, 64);
+  attention_backward(dq.data(), dk.data(), dv.data(), delta.data(), dout.data(), q.data(), k.data(), v.data(), out.data(), lse.data(),
+                     positions.data(), T, NQ, NKV, HD, 64);
+  auto close = [](const std::vector<float>& actual, const std::vector<float>& expected) {
+    double worst = 0, largest = 0;
+    for (size_t i = 0; i < expected.size(); ++i) {
+      worst = std::max(worst, std::fabs(static_cast<double>(actual[i]) - expected[i]));
+      largest = std::max(largest, std::fabs(static_cast<double>(expected[i])));
+    }
+    return worst <= 1e-5 * largest;
+  };
+  for (int64_t block : {8, 5, 64}) {
+    CAPTURE(block);
+    const longseq::BlockedAttentionLayout layout(T, NQ, NKV, HD, block);
+    longseq::CpuBlockedAttentionOps<float> ops;
+    std::vector<float> workspace(static_cast<size_t>(std::max(layout.forward_elements(4), layout.backward_elements(4))));
+    std::vector<float> blocked_out(q.size()), blocked_lse(lse.size()), blocked_delta(lse.size());
+    longseq::blocked_attention_forward(ops, blocked_out.data(), blocked_lse.data(), q.data(), k.data(), v.data(), positions.data(),
+                                       positions.data(), layout, workspace.data());
+    CHECK(close(blocked_out, out));
+    CHECK(close(blocked_lse, lse));
+    // Backward adds into what is there: start from ones to see it add.
+    std::vector<float> bdq(q.size(), 1.0f), bdk(k.size(), 1.0f), bdv(v.size(), 1.0f);
+    longseq::blocked_attention_backward(ops, bdq.data(), bdk.data(), bdv.data(), blocked_delta.data(), dout.data(), q.data(), k.data(),
+                                        v.data(), out.data(), lse.data(), positions.data(), positions.data(), layout, workspace.data());
+    for (auto* values : {&bdq, &bdk, &bdv})
+      for (float& value : *values) value -= 1.0f;
+    CHECK(close(bdq, dq));
+    CHECK(close(bdk, dk));
+    CHECK(close(bdv, dv));
+    CHECK(close(blocked_delta, delta));
+  }
 }
