@@ -117,13 +117,16 @@ class CpuOps : public HostMemoryMovement {
   void swiglu_backward(Act* dgate, Act* dup, const Act* dout, const Act* gate, const Act* up, int64_t N) {
     kernels::swiglu_backward(dgate, dup, dout, gate, up, N);
   }
+  // The CPU kernel tiles by `block` with Eigen temporaries of a few block x block tiles: no
+  // workspace from the arena.
+  int64_t attention_workspace_elements(int64_t /*T*/, int64_t /*NQ*/, int64_t /*NKV*/, int64_t /*HD*/, bool /*backward*/) const { return 0; }
   void attention_forward(Act* out, float* lse, const Act* q, const Act* k, const Act* v, const int32_t* positions, int64_t T,
-                         int64_t NQ, int64_t NKV, int64_t HD, int64_t block) {
+                         int64_t NQ, int64_t NKV, int64_t HD, int64_t block, float* /*workspace*/) {
     kernels::attention_forward(out, lse, q, k, v, positions, T, NQ, NKV, HD, block);
   }
   void attention_backward(Act* dq, Act* dk, Act* dv, float* delta_scratch, const Act* dout, const Act* q, const Act* k, const Act* v,
                           const Act* out, const float* lse, const int32_t* positions, int64_t T, int64_t NQ, int64_t NKV, int64_t HD,
-                          int64_t block) {
+                          int64_t block, float* /*workspace*/) {
     kernels::attention_backward(dq, dk, dv, delta_scratch, dout, q, k, v, out, lse, positions, T, NQ, NKV, HD, block);
   }
   void cross_entropy_forward(float* losses, const Act* logits, const int32_t* labels, int64_t T, int64_t V) {

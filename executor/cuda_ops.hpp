@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "executor/ulysses.hpp"
+#include "kernels/blocked_attention.hpp"
 #include "kernels/cuda/kernels.hpp"
 
 namespace longseq {
@@ -89,15 +90,21 @@ class CudaOps {
   void swiglu_backward(Act* dgate, Act* dup, const Act* dout, const Act* gate, const Act* up, int64_t N) {
     cuda::swiglu_backward(dgate, dup, dout, gate, up, N);
   }
-  // `block` is the CPU kernel's tile; the CUDA kernel walks keys one warp per query.
+  // Blocked attention (kernels/blocked_attention.hpp) in kGpuAttentionBlockTokens blocks, its
+  // workspace from the arena; `block` is the CPU kernel's tile and does not apply here.
+  int64_t attention_workspace_elements(int64_t T, int64_t NQ, int64_t NKV, int64_t HD, bool backward) const {
+    const BlockedAttentionLayout layout(T, NQ, NKV, HD, kGpuAttentionBlockTokens);
+    return backward ? layout.backward_elements(sizeof(Act)) : layout.forward_elements(sizeof(Act));
+  }
   void attention_forward(Act* out, float* lse, const Act* q, const Act* k, const Act* v, const int32_t* positions, int64_t T,
-                         int64_t NQ, int64_t NKV, int64_t HD, int64_t /*block*/) {
-    cuda::attention_forward(out, lse, q, k, v, positions, T, NQ, NKV, HD);
+                         int64_t NQ, int64_t NKV, int64_t HD, int64_t /*block*/, float* workspace) {
+    blas_.attention_forward(out, lse, q, k, v, positions, T, NQ, NKV, HD, kGpuAttentionBlockTokens, workspace);
   }
   void attention_backward(Act* dq, Act* dk, Act* dv, float* delta_scratch, const Act* dout, const Act* q, const Act* k, const Act* v,
                           const Act* out, const float* lse, const int32_t* positions, int64_t T, int64_t NQ, int64_t NKV, int64_t HD,
-                          int64_t /*block*/) {
-    cuda::attention_backward(dq, dk, dv, delta_scratch, dout, q, k, v, out, lse, positions, T, NQ, NKV, HD);
+                          int64_t /*block*/, float* workspace) {
+    blas_.attention_backward(dq, dk, dv, delta_scratch, dout, q, k, v, out, lse, positions, T, NQ, NKV, HD, kGpuAttentionBlockTokens,
+                             workspace);
   }
   void cross_entropy_forward(float* losses, const Act* logits, const int32_t* labels, int64_t T, int64_t V) {
     cuda::cross_entropy_forward(losses, logits, labels, T, V);

@@ -34,6 +34,14 @@ struct LayerSaved {
 
 inline int64_t tile_size(int64_t T, int64_t tiles) { return tiles > 0 ? (T + tiles - 1) / tiles : T; }
 
+// The attention kernel's workspace for T tokens of these heads, from the arena (none when the
+// kernel needs none: the CPU's).
+template <class Ops>
+Buffer attention_workspace(Ops& ops, Arena& device, int64_t T, int64_t NQ, int64_t NKV, int64_t HD, bool backward) {
+  const int64_t elements = ops.attention_workspace_elements(T, NQ, NKV, HD, backward);
+  return elements > 0 ? device.allocate(L, "attention.workspace", elements) : Buffer();
+}
+
 // One decoder layer's forward. Returns the layer output; fills `saved` when given.
 template <class Ops, typename Act = typename Ops::Act>
 BufferOf<Act> layer_forward(Ops& ops, const Act* params, const LlamaLayout::Layer& w, const Act* x, const int32_t* positions,
@@ -58,8 +66,10 @@ BufferOf<Act> layer_forward(Ops& ops, const Act* params, const LlamaLayout::Laye
   if (!ulysses.active()) {
     s.attention_output = device.allocate<Act>(L, "attention.output", d.T * d.Q);
     s.lse = device.allocate(L, "attention.lse", d.NQ * d.T);
+    Buffer workspace = attention_workspace(ops, device, d.T, d.NQ, d.NKV, d.HD, false);
     ops.attention_forward(s.attention_output.data(), s.lse.data(), s.q.data(), s.k.data(), s.v.data(), positions, d.T, d.NQ, d.NKV,
-                          d.HD, options.attention_block);
+                          d.HD, options.attention_block, workspace.data());
+    workspace.release();
     if (!saved) {
       s.q.release();
       s.k.release();
@@ -85,8 +95,10 @@ BufferOf<Act> layer_forward(Ops& ops, const Act* params, const LlamaLayout::Laye
     s.v.release();
     s.output_global = device.allocate<Act>(L, "attention.output_global", ulysses.sp * q_count);
     s.lse = device.allocate(L, "attention.lse", ulysses.q_heads * S);
+    Buffer workspace = attention_workspace(ops, device, S, ulysses.q_heads, ulysses.kv_heads, d.HD, false);
     ops.attention_forward(s.output_global.data(), s.lse.data(), s.q_global.data(), s.k_global.data(), s.v_global.data(),
-                          ulysses.global_positions, S, ulysses.q_heads, ulysses.kv_heads, d.HD, options.attention_block);
+                          ulysses.global_positions, S, ulysses.q_heads, ulysses.kv_heads, d.HD, options.attention_block, workspace.data());
+    workspace.release();
     // All-to-all out: the output's token blocks go back to the ranks that own them.
     BufferOf<Act> recv = device.allocate<Act>(L, "ulysses.staging", ulysses.sp * q_count);
     ulysses.group->all_to_all(s.output_global.data(), recv.data(), q_count);
@@ -192,9 +204,11 @@ BufferOf<Act> layer_backward(Ops& ops, float* grads, const Act* params, const Ll
   BufferOf<Act> v_grad = device.allocate<Act>(L, "attention.v_grad", d.T * d.KV, true);
   if (!ulysses.active()) {
     Buffer delta = device.allocate(L, "attention.softmax_delta", d.NQ * d.T);
+    Buffer workspace = attention_workspace(ops, device, d.T, d.NQ, d.NKV, d.HD, true);
     ops.attention_backward(q_grad.data(), k_grad.data(), v_grad.data(), delta.data(), output_grad.data(), s.q.data(), s.k.data(),
                            s.v.data(), s.attention_output.data(), s.lse.data(), positions, d.T, d.NQ, d.NKV, d.HD,
-                           options.attention_block);
+                           options.attention_block, workspace.data());
+    workspace.release();
     delta.release();
     output_grad.release();
     s.attention_output.release();
@@ -216,9 +230,12 @@ BufferOf<Act> layer_backward(Ops& ops, float* grads, const Act* params, const Ll
     BufferOf<Act> k_grad_global = device.allocate<Act>(L, "attention.k_grad_global", ulysses.sp * kv_count, true);
     BufferOf<Act> v_grad_global = device.allocate<Act>(L, "attention.v_grad_global", ulysses.sp * kv_count, true);
     Buffer delta = device.allocate(L, "attention.softmax_delta", ulysses.q_heads * S);
+    Buffer workspace = attention_workspace(ops, device, S, ulysses.q_heads, ulysses.kv_heads, d.HD, true);
     ops.attention_backward(q_grad_global.data(), k_grad_global.data(), v_grad_global.data(), delta.data(), output_grad_global.data(),
                            s.q_global.data(), s.k_global.data(), s.v_global.data(), s.output_global.data(), s.lse.data(),
-                           ulysses.global_positions, S, ulysses.q_heads, ulysses.kv_heads, d.HD, options.attention_block);
+                           ulysses.global_positions, S, ulysses.q_heads, ulysses.kv_heads, d.HD, options.attention_block,
+                           workspace.data());
+    workspace.release();
     delta.release();
     for (BufferOf<Act>* buffer : {&output_grad_global, &s.output_global}) buffer->release();
     s.lse.release();

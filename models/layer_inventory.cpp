@@ -2,6 +2,8 @@
 // REFERENCE means ../shared/REFERENCE.md, which names the files and versions.
 #include "models/layer_inventory.hpp"
 
+#include "kernels/blocked_attention.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <utility>
@@ -483,9 +485,20 @@ namespace {
 // Sizes in bytes for the executor's fp32 buffers.
 struct ExecutorBytes {
   double x, q, kv, kv_global, lse, rstd, f_tile, last_f_tile;
+  double attention_forward_workspace = 0, attention_backward_workspace = 0;  // the blocked kernel's
   // act: bytes per activation element (fp32 on the CPU, bf16 on the GPU); rstd and lse are fp32.
-  ExecutorBytes(const LayerShape& shape, int64_t act) {
+  ExecutorBytes(const LayerShape& shape, const ExecutorStepOptions& options) {
+    const int64_t act = options.activation_bytes;
     const double t = static_cast<double>(shape.tokens), a = static_cast<double>(act);
+    if (options.attention_block_tokens > 0) {
+      // Attention runs over all sp x T tokens for this rank's heads (executor/llama_step.hpp).
+      const int64_t head_dim = shape.q_width / shape.num_q_heads;
+      const BlockedAttentionLayout layout(shape.tokens * shape.sp, shape.num_q_heads / shape.sp,
+                                          shape.kv_width * shape.kv_replication / head_dim / shape.sp, head_dim,
+                                          options.attention_block_tokens);
+      attention_forward_workspace = 4.0 * static_cast<double>(layout.forward_elements(act));
+      attention_backward_workspace = 4.0 * static_cast<double>(layout.backward_elements(act));
+    }
     x = t * static_cast<double>(shape.hidden) * a;
     q = t * static_cast<double>(shape.q_width) * a;
     kv = t * static_cast<double>(shape.kv_width) * a;
@@ -507,8 +520,14 @@ int64_t executor_tile_count(const LayerShape& shape) {
 }
 
 // executor/llama_step.hpp layer_forward. Leaves "layer.output" and, with keep, the saved tensors.
-void executor_layer_forward(TensorTrace& trace, const LayerShape& shape, int64_t act, bool keep) {
-  const ExecutorBytes b(shape, act);
+void executor_layer_forward(TensorTrace& trace, const LayerShape& shape, const ExecutorStepOptions& options, bool keep) {
+  const ExecutorBytes b(shape, options);
+  // The attention kernel's workspace, if it takes one, lives only while it runs.
+  auto workspace = [&](double bytes) {
+    if (bytes <= 0) return;
+    trace.alloc(L, "attention.workspace", bytes);
+    trace.free("attention.workspace");
+  };
   trace.set_moment("forward: attention");
   trace.alloc(L, "attention_norm.output", b.x);
   trace.alloc(L, "attention_norm.rstd", b.rstd);
@@ -519,6 +538,7 @@ void executor_layer_forward(TensorTrace& trace, const LayerShape& shape, int64_t
   if (shape.sp == 1) {
     trace.alloc(L, "attention.output", b.q);
     trace.alloc(L, "attention.lse", b.lse);
+    workspace(b.attention_forward_workspace);
     if (!keep)
       for (const char* name : {"attention.q", "attention.k", "attention.v", "attention.lse"}) trace.free(name);
   } else {
@@ -533,6 +553,7 @@ void executor_layer_forward(TensorTrace& trace, const LayerShape& shape, int64_t
     for (const char* name : {"attention.q", "attention.k", "attention.v"}) trace.free(name);
     trace.alloc(L, "attention.output_global", b.q);
     trace.alloc(L, "attention.lse", b.lse);
+    workspace(b.attention_forward_workspace);
     trace.alloc(L, "ulysses.staging", b.q);
     trace.alloc(L, "attention.output", b.q);
     if (!keep)
@@ -565,8 +586,17 @@ void executor_layer_forward(TensorTrace& trace, const LayerShape& shape, int64_t
 
 // executor/llama_step.hpp layer_backward after executor_layer_forward(keep). Expects "layer.input"
 // and "layer.output_grad" live; leaves "layer.input_grad".
-void executor_layer_backward(TensorTrace& trace, const LayerShape& shape, int64_t act) {
-  const ExecutorBytes b(shape, act);
+void executor_layer_backward(TensorTrace& trace, const LayerShape& shape, const ExecutorStepOptions& options) {
+  const ExecutorBytes b(shape, options);
+  // FlashAttention-2's softmax delta (rowsum(dO * O), fp32 [NQ, T]) and the kernel's workspace.
+  auto delta_and_workspace = [&] {
+    trace.alloc(L, "attention.softmax_delta", b.lse);
+    if (b.attention_backward_workspace > 0) {
+      trace.alloc(L, "attention.workspace", b.attention_backward_workspace);
+      trace.free("attention.workspace");
+    }
+    trace.free("attention.softmax_delta");
+  };
   trace.set_moment("backward: mlp");
   trace.alloc(L, "mlp.input_grad", b.x);
   const int64_t tiles = executor_tile_count(shape);
@@ -594,8 +624,7 @@ void executor_layer_backward(TensorTrace& trace, const LayerShape& shape, int64_
   trace.alloc(L, "attention.k_grad", b.kv);
   trace.alloc(L, "attention.v_grad", b.kv);
   if (shape.sp == 1) {
-    trace.alloc(L, "attention.softmax_delta", b.lse);  // rowsum(dO * O), fp32 [NQ, T]
-    trace.free("attention.softmax_delta");
+    delta_and_workspace();
     for (const char* name : {"attention.output_grad", "attention.output", "attention.lse", "attention.q", "attention.k", "attention.v"})
       trace.free(name);
   } else {
@@ -606,8 +635,7 @@ void executor_layer_backward(TensorTrace& trace, const LayerShape& shape, int64_
     trace.alloc(L, "attention.q_grad_global", b.q);
     trace.alloc(L, "attention.k_grad_global", b.kv_global);
     trace.alloc(L, "attention.v_grad_global", b.kv_global);
-    trace.alloc(L, "attention.softmax_delta", b.lse);
-    trace.free("attention.softmax_delta");
+    delta_and_workspace();
     for (const char* name : {"attention.output_grad_global", "attention.output_global", "attention.lse", "attention.q_global",
                              "attention.k_global", "attention.v_global", "attention.output"})
       trace.free(name);
@@ -636,7 +664,7 @@ void executor_layer_backward(TensorTrace& trace, const LayerShape& shape, int64_
 
 void executor_step_replay(TensorTrace& trace, const LayerShape& shape, const ExecutorStepOptions& options) {
   const int64_t act = options.activation_bytes;
-  const ExecutorBytes b(shape, act);
+  const ExecutorBytes b(shape, options);
   const bool keep = !options.checkpointing;
   const bool zero = options.zero_ranks > 0;
   // ZeRO-3 (executor/llama_step.hpp): a module gathered whole (padded to equal chunks), its gradient
@@ -667,7 +695,7 @@ void executor_step_replay(TensorTrace& trace, const LayerShape& shape, const Exe
   }
   for (int64_t i = 0; i < options.layers; ++i) {
     if (zero) gather(options.layer_parameters);
-    executor_layer_forward(trace, shape, act, keep);
+    executor_layer_forward(trace, shape, options, keep);
     if (zero) trace.free("gathered_layer_weights");
     if (options.checkpoint_offload) {
       // The input's copy to the host pool runs while the next layer computes; the previous
@@ -725,10 +753,10 @@ void executor_step_replay(TensorTrace& trace, const LayerShape& shape, const Exe
       if (i > 0) trace.alloc(L, "checkpoint.prefetched", b.x);
     }
     if (options.checkpointing) {
-      executor_layer_forward(trace, shape, act, /*keep=*/true);
+      executor_layer_forward(trace, shape, options, /*keep=*/true);
       trace.free("layer.output");
     }
-    executor_layer_backward(trace, shape, act);
+    executor_layer_backward(trace, shape, options);
     trace.free("layer.output_grad");
     trace.alias("layer.input_grad", L, "layer.output_grad");
     trace.free("layer.input_grad");

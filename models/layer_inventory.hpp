@@ -88,6 +88,9 @@ struct ExecutorStepOptions {
   // Bytes of an activation (and weight) element as the kernels read it: 4 on the CPU (fp32), 2 on
   // a GPU (bf16). Gradients, rstd, lse, softmax delta and per-token losses are fp32 on both.
   int64_t activation_bytes = 4;
+  // The blocked attention's block (0: a kernel that takes no workspace, the CPU's): its workspace
+  // (kernels/blocked_attention.hpp) is allocated around each attention forward and backward.
+  int64_t attention_block_tokens = 0;
   bool checkpointing = false;
   bool checkpoint_offload = false;
   int64_t loss_tile_tokens = 0;

@@ -90,6 +90,7 @@ RuntimeProfile runtime_profile_from_text(const std::string& yaml_text, const std
   profile.step_schedule = reader.get_string("step_schedule", "phases");
   if (profile.step_schedule != "phases" && profile.step_schedule != "executor")
     throw ConfigError(source_name, "step_schedule", fmt::format("expected phases or executor, got '{}'", profile.step_schedule));
+  profile.attention_block_tokens = reader.get_int("attention_block_tokens", 0, int64_t{1} << 20, 0);
   reader.reject_unknown_keys();
   return profile;
 }

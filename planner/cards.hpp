@@ -57,6 +57,9 @@ struct RuntimeProfile {
   // How a step's memory is predicted: "phases" replays the three heaviest phases of a framework
   // stack through the layer inventory; "executor" replays longseq's executor step, every layer.
   std::string step_schedule = "phases";
+  // With the executor's schedule: the block of its blocked attention kernel, whose workspace it
+  // allocates around each attention (kernels/blocked_attention.hpp); 0: a kernel without one.
+  int64_t attention_block_tokens = 0;
   // CALIBRATED, not derived: GPU memory that grows with S costs this many times what the tensor
   // inventory adds up to (allocator and framework behaviour the inventory cannot see). 1 = none.
   double activation_overhead_factor = 1.0;

@@ -211,6 +211,7 @@ MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& clust
     ExecutorStepOptions options;
     options.layers = model.num_layers;
     options.activation_bytes = profile.activation_bytes;
+    options.attention_block_tokens = profile.attention_block_tokens;
     options.checkpointing = plan.activation_checkpointing;
     options.checkpoint_offload = plan.checkpoint_offload;
     options.loss_tile_tokens = plan.tiled_loss ? setup.loss_tile_tokens : 0;

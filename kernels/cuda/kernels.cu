@@ -4,6 +4,10 @@
 // Compiled wherever nvcc exists; run only on a GPU machine (tests/gpu/gpu_kernels.cpp).
 #include "kernels/cuda/kernels.hpp"
 
+#include <vector>
+
+#include "kernels/blocked_attention.hpp"
+
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -478,6 +482,190 @@ void Blas::linear_backward(Bf16* dinp, float* dweight, const Bf16* dout, const B
                             inp, CUDA_R_16BF, static_cast<int>(C), dout, CUDA_R_16BF, static_cast<int>(OC), &one, dweight, CUDA_R_32F,
                             static_cast<int>(C), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                "linear_backward dweight");
+}
+
+// ---- blocked attention: the primitives of kernels/blocked_attention.hpp ----
+namespace {
+
+__device__ inline bool key_visible(const int32_t* positions, int64_t i, int64_t j) { return j <= i && j >= i - positions[i]; }
+
+__global__ void fill_kernel(float* data, int64_t n, float value) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) data[i] = value;
+}
+// One block per (head, query row) of the query block.
+__global__ void online_softmax_kernel(Bf16* P, float* O, float* m, float* sum, const float* S, const int32_t* positions, int64_t i0,
+                                      int64_t rows, int64_t j0, int64_t cols, float scale, int64_t B, int64_t HD) {
+  const int64_t h = blockIdx.x / rows, r = blockIdx.x % rows, row = h * B + r, i = i0 + r;
+  const float* s = S + row * B;
+  float local_max = -INFINITY;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+    if (key_visible(positions, i, j0 + c)) local_max = fmaxf(local_max, s[c] * scale);
+  const float old_max = m[row];
+  const float new_max = fmaxf(old_max, block_max(local_max));
+  // Nothing visible yet in this row (keys of an earlier document): it adds nothing.
+  const float correction = new_max == -INFINITY ? 1.0f : expf(old_max - new_max);
+  float local_sum = 0;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float p = key_visible(positions, i, j0 + c) ? expf(s[c] * scale - new_max) : 0.0f;
+    local_sum += p;
+    P[row * B + c] = bf16(p);
+  }
+  const float added = block_sum(local_sum);
+  for (int64_t d = threadIdx.x; d < HD; d += blockDim.x) O[row * HD + d] *= correction;
+  if (threadIdx.x == 0) {
+    sum[row] = sum[row] * correction + added;
+    m[row] = new_max;
+  }
+}
+__global__ void attention_finish_kernel(Bf16* out, float* lse, const float* O, const float* m, const float* sum, int64_t i0, int64_t rows,
+                                        int64_t T, int64_t NQ, int64_t B, int64_t HD) {
+  const int64_t h = blockIdx.x / rows, r = blockIdx.x % rows, row = h * B + r;
+  for (int64_t d = threadIdx.x; d < HD; d += blockDim.x) out[((i0 + r) * NQ + h) * HD + d] = bf16(O[row * HD + d] / sum[row]);
+  if (threadIdx.x == 0) lse[h * T + i0 + r] = m[row] + logf(sum[row]);
+}
+// Element-wise over [NQ, rows, cols] of the block's [NQ, B, B] buffers.
+__global__ void probabilities_kernel(Bf16* P, const float* S, const float* lse, const int32_t* positions, int64_t i0, int64_t rows,
+                                     int64_t j0, int64_t cols, float scale, int64_t T, int64_t NQ, int64_t B) {
+  const int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (e >= NQ * rows * cols) return;
+  const int64_t c = e % cols, r = (e / cols) % rows, h = e / (cols * rows), index = (h * B + r) * B + c;
+  P[index] = bf16(key_visible(positions, i0 + r, j0 + c) ? expf(S[index] * scale - lse[h * T + i0 + r]) : 0.0f);
+}
+__global__ void softmax_gradient_kernel(Bf16* dS, const Bf16* P, const float* dP, const float* delta, int64_t i0, int64_t rows,
+                                        int64_t cols, float scale, int64_t T, int64_t NQ, int64_t B) {
+  const int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (e >= NQ * rows * cols) return;
+  const int64_t c = e % cols, r = (e / cols) % rows, h = e / (cols * rows), index = (h * B + r) * B + c;
+  dS[index] = bf16(load(P, index) * (dP[index] - delta[h * T + i0 + r]) * scale);
+}
+__global__ void add_kv_block_kernel(Bf16* target, const float* acc, int64_t j0, int64_t cols, int64_t NKV, int64_t B, int64_t HD) {
+  const int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (e >= NKV * cols * HD) return;
+  const int64_t d = e % HD, c = (e / HD) % cols, g = e / (HD * cols), index = ((j0 + c) * NKV + g) * HD + d;
+  target[index] = bf16(load(target, index) + acc[(g * B + c) * HD + d]);
+}
+__global__ void add_accumulated_kernel(Bf16* target, const float* acc, int64_t n) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) target[i] = bf16(load(target, i) + acc[i]);
+}
+
+// The primitives, each a cuBLAS call per q head of a kv group (batched over the kv heads) or a
+// kernel. cuBLAS is column-major: a row-major [n, HD] slice with row stride s is a column-major
+// [HD, n] matrix with leading dimension s; each product below is written in that form.
+class CudaBlockedAttentionOps {
+ public:
+  explicit CudaBlockedAttentionOps(cublasHandle_t handle) : handle_(handle) {}
+  using L = BlockedAttentionLayout;
+
+  // S[h][r][c] = a[i0 + r, h] . b[j0 + c, g]: S_h^T [cols, rows] = b_g^T (as [HD, cols], transposed) x a_h [HD, rows].
+  void scores(float* S, const Bf16* a, const Bf16* b, int64_t i0, int64_t rows, int64_t j0, int64_t cols, const L& l) {
+    const float one = 1.0f, zero = 0.0f;
+    for (int64_t hl = 0; hl < l.group(); ++hl)
+      check_blas(cublasGemmStridedBatchedEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, narrow(cols), narrow(rows), narrow(l.HD), &one,
+                                            b + j0 * l.NKV * l.HD, CUDA_R_16BF, narrow(l.NKV * l.HD), l.HD, a + i0 * l.NQ * l.HD + hl * l.HD,
+                                            CUDA_R_16BF, narrow(l.NQ * l.HD), l.group() * l.HD, &zero, S + hl * l.block * l.block, CUDA_R_32F,
+                                            narrow(l.block), l.group() * l.block * l.block, narrow(l.NKV), CUBLAS_COMPUTE_32F,
+                                            CUBLAS_GEMM_DEFAULT),
+                 "blocked attention scores");
+  }
+  // acc_h[r][:] += X_h[r][:] . b_g[j0..]: acc_h^T [HD, rows] += b_g^T [HD, cols] x X_h^T [cols, rows].
+  void accumulate_product(float* acc, int64_t row_stride, int64_t head_stride, const Bf16* X, const Bf16* b, int64_t j0, int64_t rows,
+                          int64_t cols, const L& l) {
+    const float one = 1.0f;
+    for (int64_t hl = 0; hl < l.group(); ++hl)
+      check_blas(cublasGemmStridedBatchedEx(handle_, CUBLAS_OP_N, CUBLAS_OP_N, narrow(l.HD), narrow(rows), narrow(cols), &one,
+                                            b + j0 * l.NKV * l.HD, CUDA_R_16BF, narrow(l.NKV * l.HD), l.HD, X + hl * l.block * l.block,
+                                            CUDA_R_16BF, narrow(l.block), l.group() * l.block * l.block, &one, acc + hl * head_stride,
+                                            CUDA_R_32F, narrow(row_stride), l.group() * head_stride, narrow(l.NKV), CUBLAS_COMPUTE_32F,
+                                            CUBLAS_GEMM_DEFAULT),
+                 "blocked attention accumulate");
+  }
+  // acc_g[c][:] += sum over the group's heads of X_h^T a_h: acc_g^T [HD, cols] += a_h [HD, rows] x (X_h^T [cols, rows])^T.
+  void accumulate_transposed(float* acc, const Bf16* X, const Bf16* a, int64_t i0, int64_t rows, int64_t cols, const L& l) {
+    const float one = 1.0f;
+    for (int64_t hl = 0; hl < l.group(); ++hl)
+      check_blas(cublasGemmStridedBatchedEx(handle_, CUBLAS_OP_N, CUBLAS_OP_T, narrow(l.HD), narrow(cols), narrow(rows), &one,
+                                            a + i0 * l.NQ * l.HD + hl * l.HD, CUDA_R_16BF, narrow(l.NQ * l.HD), l.group() * l.HD,
+                                            X + hl * l.block * l.block, CUDA_R_16BF, narrow(l.block), l.group() * l.block * l.block, &one,
+                                            acc, CUDA_R_32F, narrow(l.HD), l.block * l.HD, narrow(l.NKV), CUBLAS_COMPUTE_32F,
+                                            CUBLAS_GEMM_DEFAULT),
+                 "blocked attention accumulate transposed");
+  }
+  void statistics_reset(float* m, float* sum, float* O, int64_t /*rows*/, const L& l) {
+    fill_kernel<<<blocks_for(l.row_statistics()), kThreads>>>(m, l.row_statistics(), -INFINITY);
+    check_launch("blocked attention reset");
+    zero(sum, l.row_statistics());
+    zero(O, l.row_accumulator());
+  }
+  void online_softmax(Bf16* P, float* O, float* m, float* sum, const float* S, const int32_t* positions, int64_t i0, int64_t rows,
+                      int64_t j0, int64_t cols, float scale, const L& l) {
+    online_softmax_kernel<<<narrow(l.NQ * rows), kThreads>>>(P, O, m, sum, S, positions, i0, rows, j0, cols, scale, l.block, l.HD);
+    check_launch("blocked attention online softmax");
+  }
+  void attention_finish(Bf16* out, float* lse, const float* O, const float* m, const float* sum, int64_t i0, int64_t rows, const L& l) {
+    attention_finish_kernel<<<narrow(l.NQ * rows), kThreads>>>(out, lse, O, m, sum, i0, rows, l.T, l.NQ, l.block, l.HD);
+    check_launch("blocked attention finish");
+  }
+  void softmax_delta(float* delta, const Bf16* dout, const Bf16* out, const L& l) {
+    attention_delta_kernel<<<warp_blocks(l.T * l.NQ), 32 * kWarpsPerBlock>>>(delta, dout, out, l.T, l.NQ, l.HD);
+    check_launch("blocked attention delta");
+  }
+  void zero(float* data, int64_t n) {
+    check(cudaMemsetAsync(data, 0, static_cast<size_t>(n) * sizeof(float), cudaStreamLegacy), "blocked attention zero");
+  }
+  void probabilities(Bf16* P, const float* S, const float* lse, const int32_t* positions, int64_t i0, int64_t rows, int64_t j0,
+                     int64_t cols, float scale, const L& l) {
+    probabilities_kernel<<<blocks_for(l.NQ * rows * cols), kThreads>>>(P, S, lse, positions, i0, rows, j0, cols, scale, l.T, l.NQ, l.block);
+    check_launch("blocked attention probabilities");
+  }
+  void softmax_gradient(Bf16* dS, const Bf16* P, const float* dP, const float* delta, int64_t i0, int64_t rows, int64_t cols, float scale,
+                        const L& l) {
+    softmax_gradient_kernel<<<blocks_for(l.NQ * rows * cols), kThreads>>>(dS, P, dP, delta, i0, rows, cols, scale, l.T, l.NQ, l.block);
+    check_launch("blocked attention softmax gradient");
+  }
+  void add_kv_block(Bf16* target, const float* acc, int64_t j0, int64_t cols, const L& l) {
+    add_kv_block_kernel<<<blocks_for(l.NKV * cols * l.HD), kThreads>>>(target, acc, j0, cols, l.NKV, l.block, l.HD);
+    check_launch("blocked attention add kv block");
+  }
+  void add_accumulated(Bf16* target, const float* acc, int64_t n) {
+    add_accumulated_kernel<<<blocks_for(n), kThreads>>>(target, acc, n);
+    check_launch("blocked attention add dq");
+  }
+
+ private:
+  static int narrow(int64_t value) {
+    if (value > INT32_MAX) throw std::runtime_error("blocked attention: a dimension exceeds cuBLAS's int");
+    return static_cast<int>(value);
+  }
+  cublasHandle_t handle_;
+};
+
+std::vector<int32_t> positions_to_host(const int32_t* positions, int64_t T) {
+  std::vector<int32_t> host(static_cast<size_t>(T));
+  check(cudaMemcpy(host.data(), positions, static_cast<size_t>(T) * sizeof(int32_t), cudaMemcpyDeviceToHost), "position ids to host");
+  return host;
+}
+
+}  // namespace
+
+void Blas::attention_forward(Bf16* out, float* lse, const Bf16* q, const Bf16* k, const Bf16* v, const int32_t* position_ids, int64_t T,
+                             int64_t NQ, int64_t NKV, int64_t HD, int64_t block, float* workspace) {
+  if (NKV <= 0 || NQ % NKV != 0) throw std::runtime_error("CUDA blocked attention: q heads must be a multiple of kv heads");
+  CudaBlockedAttentionOps ops(static_cast<cublasHandle_t>(handle_));
+  const std::vector<int32_t> positions_host = positions_to_host(position_ids, T);
+  blocked_attention_forward(ops, out, lse, q, k, v, position_ids, positions_host.data(), BlockedAttentionLayout(T, NQ, NKV, HD, block),
+                            workspace);
+}
+
+void Blas::attention_backward(Bf16* dq, Bf16* dk, Bf16* dv, float* delta_scratch, const Bf16* dout, const Bf16* q, const Bf16* k,
+                              const Bf16* v, const Bf16* out, const float* lse, const int32_t* position_ids, int64_t T, int64_t NQ,
+                              int64_t NKV, int64_t HD, int64_t block, float* workspace) {
+  if (NKV <= 0 || NQ % NKV != 0) throw std::runtime_error("CUDA blocked attention: q heads must be a multiple of kv heads");
+  CudaBlockedAttentionOps ops(static_cast<cublasHandle_t>(handle_));
+  const std::vector<int32_t> positions_host = positions_to_host(position_ids, T);
+  blocked_attention_backward(ops, dq, dk, dv, delta_scratch, dout, q, k, v, out, lse, position_ids, positions_host.data(),
+                             BlockedAttentionLayout(T, NQ, NKV, HD, block), workspace);
 }
 
 }  // namespace longseq::cuda

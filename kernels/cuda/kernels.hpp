@@ -49,7 +49,8 @@ void cross_entropy_backward(Bf16* dlogits, const Bf16* logits, const int32_t* la
 // Causal attention with an online softmax, masked by position_ids like kernels/cpu/attention.hpp
 // (q[T, NQ, HD], k and v[T, NKV, HD], out[T, NQ, HD], lse[NQ, T] in fp32). One warp per query and
 // head walks that query's keys, so memory is O(T) (no T x T scores), but keys are re-read per
-// query: a correct reference-speed kernel; a tiled FlashAttention-2 kernel is the fast follow-up.
+// query: the reference the blocked kernel (Blas::attention_forward below, what the executor runs)
+// is tested against.
 // HD at most 256 (lanes beyond HD idle when it is not a multiple of 32).
 void attention_forward(Bf16* out, float* lse, const Bf16* q, const Bf16* k, const Bf16* v, const int32_t* position_ids, int64_t T,
                        int64_t NQ, int64_t NKV, int64_t HD);
@@ -96,6 +97,17 @@ class Blas {
   // dinp[T, C] += dout @ weight (bf16); dweight[OC, C] += dout^T @ inp (fp32); either may be null.
   void linear_backward(Bf16* dinp, float* dweight, const Bf16* dout, const Bf16* inp, const Bf16* weight, int64_t T, int64_t C,
                        int64_t OC);
+  // Causal attention as kernels/blocked_attention.hpp computes it (FlashAttention-2's algorithm):
+  // cuBLAS products per block pair (bf16 in, fp32 scores and accumulators) and row-wise kernels,
+  // with the results and conventions of attention_forward/backward above. `workspace` is device
+  // memory of BlockedAttentionLayout(T, NQ, NKV, HD, block).forward_elements(2) (backward:
+  // backward_elements(2)) floats; delta_scratch as attention_backward's. position_ids are read
+  // back to the host once per call to skip the blocks of other documents.
+  void attention_forward(Bf16* out, float* lse, const Bf16* q, const Bf16* k, const Bf16* v, const int32_t* position_ids, int64_t T,
+                         int64_t NQ, int64_t NKV, int64_t HD, int64_t block, float* workspace);
+  void attention_backward(Bf16* dq, Bf16* dk, Bf16* dv, float* delta_scratch, const Bf16* dout, const Bf16* q, const Bf16* k,
+                          const Bf16* v, const Bf16* out, const float* lse, const int32_t* position_ids, int64_t T, int64_t NQ,
+                          int64_t NKV, int64_t HD, int64_t block, float* workspace);
 
  private:
   void* handle_ = nullptr;  // cublasHandle_t

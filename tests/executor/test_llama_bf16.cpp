@@ -4,13 +4,15 @@
 // the suite checks the GPU schedule against the native-cuda prediction and its bf16 arithmetic
 // against the fp32 model.
 //
-// Tolerances, measured here and then stated with margin. bf16 against fp32: the loss differs by
-// 2.8e-5 relative (tolerance 2e-4); the gradients by up to 0.174 in relative L2 norm per tensor
-// (tolerance 0.25), largest for the RMSNorm weights and the first layers. That size is this tiny
-// model's sensitivity, not the step's error: rounding only its weights to bf16, with every
-// operation in fp32, already moves the gradients by up to 0.077 (its gradients are small
-// differences of larger terms). Memory options on the bf16 step change the loss by at most 1e-6
-// relative and each tensor's gradient by at most 1.4e-7 relative L2 (tolerance 1e-6).
+// The attention is the GPU's blocked algorithm (kernels/blocked_attention.hpp) with its bf16
+// probabilities, as the GPU runs it. Tolerances, measured here and then stated with margin. bf16
+// against fp32: the loss differs by 4.2e-5 relative (tolerance 2e-4); the gradients by up to
+// 0.224 in relative L2 norm per tensor (tolerance 0.35), largest for the RMSNorm weights and the
+// first layers. That size is this tiny model's sensitivity, not the step's error: rounding only
+// its weights to bf16, with every operation in fp32, already moves the gradients by up to 0.077
+// (its gradients are small differences of larger terms). Memory options on the bf16 step leave
+// the loss unchanged and move each tensor's gradient by at most 1.4e-7 relative L2 (tolerance
+// 1e-6).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -36,7 +38,7 @@ namespace {
 using Bf16Model = BasicLlamaModel<Bf16CpuOps>;
 
 constexpr double kLossTolerance = 2e-4;
-constexpr double kGradientTolerance = 0.25;
+constexpr double kGradientTolerance = 0.35;
 constexpr double kOptionsTolerance = 1e-6;
 
 

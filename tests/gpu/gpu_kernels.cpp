@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "executor/ulysses.hpp"
+#include "kernels/blocked_attention.hpp"
 #include "kernels/cpu/attention.hpp"
 #include "kernels/cpu/dense.hpp"
 #include "kernels/cpu/loss_optimizer.hpp"
@@ -234,6 +235,27 @@ static void attention_check(int64_t HD) {
   CHECK(relative_error(from_bf16(d_dq.download()), dq) <= kBf16Tolerance);
   CHECK(relative_error(from_bf16(d_dk.download()), dk) <= kBf16Tolerance);
   CHECK(relative_error(from_bf16(d_dv.download()), dv) <= kBf16Tolerance);
+  // The blocked kernel (kernels/blocked_attention.hpp, what the executor runs) against the same
+  // references: blocks that do not divide T (16), and one block for all of it (128). Its backward
+  // reads the forward's output and lse as the references did.
+  gpu::Blas blas;
+  for (int64_t block : {16, 128}) {
+    CAPTURE(block);
+    const longseq::BlockedAttentionLayout layout(T, NQ, NKV, HD, block);
+    DeviceArray<float> workspace(std::vector<float>(static_cast<size_t>(std::max(layout.forward_elements(2), layout.backward_elements(2))))),
+        b_lse(lse), b_delta(lse);
+    DeviceArray<Bf16> b_out(std::vector<Bf16>(out.size())), b_dq(std::vector<Bf16>(dq.size(), 0)), b_dk(std::vector<Bf16>(dk.size(), 0)),
+        b_dv(std::vector<Bf16>(dv.size(), 0));
+    blas.attention_forward(b_out.get(), b_lse.get(), d_q.get(), d_k.get(), d_v.get(), d_positions.get(), T, NQ, NKV, HD, block,
+                           workspace.get());
+    CHECK(relative_error(from_bf16(b_out.download()), out) <= kBf16Tolerance);
+    CHECK(relative_error(b_lse.download(), lse) <= kFp32Tolerance);
+    blas.attention_backward(b_dq.get(), b_dk.get(), b_dv.get(), b_delta.get(), d_dout.get(), d_q.get(), d_k.get(), d_v.get(), d_out.get(),
+                            d_lse.get(), d_positions.get(), T, NQ, NKV, HD, block, workspace.get());
+    CHECK(relative_error(from_bf16(b_dq.download()), dq) <= kBf16Tolerance);
+    CHECK(relative_error(from_bf16(b_dk.download()), dk) <= kBf16Tolerance);
+    CHECK(relative_error(from_bf16(b_dv.download()), dv) <= kBf16Tolerance);
+  }
 }
 
 TEST_CASE("attention forward and backward: GQA, two packed documents") {

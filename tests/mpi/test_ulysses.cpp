@@ -18,11 +18,17 @@
 #include "executor/trainer.hpp"
 #include "planner/memory_model.hpp"
 #include "executor/ulysses.hpp"
+#include "executor/llama_step.hpp"
+#include "support/bf16_cpu_ops.hpp"
 #include "models/model_loader.hpp"
 #include "support/tiny_llama_fixture.hpp"
 
 using namespace longseq;
 using namespace longseq::testing;
+
+namespace longseq {
+template class BasicLlamaModel<testing::Bf16CpuOps>;
+}
 
 namespace {
 
@@ -249,6 +255,33 @@ TEST_CASE("ZeRO-3 built sharded (zero.Init): each rank's measured peak equals th
     const MemoryPrediction predicted = memory_predict(spec, executor_cluster(std::numeric_limits<double>::infinity(), sp),
                                                       executor_plan(c.options, sp, /*zero_stage=*/3), runtime_profile_load("native"), 64);
     CHECK(predicted.gpu_peak_bytes == doctest::Approx(device.peak_bytes()).epsilon(0.001));
+    CHECK(predicted.gpu_peak_moment == device.peak_moment());
+  }
+}
+
+TEST_CASE("the GPU's schedule across ranks (bf16 emulation): Ulysses and ZeRO-3 peaks equal the native-cuda prediction") {
+  // Blocked attention over all S tokens for this rank's heads, its workspace, bf16 gathers and
+  // all-to-alls: the GPU's allocations, measured on the CPU.
+  const ModelSpec spec = model_load("tiny-llama");
+  const Batch batch = batch_make(64);
+  const int64_t sp = world().size(), T = 64 / sp, first = world().rank() * T;
+  const std::vector<float> full = fixture_weights();
+  const RuntimeProfile profile = runtime_profile_load("native-cuda");
+  TrainingOptions offloaded;
+  offloaded.activation_checkpointing = offloaded.checkpoint_offload = true;
+  for (int zero_stage : {0, 3}) {
+    CAPTURE(zero_stage);
+    Arena device("device"), host("host");
+    BasicLlamaModel<Bf16CpuOps> model = zero_stage == 3 ? BasicLlamaModel<Bf16CpuOps>(spec, device, world())
+                                                        : BasicLlamaModel<Bf16CpuOps>(spec, device);
+    model.load_parameters(full.data());
+    SequenceParallel parallel{&world(), batch.positions.data()};
+    model.forward_backward(batch.tokens.data() + first, batch.labels.data() + first, batch.positions.data() + first, T, offloaded, device,
+                           host, parallel);
+    const MemoryPrediction predicted = memory_predict(spec, executor_cluster(std::numeric_limits<double>::infinity(), sp),
+                                                      executor_plan(offloaded, sp, zero_stage), profile, 64);
+    // Less what lives beside the arena: CUDA context, cuBLAS workspace, NCCL buffers.
+    CHECK(predicted.gpu_peak_bytes - runtime_overhead_bytes(profile, sp) == doctest::Approx(device.peak_bytes()).epsilon(1e-9));
     CHECK(predicted.gpu_peak_moment == device.peak_moment());
   }
 }

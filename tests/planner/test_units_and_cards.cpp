@@ -1,6 +1,8 @@
 // Sequence-length parsing, hardware cards and runtime profiles.
 #include <doctest/doctest.h>
 
+#include "kernels/blocked_attention.hpp"
+
 #include "models/config_error.hpp"
 #include "planner/cards.hpp"
 #include "planner/units.hpp"
@@ -48,6 +50,12 @@ TEST_CASE("runtime profiles: deepspeed-hf is ALST's 18 bytes per parameter") {
   const RuntimeProfile native = runtime_profile_load("native");
   CHECK(native.activation_bytes == 4);
   CHECK(native.cuda_context_gib == 0);
+  CHECK(native.attention_block_tokens == 0);  // the CPU attention takes no workspace
+  // The GPU executor: bf16 activations, 18 bytes per parameter, and the block its attention runs in.
+  const RuntimeProfile gpu = runtime_profile_load("native-cuda");
+  CHECK(gpu.activation_bytes == 2);
+  CHECK(gpu.weight_bytes + gpu.gradient_bytes + gpu.master_weight_bytes + gpu.optimizer_state_bytes == 18);
+  CHECK(gpu.attention_block_tokens == kGpuAttentionBlockTokens);
 }
 
 TEST_CASE("profile and card files reject unknown keys and bad values") {

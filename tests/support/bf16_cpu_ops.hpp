@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "executor/cpu_ops.hpp"
+#include "kernels/cpu/blocked_attention_cpu.hpp"
 #include "kernels/cuda/bf16.hpp"
 
 namespace longseq::testing {
@@ -74,23 +75,23 @@ class Bf16CpuOps : public HostMemoryMovement {
     narrow(dgate, gate_gradient);
     narrow(dup, up_gradient);
   }
+  // The GPU's blocked attention, its workspace from the arena, in bf16 with fp32 accumulators.
+  int64_t attention_workspace_elements(int64_t T, int64_t NQ, int64_t NKV, int64_t HD, bool backward) const {
+    const BlockedAttentionLayout layout(T, NQ, NKV, HD, kGpuAttentionBlockTokens);
+    return backward ? layout.backward_elements(sizeof(Act)) : layout.forward_elements(sizeof(Act));
+  }
   void attention_forward(Act* out, float* lse, const Act* q, const Act* k, const Act* v, const int32_t* positions, int64_t T,
-                         int64_t NQ, int64_t NKV, int64_t HD, int64_t block) {
-    std::vector<float> result(static_cast<size_t>(T * NQ * HD));
-    kernels::attention_forward(result.data(), lse, wide(q, T * NQ * HD).data(), wide(k, T * NKV * HD).data(), wide(v, T * NKV * HD).data(),
-                               positions, T, NQ, NKV, HD, block);
-    narrow(out, result);
+                         int64_t NQ, int64_t NKV, int64_t HD, int64_t /*block*/, float* workspace) {
+    CpuBlockedAttentionOps<Act> blocked;
+    blocked_attention_forward(blocked, out, lse, q, k, v, positions, positions, BlockedAttentionLayout(T, NQ, NKV, HD, kGpuAttentionBlockTokens),
+                              workspace);
   }
   void attention_backward(Act* dq, Act* dk, Act* dv, float* delta_scratch, const Act* dout, const Act* q, const Act* k, const Act* v,
                           const Act* out, const float* lse, const int32_t* positions, int64_t T, int64_t NQ, int64_t NKV, int64_t HD,
-                          int64_t block) {
-    std::vector<float> q_gradient = wide(dq, T * NQ * HD), k_gradient = wide(dk, T * NKV * HD), v_gradient = wide(dv, T * NKV * HD);
-    kernels::attention_backward(q_gradient.data(), k_gradient.data(), v_gradient.data(), delta_scratch, wide(dout, T * NQ * HD).data(),
-                                wide(q, T * NQ * HD).data(), wide(k, T * NKV * HD).data(), wide(v, T * NKV * HD).data(),
-                                wide(out, T * NQ * HD).data(), lse, positions, T, NQ, NKV, HD, block);
-    narrow(dq, q_gradient);
-    narrow(dk, k_gradient);
-    narrow(dv, v_gradient);
+                          int64_t /*block*/, float* workspace) {
+    CpuBlockedAttentionOps<Act> blocked;
+    blocked_attention_backward(blocked, dq, dk, dv, delta_scratch, dout, q, k, v, out, lse, positions, positions,
+                               BlockedAttentionLayout(T, NQ, NKV, HD, kGpuAttentionBlockTokens), workspace);
   }
   void cross_entropy_forward(float* losses, const Act* logits, const int32_t* labels, int64_t T, int64_t V) {
     kernels::cross_entropy_forward(losses, wide(logits, T * V).data(), labels, T, V);
