@@ -5,7 +5,7 @@
 #   2. a measured-vs-predicted run of the tiny model on the GPU (longseq run --device cuda, with
 #      checkpoint offload and tiled MLP/loss) against the native-cuda profile;
 #   3. a Llama-3.1-8B-shaped decoder layer stack (LAYER_STACK_LAYERS layers, default 4) at a long
-#      sequence (LAYER_STACK_SEQLEN, default 32Ki) on one GPU, measured against the prediction;
+#      sequence (LAYER_STACK_SEQLEN, default 128Ki) on one GPU, measured against the prediction;
 # and writes all of it to build/gpu-check/report.md (the runs' JSON beside it).
 #
 # Exit codes: 0 everything passed; 1 a GPU test or run failed; 3 no GPU visible here (nothing was
@@ -43,7 +43,7 @@ run_measured() {  # name, then longseq run arguments
   if command -v gnuplot >/dev/null && [ -f "$report_dir/$name/run.json" ]; then build/cli/longseq report "$report_dir/$name" >/dev/null; fi
 }
 run_measured tiny-llama --model tiny-llama --seqlen 8Ki --steps 3 --checkpointing --checkpoint-offload --mlp-tiles 4 --loss-tiles 4
-run_measured llama-3.1-8b-layer-stack --model llama-3.1-8b --layers "${LAYER_STACK_LAYERS:-4}" --seqlen "${LAYER_STACK_SEQLEN:-32Ki}" \
+run_measured llama-3.1-8b-layer-stack --model llama-3.1-8b --layers "${LAYER_STACK_LAYERS:-4}" --seqlen "${LAYER_STACK_SEQLEN:-128Ki}" \
   --steps 2 --checkpointing --checkpoint-offload --mlp-tiles 8 --loss-tiles 8
 {
   echo "# GPU check: MEASURED on $(hostname), $(date -u +%FT%TZ)"
