@@ -318,9 +318,8 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
     // One GPU per rank: the node-local rank picks it (Open MPI's OMPI_COMM_WORLD_LOCAL_RANK).
     const char* local_rank = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
     ranks.gpu = (local_rank ? std::atoi(local_rank) : 0) % info.device_count;
-    cuda_device_select(ranks.gpu);
+    device_memory_bytes = static_cast<double>(cuda_device_select(ranks.gpu));
     device_description = "GPU " + info.name + ", bf16";
-    device_memory_bytes = static_cast<double>(info.free_bytes);
     if (args.compare_single_rank)
       throw ConfigError("--compare-single-rank", "", "is for CPU runs (a replica would share this rank's GPU)");
     if (args.zero_stage == 3 && !ranks.mpi)

@@ -28,9 +28,13 @@ CudaDeviceInfo cuda_device_query() {
   return info;
 }
 
-void cuda_device_select(int device) {
-  const cudaError_t status = cudaSetDevice(device);
+int64_t cuda_device_select(int device) {
+  cudaError_t status = cudaSetDevice(device);
   if (status != cudaSuccess) throw std::runtime_error(std::string("cudaSetDevice: ") + cudaGetErrorString(status));
+  size_t free_bytes = 0, total_bytes = 0;
+  status = cudaMemGetInfo(&free_bytes, &total_bytes);
+  if (status != cudaSuccess) throw std::runtime_error(std::string("cudaMemGetInfo: ") + cudaGetErrorString(status));
+  return static_cast<int64_t>(free_bytes);
 }
 
 }  // namespace longseq

@@ -18,6 +18,7 @@ struct CudaDeviceInfo {
 CudaDeviceInfo cuda_device_query();
 
 // Makes `device` this process's GPU (cudaSetDevice); throws std::runtime_error with CUDA's reason.
-void cuda_device_select(int device);
+// Returns its free bytes (cudaMemGetInfo) at that moment.
+int64_t cuda_device_select(int device);
 
 }  // namespace longseq
