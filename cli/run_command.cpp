@@ -269,8 +269,8 @@ double model_train(const TrainLoop& loop) {
   }
   double outside_arena_bytes = 0;
 #ifdef LONGSEQ_HAVE_CUDA
-  // After a synchronize the stream-ordered pool has returned what the arena released, so what the
-  // GPU holds beyond the arena's live bytes is the runtime's own.
+  // With the pool trimmed to live bytes (device_memory_outside_arena_bytes does it), what the GPU
+  // holds beyond the arena's live bytes is the runtime's own.
   if constexpr (std::is_same_v<Model, CudaLlamaModel>) outside_arena_bytes = device_memory_outside_arena_bytes(device);
 #endif
   return outside_arena_bytes;

@@ -2,6 +2,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <cstring>
 #include <new>
 
@@ -15,6 +16,14 @@ void* checked(cudaError_t status, void* pointer) {
   return pointer;
 }
 }  // namespace
+
+CudaDeviceMemoryBackend::CudaDeviceMemoryBackend() {
+  int device = 0;
+  cudaMemPool_t pool = nullptr;
+  if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetDefaultMemPool(&pool, device) != cudaSuccess) throw std::bad_alloc();
+  uint64_t keep_everything = UINT64_MAX;
+  cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_everything);
+}
 
 void* CudaDeviceMemoryBackend::allocate(size_t bytes) {
   if (bytes == 0) return nullptr;
@@ -53,6 +62,11 @@ void PinnedHostMemoryBackend::release(void* data) noexcept {
 void PinnedHostMemoryBackend::fill_zero(void* data, size_t bytes) { std::memset(data, 0, bytes); }
 
 double device_memory_outside_arena_bytes(const Arena& device) {
+  int current = 0;
+  cudaMemPool_t pool = nullptr;
+  if (cudaDeviceSynchronize() == cudaSuccess && cudaGetDevice(&current) == cudaSuccess &&
+      cudaDeviceGetDefaultMemPool(&pool, current) == cudaSuccess)
+    cudaMemPoolTrimTo(pool, 0);  // what the arena released goes back: only live bytes remain
   size_t free_bytes = 0, total_bytes = 0;
   if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) return 0;
   return static_cast<double>(total_bytes - free_bytes) - device.current_bytes();

@@ -16,9 +16,13 @@ namespace longseq {
 
 // Stream-ordered device memory (cudaMallocAsync / cudaFreeAsync on the default stream, where
 // every kernel runs): unlike cudaFree, a free does not synchronize the device, so an offload copy
-// on the side stream keeps running while the next layer computes.
+// on the side stream keeps running while the next layer computes. The current device's pool keeps
+// what is freed (release threshold: unlimited) instead of returning it to the driver at every
+// synchronization, so a step's many tensors are not cudaMalloc'd anew each time;
+// device_memory_outside_arena_bytes trims it before measuring. Construct it after choosing the GPU.
 class CudaDeviceMemoryBackend final : public MemoryBackend {
  public:
+  CudaDeviceMemoryBackend();
   void* allocate(size_t bytes) override;
   void release(void* data) noexcept override;
   void fill_zero(void* data, size_t bytes) override;
@@ -42,8 +46,9 @@ class PinnedHostMemoryBackend final : public MemoryBackend {
   std::multimap<size_t, void*> released_;         // blocks ready for reuse
 };
 
-// Bytes in use on the current device (total - free, from cudaMemGetInfo) minus what `device`
-// holds: the context, library workspaces and communication buffers.
+// Bytes in use on the current device (total - free, from cudaMemGetInfo, after synchronizing and
+// trimming the pool to what is live) minus what `device` holds: the context, library workspaces
+// and communication buffers.
 double device_memory_outside_arena_bytes(const Arena& device);
 
 }  // namespace longseq
