@@ -56,6 +56,7 @@ struct RunCommandArgs {
   bool auto_plan = false;
   int64_t sp = 0;  // 0: every rank of the run (mpirun -np N)
   int zero_stage = 0;
+  bool offload_optimizer = false;
   bool compare_single_rank = false;
   bool json = false;
   std::string json_out;
@@ -95,6 +96,9 @@ std::shared_ptr<RunCommandArgs> run_command_register(CLI::App& app) {
                       "Ulysses degree under mpirun (default: every rank); the rest are data parallel")->check(CLI::Range(1, 1 << 20));
   command->add_option("--zero", args->zero_stage, "0: every rank holds the whole model (default); 3: ZeRO-3 over all ranks")
       ->check(CLI::IsMember({0, 3}));
+  command->add_flag("--offload-optimizer", args->offload_optimizer,
+                    "with --zero 3: fp32 master weights, gradients and Adam moments in host memory, AdamW on the host "
+                    "(ZeRO-Offload, as ALST runs it); the device keeps the weights the kernels read");
   command->add_flag("--compare-single-rank", args->compare_single_rank,
                     "under mpirun, rank 0 also trains one unsharded replica on the same samples and prints its loss beside");
   command->add_flag("--json", args->json, "print JSON");
@@ -212,9 +216,12 @@ template <class Model>
 double model_train(const TrainLoop& loop) {
   const auto& [args, model, ranks, options, device, host, initial_weights, text, seqlen, dp, dp_rank, local_tokens, first_token,
                speaker, world_size, report] = loop;
-  // ZeRO-3 builds only this rank's shards (zero.Init), so no rank ever holds the whole model.
+  // ZeRO-3 builds only this rank's shards (zero.Init), so no rank ever holds the whole model; an
+  // offloaded optimizer keeps its states in the host pool beside the offloaded checkpoints.
   std::optional<Model> model_storage;
-  if (args.zero_stage == 3)
+  if (args.zero_stage == 3 && args.offload_optimizer)
+    model_storage.emplace(model, device, ranks.zero_group(), host);
+  else if (args.zero_stage == 3)
     model_storage.emplace(model, device, ranks.zero_group());
   else
     model_storage.emplace(model, device);
@@ -298,6 +305,7 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
     if (unset("--loss-tiles") && plan.tiled_loss.value_or(false)) args.loss_tiles = plan.loss_tiles.value_or(16);
     if (unset("--sp") && plan.sp) args.sp = *plan.sp;
     if (unset("--zero") && plan.zero_stage) args.zero_stage = *plan.zero_stage;
+    if (unset("--offload-optimizer") && plan.offload_optimizer) args.offload_optimizer = *plan.offload_optimizer;
     if (speaker) fmt::print("scenario {}: {}\n", scenario.name, scenario.description);
   }
   ModelSpec model = model_load(args.model);
@@ -331,6 +339,8 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
   int64_t seqlen = seqlen_parse(args.seqlen, "--seqlen");
   if (seqlen > (int64_t{1} << 24)) throw ConfigError("--seqlen", "", "more than 16Mi tokens is beyond one run of this executor");
   if (args.checkpoint_offload && !args.checkpointing) throw ConfigError("--checkpoint-offload", "", "needs --checkpointing");
+  if (args.offload_optimizer && args.zero_stage != 3)
+    throw ConfigError("--offload-optimizer", "", "offloads ZeRO-3's shards: add --zero 3 (one rank is a ZeRO-3 group of one)");
   if (args.budget_mib < 0) throw ConfigError("--budget-mib", "", "must be positive");
   if (!args.json_out.empty()) {  // refused before training, not after it
     const std::filesystem::path parent = std::filesystem::absolute(args.json_out).parent_path();
@@ -373,7 +383,7 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
               candidate.checkpoint_offload = offload;
               candidate.mlp_tiles = mlp_tiles;
               candidate.loss_tiles = loss_tiles;
-              const PlanOptions plan = executor_plan(candidate, degree, args.zero_stage);
+              const PlanOptions plan = executor_plan(candidate, degree, args.zero_stage, args.offload_optimizer);
               if (!plan_problems(model, cluster, plan).empty()) continue;
               const int64_t length = max_seqlen_find(model, cluster, plan, profile, 64 * degree, /*with_breakdown=*/false).max_seqlen;
               const int64_t techniques = checkpointing + offload + (mlp_tiles > 0) + (loss_tiles > 0);
@@ -389,10 +399,10 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
     seqlen = best;
     if (speaker)
       fmt::print("longseq run --auto: the planner chose {} for {} tokens, the longest that fits {:.0f} MiB per rank on {} rank(s) "
-                 "(PREDICTION)\n", plan_describe(executor_plan(options, sp, args.zero_stage)), integer_with_commas(seqlen), args.budget_mib, world_size);
+                 "(PREDICTION)\n", plan_describe(executor_plan(options, sp, args.zero_stage, args.offload_optimizer)), integer_with_commas(seqlen), args.budget_mib, world_size);
   }
   const ClusterSpec cluster = executor_cluster(planner_budget_bytes, world_size);
-  const PlanOptions plan = executor_plan(options, sp, args.zero_stage);
+  const PlanOptions plan = executor_plan(options, sp, args.zero_stage, args.offload_optimizer);
   std::vector<std::string> problems = plan_problems(model, cluster, plan);
   for (auto& problem : seqlen_problems(plan, seqlen)) problems.push_back(problem);
   if (!problems.empty()) throw ConfigError("--sp", "", problems.front());

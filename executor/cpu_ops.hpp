@@ -151,6 +151,8 @@ class CpuOps : public HostMemoryMovement {
   }
   // The weights the kernels read, from the master weights (nothing to do here: they are one).
   void weights_from_master(Act* /*weights*/, const float* /*master*/, int64_t /*n*/) {}
+  // ... and from master weights in host memory (the optimizer offloaded): a copy.
+  void weights_from_host_master(Act* weights, const float* host_master, int64_t n) { std::copy_n(host_master, n, weights); }
 };
 
 }  // namespace longseq

@@ -7,6 +7,7 @@
 // Plain C++ (the CUDA runtime behind it in cuda_ops.cpp). Compiles here; not run on a GPU yet.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <numeric>
@@ -157,6 +158,17 @@ class CudaOps {
     cuda::copy_to_host(host, device, static_cast<size_t>(n) * sizeof(T));
   }
   void weights_from_master(Act* weights, const float* master, int64_t n) { cuda::bf16_from_master(weights, master, n); }
+  // From master weights in host memory (the optimizer offloaded): staged to the device in pieces
+  // of 64 Mi values (256 MiB), each rounded to bf16 there.
+  void weights_from_host_master(Act* weights, const float* host_master, int64_t n) {
+    constexpr int64_t kPiece = int64_t{1} << 26;
+    DeviceVector<float> staged(std::min(n, kPiece));
+    for (int64_t start = 0; start < n; start += kPiece) {
+      const int64_t count = std::min(kPiece, n - start);
+      to_device(staged.data(), host_master + start, count);
+      cuda::bf16_from_master(weights + start, staged.data(), count);
+    }
+  }
 
   // A copy in flight on the side stream, with the event that marks its end (move-only).
   class PendingCopy {

@@ -74,13 +74,18 @@ class BasicLlamaModel {
   // fill them with load_parameters. A module's weights are all-gathered before it runs and
   // released after; its gradients are reduce-scattered into the shards.
   BasicLlamaModel(const ModelSpec& model, Arena& device, Communicator& zero_group);
+  // ZeRO-3 with the optimizer offloaded (ZeRO-Offload, as ALST runs it): this rank's fp32 master
+  // weights, gradients and Adam moments live in `optimizer_host`; the device keeps only the weight
+  // shard the kernels read. Each module's reduced gradient goes to the host as it is produced;
+  // AdamW runs on the host and the updated weights are copied back to the device.
+  BasicLlamaModel(const ModelSpec& model, Arena& device, Communicator& zero_group, Arena& optimizer_host);
   // Sets the weights from a full flat vector of parameter_count() values in host memory, held by
   // every rank (a checkpoint); a partitioned model keeps its shard of it.
   void load_parameters(const float* full);
   const ModelSpec& spec() const { return spec_; }
   const LlamaLayout& layout() const { return layout_; }
-  // This rank's fp32 master weights and gradients (device memory on a GPU): all of them, or with
-  // ZeRO-3 its shard.
+  // This rank's fp32 master weights and gradients (device memory on a GPU, host memory with the
+  // optimizer offloaded): all of them, or with ZeRO-3 its shard.
   float* parameters() { return master_.data(); }
   const float* parameters() const { return master_.data(); }
   float* gradients() { return gradients_.data(); }
@@ -90,6 +95,7 @@ class BasicLlamaModel {
   Ops& ops() { return ops_; }
 
   bool partitioned() const { return zero_group_ != nullptr; }
+  bool optimizer_offloaded() const { return optimizer_offloaded_; }
   // The full flat vector, in host memory, from this rank's shards (e.g. gradients() or
   // parameters()), for tests and checkpoints; a collective: every rank of the group must call it.
   std::vector<float> gather_full(const float* shard);
@@ -104,7 +110,7 @@ class BasicLlamaModel {
                               const TrainingOptions& options, Arena& device, Arena& host, const SequenceParallel& parallel = {});
 
   // Multiplies this rank's gradients by `factor` (the mean over data-parallel groups).
-  void gradients_scale(float factor) { ops_.scale(gradients_.data(), gradients_.size(), factor); }
+  void gradients_scale(float factor);
 
   // PyTorch-style AdamW on every parameter (its moments are allocated with the model).
   void adamw_step(float lr, float beta1, float beta2, float eps, float weight_decay);
@@ -116,7 +122,8 @@ class BasicLlamaModel {
   // Splits the model into modules_ for `ranks` shards; returns the shard length.
   int64_t plan_modules(int64_t ranks);
   // Weights, gradients and both Adam moments of `elements` values each (all, or a shard).
-  void states_allocate(Arena& device, int64_t elements);
+  // With `optimizer_host`, all but the kernels' weights go there.
+  void states_allocate(Arena& device, int64_t elements, Arena* optimizer_host = nullptr);
   // The weights the kernels read: the master weights themselves, or their Act copy.
   Act* weights();
   ModelSpec spec_;
@@ -125,7 +132,8 @@ class BasicLlamaModel {
   std::vector<Module> modules_;  // embedding, layers..., final norm + LM head (ZeRO-3 only)
   Ops ops_;
   Buffer master_, gradients_, adam_m_, adam_v_;
-  BufferOf<Act> weights_copy_;  // only where Act is not float (Ops::kSeparateMasterWeights)
+  BufferOf<Act> weights_copy_;  // where Act is not float (Ops::kSeparateMasterWeights), or offloaded
+  bool optimizer_offloaded_ = false;
   int64_t step_ = 0;
 };
 

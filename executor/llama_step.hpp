@@ -295,18 +295,25 @@ BasicLlamaModel<Ops>::BasicLlamaModel(const ModelSpec& model, Arena& device, Com
 }
 
 template <class Ops>
-void BasicLlamaModel<Ops>::states_allocate(Arena& device, int64_t elements) {
-  if constexpr (Ops::kSeparateMasterWeights) {
-    // Mixed precision (DeepSpeed's bf16 mode): the kernels read Act weights, AdamW updates fp32
-    // master weights and writes the Act copy back.
-    weights_copy_ = device.allocate<Act>(llama_step::kStates, "weights", elements, true);
-    master_ = device.allocate(llama_step::kStates, "master_weights", elements, true);
-  } else {
-    master_ = device.allocate(llama_step::kStates, "weights", elements, true);
-  }
-  gradients_ = device.allocate(llama_step::kStates, "gradients_fp32", elements, true);
-  adam_m_ = device.allocate(llama_step::kStates, "optimizer_states", elements, true);
-  adam_v_ = device.allocate(llama_step::kStates, "optimizer_states", elements, true);
+BasicLlamaModel<Ops>::BasicLlamaModel(const ModelSpec& model, Arena& device, Communicator& zero_group, Arena& optimizer_host)
+    : spec_(model), layout_(llama_layout(model)) {
+  executor_model_check(model);
+  states_allocate(device, plan_modules(zero_group.size()), &optimizer_host);
+  zero_group_ = &zero_group;
+}
+
+template <class Ops>
+void BasicLlamaModel<Ops>::states_allocate(Arena& device, int64_t elements, Arena* optimizer_host) {
+  optimizer_offloaded_ = optimizer_host != nullptr;
+  // Mixed precision (DeepSpeed's bf16 mode), or an optimizer on the host: the kernels read their
+  // own weights on the device, AdamW updates fp32 master weights and the weights are written back.
+  const bool separate = Ops::kSeparateMasterWeights || optimizer_offloaded_;
+  if (separate) weights_copy_ = device.allocate<Act>(llama_step::kStates, "weights", elements, true);
+  Arena& states = optimizer_offloaded_ ? *optimizer_host : device;
+  master_ = states.allocate(llama_step::kStates, separate ? "master_weights" : "weights", elements, true);
+  gradients_ = states.allocate(llama_step::kStates, "gradients_fp32", elements, true);
+  adam_m_ = states.allocate(llama_step::kStates, "optimizer_states", elements, true);
+  adam_v_ = states.allocate(llama_step::kStates, "optimizer_states", elements, true);
 }
 
 template <class Ops>
@@ -314,7 +321,15 @@ typename BasicLlamaModel<Ops>::Act* BasicLlamaModel<Ops>::weights() {
   if constexpr (Ops::kSeparateMasterWeights)
     return weights_copy_.data();
   else
-    return master_.data();
+    return optimizer_offloaded_ ? weights_copy_.data() : master_.data();
+}
+
+template <class Ops>
+void BasicLlamaModel<Ops>::gradients_scale(float factor) {
+  if (optimizer_offloaded_)
+    for (int64_t i = 0; i < gradients_.size(); ++i) gradients_.data()[i] *= factor;  // host memory
+  else
+    ops_.scale(gradients_.data(), gradients_.size(), factor);
 }
 
 template <class Ops>
@@ -339,18 +354,24 @@ template <class Ops>
 void BasicLlamaModel<Ops>::load_parameters(const float* full) {
   if (!zero_group_) {
     ops_.to_device(master_.data(), full, layout_.total);
-  } else {
-    // This rank's padded chunk of every module (the padding is zero).
-    std::vector<float> local(static_cast<size_t>(master_.size()), 0.0f);
-    const int64_t rank = zero_group_->rank();
-    for (const Module& module : modules_)
-      for (int64_t i = 0; i < module.chunk; ++i) {
-        const int64_t source = rank * module.chunk + i;
-        if (source < module.size) local[static_cast<size_t>(module.shard_offset + i)] = full[module.start + source];
-      }
-    ops_.to_device(master_.data(), local.data(), master_.size());
+    ops_.weights_from_master(weights(), master_.data(), master_.size());
+    return;
   }
-  ops_.weights_from_master(weights(), master_.data(), master_.size());
+  // This rank's padded chunk of every module (the padding is zero), built in host memory: where
+  // the offloaded master weights live, or staged for the device.
+  std::vector<float> staged(optimizer_offloaded_ ? 0 : static_cast<size_t>(master_.size()));
+  float* local = optimizer_offloaded_ ? master_.data() : staged.data();
+  for (const Module& module : modules_)
+    for (int64_t i = 0; i < module.chunk; ++i) {
+      const int64_t source = zero_group_->rank() * module.chunk + i;
+      local[module.shard_offset + i] = source < module.size ? full[module.start + source] : 0.0f;
+    }
+  if (optimizer_offloaded_) {
+    ops_.weights_from_host_master(weights(), master_.data(), master_.size());
+  } else {
+    ops_.to_device(master_.data(), local, master_.size());
+    ops_.weights_from_master(weights(), master_.data(), master_.size());
+  }
 }
 
 template <class Ops>
@@ -359,6 +380,12 @@ std::vector<float> BasicLlamaModel<Ops>::gather_full(const float* shard) {
   if (!zero_group_) {
     ops_.to_host(full.data(), shard, layout_.total);
     return full;
+  }
+  // Offloaded states are in host memory; the collectives (NCCL on a GPU) take device memory.
+  auto staged = ops_.template scratch<float>(optimizer_offloaded_ ? master_.size() : 0);
+  if (optimizer_offloaded_) {
+    ops_.to_device(staged.data(), shard, master_.size());
+    shard = staged.data();
   }
   for (const Module& module : modules_) {
     auto gathered = ops_.template scratch<float>(module.chunk * zero_group_->size());
@@ -393,7 +420,10 @@ StepResult BasicLlamaModel<Ops>::forward_backward(const int32_t* host_tokens, co
   // "weight_gradient", is reduce-scattered into this rank's shard (summing every rank's part).
   const Act* params = weights();
   float* grads = gradients_.data();
-  ops.fill_zero(grads, gradients_.size());
+  if (optimizer_offloaded_)
+    std::fill_n(grads, gradients_.size(), 0.0f);  // host memory
+  else
+    ops.fill_zero(grads, gradients_.size());
   const int64_t layers = m.num_layers;
   const bool zero = zero_group_ != nullptr;
   auto gather = [&](size_t index, const char* name = "gathered_layer_weights") {
@@ -409,7 +439,13 @@ StepResult BasicLlamaModel<Ops>::forward_backward(const int32_t* host_tokens, co
     const Module& module = modules_[index];
     Buffer part = device.allocate(kCategoryZero, "gradient_shard_in_flight", module.chunk);
     zero_group_->reduce_scatter(gradient.data(), part.data(), module.chunk);
-    ops.add(gradients_.data() + module.shard_offset, part.data(), module.chunk);
+    if (optimizer_offloaded_) {  // to the host shard, as ZeRO-Offload moves each reduced partition
+      std::vector<float> arrived(static_cast<size_t>(module.chunk));
+      ops.to_host(arrived.data(), part.data(), module.chunk);
+      for (int64_t i = 0; i < module.chunk; ++i) gradients_.data()[module.shard_offset + i] += arrived[static_cast<size_t>(i)];
+    } else {
+      ops.add(gradients_.data() + module.shard_offset, part.data(), module.chunk);
+    }
     gradient.release();
   };
   // A layer's offsets relative to its module, for running it on the gathered buffer.
@@ -598,6 +634,12 @@ StepResult BasicLlamaModel<Ops>::forward_backward(const int32_t* host_tokens, co
 template <class Ops>
 void BasicLlamaModel<Ops>::adamw_step(float lr, float beta1, float beta2, float eps, float weight_decay) {
   ++step_;
+  if (optimizer_offloaded_) {  // on the host (DeepSpeed's cpu_adam), then the weights go back
+    kernels::adamw_update(master_.data(), gradients_.data(), adam_m_.data(), adam_v_.data(), master_.size(), lr, beta1, beta2, eps,
+                          weight_decay, step_);
+    ops_.weights_from_host_master(weights(), master_.data(), master_.size());
+    return;
+  }
   ops_.adamw_update(master_.data(), weights(), gradients_.data(), adam_m_.data(), adam_v_.data(), master_.size(), lr, beta1, beta2, eps,
                     weight_decay, step_);
 }

@@ -32,10 +32,11 @@ Sample sample_synthetic(int64_t seqlen, int64_t vocab, uint32_t seed) {
   return sample;
 }
 
-PlanOptions executor_plan(const TrainingOptions& options, int64_t sp, int zero_stage) {
+PlanOptions executor_plan(const TrainingOptions& options, int64_t sp, int zero_stage, bool offload_optimizer) {
   PlanOptions plan;
   plan.sp = sp;
   plan.zero_stage = zero_stage;
+  plan.offload_optimizer = offload_optimizer;
   plan.activation_checkpointing = options.activation_checkpointing;
   plan.checkpoint_offload = options.checkpoint_offload;
   plan.tiled_mlp = options.mlp_tiles > 0;

@@ -26,8 +26,9 @@ Sample sample_synthetic(int64_t seqlen, int64_t vocab, uint32_t seed);
 Sample sample_from_text(const std::string& text, int64_t seqlen, int64_t offset);
 
 // The planner's view of an executor run: Ulysses over `sp` ranks, ZeRO stage 0 (replicated) or 3
-// (LlamaModel built sharded over every rank), with the executor's options.
-PlanOptions executor_plan(const TrainingOptions& options, int64_t sp = 1, int zero_stage = 0);
+// (LlamaModel built sharded over every rank, optionally with the optimizer offloaded to the host),
+// with the executor's options.
+PlanOptions executor_plan(const TrainingOptions& options, int64_t sp = 1, int zero_stage = 0, bool offload_optimizer = false);
 
 // This machine's CPU "device" as a cluster of `ranks` one-GPU ranks on one node, each with
 // `budget_bytes` (infinite: unbounded).

@@ -298,8 +298,10 @@ MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& clust
   };
   if (plan.offload_optimizer) {
     // DeepSpeed ZeRO-Offload keeps each rank's partition of fp32 master weights, Adam states
-    // and fp32 gradients in host memory and runs the step there (cpu_adam).
-    host_add("master_weights", params * as_double(profile.master_weight_bytes) / world);
+    // and fp32 gradients in host memory and runs the step there (cpu_adam). A runtime that trains
+    // in fp32 without a master copy (native) needs one once the optimizer leaves the device.
+    const double master_bytes = profile.master_weight_bytes > 0 ? as_double(profile.master_weight_bytes) : 4.0;
+    host_add("master_weights", params * master_bytes / world);
     host_add("optimizer_states", params * as_double(profile.optimizer_state_bytes) / world);
     host_add("gradients_fp32", params * as_double(profile.gradient_bytes) / world);
   }

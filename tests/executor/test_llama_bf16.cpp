@@ -106,18 +106,21 @@ TEST_CASE("bf16 step: measured arena peak equals the native-cuda prediction less
   struct Case {
     bool checkpointing, offload;
     int64_t mlp_tiles, loss_tiles;
-    bool zero3;
+    bool zero3, optimizer_offload;
   };
-  for (const Case& c : {Case{false, false, 0, 0, false}, Case{true, false, 0, 0, false}, Case{true, true, 0, 0, false},
-                        Case{false, false, 4, 4, false}, Case{true, true, 8, 8, true}}) {
+  for (const Case& c : {Case{false, false, 0, 0, false, false}, Case{true, false, 0, 0, false, false}, Case{true, true, 0, 0, false, false},
+                        Case{false, false, 4, 4, false, false}, Case{true, true, 8, 8, true, false}, Case{true, true, 8, 8, true, true}}) {
     CAPTURE(c.checkpointing);
     CAPTURE(c.offload);
     CAPTURE(c.mlp_tiles);
     CAPTURE(c.zero3);
+    CAPTURE(c.optimizer_offload);
     const int64_t seqlen = 512;
     Arena device("device"), host("host");
     SingleRankCommunicator one_rank;
-    Bf16Model model = c.zero3 ? Bf16Model(spec, device, one_rank) : Bf16Model(spec, device);
+    Bf16Model model = c.optimizer_offload ? Bf16Model(spec, device, one_rank, host)
+                      : c.zero3          ? Bf16Model(spec, device, one_rank)
+                                         : Bf16Model(spec, device);
     model.load_parameters(weights.data());
     const Sample sample = sample_synthetic(seqlen, spec.vocab_size, 3);
     TrainingOptions options;
@@ -126,12 +129,13 @@ TEST_CASE("bf16 step: measured arena peak equals the native-cuda prediction less
     options.mlp_tiles = c.mlp_tiles;
     options.loss_tiles = c.loss_tiles;
     model.forward_backward(sample.tokens.data(), sample.labels.data(), sample.positions.data(), seqlen, options, device, host);
-    const MemoryPrediction predicted = memory_predict(spec, cluster, executor_plan(options, 1, c.zero3 ? 3 : 0), profile, seqlen);
+    const MemoryPrediction predicted =
+        memory_predict(spec, cluster, executor_plan(options, 1, c.zero3 ? 3 : 0, c.optimizer_offload), profile, seqlen);
     // 1 GiB context + 32 MiB cuBLAS workspace (one rank: no NCCL buffers), outside the arena.
     CHECK(runtime_bytes(predicted) == doctest::Approx(1024.0 * 1024 * 1024 + 32.0 * 1024 * 1024));
     CHECK(runtime_bytes(predicted) == runtime_overhead_bytes(profile, 1));
     CHECK(predicted.gpu_peak_bytes - runtime_bytes(predicted) == doctest::Approx(device.peak_bytes()).epsilon(1e-9));
     CHECK(predicted.gpu_peak_moment == device.peak_moment());
-    if (c.offload) CHECK(predicted.host_bytes_per_node == doctest::Approx(host.peak_bytes()).epsilon(1e-9));
+    if (c.offload || c.optimizer_offload) CHECK(predicted.host_bytes_per_node == doctest::Approx(host.peak_bytes()).epsilon(1e-9));
   }
 }

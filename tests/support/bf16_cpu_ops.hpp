@@ -123,6 +123,7 @@ class Bf16CpuOps : public HostMemoryMovement {
   void weights_from_master(Act* weights, const float* master, int64_t n) {
     for (int64_t i = 0; i < n; ++i) weights[i] = bf16_from_float(master[i]);
   }
+  void weights_from_host_master(Act* weights, const float* host_master, int64_t n) { weights_from_master(weights, host_master, n); }
 
  private:
   static std::vector<float> wide(const Act* values, int64_t n) {
