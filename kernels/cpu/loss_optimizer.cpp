@@ -43,6 +43,9 @@ void adamw_update(Real* params, const Real* grads, Real* m, Real* v, int64_t N, 
                   Real weight_decay, int64_t step) {
   const Real bias1 = Real(1) - std::pow(beta1, static_cast<Real>(step));
   const Real bias2 = Real(1) - std::pow(beta2, static_cast<Real>(step));
+  // Element-wise and independent, so threads change nothing in the result; with the optimizer
+  // offloaded this is the host's step over a whole shard (DeepSpeed's cpu_adam is threaded too).
+#pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i) {
     params[i] -= lr * weight_decay * params[i];
     m[i] = beta1 * m[i] + (Real(1) - beta1) * grads[i];
