@@ -259,6 +259,33 @@ TEST_CASE("ZeRO-3 built sharded (zero.Init): each rank's measured peak equals th
   }
 }
 
+TEST_CASE("ZeRO-3 with the optimizer offloaded across ranks: the same step as on the device, and as predicted") {
+  const ModelSpec spec = model_load("tiny-llama");
+  const Batch batch = batch_make(64);
+  const int64_t sp = world().size(), T = 64 / sp, first = world().rank() * T;
+  const std::vector<float> full = fixture_weights();
+  auto step = [&](bool offload, double& device_peak, double& host_peak) {
+    Arena device("device"), host("host");
+    LlamaModel model = offload ? LlamaModel(spec, device, world(), host) : LlamaModel(spec, device, world());
+    model.load_parameters(full.data());
+    SequenceParallel parallel{&world(), batch.positions.data()};
+    model.forward_backward(batch.tokens.data() + first, batch.labels.data() + first, batch.positions.data() + first, T, {}, device, host,
+                           parallel);
+    model.adamw_step(1e-2f, 0.9f, 0.95f, 1e-8f, 0.01f);
+    device_peak = device.peak_bytes();
+    host_peak = host.peak_bytes();
+    return model.gather_full(model.parameters());
+  };
+  double device_peak = 0, host_peak = 0, unused = 0;
+  const std::vector<float> on_device = step(false, unused, unused);
+  CHECK(step(true, device_peak, host_peak) == on_device);  // bitwise: the same reductions and AdamW
+  const MemoryPrediction predicted = memory_predict(spec, executor_cluster(std::numeric_limits<double>::infinity(), sp),
+                                                    executor_plan({}, sp, 3, /*offload_optimizer=*/true), runtime_profile_load("native"), 64);
+  CHECK(predicted.gpu_peak_bytes == doctest::Approx(device_peak).epsilon(1e-9));
+  // The host item is per node: every rank of this one-node run holds its shard's states.
+  CHECK(predicted.host_bytes_per_node == doctest::Approx(host_peak * static_cast<double>(sp)).epsilon(1e-9));
+}
+
 TEST_CASE("the GPU's schedule across ranks (bf16 emulation): Ulysses and ZeRO-3 peaks equal the native-cuda prediction") {
   // Blocked attention over all S tokens for this rank's heads, its workspace, bf16 gathers and
   // all-to-alls: the GPU's allocations, measured on the CPU.
