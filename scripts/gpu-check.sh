@@ -4,6 +4,8 @@
 #      the tiny model's training step against the CPU, NCCL against MPI when there are two GPUs);
 #   2. a measured-vs-predicted run of the tiny model on the GPU (longseq run --device cuda, with
 #      checkpoint offload and tiled MLP/loss) against the native-cuda profile;
+#      the same under mpirun -np 1 with ZeRO-3 over NCCL and the optimizer offloaded (MPIRUN_ARGS
+#      adds mpirun options);
 #   3. a Llama-3.1-8B-shaped decoder layer stack (LAYER_STACK_LAYERS layers, default 4) at a long
 #      sequence (LAYER_STACK_SEQLEN, default 128Ki) on one GPU, measured against the prediction;
 # and writes all of it to build/gpu-check/report.md (the runs' JSON beside it).
@@ -39,10 +41,18 @@ run_measured() {  # name, then longseq run arguments
   shift
   mkdir -p "$report_dir/$name"
   echo "gpu-check: longseq run --device cuda $*" >&2
-  build/cli/longseq run --device cuda "$@" --json-out "$report_dir/$name/run.json" > "$report_dir/$name/run.txt" 2>&1 || status=1
+  ${MPIRUN:-} build/cli/longseq run --device cuda "$@" --json-out "$report_dir/$name/run.json" > "$report_dir/$name/run.txt" 2>&1 ||
+    status=1
   if command -v gnuplot >/dev/null && [ -f "$report_dir/$name/run.json" ]; then build/cli/longseq report "$report_dir/$name" >/dev/null; fi
 }
 run_measured tiny-llama --model tiny-llama --seqlen 8Ki --steps 3 --checkpointing --checkpoint-offload --mlp-tiles 4 --loss-tiles 4
+# ZeRO-3 over NCCL (one rank under mpirun) with the optimizer offloaded to the host, as ALST runs.
+if command -v mpirun >/dev/null; then
+  as_root=""
+  [ "$(id -u)" = 0 ] && as_root="--allow-run-as-root"  # Open MPI refuses root without it
+  MPIRUN="mpirun -np 1 $as_root ${MPIRUN_ARGS:-}" run_measured tiny-llama-zero3-offload --model tiny-llama --seqlen 8Ki --steps 3 \
+    --zero 3 --offload-optimizer --checkpointing --checkpoint-offload
+fi
 run_measured llama-3.1-8b-layer-stack --model llama-3.1-8b --layers "${LAYER_STACK_LAYERS:-4}" --seqlen "${LAYER_STACK_SEQLEN:-128Ki}" \
   --steps 2 --checkpointing --checkpoint-offload --mlp-tiles 8 --loss-tiles 8
 {
@@ -57,7 +67,8 @@ run_measured llama-3.1-8b-layer-stack --model llama-3.1-8b --layers "${LAYER_STA
   echo '```'
   cat "$log"
   echo '```'
-  for name in tiny-llama llama-3.1-8b-layer-stack; do
+  for name in tiny-llama tiny-llama-zero3-offload llama-3.1-8b-layer-stack; do
+    [ -f "$report_dir/$name/run.txt" ] || continue
     echo
     echo "## longseq run --device cuda: $name (MEASURED on this GPU vs PREDICTED by native-cuda)"
     echo
