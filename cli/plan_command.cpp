@@ -20,6 +20,7 @@ namespace longseq {
 // (the ALST feature set, or --baseline).
 struct PlanCommandArgs {
   std::string model;
+  int64_t layers = 0;  // 0: the card's
   std::string gpu = "h100-sxm-80gb";
   std::string profile = "deepspeed-hf";
   // -1: not given (a given 0 or negative value is an error).
@@ -80,6 +81,8 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
       "switches) fix the plan instead.");
   command->add_option("--model,-m", args->model, "built-in card name (see `longseq models`), a card .yaml, or a Hugging Face config.json")
       ->required();
+  command->add_option("--layers", args->layers, "keep only the first N decoder layers (a stack of the model's shape, as `longseq run --layers`)")
+      ->check(CLI::Range(1, 1 << 20));
   command->add_option("--gpu", args->gpu, "hardware card name or .yaml (default h100-sxm-80gb; see `longseq hardware`)");
   command->add_option("--gpus,-g", args->gpus, "number of GPUs (default: all GPUs of --nodes)");
   command->add_option("--nodes", args->nodes, "number of nodes (default: as many as --gpus needs)");
@@ -255,7 +258,7 @@ int plan_emit(const PlanCommandArgs& args, const PlanOptions& plan, const Cluste
 }  // namespace
 
 int plan_command_run(const PlanCommandArgs& args) {
-  const ModelSpec model = model_load(args.model);
+  const ModelSpec model = model_with_layers(model_load(args.model), args.layers);
   const HardwareCard hardware = hardware_card_load(args.gpu);
   const RuntimeProfile profile = runtime_profile_load(args.profile);
   if (args.host_memory_gib != -1 && !(args.host_memory_gib > 0))

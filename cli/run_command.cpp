@@ -308,13 +308,8 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
     if (unset("--offload-optimizer") && plan.offload_optimizer) args.offload_optimizer = *plan.offload_optimizer;
     if (speaker) fmt::print("scenario {}: {}\n", scenario.name, scenario.description);
   }
-  ModelSpec model = model_load(args.model);
+  const ModelSpec model = model_with_layers(model_load(args.model), args.layers);  // the planner predicts the same stack
   executor_model_check(model);
-  if (args.layers > 0) {
-    if (args.layers > model.num_layers)
-      throw ConfigError("--layers", "", fmt::format("{} has {} decoder layers, not {}", model.name, model.num_layers, args.layers));
-    model.num_layers = args.layers;  // the planner predicts the same truncated stack
-  }
   const bool on_gpu = args.device == "cuda";
   std::string device_description = "CPU, fp32";  // where the measurement is taken
   double device_memory_bytes = static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));

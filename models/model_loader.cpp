@@ -160,6 +160,14 @@ ModelSpec model_from_hf_config_text(const std::string& json_text, const std::str
   return model;
 }
 
+ModelSpec model_with_layers(ModelSpec model, int64_t layers) {
+  if (layers < 0) throw ConfigError("--layers", "", fmt::format("must be positive, got {}", layers));
+  if (layers > model.num_layers)
+    throw ConfigError("--layers", "", fmt::format("{} has {} decoder layers, not {}", model.name, model.num_layers, layers));
+  if (layers > 0) model.num_layers = layers;
+  return model;
+}
+
 std::vector<std::string> builtin_model_names() { return embedded_file_stems(builtin_cards()); }
 
 ModelSpec model_load(const std::string& name_or_path) {

@@ -21,6 +21,11 @@ ModelSpec model_from_card_text(const std::string& yaml_text, const std::string& 
 // MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM.
 ModelSpec model_from_hf_config_text(const std::string& json_text, const std::string& source_name);
 
+// The first `layers` decoder layers of `model` (the flag --layers): a stack of its shape, for runs
+// and predictions that cannot hold the whole model. 0 keeps every layer; more than the model has
+// throws ConfigError naming --layers.
+ModelSpec model_with_layers(ModelSpec model, int64_t layers);
+
 // Names of the built-in cards, sorted.
 std::vector<std::string> builtin_model_names();
 
