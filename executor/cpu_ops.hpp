@@ -36,6 +36,11 @@ class HostMemoryMovement {
     std::copy_n(source, n, destination);
   }
   void fill_zero(float* data, int64_t n) { std::fill_n(data, n, 0.0f); }
+  // Ulysses' regrouping before an all-to-all: a copy, whatever the element type.
+  template <typename T>
+  void heads_pack(T* send, const T* source, int64_t tokens, int64_t heads_total, HeadBlocks blocks, int64_t HD, int64_t sp) {
+    longseq::heads_pack(send, source, tokens, heads_total, blocks, HD, sp);
+  }
   void scale(float* data, int64_t n, float factor) {
     for (int64_t i = 0; i < n; ++i) data[i] *= factor;
   }
@@ -143,9 +148,6 @@ class CpuOps : public HostMemoryMovement {
   }
 
   // ---- element-wise and data movement (the rest, add included, is HostMemoryMovement's) ----
-  void heads_pack(Act* send, const Act* source, int64_t tokens, int64_t heads_total, HeadBlocks blocks, int64_t HD, int64_t sp) {
-    longseq::heads_pack(send, source, tokens, heads_total, blocks, HD, sp);
-  }
   void heads_unpack_add(Act* target, const Act* recv, int64_t tokens, int64_t heads_total, HeadBlocks blocks, int64_t HD, int64_t sp) {
     longseq::heads_unpack_add(target, recv, tokens, heads_total, blocks, HD, sp);
   }

@@ -94,8 +94,7 @@ class CudaOps {
   // Blocked attention (kernels/blocked_attention.hpp) in kGpuAttentionBlockTokens blocks, its
   // workspace from the arena; `block` is the CPU kernel's tile and does not apply here.
   int64_t attention_workspace_elements(int64_t T, int64_t NQ, int64_t NKV, int64_t HD, bool backward) const {
-    const BlockedAttentionLayout layout(T, NQ, NKV, HD, kGpuAttentionBlockTokens);
-    return backward ? layout.backward_elements(sizeof(Act)) : layout.forward_elements(sizeof(Act));
+    return BlockedAttentionLayout(T, NQ, NKV, HD, kGpuAttentionBlockTokens).workspace_elements(sizeof(Act), backward);
   }
   void attention_forward(Act* out, float* lse, const Act* q, const Act* k, const Act* v, const int32_t* positions, int64_t T,
                          int64_t NQ, int64_t NKV, int64_t HD, int64_t /*block*/, float* workspace) {

@@ -39,6 +39,9 @@ struct BlockedAttentionLayout {
   int64_t backward_elements(int64_t act_bytes) const {
     return scores() + 2 * kv_accumulator() + dq_accumulator() + (2 * scores() * act_bytes + 3) / 4;
   }
+  int64_t workspace_elements(int64_t act_bytes, bool backward) const {
+    return backward ? backward_elements(act_bytes) : forward_elements(act_bytes);
+  }
 };
 
 // Query and key block of the GPU's attention (CudaOps, and the CPU emulation of its schedule):

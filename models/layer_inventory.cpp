@@ -496,8 +496,8 @@ struct ExecutorBytes {
       const BlockedAttentionLayout layout(shape.tokens * shape.sp, shape.num_q_heads / shape.sp,
                                           shape.kv_width * shape.kv_replication / head_dim / shape.sp, head_dim,
                                           options.attention_block_tokens);
-      attention_forward_workspace = 4.0 * static_cast<double>(layout.forward_elements(act));
-      attention_backward_workspace = 4.0 * static_cast<double>(layout.backward_elements(act));
+      attention_forward_workspace = 4.0 * static_cast<double>(layout.workspace_elements(act, false));
+      attention_backward_workspace = 4.0 * static_cast<double>(layout.workspace_elements(act, true));
     }
     x = t * static_cast<double>(shape.hidden) * a;
     q = t * static_cast<double>(shape.q_width) * a;

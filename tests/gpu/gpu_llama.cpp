@@ -108,9 +108,7 @@ TEST_CASE("the GPU arena's measured peak equals the native-cuda prediction; the 
   options.mlp_tiles = 4;
   const StepRun run = gpu_run(options, sample);
   const MemoryPrediction predicted = memory_predict(spec, cluster, executor_plan(options), profile, 2048);
-  double runtime = 0;
-  for (const MemoryItem& item : predicted.gpu_items)
-    if (item.category == kCategoryRuntime) runtime += item.bytes;
+  const double runtime = runtime_overhead_bytes(profile, 1);
   CHECK(predicted.gpu_peak_bytes - runtime == doctest::Approx(run.device_peak_bytes).epsilon(1e-9));
   CHECK(predicted.gpu_peak_moment == run.peak_moment);
   CHECK(predicted.host_bytes_per_node == doctest::Approx(run.host_peak_bytes).epsilon(1e-9));

@@ -77,8 +77,7 @@ class Bf16CpuOps : public HostMemoryMovement {
   }
   // The GPU's blocked attention, its workspace from the arena, in bf16 with fp32 accumulators.
   int64_t attention_workspace_elements(int64_t T, int64_t NQ, int64_t NKV, int64_t HD, bool backward) const {
-    const BlockedAttentionLayout layout(T, NQ, NKV, HD, kGpuAttentionBlockTokens);
-    return backward ? layout.backward_elements(sizeof(Act)) : layout.forward_elements(sizeof(Act));
+    return BlockedAttentionLayout(T, NQ, NKV, HD, kGpuAttentionBlockTokens).workspace_elements(sizeof(Act), backward);
   }
   void attention_forward(Act* out, float* lse, const Act* q, const Act* k, const Act* v, const int32_t* positions, int64_t T,
                          int64_t NQ, int64_t NKV, int64_t HD, int64_t /*block*/, float* workspace) {
@@ -111,9 +110,6 @@ class Bf16CpuOps : public HostMemoryMovement {
   using HostMemoryMovement::add;
   void add(Act* inout, const Act* addend, int64_t n) {
     for (int64_t i = 0; i < n; ++i) inout[i] = bf16_from_float(bf16_to_float(inout[i]) + bf16_to_float(addend[i]));
-  }
-  void heads_pack(Act* send, const Act* source, int64_t tokens, int64_t heads_total, HeadBlocks blocks, int64_t HD, int64_t sp) {
-    longseq::heads_pack(send, source, tokens, heads_total, blocks, HD, sp);  // a copy: no arithmetic
   }
   void heads_unpack_add(Act* target, const Act* recv, int64_t tokens, int64_t heads_total, HeadBlocks blocks, int64_t HD, int64_t sp) {
     std::vector<float> sums = wide(target, tokens * heads_total * HD);

@@ -15,33 +15,31 @@
 
 namespace longseq::testing {
 
-// The golden script's formulas (tests/golden/make_tiny_llama_golden.py).
-inline void parameters_fill(LlamaModel& model) {
-  const LlamaLayout& layout = model.layout();
+// The tiny model's weights by the golden script's formulas (tests/golden/make_tiny_llama_golden.py),
+// as a full host vector (what load_parameters takes).
+inline std::vector<float> fixture_weights() {
+  const ModelSpec spec = model_load("tiny-llama");
+  const LlamaLayout layout = llama_layout(spec);
   std::vector<bool> norm(static_cast<size_t>(layout.total), false);
-  const int64_t C = model.spec().hidden_size;
   auto mark = [&](int64_t offset) {
-    for (int64_t i = 0; i < C; ++i) norm[static_cast<size_t>(offset + i)] = true;
+    for (int64_t i = 0; i < spec.hidden_size; ++i) norm[static_cast<size_t>(offset + i)] = true;
   };
   for (const auto& layer : layout.layers) {
     mark(layer.attention_norm);
     mark(layer.mlp_norm);
   }
   mark(layout.final_norm);
+  std::vector<float> weights(static_cast<size_t>(layout.total));
   for (int64_t i = 0; i < layout.total; ++i) {
     const double index = static_cast<double>(i);
-    model.parameters()[i] = static_cast<float>(norm[static_cast<size_t>(i)] ? 1.0 + 0.1 * std::sin(0.37 * index)
-                                                                             : 0.08 * std::sin(1.3 * index + 0.1));
+    weights[static_cast<size_t>(i)] = static_cast<float>(norm[static_cast<size_t>(i)] ? 1.0 + 0.1 * std::sin(0.37 * index)
+                                                                                      : 0.08 * std::sin(1.3 * index + 0.1));
   }
+  return weights;
 }
 
-// The tiny model's fixture weights as a full host vector (what load_parameters takes).
-inline std::vector<float> fixture_weights() {
-  Arena device("fixture");
-  LlamaModel model(model_load("tiny-llama"), device);
-  parameters_fill(model);
-  return std::vector<float>(model.parameters(), model.parameters() + model.parameter_count());
-}
+// The same weights into an unsharded CPU model.
+inline void parameters_fill(LlamaModel& model) { model.load_parameters(fixture_weights().data()); }
 
 struct Batch {
   std::vector<int32_t> tokens, labels, positions;
