@@ -5,15 +5,14 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <memory>
-
-#include <sys/wait.h>
 
 #include "cli/commands.hpp"
 #include "executor/job_launch.hpp"
 #include "models/config_error.hpp"
+#include "models/model_loader.hpp"
+#include "models/process.hpp"
 #include "planner/scenario.hpp"
 
 namespace longseq {
@@ -23,7 +22,7 @@ struct LaunchCommandArgs {
   int64_t ranks = 0, ranks_per_node = 0, sp = 0;
   std::string hostfile, output, time_limit = "00:30:00", partition;
   std::vector<std::string> mpirun_extra;
-  bool slurm = false, wait = false, dry_run = false;
+  bool slurm = false, wait = false, dry_run = false, overwrite = false;
   std::string device = "cpu";
 };
 
@@ -48,6 +47,8 @@ std::shared_ptr<LaunchCommandArgs> launch_command_register(CLI::App& app) {
   command->add_option("--device", args->device, "cpu (default) or cuda: one GPU per rank (longseq run --device cuda)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   command->add_flag("--dry-run", args->dry_run, "print the layout and what would run or be submitted; write nothing");
+  command->add_flag("--overwrite", args->overwrite,
+                    "use a non-empty --output directory, replacing only longseq's files in it (run.json, job.sbatch)");
   return args;
 }
 
@@ -58,21 +59,6 @@ std::string this_binary() {
   std::error_code error;
   const auto path = std::filesystem::read_symlink("/proc/self/exe", error);
   return error ? std::string("longseq") : path.string();
-}
-
-// Runs a shell command and returns its exit status (and its stdout when `output` is given).
-int shell_run(const std::string& command, std::string* output = nullptr) {
-  if (!output) {
-    const int status = std::system(command.c_str());
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
-  }
-  FILE* pipe = popen(command.c_str(), "r");
-  if (!pipe) return 1;
-  char buffer[4096];
-  size_t read;
-  while ((read = fread(buffer, 1, sizeof buffer, pipe)) > 0) output->append(buffer, read);
-  const int status = pclose(pipe);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
 }
 
 }  // namespace
@@ -100,6 +86,12 @@ int launch_command_run(const LaunchCommandArgs& args) {
   if (layout.nodes > 1 && !args.slurm && args.hostfile.empty())
     throw ConfigError("--ranks-per-node", "", fmt::format("{} nodes need machines: give --hostfile or --slurm", layout.nodes));
 
+  std::error_code error;
+  if (!args.dry_run) {  // the output directory is checked and made before anything is printed or run
+    output_directory_check(request.output_directory, args.overwrite, "--output");
+    std::filesystem::create_directories(request.output_directory, error);
+    if (error) throw ConfigError("--output", "", fmt::format("cannot create {}: {}", request.output_directory, error.message()));
+  }
   fmt::print("longseq launch {}: {} rank(s) = Ulysses sp={} x data parallel dp={}, {} node(s) of {} rank(s){}\n", scenario.name,
              layout.ranks, layout.sp, layout.dp, layout.nodes, layout.ranks_per_node,
              layout.sp_spans_nodes ? " (Ulysses groups span nodes)" : "");
@@ -111,38 +103,49 @@ int launch_command_run(const LaunchCommandArgs& args) {
       fmt::print("would run:\n{}\n", mpirun_command(request, layout));
     return 0;
   }
-  std::filesystem::create_directories(request.output_directory);
   const std::string result_path = request.output_directory + "/run.json";
+  // An earlier result in a directory the user asked to overwrite must not pass for this job's.
+  std::filesystem::remove(result_path, error);
   if (!args.slurm) {
-    const std::string command = mpirun_command(request, layout);
-    fmt::print("running: {}\n", command);
+    fmt::print("running: {}\n", mpirun_command(request, layout));
     std::fflush(stdout);
-    const int status = shell_run(command);
-    if (status != 0) {
-      std::filesystem::remove(result_path);  // nothing half-written
-      std::cerr << fmt::format("longseq: error: launch: the job failed (exit {}); see the messages above\n", status);
-      return status == 2 ? 2 : 1;
+    // No shell: mpirun gets its arguments as a vector. SIGINT/SIGTERM to launch reach mpirun,
+    // which stops its ranks; if launch itself is killed, mpirun gets SIGTERM (PR_SET_PDEATHSIG).
+    const ProcessResult result = process_run(mpirun_arguments(request, layout));
+    if (result.forwarded_signal) {
+      std::cerr << fmt::format("longseq: error: launch: interrupted by signal {}; the job was stopped and wrote no result\n",
+                               result.forwarded_signal);
+      return 128 + result.forwarded_signal;
+    }
+    if (result.exit_code != 0) {
+      std::cerr << fmt::format("longseq: error: launch: the job failed (exit {}){}\n", result.exit_code,
+                               result.exit_code == 127 ? ": cannot run mpirun (scripts/setup.sh installs openmpi-bin)"
+                                                       : "; see the messages above");
+      return result.exit_code == 2 ? 2 : 1;
     }
     fmt::print("results: {}\n", result_path);
     return 0;
   }
-  {
-    std::ofstream script(script_path);
-    script << sbatch_script(request, layout);
-    if (!script) throw ConfigError(script_path, "", "cannot write the batch script");
-  }
+  file_write_text(script_path, sbatch_script(request, layout));
   std::string submitted;
-  const int status = shell_run(fmt::format("sbatch --parsable{} {}", args.wait ? " --wait" : "", shell_quote(script_path)), &submitted);
+  ProcessOptions capture;
+  capture.captured_stdout = &submitted;
+  std::vector<std::string> sbatch = {"sbatch", "--parsable"};
+  if (args.wait) sbatch.push_back("--wait");
+  sbatch.push_back(script_path);
+  const ProcessResult result = process_run(sbatch, capture);
   const std::string job_id = submitted.substr(0, submitted.find_first_of(";\n"));
   if (job_id.empty()) {
-    std::filesystem::remove(script_path);
-    throw ConfigError("--slurm", "", fmt::format("sbatch did not accept the job (exit {})", status));
+    std::filesystem::remove(script_path, error);
+    throw ConfigError("--slurm", "", fmt::format("sbatch did not accept the job (exit {})", result.exit_code));
   }
   fmt::print("submitted Slurm job {}; results: {}, log: {}/slurm-{}.out\n", job_id, result_path, request.output_directory, job_id);
   if (args.wait) {
-    fmt::print("job {} {}\n", job_id, status == 0 ? "finished" : fmt::format("failed (exit {})", status));
-    if (status != 0) std::filesystem::remove(result_path);
-    return status == 0 ? 0 : 1;
+    if (result.forwarded_signal)
+      fmt::print("stopped waiting (signal {}); job {} is still Slurm's: `scancel {}` stops it\n", result.forwarded_signal, job_id, job_id);
+    else
+      fmt::print("job {} {}\n", job_id, result.exit_code == 0 ? "finished" : fmt::format("failed (exit {})", result.exit_code));
+    return result.exit_code == 0 ? 0 : 1;
   }
   return 0;
 }

@@ -2,12 +2,13 @@
 //
 // Exit codes: 0 success (a plan that does not fit is an answer, not an error); 2 bad input or an
 // impossible plan, with a one-line reason naming the file/flag and key; CLI11's own codes for
-// malformed command lines.
+// malformed command lines; 70 for an internal error (a bug), never an abort.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <iostream>
 
 #include "cli/commands.hpp"
+#include "models/checked_input.hpp"
 #include "models/config_error.hpp"
 #include "models/model_loader.hpp"
 #include "planner/cards.hpp"
@@ -39,6 +40,30 @@ int hardware_list() {
   return 0;
 }
 
+// Every numeric flag reads a plain decimal: CLI11 alone would take 0x10 as 16, nan and inf as
+// numbers, and saturate 99999999999999999999 to INT64_MAX ("9223372036854775807 GPUs").
+void numeric_flags_check(CLI::App& app) {
+  for (CLI::App* command : app.get_subcommands({})) {
+    for (CLI::Option* option : command->get_options({})) {
+      // "INT", or "INT:INT in [1 - 100000]" once a range check describes it.
+      const std::string type = option->get_type_name().substr(0, option->get_type_name().find(':'));
+      const bool integer = type == "INT" || type == "UINT", number = integer || type == "FLOAT";
+      if (!number || option->get_type_size() == 0) continue;
+      option->transform(CLI::Validator(
+          [integer](std::string& text) -> std::string {
+            const std::optional<double> value = longseq::decimal_parse(text);
+            if (!value) return fmt::format("expected a plain decimal number, got '{}'", text);
+            if (!integer) return "";
+            const std::optional<int64_t> whole = longseq::whole_number(*value, INT64_MIN, INT64_MAX);
+            if (!whole) return fmt::format("expected a whole number, got '{}'", text);
+            text = std::to_string(*whole);  // 1e3 as 1000 for CLI11's integer conversion
+            return "";
+          },
+          ""));  // no name: the help keeps CLI11's own "INT in [1 - 100000]"
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -54,7 +79,20 @@ int main(int argc, char** argv) {
   auto launch_args = longseq::launch_command_register(app);
   CLI::App* models = app.add_subcommand("models", "List the built-in model cards with exact parameter counts");
   CLI::App* hardware = app.add_subcommand("hardware", "List the built-in hardware cards");
-  CLI11_PARSE(app, argc, argv);
+  numeric_flags_check(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& help) {
+    return app.exit(help);
+  } catch (const CLI::CallForAllHelp& help) {
+    return app.exit(help);
+  } catch (const CLI::CallForVersion& version) {
+    return app.exit(version);
+  } catch (const CLI::ParseError& error) {
+    // A malformed command line is bad input like any other: one line naming the flag, exit 2.
+    std::cerr << "longseq: error: " << error.what() << " (see --help)\n";
+    return 2;
+  }
   try {
     if (app.got_subcommand("plan")) return longseq::plan_command_run(*plan_args);
     if (app.got_subcommand("validate")) return longseq::validate_command_run(*validate_args);
@@ -68,6 +106,11 @@ int main(int argc, char** argv) {
   } catch (const longseq::ConfigError& error) {
     std::cerr << "longseq: error: " << error.what() << "\n";
     return 2;
+  } catch (const std::exception& error) {
+    // Bad input is a ConfigError by the readers' contract (models/checked_input.hpp); anything
+    // else is a bug, reported as one (exit 70, EX_SOFTWARE) rather than aborting the program.
+    std::cerr << "longseq: internal error (a bug in longseq; please report it with the command): " << error.what() << "\n";
+    return 70;
   }
   return 0;
 }

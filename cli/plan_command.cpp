@@ -23,12 +23,12 @@ struct PlanCommandArgs {
   int64_t layers = 0;  // 0: the card's
   std::string gpu = "h100-sxm-80gb";
   std::string profile = "deepspeed-hf";
-  // -1: not given (a given 0 or negative value is an error).
-  int64_t gpus = -1, nodes = -1, gpus_per_node = -1;
-  double host_memory_gib = -1;
-  std::string seqlen;
-  int64_t sp = -1;
-  int zero_stage = -1;
+  // nullopt: not given (a given 0 or negative value is an error, never "not given").
+  std::optional<int64_t> gpus, nodes, gpus_per_node;
+  std::optional<double> host_memory_gib;
+  std::optional<std::string> seqlen;
+  std::optional<int64_t> sp;
+  std::optional<int> zero_stage;
   bool baseline = false;
   bool alst = false;
   bool search = false;
@@ -40,9 +40,9 @@ struct PlanCommandArgs {
   int64_t checkpoint_offload_on = 0, checkpoint_offload_off = 0;
   int64_t tiled_mlp_on = 0, tiled_mlp_off = 0;
   int64_t tiled_loss_on = 0, tiled_loss_off = 0;
-  int64_t mlp_tiles = -1, loss_tiles = -1;
+  std::optional<int64_t> mlp_tiles, loss_tiles;
   bool fpdt = false;
-  std::string fpdt_chunk;
+  std::optional<std::string> fpdt_chunk;
   int64_t micro_batch = 1;
   bool json = false;
   std::string emit;      // "deepspeed" or "accelerate"
@@ -56,11 +56,11 @@ void switch_register(CLI::App& command, const std::string& name, int64_t& on, in
   command.add_flag("--no-" + name, off, "turn off --" + name);
 }
 
-// A count the user gave must be positive; -1 (not given) becomes 0, the library's "default".
-int64_t positive_or_default(int64_t value, const char* flag) {
-  if (value == -1) return 0;
-  if (value < 1) throw ConfigError(flag, "", fmt::format("must be positive, got {}", value));
-  return value;
+// A count the user gave must be positive; one not given becomes 0, the library's "default".
+int64_t positive_or_default(const std::optional<int64_t>& value, const char* flag) {
+  if (!value) return 0;
+  if (*value < 1) throw ConfigError(flag, "", fmt::format("must be positive, got {}", *value));
+  return *value;
 }
 
 void switch_apply(bool& value, int64_t on, int64_t off, const std::string& name) {
@@ -128,8 +128,8 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
 namespace {
 
 bool plan_flags_given(const PlanCommandArgs& args) {
-  return args.alst || args.baseline || args.sp != -1 || args.zero_stage != -1 || args.mlp_tiles != -1 ||
-         args.loss_tiles != -1 || args.fpdt || !args.fpdt_chunk.empty() ||
+  return args.alst || args.baseline || args.sp || args.zero_stage || args.mlp_tiles || args.loss_tiles || args.fpdt ||
+         args.fpdt_chunk ||
          args.offload_optimizer_on + args.offload_optimizer_off + args.offload_params_on + args.offload_params_off +
                  args.checkpointing_on + args.checkpointing_off + args.checkpoint_offload_on + args.checkpoint_offload_off +
                  args.tiled_mlp_on + args.tiled_mlp_off + args.tiled_loss_on + args.tiled_loss_off >
@@ -146,7 +146,7 @@ PlanOptions plan_from_flags(const PlanCommandArgs& args, const ModelSpec& model,
     plan.tiled_mlp = plan.tiled_loss = plan.checkpoint_offload = false;
   }
   if (sp > 0) plan.sp = sp;
-  if (args.zero_stage != -1) plan.zero_stage = args.zero_stage;
+  if (args.zero_stage) plan.zero_stage = *args.zero_stage;
   switch_apply(plan.offload_optimizer, args.offload_optimizer_on, args.offload_optimizer_off, "offload-optimizer");
   switch_apply(plan.offload_params, args.offload_params_on, args.offload_params_off, "offload-params");
   switch_apply(plan.activation_checkpointing, args.checkpointing_on, args.checkpointing_off, "checkpointing");
@@ -159,12 +159,12 @@ PlanOptions plan_from_flags(const PlanCommandArgs& args, const ModelSpec& model,
   plan.mlp_tiles = positive_or_default(args.mlp_tiles, "--mlp-tiles");
   plan.loss_tiles = positive_or_default(args.loss_tiles, "--loss-tiles");
   plan.micro_batch = args.micro_batch;
-  if (!args.fpdt_chunk.empty() && !args.fpdt) throw ConfigError("--fpdt-chunk", "", "given without --fpdt");
+  if (args.fpdt_chunk && !args.fpdt) throw ConfigError("--fpdt-chunk", "", "given without --fpdt");
   if (args.fpdt) {
     plan.fpdt = true;
     if (args.tiled_mlp_on == 0) plan.tiled_mlp = false;
     if (args.tiled_loss_on == 0) plan.tiled_loss = false;
-    if (!args.fpdt_chunk.empty()) plan.fpdt_chunk_tokens = seqlen_parse(args.fpdt_chunk, "--fpdt-chunk");
+    if (args.fpdt_chunk) plan.fpdt_chunk_tokens = seqlen_parse(*args.fpdt_chunk, "--fpdt-chunk");
   }
   return plan;
 }
@@ -261,15 +261,15 @@ int plan_command_run(const PlanCommandArgs& args) {
   const ModelSpec model = model_with_layers(model_load(args.model), args.layers);
   const HardwareCard hardware = hardware_card_load(args.gpu);
   const RuntimeProfile profile = runtime_profile_load(args.profile);
-  if (args.host_memory_gib != -1 && !(args.host_memory_gib > 0))
-    throw ConfigError("--host-mem-gib", "", fmt::format("must be positive, got {}", args.host_memory_gib));
+  if (args.host_memory_gib && !(*args.host_memory_gib > 0))
+    throw ConfigError("--host-mem-gib", "", fmt::format("must be positive, got {}", *args.host_memory_gib));
   const ClusterSpec cluster =
       cluster_make(hardware, positive_or_default(args.gpus, "--gpus"), positive_or_default(args.nodes, "--nodes"),
-                   positive_or_default(args.gpus_per_node, "--gpus-per-node"), std::max(args.host_memory_gib, 0.0));
+                   positive_or_default(args.gpus_per_node, "--gpus-per-node"), args.host_memory_gib.value_or(0.0));
   if (args.micro_batch < 1 || args.micro_batch > 1'000'000)
     throw ConfigError("--micro-batch", "", fmt::format("must be in [1, 1000000], got {}", args.micro_batch));
   std::optional<int64_t> seqlen;
-  if (!args.seqlen.empty()) seqlen = seqlen_parse(args.seqlen, "--seqlen");
+  if (args.seqlen) seqlen = seqlen_parse(*args.seqlen, "--seqlen");
 
   const ParameterCount params = parameter_count(model);
   nlohmann::json report = {

@@ -9,6 +9,9 @@
 #include <fmt/format.h>
 #include <cmath>
 #include <iostream>
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
 #include <unistd.h>
 #include <limits>
 #include <map>
@@ -60,6 +63,7 @@ struct RunCommandArgs {
   bool compare_single_rank = false;
   bool json = false;
   std::string json_out;
+  double peer_timeout_s = 600;
 };
 
 std::shared_ptr<RunCommandArgs> run_command_register(CLI::App& app) {
@@ -102,6 +106,10 @@ std::shared_ptr<RunCommandArgs> run_command_register(CLI::App& app) {
   command->add_flag("--compare-single-rank", args->compare_single_rank,
                     "under mpirun, rank 0 also trains one unsharded replica on the same samples and prints its loss beside");
   command->add_flag("--json", args->json, "print JSON");
+  command->add_option("--peer-timeout-s", args->peer_timeout_s,
+                      "under mpirun: how long a collective waits for the other ranks before the job stops with an error naming "
+                      "it (default 600; 0 waits forever)")
+      ->check(CLI::Range(0.0, 1e6));
   command->add_option("--json-out", args->json_out,
                       "also write the JSON result to this file (what `longseq report DIR` reads as DIR/run.json), beside the text");
   return args;
@@ -131,6 +139,23 @@ std::string host_name() {
   return gethostname(name, sizeof name - 1) == 0 ? std::string(name) : std::string("this machine");
 }
 
+// --json-out must be writable: tried now by creating (and removing) its temporary file, so a
+// read-only place is refused before the training rather than after it.
+void json_out_check(const std::string& path) {
+  const std::filesystem::path parent = std::filesystem::absolute(path).parent_path();
+  std::error_code error;
+  if (!std::filesystem::is_directory(parent, error)) throw ConfigError("--json-out", "", "directory " + parent.string() + " does not exist");
+  if (std::filesystem::is_directory(path, error)) throw ConfigError("--json-out", "", path + " is a directory, not a file");
+  const std::string probe = path + ".partial";
+  const int fd = open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    if (errno == EEXIST) return;  // another run is writing it; file_write_text replaces it whole
+    throw ConfigError("--json-out", "", fmt::format("cannot write {}: {}", path, std::strerror(errno)));
+  }
+  close(fd);
+  unlink(probe.c_str());
+}
+
 // MPI for the length of a run launched by mpirun (Open MPI sets OMPI_COMM_WORLD_SIZE); without
 // it a run is one rank and needs no MPI.
 struct Ranks {
@@ -156,6 +181,7 @@ void ranks_start(Ranks& ranks) {
 #ifdef LONGSEQ_HAVE_MPI
   if (std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE")) {
     MPI_Init(nullptr, nullptr);
+    mpi_errors_return(MPI_COMM_WORLD);  // errors come back to longseq, which names the rank and reason
     ranks.mpi = true;
     ranks.world = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
     ranks.world_rank = ranks.world->rank();
@@ -308,6 +334,34 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
     if (unset("--offload-optimizer") && plan.offload_optimizer) args.offload_optimizer = *plan.offload_optimizer;
     if (speaker) fmt::print("scenario {}: {}\n", scenario.name, scenario.description);
   }
+  if (ranks.world_size > 1) {
+    // Every rank must run the same configuration; a mismatch (an MPMD launch, a per-rank wrapper)
+    // stops the job here, by name, before the first collective of the run.
+#ifdef LONGSEQ_HAVE_MPI
+    mpi_peer_timeout_set(args.peer_timeout_s);
+#endif
+    auto text = [](auto value) { return fmt::format("{}", value); };
+    ranks_agree(*ranks.world, {{"--model", args.model},
+                               {"--layers", text(args.layers)},
+                               {"--device", args.device},
+                               {"--seqlen", args.seqlen},
+                               {"--steps", text(args.steps)},
+                               {"--checkpointing", text(args.checkpointing)},
+                               {"--checkpoint-offload", text(args.checkpoint_offload)},
+                               {"--mlp-tiles", text(args.mlp_tiles)},
+                               {"--loss-tiles", text(args.loss_tiles)},
+                               {"--attention-block", text(args.attention_block)},
+                               {"--data", args.data},
+                               {"--budget-mib", text(args.budget_mib)},
+                               {"--lr", text(args.lr)},
+                               {"--seed", text(args.seed)},
+                               {"--auto", text(args.auto_plan)},
+                               {"--sp", text(args.sp)},
+                               {"--zero", text(args.zero_stage)},
+                               {"--offload-optimizer", text(args.offload_optimizer)},
+                               {"--compare-single-rank", text(args.compare_single_rank)},
+                               {"--peer-timeout-s", text(args.peer_timeout_s)}});
+  }
   const ModelSpec model = model_with_layers(model_load(args.model), args.layers);  // the planner predicts the same stack
   executor_model_check(model);
   const bool on_gpu = args.device == "cuda";
@@ -337,10 +391,8 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
   if (args.offload_optimizer && args.zero_stage != 3)
     throw ConfigError("--offload-optimizer", "", "offloads ZeRO-3's shards: add --zero 3 (one rank is a ZeRO-3 group of one)");
   if (args.budget_mib < 0) throw ConfigError("--budget-mib", "", "must be positive");
-  if (!args.json_out.empty()) {  // refused before training, not after it
-    const std::filesystem::path parent = std::filesystem::absolute(args.json_out).parent_path();
-    if (!std::filesystem::is_directory(parent)) throw ConfigError("--json-out", "", "directory " + parent.string() + " does not exist");
-  }
+  if (args.lr <= 0 || args.lr > 1) throw ConfigError("--lr", "", fmt::format("must be in (0, 1], got {}", args.lr));
+  if (!args.json_out.empty() && ranks.world_rank == 0) json_out_check(args.json_out);  // before training, not after it
   if (!args.data.empty() && model.vocab_size < 256) throw ConfigError("--data", "", "byte-level text needs a vocabulary of at least 256");
   const std::string text = args.data.empty() ? std::string() : file_read_text(args.data);
   const int64_t world_size = ranks.world_size;
@@ -548,6 +600,10 @@ int run_command_run(const RunCommandArgs& given) {
   ranks_start(ranks);
   try {
     return run_on_ranks(given, ranks);
+  } catch (const RanksDisagree& error) {
+    // Every rank found the same disagreement: rank 0 says it once, and all end normally.
+    if (ranks.world_rank == 0) std::cerr << "longseq: error: " << error.what() << "\n";
+    return 2;
   } catch (const std::exception& error) {
     if (!ranks.mpi || ranks.world_size == 1) throw;
 #ifdef LONGSEQ_HAVE_MPI

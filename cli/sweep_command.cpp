@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "cli/commands.hpp"
+#include "models/process.hpp"
 #include "planner/scenario.hpp"
 #include "reports/report.hpp"
 #include "reports/sweep_output.hpp"
@@ -14,7 +15,7 @@ namespace longseq {
 struct SweepCommandArgs {
   std::string scenario;
   std::string out_dir;
-  bool quiet = false;
+  bool quiet = false, overwrite = false;
 };
 
 struct ReportCommandArgs {
@@ -28,6 +29,8 @@ std::shared_ptr<SweepCommandArgs> sweep_command_register(CLI::App& app) {
   command->add_option("scenario", args->scenario, "scenario YAML (see scenarios/README.md)")->required();
   command->add_option("-o,--out", args->out_dir, "output directory (default: the scenario's output.directory, else out/<name>)");
   command->add_flag("-q,--quiet", args->quiet, "no progress on stderr");
+  command->add_flag("--overwrite", args->overwrite,
+                    "write into a non-empty output directory, replacing only results.{csv,json,md} (nothing else is touched)");
   return args;
 }
 
@@ -36,6 +39,8 @@ int sweep_command_run(const SweepCommandArgs& args) {
   const std::string out_dir = !args.out_dir.empty()                  ? args.out_dir
                               : !scenario.output_directory.empty() ? scenario.output_directory
                                                                    : "out/" + scenario.name;
+  const std::string out_flag = !args.out_dir.empty() ? "--out" : !scenario.output_directory.empty() ? args.scenario + ": key 'output.directory'" : "--out";
+  output_directory_check(out_dir, args.overwrite, out_flag);  // before the work, not after it
   const bool tty = isatty(fileno(stderr));
   const auto start = std::chrono::steady_clock::now();
   // Progress only for sweeps that take a while: after the first second, at most once a second
@@ -52,7 +57,7 @@ int sweep_command_run(const SweepCommandArgs& args) {
   };
   const std::vector<SweepRow> rows = scenario_run(scenario, progress);
   if (reported && tty) fmt::print(stderr, "\n");
-  sweep_results_write(scenario, rows, out_dir);
+  sweep_results_write(scenario, rows, out_dir, args.overwrite, out_flag);
   size_t fits = 0, errors = 0;
   for (const auto& row : rows) {
     fits += row.fits;

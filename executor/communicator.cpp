@@ -18,3 +18,42 @@ void SingleRankCommunicator::reduce_scatter(const float* send, float* recv, int6
 }
 
 }  // namespace longseq
+
+namespace longseq {
+
+namespace {
+
+// One setting on the wire: its value's FNV-1a hash (compared) and its first characters (shown).
+struct SettingRecord {
+  uint64_t hash = 0;
+  char shown[40] = {};
+};
+
+uint64_t fnv1a(const std::string& text) {
+  uint64_t hash = 14695981039346656037ull;
+  for (unsigned char c : text) hash = (hash ^ c) * 1099511628211ull;
+  return hash;
+}
+
+}  // namespace
+
+void ranks_agree(Communicator& world, const std::vector<std::pair<std::string, std::string>>& settings) {
+  const size_t count = settings.size();
+  std::vector<SettingRecord> own(count), all(count * static_cast<size_t>(world.size()));
+  for (size_t i = 0; i < count; ++i) {
+    own[i].hash = fnv1a(settings[i].second);
+    std::strncpy(own[i].shown, settings[i].second.c_str(), sizeof own[i].shown - 1);
+  }
+  world.all_gather_bytes(own.data(), all.data(), static_cast<int64_t>(count * sizeof(SettingRecord)));
+  for (size_t i = 0; i < count; ++i)
+    for (int rank = 1; rank < world.size(); ++rank) {
+      const SettingRecord& first = all[i];
+      const SettingRecord& other = all[static_cast<size_t>(rank) * count + i];
+      if (other.hash == first.hash) continue;
+      throw RanksDisagree(settings[i].first, "",
+                          "ranks disagree: rank 0 has '" + std::string(first.shown) + "', rank " + std::to_string(rank) + " has '" +
+                              std::string(other.shown) + "' (every rank of a job must run the same configuration)");
+    }
+}
+
+}  // namespace longseq

@@ -6,6 +6,11 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "models/config_error.hpp"
 
 namespace longseq {
 
@@ -47,5 +52,19 @@ class SingleRankCommunicator final : public Communicator {
   void all_reduce(double*, int64_t) override {}
   void broadcast(float*, int64_t, int) override {}
 };
+
+// Ranks started with different settings (an MPMD launch, a per-rank wrapper) would wait forever
+// in mismatched collectives or finish with a meaningless result. Thrown on every rank alike.
+class RanksDisagree : public ConfigError {
+ public:
+  using ConfigError::ConfigError;
+};
+
+// Before the first collective of a run: every rank's (flag, value) settings, in the same order on
+// every rank, are gathered and compared with rank 0's. Returns when all agree; otherwise throws
+// RanksDisagree naming the first flag that differs and both values, e.g. "--steps: ranks
+// disagree: rank 0 has '2', rank 1 has '3'". Values are compared whole (by a 64-bit hash) and
+// shown up to 40 characters.
+void ranks_agree(Communicator& world, const std::vector<std::pair<std::string, std::string>>& settings);
 
 }  // namespace longseq

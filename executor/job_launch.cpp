@@ -5,6 +5,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "models/checked_input.hpp"
 #include "models/config_error.hpp"
 
 namespace longseq {
@@ -55,13 +56,11 @@ int64_t hostfile_slots(const std::string& path) {
     int64_t host_slots = 1;
     while (words >> word) {
       if (word.rfind("slots=", 0) == 0) {
-        try {
-          size_t used = 0;
-          host_slots = std::stoll(word.substr(6), &used);
-          if (used != word.size() - 6 || host_slots < 1) throw std::invalid_argument("slots");
-        } catch (const std::exception&) {
-          throw ConfigError(fmt::format("{}:{}", path, line_number), "", fmt::format("'{}' is not a positive slot count", word));
-        }
+        // Up to 2^20 slots per host, as for --ranks.
+        const std::optional<double> number = decimal_parse(word.substr(6));
+        const std::optional<int64_t> count = number ? whole_number(*number, 1, 1 << 20) : std::nullopt;
+        if (!count) throw ConfigError(fmt::format("{}:{}", path, line_number), "", fmt::format("'{}' is not a positive slot count", word));
+        host_slots = *count;
       }
     }
     slots += host_slots;
@@ -84,15 +83,23 @@ std::string shell_quote(const std::string& word) {
   return quoted;
 }
 
+std::vector<std::string> mpirun_arguments(const LaunchRequest& request, const JobLayout& layout) {
+  std::vector<std::string> arguments = {"mpirun", "-np", std::to_string(layout.ranks), "--map-by",
+                                        fmt::format("ppr:{}:node", layout.ranks_per_node)};
+  if (!request.hostfile.empty()) arguments.insert(arguments.end(), {"--hostfile", request.hostfile});
+  arguments.insert(arguments.end(), request.mpirun_extra.begin(), request.mpirun_extra.end());
+  arguments.insert(arguments.end(), {request.longseq_binary, "run", request.scenario_path});
+  if (request.sp > 0) arguments.insert(arguments.end(), {"--sp", std::to_string(request.sp)});  // otherwise the run's own choice
+  if (request.device != "cpu") arguments.insert(arguments.end(), {"--device", request.device});
+  // Rank 0 writes the result whole (a temporary file renamed into place), so an interrupted job
+  // leaves no run.json rather than an empty or truncated one (as a shell redirect would).
+  arguments.insert(arguments.end(), {"--json-out", request.output_directory + "/run.json"});
+  return arguments;
+}
+
 std::string mpirun_command(const LaunchRequest& request, const JobLayout& layout) {
-  std::string command = fmt::format("mpirun -np {} --map-by ppr:{}:node", layout.ranks, layout.ranks_per_node);
-  // append() rather than " literal" + string: GCC 12 warns falsely (-Wrestrict) on the latter.
-  if (!request.hostfile.empty()) command.append(" --hostfile ").append(shell_quote(request.hostfile));
-  for (const auto& extra : request.mpirun_extra) command.append(" ").append(shell_quote(extra));
-  command += fmt::format(" {} run {}", shell_quote(request.longseq_binary), shell_quote(request.scenario_path));
-  if (request.sp > 0) command += fmt::format(" --sp {}", request.sp);  // otherwise the run's own choice (every rank, or --auto's)
-  if (request.device != "cpu") command += fmt::format(" --device {}", shell_quote(request.device));
-  command += fmt::format(" --json > {}", shell_quote(request.output_directory + "/run.json"));
+  std::string command;
+  for (const auto& argument : mpirun_arguments(request, layout)) command.append(command.empty() ? "" : " ").append(shell_quote(argument));
   return command;
 }
 

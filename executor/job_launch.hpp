@@ -41,8 +41,10 @@ JobLayout job_layout(const LaunchRequest& request);
 // one slot). Throws ConfigError for a missing file or a malformed line.
 int64_t hostfile_slots(const std::string& path);
 
-// The command every launch runs (locally, or inside the batch script), with its output going to
-// output_directory/run.json. Arguments are shell-quoted.
+// The command every launch runs (locally, or inside the batch script), rank 0 writing its result
+// to output_directory/run.json: as an argument vector (what `longseq launch` executes, no shell),
+// and as one shell-quoted line (what it prints and what the batch script runs).
+std::vector<std::string> mpirun_arguments(const LaunchRequest& request, const JobLayout& layout);
 std::string mpirun_command(const LaunchRequest& request, const JobLayout& layout);
 std::string sbatch_script(const LaunchRequest& request, const JobLayout& layout);
 

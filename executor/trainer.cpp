@@ -3,16 +3,24 @@
 #include <cmath>
 #include <random>
 
+#include <fmt/format.h>
+
 #include "models/config_error.hpp"
 
 namespace longseq {
 
 Sample sample_synthetic(int64_t seqlen, int64_t vocab, uint32_t seed) {
+  if (vocab < 2 || vocab > kModelDimensionLimit)
+    throw ConfigError("--model", "vocab_size", fmt::format("the synthetic task needs 2 to {} tokens, got {}", kModelDimensionLimit, vocab));
   Sample sample;
   std::mt19937 generator(seed);
   const int64_t key_length = std::max<int64_t>(1, std::min<int64_t>(32, seqlen / 8));
   const int32_t marker = static_cast<int32_t>(vocab - 1);
-  std::uniform_int_distribution<int32_t> key_token(16, static_cast<int32_t>(vocab) - 2);
+  // Filler cycles through tokens [0, 16) and keys come from [16, V-1); a vocabulary too small for
+  // both shares [0, V-1) between them (the marker V-1 stays unique).
+  const int32_t filler_tokens = static_cast<int32_t>(std::min<int64_t>(16, vocab - 1));
+  const int32_t first_key_token = vocab - 2 >= 16 ? 16 : 0;
+  std::uniform_int_distribution<int32_t> key_token(first_key_token, static_cast<int32_t>(vocab) - 2);
   std::vector<int32_t> key(static_cast<size_t>(key_length));
   for (auto& token : key) token = key_token(generator);
   // [key] [filler cycle 0..15 ...] [marker] [key again]
@@ -20,7 +28,7 @@ Sample sample_synthetic(int64_t seqlen, int64_t vocab, uint32_t seed) {
     const int64_t tail = seqlen - key_length;
     int32_t token;
     if (i < key_length) token = key[static_cast<size_t>(i)];
-    else if (i < tail - 1) token = static_cast<int32_t>(i % 16);
+    else if (i < tail - 1) token = static_cast<int32_t>(i % filler_tokens);
     else if (i == tail - 1) token = marker;
     else token = key[static_cast<size_t>(i - tail)];
     sample.tokens.push_back(token);

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "models/checked_input.hpp"
 #include "models/config_error.hpp"
 #include "models/embedded_files.hpp"
 #include "models/yaml_reader.hpp"
@@ -33,6 +34,9 @@ std::string canonical_model_name(const std::string& name) {
 }  // namespace
 
 std::string file_read_text(const std::string& path) {
+  // An ifstream opens a directory and reads it as empty; say what it is instead.
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error)) throw ConfigError(path, "", "is a directory, not a file");
   std::ifstream stream(path, std::ios::binary);
   if (!stream) throw ConfigError(path, "", "cannot open file");
   std::ostringstream buffer;
@@ -58,15 +62,14 @@ void file_write_text(const std::string& path, const std::string& content) {
 ModelSpec model_from_card_text(const std::string& yaml_text, const std::string& source_name) {
   YamlReader reader(yaml_text, source_name);
   ModelSpec model;
-  constexpr int64_t kHuge = int64_t{1} << 40;
   model.name = reader.get_string("name");
   model.num_layers = reader.get_int("num_hidden_layers", 1, 100000);
-  model.hidden_size = reader.get_int("hidden_size", 1, kHuge);
-  model.num_q_heads = reader.get_int("num_attention_heads", 1, 1 << 20);
-  model.num_kv_heads = reader.get_int("num_key_value_heads", 1, 1 << 20);
-  model.head_dim = reader.get_int("head_dim", 1, 1 << 20);
-  model.intermediate_size = reader.get_int("intermediate_size", 1, kHuge);
-  model.vocab_size = reader.get_int("vocab_size", 1, kHuge);
+  model.hidden_size = reader.get_int("hidden_size", 1, kModelDimensionLimit);
+  model.num_q_heads = reader.get_int("num_attention_heads", 1, kModelDimensionLimit);
+  model.num_kv_heads = reader.get_int("num_key_value_heads", 1, kModelDimensionLimit);
+  model.head_dim = reader.get_int("head_dim", 1, kModelDimensionLimit);
+  model.intermediate_size = reader.get_int("intermediate_size", 1, kModelDimensionLimit);
+  model.vocab_size = reader.get_int("vocab_size", 1, kModelDimensionLimit);
   const std::string mlp = reader.get_string("mlp");
   if (mlp == "swiglu") model.mlp_kind = MlpKind::mlp_kind_swiglu;
   else if (mlp == "gelu") model.mlp_kind = MlpKind::mlp_kind_gelu;
@@ -86,30 +89,18 @@ ModelSpec model_from_card_text(const std::string& yaml_text, const std::string& 
 }
 
 ModelSpec model_from_hf_config_text(const std::string& json_text, const std::string& source_name) {
-  nlohmann::json config;
-  try {
-    config = nlohmann::json::parse(json_text);
-  } catch (const nlohmann::json::parse_error& error) {
-    throw ConfigError(source_name, "", fmt::format("malformed JSON: {}", error.what()));
-  }
+  const nlohmann::json document = json_parse(json_text, source_name);
+  const JsonView config(document, source_name);
   if (!config.is_object()) throw ConfigError(source_name, "", "expected a JSON object");
-
-  auto get_int = [&](const char* key) -> int64_t {
-    if (!config.contains(key)) throw ConfigError(source_name, key, "required key is missing");
-    const auto& value = config[key];
-    if (!value.is_number_integer()) throw ConfigError(source_name, key, fmt::format("expected an integer, got {}", value.dump()));
-    return value.get<int64_t>();
-  };
+  // Any int64 is read here (2^64-1 is refused as out of range, not wrapped); validate() bounds it.
+  auto get_int = [&](const char* key) -> int64_t { return config[key].integer(); };
   auto get_bool = [&](const char* key, bool default_value) -> bool {
-    if (!config.contains(key) || config[key].is_null()) return default_value;
-    if (!config[key].is_boolean()) throw ConfigError(source_name, key, fmt::format("expected true or false, got {}", config[key].dump()));
-    return config[key].get<bool>();
+    return config.has(key) ? config[key].boolean() : default_value;
   };
 
-  if (!config.contains("architectures") || !config["architectures"].is_array() || config["architectures"].empty() ||
-      !config["architectures"][0].is_string())
+  if (!config.has("architectures") || config["architectures"].size() == 0)
     throw ConfigError(source_name, "architectures", "required list of architecture names is missing");
-  const std::string architecture = config["architectures"][0].get<std::string>();
+  const std::string architecture = config["architectures"][0].string();
   const bool is_llama = architecture == "LlamaForCausalLM" || architecture == "MistralForCausalLM";
   const bool is_qwen2 = architecture == "Qwen2ForCausalLM";
   const bool is_qwen3 = architecture == "Qwen3ForCausalLM";
@@ -117,21 +108,20 @@ ModelSpec model_from_hf_config_text(const std::string& json_text, const std::str
     throw ConfigError(source_name, "architectures",
                       fmt::format("unsupported architecture '{}' (supported: LlamaForCausalLM, MistralForCausalLM, "
                                   "Qwen2ForCausalLM, Qwen3ForCausalLM)", architecture));
-  if (config.contains("hidden_act") && config["hidden_act"] != "silu")
+  if (config.has("hidden_act") && config["hidden_act"].raw() != "silu")
     throw ConfigError(source_name, "hidden_act", fmt::format("{} uses SwiGLU; expected \"silu\", got {}", architecture,
-                                                            config["hidden_act"].dump()));
+                                                            config["hidden_act"].raw().dump()));
 
   ModelSpec model;
-  model.name = config.value("_name_or_path", std::string());
+  model.name = config.string_or("_name_or_path", "");
   if (model.name.empty()) model.name = std::filesystem::path(source_name).parent_path().filename().string();
   if (model.name.empty()) model.name = architecture;
   model.num_layers = get_int("num_hidden_layers");
   model.hidden_size = get_int("hidden_size");
   model.num_q_heads = get_int("num_attention_heads");
   // HF defaults: no num_key_value_heads means multi-head attention; no head_dim means h / n_q.
-  model.num_kv_heads = config.contains("num_key_value_heads") && !config["num_key_value_heads"].is_null()
-                           ? get_int("num_key_value_heads") : model.num_q_heads;
-  if (config.contains("head_dim") && !config["head_dim"].is_null()) {
+  model.num_kv_heads = config.has("num_key_value_heads") ? get_int("num_key_value_heads") : model.num_q_heads;
+  if (config.has("head_dim")) {
     model.head_dim = get_int("head_dim");
   } else {
     if (model.num_q_heads <= 0 || model.hidden_size % model.num_q_heads != 0)

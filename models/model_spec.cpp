@@ -10,6 +10,8 @@ namespace longseq {
 void ModelSpec::validate(const std::string& source) const {
   auto require_positive = [&](int64_t value, const char* key) {
     if (value <= 0) throw ConfigError(source, key, fmt::format("must be a positive integer, got {}", value));
+    if (value > kModelDimensionLimit)
+      throw ConfigError(source, key, fmt::format("{} is beyond the largest dimension longseq accepts ({})", value, kModelDimensionLimit));
   };
   require_positive(num_layers, "num_hidden_layers");
   require_positive(hidden_size, "hidden_size");
@@ -21,6 +23,16 @@ void ModelSpec::validate(const std::string& source) const {
   if (num_q_heads % num_kv_heads != 0)
     throw ConfigError(source, "num_key_value_heads",
                       fmt::format("{} query heads are not a multiple of {} key/value heads", num_q_heads, num_kv_heads));
+  // The parameter count in double (exact enough to compare with the bound) before parameter_count
+  // does it in int64: each of its terms is at most the total, so within the bound none overflows.
+  const double h = static_cast<double>(hidden_size), f = static_cast<double>(intermediate_size);
+  const double q_features = static_cast<double>(num_q_heads) * static_cast<double>(head_dim);
+  const double kv_features = static_cast<double>(num_kv_heads) * static_cast<double>(head_dim);
+  const double per_layer = h * (q_features + 2 * kv_features) + q_features * h + 3 * h * f + 5 * (h + f + q_features);
+  const double total = 2 * static_cast<double>(vocab_size) * h + static_cast<double>(num_layers) * per_layer + h;
+  if (!(total <= kModelParameterLimit))
+    throw ConfigError(source, "", fmt::format("{:.3g} parameters: beyond any model longseq plans for (at most {:.0e})", total,
+                                              kModelParameterLimit));
 }
 
 ParameterCount parameter_count(const ModelSpec& model) {

@@ -15,6 +15,14 @@ namespace longseq {
 enum class MlpKind { mlp_kind_swiglu, mlp_kind_gelu };        // SwiGLU: gate, up, down; GELU: up, down
 enum class NormKind { norm_kind_rmsnorm, norm_kind_layernorm };  // LayerNorm adds a bias vector
 
+// Bounds on a shape, so that no reader hands the planner a model whose sizes overflow int64
+// arithmetic. Every dimension fits int32 (the executor's token ids and kernel indices are int32);
+// the largest published dense models have h = 18,432 (PaLM 540B) and V ~ 256K, far inside.
+constexpr int64_t kModelDimensionLimit = (int64_t{1} << 31) - 1;
+// 10^15 parameters is ~500x the largest model trained to date (~2T); a card beyond it is a typo,
+// and the bound keeps every parameter and byte count far inside int64 (x18 bytes < 2^63).
+constexpr double kModelParameterLimit = 1e15;
+
 struct ModelSpec {
   std::string name;
   int64_t num_layers = 0;         // L

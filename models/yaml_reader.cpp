@@ -3,6 +3,8 @@
 #include <cmath>
 #include <fmt/format.h>
 
+#include "models/checked_input.hpp"
+
 namespace longseq {
 
 YamlReader::YamlReader(const std::string& text, std::string source_name)
@@ -47,17 +49,18 @@ std::string YamlReader::node_to_string(const YAML::Node& node, const std::string
 
 int64_t YamlReader::node_to_int(const YAML::Node& node, const std::string& name, int64_t minimum, int64_t maximum) const {
   const std::string text = node_to_string(node, name);
-  size_t used = 0;
-  long long value = 0;
-  try {
-    value = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != text.size() || text.empty()) throw ConfigError(source_name_, name, fmt::format("expected an integer, got '{}'", text));
-  if (value < minimum || value > maximum)
-    throw ConfigError(source_name_, name, fmt::format("{} is out of range [{}, {}]", value, minimum, maximum));
-  return value;
+  const std::optional<double> number = decimal_parse(text);
+  const std::optional<int64_t> value = number ? whole_number(*number, INT64_MIN, INT64_MAX) : std::nullopt;
+  if (!value) throw ConfigError(source_name_, name, fmt::format("expected an integer, got '{}'", text));
+  if (*value < minimum || *value > maximum)
+    throw ConfigError(source_name_, name, fmt::format("{} is out of range [{}, {}]", *value, minimum, maximum));
+  return *value;
+}
+
+std::string YamlReader::node_key(const YAML::Node& key) const {
+  // `{[a, b]: 1}` or `? {x: 1}` make a key that is not text; name where it is, not a YAML exception.
+  if (!key.IsScalar()) throw ConfigError(source_name_, key_prefix_, "a key is not plain text (a list or mapping used as a key)");
+  return key.Scalar();
 }
 
 bool YamlReader::has(const std::string& key) const { return static_cast<bool>(root_[key]); }
@@ -76,28 +79,22 @@ std::string YamlReader::get_string(const std::string& key, const std::string& de
   return has(key) ? get_string(key) : (read_keys_.insert(key), default_value);
 }
 
-// The whole scalar must be a finite number; `what` names the expected kind in the message.
+// The whole scalar must be a finite decimal number; `what` names the expected kind in the message.
 double YamlReader::get_number(const std::string& key, const char* what) {
   const std::string text = require(key).Scalar();
-  double value = 0;
-  try {
-    size_t used = 0;
-    value = std::stod(text, &used);
-    if (used != text.size()) throw std::invalid_argument(text);
-  } catch (const std::exception&) {
-    throw ConfigError(source_name_, key_name(key), fmt::format("expected {}, got '{}'", what, text));
-  }
-  if (!std::isfinite(value)) throw ConfigError(source_name_, key_name(key), fmt::format("expected {}, got '{}'", what, text));
-  return value;
+  const std::optional<double> value = decimal_parse(text);
+  if (!value) throw ConfigError(source_name_, key_name(key), fmt::format("expected {}, got '{}'", what, text));
+  return *value;
 }
 
 int64_t YamlReader::get_int(const std::string& key, int64_t minimum, int64_t maximum) {
   // Accept 1e5 and 5e8 as DeepSpeed configs write them, but only when the value is whole.
   const double value = get_number(key, "an integer");
-  if (value != std::floor(value)) throw ConfigError(source_name_, key_name(key), fmt::format("expected an integer, got {}", value));
-  if (value < static_cast<double>(minimum) || value > static_cast<double>(maximum))
-    throw ConfigError(source_name_, key_name(key), fmt::format("{} is out of range [{}, {}]", value, minimum, maximum));
-  return static_cast<int64_t>(value);
+  const std::optional<int64_t> whole = whole_number(value, INT64_MIN, INT64_MAX);
+  if (!whole) throw ConfigError(source_name_, key_name(key), fmt::format("expected an integer, got {}", value));
+  if (*whole < minimum || *whole > maximum)
+    throw ConfigError(source_name_, key_name(key), fmt::format("{} is out of range [{}, {}]", *whole, minimum, maximum));
+  return *whole;
 }
 
 int64_t YamlReader::get_int(const std::string& key, int64_t minimum, int64_t maximum, int64_t default_value) {
@@ -128,7 +125,7 @@ bool YamlReader::get_bool(const std::string& key, bool default_value) {
 
 void YamlReader::reject_unknown_keys() const {
   for (const auto& entry : root_) {
-    const std::string key = entry.first.as<std::string>();
+    const std::string key = node_key(entry.first);
     if (!read_keys_.count(key)) throw ConfigError(source_name_, key_name(key), "unknown key");
   }
 }

@@ -45,6 +45,8 @@ class YamlReader {
   // Whole-token conversions for list elements and scalars given as nodes.
   int64_t node_to_int(const YAML::Node& node, const std::string& name, int64_t minimum, int64_t maximum) const;
   std::string node_to_string(const YAML::Node& node, const std::string& name) const;
+  // The text of a mapping key; throws ConfigError for a key that is a list or a mapping.
+  std::string node_key(const YAML::Node& key) const;
   std::string key_name(const std::string& key) const { return key_prefix_.empty() ? key : key_prefix_ + "." + key; }
 
   // Call after reading every field: throws on any key that was never read.

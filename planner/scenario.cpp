@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <map>
 
+#include "models/checked_input.hpp"
 #include "models/config_error.hpp"
 #include "models/model_loader.hpp"
 #include "models/yaml_reader.hpp"
@@ -38,6 +39,13 @@ void PlanSettings::override_with(const PlanSettings& later) {
 namespace {
 
 constexpr int64_t kMaxGpus = 1 << 20;
+
+// A published memory (GiB) or time (s): a positive decimal number.
+double published_number(const std::string& text, const std::string& path, const std::string& element) {
+  const std::optional<double> value = decimal_parse(text);
+  if (!value || *value <= 0) throw ConfigError(path, element, fmt::format("expected a positive number, got '{}'", text));
+  return *value;
+}
 
 int64_t seqlen_from_node(const YamlReader& reader, const YAML::Node& node, const std::string& name) {
   return seqlen_parse(reader.node_to_string(node, name), reader.source_name() + ": key '" + name + "'");
@@ -172,13 +180,13 @@ Scenario scenario_from_text(const std::string& yaml_text, const std::string& pat
       ScenarioPublishedPoint point;
       bool has_value = false;
       for (const auto& entry : node) {
-        const std::string key = entry.first.as<std::string>();
+        const std::string key = published.node_key(entry.first);
         const std::string element = name + "." + key;
         const std::string text = published.node_to_string(entry.second, element);
         if (key == "value" || key == "value_fail") {
           const double value = scenario.published_figure == "max_seqlen"
                                    ? static_cast<double>(seqlen_parse(text, path + ": key '" + element + "'"))
-                                   : std::stod(text);
+                                   : published_number(text, path, element);
           (key == "value" ? point.value : point.value_fail) = value;
           has_value |= key == "value";
         } else if (key == "gpus" || key == "model" || key == "gpu" || key == "seqlen" || key == "sp" || key == "step" ||

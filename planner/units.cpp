@@ -4,38 +4,80 @@
 #include <cmath>
 #include <fmt/format.h>
 
+#include "models/checked_input.hpp"
 #include "models/config_error.hpp"
 
 namespace longseq {
+
+namespace {
+// Exact products of up to 30 digits with a unit of up to 2^30 (GCC and Clang; __extension__
+// marks the non-ISO type as intended under -Wpedantic).
+__extension__ typedef __int128 WideInteger;
+}  // namespace
 
 int64_t seqlen_parse(const std::string& text, const std::string& flag) {
   auto fail = [&](const std::string& why) -> int64_t {
     throw ConfigError(flag, "", fmt::format("'{}' is not a sequence length: {} (examples: 32768, 32K, 1.5M, 128Ki)", text, why));
   };
-  size_t used = 0;
-  double number = 0;
-  try {
-    number = std::stod(text, &used);
-  } catch (const std::exception&) {
-    return fail("no number");
-  }
-  std::string suffix = text.substr(used);
+  // The number ends where the unit letters begin; it must be a plain decimal (no hex, no inf).
+  size_t unit_start = text.size();
+  while (unit_start > 0 && std::isalpha(static_cast<unsigned char>(text[unit_start - 1]))) --unit_start;
+  const std::string number_text = text.substr(0, unit_start);
+  std::string suffix = text.substr(unit_start);
   for (auto& c : suffix) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  double scale = 1;
-  if (suffix.empty()) scale = 1;
-  else if (suffix == "k") scale = 1e3;
-  else if (suffix == "m") scale = 1e6;
-  else if (suffix == "g") scale = 1e9;
-  else if (suffix == "ki") scale = 1024.0;
-  else if (suffix == "mi") scale = 1024.0 * 1024.0;
-  else if (suffix == "gi") scale = 1024.0 * 1024.0 * 1024.0;
-  else return fail(fmt::format("unknown suffix '{}'", text.substr(used)));
-  const double tokens = number * scale;
-  if (!std::isfinite(tokens) || tokens < 1) return fail("must be at least 1 token");
+  // An exponent such as 1e20 ends in digits, so its 'e' stays with the number above.
+  if (!decimal_parse(number_text)) return fail(number_text.empty() ? "no number" : "not a plain decimal number");
+  struct Unit { const char* name; int decimal_power; int binary_power; };
+  static constexpr Unit kUnits[] = {{"", 0, 0}, {"k", 3, 0}, {"m", 6, 0}, {"g", 9, 0}, {"ki", 0, 10}, {"mi", 0, 20}, {"gi", 0, 30}};
+  const Unit* unit = nullptr;
+  for (const Unit& candidate : kUnits)
+    if (suffix == candidate.name) unit = &candidate;
+  if (!unit) return fail(fmt::format("unknown suffix '{}'", text.substr(unit_start)));
+
+  // Exact decimal arithmetic (digits x 10^exponent x unit), so 32.212G is whole where the same
+  // product in double (32211999999.999996) is not.
+  if (number_text[0] == '-') return fail("must be at least 1 token");
+  WideInteger digits = 0;
+  int exponent = 0, significant = 0;
+  bool after_point = false;
+  size_t i = number_text[0] == '+' ? 1 : 0;
+  for (; i < number_text.size() && number_text[i] != 'e' && number_text[i] != 'E'; ++i) {
+    if (number_text[i] == '.') {
+      after_point = true;
+      continue;
+    }
+    const int digit = number_text[i] - '0';
+    if (significant > 0 || digit != 0) ++significant;
+    if (significant > 30) return fail("too many digits");
+    digits = digits * 10 + digit;
+    if (after_point) --exponent;
+  }
+  if (i < number_text.size()) {
+    const std::optional<double> written = decimal_parse(number_text.substr(i + 1));
+    if (!written || *written > 100) return fail("larger than 10^13 tokens");
+    if (*written < -100) return fail("must be at least 1 token");
+    exponent += static_cast<int>(*written);
+  }
+  if (digits == 0) return fail("must be at least 1 token");
+  while (digits % 10 == 0) {
+    digits /= 10;
+    ++exponent;
+  }
+  exponent += unit->decimal_power;
   // 10^13 tokens is far beyond any memory in existence; larger values are typos.
-  if (tokens > 1e13) return fail("larger than 10^13 tokens");
-  if (std::fabs(tokens - std::round(tokens)) > 1e-6) return fail("not a whole number of tokens");
-  return static_cast<int64_t>(std::llround(tokens));
+  constexpr WideInteger kLimit = 10'000'000'000'000;
+  WideInteger value = digits << unit->binary_power;  // digits < 10^30 and 2^30: inside 2^127
+  for (; exponent > 0; --exponent) {
+    value *= 10;
+    if (value > kLimit) return fail("larger than 10^13 tokens");
+  }
+  for (; exponent < 0; ++exponent) {
+    if (value % 10 != 0) return fail("not a whole number of tokens");
+    value /= 10;
+  }
+  if (value > kLimit) return fail("larger than 10^13 tokens");
+  if (value < 1) return fail("must be at least 1 token");
+  return static_cast<int64_t>(value);
 }
 
 std::string seqlen_format(int64_t tokens) {
@@ -49,11 +91,10 @@ std::string seqlen_format(int64_t tokens) {
   for (Unit unit : {Unit{1000000000, "G"}, Unit{1000000, "M"}, Unit{1000, "K"}}) {
     if (tokens < unit.size) continue;
     // Up to three decimals, trailing zeros dropped: 3700000 -> 3.7M; keep exact values exact.
-    for (int decimals = 0; decimals <= 3; ++decimals) {
-      const double value = static_cast<double>(tokens) / static_cast<double>(unit.size);
-      const std::string text = fmt::format("{:.{}f}", value, decimals);
-      if (std::llround(std::stod(text) * static_cast<double>(unit.size)) == tokens) return text + unit.name;
-    }
+    int64_t step = unit.size;  // what one unit of the last decimal is worth, in tokens
+    for (int decimals = 0; decimals <= 3; ++decimals, step /= 10)
+      if (tokens % step == 0)
+        return fmt::format("{:.{}f}{}", static_cast<double>(tokens) / static_cast<double>(unit.size), decimals, unit.name);
     return fmt::format("{:.3f}{}", static_cast<double>(tokens) / static_cast<double>(unit.size), unit.name);
   }
   return fmt::format("{}", tokens);

@@ -6,6 +6,7 @@
 #include <map>
 #include <sstream>
 
+#include "models/checked_input.hpp"
 #include "models/config_error.hpp"
 #include "models/embedded_files.hpp"
 #include "models/model_loader.hpp"
@@ -73,23 +74,16 @@ std::vector<PublishedPoint> published_points_parse(const std::string& csv_text, 
     auto number = [&](const char* name) -> std::optional<double> {
       const std::string value = text(name);
       if (value.empty()) return std::nullopt;
-      size_t used = 0;
-      double parsed = 0;
-      try {
-        parsed = std::stod(value, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used != value.size() || !std::isfinite(parsed) || parsed < 0)
-        throw ConfigError(where, name, fmt::format("expected a non-negative number, got '{}'", value));
-      return parsed;
+      const std::optional<double> parsed = decimal_parse(value);
+      if (!parsed || *parsed < 0) throw ConfigError(where, name, fmt::format("expected a non-negative number, got '{}'", value));
+      return *parsed;
     };
     auto integer = [&](const char* name) -> std::optional<int64_t> {
       const std::optional<double> value = number(name);
       if (!value) return std::nullopt;
-      if (*value != std::floor(*value) || *value > 1e15)
-        throw ConfigError(where, name, fmt::format("expected an integer, got '{}'", text(name)));
-      return static_cast<int64_t>(*value);
+      const std::optional<int64_t> whole = whole_number(*value, 0, int64_t{1'000'000'000'000'000});
+      if (!whole) throw ConfigError(where, name, fmt::format("expected an integer up to 10^15, got '{}'", text(name)));
+      return *whole;
     };
     auto required_integer = [&](const char* name) {
       const std::optional<int64_t> value = integer(name);

@@ -1,16 +1,17 @@
 #include "reports/report.hpp"
 
 #include <cmath>
-#include <cstdlib>
 #include <filesystem>
 #include <fmt/format.h>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <unistd.h>
+#include <optional>
 
+#include "models/checked_input.hpp"
 #include "models/config_error.hpp"
 #include "models/model_loader.hpp"
+#include "models/process.hpp"
 #include "planner/units.hpp"
 #include "reports/sweep_output.hpp"
 
@@ -22,131 +23,183 @@ namespace fs = std::filesystem;
 using Json = nlohmann::json;
 
 
-std::string quoted(const std::string& text) {
+// A label inside a gnuplot data file: data is never evaluated (no backquote substitution), but a
+// double quote or a line break would end the field or the line.
+std::string data_label(const std::string& text) {
   std::string out = "\"";
-  for (char c : text) out += c == '"' ? '\'' : c;
+  for (char c : text) out += c == '"' ? '\'' : static_cast<unsigned char>(c) < 0x20 ? ' ' : c;
   return out + "\"";
 }
 
-// Every figure is drawn twice by one script: PNG, then SVG.
+// Every figure is drawn twice by one script: PNG, then SVG. The title is text from the user's
+// files, so it never enters the script: gnuplot gets it as ARG1 (`gnuplot -c SCRIPT TITLE`), a
+// string variable that is not parsed (backquotes inside a script's double quotes would run as
+// commands). Scripts contain only longseq's own constant text and numbers.
 std::string script_wrap(const std::string& stem, const std::string& body) {
   return fmt::format(
-      "set terminal pngcairo size 1100,680 noenhanced font ',11'\nset output '{0}.png'\n{1}\n"
+      "set terminal pngcairo size 1100,680 noenhanced font ',11'\nset output '{0}.png'\nset title ARG1\n{1}\n"
       "set terminal svg size 1100,680 noenhanced font ',11'\nset output '{0}.svg'\nreplot\nunset output\n",
       stem, body);
 }
 
+struct Figure {
+  std::string stem, caption, title;  // title: the figure's title, handed to gnuplot as data
+};
+
 // Rows grouped into series by every axis except `except`, in first-seen order.
-std::vector<std::pair<std::string, std::vector<const Json*>>> series_of(const Json& rows, const std::string& except) {
-  std::vector<std::pair<std::string, std::vector<const Json*>>> series;
-  for (const auto& row : rows) {
+std::vector<std::pair<std::string, std::vector<JsonView>>> series_of(const JsonView& rows, const std::string& except) {
+  std::vector<std::pair<std::string, std::vector<JsonView>>> series;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const JsonView row = rows[i];
     std::string key;
-    for (const auto& [axis, value] : row["axes"].items())
-      if (axis != except) key += fmt::format("{}{}={}", key.empty() ? "" : ", ", axis, value.get<std::string>());
+    const JsonView axes = row["axes"];
+    if (!axes.is_object()) axes.fail("expected an object of axis values");
+    for (const auto& [axis, value] : axes.raw().items())
+      if (axis != except) key += fmt::format("{}{}={}", key.empty() ? "" : ", ", axis, axes[axis].string());
     if (key.empty()) key = "predicted";
     auto found = std::find_if(series.begin(), series.end(), [&](const auto& s) { return s.first == key; });
-    if (found == series.end()) series.push_back({key, {&row}});
-    else found->second.push_back(&row);
+    if (found == series.end()) series.push_back({key, {row}});
+    else found->second.push_back(row);
   }
   return series;
 }
 
-std::string row_label(const Json& row) {
+std::string row_label(const JsonView& row) {
   std::string label;
-  for (const auto& [axis, value] : row["axes"].items()) {
+  const JsonView axes = row["axes"];
+  if (!axes.is_object()) axes.fail("expected an object of axis values");
+  for (const auto& [axis, value] : axes.raw().items()) {
     if (!label.empty()) label += ' ';
-    label += value.get<std::string>();
+    label += axes[axis].string();
   }
-  return label.empty() ? row.value("plan", std::string("plan")) : label;
+  return label.empty() ? row.string_or("plan", "plan") : label;
 }
 
-bool usable(const Json& row) { return row.value("error", std::string()).empty() && row.contains("gpu_peak_gib"); }
+bool usable(const JsonView& row) { return row.string_or("error", "").empty() && row.has("gpu_peak_gib"); }
 
-// Runs gnuplot on every STEM.gp in `staging`, then moves the staging directory into place as
-// DIR/figures (replacing an older one) only when all were drawn. Throws ConfigError naming the
-// script that failed.
-fs::path figures_draw(const fs::path& dir, const fs::path& staging, const std::vector<std::string>& stems, const std::string& gnuplot_command) {
+// Runs gnuplot (an argument vector, no shell) on every figure's STEM.gp in `staging`, then moves
+// the drawn files into DIR/figures (replacing files of the same names, nothing else) only when
+// all were drawn. Throws ConfigError naming the script that failed.
+fs::path figures_draw(const fs::path& dir, const fs::path& staging, const std::vector<Figure>& figures,
+                      const std::string& gnuplot_command) {
   std::error_code error;
-  for (const auto& stem : stems) {
-    const std::string command = fmt::format("cd {} && {} {}.gp > {}.log 2>&1", quoted(staging.string()), gnuplot_command, stem, stem);
-    if (std::system(command.c_str()) != 0) {
-      const std::string log = file_read_text((staging / (stem + ".log")).string());
-      fs::remove_all(staging, error);
-      throw ConfigError(stem + ".gp", "", fmt::format("gnuplot failed: {}", log.substr(0, 400)));
+  for (const auto& figure : figures) {
+    const fs::path log = staging / (figure.stem + ".log");
+    ProcessOptions options;
+    options.working_directory = staging.string();
+    options.output_path = log.string();
+    const ProcessResult result = process_run({gnuplot_command, "-c", figure.stem + ".gp", figure.title}, options);
+    if (result.exit_code != 0) {
+      std::string text = fs::exists(log) ? file_read_text(log.string()) : std::string();
+      staging_directory_discard(staging);
+      if (result.forwarded_signal) throw ConfigError(figure.stem + ".gp", "", "gnuplot was interrupted");
+      if (result.exit_code == 127 && text.empty()) text = fmt::format("cannot run '{}' (scripts/setup.sh installs gnuplot-nox)", gnuplot_command);
+      throw ConfigError(figure.stem + ".gp", "", fmt::format("gnuplot failed: {}", text.substr(0, 400)));
     }
-    fs::remove(staging / (stem + ".log"), error);
+    fs::remove(log, error);
   }
   const fs::path figures_dir = dir / "figures";
-  fs::remove_all(figures_dir, error);
-  fs::rename(staging, figures_dir, error);
-  if (error) throw ConfigError(figures_dir.string(), "", "cannot move the figures into place");
+  try {
+    staging_directory_commit(staging, figures_dir);
+  } catch (...) {
+    staging_directory_discard(staging);
+    throw;
+  }
   return figures_dir;
 }
 
-fs::path staging_make(const fs::path& dir) {
-  const fs::path staging = dir / fmt::format("figures.partial-{}", getpid());
-  std::error_code error;
-  fs::remove_all(staging, error);
-  fs::create_directories(staging, error);
-  if (error) throw ConfigError(staging.string(), "", "cannot create the figures directory");
-  return staging;
+// A run's result (`longseq run --json`, or `longseq launch`'s run.json): the loss per step (beside
+// the one-rank replica's when it was compared) and the measured peak of every rank against the
+// planner's prediction.
+// A run result's values, read and checked before anything is written.
+struct RunResult {
+  struct Step {
+    int64_t step;
+    double loss, loss_on_one_rank, seconds, tokens_per_s;
+  };
+  std::vector<Step> steps;
+  bool compared = false;  // steps carry the one-rank replica's loss
+  std::string model;
+  int64_t seqlen = 0, ranks = 1;
+  double predicted = 0;
+  std::vector<double> per_rank;
+};
+
+RunResult run_result_read(const JsonView& run) {
+  if (!run.is_object() || !run.has("steps") || !run["steps"].raw().is_array() || run["steps"].size() == 0 ||
+      !run.has("predicted_peak_mib"))
+    throw ConfigError(run.source(), "steps", "not a longseq run result (write one with `longseq run --json` or `longseq launch`)");
+  RunResult result;
+  const JsonView steps = run["steps"];
+  result.compared = steps[0].has("loss_on_one_rank");
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const JsonView step = steps[i];
+    result.steps.push_back({step["step"].integer(), step["loss"].number(),
+                            result.compared ? step["loss_on_one_rank"].number() : 0.0, step["seconds"].number(),
+                            step["tokens_per_s"].number()});
+  }
+  result.model = run.string_or("model", "");
+  result.seqlen = run.integer_or("seqlen", 0);
+  result.ranks = run.integer_or("ranks", 1);
+  result.predicted = run["predicted_peak_mib"].number();
+  if (run.has("measured_peak_mib_per_rank"))
+    for (size_t rank = 0; rank < run["measured_peak_mib_per_rank"].size(); ++rank)
+      result.per_rank.push_back(run["measured_peak_mib_per_rank"][rank].number());
+  else
+    result.per_rank.push_back(run.number_or("measured_peak_mib", 0.0));
+  // The text fields the report prints, checked now too.
+  for (const char* key : {"measured_on", "profile", "plan", "predicted_peak_moment"}) (void)run.string_or(key, "");
+  for (const char* key : {"sp", "dp"}) (void)run.integer_or(key, 1);
+  for (const char* key : {"measured_outside_arena_mib", "predicted_outside_arena_mib", "budget_mib"}) (void)run.number_or(key, 0.0);
+  return result;
 }
 
 // A run's result (`longseq run --json`, or `longseq launch`'s run.json): the loss per step (beside
 // the one-rank replica's when it was compared) and the measured peak of every rank against the
 // planner's prediction.
 ReportOutcome run_report_write(const fs::path& dir, const fs::path& run_path, const std::string& gnuplot_command) {
-  Json run;
-  try {
-    run = Json::parse(file_read_text(run_path.string()));
-  } catch (const Json::parse_error& error) {
-    throw ConfigError(run_path.string(), "", fmt::format("malformed JSON: {}", error.what()));
-  }
-  if (!run.contains("steps") || !run["steps"].is_array() || run["steps"].empty() || !run.contains("predicted_peak_mib"))
-    throw ConfigError(run_path.string(), "steps", "not a longseq run result (write one with `longseq run --json` or `longseq launch`)");
-  const fs::path staging = staging_make(dir);
-  const bool compared = run["steps"][0].contains("loss_on_one_rank");
+  const Json document = json_parse(file_read_text(run_path.string()), run_path.string());
+  const JsonView run(document, run_path.string());
+  const RunResult result = run_result_read(run);
+  const auto& [steps, compared, model, seqlen, ranks, predicted, per_rank] = result;
+
+  const fs::path staging = staging_directory_create(dir / "figures");
   std::string data;
-  for (const auto& step : run["steps"])
-    data += fmt::format("{} {} {}\n", step["step"].get<int64_t>(), step["loss"].get<double>(), step.value("loss_on_one_rank", 0.0));
+  for (const RunResult::Step& step : steps) data += fmt::format("{} {} {}\n", step.step, step.loss, step.loss_on_one_rank);
   file_write_text((staging / "loss.dat").string(), data);
   file_write_text((staging / "loss.gp").string(),
-                  script_wrap("loss", fmt::format("set title 'Training loss per step: {}, {} tokens, {} rank(s) (MEASURED)'\n"
-                                                  "set xlabel 'step'\nset xtics 1\nset ylabel 'loss'\nset grid\nset key top right\n"
+                  script_wrap("loss", fmt::format("set xlabel 'step'\nset xtics 1\nset ylabel 'loss'\nset grid\nset key top right\n"
                                                   "plot 'loss.dat' using 1:2 with linespoints lw 2 title '{} rank(s)'{}",
-                                                  run.value("model", std::string()), run.value("seqlen", 0), run.value("ranks", 1),
-                                                  run.value("ranks", 1),
-                                                  compared ? ", '' using 1:3 with linespoints dt 2 title 'one unsharded rank'" : "")));
-  const fs::path figures_dir = figures_draw(dir, staging, {"loss"}, gnuplot_command);
+                                                  ranks, compared ? ", '' using 1:3 with linespoints dt 2 title 'one unsharded rank'" : "")));
+  const fs::path figures_dir =
+      figures_draw(dir, staging,
+                   {{"loss", "", fmt::format("Training loss per step: {}, {} tokens, {} rank(s) (MEASURED)", model, seqlen, ranks)}},
+                   gnuplot_command);
 
-  std::string markdown = fmt::format("# Run: {} at {} tokens\n\n", run.value("model", std::string()), run.value("seqlen", 0));
+  std::string markdown = fmt::format("# Run: {} at {} tokens\n\n", model, seqlen);
   markdown += fmt::format("MEASURED on {}; the PREDICTION is the planner's (runtime profile `{}`) for the same plan.\n\n",
-                          run.value("measured_on", std::string("the machine that wrote run.json")),
-                          run.value("profile", std::string("native")));
-  markdown += fmt::format("Plan: {}; {} rank(s) = Ulysses sp={} x data parallel dp={}.\n\n", run.value("plan", std::string("?")),
-                          run.value("ranks", 1), run.value("sp", 1), run.value("dp", 1));
+                          run.string_or("measured_on", "the machine that wrote run.json"), run.string_or("profile", "native"));
+  markdown += fmt::format("Plan: {}; {} rank(s) = Ulysses sp={} x data parallel dp={}.\n\n", run.string_or("plan", "?"), ranks,
+                          run.integer_or("sp", 1), run.integer_or("dp", 1));
   markdown += "## Loss\n\n![Loss per step](figures/loss.png)\n\n([SVG](figures/loss.svg))\n\n";
   markdown += compared ? "| step | loss | loss on one rank | seconds | tokens/s |\n|---:|---:|---:|---:|---:|\n"
                        : "| step | loss | seconds | tokens/s |\n|---:|---:|---:|---:|\n";
-  for (const auto& step : run["steps"]) {
-    markdown += fmt::format("| {} | {:.4f} |", step["step"].get<int64_t>(), step["loss"].get<double>());
-    if (compared) markdown += fmt::format(" {:.4f} |", step["loss_on_one_rank"].get<double>());
-    markdown += fmt::format(" {:.3f} | {:.0f} |\n", step["seconds"].get<double>(), step["tokens_per_s"].get<double>());
+  for (const RunResult::Step& step : steps) {
+    markdown += fmt::format("| {} | {:.4f} |", step.step, step.loss);
+    if (compared) markdown += fmt::format(" {:.4f} |", step.loss_on_one_rank);
+    markdown += fmt::format(" {:.3f} | {:.0f} |\n", step.seconds, step.tokens_per_s);
   }
-  const double predicted = run["predicted_peak_mib"].get<double>();
   markdown += fmt::format("\n## Peak device memory per rank\n\nPREDICTED: {:.3f} MiB ({}).\n\n| rank | MEASURED MiB | difference |\n|---:|---:|---:|\n",
-                          predicted, run.value("predicted_peak_moment", std::string()));
-  const Json per_rank = run.contains("measured_peak_mib_per_rank") ? run["measured_peak_mib_per_rank"]
-                                                                   : Json::array({run.value("measured_peak_mib", 0.0)});
+                          predicted, run.string_or("predicted_peak_moment", ""));
   for (size_t rank = 0; rank < per_rank.size(); ++rank) {
-    const double measured = per_rank[rank].get<double>();
+    const double measured = per_rank[rank];
     markdown += fmt::format("| {} | {:.3f} | {:+.2f}% |\n", rank, measured, measured > 0 ? 100.0 * (predicted - measured) / measured : 0.0);
   }
-  if (run.contains("measured_outside_arena_mib"))
+  if (run.has("measured_outside_arena_mib"))
     markdown += fmt::format("\nOutside the arena (CUDA context, cuBLAS workspace, NCCL buffers): MEASURED {:.1f} MiB (cudaMemGetInfo "
                             "after the last step, rank 0), PREDICTED {:.1f} MiB.\n",
-                            run["measured_outside_arena_mib"].get<double>(), run["predicted_outside_arena_mib"].get<double>());
-  if (run.contains("budget_mib")) markdown += fmt::format("\nBudget: {:.1f} MiB per rank.\n", run["budget_mib"].get<double>());
+                            run["measured_outside_arena_mib"].number(), run.number_or("predicted_outside_arena_mib", 0.0));
+  if (run.has("budget_mib")) markdown += fmt::format("\nBudget: {:.1f} MiB per rank.\n", run["budget_mib"].number());
   ReportOutcome outcome;
   outcome.figures.push_back((figures_dir / "loss.png").string());
   outcome.report_path = (dir / "report.md").string();
@@ -154,188 +207,244 @@ ReportOutcome run_report_write(const fs::path& dir, const fs::path& run_path, co
   return outcome;
 }
 
+// A sweep result's rows, read and checked once, before anything is written.
+struct SweepTableRow {
+  JsonView json;
+  bool usable;
+  int64_t gpus, seqlen;
+  std::string mode, step, label;
+  std::optional<double> published;
+  double published_fail, gpu_peak_gib;
+};
+
+struct SweepTable {
+  std::vector<SweepTableRow> rows;
+  std::set<int64_t> gpu_counts;
+  bool max_mode = false, has_published = false, has_steps = false;
+};
+
+SweepTable sweep_table_read(const JsonView& rows) {
+  SweepTable table;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const JsonView row = rows[i];
+    SweepTableRow entry{row, usable(row), row["gpus"].integer(1, int64_t{1} << 40), row["seqlen"].integer(), row["mode"].string(),
+                        row.string_or("step", ""), row_label(row), std::nullopt, 0.0, row.number_or("gpu_peak_gib", 0.0)};
+    if (row.has("published")) entry.published = row["published"].number();
+    entry.published_fail = row.number_or("published_fail", entry.published.value_or(0.0));
+    for (const char* column : {"model_states_gib", "zero_buffers_gib", "activation_checkpoints_gib", "layer_working_set_gib",
+                               "logits_and_loss_gib", "inputs_gib", "runtime_overheads_gib", "calibrated_overhead_gib"})
+      (void)row.number_or(column, 0.0);
+    if (entry.usable) {
+      table.gpu_counts.insert(entry.gpus);
+      table.max_mode |= entry.mode == "max_seqlen";
+      table.has_published |= entry.published.has_value();
+      table.has_steps |= !entry.step.empty();
+    }
+    table.rows.push_back(entry);
+  }
+  return table;
+}
+
+// results.json's top level, checked: the rows and the scenario's text fields the report prints.
+void sweep_header_check(const JsonView& results) {
+  if (!results.is_object() || !results.has("rows") || !results["rows"].raw().is_array() || !results.has("scenario"))
+    throw ConfigError(results.source(), "rows", "not a longseq sweep result (run `longseq sweep` first)");
+  const JsonView scenario = results["scenario"];
+  for (const char* key : {"reproduces", "name", "published_source", "published_figure", "runtime_profile", "description"})
+    (void)scenario.string_or(key, "");
+  if (scenario.has("figures"))
+    for (size_t i = 0; i < scenario["figures"].size(); ++i) (void)scenario["figures"][i].string();
+}
+
 }  // namespace
 
 ReportOutcome report_write(const std::string& results_dir, const std::string& gnuplot_command) {
   const fs::path dir(results_dir);
+  std::error_code error;
+  if (!fs::is_directory(dir, error)) throw ConfigError(results_dir, "", "is not a directory (give the directory `longseq sweep` or `longseq launch` wrote)");
   const fs::path results_path = dir / "results.json";
   // A run's result (longseq launch's run.json) gets the run report; a sweep's, the sweep report.
   if (!fs::exists(results_path) && fs::exists(dir / "run.json")) return run_report_write(dir, dir / "run.json", gnuplot_command);
-  Json results;
-  try {
-    results = Json::parse(file_read_text(results_path.string()));
-  } catch (const Json::parse_error& error) {
-    throw ConfigError(results_path.string(), "", fmt::format("malformed JSON: {}", error.what()));
-  }
-  if (!results.contains("rows") || !results["rows"].is_array() || !results.contains("scenario"))
-    throw ConfigError(results_path.string(), "rows", "not a longseq sweep result (run `longseq sweep` first)");
-  const Json& rows = results["rows"];
-  const Json& scenario = results["scenario"];
-  const std::string title = scenario.value("reproduces", std::string()).empty() ? scenario.value("name", std::string("sweep"))
-                                                                                 : scenario["reproduces"].get<std::string>();
-  const std::string published_source = scenario.value("published_source", std::string());
+  const std::string source = results_path.string();
+  const Json document = json_parse(file_read_text(source), source);
+  const JsonView results(document, source);
+  sweep_header_check(results);
+  const JsonView rows = results["rows"];
+  const JsonView scenario = results["scenario"];
+  const std::string title = scenario.string_or("reproduces", "").empty() ? scenario.string_or("name", "sweep") : scenario["reproduces"].string();
+  const std::string published_source = scenario.string_or("published_source", "");
   // The scenario may name the figures it wants; otherwise every one that applies is drawn.
   std::set<std::string> wanted;
-  if (scenario.contains("figures"))
-    for (const auto& name : scenario["figures"]) wanted.insert(name.get<std::string>());
+  if (scenario.has("figures"))
+    for (size_t i = 0; i < scenario["figures"].size(); ++i) wanted.insert(scenario["figures"][i].string());
   auto want = [&](const char* name) { return wanted.empty() || wanted.count(name) > 0; };
 
-  const fs::path staging = staging_make(dir);
-
-  struct Figure {
-    std::string stem, caption;
+  const SweepTable sweep = sweep_table_read(rows);
+  const std::vector<SweepTableRow>& table = sweep.rows;
+  const std::set<int64_t>& gpu_counts = sweep.gpu_counts;
+  const bool max_mode = sweep.max_mode, has_published = sweep.has_published, has_steps = sweep.has_steps;
+  const auto rows_of = [&](const std::vector<JsonView>& members) {
+    std::vector<const SweepTableRow*> out;
+    for (const JsonView& member : members)
+      for (const SweepTableRow& row : table)
+        if (&row.json.raw() == &member.raw()) out.push_back(&row);
+    return out;
   };
+
+  const fs::path staging = staging_directory_create(dir / "figures");
   std::vector<Figure> figures;
-  std::set<std::string> gpu_counts;
-  bool max_mode = false, has_published = false, has_steps = false;
-  for (const auto& row : rows) {
-    if (!usable(row)) continue;
-    gpu_counts.insert(std::to_string(row["gpus"].get<int64_t>()));
-    max_mode |= row["mode"] == "max_seqlen";
-    has_published |= row.contains("published");
-    has_steps |= !row["step"].get<std::string>().empty();
-  }
-
-  // Maximum sequence length against GPU count, log-log, as the ALST paper draws its scaling.
-  if (want("max_seqlen_vs_gpus") && max_mode && gpu_counts.size() >= 2) {
-    std::set<double> gpu_values;
-    for (const auto& count : gpu_counts) gpu_values.insert(std::stod(count));
-    // Per series: a block of predictions, then a block of its published points (value to
-    // value_fail as an error bar where the source gives a bracket), drawn in the series' colour.
-    std::string data, plot;
-    int index = 0, series_number = 0;
-    bool published_titled = false;
-    for (const auto& [name, members] : series_of(rows, "gpus")) {
-      ++series_number;
-      std::string predicted, published;
-      for (const Json* row : members) {
-        if (usable(*row) && (*row)["seqlen"].get<int64_t>() > 0)
-          predicted += fmt::format("{} {}\n", (*row)["gpus"].get<int64_t>(), (*row)["seqlen"].get<int64_t>());
-        if (row->contains("published"))
-          published += fmt::format("{} {} {}\n", (*row)["gpus"].get<int64_t>(), (*row)["published"].get<double>(),
-                                   row->value("published_fail", (*row)["published"].get<double>()));
+  try {
+    // Maximum sequence length against GPU count, log-log, as the ALST paper draws its scaling.
+    if (want("max_seqlen_vs_gpus") && max_mode && gpu_counts.size() >= 2) {
+      // Per series: a block of predictions headed by the series' name (its title, read as data
+      // by `title columnheader`), then a block of its published points (value to value_fail as
+      // an error bar where the source gives a bracket), drawn in the series' colour.
+      std::string data, plot;
+      int index = 0, series_number = 0;
+      bool published_titled = false;
+      for (const auto& [name, members] : series_of(rows, "gpus")) {
+        ++series_number;
+        std::string predicted, published;
+        for (const SweepTableRow* row : rows_of(members)) {
+          if (row->usable && row->seqlen > 0) predicted += fmt::format("{} {}\n", row->gpus, row->seqlen);
+          if (row->published) published += fmt::format("{} {} {}\n", row->gpus, *row->published, row->published_fail);
+        }
+        data += data_label(name == "predicted" ? "predicted (longseq)" : name + " (predicted)") + "\n" + predicted + "\n\n";
+        plot += fmt::format("{}'max_seqlen_vs_gpus.dat' index {} using 1:2 with linespoints lt {} lw 2 pt 7 title columnheader(1)",
+                            plot.empty() ? "" : ", ", index++, series_number);
+        if (published.empty()) continue;
+        data += published + "\n\n";
+        plot += fmt::format(", 'max_seqlen_vs_gpus.dat' index {} using 1:2:2:3 with yerrorbars lt {} pt 9 ps 2 {}", index++,
+                            series_number,
+                            published_titled ? "notitle" : "title 'published (triangles; bars: [fits, fails) brackets)'");
+        published_titled = true;
       }
-      data += predicted + "\n\n";
-      plot += fmt::format("{}'max_seqlen_vs_gpus.dat' index {} using 1:2 with linespoints lt {} lw 2 pt 7 title {}",
-                          plot.empty() ? "" : ", ", index++, series_number,
-                          quoted(name == "predicted" ? "predicted (longseq)" : name + " (predicted)"));
-      if (published.empty()) continue;
-      data += published + "\n\n";
-      plot += fmt::format(", 'max_seqlen_vs_gpus.dat' index {} using 1:2:2:3 with yerrorbars lt {} pt 9 ps 2 {}", index++,
-                          series_number,
-                          published_titled ? "notitle" : "title 'published (triangles; bars: [fits, fails) brackets)'");
-      published_titled = true;
+      file_write_text((staging / "max_seqlen_vs_gpus.dat").string(), data);
+      file_write_text((staging / "max_seqlen_vs_gpus.gp").string(),
+                      script_wrap("max_seqlen_vs_gpus",
+                                  fmt::format("set logscale x 2\nset logscale y 10\nset xrange [{}:{}]\nset xlabel 'GPUs'\n"
+                                              "set ylabel 'maximum sequence length (tokens)'\nset format y '%.0s%c'\n"
+                                              "set key top left box opaque\nset grid\nplot {}",
+                                              static_cast<double>(*gpu_counts.begin()) / 1.3,
+                                              static_cast<double>(*gpu_counts.rbegin()) * 1.3, plot)));
+      figures.push_back({"max_seqlen_vs_gpus", "Maximum sequence length vs GPU count (predicted; published points where cited)",
+                         title + " — PREDICTION (longseq)"});
     }
-    file_write_text((staging / "max_seqlen_vs_gpus.dat").string(), data);
-    file_write_text((staging / "max_seqlen_vs_gpus.gp").string(),
-               script_wrap("max_seqlen_vs_gpus",
-                           fmt::format("set title {}\nset logscale x 2\nset logscale y 10\nset xrange [{}:{}]\nset xlabel 'GPUs'\n"
-                                       "set ylabel 'maximum sequence length (tokens)'\nset format y '%.0s%c'\n"
-                                       "set key top left box opaque\nset grid\nplot {}",
-                                       quoted(title + " — PREDICTION (longseq)"), *gpu_values.begin() / 1.3,
-                                       *gpu_values.rbegin() * 1.3, plot)));
-    figures.push_back({"max_seqlen_vs_gpus", "Maximum sequence length vs GPU count (predicted; published points where cited)"});
+
+    // The feature ladder as bars, predicted beside published.
+    if (want("ablation") && max_mode && has_steps) {
+      std::string data;
+      for (const SweepTableRow& row : table)
+        if (row.usable)
+          data += fmt::format("{} {} {}\n", data_label(row.label), row.seqlen,
+                              row.published ? fmt::format("{}", *row.published) : "NaN");
+      file_write_text((staging / "ablation.dat").string(), data);
+      file_write_text((staging / "ablation.gp").string(),
+                      script_wrap("ablation",
+                                  "set style data histograms\nset style histogram clustered gap 1\n"
+                                  "set style fill solid 0.85 border -1\nset logscale y 10\nset format y '%.0s%c'\n"
+                                  "set ylabel 'maximum sequence length (tokens)'\nset xtics rotate by -25\nset grid ytics\n"
+                                  "set key top left\nplot 'ablation.dat' using 2:xtic(1) title 'predicted (longseq)', "
+                                  "'' using 3 title 'published (source in report.md)'"));
+      figures.push_back({"ablation", "Feature ladder: maximum sequence length per step (predicted beside published)",
+                         title + " — feature ladder"});
+    }
+
+    // Per-GPU memory at the peak, stacked by component.
+    if (want("memory_breakdown")) {
+      const std::vector<std::pair<std::string, std::string>> categories = {
+          {"model_states_gib", "model states"},   {"zero_buffers_gib", "ZeRO buffers"},
+          {"activation_checkpoints_gib", "checkpoints"}, {"layer_working_set_gib", "layer working set"},
+          {"logits_and_loss_gib", "logits and loss"},   {"inputs_gib", "inputs"},
+          {"runtime_overheads_gib", "runtime"},         {"calibrated_overhead_gib", "calibrated overhead"}};
+      std::string data;
+      for (const SweepTableRow& row : table) {
+        if (!row.usable) continue;
+        data += data_label(row.label + ", " + (row.seqlen > 0 ? seqlen_format(row.seqlen) : std::string("-")));
+        for (const auto& [column, name] : categories) data += fmt::format(" {:.4f}", row.json.number_or(column, 0.0));
+        data += "\n";
+      }
+      if (!data.empty()) {
+        std::string plot;
+        for (size_t i = 0; i < categories.size(); ++i)
+          plot += fmt::format("{}'memory_breakdown.dat' using {}{} title '{}'", i ? ", " : "", i + 2, i ? "" : ":xtic(1)",
+                              categories[i].second);
+        file_write_text((staging / "memory_breakdown.dat").string(), data);
+        file_write_text((staging / "memory_breakdown.gp").string(),
+                        script_wrap("memory_breakdown",
+                                    fmt::format("set style data histograms\nset style histogram rowstacked\n"
+                                                "set style fill solid 0.85 border -1\nset boxwidth 0.75\nset ylabel 'GiB per GPU at the peak'\n"
+                                                "set xtics rotate by -30 font ',9'\nset key outside right\nset grid ytics\nplot {}",
+                                                plot)));
+        figures.push_back({"memory_breakdown", "Predicted per-GPU memory at the peak, by component", title + " — predicted per-GPU memory"});
+      }
+    }
+
+    // Predicted against published, with the line of agreement.
+    if (want("predicted_vs_published") && has_published) {
+      std::string data;
+      double low = 1e300, high = 0;
+      const bool lengths = scenario.string_or("published_figure", "max_seqlen") == "max_seqlen";
+      for (const SweepTableRow& row : table) {
+        if (!row.published || !row.usable) continue;
+        const double published = *row.published;
+        const double predicted = lengths ? static_cast<double>(row.seqlen) : row.gpu_peak_gib;
+        if ((lengths && predicted <= 0) || published <= 0) continue;
+        data += fmt::format("{} {} {}\n", published, predicted, data_label(row.label));
+        low = std::min({low, published, predicted});
+        high = std::max({high, published, predicted});
+      }
+      if (!data.empty()) {
+        const std::string unit = lengths ? "maximum sequence length (tokens)" : "peak memory (GiB)";
+        file_write_text((staging / "predicted_vs_published.dat").string(), data);
+        file_write_text((staging / "predicted_vs_published.gp").string(),
+                        script_wrap("predicted_vs_published",
+                                    fmt::format("{}set xrange [{}:{}]\nset yrange [{}:{}]\nset xlabel 'published {}'\n"
+                                                "set ylabel 'predicted {}'\nset grid\nset key top left\n"
+                                                "plot x with lines lc rgb 'gray' title 'y = x', "
+                                                "'predicted_vs_published.dat' using 1:2 with points pt 7 ps 1.6 title 'rows', "
+                                                "'' using 1:2:3 with labels offset 1,0.8 font ',8' notitle",
+                                                lengths ? "set logscale xy 10\nset format x '%.0s%c'\nset format y '%.0s%c'\n" : "",
+                                                low * 0.7, high * 1.4, low * 0.7, high * 1.4, unit, unit)));
+        figures.push_back({"predicted_vs_published", "Predicted vs published, with y = x", title + " — predicted vs published"});
+      }
+    }
+  } catch (...) {
+    staging_directory_discard(staging);
+    throw;
   }
 
-  // The feature ladder as bars, predicted beside published.
-  if (want("ablation") && max_mode && has_steps) {
-    std::string data;
-    for (const auto& row : rows)
-      if (usable(row))
-        data += fmt::format("{} {} {}\n", quoted(row_label(row)), row["seqlen"].get<int64_t>(),
-                            row.contains("published") ? fmt::format("{}", row["published"].get<double>()) : "NaN");
-    file_write_text((staging / "ablation.dat").string(), data);
-    file_write_text((staging / "ablation.gp").string(),
-               script_wrap("ablation",
-                           fmt::format("set title {}\nset style data histograms\nset style histogram clustered gap 1\n"
-                                       "set style fill solid 0.85 border -1\nset logscale y 10\nset format y '%.0s%c'\n"
-                                       "set ylabel 'maximum sequence length (tokens)'\nset xtics rotate by -25\nset grid ytics\n"
-                                       "set key top left\nplot 'ablation.dat' using 2:xtic(1) title 'predicted (longseq)', "
-                                       "'' using 3 title 'published (source in report.md)'",
-                                       quoted(title + " — feature ladder"))));
-    figures.push_back({"ablation", "Feature ladder: maximum sequence length per step (predicted beside published)"});
-  }
-
-  // Per-GPU memory at the peak, stacked by component.
-  if (want("memory_breakdown")) {
-    const std::vector<std::pair<std::string, std::string>> categories = {
-        {"model_states_gib", "model states"},   {"zero_buffers_gib", "ZeRO buffers"},
-        {"activation_checkpoints_gib", "checkpoints"}, {"layer_working_set_gib", "layer working set"},
-        {"logits_and_loss_gib", "logits and loss"},   {"inputs_gib", "inputs"},
-        {"runtime_overheads_gib", "runtime"},         {"calibrated_overhead_gib", "calibrated overhead"}};
-    std::string data;
-    for (const auto& row : rows) {
-      if (!usable(row)) continue;
-      data += quoted(row_label(row) + ", " + seqlen_format(row["seqlen"].get<int64_t>()));
-      for (const auto& [column, name] : categories) data += fmt::format(" {:.4f}", row.value(column, 0.0));
-      data += "\n";
-    }
-    if (!data.empty()) {
-      std::string plot;
-      for (size_t i = 0; i < categories.size(); ++i)
-        plot += fmt::format("{}'memory_breakdown.dat' using {}{} title {}", i ? ", " : "", i + 2, i ? "" : ":xtic(1)",
-                            quoted(categories[i].second));
-      file_write_text((staging / "memory_breakdown.dat").string(), data);
-      file_write_text((staging / "memory_breakdown.gp").string(),
-                 script_wrap("memory_breakdown",
-                             fmt::format("set title {}\nset style data histograms\nset style histogram rowstacked\n"
-                                         "set style fill solid 0.85 border -1\nset boxwidth 0.75\nset ylabel 'GiB per GPU at the peak'\n"
-                                         "set xtics rotate by -30 font ',9'\nset key outside right\nset grid ytics\nplot {}",
-                                         quoted(title + " — predicted per-GPU memory"), plot)));
-      figures.push_back({"memory_breakdown", "Predicted per-GPU memory at the peak, by component"});
-    }
-  }
-
-  // Predicted against published, with the line of agreement.
-  if (want("predicted_vs_published") && has_published) {
-    std::string data;
-    double low = 1e300, high = 0;
-    const bool lengths = scenario.value("published_figure", std::string("max_seqlen")) == "max_seqlen";
-    for (const auto& row : rows) {
-      if (!row.contains("published") || !usable(row)) continue;
-      const double published = row["published"].get<double>();
-      const double predicted = lengths ? static_cast<double>(row["seqlen"].get<int64_t>()) : row["gpu_peak_gib"].get<double>();
-      if (lengths && predicted <= 0) continue;
-      data += fmt::format("{} {} {}\n", published, predicted, quoted(row_label(row)));
-      low = std::min({low, published, predicted});
-      high = std::max({high, published, predicted});
-    }
-    if (!data.empty()) {
-      const std::string unit = lengths ? "maximum sequence length (tokens)" : "peak memory (GiB)";
-      file_write_text((staging / "predicted_vs_published.dat").string(), data);
-      file_write_text((staging / "predicted_vs_published.gp").string(),
-                 script_wrap("predicted_vs_published",
-                             fmt::format("set title {}\n{}set xrange [{}:{}]\nset yrange [{}:{}]\nset xlabel 'published {}'\n"
-                                         "set ylabel 'predicted {}'\nset grid\nset key top left\n"
-                                         "plot x with lines lc rgb 'gray' title 'y = x', "
-                                         "'predicted_vs_published.dat' using 1:2 with points pt 7 ps 1.6 title 'rows', "
-                                         "'' using 1:2:3 with labels offset 1,0.8 font ',8' notitle",
-                                         quoted(title + " — predicted vs published"),
-                                         lengths ? "set logscale xy 10\nset format x '%.0s%c'\nset format y '%.0s%c'\n" : "",
-                                         low * 0.7, high * 1.4, low * 0.7, high * 1.4, unit, unit)));
-      figures.push_back({"predicted_vs_published", "Predicted vs published, with y = x"});
-    }
-  }
-
-  std::vector<std::string> stems;
-  for (const auto& figure : figures) stems.push_back(figure.stem);
-  const fs::path figures_dir = figures_draw(dir, staging, stems, gnuplot_command);
+  const fs::path figures_dir = figures_draw(dir, staging, figures, gnuplot_command);
   ReportOutcome outcome;
   std::string markdown = fmt::format("# {}\n\nPREDICTIONS of longseq (runtime profile `{}`), not measurements.\n\n",
-                                     scenario.value("name", std::string("sweep")), scenario.value("runtime_profile", std::string()));
-  if (!scenario.value("description", std::string()).empty()) markdown += scenario["description"].get<std::string>() + "\n\n";
-  if (!scenario.value("reproduces", std::string()).empty()) markdown += "Reproduces: " + scenario["reproduces"].get<std::string>() + "\n\n";
+                                     scenario.string_or("name", "sweep"), scenario.string_or("runtime_profile", ""));
+  if (!scenario.string_or("description", "").empty()) markdown += scenario["description"].string() + "\n\n";
+  if (!scenario.string_or("reproduces", "").empty()) markdown += "Reproduces: " + scenario["reproduces"].string() + "\n\n";
   if (!published_source.empty()) markdown += "Published values overlaid: " + published_source + "\n\n";
   for (const auto& figure : figures) {
     markdown += fmt::format("## {}\n\n![{}](figures/{}.png)\n\n([SVG](figures/{}.svg))\n\n", figure.caption, figure.caption,
                             figure.stem, figure.stem);
     outcome.figures.push_back((figures_dir / (figure.stem + ".png")).string());
   }
-  markdown += "## Results\n\n" + sweep_markdown_table(results) +
+  markdown += "## Results\n\n" + sweep_markdown_table(document, source) +
               "\nAll columns, machine-readable: [results.csv](results.csv), [results.json](results.json).\n";
   outcome.report_path = (dir / "report.md").string();
   file_write_text(outcome.report_path, markdown);
   return outcome;
+}
+
+void run_result_check(const std::string& json_text, const std::string& source) {
+  const Json document = json_parse(json_text, source);
+  (void)run_result_read(JsonView(document, source));
+}
+
+void sweep_result_check(const std::string& json_text, const std::string& source) {
+  const Json document = json_parse(json_text, source);
+  const JsonView results(document, source);
+  sweep_header_check(results);
+  (void)sweep_table_read(results["rows"]);
+  (void)series_of(results["rows"], "gpus");
+  (void)sweep_markdown_table(document, source);
 }
 
 }  // namespace longseq

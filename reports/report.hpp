@@ -13,6 +13,12 @@ struct ReportOutcome {
   std::string report_path;           // report.md
 };
 
+// Reads and checks a run result (run.json) or a sweep result (results.json) whole, as the report
+// does before it writes anything; throws ConfigError naming the file and key of the first value
+// that is missing or of the wrong kind. (Exposed for the fuzz harnesses, tests/fuzz.)
+void run_result_check(const std::string& json_text, const std::string& source);
+void sweep_result_check(const std::string& json_text, const std::string& source);
+
 // Throws ConfigError when DIR has no readable results.json or gnuplot fails.
 ReportOutcome report_write(const std::string& results_dir, const std::string& gnuplot_command = "gnuplot");
 

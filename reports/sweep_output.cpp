@@ -2,9 +2,11 @@
 
 #include <filesystem>
 #include <fmt/format.h>
-#include <unistd.h>
+#include <cmath>
 
+#include "models/checked_input.hpp"
 #include "models/config_error.hpp"
+#include "models/process.hpp"
 #include "models/layer_inventory.hpp"
 #include "models/model_loader.hpp"
 #include "planner/memory_model.hpp"
@@ -29,8 +31,9 @@ std::string json_cell_to_text(const nlohmann::json& value) {
   if (value.is_null()) return "";
   if (value.is_string()) return value.get<std::string>();
   if (value.is_boolean()) return value.get<bool>() ? "true" : "false";
-  if (value.is_number_integer()) return std::to_string(value.get<int64_t>());
-  return fmt::format("{:.6g}", value.get<double>());
+  if (value.is_number_integer()) return value.dump();  // int64 or uint64, as written
+  if (value.is_number()) return fmt::format("{:.6g}", value.get<double>());
+  return value.dump();  // a list or an object in a hand-edited file: shown, not trusted
 }
 
 
@@ -116,28 +119,36 @@ nlohmann::json sweep_results_to_json(const Scenario& scenario, const std::vector
           {"rows", rows_json}};
 }
 
-std::string sweep_markdown_table(const nlohmann::json& results) {
+std::string sweep_markdown_table(const nlohmann::json& results, const std::string& source) {
   std::string out = "| model | gpus | step | plan | mode | seqlen | fits | GPU peak GiB | host GiB/node | step s | TFLOPS (ALST formula) | published |\n";
   out += "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
-  for (const auto& row : results["rows"]) {
-    auto cell = [&](const char* key) { return row.contains(key) ? json_cell_to_text(row[key]) : std::string(); };
+  const JsonView rows = JsonView(results, source)["rows"];
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const JsonView row = rows[i];
+    auto cell = [&](const char* key) { return row.has(key) ? json_cell_to_text(row[key].raw()) : std::string(); };
     auto number = [&](const char* key, const char* format) {
-      return row.contains(key) && row[key].is_number() ? fmt::format(fmt::runtime(format), row[key].get<double>()) : std::string();
+      return row.has(key) ? fmt::format(fmt::runtime(format), row[key].number()) : std::string();
     };
     const bool max_mode = cell("mode") == "max_seqlen";
-    std::string seqlen = row["seqlen"].get<int64_t>() > 0 ? integer_with_commas(row["seqlen"].get<int64_t>()) : "";
+    const int64_t tokens = row["seqlen"].integer();
+    std::string seqlen = tokens > 0 ? integer_with_commas(tokens) : "";
     if (!cell("error").empty()) seqlen = fmt::format("— ({})", cell("error"));
+    std::string published;
+    if (row.has("published")) {
+      const double value = row["published"].number();
+      const std::optional<int64_t> whole = whole_number(std::round(value), INT64_MIN, INT64_MAX);
+      published = max_mode && whole ? integer_with_commas(*whole) : fmt::format("{:.1f}", value);
+    }
     out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", cell("model"), cell("gpus"), cell("step"),
                        cell("plan"), max_mode ? "max" : "at", seqlen, cell("fits"), number("gpu_peak_gib", "{:.1f}"),
                        number("host_per_node_gib", "{:.0f}"), number("step_s", "{:.1f}"), number("tflops_megatron", "{:.1f}"),
-                       row.contains("published") ? (max_mode ? integer_with_commas(static_cast<int64_t>(row["published"].get<double>()))
-                                                             : fmt::format("{:.1f}", row["published"].get<double>()))
-                                                 : "");
+                       published);
   }
   return out;
 }
 
-void sweep_results_write(const Scenario& scenario, const std::vector<SweepRow>& rows, const std::string& out_dir) {
+void sweep_results_write(const Scenario& scenario, const std::vector<SweepRow>& rows, const std::string& out_dir, bool overwrite,
+                         const std::string& flag) {
   const nlohmann::json results = sweep_results_to_json(scenario, rows);
   std::string csv;
   for (size_t i = 0; i < sweep_columns().size(); ++i) {
@@ -160,26 +171,16 @@ void sweep_results_write(const Scenario& scenario, const std::vector<SweepRow>& 
   if (!scenario.published_source.empty()) markdown += "Published values: " + scenario.published_source + "\n\n";
   markdown += sweep_markdown_table(results);
 
-  namespace fs = std::filesystem;
-  const fs::path target(out_dir);
-  const fs::path staging = target.parent_path() / (target.filename().string() + fmt::format(".partial-{}", getpid()));
-  std::error_code error;
-  fs::remove_all(staging, error);
-  if (!fs::create_directories(staging, error) && error)
-    throw ConfigError(out_dir, "", fmt::format("cannot create the output directory: {}", error.message()));
+  output_directory_check(out_dir, overwrite, flag);
+  const std::filesystem::path staging = staging_directory_create(out_dir);
   try {
     file_write_text((staging / "results.csv").string(), csv);
     file_write_text((staging / "results.json").string(), results.dump(2) + "\n");
     file_write_text((staging / "results.md").string(), markdown);
+    staging_directory_commit(staging, out_dir);
   } catch (...) {
-    fs::remove_all(staging, error);
+    staging_directory_discard(staging);
     throw;
-  }
-  fs::remove_all(target, error);
-  fs::rename(staging, target, error);
-  if (error) {
-    fs::remove_all(staging, error);
-    throw ConfigError(out_dir, "", "cannot move the results into place");
   }
 }
 

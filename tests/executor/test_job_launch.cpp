@@ -38,7 +38,7 @@ TEST_CASE("one node: Ulysses groups inside it, data parallel across them") {
   CHECK(layout.dp == 2);
   CHECK_FALSE(layout.sp_spans_nodes);
   CHECK(mpirun_command(request, layout) ==
-        "mpirun -np 4 --map-by ppr:4:node /bin/longseq run /s/tiny.yaml --sp 2 --json > /out/run.json");
+        "mpirun -np 4 --map-by ppr:4:node /bin/longseq run /s/tiny.yaml --sp 2 --json-out /out/run.json");
 }
 
 TEST_CASE("GPU ranks: the run goes to --device cuda and the batch script asks for a GPU per rank") {
@@ -46,7 +46,7 @@ TEST_CASE("GPU ranks: the run goes to --device cuda and the batch script asks fo
   request.device = "cuda";
   const JobLayout layout = job_layout(request);
   CHECK(mpirun_command(request, layout) ==
-        "mpirun -np 8 --map-by ppr:4:node /bin/longseq run /s/tiny.yaml --sp 4 --device cuda --json > /out/run.json");
+        "mpirun -np 8 --map-by ppr:4:node /bin/longseq run /s/tiny.yaml --sp 4 --device cuda --json-out /out/run.json");
   const std::string script = sbatch_script(request, layout);
   CHECK(script.find("#SBATCH --cpus-per-task=1\n#SBATCH --gpus-per-node=4\n") != std::string::npos);
   CHECK(sbatch_script(request_for(8, 4, 4), layout).find("gpus") == std::string::npos);  // CPU ranks ask for none
@@ -72,7 +72,7 @@ TEST_CASE("two nodes, a group per node, as a Slurm batch script") {
         "#SBATCH --partition=gpu\n"
         "set -euo pipefail\n"
         "export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}\n"
-        "mpirun -np 8 --map-by ppr:4:node /bin/longseq run /s/tiny.yaml --sp 4 --json > /out/run.json\n");
+        "mpirun -np 8 --map-by ppr:4:node /bin/longseq run /s/tiny.yaml --sp 4 --json-out /out/run.json\n");
 }
 
 TEST_CASE("a Ulysses group spanning two nodes, over a hostfile, with extra mpirun arguments") {
@@ -84,7 +84,7 @@ TEST_CASE("a Ulysses group spanning two nodes, over a hostfile, with extra mpiru
   CHECK(layout.sp_spans_nodes);
   CHECK(mpirun_command(request, layout) ==
         "mpirun -np 4 --map-by ppr:2:node --hostfile /tmp/longseq_test_hosts --allow-run-as-root --mca btl_tcp_if_include eth0 "
-        "/bin/longseq run /s/tiny.yaml --sp 4 --json > /out/run.json");
+        "/bin/longseq run /s/tiny.yaml --sp 4 --json-out /out/run.json");
   // The batch script leaves the hostfile out (Slurm's allocation decides) and says the groups span nodes.
   const std::string script = sbatch_script(request, layout);
   CHECK(script.find("--hostfile") == std::string::npos);
@@ -96,7 +96,7 @@ TEST_CASE("without a plan sp the run decides, and the command passes no --sp") {
   const LaunchRequest request = request_for(2, 2, 0);
   const JobLayout layout = job_layout(request);
   CHECK(layout.sp == 2);
-  CHECK(mpirun_command(request, layout) == "mpirun -np 2 --map-by ppr:2:node /bin/longseq run /s/tiny.yaml --json > /out/run.json");
+  CHECK(mpirun_command(request, layout) == "mpirun -np 2 --map-by ppr:2:node /bin/longseq run /s/tiny.yaml --json-out /out/run.json");
 }
 
 TEST_CASE("bad layouts are refused with the flag and the reason") {
