@@ -48,7 +48,8 @@ std::shared_ptr<LaunchCommandArgs> launch_command_register(CLI::App& app) {
       ->check(CLI::IsMember({"cpu", "cuda"}));
   command->add_flag("--dry-run", args->dry_run, "print the layout and what would run or be submitted; write nothing");
   command->add_flag("--overwrite", args->overwrite,
-                    "use a non-empty --output directory, replacing only longseq's files in it (run.json, job.sbatch)");
+                    "use an --output directory that holds other files, replacing only longseq's (run.json, job.sbatch); one "
+                    "holding only an earlier launch's files is reused without it");
   return args;
 }
 
@@ -88,7 +89,8 @@ int launch_command_run(const LaunchCommandArgs& args) {
 
   std::error_code error;
   if (!args.dry_run) {  // the output directory is checked and made before anything is printed or run
-    output_directory_check(request.output_directory, args.overwrite, "--output");
+    output_directory_check(request.output_directory, args.overwrite, "--output",
+                           {"run.json", "job.sbatch", "slurm-*", "report.md", "figures"});
     std::filesystem::create_directories(request.output_directory, error);
     if (error) throw ConfigError("--output", "", fmt::format("cannot create {}: {}", request.output_directory, error.message()));
   }

@@ -30,7 +30,8 @@ std::shared_ptr<SweepCommandArgs> sweep_command_register(CLI::App& app) {
   command->add_option("-o,--out", args->out_dir, "output directory (default: the scenario's output.directory, else out/<name>)");
   command->add_flag("-q,--quiet", args->quiet, "no progress on stderr");
   command->add_flag("--overwrite", args->overwrite,
-                    "write into a non-empty output directory, replacing only results.{csv,json,md} (nothing else is touched)");
+                    "write into an output directory that holds other files, replacing only results.{csv,json,md} (nothing else is "
+                    "touched); a directory of an earlier sweep is replaced without it");
   return args;
 }
 
@@ -40,7 +41,7 @@ int sweep_command_run(const SweepCommandArgs& args) {
                               : !scenario.output_directory.empty() ? scenario.output_directory
                                                                    : "out/" + scenario.name;
   const std::string out_flag = !args.out_dir.empty() ? "--out" : !scenario.output_directory.empty() ? args.scenario + ": key 'output.directory'" : "--out";
-  output_directory_check(out_dir, args.overwrite, out_flag);  // before the work, not after it
+  output_directory_check(out_dir, args.overwrite, out_flag, sweep_output_names());  // before the work, not after it
   const bool tty = isatty(fileno(stderr));
   const auto start = std::chrono::steady_clock::now();
   // Progress only for sweeps that take a while: after the first second, at most once a second

@@ -1,5 +1,6 @@
 #include "models/process.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
@@ -102,15 +103,25 @@ ProcessResult process_run(const std::vector<std::string>& argv, const ProcessOpt
   return result;
 }
 
-void output_directory_check(const std::string& path, bool overwrite, const std::string& flag) {
+void output_directory_check(const std::string& path, bool overwrite, const std::string& flag, const std::vector<std::string>& own_names) {
   if (path.empty()) throw ConfigError(flag, "", "the output directory is empty text");
   std::error_code error;
   const fs::file_status status = fs::status(path, error);
   if (!fs::exists(status)) return;
   if (!fs::is_directory(status)) throw ConfigError(flag, "", fmt::format("{} is a file, not a directory (nothing was written)", path));
-  if (!fs::is_empty(path, error) && !overwrite)
-    throw ConfigError(flag, "", fmt::format("{} is not empty; give --overwrite to replace longseq's files in it (nothing else "
-                                            "there is touched)", path));
+  if (overwrite) return;
+  // A directory holding only longseq's own names is an earlier result of the same command: a rerun
+  // replaces it. Anything else there is someone's, and needs --overwrite (and is then kept).
+  auto own = [&](const std::string& name) {
+    return std::any_of(own_names.begin(), own_names.end(), [&](const std::string& pattern) {
+      return pattern.ends_with('*') ? name.starts_with(pattern.substr(0, pattern.size() - 1)) : name == pattern;
+    });
+  };
+  for (const auto& entry : fs::directory_iterator(path, error))
+    if (!own(entry.path().filename().string()))
+      throw ConfigError(flag, "", fmt::format("{} holds files longseq did not write ({}); give --overwrite to replace longseq's files "
+                                              "in it (nothing else there is touched)", path, entry.path().filename().string()));
+  if (error) throw ConfigError(flag, "", fmt::format("cannot list {}: {}", path, error.message()));
 }
 
 fs::path staging_directory_create(const fs::path& target) {

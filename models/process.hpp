@@ -31,9 +31,11 @@ struct ProcessResult {
 ProcessResult process_run(const std::vector<std::string>& argv, const ProcessOptions& options = {});
 
 // Checks the output directory `path` given by `flag` (e.g. "--out") before any work: refused
-// when it is a file, or a non-empty directory unless `overwrite` (and then only the file names
-// longseq writes are replaced; nothing else in it is touched). Creates nothing. Throws ConfigError.
-void output_directory_check(const std::string& path, bool overwrite, const std::string& flag);
+// when it is a file, or when it holds an entry whose name is not one of `own_names` (what this
+// command writes; "slurm-*" matches a prefix) unless `overwrite` — and even then only the names
+// longseq writes are replaced, nothing else is touched. Creates nothing. Throws ConfigError.
+void output_directory_check(const std::string& path, bool overwrite, const std::string& flag,
+                            const std::vector<std::string>& own_names);
 
 // A new, empty directory beside `target` (target.partial-XXXXXX, made by mkdtemp, so it cannot
 // be anything that existed before; target's parent is created when missing). Throws ConfigError

@@ -10,7 +10,7 @@
 namespace longseq {
 
 namespace {
-// Exact products of up to 30 digits with a unit of up to 2^30 (GCC and Clang; __extension__
+// Exact products of up to 20 digits with a unit of up to 2^30 (GCC and Clang; __extension__
 // marks the non-ISO type as intended under -Wpedantic).
 __extension__ typedef __int128 WideInteger;
 }  // namespace
@@ -48,7 +48,7 @@ int64_t seqlen_parse(const std::string& text, const std::string& flag) {
     }
     const int digit = number_text[i] - '0';
     if (significant > 0 || digit != 0) ++significant;
-    if (significant > 30) return fail("too many digits");
+    if (significant > 20) return fail("more than 20 significant digits");
     digits = digits * 10 + digit;
     if (after_point) --exponent;
   }
@@ -66,7 +66,7 @@ int64_t seqlen_parse(const std::string& text, const std::string& flag) {
   exponent += unit->decimal_power;
   // 10^13 tokens is far beyond any memory in existence; larger values are typos.
   constexpr WideInteger kLimit = 10'000'000'000'000;
-  WideInteger value = digits << unit->binary_power;  // digits < 10^30 and 2^30: inside 2^127
+  WideInteger value = digits << unit->binary_power;  // digits < 10^20 < 2^67, times 2^30: inside 2^127
   for (; exponent > 0; --exponent) {
     value *= 10;
     if (value > kLimit) return fail("larger than 10^13 tokens");

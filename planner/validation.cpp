@@ -63,7 +63,8 @@ std::vector<PublishedPoint> published_points_parse(const std::string& csv_text, 
     if (line.empty() || line[0] == '#' || line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::vector<std::string> fields = csv_fields_split(line, where);
     if (columns.empty()) {
-      for (size_t i = 0; i < fields.size(); ++i) columns[fields[i]] = i;
+      for (size_t i = 0; i < fields.size(); ++i)
+        if (!columns.emplace(fields[i], i).second) throw ConfigError(where, fields[i], "the header names this column twice");
       for (const auto& name : required)
         if (!columns.count(name)) throw ConfigError(where, name, "header lacks this column");
       continue;

@@ -39,6 +39,11 @@ std::string json_cell_to_text(const nlohmann::json& value) {
 
 }  // namespace
 
+const std::vector<std::string>& sweep_output_names() {
+  static const std::vector<std::string> names = {"results.csv", "results.json", "results.md", "report.md", "figures"};
+  return names;
+}
+
 const std::vector<std::string>& sweep_columns() {
   static const std::vector<std::string> columns = [] {
     std::vector<std::string> names = {"model", "gpu", "gpus", "nodes", "step", "plan", "sp", "dp", "zero_stage",
@@ -171,7 +176,7 @@ void sweep_results_write(const Scenario& scenario, const std::vector<SweepRow>& 
   if (!scenario.published_source.empty()) markdown += "Published values: " + scenario.published_source + "\n\n";
   markdown += sweep_markdown_table(results);
 
-  output_directory_check(out_dir, overwrite, flag);
+  output_directory_check(out_dir, overwrite, flag, sweep_output_names());
   const std::filesystem::path staging = staging_directory_create(out_dir);
   try {
     file_write_text((staging / "results.csv").string(), csv);

@@ -11,13 +11,16 @@
 
 namespace longseq {
 
+// What a sweep and its report write into their directory (and so may replace on a rerun).
+const std::vector<std::string>& sweep_output_names();
+
 // The CSV/JSON columns, in order. Every row has every column (empty when not applicable).
 const std::vector<std::string>& sweep_columns();
 
 nlohmann::json sweep_results_to_json(const Scenario& scenario, const std::vector<SweepRow>& rows);
 
-// Writes the three files into `out_dir` (created when missing). A non-empty directory is refused
-// unless `overwrite`, and then only the three files are replaced. Throws ConfigError (naming
+// Writes the three files into `out_dir` (created when missing). A directory holding anything but
+// a sweep's own files is refused unless `overwrite`, and then only the three files are replaced. Throws ConfigError (naming
 // `flag`) when the directory cannot be used or written.
 void sweep_results_write(const Scenario& scenario, const std::vector<SweepRow>& rows, const std::string& out_dir,
                          bool overwrite = false, const std::string& flag = "--out");

@@ -9,6 +9,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   slurmctld slurmd slurm-client munge
   gnuplot-nox
+  clang libclang-rt-dev
 )
 
 missing=()

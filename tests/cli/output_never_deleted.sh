@@ -7,11 +7,13 @@ longseq=$1 scenario=$2 work=$3
 rm -rf "$work" && mkdir -p "$work/kept"
 echo "a user's notes" > "$work/kept/notes.txt"
 if "$longseq" sweep "$scenario" -o "$work/kept" -q 2> "$work/err.txt"; then echo "FAIL: a non-empty directory was accepted"; exit 1; fi
-grep -q "is not empty; give --overwrite" "$work/err.txt" || { echo "FAIL: message: $(cat "$work/err.txt")"; exit 1; }
+grep -q "holds files longseq did not write (notes.txt); give --overwrite" "$work/err.txt" || { echo "FAIL: message: $(cat "$work/err.txt")"; exit 1; }
 [ "$(cat "$work/kept/notes.txt")" = "a user's notes" ] || { echo "FAIL: notes.txt changed"; exit 1; }
 "$longseq" sweep "$scenario" -o "$work/kept" -q --overwrite
 [ -s "$work/kept/results.json" ] && [ "$(cat "$work/kept/notes.txt")" = "a user's notes" ] || { echo "FAIL: --overwrite lost notes.txt or wrote no results"; exit 1; }
 "$longseq" sweep "$scenario" -o "$work/kept" -q --overwrite  # a rerun replaces the results, keeps the notes
+mkdir -p "$work/earlier" && "$longseq" sweep "$scenario" -o "$work/earlier" -q
+"$longseq" sweep "$scenario" -o "$work/earlier" -q  # an earlier sweep's directory is replaced without --overwrite
 [ "$(ls "$work/kept" | sort | tr '\n' ' ')" = "notes.txt results.csv results.json results.md " ] || { echo "FAIL: left: $(ls -A "$work/kept")"; exit 1; }
 echo "precious" > "$work/a-file"
 if "$longseq" sweep "$scenario" -o "$work/a-file" -q 2> "$work/err.txt"; then echo "FAIL: a file was accepted as the directory"; exit 1; fi

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# sanitize.sh: builds the CPU suite with clang under AddressSanitizer and UndefinedBehaviorSanitizer
+# into build-asan and runs every test there (CI runs this after the README's test command). Any
+# sanitizer report from longseq's code fails a test: UBSan does not recover, ASan aborts, and
+# LeakSanitizer ignores only Open MPI's own libraries (tests/sanitizers/lsan.supp).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v clang++ > /dev/null || { echo "sanitize.sh: clang++ is needed (scripts/setup.sh installs clang)" >&2; exit 2; }
+flags="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
+generator=(); command -v ninja > /dev/null && generator=(-G Ninja)
+cmake -S . -B build-asan "${generator[@]}" -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" -DLONGSEQ_ENABLE_CUDA=OFF
+cmake --build build-asan --parallel "$(nproc)"
+export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:strict_string_checks=1"
+export LSAN_OPTIONS="suppressions=$PWD/tests/sanitizers/lsan.supp:print_suppressions=0"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+ctest --test-dir build-asan --output-on-failure --parallel "$(nproc)"
