@@ -51,10 +51,9 @@ void numeric_flags_check(CLI::App& app) {
       if (!number || option->get_type_size() == 0) continue;
       option->transform(CLI::Validator(
           [integer](std::string& text) -> std::string {
-            const std::optional<double> value = longseq::decimal_parse(text);
-            if (!value) return fmt::format("expected a plain decimal number, got '{}'", text);
+            if (!longseq::decimal_parse(text)) return fmt::format("expected a plain decimal number, got '{}'", text);
             if (!integer) return "";
-            const std::optional<int64_t> whole = longseq::whole_number(*value, INT64_MIN, INT64_MAX);
+            const std::optional<int64_t> whole = longseq::integer_parse(text);
             if (!whole) return fmt::format("expected a whole number, got '{}'", text);
             text = std::to_string(*whole);  // 1e3 as 1000 for CLI11's integer conversion
             return "";

@@ -40,7 +40,9 @@ int sweep_command_run(const SweepCommandArgs& args) {
   const std::string out_dir = !args.out_dir.empty()                  ? args.out_dir
                               : !scenario.output_directory.empty() ? scenario.output_directory
                                                                    : "out/" + scenario.name;
-  const std::string out_flag = !args.out_dir.empty() ? "--out" : !scenario.output_directory.empty() ? args.scenario + ": key 'output.directory'" : "--out";
+  // Errors name where the directory came from: the flag, or the scenario's key.
+  const std::string out_flag =
+      args.out_dir.empty() && !scenario.output_directory.empty() ? args.scenario + ": key 'output.directory'" : "--out";
   output_directory_check(out_dir, args.overwrite, out_flag, sweep_output_names());  // before the work, not after it
   const bool tty = isatty(fileno(stderr));
   const auto start = std::chrono::steady_clock::now();

@@ -17,10 +17,6 @@ void SingleRankCommunicator::reduce_scatter(const float* send, float* recv, int6
   if (send != recv) std::copy_n(send, count, recv);
 }
 
-}  // namespace longseq
-
-namespace longseq {
-
 namespace {
 
 // One setting on the wire: its value's FNV-1a hash (compared) and its first characters (shown).

@@ -57,8 +57,7 @@ int64_t hostfile_slots(const std::string& path) {
     while (words >> word) {
       if (word.rfind("slots=", 0) == 0) {
         // Up to 2^20 slots per host, as for --ranks.
-        const std::optional<double> number = decimal_parse(word.substr(6));
-        const std::optional<int64_t> count = number ? whole_number(*number, 1, 1 << 20) : std::nullopt;
+        const std::optional<int64_t> count = integer_parse(word.substr(6), 1, 1 << 20);
         if (!count) throw ConfigError(fmt::format("{}:{}", path, line_number), "", fmt::format("'{}' is not a positive slot count", word));
         host_slots = *count;
       }

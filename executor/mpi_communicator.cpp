@@ -85,49 +85,49 @@ MpiCommunicator MpiCommunicator::split(int color, int key) const {
   return MpiCommunicator(group, true);
 }
 
-// Every collective is the non-blocking form, waited for with the peer timeout.
-void MpiCommunicator::all_to_all_bytes(const void* send, void* recv, int64_t bytes_per_rank) {
+// Every collective is the non-blocking form, started by `start` and waited for with the peer
+// timeout.
+template <class Start>
+void MpiCommunicator::collective(const char* what, Start start) const {
   MPI_Request request;
-  mpi_check(MPI_Ialltoall(send, mpi_count(bytes_per_rank), MPI_BYTE, recv, mpi_count(bytes_per_rank), MPI_BYTE, comm_, &request),
-            "MPI_Alltoall");
-  request_wait(request, "MPI_Alltoall", size_);
+  mpi_check(start(&request), what);
+  request_wait(request, what, size_);
+}
+
+void MpiCommunicator::all_to_all_bytes(const void* send, void* recv, int64_t bytes_per_rank) {
+  const int count = mpi_count(bytes_per_rank);
+  collective("MPI_Alltoall", [&](MPI_Request* request) { return MPI_Ialltoall(send, count, MPI_BYTE, recv, count, MPI_BYTE, comm_, request); });
 }
 
 void MpiCommunicator::all_gather_bytes(const void* send, void* recv, int64_t bytes_per_rank) {
-  MPI_Request request;
-  mpi_check(MPI_Iallgather(send, mpi_count(bytes_per_rank), MPI_BYTE, recv, mpi_count(bytes_per_rank), MPI_BYTE, comm_, &request),
-            "MPI_Allgather");
-  request_wait(request, "MPI_Allgather", size_);
+  const int count = mpi_count(bytes_per_rank);
+  collective("MPI_Allgather", [&](MPI_Request* request) { return MPI_Iallgather(send, count, MPI_BYTE, recv, count, MPI_BYTE, comm_, request); });
 }
 
 void MpiCommunicator::reduce_scatter(const float* send, float* recv, int64_t count) {
-  MPI_Request request;
-  mpi_check(MPI_Ireduce_scatter_block(send, recv, mpi_count(count), MPI_FLOAT, MPI_SUM, comm_, &request), "MPI_Reduce_scatter_block");
-  request_wait(request, "MPI_Reduce_scatter_block", size_);
+  collective("MPI_Reduce_scatter_block", [&](MPI_Request* request) {
+    return MPI_Ireduce_scatter_block(send, recv, mpi_count(count), MPI_FLOAT, MPI_SUM, comm_, request);
+  });
 }
 
 void MpiCommunicator::all_reduce(float* data, int64_t count) {
-  MPI_Request request;
-  mpi_check(MPI_Iallreduce(MPI_IN_PLACE, data, mpi_count(count), MPI_FLOAT, MPI_SUM, comm_, &request), "MPI_Allreduce");
-  request_wait(request, "MPI_Allreduce", size_);
+  collective("MPI_Allreduce", [&](MPI_Request* request) {
+    return MPI_Iallreduce(MPI_IN_PLACE, data, mpi_count(count), MPI_FLOAT, MPI_SUM, comm_, request);
+  });
 }
 
 void MpiCommunicator::all_reduce(double* data, int64_t count) {
-  MPI_Request request;
-  mpi_check(MPI_Iallreduce(MPI_IN_PLACE, data, mpi_count(count), MPI_DOUBLE, MPI_SUM, comm_, &request), "MPI_Allreduce");
-  request_wait(request, "MPI_Allreduce", size_);
+  collective("MPI_Allreduce", [&](MPI_Request* request) {
+    return MPI_Iallreduce(MPI_IN_PLACE, data, mpi_count(count), MPI_DOUBLE, MPI_SUM, comm_, request);
+  });
 }
 
 void MpiCommunicator::broadcast(float* data, int64_t count, int root) {
-  MPI_Request request;
-  mpi_check(MPI_Ibcast(data, mpi_count(count), MPI_FLOAT, root, comm_, &request), "MPI_Bcast");
-  request_wait(request, "MPI_Bcast", size_);
+  collective("MPI_Bcast", [&](MPI_Request* request) { return MPI_Ibcast(data, mpi_count(count), MPI_FLOAT, root, comm_, request); });
 }
 
 void MpiCommunicator::barrier() const {
-  MPI_Request request;
-  mpi_check(MPI_Ibarrier(comm_, &request), "MPI_Barrier");
-  request_wait(request, "MPI_Barrier", size_);
+  collective("MPI_Barrier", [&](MPI_Request* request) { return MPI_Ibarrier(comm_, request); });
 }
 
 }  // namespace longseq

@@ -51,6 +51,9 @@ class MpiCommunicator final : public Communicator {
 
  private:
   MpiCommunicator(MPI_Comm comm, bool owned);
+  // Starts a non-blocking collective (start(&request) returns its MPI code) and waits for it.
+  template <class Start>
+  void collective(const char* what, Start start) const;
   MPI_Comm comm_;
   bool owned_ = false;
   int rank_ = 0, size_ = 1;

@@ -43,6 +43,11 @@ std::optional<int64_t> whole_number(double value, int64_t minimum, int64_t maxim
   return whole;
 }
 
+std::optional<int64_t> integer_parse(std::string_view text, int64_t minimum, int64_t maximum) {
+  const std::optional<double> value = decimal_parse(text);
+  return value ? whole_number(*value, minimum, maximum) : std::nullopt;
+}
+
 nlohmann::json json_parse(const std::string& text, const std::string& source) {
   try {
     return nlohmann::json::parse(text);

@@ -27,6 +27,10 @@ std::optional<double> decimal_parse(std::string_view text);
 // (NaN, fractions and values beyond int64 included, where a static_cast is undefined).
 std::optional<int64_t> whole_number(double value, int64_t minimum, int64_t maximum);
 
+// A decimal (as decimal_parse) that is a whole number inside [minimum, maximum]: "1e3" is 1000;
+// nullopt otherwise.
+std::optional<int64_t> integer_parse(std::string_view text, int64_t minimum = INT64_MIN, int64_t maximum = INT64_MAX);
+
 // Parses JSON; malformed text, numbers beyond double (1e400) and invalid UTF-8 throw
 // ConfigError(source, "", reason).
 nlohmann::json json_parse(const std::string& text, const std::string& source);

@@ -49,8 +49,7 @@ std::string YamlReader::node_to_string(const YAML::Node& node, const std::string
 
 int64_t YamlReader::node_to_int(const YAML::Node& node, const std::string& name, int64_t minimum, int64_t maximum) const {
   const std::string text = node_to_string(node, name);
-  const std::optional<double> number = decimal_parse(text);
-  const std::optional<int64_t> value = number ? whole_number(*number, INT64_MIN, INT64_MAX) : std::nullopt;
+  const std::optional<int64_t> value = integer_parse(text);
   if (!value) throw ConfigError(source_name_, name, fmt::format("expected an integer, got '{}'", text));
   if (*value < minimum || *value > maximum)
     throw ConfigError(source_name_, name, fmt::format("{} is out of range [{}, {}]", *value, minimum, maximum));

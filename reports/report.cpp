@@ -42,6 +42,13 @@ std::string script_wrap(const std::string& stem, const std::string& body) {
       stem, body);
 }
 
+// The per-GPU breakdown columns of a sweep row (sweep_output.cpp writes them), with their labels.
+const std::vector<std::pair<std::string, std::string>> kBreakdownColumns = {
+    {"model_states_gib", "model states"},           {"zero_buffers_gib", "ZeRO buffers"},
+    {"activation_checkpoints_gib", "checkpoints"}, {"layer_working_set_gib", "layer working set"},
+    {"logits_and_loss_gib", "logits and loss"},     {"inputs_gib", "inputs"},
+    {"runtime_overheads_gib", "runtime"},           {"calibrated_overhead_gib", "calibrated overhead"}};
+
 struct Figure {
   std::string stem, caption, title;  // title: the figure's title, handed to gnuplot as data
 };
@@ -108,9 +115,6 @@ fs::path figures_draw(const fs::path& dir, const fs::path& staging, const std::v
   return figures_dir;
 }
 
-// A run's result (`longseq run --json`, or `longseq launch`'s run.json): the loss per step (beside
-// the one-rank replica's when it was compared) and the measured peak of every rank against the
-// planner's prediction.
 // A run result's values, read and checked before anything is written.
 struct RunResult {
   struct Step {
@@ -119,10 +123,12 @@ struct RunResult {
   };
   std::vector<Step> steps;
   bool compared = false;  // steps carry the one-rank replica's loss
-  std::string model;
-  int64_t seqlen = 0, ranks = 1;
+  std::string model, measured_on, profile, plan, predicted_peak_moment;
+  int64_t seqlen = 0, ranks = 1, sp = 1, dp = 1;
   double predicted = 0;
   std::vector<double> per_rank;
+  std::optional<double> measured_outside_arena_mib, budget_mib;  // a GPU run's; a budgeted run's
+  double predicted_outside_arena_mib = 0;
 };
 
 RunResult run_result_read(const JsonView& run) {
@@ -147,10 +153,15 @@ RunResult run_result_read(const JsonView& run) {
       result.per_rank.push_back(run["measured_peak_mib_per_rank"][rank].number());
   else
     result.per_rank.push_back(run.number_or("measured_peak_mib", 0.0));
-  // The text fields the report prints, checked now too.
-  for (const char* key : {"measured_on", "profile", "plan", "predicted_peak_moment"}) (void)run.string_or(key, "");
-  for (const char* key : {"sp", "dp"}) (void)run.integer_or(key, 1);
-  for (const char* key : {"measured_outside_arena_mib", "predicted_outside_arena_mib", "budget_mib"}) (void)run.number_or(key, 0.0);
+  result.measured_on = run.string_or("measured_on", "the machine that wrote run.json");
+  result.profile = run.string_or("profile", "native");
+  result.plan = run.string_or("plan", "?");
+  result.predicted_peak_moment = run.string_or("predicted_peak_moment", "");
+  result.sp = run.integer_or("sp", 1);
+  result.dp = run.integer_or("dp", 1);
+  if (run.has("measured_outside_arena_mib")) result.measured_outside_arena_mib = run["measured_outside_arena_mib"].number();
+  result.predicted_outside_arena_mib = run.number_or("predicted_outside_arena_mib", 0.0);
+  if (run.has("budget_mib")) result.budget_mib = run["budget_mib"].number();
   return result;
 }
 
@@ -161,7 +172,12 @@ ReportOutcome run_report_write(const fs::path& dir, const fs::path& run_path, co
   const Json document = json_parse(file_read_text(run_path.string()), run_path.string());
   const JsonView run(document, run_path.string());
   const RunResult result = run_result_read(run);
-  const auto& [steps, compared, model, seqlen, ranks, predicted, per_rank] = result;
+  const auto& steps = result.steps;
+  const auto& per_rank = result.per_rank;
+  const bool compared = result.compared;
+  const std::string& model = result.model;
+  const int64_t seqlen = result.seqlen, ranks = result.ranks;
+  const double predicted = result.predicted;
 
   const fs::path staging = staging_directory_create(dir / "figures");
   std::string data;
@@ -178,9 +194,8 @@ ReportOutcome run_report_write(const fs::path& dir, const fs::path& run_path, co
 
   std::string markdown = fmt::format("# Run: {} at {} tokens\n\n", model, seqlen);
   markdown += fmt::format("MEASURED on {}; the PREDICTION is the planner's (runtime profile `{}`) for the same plan.\n\n",
-                          run.string_or("measured_on", "the machine that wrote run.json"), run.string_or("profile", "native"));
-  markdown += fmt::format("Plan: {}; {} rank(s) = Ulysses sp={} x data parallel dp={}.\n\n", run.string_or("plan", "?"), ranks,
-                          run.integer_or("sp", 1), run.integer_or("dp", 1));
+                          result.measured_on, result.profile);
+  markdown += fmt::format("Plan: {}; {} rank(s) = Ulysses sp={} x data parallel dp={}.\n\n", result.plan, ranks, result.sp, result.dp);
   markdown += "## Loss\n\n![Loss per step](figures/loss.png)\n\n([SVG](figures/loss.svg))\n\n";
   markdown += compared ? "| step | loss | loss on one rank | seconds | tokens/s |\n|---:|---:|---:|---:|---:|\n"
                        : "| step | loss | seconds | tokens/s |\n|---:|---:|---:|---:|\n";
@@ -190,16 +205,16 @@ ReportOutcome run_report_write(const fs::path& dir, const fs::path& run_path, co
     markdown += fmt::format(" {:.3f} | {:.0f} |\n", step.seconds, step.tokens_per_s);
   }
   markdown += fmt::format("\n## Peak device memory per rank\n\nPREDICTED: {:.3f} MiB ({}).\n\n| rank | MEASURED MiB | difference |\n|---:|---:|---:|\n",
-                          predicted, run.string_or("predicted_peak_moment", ""));
+                          predicted, result.predicted_peak_moment);
   for (size_t rank = 0; rank < per_rank.size(); ++rank) {
     const double measured = per_rank[rank];
     markdown += fmt::format("| {} | {:.3f} | {:+.2f}% |\n", rank, measured, measured > 0 ? 100.0 * (predicted - measured) / measured : 0.0);
   }
-  if (run.has("measured_outside_arena_mib"))
+  if (result.measured_outside_arena_mib)
     markdown += fmt::format("\nOutside the arena (CUDA context, cuBLAS workspace, NCCL buffers): MEASURED {:.1f} MiB (cudaMemGetInfo "
                             "after the last step, rank 0), PREDICTED {:.1f} MiB.\n",
-                            run["measured_outside_arena_mib"].number(), run.number_or("predicted_outside_arena_mib", 0.0));
-  if (run.has("budget_mib")) markdown += fmt::format("\nBudget: {:.1f} MiB per rank.\n", run["budget_mib"].number());
+                            *result.measured_outside_arena_mib, result.predicted_outside_arena_mib);
+  if (result.budget_mib) markdown += fmt::format("\nBudget: {:.1f} MiB per rank.\n", *result.budget_mib);
   ReportOutcome outcome;
   outcome.figures.push_back((figures_dir / "loss.png").string());
   outcome.report_path = (dir / "report.md").string();
@@ -231,9 +246,7 @@ SweepTable sweep_table_read(const JsonView& rows) {
                         row.string_or("step", ""), row_label(row), std::nullopt, 0.0, row.number_or("gpu_peak_gib", 0.0)};
     if (row.has("published")) entry.published = row["published"].number();
     entry.published_fail = row.number_or("published_fail", entry.published.value_or(0.0));
-    for (const char* column : {"model_states_gib", "zero_buffers_gib", "activation_checkpoints_gib", "layer_working_set_gib",
-                               "logits_and_loss_gib", "inputs_gib", "runtime_overheads_gib", "calibrated_overhead_gib"})
-      (void)row.number_or(column, 0.0);
+    for (const auto& [column, label] : kBreakdownColumns) (void)row.number_or(column, 0.0);
     if (entry.usable) {
       table.gpu_counts.insert(entry.gpus);
       table.max_mode |= entry.mode == "max_seqlen";
@@ -352,11 +365,7 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
 
     // Per-GPU memory at the peak, stacked by component.
     if (want("memory_breakdown")) {
-      const std::vector<std::pair<std::string, std::string>> categories = {
-          {"model_states_gib", "model states"},   {"zero_buffers_gib", "ZeRO buffers"},
-          {"activation_checkpoints_gib", "checkpoints"}, {"layer_working_set_gib", "layer working set"},
-          {"logits_and_loss_gib", "logits and loss"},   {"inputs_gib", "inputs"},
-          {"runtime_overheads_gib", "runtime"},         {"calibrated_overhead_gib", "calibrated overhead"}};
+      const auto& categories = kBreakdownColumns;
       std::string data;
       for (const SweepTableRow& row : table) {
         if (!row.usable) continue;
