@@ -40,6 +40,11 @@ struct TrainingOptions {
   bool checkpoint_offload = false;  // needs checkpointing
   int64_t mlp_tiles = 0;            // 0: untiled
   int64_t loss_tiles = 0;           // 0: untiled
+  int64_t loss_tile_tokens = 0;     // >0: tokens per loss tile, instead of loss_tiles (FPDT's rule)
+  // FPDT (0: off): this rank's tokens per attention chunk (the plan's global chunk / sp). The
+  // sample must be in FPDT's layout (fpdt_layout_rank_tokens): chunk i of every rank together is
+  // the i-th global chunk. Needs activation checkpointing (FPDT's recipe).
+  int64_t fpdt_chunk_tokens = 0;
   int64_t attention_block = 64;     // tokens per attention block
   double rope_theta = 500000.0;     // Llama-3's
   float rmsnorm_eps = 1e-5f;
@@ -50,6 +55,18 @@ struct TrainingOptions {
 struct SequenceParallel {
   Communicator* group = nullptr;
   const int32_t* global_positions = nullptr;  // [S] position ids of the whole sample (attention masks with them)
+};
+
+// Where the model's states live and how they are split over the ZeRO group (DeepSpeed's stages):
+// 1 shards the optimizer states (and fp32 master weights), 2 also the gradients, 3 also the
+// weights. Offloading the optimizer keeps the shard's master weights, gradients and Adam moments
+// in the host pool (ZeRO-Offload; with stage 1 the gradients are then reduced into that host shard
+// as stage 2 does); offloading the parameters (stage 3) keeps the weight shards there too, each
+// brought to the device when its module is gathered (ZeRO-3 offload_param).
+struct ModelStates {
+  int zero_stage = 0;
+  bool offload_optimizer = false;
+  bool offload_params = false;
 };
 
 struct StepResult {
@@ -79,6 +96,9 @@ class BasicLlamaModel {
   // shard the kernels read. Each module's reduced gradient goes to the host as it is produced;
   // AdamW runs on the host and the updated weights are copied back to the device.
   BasicLlamaModel(const ModelSpec& model, Arena& device, Communicator& zero_group, Arena& optimizer_host);
+  // Any ZeRO stage and offload (ModelStates) over `zero_group` (null: one rank); `host` receives
+  // what is offloaded. Throws std::invalid_argument for a combination DeepSpeed has no stage for.
+  BasicLlamaModel(const ModelSpec& model, Arena& device, Communicator* zero_group, const ModelStates& states, Arena* host);
   // Sets the weights from a full flat vector of parameter_count() values in host memory, held by
   // every rank (a checkpoint); a partitioned model keeps its shard of it.
   void load_parameters(const float* full);
@@ -86,19 +106,30 @@ class BasicLlamaModel {
   const LlamaLayout& layout() const { return layout_; }
   // This rank's fp32 master weights and gradients (device memory on a GPU, host memory with the
   // optimizer offloaded): all of them, or with ZeRO-3 its shard.
-  float* parameters() { return master_.data(); }
-  const float* parameters() const { return master_.data(); }
+  // (Below ZeRO-3 with the kernels' weights as master: the whole weights, modules padded to the
+  // group's chunks; parameters_full() is the plain vector.)
+  float* parameters() { return master_data(); }
+  const float* parameters() const { return const_cast<BasicLlamaModel*>(this)->master_data(); }
   float* gradients() { return gradients_.data(); }
   const float* gradients() const { return gradients_.data(); }
   int64_t parameter_count() const { return layout_.total; }
-  int64_t local_parameter_count() const { return master_.size(); }
+  // Values in gradients() (the padded whole, or this rank's shard).
+  int64_t local_parameter_count() const { return gradients_.size(); }
   Ops& ops() { return ops_; }
 
-  bool partitioned() const { return zero_group_ != nullptr; }
-  bool optimizer_offloaded() const { return optimizer_offloaded_; }
-  // The full flat vector, in host memory, from this rank's shards (e.g. gradients() or
-  // parameters()), for tests and checkpoints; a collective: every rank of the group must call it.
+  // Gradients are this rank's shard, already summed over every rank (ZeRO-2/3, or an offloaded
+  // optimizer), rather than the whole vector to all-reduce.
+  bool partitioned() const { return gradients_partitioned(); }
+  bool optimizer_offloaded() const { return states_.offload_optimizer; }
+  const ModelStates& states() const { return states_; }
+  // The full flat vector, in host memory, from this rank's shards in the sharded layout (every
+  // module's chunk in turn: parameters() under ZeRO-3, gradients() under partitioned()), for tests
+  // and checkpoints; a collective: every rank of the group must call it.
   std::vector<float> gather_full(const float* shard);
+  // The whole fp32 master weights and gradients in host memory, wherever and however they are
+  // kept (collectives when sharded: every rank must call them).
+  std::vector<float> parameters_full();
+  std::vector<float> gradients_full();
 
   // Forward and backward for one sequence of T tokens: labels pre-shifted (label t is the
   // target of token t, -100 to ignore), position_ids restarting at 0 for every packed document;
@@ -116,24 +147,40 @@ class BasicLlamaModel {
   void adamw_step(float lr, float beta1, float beta2, float eps, float weight_decay);
 
  private:
+  // A module (the embedding, one decoder layer, the final norm with the LM head) split into
+  // `ranks` equal chunks, the last padded: rank r owns [start + r*chunk, start + (r+1)*chunk) of
+  // it. Whole buffers (weights below ZeRO-3, gradients below ZeRO-2) hold every module padded to
+  // ranks*chunk, so a rank's chunk is contiguous in them: the module begins at padded_start.
   struct Module {
-    int64_t start = 0, size = 0, chunk = 0, shard_offset = 0;
+    int64_t start = 0, size = 0, chunk = 0, shard_offset = 0, padded_start = 0;
   };
   // Splits the model into modules_ for `ranks` shards; returns the shard length.
   int64_t plan_modules(int64_t ranks);
-  // Weights, gradients and both Adam moments of `elements` values each (all, or a shard).
-  // With `optimizer_host`, all but the kernels' weights go there.
-  void states_allocate(Arena& device, int64_t elements, Arena* optimizer_host = nullptr);
+  int64_t padded_total() const { return modules_.back().padded_start + modules_.back().chunk * zero_ranks(); }
+  int64_t zero_ranks() const { return zero_group_ ? zero_group_->size() : 1; }
+  bool weights_partitioned() const { return states_.zero_stage == 3; }
+  bool gradients_partitioned() const { return zero_group_ && (states_.zero_stage >= 2 || states_.offload_optimizer); }
+  // The master weights are the kernels' weights themselves (fp32 on the device, or both offloaded).
+  bool master_is_weights() const;
+  // This rank's fp32 master weights, gradient and Adam moments of module m (chunk values each).
+  float* module_master(const Module& module);
+  float* module_gradient(const Module& module);
+  float* master_data();
+  // Copies n values to the weights' storage (the device, or the host pool when offloaded).
+  void weights_store(Act* destination, const Act* host_values, int64_t n);
   // The weights the kernels read: the master weights themselves, or their Act copy.
   Act* weights();
   ModelSpec spec_;
   LlamaLayout layout_;
+  ModelStates states_;
   Communicator* zero_group_ = nullptr;
-  std::vector<Module> modules_;  // embedding, layers..., final norm + LM head (ZeRO-3 only)
+  SingleRankCommunicator own_group_;  // the ZeRO group when a stage is asked for without one
+  std::vector<Module> modules_;  // embedding, layers..., final norm + LM head
   Ops ops_;
   Buffer master_, gradients_, adam_m_, adam_v_;
   BufferOf<Act> weights_copy_;  // where Act is not float (Ops::kSeparateMasterWeights), or offloaded
-  bool optimizer_offloaded_ = false;
+  bool master_on_host_ = false;     // master_ is in the host pool
+  bool gradients_on_host_ = false;  // gradients_ is in the host pool
   int64_t step_ = 0;
 };
 

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <type_traits>
 #include <vector>
 
 #include "executor/llama.hpp"
@@ -281,53 +282,96 @@ BufferOf<Act> layer_backward(Ops& ops, float* grads, const Act* params, const Ll
 namespace longseq {
 
 template <class Ops>
-BasicLlamaModel<Ops>::BasicLlamaModel(const ModelSpec& model, Arena& device) : spec_(model), layout_(llama_layout(model)) {
-  executor_model_check(model);
-  states_allocate(device, layout_.total);
-}
+BasicLlamaModel<Ops>::BasicLlamaModel(const ModelSpec& model, Arena& device) : BasicLlamaModel(model, device, nullptr, {}, nullptr) {}
 
 template <class Ops>
 BasicLlamaModel<Ops>::BasicLlamaModel(const ModelSpec& model, Arena& device, Communicator& zero_group)
-    : spec_(model), layout_(llama_layout(model)) {
-  executor_model_check(model);
-  states_allocate(device, plan_modules(zero_group.size()));
-  zero_group_ = &zero_group;
-}
+    : BasicLlamaModel(model, device, &zero_group, ModelStates{3, false, false}, nullptr) {}
 
 template <class Ops>
 BasicLlamaModel<Ops>::BasicLlamaModel(const ModelSpec& model, Arena& device, Communicator& zero_group, Arena& optimizer_host)
-    : spec_(model), layout_(llama_layout(model)) {
+    : BasicLlamaModel(model, device, &zero_group, ModelStates{3, true, false}, &optimizer_host) {}
+
+template <class Ops>
+BasicLlamaModel<Ops>::BasicLlamaModel(const ModelSpec& model, Arena& device, Communicator* zero_group, const ModelStates& states,
+                                      Arena* host)
+    : spec_(model), layout_(llama_layout(model)), states_(states) {
   executor_model_check(model);
-  states_allocate(device, plan_modules(zero_group.size()), &optimizer_host);
-  zero_group_ = &zero_group;
+  if (states.zero_stage < 0 || states.zero_stage > 3) throw std::invalid_argument("BasicLlamaModel: ZeRO stage must be 0..3");
+  if (states.offload_optimizer && states.zero_stage < 1)
+    throw std::invalid_argument("BasicLlamaModel: optimizer offload needs a ZeRO stage (plan_problems reports this)");
+  if (states.offload_params && states.zero_stage != 3)
+    throw std::invalid_argument("BasicLlamaModel: parameter offload needs ZeRO-3 (plan_problems reports this)");
+  if ((states.offload_optimizer || states.offload_params) && !host) throw std::invalid_argument("BasicLlamaModel: offload needs a host pool");
+  if (states.zero_stage >= 1 && !zero_group) zero_group = &own_group_;  // ZeRO over one rank
+  zero_group_ = states.zero_stage >= 1 ? zero_group : nullptr;
+  const int64_t shard = plan_modules(zero_ranks());
+  const int64_t whole = padded_total();
+  // The kernels' weights (Act): this rank's shards under ZeRO-3, else the whole (padded) model;
+  // on the device, or in the host pool with offload_param.
+  Arena& weight_arena = states.offload_params ? *host : device;
+  Arena& optimizer_arena = states.offload_optimizer ? *host : device;
+  const int64_t optimizer_elements = states.zero_stage >= 1 ? shard : whole;
+  weights_copy_ = weight_arena.template allocate<Act>(llama_step::kStates, "weights", weights_partitioned() ? shard : whole, true);
+  // Mixed precision (DeepSpeed's bf16 mode), or an optimizer on the host: AdamW updates separate
+  // fp32 master weights (sharded with the optimizer states) and the weights are written back.
+  if (!master_is_weights()) {
+    master_ = optimizer_arena.allocate(llama_step::kStates, "master_weights", optimizer_elements, true);
+    master_on_host_ = states.offload_optimizer;
+  } else {
+    master_on_host_ = states.offload_params;
+  }
+  gradients_on_host_ = states.offload_optimizer;
+  gradients_ = (gradients_on_host_ ? *host : device).allocate(llama_step::kStates, "gradients_fp32", gradients_partitioned() ? shard : whole, true);
+  adam_m_ = optimizer_arena.allocate(llama_step::kStates, "optimizer_states", optimizer_elements, true);
+  adam_v_ = optimizer_arena.allocate(llama_step::kStates, "optimizer_states", optimizer_elements, true);
 }
 
 template <class Ops>
-void BasicLlamaModel<Ops>::states_allocate(Arena& device, int64_t elements, Arena* optimizer_host) {
-  optimizer_offloaded_ = optimizer_host != nullptr;
-  // Mixed precision (DeepSpeed's bf16 mode), or an optimizer on the host: the kernels read their
-  // own weights on the device, AdamW updates fp32 master weights and the weights are written back.
-  const bool separate = Ops::kSeparateMasterWeights || optimizer_offloaded_;
-  if (separate) weights_copy_ = device.allocate<Act>(llama_step::kStates, "weights", elements, true);
-  Arena& states = optimizer_offloaded_ ? *optimizer_host : device;
-  master_ = states.allocate(llama_step::kStates, separate ? "master_weights" : "weights", elements, true);
-  gradients_ = states.allocate(llama_step::kStates, "gradients_fp32", elements, true);
-  adam_m_ = states.allocate(llama_step::kStates, "optimizer_states", elements, true);
-  adam_v_ = states.allocate(llama_step::kStates, "optimizer_states", elements, true);
+bool BasicLlamaModel<Ops>::master_is_weights() const {
+  return !Ops::kSeparateMasterWeights && !states_.offload_optimizer;
+}
+
+template <class Ops>
+float* BasicLlamaModel<Ops>::master_data() {
+  if constexpr (std::is_same_v<Act, float>) {
+    if (master_is_weights()) return weights_copy_.data();
+  }
+  return master_.data();
 }
 
 template <class Ops>
 typename BasicLlamaModel<Ops>::Act* BasicLlamaModel<Ops>::weights() {
-  if constexpr (Ops::kSeparateMasterWeights)
-    return weights_copy_.data();
+  return weights_copy_.data();
+}
+
+template <class Ops>
+float* BasicLlamaModel<Ops>::module_master(const Module& module) {
+  // The master weights are sharded with the optimizer (stage >= 1) unless they are the kernels'
+  // whole weights, where this rank's chunk sits at its place in the padded module.
+  if (master_is_weights() && !weights_partitioned())
+    return master_data() + module.padded_start + (zero_group_ ? zero_group_->rank() : 0) * module.chunk;
+  return master_data() + module.shard_offset;
+}
+
+template <class Ops>
+float* BasicLlamaModel<Ops>::module_gradient(const Module& module) {
+  if (gradients_partitioned()) return gradients_.data() + module.shard_offset;
+  return gradients_.data() + module.padded_start + (zero_group_ ? zero_group_->rank() : 0) * module.chunk;
+}
+
+template <class Ops>
+void BasicLlamaModel<Ops>::weights_store(Act* destination, const Act* host_values, int64_t n) {
+  if (states_.offload_params)
+    std::copy_n(host_values, n, destination);
   else
-    return optimizer_offloaded_ ? weights_copy_.data() : master_.data();
+    ops_.to_device(destination, host_values, n);
 }
 
 template <class Ops>
 void BasicLlamaModel<Ops>::gradients_scale(float factor) {
-  if (optimizer_offloaded_)
-    for (int64_t i = 0; i < gradients_.size(); ++i) gradients_.data()[i] *= factor;  // host memory
+  if (gradients_on_host_)
+    for (int64_t i = 0; i < gradients_.size(); ++i) gradients_.data()[i] *= factor;
   else
     ops_.scale(gradients_.data(), gradients_.size(), factor);
 }
@@ -340,7 +384,10 @@ int64_t BasicLlamaModel<Ops>::plan_modules(int64_t ranks) {
     module.start = start;
     module.size = end - start;
     module.chunk = (module.size + ranks - 1) / ranks;
-    module.shard_offset = modules_.empty() ? 0 : modules_.back().shard_offset + modules_.back().chunk;
+    if (!modules_.empty()) {
+      module.shard_offset = modules_.back().shard_offset + modules_.back().chunk;
+      module.padded_start = modules_.back().padded_start + modules_.back().chunk * ranks;
+    }
     modules_.push_back(module);
   };
   add(layout_.embedding, layout_.embedding + spec_.vocab_size * spec_.hidden_size);
@@ -352,39 +399,50 @@ int64_t BasicLlamaModel<Ops>::plan_modules(int64_t ranks) {
 
 template <class Ops>
 void BasicLlamaModel<Ops>::load_parameters(const float* full) {
-  if (!zero_group_) {
-    ops_.to_device(master_.data(), full, layout_.total);
-    ops_.weights_from_master(weights(), master_.data(), master_.size());
-    return;
-  }
-  // This rank's padded chunk of every module (the padding is zero), built in host memory: where
-  // the offloaded master weights live, or staged for the device.
-  std::vector<float> staged(optimizer_offloaded_ ? 0 : static_cast<size_t>(master_.size()));
-  float* local = optimizer_offloaded_ ? master_.data() : staged.data();
-  for (const Module& module : modules_)
+  // Built in host memory as a checkpoint is read: the whole model padded module by module, and
+  // this rank's chunk of every module.
+  const int64_t rank = zero_group_ ? zero_group_->rank() : 0, ranks = zero_ranks();
+  std::vector<float> padded(static_cast<size_t>(padded_total()), 0.0f);
+  std::vector<float> shard(static_cast<size_t>(modules_.back().shard_offset + modules_.back().chunk), 0.0f);
+  for (const Module& module : modules_) {
+    std::copy_n(full + module.start, module.size, padded.data() + module.padded_start);
     for (int64_t i = 0; i < module.chunk; ++i) {
-      const int64_t source = zero_group_->rank() * module.chunk + i;
-      local[module.shard_offset + i] = source < module.size ? full[module.start + source] : 0.0f;
+      const int64_t source = rank * module.chunk + i;
+      shard[static_cast<size_t>(module.shard_offset + i)] = source < module.size ? full[module.start + source] : 0.0f;
     }
-  if (optimizer_offloaded_) {
-    ops_.weights_from_host_master(weights(), master_.data(), master_.size());
+  }
+  (void)ranks;
+  const std::vector<float>& own_weights = weights_partitioned() ? shard : padded;
+  if (!master_is_weights()) {
+    const std::vector<float>& own_master = states_.zero_stage >= 1 ? shard : padded;
+    if (master_on_host_)
+      std::copy(own_master.begin(), own_master.end(), master_.data());
+    else
+      ops_.to_device(master_.data(), own_master.data(), master_.size());
+  }
+  if constexpr (std::is_same_v<Act, float>) {
+    weights_store(weights(), own_weights.data(), weights_copy_.size());
   } else {
-    ops_.to_device(master_.data(), local, master_.size());
-    ops_.weights_from_master(weights(), master_.data(), master_.size());
+    // The weights in Act, converted on the device from the fp32 values (as the GPU rounds them).
+    ops_.weights_from_host_master(weights(), own_weights.data(), weights_copy_.size());
   }
 }
 
 template <class Ops>
 std::vector<float> BasicLlamaModel<Ops>::gather_full(const float* shard) {
   std::vector<float> full(static_cast<size_t>(layout_.total));
+  const bool on_host = (shard == master_.data() && master_on_host_) || (shard == gradients_.data() && gradients_on_host_) ||
+                       (master_is_weights() && shard == master_data() && master_on_host_);
   if (!zero_group_) {
-    ops_.to_host(full.data(), shard, layout_.total);
+    if (on_host) std::copy_n(shard, layout_.total, full.data());
+    else ops_.to_host(full.data(), shard, layout_.total);
     return full;
   }
   // Offloaded states are in host memory; the collectives (NCCL on a GPU) take device memory.
-  auto staged = ops_.template scratch<float>(optimizer_offloaded_ ? master_.size() : 0);
-  if (optimizer_offloaded_) {
-    ops_.to_device(staged.data(), shard, master_.size());
+  const int64_t shard_size = modules_.back().shard_offset + modules_.back().chunk;
+  auto staged = ops_.template scratch<float>(on_host ? shard_size : 0);
+  if (on_host) {
+    ops_.to_device(staged.data(), shard, shard_size);
     shard = staged.data();
   }
   for (const Module& module : modules_) {
@@ -392,6 +450,28 @@ std::vector<float> BasicLlamaModel<Ops>::gather_full(const float* shard) {
     zero_group_->all_gather(shard + module.shard_offset, gathered.data(), module.chunk);
     ops_.to_host(full.data() + module.start, gathered.data(), module.size);
   }
+  return full;
+}
+
+template <class Ops>
+std::vector<float> BasicLlamaModel<Ops>::parameters_full() {
+  if (!master_is_weights() && states_.zero_stage >= 1) return gather_full(master_.data());
+  if (weights_partitioned()) return gather_full(master_data());
+  // The whole (padded) vector is here: the master weights of stage 0, or the kernels' weights.
+  std::vector<float> full(static_cast<size_t>(layout_.total));
+  const float* whole = master_data();
+  for (const Module& module : modules_) {
+    if (master_on_host_) std::copy_n(whole + module.padded_start, module.size, full.data() + module.start);
+    else ops_.to_host(full.data() + module.start, whole + module.padded_start, module.size);
+  }
+  return full;
+}
+
+template <class Ops>
+std::vector<float> BasicLlamaModel<Ops>::gradients_full() {
+  if (gradients_partitioned()) return gather_full(gradients_.data());
+  std::vector<float> full(static_cast<size_t>(layout_.total));
+  for (const Module& module : modules_) ops_.to_host(full.data() + module.start, gradients_.data() + module.padded_start, module.size);
   return full;
 }
 
@@ -415,31 +495,54 @@ StepResult BasicLlamaModel<Ops>::forward_backward(const int32_t* host_tokens, co
   const int32_t* tokens = tokens_on_device.data();
   const int32_t* labels = labels_on_device.data();
   const int32_t* positions = positions_on_device.data();
-  // Without ZeRO the weights and gradients are the full flat buffers. With ZeRO-3 a module is
-  // all-gathered into "gathered_layer_weights" when it runs, and its gradient, produced whole in
-  // "weight_gradient", is reduce-scattered into this rank's shard (summing every rank's part).
-  const Act* params = weights();
+  // Where a module's weights and gradients are for this step. Under ZeRO-3 a module is
+  // all-gathered into "gathered_layer_weights" when it runs (its shard first brought from the host
+  // pool with offload_param) and released after; otherwise it is read in place from the whole
+  // (padded) weights. With partitioned gradients (ZeRO-2/3, or an offloaded optimizer) a module's
+  // gradient is produced whole in "weight_gradient" and reduce-scattered into this rank's shard
+  // (summing every rank's part); otherwise it accumulates in place in the whole gradients.
+  // A module's kernels read its tensors at offsets relative to the module (rebased).
   float* grads = gradients_.data();
-  if (optimizer_offloaded_)
+  if (gradients_on_host_)
     std::fill_n(grads, gradients_.size(), 0.0f);  // host memory
   else
     ops.fill_zero(grads, gradients_.size());
   const int64_t layers = m.num_layers;
-  const bool zero = zero_group_ != nullptr;
+  const bool gather_weights = weights_partitioned();
+  const bool scatter_gradients = gradients_partitioned();
   auto gather = [&](size_t index, const char* name = "gathered_layer_weights") {
     const Module& module = modules_[index];
     BufferOf<Act> gathered = device.allocate<Act>(kCategoryZero, name, module.chunk * zero_group_->size());
-    zero_group_->all_gather(weights() + module.shard_offset, gathered.data(), module.chunk);
+    const Act* shard = weights() + module.shard_offset;
+    BufferOf<Act> staged;
+    if (states_.offload_params) {
+      staged = device.allocate<Act>(kCategoryZero, "offloaded_weights_in_flight", module.chunk);
+      ops.to_device(staged.data(), shard, module.chunk);
+      shard = staged.data();
+    }
+    zero_group_->all_gather(shard, gathered.data(), module.chunk);
     return gathered;
+  };
+  // The module's weights for its kernels: gathered into `holder`, or in place.
+  auto module_weights = [&](size_t index, BufferOf<Act>& holder, const char* name = "gathered_layer_weights") -> const Act* {
+    if (!gather_weights) return weights() + modules_[index].padded_start;
+    holder = gather(index, name);
+    return holder.data();
   };
   auto gradient_buffer = [&](size_t index, const char* name = "weight_gradient") {
     return device.allocate(kCategoryZero, name, modules_[index].chunk * zero_group_->size(), true);
   };
+  auto module_gradients = [&](size_t index, Buffer& holder, const char* name = "weight_gradient") -> float* {
+    if (!scatter_gradients) return grads + modules_[index].padded_start;
+    holder = gradient_buffer(index, name);
+    return holder.data();
+  };
   auto scatter = [&](size_t index, Buffer& gradient) {
+    if (!scatter_gradients) return;
     const Module& module = modules_[index];
     Buffer part = device.allocate(kCategoryZero, "gradient_shard_in_flight", module.chunk);
     zero_group_->reduce_scatter(gradient.data(), part.data(), module.chunk);
-    if (optimizer_offloaded_) {  // to the host shard, as ZeRO-Offload moves each reduced partition
+    if (gradients_on_host_) {  // to the host shard, as ZeRO-Offload moves each reduced partition
       std::vector<float> arrived(static_cast<size_t>(module.chunk));
       ops.to_host(arrived.data(), part.data(), module.chunk);
       for (int64_t i = 0; i < module.chunk; ++i) gradients_.data()[module.shard_offset + i] += arrived[static_cast<size_t>(i)];
@@ -448,7 +551,7 @@ StepResult BasicLlamaModel<Ops>::forward_backward(const int32_t* host_tokens, co
     }
     gradient.release();
   };
-  // A layer's offsets relative to its module, for running it on the gathered buffer.
+  // A layer's offsets relative to its module, for running it on the module's weights.
   auto rebased = [&](size_t layer) {
     LlamaLayout::Layer w = layout_.layers[layer];
     const int64_t start = modules_[1 + layer].start;
@@ -476,11 +579,9 @@ StepResult BasicLlamaModel<Ops>::forward_backward(const int32_t* host_tokens, co
   // Forward. With checkpointing only each layer's input survives (on the device, or copied to
   // the host pool); without it every layer keeps what its backward reads.
   BufferOf<Act> x = device.allocate<Act>(L, "layer.input", T * d.C);
-  if (zero) {
-    BufferOf<Act> table = gather(0);
-    ops.embedding_forward(x.data(), tokens, table.data(), T, d.C);
-  } else {
-    ops.embedding_forward(x.data(), tokens, params + layout_.embedding, T, d.C);
+  {
+    BufferOf<Act> table;
+    ops.embedding_forward(x.data(), tokens, module_weights(0, table), T, d.C);
   }
   std::vector<BufferOf<Act>> inputs(static_cast<size_t>(layers));
   std::vector<LayerSaved<Act>> saved(options.activation_checkpointing ? 0 : static_cast<size_t>(layers));
@@ -490,9 +591,10 @@ StepResult BasicLlamaModel<Ops>::forward_backward(const int32_t* host_tokens, co
   BufferOf<Act> offload_in_flight;
   typename Ops::PendingCopy offload_copy{};
   for (int64_t i = 0; i < layers; ++i) {
-    BufferOf<Act> gathered = zero ? gather(1 + static_cast<size_t>(i)) : BufferOf<Act>();
-    const LlamaLayout::Layer w = zero ? rebased(static_cast<size_t>(i)) : layout_.layers[static_cast<size_t>(i)];
-    BufferOf<Act> y = layer_forward(ops, zero ? gathered.data() : params, w, x.data(), positions, d, options, device,
+    BufferOf<Act> gathered;
+    const Act* layer_params = module_weights(1 + static_cast<size_t>(i), gathered);
+    const LlamaLayout::Layer w = rebased(static_cast<size_t>(i));
+    BufferOf<Act> y = layer_forward(ops, layer_params, w, x.data(), positions, d, options, device,
                                     options.activation_checkpointing ? nullptr : &saved[static_cast<size_t>(i)], ulysses);
     gathered.release();
     if (options.checkpoint_offload) {
@@ -531,30 +633,22 @@ StepResult BasicLlamaModel<Ops>::forward_backward(const int32_t* host_tokens, co
   // Where the final norm and the LM head (and their gradients) are for this step.
   BufferOf<Act> final_weights, tied_weights;
   Buffer final_gradient, tied_gradient;
-  const Act* final_norm_weight = params + layout_.final_norm;
-  const Act* lm_head_weight = params + layout_.lm_head;
-  float* final_norm_grad = grads + layout_.final_norm;
-  float* lm_head_grad = grads + layout_.lm_head;
-  if (zero) {
-    final_weights = gather(final_module);
-    final_gradient = gradient_buffer(final_module);
-    final_norm_weight = final_weights.data();
-    final_norm_grad = final_gradient.data();
-    if (m.tied_embeddings) {
-      tied_weights = gather(0, "gathered_embedding_weights");
-      tied_gradient = gradient_buffer(0, "embedding_weight_gradient");
-      lm_head_weight = tied_weights.data();
-      lm_head_grad = tied_gradient.data();
-    } else {
-      lm_head_weight = final_weights.data() + (layout_.lm_head - layout_.final_norm);
-      lm_head_grad = final_gradient.data() + (layout_.lm_head - layout_.final_norm);
-    }
+  // The final module holds the norm and (untied) the LM head; a tied head is the embedding's.
+  const Act* final_norm_weight = module_weights(final_module, final_weights);
+  float* final_norm_grad = module_gradients(final_module, final_gradient);
+  const Act* lm_head_weight = final_norm_weight + (layout_.lm_head - layout_.final_norm);
+  float* lm_head_grad = final_norm_grad + (layout_.lm_head - layout_.final_norm);
+  if (m.tied_embeddings) {
+    lm_head_weight = module_weights(0, tied_weights, "gathered_embedding_weights");
+    lm_head_grad = module_gradients(0, tied_gradient, "embedding_weight_gradient");
   }
   BufferOf<Act> final_output = device.allocate<Act>(kCategoryLoss, "final_norm.output", T * d.C);
   Buffer final_rstd = device.allocate(kCategoryLoss, "final_norm.rstd", T);
   ops.rmsnorm_forward(final_output.data(), final_rstd.data(), x.data(), final_norm_weight, T, d.C, options.rmsnorm_eps);
   BufferOf<Act> final_grad = device.allocate<Act>(kCategoryLoss, "final_norm.output_grad", T * d.C, true);
-  const int64_t loss_tile = options.loss_tiles > 0 ? tile_size(T, options.loss_tiles) : T;
+  const int64_t loss_tile = options.loss_tile_tokens > 0 ? std::min(options.loss_tile_tokens, T)
+                            : options.loss_tiles > 0     ? tile_size(T, options.loss_tiles)
+                                                         : T;
   double loss_sum = 0;
   for (int64_t t0 = 0; t0 < T; t0 += loss_tile) {
     const int64_t rows = std::min(loss_tile, T - t0);
@@ -574,12 +668,10 @@ StepResult BasicLlamaModel<Ops>::forward_backward(const int32_t* host_tokens, co
   final_output.release();
   BufferOf<Act> dy = device.allocate<Act>(L, "layer.output_grad", T * d.C, true);
   ops.rmsnorm_backward(dy.data(), final_norm_grad, final_grad.data(), x.data(), final_norm_weight, final_rstd.data(), T, d.C);
-  if (zero) {
-    scatter(final_module, final_gradient);
-    if (m.tied_embeddings) scatter(0, tied_gradient);
-    final_weights.release();
-    tied_weights.release();
-  }
+  scatter(final_module, final_gradient);
+  if (m.tied_embeddings) scatter(0, tied_gradient);
+  final_weights.release();
+  tied_weights.release();
   final_grad.release();
   final_rstd.release();
   x.release();
@@ -594,11 +686,11 @@ StepResult BasicLlamaModel<Ops>::forward_backward(const int32_t* host_tokens, co
   };
   if (options.checkpoint_offload && layers > 0) prefetch(layers - 1);
   for (int64_t i = layers - 1; i >= 0; --i) {
-    BufferOf<Act> gathered = zero ? gather(1 + static_cast<size_t>(i)) : BufferOf<Act>();
-    Buffer layer_gradient = zero ? gradient_buffer(1 + static_cast<size_t>(i)) : Buffer();
-    const Act* layer_params = zero ? gathered.data() : params;
-    float* layer_grads = zero ? layer_gradient.data() : grads;
-    const LlamaLayout::Layer w = zero ? rebased(static_cast<size_t>(i)) : layout_.layers[static_cast<size_t>(i)];
+    BufferOf<Act> gathered;
+    Buffer layer_gradient;
+    const Act* layer_params = module_weights(1 + static_cast<size_t>(i), gathered);
+    float* layer_grads = module_gradients(1 + static_cast<size_t>(i), layer_gradient);
+    const LlamaLayout::Layer w = rebased(static_cast<size_t>(i));
     BufferOf<Act> input = std::move(inputs[static_cast<size_t>(i)]);
     if (options.checkpoint_offload) {
       ops.copy_wait(prefetch_copy);
@@ -617,31 +709,58 @@ StepResult BasicLlamaModel<Ops>::forward_backward(const int32_t* host_tokens, co
     BufferOf<Act> dx =
         layer_backward(ops, layer_grads, layer_params, w, input.data(), dy.data(), positions, d, options, device, layer_saved, ulysses);
     dy = std::move(dx);
-    if (zero) scatter(1 + static_cast<size_t>(i), layer_gradient);
+    scatter(1 + static_cast<size_t>(i), layer_gradient);
   }
-  if (zero) {
-    Buffer table_gradient = gradient_buffer(0);
-    ops.embedding_backward(table_gradient.data(), dy.data(), tokens, T, d.C);
+  {
+    Buffer table_gradient;
+    ops.embedding_backward(module_gradients(0, table_gradient), dy.data(), tokens, T, d.C);
     scatter(0, table_gradient);
-  } else {
-    ops.embedding_backward(grads + layout_.embedding, dy.data(), tokens, T, d.C);
-    // Every rank saw different tokens with the same weights: the gradient is the sum.
-    if (ulysses.active()) ulysses.group->all_reduce(grads, layout_.total);
   }
+  // Every rank saw different tokens with the same weights: whole gradients are summed over the
+  // sequence group here (partitioned ones were summed by their reduce-scatter).
+  if (!scatter_gradients && ulysses.active()) ulysses.group->all_reduce(grads, gradients_.size());
   return result;
 }
 
 template <class Ops>
 void BasicLlamaModel<Ops>::adamw_step(float lr, float beta1, float beta2, float eps, float weight_decay) {
   ++step_;
-  if (optimizer_offloaded_) {  // on the host (DeepSpeed's cpu_adam), then the weights go back
+  const int64_t rank = zero_group_ ? zero_group_->rank() : 0;
+  if (states_.offload_optimizer) {  // on the host (DeepSpeed's cpu_adam), then the weights go back
     kernels::adamw_update(master_.data(), gradients_.data(), adam_m_.data(), adam_v_.data(), master_.size(), lr, beta1, beta2, eps,
                           weight_decay, step_);
-    ops_.weights_from_host_master(weights(), master_.data(), master_.size());
+    if (weights_partitioned()) {
+      if (states_.offload_params) {
+        if constexpr (std::is_same_v<Act, float>) std::copy_n(master_.data(), master_.size(), weights());  // host to host
+        else ops_.weights_from_host_master(weights(), master_.data(), master_.size());
+      } else {
+        ops_.weights_from_host_master(weights(), master_.data(), master_.size());
+      }
+      return;
+    }
+    for (const Module& module : modules_)
+      ops_.weights_from_host_master(weights() + module.padded_start + rank * module.chunk, master_.data() + module.shard_offset,
+                                    module.chunk);
+  } else if (weights_partitioned() || !zero_group_) {
+    // Every value this rank updates is contiguous: its ZeRO-3 shard, or the whole model.
+    ops_.adamw_update(master_data(), weights(), gradients_.data(), adam_m_.data(), adam_v_.data(), adam_m_.size(), lr, beta1, beta2, eps,
+                      weight_decay, step_);
     return;
+  } else {
+    // ZeRO-1/2: this rank's chunk of every module, where its master and gradient chunks are.
+    for (const Module& module : modules_)
+      ops_.adamw_update(module_master(module), weights() + module.padded_start + rank * module.chunk, module_gradient(module),
+                        adam_m_.data() + module.shard_offset, adam_v_.data() + module.shard_offset, module.chunk, lr, beta1, beta2, eps,
+                        weight_decay, step_);
   }
-  ops_.adamw_update(master_.data(), weights(), gradients_.data(), adam_m_.data(), adam_v_.data(), master_.size(), lr, beta1, beta2, eps,
-                    weight_decay, step_);
+  // ZeRO-1/2: every rank's updated chunks make the whole weights again (DeepSpeed's all-gather of
+  // the updated partitions). The send chunk is copied out first: it lies inside the receive buffer.
+  for (const Module& module : modules_) {
+    Act* whole = weights() + module.padded_start;
+    auto own = ops_.template scratch<Act>(module.chunk);
+    ops_.copy(own.data(), whole + rank * module.chunk, module.chunk);
+    zero_group_->all_gather(own.data(), whole, module.chunk);
+  }
 }
 
 }  // namespace longseq

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "models/config_error.hpp"
+#include "planner/cards.hpp"
 
 namespace longseq {
 
@@ -40,28 +41,72 @@ Sample sample_synthetic(int64_t seqlen, int64_t vocab, uint32_t seed) {
   return sample;
 }
 
-PlanOptions executor_plan(const TrainingOptions& options, int64_t sp, int zero_stage, bool offload_optimizer) {
+PlanOptions executor_plan(const TrainingOptions& options, int64_t sp, int zero_stage, bool offload_optimizer, bool offload_params) {
   PlanOptions plan;
   plan.sp = sp;
   plan.zero_stage = zero_stage;
   plan.offload_optimizer = offload_optimizer;
+  plan.offload_params = offload_params;
   plan.activation_checkpointing = options.activation_checkpointing;
   plan.checkpoint_offload = options.checkpoint_offload;
   plan.tiled_mlp = options.mlp_tiles > 0;
   plan.mlp_tiles = options.mlp_tiles;
   plan.tiled_loss = options.loss_tiles > 0;
   plan.loss_tiles = options.loss_tiles;
+  if (options.fpdt_chunk_tokens > 0) {
+    // FPDT sets its own MLP and loss chunks (the plan's tiles stay off).
+    plan.fpdt = true;
+    plan.fpdt_chunk_tokens = options.fpdt_chunk_tokens * sp;
+    plan.tiled_mlp = plan.tiled_loss = false;
+    plan.mlp_tiles = plan.loss_tiles = 0;
+  }
   return plan;
 }
 
-ClusterSpec executor_cluster(double budget_bytes, int64_t ranks) {
-  HardwareCard cpu;
-  cpu.name = "cpu-device";
-  cpu.gpu_memory_gib = std::isfinite(budget_bytes) ? budget_bytes / (1024.0 * 1024.0 * 1024.0) : 1e6;
-  cpu.gpus_per_node = ranks;
-  cpu.host_memory_gib = 1e6;
-  return cluster_make(cpu, ranks, 1, ranks, 0);
+std::vector<std::string> executor_plan_problems(const PlanOptions& plan, const std::string& device) {
+  std::vector<std::string> problems;
+  if (plan.micro_batch != 1)
+    problems.push_back(fmt::format("micro batch {}: the executor trains one sample per rank per step", plan.micro_batch));
+  (void)device;
+  return problems;
 }
+
+TrainingOptions executor_training_options(const PlanOptions& plan, const MemoryPrediction& predicted, int64_t attention_block) {
+  TrainingOptions options;
+  options.activation_checkpointing = plan.activation_checkpointing;
+  options.checkpoint_offload = plan.checkpoint_offload;
+  options.mlp_tiles = predicted.mlp_tiles;
+  options.loss_tile_tokens = plan.tiled_loss || plan.fpdt ? predicted.loss_tile_tokens : 0;
+  options.fpdt_chunk_tokens = plan.fpdt ? plan.fpdt_chunk_tokens / plan.sp : 0;
+  options.attention_block = attention_block;
+  return options;
+}
+
+RuntimeProfile machine_profile(const MachineTarget& target) { return runtime_profile_load(target.device == "cuda" ? "native-cuda" : "native"); }
+
+ClusterSpec machine_cluster(const MachineTarget& target) {
+  // The rates of the CPU card order plans of equal length; on a GPU the H100 card's do (the
+  // memory is the budget either way).
+  HardwareCard card = hardware_card_load(target.device == "cuda" ? "h100-sxm-80gb" : "cpu-device");
+  const double runtime_bytes = target.device == "cuda" ? runtime_overhead_bytes(machine_profile(target), target.ranks) : 0.0;
+  card.gpu_memory_gib = std::isfinite(target.budget_bytes) ? (target.budget_bytes + runtime_bytes) / (1024.0 * 1024.0 * 1024.0) : 1e6;
+  card.gpus_per_node = target.ranks;
+  card.host_memory_gib = 1e6;  // the run checks this machine's memory itself
+  return cluster_make(card, target.ranks, 1, target.ranks, 0);
+}
+
+SearchResult machine_plan_search(const ModelSpec& model, const MachineTarget& target) {
+  SearchOptions options;
+  // FPDT chunks (global tokens) at the scale of the lengths a CPU budget reaches.
+  options.fpdt_chunks = {256, 1024, 4096, 16384};
+  options.unsupported = [device = target.device](const PlanOptions& plan) {
+    const std::vector<std::string> problems = executor_plan_problems(plan, device);
+    return problems.empty() ? std::string() : problems.front();
+  };
+  return plan_search(model, machine_cluster(target), machine_profile(target), options);
+}
+
+ClusterSpec executor_cluster(double budget_bytes, int64_t ranks) { return machine_cluster({"cpu", ranks, budget_bytes}); }
 
 Sample sample_from_text(const std::string& text, int64_t seqlen, int64_t offset) {
   if (text.empty()) throw ConfigError("--data", "", "the text file is empty");

@@ -3,11 +3,14 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "executor/llama.hpp"
+#include "planner/memory_model.hpp"
 #include "planner/plan.hpp"
+#include "planner/search.hpp"
 
 namespace longseq {
 
@@ -25,13 +28,36 @@ Sample sample_synthetic(int64_t seqlen, int64_t vocab, uint32_t seed);
 // at `offset` and wrapping around. Throws ConfigError when the file cannot be read or is empty.
 Sample sample_from_text(const std::string& text, int64_t seqlen, int64_t offset);
 
-// The planner's view of an executor run: Ulysses over `sp` ranks, ZeRO stage 0 (replicated) or 3
-// (LlamaModel built sharded over every rank, optionally with the optimizer offloaded to the host),
-// with the executor's options.
-PlanOptions executor_plan(const TrainingOptions& options, int64_t sp = 1, int zero_stage = 0, bool offload_optimizer = false);
+// The planner's view of an executor run: Ulysses over `sp` ranks, the model's states as
+// `states` (ZeRO stage and offloads, ZeRO over every rank), with the executor's options.
+PlanOptions executor_plan(const TrainingOptions& options, int64_t sp = 1, int zero_stage = 0, bool offload_optimizer = false,
+                          bool offload_params = false);
 
-// This machine's CPU "device" as a cluster of `ranks` one-GPU ranks on one node, each with
-// `budget_bytes` (infinite: unbounded).
+// What of `plan` this executor cannot run on `device` ("cpu" or "cuda"), one reason per option,
+// naming it; empty when it runs all of it. Checked before anything is allocated.
+std::vector<std::string> executor_plan_problems(const PlanOptions& plan, const std::string& device);
+
+// The executor's options for `plan`, with the tile sizes of the prediction for it (its rules
+// when the plan leaves a count open), so that the run allocates what was predicted.
+TrainingOptions executor_training_options(const PlanOptions& plan, const MemoryPrediction& predicted, int64_t attention_block = 64);
+
+// This machine as the planner's target: `ranks` ranks, each with a device of `budget_bytes`
+// (infinite: unbounded): the CPU ("cpu", card cpu-device, profile native) or a GPU per rank
+// ("cuda", profile native-cuda, whose runtime terms are added to the budget: the arena holds
+// the budget, the runtime sits beside it).
+struct MachineTarget {
+  std::string device = "cpu";
+  int64_t ranks = 1;
+  double budget_bytes = std::numeric_limits<double>::infinity();
+};
+RuntimeProfile machine_profile(const MachineTarget& target);
+ClusterSpec machine_cluster(const MachineTarget& target);
+// The search `longseq plan --ranks/--budget-mib` and `longseq run --auto` both run: the planner's
+// search, restricted to what this executor runs on the device, with FPDT chunks this machine's
+// lengths can use.
+SearchResult machine_plan_search(const ModelSpec& model, const MachineTarget& target);
+
+// The CPU "device" as a cluster of `ranks` one-device ranks on one node (machine_cluster's).
 ClusterSpec executor_cluster(double budget_bytes, int64_t ranks = 1);
 
 struct StepMeasurement {

@@ -666,8 +666,9 @@ void executor_step_replay(TensorTrace& trace, const LayerShape& shape, const Exe
   const int64_t act = options.activation_bytes;
   const ExecutorBytes b(shape, options);
   const bool keep = !options.checkpointing;
-  const bool zero = options.zero_ranks > 0;
-  // ZeRO-3 (executor/llama_step.hpp): a module gathered whole (padded to equal chunks), its gradient
+  const bool gather_weights = options.zero_ranks > 0 && options.gather_weights;
+  const bool scatter_gradients = options.zero_ranks > 0 && options.scatter_gradients;
+  // ZeRO (executor/llama_step.hpp): a module gathered whole (padded to equal chunks), its gradient
   // produced whole, reduce-scattered through a one-chunk buffer.
   auto module_bytes = [&](int64_t parameters) {
     const int64_t chunk = (parameters + options.zero_ranks - 1) / options.zero_ranks;
@@ -675,12 +676,20 @@ void executor_step_replay(TensorTrace& trace, const LayerShape& shape, const Exe
   };
   // Weights are gathered in the activation type, gradients reduced in fp32.
   auto gather = [&](int64_t parameters, const char* name = "gathered_layer_weights") {
+    if (!gather_weights) return;
     trace.alloc(kCategoryZero, name, module_bytes(parameters).first * static_cast<double>(act));
+    if (!options.offload_params) return;
+    trace.alloc(kCategoryZero, "offloaded_weights_in_flight", module_bytes(parameters).second * static_cast<double>(act));
+    trace.free("offloaded_weights_in_flight");
+  };
+  auto release = [&](const char* name = "gathered_layer_weights") {
+    if (gather_weights) trace.free(name);
   };
   auto gradient = [&](int64_t parameters, const char* name = "weight_gradient") {
-    trace.alloc(kCategoryZero, name, module_bytes(parameters).first * 4);
+    if (scatter_gradients) trace.alloc(kCategoryZero, name, module_bytes(parameters).first * 4);
   };
   auto scatter = [&](int64_t parameters, const char* name = "weight_gradient") {
+    if (!scatter_gradients) return;
     trace.alloc(kCategoryZero, "gradient_shard_in_flight", module_bytes(parameters).second * 4);
     trace.free(name);
     trace.free("gradient_shard_in_flight");
@@ -689,14 +698,12 @@ void executor_step_replay(TensorTrace& trace, const LayerShape& shape, const Exe
   // executor names the stored input "layer.input" and each output "layer.output" in turn.
   trace.set_moment("forward: embedding");
   trace.alloc(L, "layer.input", b.x);
-  if (zero) {
-    gather(options.embedding_parameters);
-    trace.free("gathered_layer_weights");
-  }
+  gather(options.embedding_parameters);
+  release();
   for (int64_t i = 0; i < options.layers; ++i) {
-    if (zero) gather(options.layer_parameters);
+    gather(options.layer_parameters);
     executor_layer_forward(trace, shape, options, keep);
-    if (zero) trace.free("gathered_layer_weights");
+    release();
     if (options.checkpoint_offload) {
       // The input's copy to the host pool runs while the next layer computes; the previous
       // layer's, done by now, gives its device buffer back.
@@ -710,13 +717,11 @@ void executor_step_replay(TensorTrace& trace, const LayerShape& shape, const Exe
   }
   if (options.checkpoint_offload && options.layers > 0) trace.free("checkpoint.offload_in_flight");
   trace.set_moment("loss: logits and cross entropy");
-  if (zero) {
-    gather(options.final_parameters);
-    gradient(options.final_parameters);
-    if (options.tied_embeddings) {
-      gather(options.embedding_parameters, "gathered_embedding_weights");
-      gradient(options.embedding_parameters, "embedding_weight_gradient");
-    }
+  gather(options.final_parameters);
+  gradient(options.final_parameters);
+  if (options.tied_embeddings) {
+    gather(options.embedding_parameters, "gathered_embedding_weights");
+    gradient(options.embedding_parameters, "embedding_weight_gradient");
   }
   trace.alloc(kCategoryLoss, "final_norm.output", b.x);
   trace.alloc(kCategoryLoss, "final_norm.rstd", b.rstd);
@@ -731,22 +736,18 @@ void executor_step_replay(TensorTrace& trace, const LayerShape& shape, const Exe
   }
   trace.free("final_norm.output");
   trace.alloc(L, "layer.output_grad", b.x);
-  if (zero) {
-    // The final module's gradient first, then (tied) the embedding's; both gathers released after.
-    scatter(options.final_parameters);
-    if (options.tied_embeddings) scatter(options.embedding_parameters, "embedding_weight_gradient");
-    trace.free("gathered_layer_weights");
-    if (options.tied_embeddings) trace.free("gathered_embedding_weights");
-  }
+  // The final module's gradient first, then (tied) the embedding's; both gathers released after.
+  scatter(options.final_parameters);
+  if (options.tied_embeddings) scatter(options.embedding_parameters, "embedding_weight_gradient");
+  release();
+  if (options.tied_embeddings) release("gathered_embedding_weights");
   for (const char* name : {"final_norm.output_grad", "final_norm.rstd", "layer.input"}) trace.free(name);  // the last output
   // Backward, last layer first. Offloaded inputs are fetched one layer ahead: the fetch of layer
   // i - 1's input runs while layer i computes.
   if (options.checkpoint_offload && options.layers > 0) trace.alloc(L, "checkpoint.prefetched", b.x);
   for (int64_t i = options.layers - 1; i >= 0; --i) {
-    if (zero) {
-      gather(options.layer_parameters);
-      gradient(options.layer_parameters);
-    }
+    gather(options.layer_parameters);
+    gradient(options.layer_parameters);
     if (options.checkpoint_offload) {
       trace.alias("checkpoint.prefetched", L, "layer.input");
       trace.free("checkpoint.prefetched");
@@ -760,14 +761,12 @@ void executor_step_replay(TensorTrace& trace, const LayerShape& shape, const Exe
     trace.free("layer.output_grad");
     trace.alias("layer.input_grad", L, "layer.output_grad");
     trace.free("layer.input_grad");
-    if (zero) scatter(options.layer_parameters);
+    scatter(options.layer_parameters);
     trace.free("layer.input");
-    if (zero) trace.free("gathered_layer_weights");
+    release();
   }
-  if (zero) {
-    gradient(options.embedding_parameters);
-    scatter(options.embedding_parameters);
-  }
+  gradient(options.embedding_parameters);
+  scatter(options.embedding_parameters);
   trace.free("layer.output_grad");
 }
 

@@ -94,9 +94,13 @@ struct ExecutorStepOptions {
   bool checkpointing = false;
   bool checkpoint_offload = false;
   int64_t loss_tile_tokens = 0;
-  // ZeRO-3 over this many ranks (0: off). Module sizes in parameters: the embedding, one decoder
-  // layer, and the final norm with the LM head (just the norm when tied).
+  // ZeRO over this many ranks (0: off): with gather_weights (ZeRO-3) each module's weights are
+  // all-gathered when it runs (a one-chunk staging buffer first with offload_params); with
+  // scatter_gradients (ZeRO-2/3, or an offloaded optimizer) its gradient is produced whole and
+  // reduce-scattered. Module sizes in parameters: the embedding, one decoder layer, and the final
+  // norm with the LM head (just the norm when tied).
   int64_t zero_ranks = 0;
+  bool gather_weights = false, scatter_gradients = false, offload_params = false;
   int64_t embedding_parameters = 0, layer_parameters = 0, final_parameters = 0;
   bool tied_embeddings = false;
 };

@@ -215,7 +215,12 @@ MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& clust
     options.checkpointing = plan.activation_checkpointing;
     options.checkpoint_offload = plan.checkpoint_offload;
     options.loss_tile_tokens = plan.tiled_loss ? setup.loss_tile_tokens : 0;
-    if (plan.zero_stage == 3) {  // the executor's ZeRO-3 partitions every module over all ranks
+    // The executor's ZeRO partitions every module over all ranks: ZeRO-3 gathers the weights,
+    // ZeRO-2/3 (and an offloaded optimizer) reduce-scatter the gradients.
+    options.gather_weights = plan.zero_stage == 3;
+    options.scatter_gradients = plan.zero_stage >= 2 || (plan.zero_stage >= 1 && plan.offload_optimizer);
+    options.offload_params = plan.offload_params;
+    if (options.gather_weights || options.scatter_gradients) {
       options.zero_ranks = cluster.gpus;
       options.embedding_parameters = setup.params.embedding;
       options.layer_parameters = setup.params.per_layer;

@@ -78,6 +78,10 @@ SearchResult plan_search(const ModelSpec& model, const ClusterSpec& cluster, con
     SearchCandidate candidate;
     candidate.plan = plan;
     candidate.problems = plan_problems(model, cluster, plan);
+    if (options.unsupported && candidate.problems.empty()) {
+      std::string reason = options.unsupported(plan);
+      if (!reason.empty()) candidate.problems.push_back(std::move(reason));
+    }
     if (options.objective == SearchObjective::objective_throughput)
       for (auto& problem : seqlen_problems(plan, options.seqlen)) candidate.problems.push_back(problem);
     if (!candidate.problems.empty()) {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,9 @@ struct SearchOptions {
   SearchObjective objective = SearchObjective::objective_max_seqlen;
   int64_t seqlen = 0;  // the length for objective_throughput
   std::vector<int64_t> fpdt_chunks = {16384, 32768, 65536, 131072, 262144};
+  // A runner's limits: a non-empty reason makes the plan invalid with it (e.g. an option the
+  // executor cannot run on its device), so the search never picks what cannot be run.
+  std::function<std::string(const PlanOptions&)> unsupported;
 };
 
 struct SearchCandidate {

@@ -39,7 +39,7 @@ TEST_CASE("hardware cards load with their datasheet values") {
   CHECK(hardware_card_load("a100-40gb").gpu_memory_gib == 40.0);
   CHECK(hardware_card_load("a100-80gb").gpu_memory_gib == 80.0);
   CHECK(hardware_card_load("h200-141gb").gpu_memory_gib > 140.0);
-  CHECK(builtin_hardware_names().size() == 4);
+  CHECK(builtin_hardware_names().size() == 5);  // four GPUs and this machine's cpu-device
   CHECK_THROWS_WITH_AS(hardware_card_load("tpu-v5"), doctest::Contains("unknown hardware card 'tpu-v5'"), ConfigError);
 }
 
