@@ -1,5 +1,6 @@
 #include "executor/mpi_communicator.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <fmt/format.h>
@@ -104,16 +105,29 @@ void MpiCommunicator::all_gather_bytes(const void* send, void* recv, int64_t byt
   collective("MPI_Allgather", [&](MPI_Request* request) { return MPI_Iallgather(send, count, MPI_BYTE, recv, count, MPI_BYTE, comm_, request); });
 }
 
+// Float sums are taken in rank order (rank 0's value, plus rank 1's, ...), after an all-to-all
+// that brings every rank's part of this rank's chunk here: MPI's own reductions pick their order
+// by message size and rank count, so a gradient reduced whole (all_reduce, ZeRO-0/1) and in module
+// shards (reduce_scatter, ZeRO-2/3) would differ in the last bits. In one order they are the same
+// bit for bit, which the tests hold them to; the volume is a ring reduce-scatter's.
 void MpiCommunicator::reduce_scatter(const float* send, float* recv, int64_t count) {
-  collective("MPI_Reduce_scatter_block", [&](MPI_Request* request) {
-    return MPI_Ireduce_scatter_block(send, recv, mpi_count(count), MPI_FLOAT, MPI_SUM, comm_, request);
-  });
+  std::vector<float> parts(static_cast<size_t>(count) * static_cast<size_t>(size_));
+  all_to_all(send, parts.data(), count);
+  std::copy_n(parts.data(), count, recv);
+  for (int source = 1; source < size_; ++source) {
+    const float* part = parts.data() + static_cast<int64_t>(source) * count;
+    for (int64_t i = 0; i < count; ++i) recv[i] += part[i];
+  }
 }
 
 void MpiCommunicator::all_reduce(float* data, int64_t count) {
-  collective("MPI_Allreduce", [&](MPI_Request* request) {
-    return MPI_Iallreduce(MPI_IN_PLACE, data, mpi_count(count), MPI_FLOAT, MPI_SUM, comm_, request);
-  });
+  // Reduce-scatter then all-gather (ring all-reduce's two halves), over a padded copy.
+  const int64_t chunk = (count + size_ - 1) / size_;
+  std::vector<float> padded(static_cast<size_t>(chunk * size_), 0.0f), own(static_cast<size_t>(chunk));
+  std::copy_n(data, count, padded.data());
+  reduce_scatter(padded.data(), own.data(), chunk);
+  all_gather(own.data(), padded.data(), chunk);
+  std::copy_n(padded.data(), count, data);
 }
 
 void MpiCommunicator::all_reduce(double* data, int64_t count) {
