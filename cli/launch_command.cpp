@@ -13,12 +13,14 @@
 #include "models/config_error.hpp"
 #include "models/model_loader.hpp"
 #include "models/process.hpp"
+#include "planner/plan_file.hpp"
 #include "planner/scenario.hpp"
 
 namespace longseq {
 
 struct LaunchCommandArgs {
   std::string scenario;
+  std::string plan_file;
   int64_t ranks = 0, ranks_per_node = 0, sp = 0;
   std::string hostfile, output, time_limit = "00:30:00", partition;
   std::vector<std::string> mpirun_extra;
@@ -29,7 +31,10 @@ struct LaunchCommandArgs {
 std::shared_ptr<LaunchCommandArgs> launch_command_register(CLI::App& app) {
   auto args = std::make_shared<LaunchCommandArgs>();
   CLI::App* command = app.add_subcommand("launch", "Run a run scenario as a multi-rank job: mpirun here, across a hostfile, or under Slurm");
-  command->add_option("scenario", args->scenario, "a scenario file with a run: section")->required();
+  command->add_option("scenario", args->scenario, "a scenario file with a run: section (or --plan)");
+  command->add_option("--plan", args->plan_file,
+                      "instead of a scenario: a plan file from `longseq plan ... --plan-out FILE`; the job runs exactly that plan "
+                      "on its rank count");
   command->add_option("--ranks", args->ranks, "world size (default: the scenario's cluster.gpus, else its plan.sp, else 1)")
       ->check(CLI::Range(1, 1 << 20));
   command->add_option("--ranks-per-node", args->ranks_per_node,
@@ -65,24 +70,45 @@ std::string this_binary() {
 }  // namespace
 
 int launch_command_run(const LaunchCommandArgs& args) {
-  const Scenario scenario = scenario_load(args.scenario);
-  if (!scenario.run) throw ConfigError(args.scenario, "run", "this scenario has no run: section (longseq launch runs run scenarios)");
+  if (args.scenario.empty() == args.plan_file.empty())
+    throw ConfigError(args.plan_file.empty() ? "scenario" : "--plan", "", "give a run scenario or --plan FILE (one of them)");
   if (args.wait && !args.slurm) throw ConfigError("--wait", "", "needs --slurm");
   if (args.slurm && !args.hostfile.empty()) throw ConfigError("--hostfile", "", "not with --slurm: Slurm's allocation decides the machines");
 
   LaunchRequest request;
-  request.scenario_path = std::filesystem::absolute(args.scenario).string();
-  request.scenario_name = scenario.name;
-  request.ranks = args.ranks > 0 ? args.ranks : scenario.gpus.value_or(scenario.plan.sp.value_or(1));
-  request.ranks_per_node = args.ranks_per_node > 0 ? args.ranks_per_node : scenario.gpus_per_node.value_or(request.ranks);
-  request.sp = args.sp > 0 ? args.sp : scenario.plan.sp.value_or(0);
+  std::string job_name;
+  if (!args.plan_file.empty()) {
+    // The plan decides ranks, sp and device; flags that would contradict it are refused.
+    const PlanFile plan = plan_file_read(args.plan_file);
+    if (args.ranks > 0 && args.ranks != plan.ranks)
+      throw ConfigError("--ranks", "", fmt::format("the plan {} is for {} rank(s)", args.plan_file, plan.ranks));
+    if (args.sp > 0 && args.sp != plan.plan.sp) throw ConfigError("--sp", "", fmt::format("the plan {} has sp={}", args.plan_file, plan.plan.sp));
+    if (args.device != "cpu" && args.device != plan.device)
+      throw ConfigError("--device", "", fmt::format("the plan {} is for device {}", args.plan_file, plan.device));
+    job_name = "plan-" + std::filesystem::path(args.plan_file).stem().string();
+    request.plan_path = std::filesystem::absolute(args.plan_file).string();
+    request.scenario_name = job_name;
+    request.ranks = plan.ranks;
+    request.ranks_per_node = args.ranks_per_node > 0 ? args.ranks_per_node : plan.ranks;
+    request.sp = plan.plan.sp;
+    request.device = plan.device;
+  } else {
+    const Scenario scenario = scenario_load(args.scenario);
+    if (!scenario.run) throw ConfigError(args.scenario, "run", "this scenario has no run: section (longseq launch runs run scenarios)");
+    job_name = scenario.name;
+    request.scenario_path = std::filesystem::absolute(args.scenario).string();
+    request.scenario_name = scenario.name;
+    request.ranks = args.ranks > 0 ? args.ranks : scenario.gpus.value_or(scenario.plan.sp.value_or(1));
+    request.ranks_per_node = args.ranks_per_node > 0 ? args.ranks_per_node : scenario.gpus_per_node.value_or(request.ranks);
+    request.sp = args.sp > 0 ? args.sp : scenario.plan.sp.value_or(0);
+    request.device = args.device;
+  }
   request.hostfile = args.hostfile;
-  request.output_directory = std::filesystem::absolute(args.output.empty() ? "launch-" + scenario.name : args.output).string();
+  request.output_directory = std::filesystem::absolute(args.output.empty() ? "launch-" + job_name : args.output).string();
   request.longseq_binary = this_binary();
   request.time_limit = args.time_limit;
   request.partition = args.partition;
   request.mpirun_extra = args.mpirun_extra;
-  request.device = args.device;
   const JobLayout layout = job_layout(request);  // refuses bad layouts before anything is written
   if (layout.nodes > 1 && !args.slurm && args.hostfile.empty())
     throw ConfigError("--ranks-per-node", "", fmt::format("{} nodes need machines: give --hostfile or --slurm", layout.nodes));
@@ -94,7 +120,7 @@ int launch_command_run(const LaunchCommandArgs& args) {
     std::filesystem::create_directories(request.output_directory, error);
     if (error) throw ConfigError("--output", "", fmt::format("cannot create {}: {}", request.output_directory, error.message()));
   }
-  fmt::print("longseq launch {}: {} rank(s) = Ulysses sp={} x data parallel dp={}, {} node(s) of {} rank(s){}\n", scenario.name,
+  fmt::print("longseq launch {}: {} rank(s) = Ulysses sp={} x data parallel dp={}, {} node(s) of {} rank(s){}\n", job_name,
              layout.ranks, layout.sp, layout.dp, layout.nodes, layout.ranks_per_node,
              layout.sp_spans_nodes ? " (Ulysses groups span nodes)" : "");
   const std::string script_path = request.output_directory + "/job.sbatch";

@@ -6,8 +6,10 @@
 #include <optional>
 
 #include "models/config_error.hpp"
+#include "executor/trainer.hpp"
 #include "models/model_loader.hpp"
 #include "planner/max_seqlen.hpp"
+#include "planner/plan_file.hpp"
 #include "planner/search.hpp"
 #include "planner/time_model.hpp"
 #include "planner/units.hpp"
@@ -47,6 +49,11 @@ struct PlanCommandArgs {
   bool json = false;
   std::string emit;      // "deepspeed" or "accelerate"
   std::string emit_out;  // file for the emitted config (default stdout)
+  // This machine as the target (what `longseq run` executes): ranks, a device budget per rank.
+  std::optional<int64_t> ranks;
+  std::optional<double> budget_mib;
+  std::string device = "cpu";
+  std::string plan_out;  // the chosen plan as a plan file for `longseq run --plan`
 };
 
 namespace {
@@ -122,6 +129,15 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
   command->add_option("--emit", args->emit,
                       "write the (chosen) plan as a framework config instead of the report: deepspeed (JSON) or accelerate (YAML)");
   command->add_option("--emit-out", args->emit_out, "file for --emit (default: standard output)");
+  command->add_option("--ranks", args->ranks,
+                      "plan for this machine's executor instead of a GPU cluster: this many ranks (mpirun -np), each with "
+                      "--budget-mib of device memory; the search then covers what `longseq run` executes");
+  command->add_option("--budget-mib", args->budget_mib, "with --ranks: device memory per rank in MiB");
+  command->add_option("--device", args->device, "with --ranks: cpu (default; profile native) or cuda (profile native-cuda)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  command->add_option("--plan-out", args->plan_out,
+                      "also write the chosen plan, with the model, length, ranks and budget it is for, to this file for "
+                      "`longseq run --plan FILE` / `longseq launch --plan FILE`");
   return args;
 }
 
@@ -255,17 +271,59 @@ int plan_emit(const PlanCommandArgs& args, const PlanOptions& plan, const Cluste
   return 0;
 }
 
+// --plan-out: the plan with what it was made for, written whole.
+void plan_out_write(const PlanCommandArgs& args, const ModelSpec& model, const ClusterSpec& cluster, const RuntimeProfile& profile,
+                    const PlanOptions& plan, int64_t seqlen, bool machine) {
+  if (seqlen <= 0) throw ConfigError("--plan-out", "", "no sequence length fits this plan, so there is nothing to run");
+  PlanFile file;
+  file.model = args.model;
+  file.model_name = model.name;
+  file.layers = args.layers;
+  file.parameters = parameter_count(model).total;
+  file.seqlen = seqlen;
+  file.ranks = cluster.gpus;
+  file.device = machine ? args.device : "cuda";
+  // The budget the executor's arena gets: the device's memory less what its runtime holds beside it.
+  file.device_budget_bytes = machine && args.budget_mib ? *args.budget_mib * 1024 * 1024
+                                                        : cluster.hardware.gpu_memory_gib * kBytesPerGib - runtime_overhead_bytes(profile, cluster.gpus);
+  file.hardware = cluster.hardware.name;
+  file.profile = profile.name;
+  file.plan = plan;
+  const MemoryPrediction prediction = memory_predict(model, cluster, plan, profile, seqlen, /*with_breakdown=*/false);
+  file.predicted_peak_bytes = prediction.gpu_peak_bytes;
+  file.predicted_host_bytes = prediction.host_bytes_per_node;
+  file_write_text(args.plan_out, plan_file_to_json(file));
+  std::cerr << fmt::format("longseq: wrote {} ({} at {} tokens on {} rank(s); run it with: {}longseq run --plan {})\n", args.plan_out,
+                           plan_describe(plan), integer_with_commas(seqlen), cluster.gpus,
+                           cluster.gpus > 1 ? fmt::format("mpirun -np {} ", cluster.gpus) : "", args.plan_out);
+}
+
 }  // namespace
 
 int plan_command_run(const PlanCommandArgs& args) {
   const ModelSpec model = model_with_layers(model_load(args.model), args.layers);
-  const HardwareCard hardware = hardware_card_load(args.gpu);
-  const RuntimeProfile profile = runtime_profile_load(args.profile);
+  // This machine (--ranks, --budget-mib) or a GPU cluster (--gpu, --gpus, --nodes, ...).
+  const bool machine = args.ranks || args.budget_mib;
+  MachineTarget target;
+  if (machine) {
+    if (!args.ranks || !args.budget_mib) throw ConfigError(args.ranks ? "--ranks" : "--budget-mib", "", "--ranks and --budget-mib go together");
+    if (*args.ranks < 1 || *args.ranks > 1024) throw ConfigError("--ranks", "", fmt::format("must be in [1, 1024], got {}", *args.ranks));
+    if (!(*args.budget_mib > 0)) throw ConfigError("--budget-mib", "", fmt::format("must be positive, got {}", *args.budget_mib));
+    if (args.gpus || args.nodes || args.gpus_per_node || args.host_memory_gib || args.profile != "deepspeed-hf" || args.gpu != "h100-sxm-80gb")
+      throw ConfigError("--ranks", "", "plans for this machine's executor; drop --gpu, --gpus, --nodes, --gpus-per-node, --host-mem-gib and --profile");
+    target = MachineTarget{args.device, *args.ranks, *args.budget_mib * 1024 * 1024};
+  } else if (args.device != "cpu") {
+    throw ConfigError("--device", "", "goes with --ranks and --budget-mib (planning for this machine)");
+  }
+  const RuntimeProfile profile = machine ? machine_profile(target) : runtime_profile_load(args.profile);
   if (args.host_memory_gib && !(*args.host_memory_gib > 0))
     throw ConfigError("--host-mem-gib", "", fmt::format("must be positive, got {}", *args.host_memory_gib));
   const ClusterSpec cluster =
-      cluster_make(hardware, positive_or_default(args.gpus, "--gpus"), positive_or_default(args.nodes, "--nodes"),
-                   positive_or_default(args.gpus_per_node, "--gpus-per-node"), args.host_memory_gib.value_or(0.0));
+      machine ? machine_cluster(target)
+              : cluster_make(hardware_card_load(args.gpu), positive_or_default(args.gpus, "--gpus"), positive_or_default(args.nodes, "--nodes"),
+                             positive_or_default(args.gpus_per_node, "--gpus-per-node"), args.host_memory_gib.value_or(0.0));
+  const HardwareCard& hardware = cluster.hardware;
+  if (!args.plan_out.empty() && !args.emit.empty()) throw ConfigError("--plan-out", "", "given with --emit; write one at a time");
   if (args.micro_batch < 1 || args.micro_batch > 1'000'000)
     throw ConfigError("--micro-batch", "", fmt::format("must be in [1, 1000000], got {}", args.micro_batch));
   std::optional<int64_t> seqlen;
@@ -302,6 +360,10 @@ int plan_command_run(const PlanCommandArgs& args) {
     if (!args.emit.empty()) return plan_emit(args, plan, cluster, profile);
     report["plan"] = plan_to_json(plan, cluster);
     const std::string body = plan_report(model, cluster, plan, profile, seqlen, report);
+    if (machine && !executor_plan_problems(plan, args.device).empty())
+      throw ConfigError("plan", "", executor_plan_problems(plan, args.device).front());
+    if (!args.plan_out.empty())
+      plan_out_write(args, model, cluster, profile, plan, seqlen ? *seqlen : report["max_seqlen"]["tokens"].get<int64_t>(), machine);
     if (args.json) {
       std::cout << report.dump(2) << "\n";
       return 0;
@@ -321,7 +383,11 @@ int plan_command_run(const PlanCommandArgs& args) {
     throw ConfigError("--seqlen", "", "the max-seqlen objective finds the length itself; drop --seqlen or use --objective throughput");
   if (seqlen) options.seqlen = *seqlen;
   if (args.micro_batch != 1) throw ConfigError("--micro-batch", "", "the search plans for micro batch 1 (as the papers do)");
-  const SearchResult result = plan_search(model, cluster, profile, options);
+  // For this machine, the search `longseq run --auto` runs: what the executor runs, FPDT chunks
+  // at its scale.
+  if (machine && options.objective != SearchObjective::objective_max_seqlen)
+    throw ConfigError("--objective", "", "for this machine (--ranks) the search finds the longest sequence, as run --auto does");
+  const SearchResult result = machine ? machine_plan_search(model, target) : plan_search(model, cluster, profile, options);
   const bool by_length = options.objective == SearchObjective::objective_max_seqlen;
 
   int64_t invalid = 0;
@@ -340,6 +406,7 @@ int plan_command_run(const PlanCommandArgs& args) {
                       {"predicted", result.evaluated}, {"invalid", invalid}, {"elapsed_ms", result.elapsed_ms}};
   const SearchCandidate* winner = result.winner();
   if (!winner && !args.emit.empty()) throw ConfigError("--emit", "", "no plan fits, so there is nothing to emit");
+  if (!winner && !args.plan_out.empty()) throw ConfigError("--plan-out", "", "no plan fits, so there is nothing to write");
   if (!winner) {
     const SearchCandidate* best = result.candidates.empty() || !result.candidates.front().problems.empty() ? nullptr : &result.candidates.front();
     out += "no plan fits";
@@ -348,6 +415,8 @@ int plan_command_run(const PlanCommandArgs& args) {
     report["winner"] = nullptr;
   } else {
     if (!args.emit.empty()) return plan_emit(args, winner->plan, cluster, profile);
+    if (!args.plan_out.empty())
+      plan_out_write(args, model, cluster, profile, winner->plan, by_length ? winner->max_seqlen : options.seqlen, machine);
     report["plan"] = plan_to_json(winner->plan, cluster);
     out += fmt::format("best plan: {} (dp={})\n", plan_describe(winner->plan), cluster.gpus / winner->plan.sp);
     out += plan_report(model, cluster, winner->plan, profile, by_length ? std::nullopt : seqlen, report);

@@ -37,6 +37,7 @@
 #include "planner/max_seqlen.hpp"
 #include "planner/scenario.hpp"
 #include "planner/memory_model.hpp"
+#include "planner/plan_file.hpp"
 #include "planner/units.hpp"
 #include "reports/memory_report.hpp"
 
@@ -59,7 +60,9 @@ struct RunCommandArgs {
   bool auto_plan = false;
   int64_t sp = 0;  // 0: every rank of the run (mpirun -np N)
   int zero_stage = 0;
-  bool offload_optimizer = false;
+  bool offload_optimizer = false, offload_params = false;
+  std::string fpdt_chunk;  // empty: no FPDT
+  std::string plan_file;
   bool compare_single_rank = false;
   bool json = false;
   std::string json_out;
@@ -98,11 +101,22 @@ std::shared_ptr<RunCommandArgs> run_command_register(CLI::App& app) {
                     "--budget-mib, then run that plan at that length (the loop: plan, run, measure)");
   command->add_option("--sp", args->sp,
                       "Ulysses degree under mpirun (default: every rank); the rest are data parallel")->check(CLI::Range(1, 1 << 20));
-  command->add_option("--zero", args->zero_stage, "0: every rank holds the whole model (default); 3: ZeRO-3 over all ranks")
-      ->check(CLI::IsMember({0, 3}));
+  command->add_option("--zero", args->zero_stage,
+                      "ZeRO stage over all ranks: 0 every rank holds the whole model (default); 1 shards the optimizer states; "
+                      "2 also the gradients; 3 also the weights")
+      ->check(CLI::IsMember({0, 1, 2, 3}));
   command->add_flag("--offload-optimizer", args->offload_optimizer,
-                    "with --zero 3: fp32 master weights, gradients and Adam moments in host memory, AdamW on the host "
+                    "with --zero 1-3: fp32 master weights, gradients and Adam moments in host memory, AdamW on the host "
                     "(ZeRO-Offload, as ALST runs it); the device keeps the weights the kernels read");
+  command->add_flag("--offload-params", args->offload_params,
+                    "with --zero 3: the weight shards in host memory, each module's brought to the device when it is gathered "
+                    "(ZeRO-3 offload_param)");
+  command->add_option("--fpdt-chunk", args->fpdt_chunk,
+                      "FPDT: attention over chunks of this many tokens of the whole sequence, their q/k/v/output in the host pool, "
+                      "k/v fetched chunk by chunk; MLP and loss chunked too (needs --checkpointing; the length a multiple of it)");
+  command->add_option("--plan", args->plan_file,
+                      "run exactly the plan in this file (`longseq plan ... --plan-out FILE`): model, length, ranks, budget and "
+                      "every option come from it");
   command->add_flag("--compare-single-rank", args->compare_single_rank,
                     "under mpirun, rank 0 also trains one unsharded replica on the same samples and prints its loss beside");
   command->add_flag("--json", args->json, "print JSON");
@@ -225,6 +239,7 @@ struct TrainLoop {
   const RunCommandArgs& args;
   const ModelSpec& model;
   Ranks& ranks;
+  const PlanOptions& plan;
   const TrainingOptions& options;
   Arena& device;
   Arena& host;
@@ -240,17 +255,14 @@ struct TrainLoop {
 // device memory outside the arena at the end (CUDA context, cuBLAS, NCCL; 0 on the CPU).
 template <class Model>
 double model_train(const TrainLoop& loop) {
-  const auto& [args, model, ranks, options, device, host, initial_weights, text, seqlen, dp, dp_rank, local_tokens, first_token,
+  const auto& [args, model, ranks, plan, options, device, host, initial_weights, text, seqlen, dp, dp_rank, local_tokens, first_token,
                speaker, world_size, report] = loop;
-  // ZeRO-3 builds only this rank's shards (zero.Init), so no rank ever holds the whole model; an
-  // offloaded optimizer keeps its states in the host pool beside the offloaded checkpoints.
+  // The plan's model states: ZeRO over every rank (ZeRO-3 builds only this rank's shards, as
+  // zero.Init does, so no rank ever holds the whole model); what is offloaded lives in the host
+  // pool beside the offloaded checkpoints.
   std::optional<Model> model_storage;
-  if (args.zero_stage == 3 && args.offload_optimizer)
-    model_storage.emplace(model, device, ranks.zero_group(), host);
-  else if (args.zero_stage == 3)
-    model_storage.emplace(model, device, ranks.zero_group());
-  else
-    model_storage.emplace(model, device);
+  model_storage.emplace(model, device, plan.zero_stage >= 1 ? &ranks.zero_group() : nullptr,
+                        ModelStates{plan.zero_stage, plan.offload_optimizer, plan.offload_params}, &host);
   Model& llama = *model_storage;
   llama.load_parameters(initial_weights.data());
   // --compare-single-rank: rank 0 also trains one unsharded replica on group 0's samples.
@@ -359,10 +371,38 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
                                {"--sp", text(args.sp)},
                                {"--zero", text(args.zero_stage)},
                                {"--offload-optimizer", text(args.offload_optimizer)},
+                               {"--offload-params", text(args.offload_params)},
+                               {"--fpdt-chunk", args.fpdt_chunk},
+                               {"--plan", args.plan_file},
                                {"--compare-single-rank", text(args.compare_single_rank)},
                                {"--peer-timeout-s", text(args.peer_timeout_s)}});
   }
+  // --plan: the file says what to run; flags that would say otherwise are refused by name.
+  std::optional<PlanFile> plan_file;
+  if (!args.plan_file.empty()) {
+    plan_file = plan_file_read(args.plan_file);
+    for (const char* flag : {"--seqlen", "--checkpointing", "--checkpoint-offload", "--mlp-tiles", "--loss-tiles", "--budget-mib", "--auto",
+                             "--sp", "--zero", "--offload-optimizer", "--offload-params", "--fpdt-chunk", "--device"})
+      if (given.command->count(flag) > 0)
+        throw ConfigError(flag, "", "given with --plan, which decides it (" + args.plan_file + "); drop one of them");
+    if (given.command->count("--model") > 0 && args.model != plan_file->model && args.model != plan_file->model_name)
+      throw ConfigError(args.plan_file, "model", fmt::format("the plan is for {}, not --model {}", plan_file->model_name, args.model));
+    if (given.command->count("--layers") > 0 && args.layers != plan_file->layers)
+      throw ConfigError(args.plan_file, "model.layers", fmt::format("the plan is for {} layers, not --layers {}", plan_file->layers, args.layers));
+    if (plan_file->ranks != ranks.world_size)
+      throw ConfigError(args.plan_file, "ranks", fmt::format("the plan is for {} rank(s) and this run has {} (mpirun -np {})",
+                                                             plan_file->ranks, ranks.world_size, plan_file->ranks));
+    args.model = plan_file->model;
+    args.layers = plan_file->layers;
+    args.device = plan_file->device;
+  }
   const ModelSpec model = model_with_layers(model_load(args.model), args.layers);  // the planner predicts the same stack
+  if (plan_file) {
+    if (model.name != plan_file->model_name || parameter_count(model).total != plan_file->parameters)
+      throw ConfigError(args.plan_file, "model", fmt::format("the plan is for {} with {} parameters, and {} now loads {} with {}",
+                                                             plan_file->model_name, plan_file->parameters, plan_file->model, model.name,
+                                                             parameter_count(model).total));
+  }
   executor_model_check(model);
   const bool on_gpu = args.device == "cuda";
   std::string device_description = "CPU, fp32";  // where the measurement is taken
@@ -379,17 +419,12 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
     device_description = "GPU " + info.name + ", bf16";
     if (args.compare_single_rank)
       throw ConfigError("--compare-single-rank", "", "is for CPU runs (a replica would share this rank's GPU)");
-    if (args.zero_stage == 3 && !ranks.mpi)
-      throw ConfigError("--zero", "", "3 on the GPU shards over NCCL ranks: run it under mpirun (longseq launch)");
+    if (args.zero_stage >= 1 && !ranks.mpi)
+      throw ConfigError("--zero", "", "ZeRO on the GPU shards over NCCL ranks: run it under mpirun (longseq launch)");
 #else
     throw ConfigError("--device", "", "cuda: no GPU to run on: this build has no CUDA (nvcc was not found when it was configured)");
 #endif
   }
-  int64_t seqlen = seqlen_parse(args.seqlen, "--seqlen");
-  if (seqlen > (int64_t{1} << 24)) throw ConfigError("--seqlen", "", "more than 16Mi tokens is beyond one run of this executor");
-  if (args.checkpoint_offload && !args.checkpointing) throw ConfigError("--checkpoint-offload", "", "needs --checkpointing");
-  if (args.offload_optimizer && args.zero_stage != 3)
-    throw ConfigError("--offload-optimizer", "", "offloads ZeRO-3's shards: add --zero 3 (one rank is a ZeRO-3 group of one)");
   if (args.budget_mib < 0) throw ConfigError("--budget-mib", "", "must be positive");
   if (args.lr <= 0 || args.lr > 1) throw ConfigError("--lr", "", fmt::format("must be in (0, 1], got {}", args.lr));
   if (!args.json_out.empty() && ranks.world_rank == 0) json_out_check(args.json_out);  // before training, not after it
@@ -397,65 +432,73 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
   const std::string text = args.data.empty() ? std::string() : file_read_text(args.data);
   const int64_t world_size = ranks.world_size;
 
-  TrainingOptions options;
-  options.activation_checkpointing = args.checkpointing;
-  options.checkpoint_offload = args.checkpoint_offload;
-  options.mlp_tiles = args.mlp_tiles;
-  options.loss_tiles = args.loss_tiles;
-  options.attention_block = args.attention_block;
-  int64_t sp = args.sp > 0 ? args.sp : world_size;
-  const double budget_bytes = args.budget_mib > 0 ? args.budget_mib * 1024 * 1024 : std::numeric_limits<double>::infinity();
+  // The plan: from the file, from the planner's search (--auto), or from the flags.
+  MachineTarget target;
+  target.device = args.device;
+  target.ranks = world_size;
+  if (args.budget_mib > 0) target.budget_bytes = args.budget_mib * 1024 * 1024;
+  if (plan_file) target.budget_bytes = plan_file->device_budget_bytes;
+  const double budget_bytes = target.budget_bytes;
   // The prediction for the device that runs: fp32 on the CPU, bf16 with the GPU's runtime terms.
-  const RuntimeProfile profile = runtime_profile_load(on_gpu ? "native-cuda" : "native");
+  const RuntimeProfile profile = machine_profile(target);
   // --budget-mib bounds the arena (which enforces it); on a GPU the planner's per-GPU memory also
   // holds the runtime's context, workspace and NCCL buffers beside it.
-  const double planner_budget_bytes = budget_bytes + (on_gpu ? runtime_overhead_bytes(profile, world_size) : 0.0);
-  if (args.auto_plan) {
+  const ClusterSpec cluster = machine_cluster(target);
+  PlanOptions plan;
+  int64_t seqlen = 0;
+  if (plan_file) {
+    plan = plan_file->plan;
+    seqlen = plan_file->seqlen;
+    if (plan_file->profile != profile.name)
+      throw ConfigError(args.plan_file, "profile", fmt::format("the plan was predicted with profile {}; the {} executor's is {}",
+                                                               plan_file->profile, args.device, profile.name));
+    if (speaker) fmt::print("longseq run --plan {}: {} for {} tokens on {} rank(s), {:.0f} MiB per rank (as planned)\n", args.plan_file,
+                            plan_describe(plan), integer_with_commas(seqlen), world_size, budget_bytes / (1 << 20));
+  } else if (args.auto_plan) {
     if (args.budget_mib <= 0) throw ConfigError("--auto", "", "needs --budget-mib (the device memory to plan for)");
-    if (args.checkpointing || args.checkpoint_offload || args.mlp_tiles > 0 || args.loss_tiles > 0 || args.sp > 0)
-      throw ConfigError("--auto", "", "chooses sp, checkpointing, offload and tiles itself; drop those flags");
-    // The planner's choice among the executor's options (and the Ulysses degrees the heads and
-    // the rank count allow): the longest sequence, in steps of 64 tokens per rank, that fits the
-    // per-rank budget; on a tie, fewer techniques (they cost time).
-    const ClusterSpec cluster = executor_cluster(planner_budget_bytes, world_size);
-    int64_t best = 0, best_techniques = 0;
-    for (int64_t degree = 1; degree <= world_size; ++degree)
-      for (bool checkpointing : {false, true})
-        for (bool offload : {false, true}) {
-          if (offload && !checkpointing) continue;
-          for (int64_t mlp_tiles : {0, 4, 16, 64})
-            for (int64_t loss_tiles : {0, 4, 16, 64}) {
-              TrainingOptions candidate = options;
-              candidate.activation_checkpointing = checkpointing;
-              candidate.checkpoint_offload = offload;
-              candidate.mlp_tiles = mlp_tiles;
-              candidate.loss_tiles = loss_tiles;
-              const PlanOptions plan = executor_plan(candidate, degree, args.zero_stage, args.offload_optimizer);
-              if (!plan_problems(model, cluster, plan).empty()) continue;
-              const int64_t length = max_seqlen_find(model, cluster, plan, profile, 64 * degree, /*with_breakdown=*/false).max_seqlen;
-              const int64_t techniques = checkpointing + offload + (mlp_tiles > 0) + (loss_tiles > 0);
-              if (length > best || (length == best && techniques < best_techniques)) {
-                best = length;
-                best_techniques = techniques;
-                options = candidate;
-                sp = degree;
-              }
-            }
-        }
-    if (best == 0) throw ConfigError("--budget-mib", "", "not even 64 tokens fit: the model states alone exceed the budget");
-    seqlen = best;
+    for (const char* flag : {"--seqlen", "--checkpointing", "--checkpoint-offload", "--mlp-tiles", "--loss-tiles", "--sp", "--zero",
+                             "--offload-optimizer", "--offload-params", "--fpdt-chunk"})
+      if (given.command->count(flag) > 0) throw ConfigError("--auto", "", std::string("chooses the plan and the length itself; drop ") + flag);
+    // The planner's own search over what this executor runs (longseq plan --ranks --budget-mib
+    // runs the same one): the longest sequence that fits, ties to the faster plan.
+    const SearchResult searched = machine_plan_search(model, target);
+    const SearchCandidate* winner = searched.winner();
+    if (!winner) throw ConfigError("--budget-mib", "", "no plan fits: the model states alone exceed the budget");
+    plan = winner->plan;
+    seqlen = winner->max_seqlen;
     if (speaker)
       fmt::print("longseq run --auto: the planner chose {} for {} tokens, the longest that fits {:.0f} MiB per rank on {} rank(s) "
-                 "(PREDICTION)\n", plan_describe(executor_plan(options, sp, args.zero_stage, args.offload_optimizer)), integer_with_commas(seqlen), args.budget_mib, world_size);
+                 "(PREDICTION)\n", plan_describe(plan), integer_with_commas(seqlen), args.budget_mib, world_size);
+  } else {
+    seqlen = seqlen_parse(args.seqlen, "--seqlen");
+    if (args.checkpoint_offload && !args.checkpointing) throw ConfigError("--checkpoint-offload", "", "needs --checkpointing");
+    if (args.offload_optimizer && args.zero_stage < 1)
+      throw ConfigError("--offload-optimizer", "", "offloads ZeRO's shards: add --zero 1, 2 or 3 (one rank is a ZeRO group of one)");
+    if (args.offload_params && args.zero_stage != 3) throw ConfigError("--offload-params", "", "offloads ZeRO-3's weight shards: add --zero 3");
+    TrainingOptions flags;
+    flags.activation_checkpointing = args.checkpointing;
+    flags.checkpoint_offload = args.checkpoint_offload;
+    flags.mlp_tiles = args.mlp_tiles;
+    flags.loss_tiles = args.loss_tiles;
+    const int64_t sp = args.sp > 0 ? args.sp : world_size;
+    plan = executor_plan(flags, sp, args.zero_stage, args.offload_optimizer, args.offload_params);
+    if (!args.fpdt_chunk.empty()) {
+      if (args.mlp_tiles > 0 || args.loss_tiles > 0)
+        throw ConfigError("--fpdt-chunk", "", "FPDT chunks the MLP and the loss itself; drop --mlp-tiles and --loss-tiles");
+      plan.fpdt = true;
+      plan.fpdt_chunk_tokens = seqlen_parse(args.fpdt_chunk, "--fpdt-chunk");
+    }
   }
-  const ClusterSpec cluster = executor_cluster(planner_budget_bytes, world_size);
-  const PlanOptions plan = executor_plan(options, sp, args.zero_stage, args.offload_optimizer);
+  if (seqlen > (int64_t{1} << 24)) throw ConfigError("--seqlen", "", "more than 16Mi tokens is beyond one run of this executor");
   std::vector<std::string> problems = plan_problems(model, cluster, plan);
   for (auto& problem : seqlen_problems(plan, seqlen)) problems.push_back(problem);
-  if (!problems.empty()) throw ConfigError("--sp", "", problems.front());
+  for (auto& problem : executor_plan_problems(plan, args.device)) problems.push_back(problem);
+  if (!problems.empty()) throw ConfigError(plan_file ? args.plan_file : "plan", "", problems.front());
+  const int64_t sp = plan.sp;
   // A plan that cannot fit this machine fails here, by the prediction, not by the kernel's OOM
   // killer (CPU) or a CUDA error halfway through (GPU).
   const MemoryPrediction predicted = memory_predict(model, cluster, plan, profile, seqlen);
+  const TrainingOptions options = executor_training_options(plan, predicted, args.attention_block);
   // On the CPU the host pool and the fp32 initial weights (read like a checkpoint) share the memory.
   const double needed_bytes =
       predicted.gpu_peak_bytes + (on_gpu ? 0.0 : predicted.host_bytes_per_node + 4.0 * static_cast<double>(llama_layout(model).total));
@@ -486,7 +529,8 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
                            {"device", args.device}, {"layers", model.num_layers}, {"profile", profile.name},
                            {"measured_on", fmt::format("{} ({}), {} rank(s)", host_name(), device_description, world_size)},
                            {"steps", nlohmann::json::array()}};
-  if (args.budget_mib > 0) report["budget_mib"] = args.budget_mib;
+  if (std::isfinite(budget_bytes)) report["budget_mib"] = budget_bytes / (1 << 20);
+  if (plan_file) report["plan_file"] = args.plan_file;
   if (speaker) {
     fmt::print("longseq run: {}{} on this machine ({}), {} tokens per step, {} data; MEASURED\n", model.name,
                args.layers > 0 ? fmt::format(" (first {} decoder layers)", model.num_layers) : "", device_description,
@@ -513,7 +557,7 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
       norm_ones(layout.final_norm);
       return weights;
     }();
-    const TrainLoop loop{args,  model,         ranks,        options,     device,  host,       initial_weights, text,
+    const TrainLoop loop{args,  model,         ranks,  plan,      options,     device,  host,       initial_weights, text,
                          seqlen, dp,           dp_rank,      local_tokens, first_token, speaker, world_size, report};
 #ifdef LONGSEQ_HAVE_CUDA
     if (on_gpu)
@@ -587,7 +631,7 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
   if (std::isfinite(budget_bytes)) {
     const double highest = *std::max_element(peaks.begin(), peaks.end());
     fmt::print("  budget {:.0f} MiB per rank: measured peak {} ({:.1f}% of it); prediction {} the measurement ({:+.2f}%, bar: 3%)\n",
-               args.budget_mib, highest <= budget_bytes ? "within" : "OVER", 100.0 * highest / budget_bytes,
+               budget_bytes / (1 << 20), highest <= budget_bytes ? "within" : "OVER", 100.0 * highest / budget_bytes,
                worst <= 0.03 ? "matches" : "MISSES", 100.0 * (std::fabs(difference) > worst ? difference : worst));
   }
   return 0;

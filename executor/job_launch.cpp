@@ -87,9 +87,14 @@ std::vector<std::string> mpirun_arguments(const LaunchRequest& request, const Jo
                                         fmt::format("ppr:{}:node", layout.ranks_per_node)};
   if (!request.hostfile.empty()) arguments.insert(arguments.end(), {"--hostfile", request.hostfile});
   arguments.insert(arguments.end(), request.mpirun_extra.begin(), request.mpirun_extra.end());
-  arguments.insert(arguments.end(), {request.longseq_binary, "run", request.scenario_path});
-  if (request.sp > 0) arguments.insert(arguments.end(), {"--sp", std::to_string(request.sp)});  // otherwise the run's own choice
-  if (request.device != "cpu") arguments.insert(arguments.end(), {"--device", request.device});
+  if (!request.plan_path.empty()) {
+    // The plan file says everything: sp, device, length, budget.
+    arguments.insert(arguments.end(), {request.longseq_binary, "run", "--plan", request.plan_path});
+  } else {
+    arguments.insert(arguments.end(), {request.longseq_binary, "run", request.scenario_path});
+    if (request.sp > 0) arguments.insert(arguments.end(), {"--sp", std::to_string(request.sp)});  // otherwise the run's own choice
+    if (request.device != "cpu") arguments.insert(arguments.end(), {"--device", request.device});
+  }
   // Rank 0 writes the result whole (a temporary file renamed into place), so an interrupted job
   // leaves no run.json rather than an empty or truncated one (as a shell redirect would).
   arguments.insert(arguments.end(), {"--json-out", request.output_directory + "/run.json"});

@@ -16,6 +16,7 @@ namespace longseq {
 
 struct LaunchRequest {
   std::string scenario_path;     // as given; the job runs `longseq run` on it
+  std::string plan_path;         // instead of a scenario: the job runs `longseq run --plan` on this plan file
   std::string scenario_name;     // the job's name
   int64_t ranks = 1;             // world size
   int64_t ranks_per_node = 1;    // one rank per GPU (or CPU slot) of a node

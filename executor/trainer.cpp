@@ -67,6 +67,8 @@ std::vector<std::string> executor_plan_problems(const PlanOptions& plan, const s
   std::vector<std::string> problems;
   if (plan.micro_batch != 1)
     problems.push_back(fmt::format("micro batch {}: the executor trains one sample per rank per step", plan.micro_batch));
+  if (plan.fpdt)
+    problems.push_back("FPDT: the executor does not run FPDT's chunked attention yet (the planner predicts it; run without it)");
   (void)device;
   return problems;
 }
