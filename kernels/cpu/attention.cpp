@@ -31,6 +31,12 @@ void block_scores(RowMatrix<Real>& scores, const HeadSlice<Real>& queries, const
                   const int32_t* position_ids, int64_t i0, int64_t j0, Real scale) {
   scores.noalias() = queries * keys.transpose();
   scores *= scale;
+  // A key block wholly before every query of the block and inside each one's document needs no
+  // mask (most blocks of a long sequence): the per-element test is skipped.
+  const int64_t last_key = j0 + scores.cols() - 1;
+  bool all_visible = last_key <= i0;
+  for (int64_t r = 0; all_visible && r < scores.rows(); ++r) all_visible = j0 >= i0 + r - position_ids[i0 + r];
+  if (all_visible) return;
   for (int64_t r = 0; r < scores.rows(); ++r) {
     const int64_t i = i0 + r;
     const int64_t first = i - position_ids[i];
@@ -49,9 +55,11 @@ void attention_forward(Real* out, Real* lse, const Real* q, const Real* k, const
   const Real scale = Real(1) / std::sqrt(static_cast<Real>(HD));
   const int64_t group = NQ / NKV;
   const Real negative_infinity = -std::numeric_limits<Real>::infinity();
-  RowMatrix<Real> scores, accumulator;
-  std::vector<Real> row_max, row_sum;
+  // Heads are independent: one per thread (OpenMP; the machine's cores), each with its own tiles.
+#pragma omp parallel for schedule(dynamic)
   for (int64_t h = 0; h < NQ; ++h) {
+    RowMatrix<Real> scores, accumulator;
+    std::vector<Real> row_max, row_sum;
     const int64_t g = h / group;
     for (int64_t i0 = 0; i0 < T; i0 += block) {
       const int64_t i1 = std::min(T, i0 + block), rows = i1 - i0;
@@ -96,37 +104,40 @@ void attention_backward(Real* dq, Real* dk, Real* dv, Real* delta_scratch, const
                         int64_t HD, int64_t block) {
   const Real scale = Real(1) / std::sqrt(static_cast<Real>(HD));
   const int64_t group = NQ / NKV;
-  RowMatrix<Real> probabilities, dprobabilities;
-  for (int64_t h = 0; h < NQ; ++h) {
-    const int64_t g = h / group;
-    // D_i = rowsum(dO_i * O_i), the softmax backward's correction term.
-    Real* delta = delta_scratch + h * T;
-    for (int64_t i = 0; i < T; ++i) {
-      Real sum = 0;
-      for (int64_t d = 0; d < HD; ++d) sum += dout[(i * NQ + h) * HD + d] * out[(i * NQ + h) * HD + d];
-      delta[i] = sum;
-    }
-    for (int64_t i0 = 0; i0 < T; i0 += block) {
-      const int64_t i1 = std::min(T, i0 + block), rows = i1 - i0;
-      const HeadSlice<Real> queries(q + (i0 * NQ + h) * HD, rows, HD, Eigen::OuterStride<>(NQ * HD));
-      const HeadSlice<Real> output_grad(dout + (i0 * NQ + h) * HD, rows, HD, Eigen::OuterStride<>(NQ * HD));
-      MutableHeadSlice<Real> query_grad(dq + (i0 * NQ + h) * HD, rows, HD, Eigen::OuterStride<>(NQ * HD));
-      const int64_t first_key = block_first_key(position_ids, i0, i1);
-      for (int64_t j0 = first_key / block * block; j0 < i1; j0 += block) {
-        const int64_t j1 = std::min(T, j0 + block), cols = j1 - j0;
-        const HeadSlice<Real> keys(k + (j0 * NKV + g) * HD, cols, HD, Eigen::OuterStride<>(NKV * HD));
-        const HeadSlice<Real> values(v + (j0 * NKV + g) * HD, cols, HD, Eigen::OuterStride<>(NKV * HD));
-        MutableHeadSlice<Real> key_grad(dk + (j0 * NKV + g) * HD, cols, HD, Eigen::OuterStride<>(NKV * HD));
-        MutableHeadSlice<Real> value_grad(dv + (j0 * NKV + g) * HD, cols, HD, Eigen::OuterStride<>(NKV * HD));
-        block_scores(probabilities, queries, keys, position_ids, i0, j0, scale);
-        for (int64_t r = 0; r < rows; ++r)
-          probabilities.row(r) = (probabilities.row(r).array() - lse[h * T + i0 + r]).exp().matrix();  // exp(-inf) = 0
-        value_grad.noalias() += probabilities.transpose() * output_grad;
-        dprobabilities.noalias() = output_grad * values.transpose();
-        for (int64_t r = 0; r < rows; ++r)
-          dprobabilities.row(r) = (probabilities.row(r).array() * (dprobabilities.row(r).array() - delta[i0 + r])).matrix();
-        query_grad.noalias() += scale * (dprobabilities * keys);
-        key_grad.noalias() += scale * (dprobabilities.transpose() * queries);
+  // One kv head's group of q heads per thread: dk and dv of a kv head are written by one thread.
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t g = 0; g < NKV; ++g) {
+    RowMatrix<Real> probabilities, dprobabilities;
+    for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+      // D_i = rowsum(dO_i * O_i), the softmax backward's correction term.
+      Real* delta = delta_scratch + h * T;
+      for (int64_t i = 0; i < T; ++i) {
+        Real sum = 0;
+        for (int64_t d = 0; d < HD; ++d) sum += dout[(i * NQ + h) * HD + d] * out[(i * NQ + h) * HD + d];
+        delta[i] = sum;
+      }
+      for (int64_t i0 = 0; i0 < T; i0 += block) {
+        const int64_t i1 = std::min(T, i0 + block), rows = i1 - i0;
+        const HeadSlice<Real> queries(q + (i0 * NQ + h) * HD, rows, HD, Eigen::OuterStride<>(NQ * HD));
+        const HeadSlice<Real> output_grad(dout + (i0 * NQ + h) * HD, rows, HD, Eigen::OuterStride<>(NQ * HD));
+        MutableHeadSlice<Real> query_grad(dq + (i0 * NQ + h) * HD, rows, HD, Eigen::OuterStride<>(NQ * HD));
+        const int64_t first_key = block_first_key(position_ids, i0, i1);
+        for (int64_t j0 = first_key / block * block; j0 < i1; j0 += block) {
+          const int64_t j1 = std::min(T, j0 + block), cols = j1 - j0;
+          const HeadSlice<Real> keys(k + (j0 * NKV + g) * HD, cols, HD, Eigen::OuterStride<>(NKV * HD));
+          const HeadSlice<Real> values(v + (j0 * NKV + g) * HD, cols, HD, Eigen::OuterStride<>(NKV * HD));
+          MutableHeadSlice<Real> key_grad(dk + (j0 * NKV + g) * HD, cols, HD, Eigen::OuterStride<>(NKV * HD));
+          MutableHeadSlice<Real> value_grad(dv + (j0 * NKV + g) * HD, cols, HD, Eigen::OuterStride<>(NKV * HD));
+          block_scores(probabilities, queries, keys, position_ids, i0, j0, scale);
+          for (int64_t r = 0; r < rows; ++r)
+            probabilities.row(r) = (probabilities.row(r).array() - lse[h * T + i0 + r]).exp().matrix();  // exp(-inf) = 0
+          value_grad.noalias() += probabilities.transpose() * output_grad;
+          dprobabilities.noalias() = output_grad * values.transpose();
+          for (int64_t r = 0; r < rows; ++r)
+            dprobabilities.row(r) = (probabilities.row(r).array() * (dprobabilities.row(r).array() - delta[i0 + r])).matrix();
+          query_grad.noalias() += scale * (dprobabilities * keys);
+          key_grad.noalias() += scale * (dprobabilities.transpose() * queries);
+        }
       }
     }
   }
