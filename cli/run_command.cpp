@@ -284,8 +284,18 @@ double model_train(const TrainLoop& loop) {
                                             : sample_from_text(text, seqlen, ((step - 1) * dp + dp_rank) * seqlen);
     const auto start = std::chrono::steady_clock::now();
     SequenceParallel parallel{ranks.sequence_group.get(), sample.positions.data()};
-    StepResult result = llama.forward_backward(sample.tokens.data() + first_token, sample.labels.data() + first_token,
-                                               sample.positions.data() + first_token, local_tokens, options, device, host, parallel);
+    // This rank's tokens: a contiguous slice, or with FPDT its piece of every chunk (FPDT's layout).
+    std::vector<int32_t> tokens(sample.tokens.begin() + first_token, sample.tokens.begin() + first_token + local_tokens);
+    std::vector<int32_t> labels(sample.labels.begin() + first_token, sample.labels.begin() + first_token + local_tokens);
+    std::vector<int32_t> positions(sample.positions.begin() + first_token, sample.positions.begin() + first_token + local_tokens);
+    if (options.fpdt_chunk_tokens > 0) {
+      const int64_t group_rank = ranks.world_rank % plan.sp;
+      tokens = fpdt_layout_rank_tokens(sample.tokens, plan.sp, group_rank, options.fpdt_chunk_tokens);
+      labels = fpdt_layout_rank_tokens(sample.labels, plan.sp, group_rank, options.fpdt_chunk_tokens);
+      positions = fpdt_layout_rank_tokens(sample.positions, plan.sp, group_rank, options.fpdt_chunk_tokens);
+    }
+    StepResult result =
+        llama.forward_backward(tokens.data(), labels.data(), positions.data(), local_tokens, options, device, host, parallel);
     if (dp > 1) {  // the gradient is the mean over the data-parallel groups' samples
       // ZeRO-3's reduce-scatter already summed every rank's part; replicas sum across groups.
       if (!llama.partitioned()) ranks.data_group->all_reduce(llama.gradients(), llama.local_parameter_count());

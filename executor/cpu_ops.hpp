@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <numeric>
+#include <stdexcept>
 #include <vector>
 
 #include "executor/ulysses.hpp"
@@ -41,6 +42,7 @@ class HostMemoryMovement {
   void heads_pack(T* send, const T* source, int64_t tokens, int64_t heads_total, HeadBlocks blocks, int64_t HD, int64_t sp) {
     longseq::heads_pack(send, source, tokens, heads_total, blocks, HD, sp);
   }
+  void fill_value(float* data, int64_t n, float value) { std::fill_n(data, n, value); }
   void scale(float* data, int64_t n, float factor) {
     for (int64_t i = 0; i < n; ++i) data[i] *= factor;
   }
@@ -134,6 +136,27 @@ class CpuOps : public HostMemoryMovement {
                           int64_t block, float* /*workspace*/) {
     kernels::attention_backward(dq, dk, dv, delta_scratch, dout, q, k, v, out, lse, positions, T, NQ, NKV, HD, block);
   }
+  // FPDT's chunked attention (kernels/cpu/attention.hpp's range kernels), in fp32.
+  void attention_chunk_forward(Act* out, float* lse, const Act* q, const Act* k, const Act* v, const int32_t* positions, int64_t q_begin,
+                               int64_t Tq, int64_t k_begin, int64_t Tk, int64_t NQ, int64_t NKV, int64_t HD, int64_t block) {
+    kernels::attention_forward_range(out, lse, q, k, v, positions, q_begin, Tq, k_begin, Tk, NQ, NKV, HD, block);
+  }
+  void attention_softmax_delta(float* delta, const Act* dout, const Act* out, int64_t T, int64_t NQ, int64_t HD) {
+    kernels::attention_softmax_delta(delta, dout, out, T, NQ, HD);
+  }
+  void attention_chunk_backward(Act* dq, Act* dk, Act* dv, const float* delta, const Act* dout, const Act* q, const Act* k, const Act* v,
+                                const float* lse, const int32_t* positions, int64_t q_begin, int64_t Tq, int64_t k_begin, int64_t Tk,
+                                int64_t NQ, int64_t NKV, int64_t HD, int64_t block) {
+    kernels::attention_backward_range(dq, dk, dv, delta, dout, q, k, v, lse, positions, q_begin, Tq, k_begin, Tk, NQ, NKV, HD, block);
+  }
+  void attention_merge(float* accumulator, float* accumulator_lse, const Act* part, const float* part_lse, int64_t T, int64_t NQ,
+                       int64_t HD) {
+    kernels::attention_merge(accumulator, accumulator_lse, part, part_lse, T, NQ, HD);
+  }
+  // An fp32 accumulator into the activation type, and a part added into an accumulator.
+  void accumulator_to_act(Act* out, const float* accumulator, int64_t n) { std::copy_n(accumulator, n, out); }
+  void accumulate(float* accumulator, const Act* part, int64_t n) { add(accumulator, part, n); }
+
   void cross_entropy_forward(float* losses, const Act* logits, const int32_t* labels, int64_t T, int64_t V) {
     kernels::cross_entropy_forward(losses, logits, labels, T, V);
   }
@@ -155,6 +178,21 @@ class CpuOps : public HostMemoryMovement {
   void weights_from_master(Act* /*weights*/, const float* /*master*/, int64_t /*n*/) {}
   // ... and from master weights in host memory (the optimizer offloaded): a copy.
   void weights_from_host_master(Act* weights, const float* host_master, int64_t n) { std::copy_n(host_master, n, weights); }
+};
+
+// FPDT's chunked-attention calls for a device that does not have them yet: the executor refuses
+// FPDT there before anything is allocated (executor_plan_problems), so they are never reached.
+template <typename Act>
+struct ChunkedAttentionMissing {
+  [[noreturn]] static void missing() { throw std::logic_error("FPDT's chunked attention is not implemented on this device"); }
+  void attention_chunk_forward(Act*, float*, const Act*, const Act*, const Act*, const int32_t*, int64_t, int64_t, int64_t, int64_t,
+                               int64_t, int64_t, int64_t, int64_t) { missing(); }
+  void attention_softmax_delta(float*, const Act*, const Act*, int64_t, int64_t, int64_t) { missing(); }
+  void attention_chunk_backward(Act*, Act*, Act*, const float*, const Act*, const Act*, const Act*, const Act*, const float*,
+                                const int32_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) { missing(); }
+  void attention_merge(float*, float*, const Act*, const float*, int64_t, int64_t, int64_t) { missing(); }
+  void accumulator_to_act(Act*, const float*, int64_t) { missing(); }
+  void accumulate(float*, const Act*, int64_t) { missing(); }
 };
 
 }  // namespace longseq

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "executor/cpu_ops.hpp"
 #include "executor/ulysses.hpp"
 #include "kernels/blocked_attention.hpp"
 #include "kernels/cuda/kernels.hpp"
@@ -49,9 +50,12 @@ class DeviceVector {
   int64_t size_ = 0;
 };
 
-class CudaOps {
+// FPDT's chunked attention is not on the GPU yet: its calls are ChunkedAttentionMissing's (the
+// executor refuses FPDT with --device cuda before anything runs).
+class CudaOps : public ChunkedAttentionMissing<Bf16> {
  public:
   using Act = Bf16;
+  void fill_value(float*, int64_t, float) { missing(); }
   static constexpr const char* kDevice = "cuda";
   // bf16 weights for the kernels, fp32 master weights for AdamW (DeepSpeed's bf16 mode).
   static constexpr bool kSeparateMasterWeights = true;

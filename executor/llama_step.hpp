@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <limits>
 #include <stdexcept>
 #include <type_traits>
 #include <vector>
@@ -24,6 +25,13 @@ struct Dims {
   int64_t T, C, Q, KV, NQ, NKV, HD, F, V;
 };
 
+// What FPDT keeps of a layer in the host pool, per chunk.
+template <typename Act>
+struct FpdtSaved {
+  std::vector<BufferOf<Act>> q, k, v, output;
+  std::vector<Buffer> lse;
+};
+
 // What a layer keeps for its backward when its forward runs with keep_for_backward.
 template <typename Act>
 struct LayerSaved {
@@ -31,6 +39,7 @@ struct LayerSaved {
   Buffer attention_norm_rstd, lse, mlp_norm_rstd;
   // With Ulysses: attention's own inputs and output over the whole sequence for this rank's heads.
   BufferOf<Act> q_global, k_global, v_global, output_global;
+  FpdtSaved<Act> fpdt;  // with FPDT: the chunks in the host pool
 };
 
 inline int64_t tile_size(int64_t T, int64_t tiles) { return tiles > 0 ? (T + tiles - 1) / tiles : T; }
@@ -43,10 +52,279 @@ Buffer attention_workspace(Ops& ops, Arena& device, int64_t T, int64_t NQ, int64
   return elements > 0 ? device.allocate(L, "attention.workspace", elements) : Buffer();
 }
 
+// FPDT (the FPDT paper; DeepSpeed fpdt_layer.py, REFERENCE §3.6): attention over the local sequence
+// in chunks of c = options.fpdt_chunk_tokens tokens. The sample is in FPDT's layout
+// (fpdt_layout_rank_tokens), so Ulysses' all-to-all of every rank's chunk i is the i-th chunk of
+// the whole sequence, Cg = c x sp tokens, global tokens [i Cg, (i+1) Cg), for this rank's heads.
+// Key/value chunks (and, kept for backward, q, output and lse) wait in the host pool; query chunk
+// i attends to key/value chunks 0..i, each fetched while the one before is used (double
+// buffered), its partial output merged into an fp32 accumulator by the online softmax.
+struct FpdtChunks {
+  int64_t c = 0, count = 0, global = 0, q_heads = 0, kv_heads = 0;
+  int64_t q_elements() const { return global * q_heads; }   // x HD
+  int64_t kv_elements() const { return global * kv_heads; }  // x HD
+};
+
+inline FpdtChunks fpdt_chunks(const Dims& d, const TrainingOptions& options, const Ulysses& ulysses) {
+  FpdtChunks chunks;
+  chunks.c = options.fpdt_chunk_tokens;
+  if (d.T % chunks.c != 0) throw std::invalid_argument("FPDT: the local tokens must be a multiple of the chunk (seqlen_problems reports this)");
+  chunks.count = d.T / chunks.c;
+  chunks.global = chunks.c * ulysses.sp;
+  chunks.q_heads = ulysses.active() ? ulysses.q_heads : d.NQ;
+  chunks.kv_heads = ulysses.active() ? ulysses.kv_heads : d.NKV;
+  return chunks;
+}
+
+// Chunk `i`'s q, k and v for this rank's heads over the whole chunk: projected from the local
+// chunk's normed input, rotated, and (with Ulysses) exchanged.
+template <class Ops, typename Act = typename Ops::Act>
+void fpdt_project_chunk(Ops& ops, const Act* params, const LlamaLayout::Layer& w, const Act* normed, const int32_t* positions, int64_t i,
+                        const Dims& d, const FpdtChunks& chunks, const TrainingOptions& options, Arena& device, const Ulysses& ulysses,
+                        BufferOf<Act>& q, BufferOf<Act>& k, BufferOf<Act>& v) {
+  const int64_t c = chunks.c;
+  const Act* x = normed + i * c * d.C;
+  const char* q_name = ulysses.active() ? "fpdt.q_proj_chunk" : "fpdt.q_chunk";
+  const char* k_name = ulysses.active() ? "fpdt.k_proj_chunk" : "fpdt.k_chunk";
+  const char* v_name = ulysses.active() ? "fpdt.v_proj_chunk" : "fpdt.v_chunk";
+  BufferOf<Act> q_local = device.allocate<Act>(L, q_name, c * d.Q);
+  BufferOf<Act> k_local = device.allocate<Act>(L, k_name, c * d.KV);
+  BufferOf<Act> v_local = device.allocate<Act>(L, v_name, c * d.KV);
+  ops.linear_forward(q_local.data(), x, params + w.q_proj, c, d.C, d.Q);
+  ops.linear_forward(k_local.data(), x, params + w.k_proj, c, d.C, d.KV);
+  ops.linear_forward(v_local.data(), x, params + w.v_proj, c, d.C, d.KV);
+  ops.rope_forward(q_local.data(), q_local.data(), positions + i * c, c, d.NQ, d.HD, options.rope_theta);
+  ops.rope_forward(k_local.data(), k_local.data(), positions + i * c, c, d.NKV, d.HD, options.rope_theta);
+  if (!ulysses.active()) {
+    q = std::move(q_local);
+    k = std::move(k_local);
+    v = std::move(v_local);
+    return;
+  }
+  auto exchange = [&](const char* name, BufferOf<Act>& local, int64_t heads_total, HeadBlocks blocks) {
+    const int64_t count = c * blocks.per_rank * d.HD;
+    BufferOf<Act> send = device.allocate<Act>(L, "ulysses.staging", ulysses.sp * count);
+    ops.heads_pack(send.data(), local.data(), c, heads_total, blocks, d.HD, ulysses.sp);
+    local.release();
+    BufferOf<Act> global = device.allocate<Act>(L, name, ulysses.sp * count);
+    ulysses.group->all_to_all(send.data(), global.data(), count);
+    return global;
+  };
+  q = exchange("fpdt.q_chunk", q_local, d.NQ, ulysses.q_blocks());
+  k = exchange("fpdt.k_chunk", k_local, d.NKV, ulysses.kv_blocks());
+  v = exchange("fpdt.v_chunk", v_local, d.NKV, ulysses.kv_blocks());
+}
+
+// Chunk rows of this rank's heads (the whole chunk) back to the local tokens they belong to:
+// rows [i c, (i+1) c) of `local` (a [T, heads_total x HD] tensor, zero there) receive them.
+template <class Ops, typename Act = typename Ops::Act>
+void fpdt_return_chunk(Ops& ops, Act* local, const Act* chunk, int64_t i, int64_t heads_total, HeadBlocks blocks, const Dims& d,
+                       const FpdtChunks& chunks, Arena& device, const Ulysses& ulysses) {
+  const int64_t c = chunks.c;
+  if (!ulysses.active()) {
+    ops.copy(local + i * c * heads_total * d.HD, chunk, c * heads_total * d.HD);
+    return;
+  }
+  const int64_t count = c * blocks.per_rank * d.HD;
+  BufferOf<Act> recv = device.allocate<Act>(L, "ulysses.staging", ulysses.sp * count);
+  ulysses.group->all_to_all(chunk, recv.data(), count);
+  ops.heads_unpack_add(local + i * c * heads_total * d.HD, recv.data(), c, heads_total, blocks, d.HD, ulysses.sp);
+}
+
+template <class Ops, typename Act = typename Ops::Act>
+BufferOf<Act> fpdt_to_device(Ops& ops, Arena& device, const char* name, const BufferOf<Act>& host_copy) {
+  BufferOf<Act> on_device = device.allocate<Act>(L, name, host_copy.size());
+  typename Ops::PendingCopy copy = ops.copy_to_device_begin(on_device.data(), host_copy.data(), host_copy.size());
+  ops.copy_wait(copy);
+  return on_device;
+}
+
+template <class Ops, typename Act = typename Ops::Act>
+BufferOf<Act> fpdt_to_host(Ops& ops, Arena& host, const char* name, const BufferOf<Act>& on_device) {
+  BufferOf<Act> host_copy = host.allocate<Act>(kCategoryHost, name, on_device.size());
+  typename Ops::PendingCopy copy = ops.copy_to_host_begin(host_copy.data(), on_device.data(), on_device.size());
+  ops.copy_finish(copy);
+  return host_copy;
+}
+
+// FPDT's attention forward: fills `attention_output` ([T, Q], zeroed) from the normed input.
+// With `saved`, q/k/v/output/lse chunks stay in the host pool for the backward.
+template <class Ops, typename Act = typename Ops::Act>
+void fpdt_attention_forward(Ops& ops, const Act* params, const LlamaLayout::Layer& w, const Act* normed, Act* attention_output,
+                            const int32_t* positions, const Dims& d, const TrainingOptions& options, Arena& device, Arena& host,
+                            FpdtSaved<Act>* saved, const Ulysses& ulysses) {
+  const FpdtChunks chunks = fpdt_chunks(d, options, ulysses);
+  const int32_t* global_positions = ulysses.active() ? ulysses.global_positions : positions;
+  const int64_t n = chunks.count;
+  FpdtSaved<Act> local;
+  FpdtSaved<Act>& keep = saved ? *saved : local;
+  keep.q.resize(static_cast<size_t>(n));
+  keep.k.resize(static_cast<size_t>(n));
+  keep.v.resize(static_cast<size_t>(n));
+  keep.output.resize(static_cast<size_t>(n));
+  keep.lse.resize(static_cast<size_t>(n));
+  const int64_t q_elements = chunks.q_elements() * d.HD, kv_elements = chunks.kv_elements() * d.HD;
+  for (int64_t i = 0; i < n; ++i) {
+    const auto chunk = static_cast<size_t>(i);
+    BufferOf<Act> q, k, v;
+    fpdt_project_chunk(ops, params, w, normed, positions, i, d, chunks, options, device, ulysses, q, k, v);
+    keep.k[chunk] = fpdt_to_host(ops, host, "fpdt.k_chunks", k);
+    keep.v[chunk] = fpdt_to_host(ops, host, "fpdt.v_chunks", v);
+    if (saved) keep.q[chunk] = fpdt_to_host(ops, host, "fpdt.q_chunks", q);
+    Buffer accumulator = device.allocate(L, "fpdt.output_accumulator", q_elements, true);
+    Buffer accumulator_lse = device.allocate(L, "fpdt.lse_accumulator", chunks.q_elements());
+    ops.fill_value(accumulator_lse.data(), accumulator_lse.size(), -std::numeric_limits<float>::infinity());
+    BufferOf<Act> part = device.allocate<Act>(L, "fpdt.output_part", q_elements);
+    Buffer part_lse = device.allocate(L, "fpdt.lse_part", chunks.q_elements());
+    auto attend = [&](const Act* keys, const Act* values, int64_t j) {
+      ops.attention_chunk_forward(part.data(), part_lse.data(), q.data(), keys, values, global_positions, i * chunks.global, chunks.global,
+                                  j * chunks.global, chunks.global, chunks.q_heads, chunks.kv_heads, d.HD, options.attention_block);
+      ops.attention_merge(accumulator.data(), accumulator_lse.data(), part.data(), part_lse.data(), chunks.global, chunks.q_heads, d.HD);
+    };
+    // Earlier chunks' keys and values from the host pool, the next fetched while this one is used.
+    BufferOf<Act> k_current, v_current, k_next, v_next;
+    if (i > 0) {
+      k_current = fpdt_to_device(ops, device, "fpdt.kv_fetched", keep.k[0]);
+      v_current = fpdt_to_device(ops, device, "fpdt.kv_fetched", keep.v[0]);
+    }
+    for (int64_t j = 0; j < i; ++j) {
+      if (j + 1 < i) {
+        k_next = fpdt_to_device(ops, device, "fpdt.kv_prefetched", keep.k[static_cast<size_t>(j + 1)]);
+        v_next = fpdt_to_device(ops, device, "fpdt.kv_prefetched", keep.v[static_cast<size_t>(j + 1)]);
+      }
+      attend(k_current.data(), v_current.data(), j);
+      k_current.release();
+      v_current.release();
+      if (j + 1 < i) {
+        device.rename(k_next, "fpdt.kv_fetched");
+        device.rename(v_next, "fpdt.kv_fetched");
+        k_current = std::move(k_next);
+        v_current = std::move(v_next);
+      }
+    }
+    attend(k.data(), v.data(), i);  // the chunk's own keys, still on the device
+    part.release();
+    part_lse.release();
+    BufferOf<Act> output = device.allocate<Act>(L, "fpdt.output_chunk", q_elements);
+    ops.accumulator_to_act(output.data(), accumulator.data(), q_elements);
+    accumulator.release();
+    if (saved) {
+      keep.output[chunk] = fpdt_to_host(ops, host, "fpdt.output_chunks", output);
+      keep.lse[chunk] = host.allocate(kCategoryHost, "fpdt.lse_chunks", accumulator_lse.size());
+      ops.to_host(keep.lse[chunk].data(), accumulator_lse.data(), accumulator_lse.size());
+    }
+    accumulator_lse.release();
+    for (BufferOf<Act>* buffer : {&q, &k, &v}) buffer->release();
+    fpdt_return_chunk(ops, attention_output, output.data(), i, d.NQ, ulysses.q_blocks(), d, chunks, device, ulysses);
+  }
+  if (!saved)
+    for (int64_t i = n - 1; i >= 0; --i) {  // later chunks were only waiting for the later queries
+      keep.v[static_cast<size_t>(i)].release();
+      keep.k[static_cast<size_t>(i)].release();
+    }
+}
+
+// FPDT's attention backward: from the output gradient ([T, Q]) to q_grad, k_grad, v_grad ([T, Q],
+// [T, KV], [T, KV], zeroed), with the paper's chunk order: key/value chunk j outermost, its fp32
+// dk/dv accumulators on the device, every query chunk i >= j fetched with its output gradient,
+// lse, softmax delta and fp32 dq accumulator (the others wait in the host pool).
+template <class Ops, typename Act = typename Ops::Act>
+void fpdt_attention_backward(Ops& ops, const Act* output_grad, Act* q_grad, Act* k_grad, Act* v_grad, const int32_t* positions,
+                             const Dims& d, const TrainingOptions& options, Arena& device, Arena& host, FpdtSaved<Act>& saved,
+                             const Ulysses& ulysses) {
+  const FpdtChunks chunks = fpdt_chunks(d, options, ulysses);
+  const int32_t* global_positions = ulysses.active() ? ulysses.global_positions : positions;
+  const int64_t n = chunks.count, c = chunks.c;
+  const int64_t q_elements = chunks.q_elements() * d.HD, kv_elements = chunks.kv_elements() * d.HD;
+  std::vector<BufferOf<Act>> output_grads(static_cast<size_t>(n));
+  std::vector<Buffer> deltas(static_cast<size_t>(n)), q_grad_accumulators(static_cast<size_t>(n));
+  // Per chunk: the output gradient to this rank's heads over the whole chunk, and the softmax
+  // delta rowsum(dO * O); both wait in the host pool, beside a zero fp32 dq accumulator.
+  for (int64_t i = 0; i < n; ++i) {
+    const auto chunk = static_cast<size_t>(i);
+    BufferOf<Act> output_grad_chunk;
+    if (ulysses.active()) {
+      const int64_t count = c * ulysses.q_heads * d.HD;
+      BufferOf<Act> send = device.allocate<Act>(L, "ulysses.staging", ulysses.sp * count);
+      ops.heads_pack(send.data(), output_grad + i * c * d.Q, c, d.NQ, ulysses.q_blocks(), d.HD, ulysses.sp);
+      output_grad_chunk = device.allocate<Act>(L, "fpdt.output_grad_chunk", q_elements);
+      ulysses.group->all_to_all(send.data(), output_grad_chunk.data(), count);
+    } else {
+      output_grad_chunk = device.allocate<Act>(L, "fpdt.output_grad_chunk", q_elements);
+      ops.copy(output_grad_chunk.data(), output_grad + i * c * d.Q, q_elements);
+    }
+    BufferOf<Act> output = fpdt_to_device(ops, device, "fpdt.output_chunk", saved.output[chunk]);
+    Buffer delta = device.allocate(L, "fpdt.delta_chunk", chunks.q_elements());
+    ops.attention_softmax_delta(delta.data(), output_grad_chunk.data(), output.data(), chunks.global, chunks.q_heads, d.HD);
+    output.release();
+    saved.output[chunk].release();
+    output_grads[chunk] = fpdt_to_host(ops, host, "fpdt.output_grad_chunks", output_grad_chunk);
+    deltas[chunk] = host.allocate(kCategoryHost, "fpdt.delta_chunks", delta.size());
+    ops.to_host(deltas[chunk].data(), delta.data(), delta.size());
+    q_grad_accumulators[chunk] = host.allocate(kCategoryHost, "fpdt.q_grad_accumulators", q_elements, true);
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    const auto key_chunk = static_cast<size_t>(j);
+    BufferOf<Act> k = fpdt_to_device(ops, device, "fpdt.k_chunk", saved.k[key_chunk]);
+    BufferOf<Act> v = fpdt_to_device(ops, device, "fpdt.v_chunk", saved.v[key_chunk]);
+    Buffer k_grad_accumulator = device.allocate(L, "fpdt.kv_grad_accumulators", kv_elements, true);
+    Buffer v_grad_accumulator = device.allocate(L, "fpdt.kv_grad_accumulators", kv_elements, true);
+    for (int64_t i = j; i < n; ++i) {
+      const auto chunk = static_cast<size_t>(i);
+      BufferOf<Act> q = fpdt_to_device(ops, device, "fpdt.q_chunk", saved.q[chunk]);
+      BufferOf<Act> output_grad_chunk = fpdt_to_device(ops, device, "fpdt.output_grad_chunk", output_grads[chunk]);
+      Buffer lse = device.allocate(L, "fpdt.lse_chunk", chunks.q_elements());
+      ops.to_device(lse.data(), saved.lse[chunk].data(), lse.size());
+      Buffer delta = device.allocate(L, "fpdt.delta_chunk", chunks.q_elements());
+      ops.to_device(delta.data(), deltas[chunk].data(), delta.size());
+      Buffer q_grad_accumulator = device.allocate(L, "fpdt.q_grad_accumulator", q_elements);
+      ops.to_device(q_grad_accumulator.data(), q_grad_accumulators[chunk].data(), q_elements);
+      BufferOf<Act> q_grad_part = device.allocate<Act>(L, "fpdt.q_grad_part", q_elements, true);
+      BufferOf<Act> k_grad_part = device.allocate<Act>(L, "fpdt.kv_grad_parts", kv_elements, true);
+      BufferOf<Act> v_grad_part = device.allocate<Act>(L, "fpdt.kv_grad_parts", kv_elements, true);
+      ops.attention_chunk_backward(q_grad_part.data(), k_grad_part.data(), v_grad_part.data(), delta.data(), output_grad_chunk.data(),
+                                   q.data(), k.data(), v.data(), lse.data(), global_positions, i * chunks.global, chunks.global,
+                                   j * chunks.global, chunks.global, chunks.q_heads, chunks.kv_heads, d.HD, options.attention_block);
+      ops.accumulate(q_grad_accumulator.data(), q_grad_part.data(), q_elements);
+      ops.accumulate(k_grad_accumulator.data(), k_grad_part.data(), kv_elements);
+      ops.accumulate(v_grad_accumulator.data(), v_grad_part.data(), kv_elements);
+      for (BufferOf<Act>* buffer : {&v_grad_part, &k_grad_part, &q_grad_part}) buffer->release();
+      ops.to_host(q_grad_accumulators[chunk].data(), q_grad_accumulator.data(), q_elements);
+      for (Buffer* buffer : {&q_grad_accumulator, &delta, &lse}) buffer->release();
+      output_grad_chunk.release();
+      q.release();
+    }
+    k.release();
+    v.release();
+    saved.v[key_chunk].release();
+    saved.k[key_chunk].release();
+    // This key chunk is done: its gradients go back to the tokens' ranks (replicas summed).
+    for (auto [accumulator, target] : {std::pair{&k_grad_accumulator, k_grad}, std::pair{&v_grad_accumulator, v_grad}}) {
+      BufferOf<Act> gradient = device.allocate<Act>(L, "fpdt.kv_grad_chunk", kv_elements);
+      ops.accumulator_to_act(gradient.data(), accumulator->data(), kv_elements);
+      accumulator->release();
+      fpdt_return_chunk(ops, target, gradient.data(), j, d.NKV, ulysses.kv_blocks(), d, chunks, device, ulysses);
+    }
+    // Query chunk j has now seen every key chunk it attends to: its dq is complete.
+    const auto chunk = static_cast<size_t>(j);
+    Buffer q_grad_accumulator = device.allocate(L, "fpdt.q_grad_accumulator", q_elements);
+    ops.to_device(q_grad_accumulator.data(), q_grad_accumulators[chunk].data(), q_elements);
+    q_grad_accumulators[chunk].release();
+    BufferOf<Act> gradient = device.allocate<Act>(L, "fpdt.q_grad_chunk", q_elements);
+    ops.accumulator_to_act(gradient.data(), q_grad_accumulator.data(), q_elements);
+    q_grad_accumulator.release();
+    fpdt_return_chunk(ops, q_grad, gradient.data(), j, d.NQ, ulysses.q_blocks(), d, chunks, device, ulysses);
+    output_grads[chunk].release();
+    deltas[chunk].release();
+    saved.lse[chunk].release();
+    saved.q[chunk].release();
+  }
+}
+
 // One decoder layer's forward. Returns the layer output; fills `saved` when given.
 template <class Ops, typename Act = typename Ops::Act>
 BufferOf<Act> layer_forward(Ops& ops, const Act* params, const LlamaLayout::Layer& w, const Act* x, const int32_t* positions,
-                            const Dims& d, const TrainingOptions& options, Arena& device, LayerSaved<Act>* saved,
+                            const Dims& d, const TrainingOptions& options, Arena& device, Arena& host, LayerSaved<Act>* saved,
                             const Ulysses& ulysses) {
   LayerSaved<Act> local;
   LayerSaved<Act>& s = saved ? *saved : local;
@@ -55,59 +333,67 @@ BufferOf<Act> layer_forward(Ops& ops, const Act* params, const LlamaLayout::Laye
   s.attention_norm_rstd = device.allocate(L, "attention_norm.rstd", d.T);
   ops.rmsnorm_forward(s.attention_norm_output.data(), s.attention_norm_rstd.data(), x, params + w.attention_norm, d.T, d.C,
                       options.rmsnorm_eps);
-  s.q = device.allocate<Act>(L, "attention.q", d.T * d.Q);
-  s.k = device.allocate<Act>(L, "attention.k", d.T * d.KV);
-  s.v = device.allocate<Act>(L, "attention.v", d.T * d.KV);
-  ops.linear_forward(s.q.data(), s.attention_norm_output.data(), params + w.q_proj, d.T, d.C, d.Q);
-  ops.linear_forward(s.k.data(), s.attention_norm_output.data(), params + w.k_proj, d.T, d.C, d.KV);
-  ops.linear_forward(s.v.data(), s.attention_norm_output.data(), params + w.v_proj, d.T, d.C, d.KV);
-  ops.rope_forward(s.q.data(), s.q.data(), positions, d.T, d.NQ, d.HD, options.rope_theta);
-  ops.rope_forward(s.k.data(), s.k.data(), positions, d.T, d.NKV, d.HD, options.rope_theta);
-  if (!saved) s.attention_norm_output.release();
-  if (!ulysses.active()) {
-    s.attention_output = device.allocate<Act>(L, "attention.output", d.T * d.Q);
-    s.lse = device.allocate(L, "attention.lse", d.NQ * d.T);
-    Buffer workspace = attention_workspace(ops, device, d.T, d.NQ, d.NKV, d.HD, false);
-    ops.attention_forward(s.attention_output.data(), s.lse.data(), s.q.data(), s.k.data(), s.v.data(), positions, d.T, d.NQ, d.NKV,
-                          d.HD, options.attention_block, workspace.data());
-    workspace.release();
-    if (!saved) {
+  if (options.fpdt_chunk_tokens > 0) {
+    device.set_moment("forward: fpdt attention");
+    s.attention_output = device.allocate<Act>(L, "attention.output", d.T * d.Q, true);
+    fpdt_attention_forward(ops, params, w, s.attention_norm_output.data(), s.attention_output.data(), positions, d, options, device, host,
+                           saved ? &s.fpdt : nullptr, ulysses);
+    if (!saved) s.attention_norm_output.release();
+  } else {
+    s.q = device.allocate<Act>(L, "attention.q", d.T * d.Q);
+    s.k = device.allocate<Act>(L, "attention.k", d.T * d.KV);
+    s.v = device.allocate<Act>(L, "attention.v", d.T * d.KV);
+    ops.linear_forward(s.q.data(), s.attention_norm_output.data(), params + w.q_proj, d.T, d.C, d.Q);
+    ops.linear_forward(s.k.data(), s.attention_norm_output.data(), params + w.k_proj, d.T, d.C, d.KV);
+    ops.linear_forward(s.v.data(), s.attention_norm_output.data(), params + w.v_proj, d.T, d.C, d.KV);
+    ops.rope_forward(s.q.data(), s.q.data(), positions, d.T, d.NQ, d.HD, options.rope_theta);
+    ops.rope_forward(s.k.data(), s.k.data(), positions, d.T, d.NKV, d.HD, options.rope_theta);
+    if (!saved) s.attention_norm_output.release();
+    if (!ulysses.active()) {
+      s.attention_output = device.allocate<Act>(L, "attention.output", d.T * d.Q);
+      s.lse = device.allocate(L, "attention.lse", d.NQ * d.T);
+      Buffer workspace = attention_workspace(ops, device, d.T, d.NQ, d.NKV, d.HD, false);
+      ops.attention_forward(s.attention_output.data(), s.lse.data(), s.q.data(), s.k.data(), s.v.data(), positions, d.T, d.NQ, d.NKV,
+                            d.HD, options.attention_block, workspace.data());
+      workspace.release();
+      if (!saved) {
+        s.q.release();
+        s.k.release();
+        s.v.release();
+        s.lse.release();
+      }
+    } else {
+      // All-to-all in: every token of the sample for this rank's heads.
+      const int64_t S = d.T * ulysses.sp, q_count = d.T * ulysses.q_heads * d.HD;
+      auto exchange = [&](const char* name, const Act* rank_tokens, int64_t heads_total, HeadBlocks blocks) {
+        const int64_t count = d.T * blocks.per_rank * d.HD;
+        BufferOf<Act> send = device.allocate<Act>(L, "ulysses.staging", ulysses.sp * count);
+        ops.heads_pack(send.data(), rank_tokens, d.T, heads_total, blocks, d.HD, ulysses.sp);
+        BufferOf<Act> global = device.allocate<Act>(L, name, ulysses.sp * count);
+        ulysses.group->all_to_all(send.data(), global.data(), count);
+        return global;
+      };
+      s.q_global = exchange("attention.q_global", s.q.data(), d.NQ, ulysses.q_blocks());
+      s.k_global = exchange("attention.k_global", s.k.data(), d.NKV, ulysses.kv_blocks());
+      s.v_global = exchange("attention.v_global", s.v.data(), d.NKV, ulysses.kv_blocks());
       s.q.release();
       s.k.release();
       s.v.release();
-      s.lse.release();
-    }
-  } else {
-    // All-to-all in: every token of the sample for this rank's heads.
-    const int64_t S = d.T * ulysses.sp, q_count = d.T * ulysses.q_heads * d.HD;
-    auto exchange = [&](const char* name, const Act* rank_tokens, int64_t heads_total, HeadBlocks blocks) {
-      const int64_t count = d.T * blocks.per_rank * d.HD;
-      BufferOf<Act> send = device.allocate<Act>(L, "ulysses.staging", ulysses.sp * count);
-      ops.heads_pack(send.data(), rank_tokens, d.T, heads_total, blocks, d.HD, ulysses.sp);
-      BufferOf<Act> global = device.allocate<Act>(L, name, ulysses.sp * count);
-      ulysses.group->all_to_all(send.data(), global.data(), count);
-      return global;
-    };
-    s.q_global = exchange("attention.q_global", s.q.data(), d.NQ, ulysses.q_blocks());
-    s.k_global = exchange("attention.k_global", s.k.data(), d.NKV, ulysses.kv_blocks());
-    s.v_global = exchange("attention.v_global", s.v.data(), d.NKV, ulysses.kv_blocks());
-    s.q.release();
-    s.k.release();
-    s.v.release();
-    s.output_global = device.allocate<Act>(L, "attention.output_global", ulysses.sp * q_count);
-    s.lse = device.allocate(L, "attention.lse", ulysses.q_heads * S);
-    Buffer workspace = attention_workspace(ops, device, S, ulysses.q_heads, ulysses.kv_heads, d.HD, false);
-    ops.attention_forward(s.output_global.data(), s.lse.data(), s.q_global.data(), s.k_global.data(), s.v_global.data(),
-                          ulysses.global_positions, S, ulysses.q_heads, ulysses.kv_heads, d.HD, options.attention_block, workspace.data());
-    workspace.release();
-    // All-to-all out: the output's token blocks go back to the ranks that own them.
-    BufferOf<Act> recv = device.allocate<Act>(L, "ulysses.staging", ulysses.sp * q_count);
-    ulysses.group->all_to_all(s.output_global.data(), recv.data(), q_count);
-    s.attention_output = device.allocate<Act>(L, "attention.output", d.T * d.Q, true);
-    ops.heads_unpack_add(s.attention_output.data(), recv.data(), d.T, d.NQ, ulysses.q_blocks(), d.HD, ulysses.sp);
-    if (!saved) {
-      for (BufferOf<Act>* buffer : {&s.q_global, &s.k_global, &s.v_global, &s.output_global}) buffer->release();
-      s.lse.release();
+      s.output_global = device.allocate<Act>(L, "attention.output_global", ulysses.sp * q_count);
+      s.lse = device.allocate(L, "attention.lse", ulysses.q_heads * S);
+      Buffer workspace = attention_workspace(ops, device, S, ulysses.q_heads, ulysses.kv_heads, d.HD, false);
+      ops.attention_forward(s.output_global.data(), s.lse.data(), s.q_global.data(), s.k_global.data(), s.v_global.data(),
+                            ulysses.global_positions, S, ulysses.q_heads, ulysses.kv_heads, d.HD, options.attention_block, workspace.data());
+      workspace.release();
+      // All-to-all out: the output's token blocks go back to the ranks that own them.
+      BufferOf<Act> recv = device.allocate<Act>(L, "ulysses.staging", ulysses.sp * q_count);
+      ulysses.group->all_to_all(s.output_global.data(), recv.data(), q_count);
+      s.attention_output = device.allocate<Act>(L, "attention.output", d.T * d.Q, true);
+      ops.heads_unpack_add(s.attention_output.data(), recv.data(), d.T, d.NQ, ulysses.q_blocks(), d.HD, ulysses.sp);
+      if (!saved) {
+        for (BufferOf<Act>* buffer : {&s.q_global, &s.k_global, &s.v_global, &s.output_global}) buffer->release();
+        s.lse.release();
+      }
     }
   }
   device.set_moment("forward: o_proj and residual");
@@ -153,7 +439,7 @@ BufferOf<Act> layer_forward(Ops& ops, const Act* params, const LlamaLayout::Laye
 // layer output; returns the gradient of its input.
 template <class Ops, typename Act = typename Ops::Act>
 BufferOf<Act> layer_backward(Ops& ops, float* grads, const Act* params, const LlamaLayout::Layer& w, const Act* x, const Act* dy,
-                             const int32_t* positions, const Dims& d, const TrainingOptions& options, Arena& device,
+                             const int32_t* positions, const Dims& d, const TrainingOptions& options, Arena& device, Arena& host,
                              LayerSaved<Act>& s, const Ulysses& ulysses) {
   device.set_moment("backward: mlp");
   // The residual branch passes dy through; the MLP adds its input gradient through the norm.
@@ -203,7 +489,13 @@ BufferOf<Act> layer_backward(Ops& ops, float* grads, const Act* params, const Ll
   BufferOf<Act> q_grad = device.allocate<Act>(L, "attention.q_grad", d.T * d.Q, true);
   BufferOf<Act> k_grad = device.allocate<Act>(L, "attention.k_grad", d.T * d.KV, true);
   BufferOf<Act> v_grad = device.allocate<Act>(L, "attention.v_grad", d.T * d.KV, true);
-  if (!ulysses.active()) {
+  if (options.fpdt_chunk_tokens > 0) {
+    device.set_moment("backward: fpdt attention");
+    fpdt_attention_backward(ops, output_grad.data(), q_grad.data(), k_grad.data(), v_grad.data(), positions, d, options, device, host, s.fpdt,
+                            ulysses);
+    output_grad.release();
+    s.attention_output.release();
+  } else if (!ulysses.active()) {
     Buffer delta = device.allocate(L, "attention.softmax_delta", d.NQ * d.T);
     Buffer workspace = attention_workspace(ops, device, d.T, d.NQ, d.NKV, d.HD, true);
     ops.attention_backward(q_grad.data(), k_grad.data(), v_grad.data(), delta.data(), output_grad.data(), s.q.data(), s.k.data(),
@@ -594,7 +886,7 @@ StepResult BasicLlamaModel<Ops>::forward_backward(const int32_t* host_tokens, co
     BufferOf<Act> gathered;
     const Act* layer_params = module_weights(1 + static_cast<size_t>(i), gathered);
     const LlamaLayout::Layer w = rebased(static_cast<size_t>(i));
-    BufferOf<Act> y = layer_forward(ops, layer_params, w, x.data(), positions, d, options, device,
+    BufferOf<Act> y = layer_forward(ops, layer_params, w, x.data(), positions, d, options, device, host,
                                     options.activation_checkpointing ? nullptr : &saved[static_cast<size_t>(i)], ulysses);
     gathered.release();
     if (options.checkpoint_offload) {
@@ -703,11 +995,11 @@ StepResult BasicLlamaModel<Ops>::forward_backward(const int32_t* host_tokens, co
     LayerSaved<Act> recomputed;
     LayerSaved<Act>& layer_saved = options.activation_checkpointing ? recomputed : saved[static_cast<size_t>(i)];
     if (options.activation_checkpointing) {
-      BufferOf<Act> output = layer_forward(ops, layer_params, w, input.data(), positions, d, options, device, &recomputed, ulysses);
+      BufferOf<Act> output = layer_forward(ops, layer_params, w, input.data(), positions, d, options, device, host, &recomputed, ulysses);
       output.release();
     }
     BufferOf<Act> dx =
-        layer_backward(ops, layer_grads, layer_params, w, input.data(), dy.data(), positions, d, options, device, layer_saved, ulysses);
+        layer_backward(ops, layer_grads, layer_params, w, input.data(), dy.data(), positions, d, options, device, host, layer_saved, ulysses);
     dy = std::move(dx);
     scatter(1 + static_cast<size_t>(i), layer_gradient);
   }

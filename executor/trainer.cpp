@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <random>
+#include <stdexcept>
 
 #include <fmt/format.h>
 
@@ -67,9 +68,9 @@ std::vector<std::string> executor_plan_problems(const PlanOptions& plan, const s
   std::vector<std::string> problems;
   if (plan.micro_batch != 1)
     problems.push_back(fmt::format("micro batch {}: the executor trains one sample per rank per step", plan.micro_batch));
-  if (plan.fpdt)
-    problems.push_back("FPDT: the executor does not run FPDT's chunked attention yet (the planner predicts it; run without it)");
-  (void)device;
+  if (plan.fpdt && device == "cuda")
+    problems.push_back("FPDT: the GPU executor does not run FPDT's chunked attention yet (the CPU executor does; the planner predicts "
+                       "both)");
   return problems;
 }
 
@@ -109,6 +110,18 @@ SearchResult machine_plan_search(const ModelSpec& model, const MachineTarget& ta
 }
 
 ClusterSpec executor_cluster(double budget_bytes, int64_t ranks) { return machine_cluster({"cpu", ranks, budget_bytes}); }
+
+std::vector<int32_t> fpdt_layout_rank_tokens(const std::vector<int32_t>& values, int64_t sp, int64_t rank, int64_t chunk_local) {
+  const auto size = static_cast<int64_t>(values.size());
+  const int64_t global_chunk = chunk_local * sp;
+  if (chunk_local < 1 || size % global_chunk != 0 || rank < 0 || rank >= sp)
+    throw std::invalid_argument("fpdt_layout_rank_tokens: the sequence must be whole chunks of chunk_local x sp tokens");
+  std::vector<int32_t> local;
+  local.reserve(static_cast<size_t>(size / sp));
+  for (int64_t start = 0; start < size; start += global_chunk)
+    local.insert(local.end(), values.begin() + start + rank * chunk_local, values.begin() + start + (rank + 1) * chunk_local);
+  return local;
+}
 
 Sample sample_from_text(const std::string& text, int64_t seqlen, int64_t offset) {
   if (text.empty()) throw ConfigError("--data", "", "the text file is empty");

@@ -60,6 +60,12 @@ SearchResult machine_plan_search(const ModelSpec& model, const MachineTarget& ta
 // The CPU "device" as a cluster of `ranks` one-device ranks on one node (machine_cluster's).
 ClusterSpec executor_cluster(double budget_bytes, int64_t ranks = 1);
 
+// FPDT's input layout (Megatron-DeepSpeed's FPDT_InputConstruct): the sequence in chunks of
+// chunk_local x sp tokens, rank `rank` holding piece `rank` of every chunk, in chunk order, so that
+// the all-to-all of every rank's chunk i is the i-th chunk of the sequence in order. With sp = 1
+// it is the sequence itself. values.size() must be a multiple of chunk_local x sp.
+std::vector<int32_t> fpdt_layout_rank_tokens(const std::vector<int32_t>& values, int64_t sp, int64_t rank, int64_t chunk_local);
+
 struct StepMeasurement {
   int64_t step = 0;
   double loss = 0;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <utility>
 
 namespace longseq {
@@ -519,8 +520,175 @@ int64_t executor_tile_count(const LayerShape& shape) {
   return (shape.tokens + tile - 1) / tile;
 }
 
+// FPDT in the executor (executor/llama_step.hpp fpdt_attention_forward/backward), chunk by chunk:
+// device buffers in `trace`, the host pool's chunks in `host`.
+struct ExecutorFpdtBytes {
+  int64_t chunks = 0;
+  double q_act, kv_act, q_fp32, kv_fp32, lse, q_local_act, kv_local_act;
+  ExecutorFpdtBytes(const LayerShape& shape, const ExecutorStepOptions& options) {
+    const double a = static_cast<double>(options.activation_bytes);
+    const double c = static_cast<double>(shape.fpdt_chunk_tokens);
+    chunks = shape.tokens / shape.fpdt_chunk_tokens;
+    // A chunk over the whole sequence for this rank's heads holds as many elements as the local
+    // chunk for every head: c x sp tokens x n/sp heads.
+    q_act = c * static_cast<double>(shape.q_width) * a;
+    kv_act = c * static_cast<double>(shape.kv_width * shape.kv_replication) * a;
+    q_fp32 = q_act / a * 4.0;
+    kv_fp32 = kv_act / a * 4.0;
+    lse = c * static_cast<double>(shape.num_q_heads) * 4.0;
+    q_local_act = c * static_cast<double>(shape.q_width) * a;
+    kv_local_act = c * static_cast<double>(shape.kv_width) * a;
+  }
+};
+
+// The replay is O(1) per layer, whatever the chunk count (the plan search probes millions of
+// chunks): on the device every chunk from the third on repeats the third's allocations exactly
+// (chunk 0 fetches nothing, chunk 1 one pair, later ones a pair and the next), so three chunks
+// give the device's peak; the host pool only grows during the forward and the first pass of the
+// backward and only shrinks after, so all chunks of a kind enter and leave it as one folded item.
+void executor_fpdt_forward(TensorTrace& trace, TensorTrace* host, const LayerShape& shape, const ExecutorStepOptions& options, bool keep) {
+  const ExecutorFpdtBytes b(shape, options);
+  const double n = static_cast<double>(b.chunks);
+  auto host_alloc = [&](const char* name, double bytes) {
+    if (host) host->alloc(kCategoryHost, name, bytes * n, n);
+  };
+  auto host_free = [&](const char* name) {
+    if (host) host->free(name);
+  };
+  host_alloc("fpdt.k_chunks", b.kv_act);
+  host_alloc("fpdt.v_chunks", b.kv_act);
+  if (keep) {
+    host_alloc("fpdt.q_chunks", b.q_act);
+    host_alloc("fpdt.output_chunks", b.q_act);
+    host_alloc("fpdt.lse_chunks", b.lse);
+  }
+  const bool ulysses = shape.sp > 1;
+  for (int64_t i = 0; i < std::min<int64_t>(b.chunks, 3); ++i) {
+    if (ulysses) {
+      trace.alloc(L, "fpdt.q_proj_chunk", b.q_local_act);
+      trace.alloc(L, "fpdt.k_proj_chunk", b.kv_local_act);
+      trace.alloc(L, "fpdt.v_proj_chunk", b.kv_local_act);
+      for (auto [local, global, bytes] : {std::tuple{"fpdt.q_proj_chunk", "fpdt.q_chunk", b.q_act},
+                                          std::tuple{"fpdt.k_proj_chunk", "fpdt.k_chunk", b.kv_act},
+                                          std::tuple{"fpdt.v_proj_chunk", "fpdt.v_chunk", b.kv_act}}) {
+        trace.alloc(L, "ulysses.staging", bytes);
+        trace.free(local);
+        trace.alloc(L, global, bytes);
+        trace.free("ulysses.staging");
+      }
+    } else {
+      trace.alloc(L, "fpdt.q_chunk", b.q_act);
+      trace.alloc(L, "fpdt.k_chunk", b.kv_act);
+      trace.alloc(L, "fpdt.v_chunk", b.kv_act);
+    }
+    trace.alloc(L, "fpdt.output_accumulator", b.q_fp32);
+    trace.alloc(L, "fpdt.lse_accumulator", b.lse);
+    trace.alloc(L, "fpdt.output_part", b.q_act);
+    trace.alloc(L, "fpdt.lse_part", b.lse);
+    // Earlier chunks' keys and values, one pair in use and the next one arriving.
+    if (i > 0) {
+      trace.alloc(L, "fpdt.kv_fetched", b.kv_act);
+      trace.alloc(L, "fpdt.kv_fetched", b.kv_act);
+    }
+    for (int64_t j = 0; j < i; ++j) {
+      if (j + 1 < i) {
+        trace.alloc(L, "fpdt.kv_prefetched", b.kv_act);
+        trace.alloc(L, "fpdt.kv_prefetched", b.kv_act);
+      }
+      trace.free("fpdt.kv_fetched");
+      trace.free("fpdt.kv_fetched");
+      if (j + 1 < i)
+        for (int pair = 0; pair < 2; ++pair) {
+          trace.alias("fpdt.kv_prefetched", L, "fpdt.kv_fetched");
+          trace.free("fpdt.kv_prefetched");
+        }
+    }
+    trace.free("fpdt.output_part");
+    trace.free("fpdt.lse_part");
+    trace.alloc(L, "fpdt.output_chunk", b.q_act);
+    trace.free("fpdt.output_accumulator");
+    trace.free("fpdt.lse_accumulator");
+    for (const char* name : {"fpdt.q_chunk", "fpdt.k_chunk", "fpdt.v_chunk"}) trace.free(name);
+    if (ulysses) {  // the output chunk back to the tokens' ranks
+      trace.alloc(L, "ulysses.staging", b.q_act);
+      trace.free("ulysses.staging");
+    }
+    trace.free("fpdt.output_chunk");
+  }
+  if (!keep) {
+    host_free("fpdt.v_chunks");
+    host_free("fpdt.k_chunks");
+  }
+}
+
+void executor_fpdt_backward(TensorTrace& trace, TensorTrace* host, const LayerShape& shape, const ExecutorStepOptions& options) {
+  const ExecutorFpdtBytes b(shape, options);
+  const double n = static_cast<double>(b.chunks);
+  auto host_alloc = [&](const char* name, double bytes) {
+    if (host) host->alloc(kCategoryHost, name, bytes * n, n);
+  };
+  auto host_free = [&](const char* name) {
+    if (host) host->free(name);
+  };
+  const bool ulysses = shape.sp > 1;
+  auto chunk_return = [&](double bytes) {
+    if (!ulysses) return;
+    trace.alloc(L, "ulysses.staging", bytes);
+    trace.free("ulysses.staging");
+  };
+  // First pass, every chunk alike: the output gradient to this rank's heads and the softmax delta.
+  if (ulysses) trace.alloc(L, "ulysses.staging", b.q_act);
+  trace.alloc(L, "fpdt.output_grad_chunk", b.q_act);
+  if (ulysses) trace.free("ulysses.staging");
+  trace.alloc(L, "fpdt.output_chunk", b.q_act);
+  trace.alloc(L, "fpdt.delta_chunk", b.lse);
+  trace.free("fpdt.output_chunk");
+  trace.free("fpdt.delta_chunk");
+  trace.free("fpdt.output_grad_chunk");
+  host_free("fpdt.output_chunks");
+  host_alloc("fpdt.output_grad_chunks", b.q_act);
+  host_alloc("fpdt.delta_chunks", b.lse);
+  host_alloc("fpdt.q_grad_accumulators", b.q_fp32);
+  // Second pass: every key chunk (and each query chunk inside it) alike on the device.
+  if (b.chunks > 0) {
+    trace.alloc(L, "fpdt.k_chunk", b.kv_act);
+    trace.alloc(L, "fpdt.v_chunk", b.kv_act);
+    trace.alloc(L, "fpdt.kv_grad_accumulators", b.kv_fp32);
+    trace.alloc(L, "fpdt.kv_grad_accumulators", b.kv_fp32);
+    {
+      trace.alloc(L, "fpdt.q_chunk", b.q_act);
+      trace.alloc(L, "fpdt.output_grad_chunk", b.q_act);
+      trace.alloc(L, "fpdt.lse_chunk", b.lse);
+      trace.alloc(L, "fpdt.delta_chunk", b.lse);
+      trace.alloc(L, "fpdt.q_grad_accumulator", b.q_fp32);
+      trace.alloc(L, "fpdt.q_grad_part", b.q_act);
+      trace.alloc(L, "fpdt.kv_grad_parts", b.kv_act);
+      trace.alloc(L, "fpdt.kv_grad_parts", b.kv_act);
+      for (const char* name : {"fpdt.kv_grad_parts", "fpdt.kv_grad_parts", "fpdt.q_grad_part", "fpdt.q_grad_accumulator", "fpdt.delta_chunk",
+                               "fpdt.lse_chunk", "fpdt.output_grad_chunk", "fpdt.q_chunk"})
+        trace.free(name);
+    }
+    trace.free("fpdt.k_chunk");
+    trace.free("fpdt.v_chunk");
+    for (int pair = 0; pair < 2; ++pair) {  // dk, then dv, back to the tokens' ranks
+      trace.alloc(L, "fpdt.kv_grad_chunk", b.kv_act);
+      trace.free("fpdt.kv_grad_accumulators");
+      chunk_return(b.kv_act);
+      trace.free("fpdt.kv_grad_chunk");
+    }
+    trace.alloc(L, "fpdt.q_grad_accumulator", b.q_fp32);
+    trace.alloc(L, "fpdt.q_grad_chunk", b.q_act);
+    trace.free("fpdt.q_grad_accumulator");
+    chunk_return(b.q_act);
+    trace.free("fpdt.q_grad_chunk");
+  }
+  for (const char* name : {"fpdt.v_chunks", "fpdt.k_chunks", "fpdt.q_grad_accumulators", "fpdt.output_grad_chunks", "fpdt.delta_chunks",
+                           "fpdt.lse_chunks", "fpdt.q_chunks"})
+    host_free(name);
+}
+
 // executor/llama_step.hpp layer_forward. Leaves "layer.output" and, with keep, the saved tensors.
-void executor_layer_forward(TensorTrace& trace, const LayerShape& shape, const ExecutorStepOptions& options, bool keep) {
+void executor_layer_forward(TensorTrace& trace, TensorTrace* host, const LayerShape& shape, const ExecutorStepOptions& options, bool keep) {
   const ExecutorBytes b(shape, options);
   // The attention kernel's workspace, if it takes one, lives only while it runs.
   auto workspace = [&](double bytes) {
@@ -531,6 +699,12 @@ void executor_layer_forward(TensorTrace& trace, const LayerShape& shape, const E
   trace.set_moment("forward: attention");
   trace.alloc(L, "attention_norm.output", b.x);
   trace.alloc(L, "attention_norm.rstd", b.rstd);
+  if (shape.fpdt_chunk_tokens > 0) {
+    trace.set_moment("forward: fpdt attention");
+    trace.alloc(L, "attention.output", b.q);
+    executor_fpdt_forward(trace, host, shape, options, keep);
+    if (!keep) trace.free("attention_norm.output");
+  } else {
   trace.alloc(L, "attention.q", b.q);
   trace.alloc(L, "attention.k", b.kv);
   trace.alloc(L, "attention.v", b.kv);
@@ -562,6 +736,7 @@ void executor_layer_forward(TensorTrace& trace, const LayerShape& shape, const E
         trace.free(name);
     trace.free("ulysses.staging");
   }
+  }
   trace.set_moment("forward: o_proj and residual");
   trace.alloc(L, "residual.attention", b.x);
   if (!keep) trace.free("attention.output");
@@ -586,7 +761,7 @@ void executor_layer_forward(TensorTrace& trace, const LayerShape& shape, const E
 
 // executor/llama_step.hpp layer_backward after executor_layer_forward(keep). Expects "layer.input"
 // and "layer.output_grad" live; leaves "layer.input_grad".
-void executor_layer_backward(TensorTrace& trace, const LayerShape& shape, const ExecutorStepOptions& options) {
+void executor_layer_backward(TensorTrace& trace, TensorTrace* host, const LayerShape& shape, const ExecutorStepOptions& options) {
   const ExecutorBytes b(shape, options);
   // FlashAttention-2's softmax delta (rowsum(dO * O), fp32 [NQ, T]) and the kernel's workspace.
   auto delta_and_workspace = [&] {
@@ -623,7 +798,12 @@ void executor_layer_backward(TensorTrace& trace, const LayerShape& shape, const 
   trace.alloc(L, "attention.q_grad", b.q);
   trace.alloc(L, "attention.k_grad", b.kv);
   trace.alloc(L, "attention.v_grad", b.kv);
-  if (shape.sp == 1) {
+  if (shape.fpdt_chunk_tokens > 0) {
+    trace.set_moment("backward: fpdt attention");
+    executor_fpdt_backward(trace, host, shape, options);
+    trace.free("attention.output_grad");
+    trace.free("attention.output");
+  } else if (shape.sp == 1) {
     delta_and_workspace();
     for (const char* name : {"attention.output_grad", "attention.output", "attention.lse", "attention.q", "attention.k", "attention.v"})
       trace.free(name);
@@ -662,7 +842,7 @@ void executor_layer_backward(TensorTrace& trace, const LayerShape& shape, const 
 
 }  // namespace
 
-void executor_step_replay(TensorTrace& trace, const LayerShape& shape, const ExecutorStepOptions& options) {
+void executor_step_replay(TensorTrace& trace, const LayerShape& shape, const ExecutorStepOptions& options, TensorTrace* host) {
   const int64_t act = options.activation_bytes;
   const ExecutorBytes b(shape, options);
   const bool keep = !options.checkpointing;
@@ -702,7 +882,8 @@ void executor_step_replay(TensorTrace& trace, const LayerShape& shape, const Exe
   release();
   for (int64_t i = 0; i < options.layers; ++i) {
     gather(options.layer_parameters);
-    executor_layer_forward(trace, shape, options, keep);
+    executor_layer_forward(trace, host, shape, options, keep);
+    if (options.checkpoint_offload && host) host->alloc(kCategoryCheckpoints, "hidden_states_checkpoints", b.x);
     release();
     if (options.checkpoint_offload) {
       // The input's copy to the host pool runs while the next layer computes; the previous
@@ -749,15 +930,16 @@ void executor_step_replay(TensorTrace& trace, const LayerShape& shape, const Exe
     gather(options.layer_parameters);
     gradient(options.layer_parameters);
     if (options.checkpoint_offload) {
+      if (host) host->free("hidden_states_checkpoints");  // its copy is on the device again
       trace.alias("checkpoint.prefetched", L, "layer.input");
       trace.free("checkpoint.prefetched");
       if (i > 0) trace.alloc(L, "checkpoint.prefetched", b.x);
     }
     if (options.checkpointing) {
-      executor_layer_forward(trace, shape, options, /*keep=*/true);
+      executor_layer_forward(trace, host, shape, options, /*keep=*/true);
       trace.free("layer.output");
     }
-    executor_layer_backward(trace, shape, options);
+    executor_layer_backward(trace, host, shape, options);
     trace.free("layer.output_grad");
     trace.alias("layer.input_grad", L, "layer.output_grad");
     trace.free("layer.input_grad");

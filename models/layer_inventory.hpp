@@ -104,7 +104,8 @@ struct ExecutorStepOptions {
   int64_t embedding_parameters = 0, layer_parameters = 0, final_parameters = 0;
   bool tied_embeddings = false;
 };
-void executor_step_replay(TensorTrace& trace, const LayerShape& shape, const ExecutorStepOptions& options);
+// With `host`, the host pool's allocations too (offloaded checkpoints, FPDT's chunks), in order.
+void executor_step_replay(TensorTrace& trace, const LayerShape& shape, const ExecutorStepOptions& options, TensorTrace* host = nullptr);
 
 enum class LossImplementation {
   loss_untiled,        // HF: logits, fp32 upcast, log-softmax; backward holds three fp32 [T, V]

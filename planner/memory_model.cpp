@@ -192,6 +192,8 @@ MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& clust
   const double saved_per_layer = plan.activation_checkpointing ? 0 : decoder_layer_saved_bytes(setup.shape, setup.impl);
 
   std::vector<PhaseResult> phases(profile.step_schedule == "executor" ? 1 : 3);
+  // The executor's host pool (offloaded checkpoints, FPDT's chunks), replayed with its step.
+  TensorTrace executor_host;
   // Every phase starts from the static tensors and the activations of the layers below it.
   auto phase_begin = [&](PhaseResult& result, const char* name, double resident_layers) -> TensorTrace& {
     result.phase = name;
@@ -214,7 +216,7 @@ MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& clust
     options.attention_block_tokens = profile.attention_block_tokens;
     options.checkpointing = plan.activation_checkpointing;
     options.checkpoint_offload = plan.checkpoint_offload;
-    options.loss_tile_tokens = plan.tiled_loss ? setup.loss_tile_tokens : 0;
+    options.loss_tile_tokens = plan.tiled_loss || plan.fpdt ? setup.loss_tile_tokens : 0;
     // The executor's ZeRO partitions every module over all ranks: ZeRO-3 gathers the weights,
     // ZeRO-2/3 (and an offloaded optimizer) reduce-scatter the gradients.
     options.gather_weights = plan.zero_stage == 3;
@@ -227,7 +229,7 @@ MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& clust
       options.final_parameters = setup.params.final_norm + setup.params.lm_head;
       options.tied_embeddings = model.tied_embeddings;
     }
-    executor_step_replay(trace, setup.shape, options);
+    executor_step_replay(trace, setup.shape, options, &executor_host);
   } else {
     // Forward of the last layer: the checkpoints of all layers below it are resident.
     {
@@ -311,8 +313,19 @@ MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& clust
     host_add("gradients_fp32", params * as_double(profile.gradient_bytes) / world);
   }
   if (plan.offload_params) host_add("weights", params * as_double(profile.weight_bytes) / world);
-  if (plan.checkpoint_offload) host_add("hidden_states_checkpoints", layers * x_bytes);
-  host_add("fpdt_chunks_pinned", fpdt_host_bytes(setup.shape, setup.impl));
+  if (profile.step_schedule == "executor") {
+    // What the executor's host pool held at its peak, tensor by tensor (same-named ones summed).
+    std::vector<std::pair<std::string_view, double>> pooled;
+    for (const auto& item : executor_host.peak_items()) {
+      auto found = std::find_if(pooled.begin(), pooled.end(), [&](const auto& entry) { return entry.first == item.name; });
+      if (found == pooled.end()) pooled.emplace_back(item.name, item.bytes);
+      else found->second += item.bytes;
+    }
+    for (const auto& [name, bytes] : pooled) host_add(std::string(name).c_str(), bytes);
+  } else {
+    if (plan.checkpoint_offload) host_add("hidden_states_checkpoints", layers * x_bytes);
+    host_add("fpdt_chunks_pinned", fpdt_host_bytes(setup.shape, setup.impl));
+  }
   host_add("dataloader_buffers", profile.dataloader_host_bytes_per_token * as_double(seqlen) * as_double(plan.micro_batch));
   for (const auto& item : prediction.host_items) prediction.host_bytes_per_node += item.bytes;
   prediction.host_capacity_bytes = cluster.host_memory_gib * kBytesPerGib;

@@ -49,9 +49,14 @@ void block_scores(RowMatrix<Real>& scores, const HeadSlice<Real>& queries, const
 
 }  // namespace
 
+// Queries [q_begin, q_begin + Tq) of a sequence against its keys [k_begin, k_begin + Tk): q, out
+// and lse ([NQ, Tq]) hold the queries' rows, k and v the keys' rows; position_ids cover the whole
+// sequence (indexed by global token). A query with no visible key in the range gets out = 0 and
+// lse = -inf, which is what merging it with other ranges needs.
 template <typename Real>
-void attention_forward(Real* out, Real* lse, const Real* q, const Real* k, const Real* v, const int32_t* position_ids,
-                       int64_t T, int64_t NQ, int64_t NKV, int64_t HD, int64_t block) {
+void attention_forward_range(Real* out, Real* lse, const Real* q, const Real* k, const Real* v, const int32_t* position_ids,
+                             int64_t q_begin, int64_t Tq, int64_t k_begin, int64_t Tk, int64_t NQ, int64_t NKV, int64_t HD,
+                             int64_t block) {
   const Real scale = Real(1) / std::sqrt(static_cast<Real>(HD));
   const int64_t group = NQ / NKV;
   const Real negative_infinity = -std::numeric_limits<Real>::infinity();
@@ -61,18 +66,20 @@ void attention_forward(Real* out, Real* lse, const Real* q, const Real* k, const
     RowMatrix<Real> scores, accumulator;
     std::vector<Real> row_max, row_sum;
     const int64_t g = h / group;
-    for (int64_t i0 = 0; i0 < T; i0 += block) {
-      const int64_t i1 = std::min(T, i0 + block), rows = i1 - i0;
+    for (int64_t i0 = 0; i0 < Tq; i0 += block) {
+      const int64_t i1 = std::min(Tq, i0 + block), rows = i1 - i0;
       const HeadSlice<Real> queries(q + (i0 * NQ + h) * HD, rows, HD, Eigen::OuterStride<>(NQ * HD));
       accumulator.setZero(rows, HD);
       row_max.assign(rows, negative_infinity);
       row_sum.assign(rows, Real(0));
-      const int64_t first_key = block_first_key(position_ids, i0, i1);
-      for (int64_t j0 = first_key / block * block; j0 < i1; j0 += block) {
-        const int64_t j1 = std::min(T, j0 + block), cols = j1 - j0;
+      // Key blocks from the earliest document start of these queries up to the last of them.
+      const int64_t first_key = std::max<int64_t>(0, block_first_key(position_ids, q_begin + i0, q_begin + i1) - k_begin);
+      const int64_t key_end = std::min(Tk, q_begin + i1 - k_begin);
+      for (int64_t j0 = first_key / block * block; j0 < key_end; j0 += block) {
+        const int64_t j1 = std::min(Tk, j0 + block), cols = j1 - j0;
         const HeadSlice<Real> keys(k + (j0 * NKV + g) * HD, cols, HD, Eigen::OuterStride<>(NKV * HD));
         const HeadSlice<Real> values(v + (j0 * NKV + g) * HD, cols, HD, Eigen::OuterStride<>(NKV * HD));
-        block_scores(scores, queries, keys, position_ids, i0, j0, scale);
+        block_scores(scores, queries, keys, position_ids, q_begin + i0, k_begin + j0, scale);
         // Online softmax: rescale what was accumulated when a row's maximum grows.
         for (int64_t r = 0; r < rows; ++r) {
           const Real block_max = scores.row(r).maxCoeff();
@@ -91,8 +98,68 @@ void attention_forward(Real* out, Real* lse, const Real* q, const Real* k, const
       }
       MutableHeadSlice<Real> output(out + (i0 * NQ + h) * HD, rows, HD, Eigen::OuterStride<>(NQ * HD));
       for (int64_t r = 0; r < rows; ++r) {
-        output.row(r) = accumulator.row(r) / row_sum[r];  // every query sees at least itself
-        lse[h * T + i0 + r] = row_max[r] + std::log(row_sum[r]);
+        if (row_sum[r] > 0) {
+          output.row(r) = accumulator.row(r) / row_sum[r];
+          lse[h * Tq + i0 + r] = row_max[r] + std::log(row_sum[r]);
+        } else {  // no key of this range is visible to the query
+          output.row(r).setZero();
+          lse[h * Tq + i0 + r] = negative_infinity;
+        }
+      }
+    }
+  }
+}
+
+template <typename Real>
+void attention_forward(Real* out, Real* lse, const Real* q, const Real* k, const Real* v, const int32_t* position_ids,
+                       int64_t T, int64_t NQ, int64_t NKV, int64_t HD, int64_t block) {
+  attention_forward_range(out, lse, q, k, v, position_ids, 0, T, 0, T, NQ, NKV, HD, block);
+}
+
+template <typename Real>
+void attention_softmax_delta(Real* delta, const Real* dout, const Real* out, int64_t T, int64_t NQ, int64_t HD) {
+  for (int64_t h = 0; h < NQ; ++h)
+    for (int64_t i = 0; i < T; ++i) {
+      Real sum = 0;
+      for (int64_t d = 0; d < HD; ++d) sum += dout[(i * NQ + h) * HD + d] * out[(i * NQ + h) * HD + d];
+      delta[h * T + i] = sum;
+    }
+}
+
+template <typename Real>
+void attention_backward_range(Real* dq, Real* dk, Real* dv, const Real* delta, const Real* dout, const Real* q, const Real* k,
+                              const Real* v, const Real* lse, const int32_t* position_ids, int64_t q_begin, int64_t Tq,
+                              int64_t k_begin, int64_t Tk, int64_t NQ, int64_t NKV, int64_t HD, int64_t block) {
+  const Real scale = Real(1) / std::sqrt(static_cast<Real>(HD));
+  const int64_t group = NQ / NKV;
+  // One kv head's group of q heads per thread: dk and dv of a kv head are written by one thread.
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t g = 0; g < NKV; ++g) {
+    RowMatrix<Real> probabilities, dprobabilities;
+    for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+      for (int64_t i0 = 0; i0 < Tq; i0 += block) {
+        const int64_t i1 = std::min(Tq, i0 + block), rows = i1 - i0;
+        const HeadSlice<Real> queries(q + (i0 * NQ + h) * HD, rows, HD, Eigen::OuterStride<>(NQ * HD));
+        const HeadSlice<Real> output_grad(dout + (i0 * NQ + h) * HD, rows, HD, Eigen::OuterStride<>(NQ * HD));
+        MutableHeadSlice<Real> query_grad(dq + (i0 * NQ + h) * HD, rows, HD, Eigen::OuterStride<>(NQ * HD));
+        const int64_t first_key = std::max<int64_t>(0, block_first_key(position_ids, q_begin + i0, q_begin + i1) - k_begin);
+        const int64_t key_end = std::min(Tk, q_begin + i1 - k_begin);
+        for (int64_t j0 = first_key / block * block; j0 < key_end; j0 += block) {
+          const int64_t j1 = std::min(Tk, j0 + block), cols = j1 - j0;
+          const HeadSlice<Real> keys(k + (j0 * NKV + g) * HD, cols, HD, Eigen::OuterStride<>(NKV * HD));
+          const HeadSlice<Real> values(v + (j0 * NKV + g) * HD, cols, HD, Eigen::OuterStride<>(NKV * HD));
+          MutableHeadSlice<Real> key_grad(dk + (j0 * NKV + g) * HD, cols, HD, Eigen::OuterStride<>(NKV * HD));
+          MutableHeadSlice<Real> value_grad(dv + (j0 * NKV + g) * HD, cols, HD, Eigen::OuterStride<>(NKV * HD));
+          block_scores(probabilities, queries, keys, position_ids, q_begin + i0, k_begin + j0, scale);
+          for (int64_t r = 0; r < rows; ++r)
+            probabilities.row(r) = (probabilities.row(r).array() - lse[h * Tq + i0 + r]).exp().matrix();  // exp(-inf) = 0
+          value_grad.noalias() += probabilities.transpose() * output_grad;
+          dprobabilities.noalias() = output_grad * values.transpose();
+          for (int64_t r = 0; r < rows; ++r)
+            dprobabilities.row(r) = (probabilities.row(r).array() * (dprobabilities.row(r).array() - delta[h * Tq + i0 + r])).matrix();
+          query_grad.noalias() += scale * (dprobabilities * keys);
+          key_grad.noalias() += scale * (dprobabilities.transpose() * queries);
+        }
       }
     }
   }
@@ -102,50 +169,41 @@ template <typename Real>
 void attention_backward(Real* dq, Real* dk, Real* dv, Real* delta_scratch, const Real* dout, const Real* q, const Real* k, const Real* v,
                         const Real* out, const Real* lse, const int32_t* position_ids, int64_t T, int64_t NQ, int64_t NKV,
                         int64_t HD, int64_t block) {
-  const Real scale = Real(1) / std::sqrt(static_cast<Real>(HD));
-  const int64_t group = NQ / NKV;
-  // One kv head's group of q heads per thread: dk and dv of a kv head are written by one thread.
-#pragma omp parallel for schedule(dynamic)
-  for (int64_t g = 0; g < NKV; ++g) {
-    RowMatrix<Real> probabilities, dprobabilities;
-    for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-      // D_i = rowsum(dO_i * O_i), the softmax backward's correction term.
-      Real* delta = delta_scratch + h * T;
-      for (int64_t i = 0; i < T; ++i) {
-        Real sum = 0;
-        for (int64_t d = 0; d < HD; ++d) sum += dout[(i * NQ + h) * HD + d] * out[(i * NQ + h) * HD + d];
-        delta[i] = sum;
-      }
-      for (int64_t i0 = 0; i0 < T; i0 += block) {
-        const int64_t i1 = std::min(T, i0 + block), rows = i1 - i0;
-        const HeadSlice<Real> queries(q + (i0 * NQ + h) * HD, rows, HD, Eigen::OuterStride<>(NQ * HD));
-        const HeadSlice<Real> output_grad(dout + (i0 * NQ + h) * HD, rows, HD, Eigen::OuterStride<>(NQ * HD));
-        MutableHeadSlice<Real> query_grad(dq + (i0 * NQ + h) * HD, rows, HD, Eigen::OuterStride<>(NQ * HD));
-        const int64_t first_key = block_first_key(position_ids, i0, i1);
-        for (int64_t j0 = first_key / block * block; j0 < i1; j0 += block) {
-          const int64_t j1 = std::min(T, j0 + block), cols = j1 - j0;
-          const HeadSlice<Real> keys(k + (j0 * NKV + g) * HD, cols, HD, Eigen::OuterStride<>(NKV * HD));
-          const HeadSlice<Real> values(v + (j0 * NKV + g) * HD, cols, HD, Eigen::OuterStride<>(NKV * HD));
-          MutableHeadSlice<Real> key_grad(dk + (j0 * NKV + g) * HD, cols, HD, Eigen::OuterStride<>(NKV * HD));
-          MutableHeadSlice<Real> value_grad(dv + (j0 * NKV + g) * HD, cols, HD, Eigen::OuterStride<>(NKV * HD));
-          block_scores(probabilities, queries, keys, position_ids, i0, j0, scale);
-          for (int64_t r = 0; r < rows; ++r)
-            probabilities.row(r) = (probabilities.row(r).array() - lse[h * T + i0 + r]).exp().matrix();  // exp(-inf) = 0
-          value_grad.noalias() += probabilities.transpose() * output_grad;
-          dprobabilities.noalias() = output_grad * values.transpose();
-          for (int64_t r = 0; r < rows; ++r)
-            dprobabilities.row(r) = (probabilities.row(r).array() * (dprobabilities.row(r).array() - delta[i0 + r])).matrix();
-          query_grad.noalias() += scale * (dprobabilities * keys);
-          key_grad.noalias() += scale * (dprobabilities.transpose() * queries);
-        }
-      }
+  // D_i = rowsum(dO_i * O_i), the softmax backward's correction term.
+  attention_softmax_delta(delta_scratch, dout, out, T, NQ, HD);
+  attention_backward_range(dq, dk, dv, delta_scratch, dout, q, k, v, lse, position_ids, 0, T, 0, T, NQ, NKV, HD, block);
+}
+
+template <typename Real>
+void attention_merge(Real* accumulator, Real* accumulator_lse, const Real* part, const Real* part_lse, int64_t T, int64_t NQ,
+                     int64_t HD) {
+  const Real negative_infinity = -std::numeric_limits<Real>::infinity();
+  for (int64_t h = 0; h < NQ; ++h)
+    for (int64_t i = 0; i < T; ++i) {
+      Real& total_lse = accumulator_lse[h * T + i];
+      const Real added_lse = part_lse[h * T + i];
+      if (added_lse == negative_infinity) continue;  // the part saw no key of this query
+      const Real merged = total_lse == negative_infinity
+                              ? added_lse
+                              : std::max(total_lse, added_lse) + std::log1p(std::exp(-std::fabs(total_lse - added_lse)));
+      const Real keep = total_lse == negative_infinity ? Real(0) : std::exp(total_lse - merged), add = std::exp(added_lse - merged);
+      Real* row = accumulator + (i * NQ + h) * HD;
+      const Real* added = part + (i * NQ + h) * HD;
+      for (int64_t d = 0; d < HD; ++d) row[d] = row[d] * keep + added[d] * add;
+      total_lse = merged;
     }
-  }
 }
 
 #define LONGSEQ_INSTANTIATE(Real)                                                                                     \
   template void attention_forward<Real>(Real*, Real*, const Real*, const Real*, const Real*, const int32_t*, int64_t, \
                                         int64_t, int64_t, int64_t, int64_t);                                          \
+  template void attention_forward_range<Real>(Real*, Real*, const Real*, const Real*, const Real*, const int32_t*, int64_t,   \
+                                              int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);              \
+  template void attention_softmax_delta<Real>(Real*, const Real*, const Real*, int64_t, int64_t, int64_t);                 \
+  template void attention_backward_range<Real>(Real*, Real*, Real*, const Real*, const Real*, const Real*, const Real*,    \
+                                               const Real*, const Real*, const int32_t*, int64_t, int64_t, int64_t, int64_t, \
+                                               int64_t, int64_t, int64_t, int64_t);                                         \
+  template void attention_merge<Real>(Real*, Real*, const Real*, const Real*, int64_t, int64_t, int64_t);                   \
   template void attention_backward<Real>(Real*, Real*, Real*, Real*, const Real*, const Real*, const Real*, const Real*,     \
                                          const Real*, const Real*, const int32_t*, int64_t, int64_t, int64_t, int64_t, \
                                          int64_t);

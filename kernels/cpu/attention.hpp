@@ -25,4 +25,25 @@ void attention_backward(Real* dq, Real* dk, Real* dv, Real* delta_scratch, const
                         const Real* out, const Real* lse, const int32_t* position_ids, int64_t T, int64_t NQ, int64_t NKV,
                         int64_t HD, int64_t block);
 
+// FPDT's pieces (chunked attention): queries [q_begin, q_begin + Tq) of a sequence against its
+// keys [k_begin, k_begin + Tk), with q/out/lse ([NQ, Tq]) and k/v holding just those rows and
+// position_ids the whole sequence's. A query that sees no key of the range gets out = 0, lse = -inf.
+template <typename Real>
+void attention_forward_range(Real* out, Real* lse, const Real* q, const Real* k, const Real* v, const int32_t* position_ids,
+                             int64_t q_begin, int64_t Tq, int64_t k_begin, int64_t Tk, int64_t NQ, int64_t NKV, int64_t HD,
+                             int64_t block);
+// delta[NQ, T] = rowsum(dout * out) per head: the softmax backward's correction term.
+template <typename Real>
+void attention_softmax_delta(Real* delta, const Real* dout, const Real* out, int64_t T, int64_t NQ, int64_t HD);
+// The range's share of the gradients (added into dq, dk, dv), given the final lse and delta of
+// the queries (over every key range), as FlashAttention's backward splits over key blocks.
+template <typename Real>
+void attention_backward_range(Real* dq, Real* dk, Real* dv, const Real* delta, const Real* dout, const Real* q, const Real* k,
+                              const Real* v, const Real* lse, const int32_t* position_ids, int64_t q_begin, int64_t Tq,
+                              int64_t k_begin, int64_t Tk, int64_t NQ, int64_t NKV, int64_t HD, int64_t block);
+// Merges a range's normalized output and lse into an accumulator of the ranges so far (out [T,
+// NQ, HD], lse [NQ, T]; an accumulator starts at out 0, lse -inf): the online-softmax merge.
+template <typename Real>
+void attention_merge(Real* accumulator, Real* accumulator_lse, const Real* part, const Real* part_lse, int64_t T, int64_t NQ, int64_t HD);
+
 }  // namespace longseq::kernels

@@ -262,3 +262,64 @@ TEST_CASE("ZeRO-3 with the optimizer offloaded: the same training, 12 bytes a pa
   CHECK(on_device.device_peak - offloaded.device_peak == doctest::Approx(12.0 * 217664));
   CHECK(offloaded.host_peak - on_device.host_peak == doctest::Approx(16.0 * 217664));
 }
+
+TEST_CASE("FPDT on one rank: loss and every gradient equal the unchunked step, for 1, 2 and 8 chunks") {
+  // The batch packs two documents (positions restart at token 40) and tiny-llama has GQA (4 q
+  // heads over 2 kv heads); chunks of 8 tokens cut through both documents. Chunking only changes
+  // summation order (partial softmaxes merged by their lse), so the memory options' tolerance holds.
+  TrainingOptions unchunked;
+  unchunked.activation_checkpointing = true;
+  const Run plain = run(unchunked);
+  for (int64_t chunks : {1, 2, 8}) {
+    CAPTURE(chunks);
+    TrainingOptions fpdt = unchunked;
+    fpdt.fpdt_chunk_tokens = 64 / chunks;
+    fpdt.attention_block = 4;  // blocks inside a chunk too
+    const Run chunked = run(fpdt);
+    CHECK(chunked.result.loss == doctest::Approx(plain.result.loss).epsilon(1e-6));
+    CHECK(chunked.result.counted_tokens == plain.result.counted_tokens);
+    gradients_compare(chunked.gradients, plain.gradients, 3e-5);
+  }
+}
+
+TEST_CASE("FPDT on one rank: measured device and host peaks equal the native prediction, and the device peak falls with the chunk") {
+  const ModelSpec spec = model_load("tiny-llama");
+  const RuntimeProfile native = runtime_profile_load("native");
+  const ClusterSpec cluster = executor_cluster(std::numeric_limits<double>::infinity());
+  const int64_t seqlen = 1024;
+  Batch batch;
+  for (int64_t i = 0; i < seqlen; ++i) {
+    batch.tokens.push_back(static_cast<int32_t>((37 * i + 11) % 256));
+    batch.labels.push_back(static_cast<int32_t>((37 * i + 48) % 256));
+    batch.positions.push_back(static_cast<int32_t>(i < 600 ? i : i - 600));  // two documents
+  }
+  double previous_peak = std::numeric_limits<double>::infinity();
+  for (int64_t chunk : {1024, 512, 256, 128}) {
+    for (bool offload : {false, true}) {
+      CAPTURE(chunk);
+      CAPTURE(offload);
+      PlanOptions plan;
+      plan.sp = 1;
+      plan.zero_stage = 0;
+      plan.activation_checkpointing = true;
+      plan.checkpoint_offload = offload;
+      plan.fpdt = true;
+      plan.fpdt_chunk_tokens = chunk;
+      const MemoryPrediction predicted = memory_predict(spec, cluster, plan, native, seqlen);
+      const TrainingOptions options = executor_training_options(plan, predicted);
+      CHECK(options.fpdt_chunk_tokens == chunk);
+      Arena device("device"), host("host");
+      LlamaModel model(spec, device);
+      parameters_fill(model);
+      model.forward_backward(batch.tokens.data(), batch.labels.data(), batch.positions.data(), seqlen, options, device, host);
+      CHECK(predicted.gpu_peak_bytes == doctest::Approx(device.peak_bytes()).epsilon(1e-9));
+      CHECK(predicted.gpu_peak_moment == device.peak_moment());
+      CHECK(predicted.host_bytes_per_node == doctest::Approx(host.peak_bytes()).epsilon(1e-9));
+      CHECK(host.current_bytes() == 0.0);  // every chunk and checkpoint went back
+      if (!offload) {
+        CHECK(device.peak_bytes() < previous_peak);  // smaller chunks, lower peak (as predicted)
+        previous_peak = device.peak_bytes();
+      }
+    }
+  }
+}

@@ -379,3 +379,48 @@ TEST_CASE("ZeRO-1, ZeRO-2 and parameter offload: the same weights after three Ad
     CHECK(predicted.host_bytes_per_node == doctest::Approx(host.peak_bytes() * static_cast<double>(sp)).epsilon(0.001));
   }
 }
+
+// FPDT under Ulysses: each rank holds its piece of every chunk (FPDT's layout); the all-to-all of
+// chunk i is the sequence's chunk i for this rank's heads. Loss and every gradient equal one
+// unsharded, unchunked rank within the memory options' tolerance (summation order only); peaks
+// equal the native prediction per rank, device and host.
+TEST_CASE("FPDT with Ulysses: loss and gradients equal one unchunked rank, for 1, 2 and 8 chunks; peaks as predicted") {
+  const ModelSpec spec = model_load("tiny-llama");
+  const Batch batch = batch_make(64);  // two documents; GQA: kv heads replicated on 4 ranks
+  const int64_t sp = world().size(), T = 64 / sp;
+  Arena reference_device("reference device"), reference_host("reference host");
+  LlamaModel reference(spec, reference_device);
+  parameters_fill(reference);
+  TrainingOptions checkpointed;
+  checkpointed.activation_checkpointing = true;
+  const StepResult expected =
+      reference.forward_backward(batch.tokens.data(), batch.labels.data(), batch.positions.data(), 64, checkpointed, reference_device,
+                                 reference_host);
+  const std::vector<float> expected_gradients(reference.gradients(), reference.gradients() + reference.parameter_count());
+  for (int64_t chunks : {1, 2, 8}) {
+    CAPTURE(chunks);
+    const int64_t chunk_local = T / chunks;
+    PlanOptions plan = executor_plan(checkpointed, sp);
+    plan.fpdt = true;
+    plan.fpdt_chunk_tokens = chunk_local * sp;
+    const MemoryPrediction predicted =
+        memory_predict(spec, executor_cluster(std::numeric_limits<double>::infinity(), sp), plan, runtime_profile_load("native"), 64);
+    TrainingOptions options = executor_training_options(plan, predicted, /*attention_block=*/4);
+    REQUIRE(options.fpdt_chunk_tokens == chunk_local);
+    const auto tokens = fpdt_layout_rank_tokens(batch.tokens, sp, world().rank(), chunk_local);
+    const auto labels = fpdt_layout_rank_tokens(batch.labels, sp, world().rank(), chunk_local);
+    const auto positions = fpdt_layout_rank_tokens(batch.positions, sp, world().rank(), chunk_local);
+    Arena device("device"), host("host");
+    LlamaModel model(spec, device);
+    parameters_fill(model);
+    SequenceParallel parallel{&world(), batch.positions.data()};
+    const StepResult result =
+        model.forward_backward(tokens.data(), labels.data(), positions.data(), T, options, device, host, parallel);
+    CHECK(result.counted_tokens == expected.counted_tokens);
+    CHECK(result.loss == doctest::Approx(expected.loss).epsilon(1e-6));
+    gradients_close(std::vector<float>(model.gradients(), model.gradients() + model.parameter_count()), expected_gradients);
+    CHECK(predicted.gpu_peak_bytes == doctest::Approx(device.peak_bytes()).epsilon(1e-9));
+    CHECK(predicted.gpu_peak_moment == device.peak_moment());
+    CHECK(predicted.host_bytes_per_node == doctest::Approx(host.peak_bytes() * static_cast<double>(sp)).epsilon(1e-9));
+  }
+}
