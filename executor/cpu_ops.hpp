@@ -13,7 +13,6 @@
 #include <cstdint>
 #include <cstring>
 #include <numeric>
-#include <stdexcept>
 #include <vector>
 
 #include "executor/ulysses.hpp"
@@ -137,8 +136,10 @@ class CpuOps : public HostMemoryMovement {
     kernels::attention_backward(dq, dk, dv, delta_scratch, dout, q, k, v, out, lse, positions, T, NQ, NKV, HD, block);
   }
   // FPDT's chunked attention (kernels/cpu/attention.hpp's range kernels), in fp32.
+  // (The CPU kernels tile by `block` with their own temporaries: no workspace.)
   void attention_chunk_forward(Act* out, float* lse, const Act* q, const Act* k, const Act* v, const int32_t* positions, int64_t q_begin,
-                               int64_t Tq, int64_t k_begin, int64_t Tk, int64_t NQ, int64_t NKV, int64_t HD, int64_t block) {
+                               int64_t Tq, int64_t k_begin, int64_t Tk, int64_t NQ, int64_t NKV, int64_t HD, int64_t block,
+                               float* /*workspace*/) {
     kernels::attention_forward_range(out, lse, q, k, v, positions, q_begin, Tq, k_begin, Tk, NQ, NKV, HD, block);
   }
   void attention_softmax_delta(float* delta, const Act* dout, const Act* out, int64_t T, int64_t NQ, int64_t HD) {
@@ -146,7 +147,7 @@ class CpuOps : public HostMemoryMovement {
   }
   void attention_chunk_backward(Act* dq, Act* dk, Act* dv, const float* delta, const Act* dout, const Act* q, const Act* k, const Act* v,
                                 const float* lse, const int32_t* positions, int64_t q_begin, int64_t Tq, int64_t k_begin, int64_t Tk,
-                                int64_t NQ, int64_t NKV, int64_t HD, int64_t block) {
+                                int64_t NQ, int64_t NKV, int64_t HD, int64_t block, float* /*workspace*/) {
     kernels::attention_backward_range(dq, dk, dv, delta, dout, q, k, v, lse, positions, q_begin, Tq, k_begin, Tk, NQ, NKV, HD, block);
   }
   void attention_merge(float* accumulator, float* accumulator_lse, const Act* part, const float* part_lse, int64_t T, int64_t NQ,
@@ -178,21 +179,6 @@ class CpuOps : public HostMemoryMovement {
   void weights_from_master(Act* /*weights*/, const float* /*master*/, int64_t /*n*/) {}
   // ... and from master weights in host memory (the optimizer offloaded): a copy.
   void weights_from_host_master(Act* weights, const float* host_master, int64_t n) { std::copy_n(host_master, n, weights); }
-};
-
-// FPDT's chunked-attention calls for a device that does not have them yet: the executor refuses
-// FPDT there before anything is allocated (executor_plan_problems), so they are never reached.
-template <typename Act>
-struct ChunkedAttentionMissing {
-  [[noreturn]] static void missing() { throw std::logic_error("FPDT's chunked attention is not implemented on this device"); }
-  void attention_chunk_forward(Act*, float*, const Act*, const Act*, const Act*, const int32_t*, int64_t, int64_t, int64_t, int64_t,
-                               int64_t, int64_t, int64_t, int64_t) { missing(); }
-  void attention_softmax_delta(float*, const Act*, const Act*, int64_t, int64_t, int64_t) { missing(); }
-  void attention_chunk_backward(Act*, Act*, Act*, const float*, const Act*, const Act*, const Act*, const Act*, const float*,
-                                const int32_t*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) { missing(); }
-  void attention_merge(float*, float*, const Act*, const float*, int64_t, int64_t, int64_t) { missing(); }
-  void accumulator_to_act(Act*, const float*, int64_t) { missing(); }
-  void accumulate(float*, const Act*, int64_t) { missing(); }
 };
 
 }  // namespace longseq

@@ -14,7 +14,6 @@
 #include <utility>
 #include <vector>
 
-#include "executor/cpu_ops.hpp"
 #include "executor/ulysses.hpp"
 #include "kernels/blocked_attention.hpp"
 #include "kernels/cuda/kernels.hpp"
@@ -50,12 +49,9 @@ class DeviceVector {
   int64_t size_ = 0;
 };
 
-// FPDT's chunked attention is not on the GPU yet: its calls are ChunkedAttentionMissing's (the
-// executor refuses FPDT with --device cuda before anything runs).
-class CudaOps : public ChunkedAttentionMissing<Bf16> {
+class CudaOps {
  public:
   using Act = Bf16;
-  void fill_value(float*, int64_t, float) { missing(); }
   static constexpr const char* kDevice = "cuda";
   // bf16 weights for the kernels, fp32 master weights for AdamW (DeepSpeed's bf16 mode).
   static constexpr bool kSeparateMasterWeights = true;
@@ -110,6 +106,29 @@ class CudaOps : public ChunkedAttentionMissing<Bf16> {
     blas_.attention_backward(dq, dk, dv, delta_scratch, dout, q, k, v, out, lse, positions, T, NQ, NKV, HD, kGpuAttentionBlockTokens,
                              workspace);
   }
+  // FPDT's chunk pairs: the blocked attention over a query range and a key range, the merge of a
+  // pair's output into the fp32 accumulator, and the fp32 gradient accumulators.
+  void attention_chunk_forward(Act* out, float* lse, const Act* q, const Act* k, const Act* v, const int32_t* positions, int64_t q_begin,
+                               int64_t Tq, int64_t k_begin, int64_t Tk, int64_t NQ, int64_t NKV, int64_t HD, int64_t /*block*/,
+                               float* workspace) {
+    blas_.attention_forward_range(out, lse, q, k, v, positions, q_begin, Tq, k_begin, Tk, NQ, NKV, HD, kGpuAttentionBlockTokens, workspace);
+  }
+  void attention_softmax_delta(float* delta, const Act* dout, const Act* out, int64_t T, int64_t NQ, int64_t HD) {
+    blas_.attention_softmax_delta(delta, dout, out, T, NQ, HD);
+  }
+  void attention_chunk_backward(Act* dq, Act* dk, Act* dv, const float* delta, const Act* dout, const Act* q, const Act* k, const Act* v,
+                                const float* lse, const int32_t* positions, int64_t q_begin, int64_t Tq, int64_t k_begin, int64_t Tk,
+                                int64_t NQ, int64_t NKV, int64_t HD, int64_t /*block*/, float* workspace) {
+    blas_.attention_backward_range(dq, dk, dv, delta, dout, q, k, v, lse, positions, q_begin, Tq, k_begin, Tk, NQ, NKV, HD,
+                                   kGpuAttentionBlockTokens, workspace);
+  }
+  void attention_merge(float* accumulator, float* accumulator_lse, const Act* part, const float* part_lse, int64_t T, int64_t NQ,
+                       int64_t HD) {
+    cuda::attention_merge(accumulator, accumulator_lse, part, part_lse, T, NQ, HD);
+  }
+  void accumulator_to_act(Act* out, const float* accumulator, int64_t n) { cuda::bf16_from_master(out, accumulator, n); }
+  void accumulate(float* accumulator, const Act* part, int64_t n) { cuda::accumulate_bf16(accumulator, part, n); }
+  void fill_value(float* data, int64_t n, float value) { cuda::fill(data, n, value); }
   void cross_entropy_forward(float* losses, const Act* logits, const int32_t* labels, int64_t T, int64_t V) {
     cuda::cross_entropy_forward(losses, logits, labels, T, V);
   }

@@ -163,7 +163,7 @@ void fpdt_attention_forward(Ops& ops, const Act* params, const LlamaLayout::Laye
   keep.v.resize(static_cast<size_t>(n));
   keep.output.resize(static_cast<size_t>(n));
   keep.lse.resize(static_cast<size_t>(n));
-  const int64_t q_elements = chunks.q_elements() * d.HD, kv_elements = chunks.kv_elements() * d.HD;
+  const int64_t q_elements = chunks.q_elements() * d.HD;
   for (int64_t i = 0; i < n; ++i) {
     const auto chunk = static_cast<size_t>(i);
     BufferOf<Act> q, k, v;
@@ -177,8 +177,11 @@ void fpdt_attention_forward(Ops& ops, const Act* params, const LlamaLayout::Laye
     BufferOf<Act> part = device.allocate<Act>(L, "fpdt.output_part", q_elements);
     Buffer part_lse = device.allocate(L, "fpdt.lse_part", chunks.q_elements());
     auto attend = [&](const Act* keys, const Act* values, int64_t j) {
+      Buffer workspace = attention_workspace(ops, device, chunks.global, chunks.q_heads, chunks.kv_heads, d.HD, false);
       ops.attention_chunk_forward(part.data(), part_lse.data(), q.data(), keys, values, global_positions, i * chunks.global, chunks.global,
-                                  j * chunks.global, chunks.global, chunks.q_heads, chunks.kv_heads, d.HD, options.attention_block);
+                                  j * chunks.global, chunks.global, chunks.q_heads, chunks.kv_heads, d.HD, options.attention_block,
+                                  workspace.data());
+      workspace.release();
       ops.attention_merge(accumulator.data(), accumulator_lse.data(), part.data(), part_lse.data(), chunks.global, chunks.q_heads, d.HD);
     };
     // Earlier chunks' keys and values from the host pool, the next fetched while this one is used.
@@ -282,9 +285,12 @@ void fpdt_attention_backward(Ops& ops, const Act* output_grad, Act* q_grad, Act*
       BufferOf<Act> q_grad_part = device.allocate<Act>(L, "fpdt.q_grad_part", q_elements, true);
       BufferOf<Act> k_grad_part = device.allocate<Act>(L, "fpdt.kv_grad_parts", kv_elements, true);
       BufferOf<Act> v_grad_part = device.allocate<Act>(L, "fpdt.kv_grad_parts", kv_elements, true);
+      Buffer workspace = attention_workspace(ops, device, chunks.global, chunks.q_heads, chunks.kv_heads, d.HD, true);
       ops.attention_chunk_backward(q_grad_part.data(), k_grad_part.data(), v_grad_part.data(), delta.data(), output_grad_chunk.data(),
                                    q.data(), k.data(), v.data(), lse.data(), global_positions, i * chunks.global, chunks.global,
-                                   j * chunks.global, chunks.global, chunks.q_heads, chunks.kv_heads, d.HD, options.attention_block);
+                                   j * chunks.global, chunks.global, chunks.q_heads, chunks.kv_heads, d.HD, options.attention_block,
+                                   workspace.data());
+      workspace.release();
       ops.accumulate(q_grad_accumulator.data(), q_grad_part.data(), q_elements);
       ops.accumulate(k_grad_accumulator.data(), k_grad_part.data(), kv_elements);
       ops.accumulate(v_grad_accumulator.data(), v_grad_part.data(), kv_elements);

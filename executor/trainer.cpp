@@ -64,13 +64,10 @@ PlanOptions executor_plan(const TrainingOptions& options, int64_t sp, int zero_s
   return plan;
 }
 
-std::vector<std::string> executor_plan_problems(const PlanOptions& plan, const std::string& device) {
+std::vector<std::string> executor_plan_problems(const PlanOptions& plan, const std::string& /*device*/) {
   std::vector<std::string> problems;
   if (plan.micro_batch != 1)
     problems.push_back(fmt::format("micro batch {}: the executor trains one sample per rank per step", plan.micro_batch));
-  if (plan.fpdt && device == "cuda")
-    problems.push_back("FPDT: the GPU executor does not run FPDT's chunked attention yet (the CPU executor does; the planner predicts "
-                       "both)");
   return problems;
 }
 

@@ -57,19 +57,26 @@ inline int64_t blocked_attention_first_key(const int32_t* positions_host, int64_
   return first;
 }
 
-// Forward. `workspace` holds forward_elements(sizeof(Act)) floats: S, O, max, sum (fp32), P (Act).
+// Forward of queries [q_begin, q_begin + T) of a sequence (layout.T = their count; q, out and lse
+// hold just them) against its keys [k_begin, k_begin + Tk) (k and v hold just them): FPDT's chunk
+// pairs, and with both ranges the whole sequence the plain attention below. position_ids and
+// positions_host cover the whole sequence. A query that sees no key of the range gets out = 0 and
+// lse = -inf. `workspace` holds forward_elements(sizeof(Act)) floats: S, O, max, sum (fp32), P (Act).
 // Primitives (Ops), with h a q head and g = h / group its kv head:
 //   scores(S, a, b, i0, rows, j0, cols): S[h][r][c] = a[i0 + r, h, :] . b[j0 + c, g, :]
 //   online_softmax(P, O, m, l, S, positions, i0, rows, j0, cols, scale): masked exp against the new
 //       running max, P rounded to Act, O and the sum rescaled
 //   accumulate_product(acc, row_stride, head_stride, X, b, j0, rows, cols):
 //       acc[h * head_stride + r * row_stride + :] += sum_c X[h][r][c] b[j0 + c, g, :]
-//   attention_finish(out, lse, O, m, l, i0, rows): out = O / l, lse = m + log l
+//   attention_finish(out, lse, O, m, l, i0, rows): out = O / l, lse = m + log l (0 and -inf if l = 0)
 //   statistics_reset(m, l, O, rows): m = -inf, l = 0, O = 0
+// The masking primitives see query i0 + r and key j0 + c relative to the query range: they get
+// the positions from q_begin on and the key offset shifted by k_begin - q_begin.
 template <typename Ops, typename Act>
-void blocked_attention_forward(Ops& ops, Act* out, float* lse, const Act* q, const Act* k, const Act* v, const int32_t* positions,
-                               const int32_t* positions_host, const BlockedAttentionLayout& layout, float* workspace) {
-  const int64_t B = layout.block, T = layout.T;
+void blocked_attention_forward_range(Ops& ops, Act* out, float* lse, const Act* q, const Act* k, const Act* v, const int32_t* positions,
+                                     const int32_t* positions_host, int64_t q_begin, int64_t k_begin, int64_t Tk,
+                                     const BlockedAttentionLayout& layout, float* workspace) {
+  const int64_t B = layout.block, T = layout.T, shift = k_begin - q_begin;
   float* S = workspace;
   float* O = S + layout.scores();
   float* m = O + layout.row_accumulator();
@@ -79,32 +86,40 @@ void blocked_attention_forward(Ops& ops, Act* out, float* lse, const Act* q, con
   for (int64_t i0 = 0; i0 < T; i0 += B) {
     const int64_t rows = std::min(B, T - i0);
     ops.statistics_reset(m, l, O, rows, layout);
-    const int64_t first = blocked_attention_first_key(positions_host, i0, rows);
-    for (int64_t j0 = first / B * B; j0 < i0 + rows; j0 += B) {
-      const int64_t cols = std::min(B, T - j0);
+    const int64_t first = std::max<int64_t>(0, blocked_attention_first_key(positions_host, q_begin + i0, rows) - k_begin);
+    const int64_t end = std::min(Tk, q_begin + i0 + rows - k_begin);  // causal: no key after the last query
+    for (int64_t j0 = first / B * B; j0 < end; j0 += B) {
+      const int64_t cols = std::min(B, Tk - j0);
       ops.scores(S, q, k, i0, rows, j0, cols, layout);
-      ops.online_softmax(P, O, m, l, S, positions, i0, rows, j0, cols, scale, layout);
+      ops.online_softmax(P, O, m, l, S, positions + q_begin, i0, rows, j0 + shift, cols, scale, layout);
       ops.accumulate_product(O, layout.HD, B * layout.HD, P, v, j0, rows, cols, layout);
     }
     ops.attention_finish(out, lse, O, m, l, i0, rows, layout);
   }
 }
 
-// Backward; adds into dq, dk and dv. `delta` is [NQ, T] fp32 scratch; `workspace` holds
-// backward_elements(sizeof(Act)) floats: S/dP, dK and dV of one key block, dq (fp32), P, dS (Act).
-// Keys are the outer loop (FlashAttention-2's order), so a key block's dK and dV accumulate in
-// the block buffers and dq in its whole-sequence accumulator. Primitives beyond the forward's:
-//   softmax_delta(delta, dout, out): delta[h][i] = dout[i, h, :] . out[i, h, :]
+template <typename Ops, typename Act>
+void blocked_attention_forward(Ops& ops, Act* out, float* lse, const Act* q, const Act* k, const Act* v, const int32_t* positions,
+                               const int32_t* positions_host, const BlockedAttentionLayout& layout, float* workspace) {
+  blocked_attention_forward_range(ops, out, lse, q, k, v, positions, positions_host, 0, 0, layout.T, layout, workspace);
+}
+
+// Backward of the ranges' share (as the forward_range above), adding into dq, dk and dv. `delta`
+// is [NQ, T] fp32 = rowsum(dout * out) of the queries' final output, `lse` their final lse (over
+// every key range). `workspace` holds backward_elements(sizeof(Act)) floats: S/dP, dK and dV of
+// one key block, dq (fp32), P, dS (Act). Keys are the outer loop (FlashAttention-2's order), so a
+// key block's dK and dV accumulate in the block buffers and dq in its accumulator. Primitives
+// beyond the forward's:
 //   probabilities(P, S, lse, positions, i0, rows, j0, cols, scale): masked exp(S * scale - lse)
 //   softmax_gradient(dS, P, dP, delta, i0, rows, cols, scale): dS = P * (dP - delta) * scale
 //   accumulate_transposed(acc, X, a, i0, rows, cols): acc[g][c][:] += sum_{h of g, r} X[h][r][c] a[i0 + r, h, :]
 //   add_kv_block(dk, acc, j0, cols): dk[j0 + c, g, :] += acc[g][c][:]
 //   add_accumulated(dq, dq_acc, n): dq[i] += dq_acc[i];   zero(data, n)
 template <typename Ops, typename Act>
-void blocked_attention_backward(Ops& ops, Act* dq, Act* dk, Act* dv, float* delta, const Act* dout, const Act* q, const Act* k,
-                                const Act* v, const Act* out, const float* lse, const int32_t* positions,
-                                const int32_t* positions_host, const BlockedAttentionLayout& layout, float* workspace) {
-  const int64_t B = layout.block, T = layout.T;
+void blocked_attention_backward_range(Ops& ops, Act* dq, Act* dk, Act* dv, const float* delta, const Act* dout, const Act* q, const Act* k,
+                                      const Act* v, const float* lse, const int32_t* positions, const int32_t* positions_host,
+                                      int64_t q_begin, int64_t k_begin, int64_t Tk, const BlockedAttentionLayout& layout, float* workspace) {
+  const int64_t B = layout.block, T = layout.T, shift = k_begin - q_begin;
   float* S = workspace;
   float* dK = S + layout.scores();
   float* dV = dK + layout.kv_accumulator();
@@ -112,17 +127,18 @@ void blocked_attention_backward(Ops& ops, Act* dq, Act* dk, Act* dv, float* delt
   Act* P = reinterpret_cast<Act*>(dq_acc + layout.dq_accumulator());
   Act* dS = P + layout.scores();
   const float scale = 1.0f / std::sqrt(static_cast<float>(layout.HD));
-  ops.softmax_delta(delta, dout, out, layout);
   ops.zero(dq_acc, layout.dq_accumulator());
-  for (int64_t j0 = 0; j0 < T; j0 += B) {
-    const int64_t cols = std::min(B, T - j0);
+  for (int64_t j0 = 0; j0 < Tk; j0 += B) {
+    const int64_t cols = std::min(B, Tk - j0);
     ops.zero(dK, layout.kv_accumulator());
     ops.zero(dV, layout.kv_accumulator());
-    for (int64_t i0 = j0; i0 < T; i0 += B) {  // queries before the key block see none of it
+    // Queries before the key block see none of it.
+    const int64_t first_query = std::max<int64_t>(0, k_begin + j0 - q_begin) / B * B;
+    for (int64_t i0 = first_query; i0 < T; i0 += B) {
       const int64_t rows = std::min(B, T - i0);
-      if (blocked_attention_first_key(positions_host, i0, rows) >= j0 + cols) continue;  // other documents
+      if (blocked_attention_first_key(positions_host, q_begin + i0, rows) >= k_begin + j0 + cols) continue;  // other documents
       ops.scores(S, q, k, i0, rows, j0, cols, layout);
-      ops.probabilities(P, S, lse, positions, i0, rows, j0, cols, scale, layout);
+      ops.probabilities(P, S, lse, positions + q_begin, i0, rows, j0 + shift, cols, scale, layout);
       ops.accumulate_transposed(dV, P, dout, i0, rows, cols, layout);
       ops.scores(S, dout, v, i0, rows, j0, cols, layout);  // dP = dout . v^T
       ops.softmax_gradient(dS, P, S, delta, i0, rows, cols, scale, layout);
@@ -133,6 +149,16 @@ void blocked_attention_backward(Ops& ops, Act* dq, Act* dk, Act* dv, float* delt
     ops.add_kv_block(dv, dV, j0, cols, layout);
   }
   ops.add_accumulated(dq, dq_acc, layout.dq_accumulator());
+}
+
+// The plain backward over the whole sequence; `delta` is [NQ, T] fp32 scratch it fills first:
+//   softmax_delta(delta, dout, out): delta[h][i] = dout[i, h, :] . out[i, h, :]
+template <typename Ops, typename Act>
+void blocked_attention_backward(Ops& ops, Act* dq, Act* dk, Act* dv, float* delta, const Act* dout, const Act* q, const Act* k,
+                                const Act* v, const Act* out, const float* lse, const int32_t* positions,
+                                const int32_t* positions_host, const BlockedAttentionLayout& layout, float* workspace) {
+  ops.softmax_delta(delta, dout, out, layout);
+  blocked_attention_backward_range(ops, dq, dk, dv, delta, dout, q, k, v, lse, positions, positions_host, 0, 0, layout.T, layout, workspace);
 }
 
 }  // namespace longseq

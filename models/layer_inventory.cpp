@@ -525,7 +525,16 @@ int64_t executor_tile_count(const LayerShape& shape) {
 struct ExecutorFpdtBytes {
   int64_t chunks = 0;
   double q_act, kv_act, q_fp32, kv_fp32, lse, q_local_act, kv_local_act;
+  double forward_workspace = 0, backward_workspace = 0;  // the blocked kernel's, per chunk pair
   ExecutorFpdtBytes(const LayerShape& shape, const ExecutorStepOptions& options) {
+    if (options.attention_block_tokens > 0) {
+      const int64_t head_dim = shape.q_width / shape.num_q_heads;
+      const BlockedAttentionLayout layout(shape.fpdt_chunk_tokens * shape.sp, shape.num_q_heads / shape.sp,
+                                          shape.kv_width * shape.kv_replication / head_dim / shape.sp, head_dim,
+                                          options.attention_block_tokens);
+      forward_workspace = 4.0 * static_cast<double>(layout.workspace_elements(options.activation_bytes, false));
+      backward_workspace = 4.0 * static_cast<double>(layout.workspace_elements(options.activation_bytes, true));
+    }
     const double a = static_cast<double>(options.activation_bytes);
     const double c = static_cast<double>(shape.fpdt_chunk_tokens);
     chunks = shape.tokens / shape.fpdt_chunk_tokens;
@@ -563,6 +572,11 @@ void executor_fpdt_forward(TensorTrace& trace, TensorTrace* host, const LayerSha
     host_alloc("fpdt.lse_chunks", b.lse);
   }
   const bool ulysses = shape.sp > 1;
+  auto attend = [&] {
+    if (b.forward_workspace <= 0) return;
+    trace.alloc(L, "attention.workspace", b.forward_workspace);
+    trace.free("attention.workspace");
+  };
   for (int64_t i = 0; i < std::min<int64_t>(b.chunks, 3); ++i) {
     if (ulysses) {
       trace.alloc(L, "fpdt.q_proj_chunk", b.q_local_act);
@@ -595,6 +609,7 @@ void executor_fpdt_forward(TensorTrace& trace, TensorTrace* host, const LayerSha
         trace.alloc(L, "fpdt.kv_prefetched", b.kv_act);
         trace.alloc(L, "fpdt.kv_prefetched", b.kv_act);
       }
+      attend();
       trace.free("fpdt.kv_fetched");
       trace.free("fpdt.kv_fetched");
       if (j + 1 < i)
@@ -603,6 +618,7 @@ void executor_fpdt_forward(TensorTrace& trace, TensorTrace* host, const LayerSha
           trace.free("fpdt.kv_prefetched");
         }
     }
+    attend();  // the chunk's own keys
     trace.free("fpdt.output_part");
     trace.free("fpdt.lse_part");
     trace.alloc(L, "fpdt.output_chunk", b.q_act);
@@ -664,6 +680,10 @@ void executor_fpdt_backward(TensorTrace& trace, TensorTrace* host, const LayerSh
       trace.alloc(L, "fpdt.q_grad_part", b.q_act);
       trace.alloc(L, "fpdt.kv_grad_parts", b.kv_act);
       trace.alloc(L, "fpdt.kv_grad_parts", b.kv_act);
+      if (b.backward_workspace > 0) {
+        trace.alloc(L, "attention.workspace", b.backward_workspace);
+        trace.free("attention.workspace");
+      }
       for (const char* name : {"fpdt.kv_grad_parts", "fpdt.kv_grad_parts", "fpdt.q_grad_part", "fpdt.q_grad_accumulator", "fpdt.delta_chunk",
                                "fpdt.lse_chunk", "fpdt.output_grad_chunk", "fpdt.q_chunk"})
         trace.free(name);

@@ -71,9 +71,9 @@ class CpuBlockedAttentionOps {
   void attention_finish(Act* out, float* lse, const float* O, const float* m, const float* sum, int64_t i0, int64_t rows, const L& l) {
     for (int64_t h = 0; h < l.NQ; ++h)
       for (int64_t r = 0; r < rows; ++r) {
-        const int64_t row = h * l.block + r;  // every query sees at least itself: sum > 0
-        for (int64_t d = 0; d < l.HD; ++d) out[((i0 + r) * l.NQ + h) * l.HD + d] = store(O[row * l.HD + d] / sum[row]);
-        lse[h * l.T + i0 + r] = m[row] + std::log(sum[row]);
+        const int64_t row = h * l.block + r;  // 0 only for a query that sees no key of the range
+        for (int64_t d = 0; d < l.HD; ++d) out[((i0 + r) * l.NQ + h) * l.HD + d] = store(sum[row] > 0 ? O[row * l.HD + d] / sum[row] : 0.0f);
+        lse[h * l.T + i0 + r] = sum[row] > 0 ? m[row] + std::log(sum[row]) : -std::numeric_limits<float>::infinity();
       }
   }
   void softmax_delta(float* delta, const Act* dout, const Act* out, const L& l) {

@@ -292,6 +292,30 @@ __global__ void scale_kernel(float* data, int64_t N, float factor) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i < N) data[i] *= factor;
 }
+__global__ void accumulate_bf16_kernel(float* accumulator, const Bf16* part, int64_t N) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < N) accumulator[i] += load(part, i);
+}
+__global__ void fill_value_kernel(float* data, int64_t N, float value) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < N) data[i] = value;
+}
+// One thread per (head, token): the online-softmax merge of a part (out, lse) into the fp32
+// accumulator (kernels/cpu/attention.hpp attention_merge).
+__global__ void attention_merge_kernel(float* accumulator, float* accumulator_lse, const Bf16* part, const float* part_lse, int64_t T,
+                                       int64_t NQ, int64_t HD) {
+  const int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (e >= NQ * T) return;
+  const int64_t h = e / T, i = e % T;
+  const float total = accumulator_lse[e], added = part_lse[e];
+  if (added == -INFINITY) return;
+  const float merged = total == -INFINITY ? added : fmaxf(total, added) + log1pf(expf(-fabsf(total - added)));
+  const float keep = total == -INFINITY ? 0.0f : expf(total - merged), add = expf(added - merged);
+  float* row = accumulator + (i * NQ + h) * HD;
+  const int64_t offset = (i * NQ + h) * HD;
+  for (int64_t d = 0; d < HD; ++d) row[d] = row[d] * keep + load(part, offset + d) * add;
+  accumulator_lse[e] = merged;
+}
 __global__ void bf16_from_master_kernel(Bf16* weights, const float* master, int64_t N) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i < N) weights[i] = bf16(master[i]);
@@ -340,6 +364,18 @@ void scale(float* data, int64_t N, float factor) {
 }
 void copy_device(void* destination, const void* source, size_t bytes) {
   check(cudaMemcpyAsync(destination, source, bytes, cudaMemcpyDeviceToDevice, cudaStreamLegacy), "copy_device");
+}
+void accumulate_bf16(float* accumulator, const Bf16* part, int64_t N) {
+  accumulate_bf16_kernel<<<blocks_for(N), kThreads>>>(accumulator, part, N);
+  check_launch("accumulate_bf16");
+}
+void fill(float* data, int64_t N, float value) {
+  fill_value_kernel<<<blocks_for(N), kThreads>>>(data, N, value);
+  check_launch("fill");
+}
+void attention_merge(float* accumulator, float* accumulator_lse, const Bf16* part, const float* part_lse, int64_t T, int64_t NQ, int64_t HD) {
+  attention_merge_kernel<<<blocks_for(NQ * T), kThreads>>>(accumulator, accumulator_lse, part, part_lse, T, NQ, HD);
+  check_launch("attention_merge");
 }
 void bf16_from_master(Bf16* weights, const float* master, int64_t N) {
   bf16_from_master_kernel<<<blocks_for(N), kThreads>>>(weights, master, N);
@@ -521,8 +557,10 @@ __global__ void online_softmax_kernel(Bf16* P, float* O, float* m, float* sum, c
 __global__ void attention_finish_kernel(Bf16* out, float* lse, const float* O, const float* m, const float* sum, int64_t i0, int64_t rows,
                                         int64_t T, int64_t NQ, int64_t B, int64_t HD) {
   const int64_t h = blockIdx.x / rows, r = blockIdx.x % rows, row = h * B + r;
-  for (int64_t d = threadIdx.x; d < HD; d += blockDim.x) out[((i0 + r) * NQ + h) * HD + d] = bf16(O[row * HD + d] / sum[row]);
-  if (threadIdx.x == 0) lse[h * T + i0 + r] = m[row] + logf(sum[row]);
+  // sum is 0 only for a query that sees no key of the range (FPDT's chunk pairs): out 0, lse -inf.
+  const bool seen = sum[row] > 0.0f;
+  for (int64_t d = threadIdx.x; d < HD; d += blockDim.x) out[((i0 + r) * NQ + h) * HD + d] = bf16(seen ? O[row * HD + d] / sum[row] : 0.0f);
+  if (threadIdx.x == 0) lse[h * T + i0 + r] = seen ? m[row] + logf(sum[row]) : -INFINITY;
 }
 // Element-wise over [NQ, rows, cols] of the block's [NQ, B, B] buffers.
 __global__ void probabilities_kernel(Bf16* P, const float* S, const float* lse, const int32_t* positions, int64_t i0, int64_t rows,
@@ -648,6 +686,31 @@ std::vector<int32_t> positions_to_host(const int32_t* positions, int64_t T) {
 }
 
 }  // namespace
+
+void Blas::attention_forward_range(Bf16* out, float* lse, const Bf16* q, const Bf16* k, const Bf16* v, const int32_t* position_ids,
+                                   int64_t q_begin, int64_t Tq, int64_t k_begin, int64_t Tk, int64_t NQ, int64_t NKV, int64_t HD,
+                                   int64_t block, float* workspace) {
+  if (NKV <= 0 || NQ % NKV != 0) throw std::runtime_error("CUDA blocked attention: q heads must be a multiple of kv heads");
+  CudaBlockedAttentionOps ops(static_cast<cublasHandle_t>(handle_));
+  const std::vector<int32_t> positions_host = positions_to_host(position_ids, q_begin + Tq);
+  blocked_attention_forward_range(ops, out, lse, q, k, v, position_ids, positions_host.data(), q_begin, k_begin, Tk,
+                                  BlockedAttentionLayout(Tq, NQ, NKV, HD, block), workspace);
+}
+
+void Blas::attention_softmax_delta(float* delta, const Bf16* dout, const Bf16* out, int64_t T, int64_t NQ, int64_t HD) {
+  CudaBlockedAttentionOps ops(static_cast<cublasHandle_t>(handle_));
+  ops.softmax_delta(delta, dout, out, BlockedAttentionLayout(T, NQ, NQ, HD, kGpuAttentionBlockTokens));
+}
+
+void Blas::attention_backward_range(Bf16* dq, Bf16* dk, Bf16* dv, const float* delta, const Bf16* dout, const Bf16* q, const Bf16* k,
+                                    const Bf16* v, const float* lse, const int32_t* position_ids, int64_t q_begin, int64_t Tq,
+                                    int64_t k_begin, int64_t Tk, int64_t NQ, int64_t NKV, int64_t HD, int64_t block, float* workspace) {
+  if (NKV <= 0 || NQ % NKV != 0) throw std::runtime_error("CUDA blocked attention: q heads must be a multiple of kv heads");
+  CudaBlockedAttentionOps ops(static_cast<cublasHandle_t>(handle_));
+  const std::vector<int32_t> positions_host = positions_to_host(position_ids, q_begin + Tq);
+  blocked_attention_backward_range(ops, dq, dk, dv, delta, dout, q, k, v, lse, position_ids, positions_host.data(), q_begin, k_begin, Tk,
+                                   BlockedAttentionLayout(Tq, NQ, NKV, HD, block), workspace);
+}
 
 void Blas::attention_forward(Bf16* out, float* lse, const Bf16* q, const Bf16* k, const Bf16* v, const int32_t* position_ids, int64_t T,
                              int64_t NQ, int64_t NKV, int64_t HD, int64_t block, float* workspace) {

@@ -75,6 +75,11 @@ void scale(float* data, int64_t N, float factor);
 void copy_device(void* destination, const void* source, size_t bytes);
 // weights[N] = bf16(master[N]): the copy the kernels read, from the fp32 master weights.
 void bf16_from_master(Bf16* weights, const float* master, int64_t N);
+// FPDT's fp32 accumulators: accumulator += part; data = value; and the online-softmax merge of a
+// chunk pair's (out, lse) into (accumulator, accumulator_lse) (kernels/cpu/attention.hpp's).
+void accumulate_bf16(float* accumulator, const Bf16* part, int64_t N);
+void fill(float* data, int64_t N, float value);
+void attention_merge(float* accumulator, float* accumulator_lse, const Bf16* part, const float* part_lse, int64_t T, int64_t NQ, int64_t HD);
 // Ulysses' regrouping (executor/ulysses.hpp, same layouts): block j of destination rank r's heads
 // is global head (replication > 1 ? r / replication : r * heads_per_rank + j).
 // send[r][t][j][d] = source[t][head(r, j)][d]
@@ -108,6 +113,16 @@ class Blas {
   void attention_backward(Bf16* dq, Bf16* dk, Bf16* dv, float* delta_scratch, const Bf16* dout, const Bf16* q, const Bf16* k,
                           const Bf16* v, const Bf16* out, const float* lse, const int32_t* position_ids, int64_t T, int64_t NQ,
                           int64_t NKV, int64_t HD, int64_t block, float* workspace);
+  // FPDT's chunk pairs: queries [q_begin, q_begin + Tq) against keys [k_begin, k_begin + Tk)
+  // (kernels/blocked_attention.hpp's ranges); position_ids cover the whole sequence. The backward
+  // takes the queries' final lse and their delta (attention_softmax_delta) and adds its share.
+  void attention_forward_range(Bf16* out, float* lse, const Bf16* q, const Bf16* k, const Bf16* v, const int32_t* position_ids,
+                               int64_t q_begin, int64_t Tq, int64_t k_begin, int64_t Tk, int64_t NQ, int64_t NKV, int64_t HD,
+                               int64_t block, float* workspace);
+  void attention_softmax_delta(float* delta, const Bf16* dout, const Bf16* out, int64_t T, int64_t NQ, int64_t HD);
+  void attention_backward_range(Bf16* dq, Bf16* dk, Bf16* dv, const float* delta, const Bf16* dout, const Bf16* q, const Bf16* k,
+                                const Bf16* v, const float* lse, const int32_t* position_ids, int64_t q_begin, int64_t Tq,
+                                int64_t k_begin, int64_t Tk, int64_t NQ, int64_t NKV, int64_t HD, int64_t block, float* workspace);
 
  private:
   void* handle_ = nullptr;  // cublasHandle_t

@@ -286,7 +286,7 @@ TEST_CASE("ZeRO-3 with the optimizer offloaded across ranks: the same step as on
   CHECK(predicted.host_bytes_per_node == doctest::Approx(host_peak * static_cast<double>(sp)).epsilon(1e-9));
 }
 
-TEST_CASE("the GPU's schedule across ranks (bf16 emulation): Ulysses and ZeRO-3 peaks equal the native-cuda prediction") {
+TEST_CASE("the GPU's schedule across ranks (bf16 emulation): Ulysses, ZeRO-3, FPDT and parameter offload peaks equal the native-cuda prediction") {
   // Blocked attention over all S tokens for this rank's heads, its workspace, bf16 gathers and
   // all-to-alls: the GPU's allocations, measured on the CPU.
   const ModelSpec spec = model_load("tiny-llama");
@@ -311,6 +311,25 @@ TEST_CASE("the GPU's schedule across ranks (bf16 emulation): Ulysses and ZeRO-3 
     CHECK(predicted.gpu_peak_bytes - runtime_overhead_bytes(profile, sp) == doctest::Approx(device.peak_bytes()).epsilon(1e-9));
     CHECK(predicted.gpu_peak_moment == device.peak_moment());
   }
+  // FPDT under Ulysses (2 chunks), ZeRO-3 with parameter offload: device and host pool.
+  PlanOptions plan = executor_plan(offloaded, sp, 3, false, true);
+  plan.fpdt = true;
+  plan.fpdt_chunk_tokens = 32;
+  const MemoryPrediction predicted =
+      memory_predict(spec, executor_cluster(std::numeric_limits<double>::infinity(), sp), plan, profile, 64);
+  const TrainingOptions options = executor_training_options(plan, predicted);
+  const int64_t chunk_local = options.fpdt_chunk_tokens;
+  const auto tokens = fpdt_layout_rank_tokens(batch.tokens, sp, world().rank(), chunk_local);
+  const auto labels = fpdt_layout_rank_tokens(batch.labels, sp, world().rank(), chunk_local);
+  const auto positions = fpdt_layout_rank_tokens(batch.positions, sp, world().rank(), chunk_local);
+  Arena device("device"), host("host");
+  BasicLlamaModel<Bf16CpuOps> model(spec, device, &world(), ModelStates{3, false, true}, &host);
+  model.load_parameters(full.data());
+  SequenceParallel parallel{&world(), batch.positions.data()};
+  model.forward_backward(tokens.data(), labels.data(), positions.data(), T, options, device, host, parallel);
+  CHECK(predicted.gpu_peak_bytes - runtime_overhead_bytes(profile, sp) == doctest::Approx(device.peak_bytes()).epsilon(1e-9));
+  CHECK(predicted.gpu_peak_moment == device.peak_moment());
+  CHECK(predicted.host_bytes_per_node == doctest::Approx(host.peak_bytes() * static_cast<double>(sp)).epsilon(1e-9));
 }
 
 int main(int argc, char** argv) {

@@ -17,8 +17,7 @@
 
 namespace longseq::testing {
 
-// FPDT's chunked attention is not emulated in bf16 yet (nor on the GPU): ChunkedAttentionMissing.
-class Bf16CpuOps : public HostMemoryMovement, public ChunkedAttentionMissing<Bf16> {
+class Bf16CpuOps : public HostMemoryMovement {
  public:
   using Act = Bf16;
   static constexpr const char* kDevice = "cpu-bf16";
@@ -92,6 +91,34 @@ class Bf16CpuOps : public HostMemoryMovement, public ChunkedAttentionMissing<Bf1
     CpuBlockedAttentionOps<Act> blocked;
     blocked_attention_backward(blocked, dq, dk, dv, delta_scratch, dout, q, k, v, out, lse, positions, positions,
                                BlockedAttentionLayout(T, NQ, NKV, HD, kGpuAttentionBlockTokens), workspace);
+  }
+  // FPDT's chunk pairs through the same blocked algorithm (ranges), and the GPU's merge and
+  // accumulation: fp32 accumulators, bf16 parts, rounding where the GPU rounds.
+  void attention_chunk_forward(Act* out, float* lse, const Act* q, const Act* k, const Act* v, const int32_t* positions, int64_t q_begin,
+                               int64_t Tq, int64_t k_begin, int64_t Tk, int64_t NQ, int64_t NKV, int64_t HD, int64_t /*block*/,
+                               float* workspace) {
+    CpuBlockedAttentionOps<Act> blocked;
+    blocked_attention_forward_range(blocked, out, lse, q, k, v, positions, positions, q_begin, k_begin, Tk,
+                                    BlockedAttentionLayout(Tq, NQ, NKV, HD, kGpuAttentionBlockTokens), workspace);
+  }
+  void attention_softmax_delta(float* delta, const Act* dout, const Act* out, int64_t T, int64_t NQ, int64_t HD) {
+    CpuBlockedAttentionOps<Act> blocked;
+    blocked.softmax_delta(delta, dout, out, BlockedAttentionLayout(T, NQ, NQ, HD, kGpuAttentionBlockTokens));
+  }
+  void attention_chunk_backward(Act* dq, Act* dk, Act* dv, const float* delta, const Act* dout, const Act* q, const Act* k, const Act* v,
+                                const float* lse, const int32_t* positions, int64_t q_begin, int64_t Tq, int64_t k_begin, int64_t Tk,
+                                int64_t NQ, int64_t NKV, int64_t HD, int64_t /*block*/, float* workspace) {
+    CpuBlockedAttentionOps<Act> blocked;
+    blocked_attention_backward_range(blocked, dq, dk, dv, delta, dout, q, k, v, lse, positions, positions, q_begin, k_begin, Tk,
+                                     BlockedAttentionLayout(Tq, NQ, NKV, HD, kGpuAttentionBlockTokens), workspace);
+  }
+  void attention_merge(float* accumulator, float* accumulator_lse, const Act* part, const float* part_lse, int64_t T, int64_t NQ,
+                       int64_t HD) {
+    kernels::attention_merge(accumulator, accumulator_lse, wide(part, T * NQ * HD).data(), part_lse, T, NQ, HD);
+  }
+  void accumulator_to_act(Act* out, const float* accumulator, int64_t n) { weights_from_master(out, accumulator, n); }
+  void accumulate(float* accumulator, const Act* part, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) accumulator[i] += bf16_to_float(part[i]);
   }
   void cross_entropy_forward(float* losses, const Act* logits, const int32_t* labels, int64_t T, int64_t V) {
     kernels::cross_entropy_forward(losses, wide(logits, T * V).data(), labels, T, V);
