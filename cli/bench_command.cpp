@@ -75,6 +75,7 @@ int executor_bench(const BenchCommandArgs& args) {
   struct Technique {
     const char* name;
     TrainingOptions options;
+    int64_t fpdt_chunks = 0;  // FPDT over this many chunks of the sequence (its MLP and loss chunks too)
   };
   std::vector<Technique> techniques;
   techniques.push_back({"none", {}});
@@ -92,18 +93,28 @@ int executor_bench(const BenchCommandArgs& args) {
   TrainingOptions all = o;
   all.mlp_tiles = all.loss_tiles = 16;
   techniques.push_back({"all of them", all});
+  TrainingOptions checkpointed;
+  checkpointed.activation_checkpointing = true;
+  techniques.push_back({"FPDT (8 chunks)", checkpointed, 8});
+  techniques.push_back({"FPDT (32 chunks)", checkpointed, 32});
   for (const auto& text : args.seqlens) {
     const int64_t seqlen = seqlen_parse(text, "--seqlens");
     const Sample sample = sample_synthetic(seqlen, model.vocab_size, 1);
     double baseline_peak = 0;
     for (const auto& technique : techniques) {
+      PlanOptions plan = executor_plan(technique.options);
+      TrainingOptions options = technique.options;
+      if (technique.fpdt_chunks > 0) {  // the chunk's MLP and loss tiles as the plan predicts them
+        plan.fpdt = true;
+        plan.fpdt_chunk_tokens = seqlen / technique.fpdt_chunks;
+        options = executor_training_options(plan, memory_predict(model, cluster, plan, native, seqlen, /*with_breakdown=*/false));
+      }
       Arena device("device"), host("host");
       LlamaModel llama(model, device);
       std::fill_n(llama.parameters(), llama.parameter_count(), 0.01f);
       const auto start = std::chrono::steady_clock::now();
-      llama.forward_backward(sample.tokens.data(), sample.labels.data(), sample.positions.data(), seqlen, technique.options, device, host);
+      llama.forward_backward(sample.tokens.data(), sample.labels.data(), sample.positions.data(), seqlen, options, device, host);
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      const PlanOptions plan = executor_plan(technique.options);
       const double gflops = step_flops_executed(model, plan, seqlen).total() / seconds / 1e9;
       const double predicted = memory_predict(model, cluster, plan, native, seqlen, /*with_breakdown=*/false).gpu_peak_bytes;
       if (baseline_peak == 0) baseline_peak = device.peak_bytes();

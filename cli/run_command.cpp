@@ -611,6 +611,10 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
     report["predicted_outside_arena_mib"] = predicted_outside_bytes / (1 << 20);
   }
   report["predicted_peak_moment"] = predicted.gpu_peak_phase + ", " + predicted.gpu_peak_moment;
+  // The host pool per rank: the prediction is per node, every rank of this one-node run alike.
+  const double predicted_host_per_rank_bytes = predicted.host_bytes_per_node / static_cast<double>(cluster.ranks_per_node());
+  report["measured_host_peak_mib"] = host.peak_bytes() / (1 << 20);
+  report["predicted_host_peak_mib"] = predicted_host_per_rank_bytes / (1 << 20);
   report["prediction_error"] = difference;
   report["prediction_worst_rank_error"] = worst;
   if (ranks.world_rank != 0) return 0;
@@ -638,6 +642,10 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
     for (float peak : peaks) per_rank += fmt::format("{}{:.2f}", per_rank.empty() ? "" : ", ", peak / (1 << 20));
     fmt::print("  every rank's measured peak (MiB): {}; the worst differs from the prediction by {:.2f}%\n", per_rank, 100.0 * worst);
   }
+  if (host.peak_bytes() > 0 || predicted.host_bytes_per_node > 0)
+    fmt::print("  host pool (offloaded states, checkpoints, FPDT chunks) of rank 0 at its peak: MEASURED {:.3f} MiB, PREDICTED {:.3f} "
+               "MiB (per node / {} rank(s))\n",
+               host.peak_bytes() / (1 << 20), predicted_host_per_rank_bytes / (1 << 20), cluster.ranks_per_node());
   if (std::isfinite(budget_bytes)) {
     const double highest = *std::max_element(peaks.begin(), peaks.end());
     fmt::print("  budget {:.0f} MiB per rank: measured peak {} ({:.1f}% of it); prediction {} the measurement ({:+.2f}%, bar: 3%)\n",

@@ -555,21 +555,27 @@ struct ExecutorFpdtBytes {
 // (chunk 0 fetches nothing, chunk 1 one pair, later ones a pair and the next), so three chunks
 // give the device's peak; the host pool only grows during the forward and the first pass of the
 // backward and only shrinks after, so all chunks of a kind enter and leave it as one folded item.
+// The host pool's side of the replay (none without `host`): every chunk of a kind as one item.
+struct FpdtHostPool {
+  TensorTrace* host;
+  double chunks;
+  void alloc(const char* name, double bytes_per_chunk) const {
+    if (host) host->alloc(kCategoryHost, name, bytes_per_chunk * chunks, chunks);
+  }
+  void free(const char* name) const {
+    if (host) host->free(name);
+  }
+};
+
 void executor_fpdt_forward(TensorTrace& trace, TensorTrace* host, const LayerShape& shape, const ExecutorStepOptions& options, bool keep) {
   const ExecutorFpdtBytes b(shape, options);
-  const double n = static_cast<double>(b.chunks);
-  auto host_alloc = [&](const char* name, double bytes) {
-    if (host) host->alloc(kCategoryHost, name, bytes * n, n);
-  };
-  auto host_free = [&](const char* name) {
-    if (host) host->free(name);
-  };
-  host_alloc("fpdt.k_chunks", b.kv_act);
-  host_alloc("fpdt.v_chunks", b.kv_act);
+  const FpdtHostPool pool{host, static_cast<double>(b.chunks)};
+  pool.alloc("fpdt.k_chunks", b.kv_act);
+  pool.alloc("fpdt.v_chunks", b.kv_act);
   if (keep) {
-    host_alloc("fpdt.q_chunks", b.q_act);
-    host_alloc("fpdt.output_chunks", b.q_act);
-    host_alloc("fpdt.lse_chunks", b.lse);
+    pool.alloc("fpdt.q_chunks", b.q_act);
+    pool.alloc("fpdt.output_chunks", b.q_act);
+    pool.alloc("fpdt.lse_chunks", b.lse);
   }
   const bool ulysses = shape.sp > 1;
   auto attend = [&] {
@@ -632,20 +638,14 @@ void executor_fpdt_forward(TensorTrace& trace, TensorTrace* host, const LayerSha
     trace.free("fpdt.output_chunk");
   }
   if (!keep) {
-    host_free("fpdt.v_chunks");
-    host_free("fpdt.k_chunks");
+    pool.free("fpdt.v_chunks");
+    pool.free("fpdt.k_chunks");
   }
 }
 
 void executor_fpdt_backward(TensorTrace& trace, TensorTrace* host, const LayerShape& shape, const ExecutorStepOptions& options) {
   const ExecutorFpdtBytes b(shape, options);
-  const double n = static_cast<double>(b.chunks);
-  auto host_alloc = [&](const char* name, double bytes) {
-    if (host) host->alloc(kCategoryHost, name, bytes * n, n);
-  };
-  auto host_free = [&](const char* name) {
-    if (host) host->free(name);
-  };
+  const FpdtHostPool pool{host, static_cast<double>(b.chunks)};
   const bool ulysses = shape.sp > 1;
   auto chunk_return = [&](double bytes) {
     if (!ulysses) return;
@@ -661,10 +661,10 @@ void executor_fpdt_backward(TensorTrace& trace, TensorTrace* host, const LayerSh
   trace.free("fpdt.output_chunk");
   trace.free("fpdt.delta_chunk");
   trace.free("fpdt.output_grad_chunk");
-  host_free("fpdt.output_chunks");
-  host_alloc("fpdt.output_grad_chunks", b.q_act);
-  host_alloc("fpdt.delta_chunks", b.lse);
-  host_alloc("fpdt.q_grad_accumulators", b.q_fp32);
+  pool.free("fpdt.output_chunks");
+  pool.alloc("fpdt.output_grad_chunks", b.q_act);
+  pool.alloc("fpdt.delta_chunks", b.lse);
+  pool.alloc("fpdt.q_grad_accumulators", b.q_fp32);
   // Second pass: every key chunk (and each query chunk inside it) alike on the device.
   if (b.chunks > 0) {
     trace.alloc(L, "fpdt.k_chunk", b.kv_act);
@@ -704,7 +704,7 @@ void executor_fpdt_backward(TensorTrace& trace, TensorTrace* host, const LayerSh
   }
   for (const char* name : {"fpdt.v_chunks", "fpdt.k_chunks", "fpdt.q_grad_accumulators", "fpdt.output_grad_chunks", "fpdt.delta_chunks",
                            "fpdt.lse_chunks", "fpdt.q_chunks"})
-    host_free(name);
+    pool.free(name);
 }
 
 // executor/llama_step.hpp layer_forward. Leaves "layer.output" and, with keep, the saved tensors.

@@ -13,7 +13,7 @@
 # tests/fuzz/regressions/TARGET/ once it is fixed.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-targets=(seqlen yaml_cards scenario hf_config points_csv run_json sweep_json)
+targets=(seqlen yaml_cards scenario hf_config points_csv run_json sweep_json plan_file)
 
 # The project's own files that seed each target (one place for the replay and the fuzzer).
 seeds_of() {
@@ -24,6 +24,7 @@ seeds_of() {
     hf_config) echo "$root/tests/data/hf $(ls "$root"/tests/data/bad/*.config.json | tr '\n' ' ')" ;;
     points_csv) echo "$root/tests/data/published_points.csv" ;;
     run_json) echo "$root/tests/data/bad/run-huge-number $root/tests/data/bad/run-wrong-type $root/tests/data/run_not_a_result $root/tests/fuzz/seeds/run_json" ;;
+    plan_file) echo "$root/tests/data/plans" ;;
     sweep_json) echo "$root/tests/data/bad/results-huge-number $root/tests/data/bad/results-missing-key $root/tests/fuzz/seeds/sweep_json" ;;
     *) echo "fuzz.sh: unknown target '$1' (targets: ${targets[*]})" >&2; exit 2 ;;
   esac

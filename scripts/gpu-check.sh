@@ -5,7 +5,7 @@
 #   2. a measured-vs-predicted run of the tiny model on the GPU (longseq run --device cuda, with
 #      checkpoint offload and tiled MLP/loss) against the native-cuda profile;
 #      the same under mpirun -np 1 with ZeRO-3 over NCCL and the optimizer offloaded (MPIRUN_ARGS
-#      adds mpirun options);
+#      adds mpirun options), and with the parameters offloaded too and FPDT; FPDT on one GPU;
 #   3. a Llama-3.1-8B-shaped decoder layer stack (LAYER_STACK_LAYERS layers, default 4) at a long
 #      sequence (LAYER_STACK_SEQLEN, default 128Ki) on one GPU, measured against the prediction;
 # and writes all of it to build/gpu-check/report.md (the runs' JSON beside it).
@@ -52,7 +52,11 @@ if command -v mpirun >/dev/null; then
   [ "$(id -u)" = 0 ] && as_root="--allow-run-as-root"  # Open MPI refuses root without it
   MPIRUN="mpirun -np 1 $as_root ${MPIRUN_ARGS:-}" run_measured tiny-llama-zero3-offload --model tiny-llama --seqlen 8Ki --steps 3 \
     --zero 3 --offload-optimizer --checkpointing --checkpoint-offload
+  # ZeRO-3 with the parameters offloaded too, and FPDT's chunked attention with its host pool.
+  MPIRUN="mpirun -np 1 $as_root ${MPIRUN_ARGS:-}" run_measured tiny-llama-fpdt-param-offload --model tiny-llama --seqlen 16Ki --steps 3 \
+    --zero 3 --offload-optimizer --offload-params --checkpointing --checkpoint-offload --fpdt-chunk 4Ki
 fi
+run_measured tiny-llama-fpdt --model tiny-llama --seqlen 16Ki --steps 3 --checkpointing --fpdt-chunk 2Ki
 run_measured llama-3.1-8b-layer-stack --model llama-3.1-8b --layers "${LAYER_STACK_LAYERS:-4}" --seqlen "${LAYER_STACK_SEQLEN:-128Ki}" \
   --steps 2 --checkpointing --checkpoint-offload --mlp-tiles 8 --loss-tiles 8
 {
@@ -67,7 +71,7 @@ run_measured llama-3.1-8b-layer-stack --model llama-3.1-8b --layers "${LAYER_STA
   echo '```'
   cat "$log"
   echo '```'
-  for name in tiny-llama tiny-llama-zero3-offload llama-3.1-8b-layer-stack; do
+  for name in tiny-llama tiny-llama-zero3-offload tiny-llama-fpdt-param-offload tiny-llama-fpdt llama-3.1-8b-layer-stack; do
     [ -f "$report_dir/$name/run.txt" ] || continue
     echo
     echo "## longseq run --device cuda: $name (MEASURED on this GPU vs PREDICTED by native-cuda)"
