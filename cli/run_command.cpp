@@ -429,8 +429,6 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
     device_description = "GPU " + info.name + ", bf16";
     if (args.compare_single_rank)
       throw ConfigError("--compare-single-rank", "", "is for CPU runs (a replica would share this rank's GPU)");
-    if (args.zero_stage >= 1 && !ranks.mpi)
-      throw ConfigError("--zero", "", "ZeRO on the GPU shards over NCCL ranks: run it under mpirun (longseq launch)");
 #else
     throw ConfigError("--device", "", "cuda: no GPU to run on: this build has no CUDA (nvcc was not found when it was configured)");
 #endif
@@ -504,6 +502,8 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
   for (auto& problem : seqlen_problems(plan, seqlen)) problems.push_back(problem);
   for (auto& problem : executor_plan_problems(plan, args.device)) problems.push_back(problem);
   if (!problems.empty()) throw ConfigError(plan_file ? args.plan_file : "plan", "", problems.front());
+  if (on_gpu && plan.zero_stage >= 1 && !ranks.mpi)
+    throw ConfigError(plan_file ? args.plan_file : "--zero", "", "ZeRO on the GPU shards over NCCL ranks: run it under mpirun (longseq launch)");
   const int64_t sp = plan.sp;
   // A plan that cannot fit this machine fails here, by the prediction, not by the kernel's OOM
   // killer (CPU) or a CUDA error halfway through (GPU).
