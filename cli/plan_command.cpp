@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <algorithm>
+#include <filesystem>
 #include <iostream>
 #include <optional>
 
@@ -9,6 +10,7 @@
 #include "executor/trainer.hpp"
 #include "models/model_loader.hpp"
 #include "planner/max_seqlen.hpp"
+#include "planner/frameworks.hpp"
 #include "planner/plan_file.hpp"
 #include "planner/search.hpp"
 #include "planner/time_model.hpp"
@@ -24,7 +26,8 @@ struct PlanCommandArgs {
   std::string model;
   int64_t layers = 0;  // 0: the card's
   std::string gpu = "h100-sxm-80gb";
-  std::string profile = "deepspeed-hf";
+  std::string profile;  // empty: the target framework's (deepspeed-hf, megatron-deepspeed, native-cuda)
+  std::optional<std::string> framework;
   // nullopt: not given (a given 0 or negative value is an error, never "not given").
   std::optional<int64_t> gpus, nodes, gpus_per_node;
   std::optional<double> host_memory_gib;
@@ -124,11 +127,22 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
   command->add_flag("--fpdt", args->fpdt,
                     "FPDT chunked attention with host-resident chunks (turns tiled MLP/loss off: FPDT chunks them itself)");
   command->add_option("--fpdt-chunk", args->fpdt_chunk, "FPDT chunk of the global sequence (default 64Ki = 65536)");
-  command->add_option("--profile", args->profile, "runtime profile: deepspeed-hf (default), native, or a .yaml");
+  command->add_option("--profile", args->profile,
+                      "runtime profile: deepspeed-hf (default; megatron-deepspeed with --framework megatron-deepspeed, native-cuda "
+                      "with --framework longseq), native, or a .yaml");
+  command->add_option("--framework", args->framework,
+                      "the framework the plan is for: arctic-training (default for the search: ALST's trainer, a switch for each "
+                      "of its techniques), hf-accelerate (Accelerate / HF Trainer / TRL), megatron-deepspeed (where FPDT lives), "
+                      "deepspeed (a plain deepspeed.initialize loop), longseq (its own executor: everything). The search explores "
+                      "only what it runs and says what another framework would reach");
   command->add_flag("--json", args->json, "print JSON instead of tables");
   command->add_option("--emit", args->emit,
-                      "write the (chosen) plan as a framework config instead of the report: deepspeed (JSON) or accelerate (YAML)");
-  command->add_option("--emit-out", args->emit_out, "file for --emit (default: standard output)");
+                      "write the (chosen) plan as a framework's files instead of the report: arctic-training (recipe YAML), "
+                      "accelerate (Accelerate YAML + the DeepSpeed JSON it names), megatron-deepspeed (launch arguments + "
+                      "DeepSpeed JSON) or deepspeed (DeepSpeed JSON for a plain loop)");
+  command->add_option("--emit-out", args->emit_out,
+                      "file for --emit (default: standard output); a second file (the DeepSpeed JSON) goes beside it as "
+                      "STEM.deepspeed.json");
   command->add_option("--ranks", args->ranks,
                       "plan for this machine's executor instead of a GPU cluster: this many ranks (mpirun -np), each with "
                       "--budget-mib of device memory; the search then covers what `longseq run` executes");
@@ -155,7 +169,7 @@ bool plan_flags_given(const PlanCommandArgs& args) {
 // The fixed plan the flags describe: the ALST feature set (or the paper's baseline), then each flag.
 PlanOptions plan_from_flags(const PlanCommandArgs& args, const ModelSpec& model, const ClusterSpec& cluster) {
   const int64_t sp = positive_or_default(args.sp, "--sp");
-  PlanOptions plan = PlanOptions::alst(sp_largest_valid(model, cluster.gpus));
+  PlanOptions plan = PlanOptions::alst(sp_largest_valid(model, cluster.gpus), cluster.gpus);
   if (args.alst && args.baseline) throw ConfigError("--alst", "", "given together with --baseline");
   if (args.baseline) {
     plan.sp = 1;
@@ -172,6 +186,8 @@ PlanOptions plan_from_flags(const PlanCommandArgs& args, const ModelSpec& model,
   // Checkpoint offload is part of the default set; turning checkpointing off turns it off too
   // unless the user asked for both, which plan_problems then reports.
   if (!plan.activation_checkpointing && args.checkpoint_offload_on == 0) plan.checkpoint_offload = false;
+  // Likewise parameter offload (ALST's on one GPU) leaves with ZeRO-3 unless asked for.
+  if (plan.zero_stage != 3 && args.offload_params_on == 0) plan.offload_params = false;
   plan.mlp_tiles = positive_or_default(args.mlp_tiles, "--mlp-tiles");
   plan.loss_tiles = positive_or_default(args.loss_tiles, "--loss-tiles");
   plan.micro_batch = args.micro_batch;
@@ -254,21 +270,41 @@ std::string plan_report(const ModelSpec& model, const ClusterSpec& cluster, cons
   return out;
 }
 
-// --emit: the plan as a DeepSpeed or Accelerate config, to a file (written whole) or stdout;
-// settings the target cannot express go to stderr.
-int plan_emit(const PlanCommandArgs& args, const PlanOptions& plan, const ClusterSpec& cluster, const RuntimeProfile& profile) {
-  ExportedConfig exported;
-  if (args.emit == "deepspeed") exported = deepspeed_config_emit(plan, cluster, profile);
-  else if (args.emit == "accelerate") exported = accelerate_config_emit(plan, cluster, profile);
-  else throw ConfigError("--emit", "", fmt::format("expected deepspeed or accelerate, got '{}'", args.emit));
+// --emit: the plan as the target framework's files, written whole (the DeepSpeed JSON beside the
+// main file as STEM.deepspeed.json), or to stdout; what they cannot express goes to stderr.
+int plan_emit(const PlanCommandArgs& args, const ModelSpec& model, const PlanOptions& plan, const ClusterSpec& cluster,
+              const RuntimeProfile& profile, int64_t seqlen) {
+  if (seqlen <= 0) throw ConfigError("--emit", "", "no sequence length fits this plan, so there is nothing to emit");
+  ExportRequest request{model, args.model, plan, cluster, profile, seqlen,
+                        memory_predict(model, cluster, plan, profile, seqlen, /*with_breakdown=*/false).gpu_peak_bytes};
+  std::filesystem::path companion;
+  if (!args.emit_out.empty()) {
+    const std::filesystem::path main_file(args.emit_out);
+    companion = main_file.parent_path() / (main_file.stem().string() + ".deepspeed.json");
+    request.deepspeed_json_name = companion.filename().string();
+  }
+  const ExportedConfig exported = config_emit(args.emit, request);
   for (const auto& note : exported.notes) std::cerr << "longseq: note: " << note << "\n";
   if (args.emit_out.empty()) {
-    std::cout << exported.text;
+    for (const auto& file : exported.files) {
+      if (!file.suffix.empty()) std::cout << "\n# ---- " << request.deepspeed_json_name << " (named by the file above) ----\n";
+      std::cout << file.text;
+    }
     return 0;
   }
-  file_write_text(args.emit_out, exported.text);
-  std::cerr << "longseq: wrote " << args.emit_out << " (" << plan_describe(plan) << ")\n";
+  for (const auto& file : exported.files) {
+    const std::string path = file.suffix.empty() ? args.emit_out : companion.string();
+    file_write_text(path, file.text);
+    std::cerr << "longseq: wrote " << path << " (" << plan_describe(plan) << ")\n";
+  }
   return 0;
+}
+
+// The sequence length a plan is for: the given one, or the longest that fits.
+int64_t plan_seqlen(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan, const RuntimeProfile& profile,
+                    std::optional<int64_t> seqlen) {
+  if (seqlen) return *seqlen;
+  return max_seqlen_find(model, cluster, plan, profile, plan.fpdt ? plan.fpdt_chunk_tokens : 0, /*with_breakdown=*/false).max_seqlen;
 }
 
 // --plan-out: the plan with what it was made for, written whole.
@@ -309,13 +345,23 @@ int plan_command_run(const PlanCommandArgs& args) {
     if (!args.ranks || !args.budget_mib) throw ConfigError(args.ranks ? "--ranks" : "--budget-mib", "", "--ranks and --budget-mib go together");
     if (*args.ranks < 1 || *args.ranks > 1024) throw ConfigError("--ranks", "", fmt::format("must be in [1, 1024], got {}", *args.ranks));
     if (!(*args.budget_mib > 0)) throw ConfigError("--budget-mib", "", fmt::format("must be positive, got {}", *args.budget_mib));
-    if (args.gpus || args.nodes || args.gpus_per_node || args.host_memory_gib || args.profile != "deepspeed-hf" || args.gpu != "h100-sxm-80gb")
+    if (args.gpus || args.nodes || args.gpus_per_node || args.host_memory_gib || !args.profile.empty() || args.gpu != "h100-sxm-80gb")
       throw ConfigError("--ranks", "", "plans for this machine's executor; drop --gpu, --gpus, --nodes, --gpus-per-node, --host-mem-gib and --profile");
     target = MachineTarget{args.device, *args.ranks, *args.budget_mib * 1024 * 1024};
   } else if (args.device != "cpu") {
     throw ConfigError("--device", "", "goes with --ranks and --budget-mib (planning for this machine)");
   }
-  const RuntimeProfile profile = machine ? machine_profile(target) : runtime_profile_load(args.profile);
+  // The target framework: given, or longseq's executor for this machine, or the default.
+  const std::optional<Framework> framework_given =
+      args.framework ? std::optional<Framework>(framework_parse(*args.framework)) : std::nullopt;
+  if (machine && framework_given && *framework_given != Framework::framework_longseq)
+    throw ConfigError("--framework", "", "planning for this machine (--ranks) plans for longseq's executor; drop --framework");
+  const Framework framework = machine ? Framework::framework_longseq : framework_given.value_or(kDefaultFramework);
+  const std::string profile_name = !args.profile.empty()                                        ? args.profile
+                                   : framework == Framework::framework_megatron_deepspeed ? "megatron-deepspeed"
+                                   : framework == Framework::framework_longseq            ? "native-cuda"
+                                                                                          : "deepspeed-hf";
+  const RuntimeProfile profile = machine ? machine_profile(target) : runtime_profile_load(profile_name);
   if (args.host_memory_gib && !(*args.host_memory_gib > 0))
     throw ConfigError("--host-mem-gib", "", fmt::format("must be positive, got {}", *args.host_memory_gib));
   const ClusterSpec cluster =
@@ -336,12 +382,15 @@ int plan_command_run(const PlanCommandArgs& args) {
        {{"gpu", hardware.name}, {"gpus", cluster.gpus}, {"nodes", cluster.nodes}, {"gpus_per_node", cluster.gpus_per_node},
         {"gpu_memory_gib", hardware.gpu_memory_gib}, {"host_memory_gib_per_node", cluster.host_memory_gib}}},
       {"runtime_profile", profile.name},
+      {"framework", framework_name(framework)},
   };
   std::string header = fmt::format("longseq plan: PREDICTIONS of the cost model (runtime profile '{}'), not measurements\n", profile.name);
   header += fmt::format("  model    {}: {} parameters (L={} h={} heads q/kv={}/{} d={} f={} V={}{})\n", model.name,
                         integer_with_commas(params.total), model.num_layers, model.hidden_size, model.num_q_heads,
                         model.num_kv_heads, model.head_dim, model.intermediate_size, model.vocab_size,
                         model.tied_embeddings ? ", tied" : "");
+  header += fmt::format("  framework {}{}\n", framework_name(framework),
+                        framework_given || machine ? "" : " (the default; --framework hf-accelerate, megatron-deepspeed, deepspeed, longseq)");
   header += fmt::format("  cluster  {} x {} ({:.2f} GiB each), {} node(s) of {} GPUs, {:.0f} GiB host memory per node\n",
                         cluster.gpus, hardware.name, hardware.gpu_memory_gib, cluster.nodes, cluster.gpus_per_node,
                         cluster.host_memory_gib);
@@ -354,10 +403,14 @@ int plan_command_run(const PlanCommandArgs& args) {
   if (fixed_plan) {
     const PlanOptions plan = plan_from_flags(args, model, cluster);
     std::vector<std::string> problems = plan_problems(model, cluster, plan);
+    if (framework_given) {  // a plan for a named framework must be one it runs
+      const std::string unsupported = framework_unsupported(*framework_given, model, plan);
+      if (!unsupported.empty()) problems.push_back(unsupported);
+    }
     if (seqlen)
       for (auto& problem : seqlen_problems(plan, *seqlen)) problems.push_back(problem);
     if (!problems.empty()) throw ConfigError("plan", "", problems_join(problems));
-    if (!args.emit.empty()) return plan_emit(args, plan, cluster, profile);
+    if (!args.emit.empty()) return plan_emit(args, model, plan, cluster, profile, plan_seqlen(model, cluster, plan, profile, seqlen));
     report["plan"] = plan_to_json(plan, cluster);
     const std::string body = plan_report(model, cluster, plan, profile, seqlen, report);
     if (machine && !executor_plan_problems(plan, args.device).empty())
@@ -387,6 +440,8 @@ int plan_command_run(const PlanCommandArgs& args) {
   // at its scale.
   if (machine && options.objective != SearchObjective::objective_max_seqlen)
     throw ConfigError("--objective", "", "for this machine (--ranks) the search finds the longest sequence, as run --auto does");
+  if (!machine)
+    options.unsupported = [&](const PlanOptions& plan) { return framework_unsupported(framework, model, plan); };
   const SearchResult result = machine ? machine_plan_search(model, target) : plan_search(model, cluster, profile, options);
   const bool by_length = options.objective == SearchObjective::objective_max_seqlen;
 
@@ -414,7 +469,8 @@ int plan_command_run(const PlanCommandArgs& args) {
     out += "\n";
     report["winner"] = nullptr;
   } else {
-    if (!args.emit.empty()) return plan_emit(args, winner->plan, cluster, profile);
+    if (!args.emit.empty())
+      return plan_emit(args, model, winner->plan, cluster, profile, by_length ? winner->max_seqlen : options.seqlen);
     if (!args.plan_out.empty())
       plan_out_write(args, model, cluster, profile, winner->plan, by_length ? winner->max_seqlen : options.seqlen, machine);
     report["plan"] = plan_to_json(winner->plan, cluster);
@@ -457,6 +513,26 @@ int plan_command_run(const PlanCommandArgs& args) {
       alternatives.push_back({{"change", alternative.change}, {"plan", plan_to_json(c.plan, cluster)}, {"outcome", why}});
     }
     report["alternatives"] = alternatives;
+    // A better plan another framework runs (the same search over every option).
+    if (!machine) {
+      SearchOptions everything = options;
+      everything.unsupported = nullptr;
+      const SearchResult open = plan_search(model, cluster, profile, everything);
+      const SearchCandidate* best = open.winner();
+      const bool better = best && (by_length ? best->max_seqlen > winner->max_seqlen : best->score > winner->score);
+      if (better) {
+        std::string runners;
+        for (Framework other : frameworks_running(model, best->plan))
+          runners += (runners.empty() ? "" : ", ") + std::string(framework_name(other));
+        const std::string reach = by_length ? fmt::format("would reach {} tokens", seqlen_format(best->max_seqlen))
+                                            : fmt::format("would run {:.0f} tokens/s", best->time.tokens_per_s);
+        out += fmt::format("\nin another framework: {} {} (runs in: {}; {})\n", plan_describe(best->plan), reach, runners,
+                           framework_unsupported(framework, model, best->plan));
+        report["other_framework"] = {{"plan", plan_to_json(best->plan, cluster)}, {"max_seqlen", best->max_seqlen},
+                                     {"tokens_per_s", best->time.tokens_per_s}, {"frameworks", runners},
+                                     {"why_not_here", framework_unsupported(framework, model, best->plan)}};
+      }
+    }
   }
   if (!reasons.empty()) {
     out += "\ninvalid plans (not predicted):\n";

@@ -37,8 +37,9 @@ ClusterSpec cluster_make(const HardwareCard& hardware, int64_t gpus, int64_t nod
   return cluster;
 }
 
-PlanOptions PlanOptions::alst(int64_t sp) {
+PlanOptions PlanOptions::alst(int64_t sp, int64_t gpus) {
   PlanOptions plan;
+  plan.offload_params = gpus == 1;
   plan.sp = sp;
   plan.zero_stage = 3;
   plan.offload_optimizer = true;

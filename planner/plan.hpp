@@ -46,8 +46,9 @@ struct PlanOptions {
   int64_t fpdt_chunk_tokens = 65536;    // DeepSpeed's default ds_sequence_parallel_fpdt_chunk_size
 
   // The ALST feature set (paper §5.2): ZeRO-3, optimizer offload, checkpointing, Ulysses,
-  // tiled MLP, tiled logits+loss, checkpoint offload.
-  static PlanOptions alst(int64_t sp);
+  // tiled MLP, tiled logits+loss, checkpoint offload; on one GPU also parameter offload (every
+  // one-GPU case of the paper ran with it).
+  static PlanOptions alst(int64_t sp, int64_t gpus = 0);
 };
 
 // Reasons the plan cannot run on this cluster at all (independent of the sequence length), e.g.

@@ -236,9 +236,7 @@ PlanOptions plan_from_settings(const PlanSettings& settings, const ModelSpec& mo
   PlanOptions plan;
   plan.sp = sp;
   if (settings.preset) {
-    plan = PlanOptions::alst(sp);
-    // ALST on one GPU also offloaded the weights (paper §5.2).
-    plan.offload_params = cluster.gpus == 1;
+    plan = PlanOptions::alst(sp, cluster.gpus);
     if (*settings.preset == "baseline") {
       plan.sp = settings.sp.value_or(1);
       plan.tiled_mlp = plan.tiled_loss = plan.checkpoint_offload = false;

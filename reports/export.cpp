@@ -4,85 +4,274 @@
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
+#include "models/config_error.hpp"
+#include "planner/units.hpp"
+#include "reports/memory_report.hpp"
+
 namespace longseq {
 
 namespace {
 
-// Plan settings that live in code or trainer arguments rather than in either config file.
-std::vector<std::string> settings_outside_configs(const PlanOptions& plan) {
-  std::vector<std::string> notes;
-  if (plan.activation_checkpointing)
-    notes.push_back("activation checkpointing: enable it in the trainer (HF: gradient_checkpointing=True)");
-  if (plan.checkpoint_offload)
-    notes.push_back("checkpoint offload: for HF models ALST offloads with ArcticTraining's CheckpointFunctionWithCPUOffload "
-                    "patch; DeepSpeed's own activation_checkpointing.cpu_checkpointing only covers its checkpointing API");
-  if (plan.tiled_mlp)
-    notes.push_back("tiled MLP: no config key; enable DeepSpeed's TiledMLP in code (ArcticTraining: tiled_mlp_compute)");
-  if (plan.tiled_loss)
-    notes.push_back("tiled logits+loss: no config key; use Liger's fused linear cross entropy (HF: use_liger_kernel=True)");
-  if (plan.fpdt)
-    notes.push_back(fmt::format("FPDT: a Megatron-DeepSpeed option, not a config key (ds_sequence_parallel_fpdt, "
-                                "ds_sequence_parallel_fpdt_chunk_size = {})", plan.fpdt_chunk_tokens));
-  return notes;
+int64_t data_parallel(const ExportRequest& r) { return r.cluster.gpus / r.plan.sp; }
+
+// What every file records about the plan it was written from.
+std::vector<std::string> record_lines(const ExportRequest& r, const char* target) {
+  return {fmt::format("written by longseq for {} from a PREDICTED plan: {}", target, plan_describe(r.plan)),
+          fmt::format("model {} ({} parameters), sequence length {} tokens, micro batch {}, {} GPUs ({} node(s)), sp={} dp={}",
+                      r.model.name, integer_with_commas(parameter_count(r.model).total), integer_with_commas(r.seqlen),
+                      r.plan.micro_batch, r.cluster.gpus, r.cluster.nodes, r.plan.sp, data_parallel(r)),
+          fmt::format("predicted peak per GPU: {:.1f} GiB of {:.1f} GiB (runtime profile {})", bytes_to_gib(r.predicted_peak_bytes),
+                      r.cluster.hardware.gpu_memory_gib, r.profile.name)};
 }
+
+// The ZeRO block every DeepSpeed JSON carries. pin_memory is written out: its default moved from
+// false to true in v0.19.5 (FRAMEWORKS §4.2), which changes host memory.
+nlohmann::json zero_block(const PlanOptions& plan) {
+  nlohmann::json zero = {{"stage", plan.zero_stage}};
+  if (plan.zero_stage >= 1)
+    zero["offload_optimizer"] = plan.offload_optimizer ? nlohmann::json{{"device", "cpu"}, {"pin_memory", false}}
+                                                       : nlohmann::json{{"device", "none"}};
+  if (plan.zero_stage == 3)
+    zero["offload_param"] = plan.offload_params ? nlohmann::json{{"device", "cpu"}, {"pin_memory", false}}
+                                                : nlohmann::json{{"device", "none"}};
+  return zero;
+}
+
+// The DeepSpeed keys common to the JSON files: bf16, ZeRO, the Ulysses all-to-all in bf16 (the
+// default fp32 doubles its volume, FRAMEWORKS §4.5), and sequence_parallel_size (the HF zero.Init
+// path needs it; no data_parallel_size beside it, or DeepSpeed builds its own mesh, §4.5).
+nlohmann::json deepspeed_common(const ExportRequest& r) {
+  nlohmann::json config = {{"bf16", {{"enabled", true}}}, {"zero_optimization", zero_block(r.plan)}};
+  if (r.plan.sp > 1) {
+    config["sequence_parallel_size"] = r.plan.sp;
+    config["seq_parallel_communication_data_type"] = "bf16";
+  }
+  return config;
+}
+
+void yaml_comments(YAML::Emitter& out, const std::vector<std::string>& lines) {
+  for (size_t i = 0; i < lines.size(); ++i) {
+    if (i > 0) out << YAML::Newline;
+    out << YAML::Comment(lines[i]);
+  }
+}
+
+std::string model_name_or_path(const ExportRequest& r) { return r.model_source.empty() ? r.model.name : r.model_source; }
 
 }  // namespace
 
-ExportedConfig deepspeed_config_emit(const PlanOptions& plan, const ClusterSpec& cluster, const RuntimeProfile& profile) {
-  nlohmann::json zero = {{"stage", plan.zero_stage}};
-  if (plan.zero_stage >= 1) zero["offload_optimizer"] = {{"device", plan.offload_optimizer ? "cpu" : "none"}};
-  if (plan.zero_stage == 3) zero["offload_param"] = {{"device", plan.offload_params ? "cpu" : "none"}};
-  if (profile.zero_reduce_bucket_elements > 0) zero["reduce_bucket_size"] = profile.zero_reduce_bucket_elements;
-  if (plan.zero_stage == 3 && profile.zero_prefetch_bucket_elements > 0)
-    zero["stage3_prefetch_bucket_size"] = profile.zero_prefetch_bucket_elements;
-  nlohmann::json config = {
-      {"train_micro_batch_size_per_gpu", plan.micro_batch},
-      {"gradient_accumulation_steps", 1},
-      {"train_batch_size", plan.micro_batch * (cluster.gpus / plan.sp)},
-      {"bf16", {{"enabled", profile.weight_bytes == 2}}},
-      {"zero_optimization", zero},
-      {"sequence_parallel_size", plan.sp},
-      {"seq_parallel_communication_data_type", profile.activation_bytes == 2 ? "bf16" : "fp32"},
-      {"activation_checkpointing",
-       {{"partition_activations", false}, {"cpu_checkpointing", plan.checkpoint_offload},
-        {"contiguous_memory_optimization", false}}},
-  };
+ExportedConfig arctic_training_recipe_emit(const ExportRequest& r) {
+  const PlanOptions& p = r.plan;
   ExportedConfig exported;
-  exported.text = config.dump(2) + "\n";
-  exported.notes = settings_outside_configs(plan);
+  if (p.fpdt) exported.notes.push_back("FPDT: ArcticTraining has no FPDT (it exists only in Megatron-DeepSpeed); this recipe runs without it");
+  if (p.zero_stage >= 1 && !p.activation_checkpointing)
+    exported.notes.push_back("checkpointing off: model.disable_activation_checkpoint is set (ArcticTraining checkpoints by default)");
+  exported.notes.push_back("versions: ArcticTraining >= 0.7.1 (key names of main: fused_adam, eval_interval), DeepSpeed >= 0.18.2, "
+                           "liger-kernel >= 0.6.1 with model.type liger");
+  exported.notes.push_back(fmt::format("launch: arctic_training recipe.yml --num_gpus {}{}", r.cluster.gpus_per_node < r.cluster.gpus ? r.cluster.gpus_per_node : r.cluster.gpus,
+                                       r.cluster.nodes > 1 ? fmt::format(" --hostfile hostfile --num_nodes {} --master_addr MAIN_NODE --master_port 29500", r.cluster.nodes) : ""));
+  exported.notes.push_back("data.sources is a placeholder: put your dataset there");
+  YAML::Emitter out;
+  std::vector<std::string> header = record_lines(r, "ArcticTraining (arctic_training recipe.yml)");
+  for (const auto& note : exported.notes) header.push_back(note);
+  yaml_comments(out, header);
+  out << YAML::BeginMap;
+  // Only TrainerConfig keys: ArcticTraining forbids any other (pydantic extra="forbid", §1.2).
+  out << YAML::Key << "type" << YAML::Value << "sft";
+  out << YAML::Key << "micro_batch_size" << YAML::Value << p.micro_batch;
+  out << YAML::Key << "gradient_accumulation_steps" << YAML::Value << 1;
+  out << YAML::Key << "sequence_parallel_size" << YAML::Value << p.sp;
+  out << YAML::Key << "activation_checkpoint_cpu_offload" << YAML::Value << p.checkpoint_offload;
+  out << YAML::Key << "tiled_mlp_compute" << YAML::Value << p.tiled_mlp;
+  out << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
+  // Liger's fused linear cross entropy is the tiled loss (with sp > 1 ArcticTraining tiles anyway).
+  out << YAML::Key << "type" << YAML::Value << (p.tiled_loss ? "liger" : "huggingface");
+  out << YAML::Key << "name_or_path" << YAML::Value << model_name_or_path(r);
+  out << YAML::Key << "attn_implementation" << YAML::Value << "flash_attention_2";
+  out << YAML::Key << "dtype" << YAML::Value << "bf16";
+  out << YAML::Key << "disable_activation_checkpoint" << YAML::Value << !p.activation_checkpointing;
+  out << YAML::EndMap;
+  out << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "sources" << YAML::Value << YAML::BeginSeq << "REPLACE-WITH-YOUR-DATASET" << YAML::EndSeq;
+  // Always emitted: unset, AT-main takes the model's max_position_embeddings (§1.5).
+  out << YAML::Key << "max_length" << YAML::Value << r.seqlen;
+  out << YAML::Key << "pack_samples" << YAML::Value << true;
+  out << YAML::EndMap;
+  out << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
+  // With offload_optimizer the client optimizer must be DeepSpeed's CPU Adam (§1.6, §4.3).
+  out << YAML::Key << "type" << YAML::Value << (p.offload_optimizer ? "cpu_adam" : "fused_adam");
+  out << YAML::Key << "learning_rate" << YAML::Value << 1e-5;
+  out << YAML::EndMap;
+  out << YAML::Key << "deepspeed" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "zero_optimization" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "stage" << YAML::Value << p.zero_stage;
+  if (p.zero_stage >= 1)
+    out << YAML::Key << "offload_optimizer" << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key << "device" << YAML::Value
+        << (p.offload_optimizer ? "cpu" : "none") << YAML::EndMap;
+  if (p.zero_stage == 3)
+    out << YAML::Key << "offload_param" << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key << "device" << YAML::Value
+        << (p.offload_params ? "cpu" : "none") << YAML::EndMap;
+  out << YAML::EndMap;
+  if (p.sp > 1) out << YAML::Key << "seq_parallel_communication_data_type" << YAML::Value << "bf16";
+  out << YAML::Key << "gradient_clipping" << YAML::Value << 1.0;
+  out << YAML::EndMap;
+  out << YAML::EndMap;
+  exported.files.push_back({"", std::string(out.c_str()) + "\n"});
   return exported;
 }
 
-ExportedConfig accelerate_config_emit(const PlanOptions& plan, const ClusterSpec& cluster, const RuntimeProfile& profile) {
+ExportedConfig accelerate_config_emit(const ExportRequest& r) {
+  const PlanOptions& p = r.plan;
   ExportedConfig exported;
-  exported.notes = settings_outside_configs(plan);
+  if (p.fpdt) exported.notes.push_back("FPDT: the HF/Accelerate Ulysses path has no FPDT (only Megatron-DeepSpeed); this file runs without it");
+  if (p.tiled_mlp) exported.notes.push_back("tiled MLP: no Trainer/TRL switch; patch the MLP with DeepSpeed's TiledMLP in the script");
+  if (p.checkpoint_offload)
+    exported.notes.push_back("checkpoint offload: no Trainer/TRL switch; ArcticTraining's CheckpointFunction CPU-offload patch in the script");
+  exported.notes.push_back(fmt::format(
+      "Trainer/TRL arguments: per_device_train_batch_size={} gradient_accumulation_steps=1 bf16=True gradient_checkpointing={} "
+      "max_grad_norm=1.0{}; TRL: max_length={} pad_to_multiple_of={} padding_free=True (position_ids are mandatory from DeepSpeed "
+      "0.19.0); load the model with attn_implementation=\"flash_attention_2\" (= sp_attn_implementation)",
+      p.micro_batch, p.activation_checkpointing ? "True" : "False", p.tiled_loss ? " use_liger_kernel=True" : "", r.seqlen, p.sp));
+  exported.notes.push_back("versions: Accelerate >= 1.12 (older ones ignore the SP keys), DeepSpeed >= 0.18.2, transformers >= 4.51.3");
+  exported.notes.push_back("launch: accelerate launch --config_file accelerate.yaml train.py (no --use_deepspeed: it would keep the SP keys out)");
   YAML::Emitter out;
-  out << YAML::Comment("Accelerate config written by longseq from a PREDICTED plan: " + plan_describe(plan));
-  for (const auto& note : exported.notes) out << YAML::Newline << YAML::Comment("not expressible here: " + note);
+  std::vector<std::string> header = record_lines(r, "Accelerate (accelerate launch --config_file)");
+  for (const auto& note : exported.notes) header.push_back(note);
+  yaml_comments(out, header);
   out << YAML::BeginMap;
   out << YAML::Key << "compute_environment" << YAML::Value << "LOCAL_MACHINE";
   out << YAML::Key << "distributed_type" << YAML::Value << "DEEPSPEED";
-  out << YAML::Key << "mixed_precision" << YAML::Value << (profile.weight_bytes == 2 ? "bf16" : "no");
-  out << YAML::Key << "num_machines" << YAML::Value << cluster.nodes;
-  out << YAML::Key << "num_processes" << YAML::Value << cluster.gpus;
+  // No mixed_precision key: with deepspeed_config_file Accelerate refuses any value (§2.5); HF
+  // TrainingArguments(bf16=True) sets it, and the JSON's bf16 is "auto".
+  out << YAML::Key << "num_processes" << YAML::Value << r.cluster.gpus;  // total over all machines
+  out << YAML::Key << "num_machines" << YAML::Value << r.cluster.nodes;
+  if (r.cluster.nodes > 1) {
+    // Without these, DeepSpeed's runner falls back to one node's ranks (REFERENCE §8).
+    out << YAML::Key << "machine_rank" << YAML::Value << 0;
+    out << YAML::Key << "main_process_ip" << YAML::Value << "MAIN_NODE_ADDRESS";
+    out << YAML::Key << "main_process_port" << YAML::Value << 29500;
+  }
   out << YAML::Key << "deepspeed_config" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "zero_stage" << YAML::Value << plan.zero_stage;
-  out << YAML::Key << "offload_optimizer_device" << YAML::Value << (plan.offload_optimizer ? "cpu" : "none");
-  out << YAML::Key << "offload_param_device" << YAML::Value << (plan.offload_params ? "cpu" : "none");
-  if (plan.zero_stage == 3) out << YAML::Key << "zero3_init_flag" << YAML::Value << true;
-  out << YAML::Key << "seq_parallel_communication_data_type" << YAML::Value << (profile.activation_bytes == 2 ? "bf16" : "fp32");
+  // Every DeepSpeed key arrives only through the JSON (the launcher drops unknown keys, §2.4).
+  out << YAML::Key << "deepspeed_config_file" << YAML::Value << r.deepspeed_json_name;
+  out << YAML::Key << "zero3_init_flag" << YAML::Value << (p.zero_stage == 3);
+  if (r.cluster.nodes > 1) {
+    out << YAML::Key << "deepspeed_multinode_launcher" << YAML::Value << "pdsh";
+    out << YAML::Key << "deepspeed_hostfile" << YAML::Value << "hostfile";
+  }
   out << YAML::EndMap;
-  // The HF Ulysses integration's keys (../shared/seeds/003): dp_replicate x dp_shard x sp = processes.
   out << YAML::Key << "parallelism_config" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "parallelism_config_sp_size" << YAML::Value << plan.sp;
+  out << YAML::Key << "parallelism_config_dp_shard_size" << YAML::Value << data_parallel(r);  // dp x sp = processes (§2.3)
+  out << YAML::Key << "parallelism_config_sp_size" << YAML::Value << p.sp;
   out << YAML::Key << "parallelism_config_sp_backend" << YAML::Value << "deepspeed";
-  out << YAML::Key << "parallelism_config_dp_shard_size" << YAML::Value << cluster.gpus / plan.sp;
   out << YAML::Key << "parallelism_config_sp_seq_length_is_variable" << YAML::Value << true;
   out << YAML::Key << "parallelism_config_sp_attn_implementation" << YAML::Value << "flash_attention_2";
   out << YAML::EndMap;
   out << YAML::EndMap;
-  exported.text = std::string(out.c_str()) + "\n";
+  exported.files.push_back({"", std::string(out.c_str()) + "\n"});
+  // The JSON: the batch keys and clipping "auto", which the HF Trainer and Accelerate fill
+  // (dp-based batch; an explicit integer fails the Trainer's world-size check, REFERENCE §8).
+  nlohmann::json config = deepspeed_common(r);
+  config["train_batch_size"] = "auto";
+  config["train_micro_batch_size_per_gpu"] = "auto";
+  config["gradient_accumulation_steps"] = "auto";
+  config["gradient_clipping"] = "auto";
+  config["bf16"] = {{"enabled", "auto"}};
+  exported.files.push_back({".deepspeed.json", config.dump(2) + "\n"});
   return exported;
+}
+
+ExportedConfig megatron_deepspeed_emit(const ExportRequest& r) {
+  const PlanOptions& p = r.plan;
+  const ModelSpec& m = r.model;
+  ExportedConfig exported;
+  if (p.tiled_mlp || p.tiled_loss)
+    exported.notes.push_back("tiled MLP / tiled loss: Megatron-DeepSpeed chunks the FFN and the loss only inside FPDT; not expressed");
+  if (p.fpdt && !(m.mlp_kind == MlpKind::mlp_kind_gelu && m.mlp_bias && m.qkv_bias))
+    exported.notes.push_back("FPDT: Megatron-DeepSpeed's FPDT layer needs a GPT-shaped model (GeLU MLP with bias, biased q/k/v); " + m.name +
+                             " is not, so these arguments fail as written");
+  if (p.fpdt && p.fpdt_chunk_tokens % (32 * p.sp) != 0)
+    exported.notes.push_back(fmt::format("FPDT chunk {} is not a multiple of 32 x sp = {} (FPDT's loss chunks need it)", p.fpdt_chunk_tokens,
+                                         32 * p.sp));
+  exported.notes.push_back("versions: Megatron-DeepSpeed main with FPDT (676a482c or later), DeepSpeed >= 0.16.1 (FPDT), flash-attn 2.x");
+  exported.notes.push_back("data, tokenizer and schedule arguments (--data-path, --tokenizer-type/--tokenizer-model, --train-iters, --lr) are yours");
+  const bool swiglu = m.mlp_kind == MlpKind::mlp_kind_swiglu;
+  std::vector<std::string> args = {
+      fmt::format("--num-layers {}", m.num_layers), fmt::format("--hidden-size {}", m.hidden_size),
+      fmt::format("--ffn-hidden-size {}", m.intermediate_size),  // always: the default is not the model's (§3.5)
+      fmt::format("--num-attention-heads {}", m.num_q_heads), fmt::format("--num-key-value-heads {}", m.num_kv_heads),
+      fmt::format("--kv-channels {}", m.head_dim), fmt::format("--seq-length {}", r.seqlen),
+      fmt::format("--max-position-embeddings {}", r.seqlen)};
+  if (swiglu) args.push_back("--swiglu");
+  args.push_back(m.norm_kind == NormKind::norm_kind_rmsnorm ? "--normalization rmsnorm" : "--normalization layernorm");
+  args.push_back("--use-rotary-position-embeddings");
+  if (!m.tied_embeddings) args.push_back("--untie-embeddings-and-output-weights");
+  if (!m.qkv_bias && !m.mlp_bias) args.push_back("--disable-bias-linear");
+  args.push_back("--attention-dropout 0 --hidden-dropout 0");
+  args.push_back(fmt::format("--micro-batch-size {} --global-batch-size {}", p.micro_batch, p.micro_batch * data_parallel(r)));
+  args.push_back(fmt::format("--ds-sequence-parallel-size {}", p.sp));
+  if (p.fpdt)  // the offloading switch keeps the chunks in host memory (default off, REFERENCE §8)
+    args.push_back(fmt::format("--ds-sequence-parallel-fpdt --ds-sequence-parallel-fpdt-chunk-size {} --ds-sequence-parallel-fpdt-offloading",
+                               p.fpdt_chunk_tokens));
+  args.push_back("--use-flash-attn-v2 --tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --no-pipeline-parallel");
+  if (p.activation_checkpointing) {
+    args.push_back("--checkpoint-activations --deepspeed-activation-checkpointing");
+    if (p.checkpoint_offload) args.push_back("--checkpoint-in-cpu");
+  }
+  args.push_back(fmt::format("--bf16 --zero-stage {}", p.zero_stage));  // zero.Init only at 3; the JSON sets the engine's stage
+  if (p.offload_optimizer) args.push_back("--cpu-optimizer");  // DeepSpeedCPUAdam, required with offload_optimizer (§3.4)
+  args.push_back("--deepspeed --deepspeed_config " + r.deepspeed_json_name);
+  std::string script = "#!/usr/bin/env bash\n";
+  for (const auto& line : record_lines(r, "Megatron-DeepSpeed (pretrain_gpt.py)")) script += "# " + line + "\n";
+  for (const auto& note : exported.notes) script += "# " + note + "\n";
+  script += fmt::format("deepspeed{} --num_gpus {} pretrain_gpt.py \\\n",
+                        r.cluster.nodes > 1 ? fmt::format(" --hostfile hostfile --num_nodes {}", r.cluster.nodes) : "",
+                        std::min(r.cluster.gpus, r.cluster.gpus_per_node));
+  for (size_t i = 0; i < args.size(); ++i) script += "  " + args[i] + (i + 1 < args.size() ? " \\\n" : "\n");
+  exported.files.push_back({"", script});
+  // Megatron fills nothing: the batch keys equal --micro-batch-size and --global-batch-size (§3.4).
+  nlohmann::json config = deepspeed_common(r);
+  config["train_micro_batch_size_per_gpu"] = p.micro_batch;
+  config["train_batch_size"] = p.micro_batch * data_parallel(r);
+  config["gradient_clipping"] = 1.0;
+  exported.files.push_back({".deepspeed.json", config.dump(2) + "\n"});
+  return exported;
+}
+
+ExportedConfig deepspeed_config_emit(const ExportRequest& r) {
+  const PlanOptions& p = r.plan;
+  ExportedConfig exported;
+  for (const auto& line : record_lines(r, "a plain deepspeed.initialize loop")) exported.notes.push_back(line);
+  if (p.sp > 1)
+    exported.notes.push_back("Ulysses: call UlyssesSPAttentionHF.register_with_transformers and wrap the DataLoader in "
+                             "UlyssesSPDataLoaderAdapter (DeepSpeed >= 0.18.2); sequence_parallel_size alone does not switch it on");
+  if (p.activation_checkpointing) exported.notes.push_back("activation checkpointing: model.gradient_checkpointing_enable() in the script");
+  if (p.checkpoint_offload)
+    exported.notes.push_back("checkpoint offload: ArcticTraining's CheckpointFunction CPU-offload patch (DeepSpeed's cpu_checkpointing "
+                             "acts only through deepspeed.checkpointing)");
+  if (p.tiled_mlp) exported.notes.push_back("tiled MLP: deepspeed.runtime.sequence_parallel.ulysses_sp.TiledMLP in the script");
+  if (p.tiled_loss) exported.notes.push_back("tiled loss: TiledFusedLogitsLoss (DeepSpeed >= 0.17.4) or Liger's fused CE in the script");
+  if (p.fpdt) exported.notes.push_back("FPDT: only in Megatron-DeepSpeed (--emit megatron-deepspeed); not expressed here");
+  nlohmann::json config = deepspeed_common(r);
+  // Nothing fills "auto" in a plain loop (§4.1): dp-based integers; clipping explicit (its
+  // default moved from 0 to 1.0 in v0.19.3, §4.4).
+  config["train_micro_batch_size_per_gpu"] = p.micro_batch;
+  config["gradient_accumulation_steps"] = 1;
+  config["train_batch_size"] = p.micro_batch * data_parallel(r);
+  config["gradient_clipping"] = 1.0;
+  // Optimizer offload needs DeepSpeed to build its CPU Adam from this block (no client optimizer, §4.3).
+  config["optimizer"] = {{"type", "AdamW"}, {"params", {{"lr", 1e-5}, {"betas", {0.9, 0.95}}, {"eps", 1e-8}, {"weight_decay", 0.0}}}};
+  if (p.offload_optimizer) exported.notes.push_back("optimizer offload: pass no optimizer to deepspeed.initialize (the JSON's AdamW becomes CPU Adam)");
+  exported.files.push_back({"", config.dump(2) + "\n"});
+  return exported;
+}
+
+ExportedConfig config_emit(const std::string& target, const ExportRequest& request) {
+  if (target == "arctic-training") return arctic_training_recipe_emit(request);
+  if (target == "accelerate" || target == "hf-accelerate") return accelerate_config_emit(request);
+  if (target == "megatron-deepspeed") return megatron_deepspeed_emit(request);
+  if (target == "deepspeed") return deepspeed_config_emit(request);
+  throw ConfigError("--emit", "", fmt::format("expected arctic-training, accelerate, megatron-deepspeed or deepspeed, got '{}'", target));
 }
 
 }  // namespace longseq

@@ -1,22 +1,51 @@
-// export.hpp: a plan as the configuration of the framework that will run it — a DeepSpeed JSON
-// config, or an Accelerate config YAML with the parallelism_config keys of the HF Ulysses
-// integration (../shared/seeds/003). What the target cannot express is returned as notes (the
-// CLI prints them on stderr; the YAML also carries them as comments).
+// export.hpp: a plan as the files of the framework that will run it, so that the framework runs
+// the plan as planned: an ArcticTraining recipe, an Accelerate YAML with the DeepSpeed JSON it
+// names, Megatron-DeepSpeed launch arguments with their DeepSpeed JSON, or a DeepSpeed JSON for a
+// plain loop. Every file records the model, sequence length, micro batch and the predicted peak
+// (YAML and shell as comments; a JSON's are in the notes); what a file cannot express is a note,
+// never silently lost. Formats, keys and version floors: ../shared/FRAMEWORKS.md and REFERENCE §8.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
+#include "models/model_spec.hpp"
+#include "planner/frameworks.hpp"
 #include "planner/plan.hpp"
 
 namespace longseq {
 
-struct ExportedConfig {
-  std::string text;                // the file's content
-  std::vector<std::string> notes;  // settings with no equivalent in the target, and where to set them
+struct ExportRequest {
+  ModelSpec model;
+  std::string model_source;  // what the user gave --model (an HF id or a path), for name_or_path
+  PlanOptions plan;
+  ClusterSpec cluster;
+  RuntimeProfile profile;
+  int64_t seqlen = 0;                 // the planned sequence length (global tokens)
+  double predicted_peak_bytes = 0;    // per GPU
+  // The name the main file gives the DeepSpeed JSON beside it (Accelerate, Megatron-DeepSpeed).
+  std::string deepspeed_json_name = "ds_config.deepspeed.json";
 };
 
-ExportedConfig deepspeed_config_emit(const PlanOptions& plan, const ClusterSpec& cluster, const RuntimeProfile& profile);
-ExportedConfig accelerate_config_emit(const PlanOptions& plan, const ClusterSpec& cluster, const RuntimeProfile& profile);
+struct ExportedFile {
+  std::string suffix;   // "" for the main file; ".deepspeed.json" for the JSON beside it
+  std::string text;
+};
+
+struct ExportedConfig {
+  std::vector<ExportedFile> files;  // the main file first
+  std::vector<std::string> notes;   // settings the files cannot express and where to set them, versions, the record
+  const std::string& text() const { return files.front().text; }
+};
+
+// Targets: "arctic-training", "accelerate", "megatron-deepspeed", "deepspeed". Throws ConfigError
+// (--emit) for another name.
+ExportedConfig config_emit(const std::string& target, const ExportRequest& request);
+
+ExportedConfig arctic_training_recipe_emit(const ExportRequest& request);
+ExportedConfig accelerate_config_emit(const ExportRequest& request);
+ExportedConfig megatron_deepspeed_emit(const ExportRequest& request);
+ExportedConfig deepspeed_config_emit(const ExportRequest& request);
 
 }  // namespace longseq

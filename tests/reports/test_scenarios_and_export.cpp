@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
@@ -10,6 +11,7 @@
 #include "models/config_error.hpp"
 #include "models/model_loader.hpp"
 #include "planner/scenario.hpp"
+#include "planner/frameworks.hpp"
 #include "reports/export.hpp"
 #include "reports/report.hpp"
 #include "reports/sweep_output.hpp"
@@ -113,38 +115,188 @@ TEST_CASE("a failed sweep writes nothing; a rerun replaces the old results whole
   fs::remove_all(out);
 }
 
-TEST_CASE("an exported DeepSpeed config is JSON carrying the plan's settings") {
-  const ClusterSpec cluster = cluster_make(hardware_card_load("h100-sxm-80gb"), 16, 0, 0, 0);
-  PlanOptions plan = PlanOptions::alst(8);
-  plan.offload_params = true;
-  const ExportedConfig exported = deepspeed_config_emit(plan, cluster, runtime_profile_load("deepspeed-hf"));
-  const auto config = nlohmann::json::parse(exported.text);
-  CHECK(config["zero_optimization"]["stage"] == 3);
-  CHECK(config["zero_optimization"]["offload_optimizer"]["device"] == "cpu");
-  CHECK(config["zero_optimization"]["offload_param"]["device"] == "cpu");
-  CHECK(config["sequence_parallel_size"] == 8);
-  CHECK(config["train_batch_size"] == 2);  // dp = 16 / 8
-  CHECK(config["bf16"]["enabled"] == true);
-  CHECK(config["activation_checkpointing"]["cpu_checkpointing"] == true);
-  CHECK(exported.notes.size() == 4);  // checkpointing, its offload, tiled MLP, tiled loss live outside the file
+namespace {
+
+// A plan of `gpus` H100s (8 per node) for `model` at `seqlen`, as `longseq plan --emit` builds it.
+ExportRequest export_request(const std::string& model, int64_t gpus, const PlanOptions& plan, int64_t seqlen) {
+  ExportRequest request;
+  request.model = model_load(model);
+  request.model_source = model;
+  request.plan = plan;
+  request.cluster = cluster_make(hardware_card_load("h100-sxm-80gb"), gpus, 0, 0, 0);
+  request.profile = runtime_profile_load("deepspeed-hf");
+  request.seqlen = seqlen;
+  request.predicted_peak_bytes = 70.0 * 1024 * 1024 * 1024;
+  request.deepspeed_json_name = "plan.deepspeed.json";
+  return request;
 }
 
-TEST_CASE("an exported Accelerate config is YAML with the Ulysses parallelism_config keys") {
-  const ClusterSpec cluster = cluster_make(hardware_card_load("h100-sxm-80gb"), 16, 0, 0, 0);
-  PlanOptions plan = PlanOptions::alst(4);
-  plan.fpdt = true;
+// Every key of a YAML map is one of `allowed`.
+void yaml_keys_within(const YAML::Node& map, const std::set<std::string>& allowed, const std::string& where) {
+  REQUIRE(map.IsMap());
+  for (const auto& entry : map) {
+    const std::string key = entry.first.as<std::string>();
+    CAPTURE(where);
+    CAPTURE(key);
+    CHECK(allowed.count(key) == 1);
+  }
+}
+
+bool any_note_contains(const ExportedConfig& exported, const std::string& text) {
+  for (const auto& note : exported.notes)
+    if (note.find(text) != std::string::npos) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("plain DeepSpeed export: dp-based batch integers, explicit clipping and pin_memory, an optimizer block for CPU Adam") {
+  PlanOptions plan = PlanOptions::alst(8);
+  plan.offload_params = true;
+  const ExportedConfig exported = deepspeed_config_emit(export_request("llama-3.1-8b", 16, plan, 262144));
+  REQUIRE(exported.files.size() == 1);
+  const auto config = nlohmann::json::parse(exported.text());
+  CHECK(config["zero_optimization"]["stage"] == 3);
+  CHECK(config["zero_optimization"]["offload_optimizer"]["device"] == "cpu");
+  CHECK(config["zero_optimization"]["offload_optimizer"].contains("pin_memory"));  // default moved in v0.19.5 (§4.2)
+  CHECK(config["zero_optimization"]["offload_param"]["device"] == "cpu");
+  CHECK(config["sequence_parallel_size"] == 8);
+  CHECK_FALSE(config.contains("data_parallel_size"));  // beside sequence_parallel_size DeepSpeed builds its own mesh (§4.5)
+  CHECK(config["train_batch_size"] == 2);  // micro x GAS x dp = 1 x 1 x 16/8: nothing fills "auto" in a plain loop (§4.1)
+  CHECK(config["train_micro_batch_size_per_gpu"] == 1);
+  CHECK(config["gradient_clipping"] == 1.0);  // the default was 0 (off) until v0.19.2 (§4.4)
+  CHECK(config["optimizer"]["type"] == "AdamW");  // optimizer offload needs it without a client optimizer (§4.3)
+  CHECK(config["seq_parallel_communication_data_type"] == "bf16");
+  // Every option of the plan is in the file or named as not expressible: checkpointing and its
+  // offload, tiled MLP and loss live in the script; the record of what it was planned for is there.
+  for (const char* option : {"activation checkpointing", "checkpoint offload", "tiled MLP", "tiled loss", "sequence length 262,144"})
+    CHECK(any_note_contains(exported, option));
+}
+
+TEST_CASE("Accelerate export: a YAML that names the DeepSpeed JSON, auto batch keys, multi-node keys exactly when nodes > 1") {
+  // ClusterConfig's keys (ACC-1.12 config_args.py L75-236): anything else is refused.
+  const std::set<std::string> top = {"compute_environment", "distributed_type", "mixed_precision", "use_cpu", "debug", "num_processes",
+                                     "machine_rank", "num_machines", "gpu_ids", "main_process_ip", "main_process_port", "rdzv_backend",
+                                     "same_network", "main_training_function", "enable_cpu_affinity", "deepspeed_config",
+                                     "parallelism_config"};
+  // With deepspeed_config_file only these may stay beside it (§2.5, §2.6).
+  const std::set<std::string> beside_file = {"deepspeed_config_file", "zero3_init_flag", "deepspeed_moe_layer_cls_names",
+                                             "deepspeed_multinode_launcher", "deepspeed_hostfile", "deepspeed_inclusion_filter",
+                                             "deepspeed_exclusion_filter"};
+  PlanOptions plan = PlanOptions::alst(8);
+  plan.tiled_mlp = plan.checkpoint_offload = false;  // what HF runs
+  for (int64_t gpus : {8, 32}) {
+    CAPTURE(gpus);
+    const ExportedConfig exported = accelerate_config_emit(export_request("llama-3.1-8b", gpus, plan, 524288));
+    REQUIRE(exported.files.size() == 2);
+    const YAML::Node config = YAML::Load(exported.text());
+    yaml_keys_within(config, top, "top level");
+    yaml_keys_within(config["deepspeed_config"], beside_file, "deepspeed_config");
+    CHECK_FALSE(config["mixed_precision"]);  // any value beside deepspeed_config_file is a ValueError
+    CHECK(config["distributed_type"].as<std::string>() == "DEEPSPEED");
+    CHECK(config["num_processes"].as<int64_t>() == gpus);
+    CHECK(config["deepspeed_config"]["deepspeed_config_file"].as<std::string>() == "plan.deepspeed.json");
+    const YAML::Node parallel = config["parallelism_config"];
+    CHECK(parallel["parallelism_config_sp_size"].as<int64_t>() * parallel["parallelism_config_dp_shard_size"].as<int64_t>() == gpus);
+    const bool nodes = gpus > 8;
+    CHECK(config["num_machines"].as<int64_t>() == (nodes ? 4 : 1));
+    for (const char* key : {"machine_rank", "main_process_ip", "main_process_port"}) CHECK(static_cast<bool>(config[key]) == nodes);
+    CHECK(static_cast<bool>(config["deepspeed_config"]["deepspeed_multinode_launcher"]) == nodes);
+    CHECK(static_cast<bool>(config["deepspeed_config"]["deepspeed_hostfile"]) == nodes);
+    CHECK(exported.text().find("sequence length 524,288") != std::string::npos);  // the record, as a comment
+    const auto json = nlohmann::json::parse(exported.files[1].text);
+    for (const char* key : {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"})
+      CHECK(json[key] == "auto");  // the HF Trainer's world-size check refuses an explicit dp-based integer (REFERENCE §8)
+    CHECK(json["seq_parallel_communication_data_type"] == "bf16");  // dropped if put in the YAML (§2.4)
+    CHECK(json["zero_optimization"]["stage"] == 3);
+    CHECK(any_note_contains(exported, "max_length=524288"));  // TRL truncates to 1024 otherwise
+    CHECK(any_note_contains(exported, "Accelerate >= 1.12"));
+  }
+  // What HF cannot run is named, not dropped.
+  PlanOptions alst = PlanOptions::alst(8);
+  const ExportedConfig exported = accelerate_config_emit(export_request("llama-3.1-8b", 8, alst, 262144));
+  CHECK(any_note_contains(exported, "tiled MLP"));
+  CHECK(any_note_contains(exported, "checkpoint offload"));
+}
+
+TEST_CASE("ArcticTraining export: only keys its strict config accepts; CPU Adam with optimizer offload; the planned length") {
+  // TrainerConfig and sub-config keys (AT-main config/*.py; FRAMEWORKS §1.3-1.6): extra="forbid".
+  const std::set<std::string> top = {"type", "code", "skip_validation", "model", "data", "tokenizer", "logger", "wandb", "scheduler",
+                                     "optimizer", "deepspeed", "epochs", "micro_batch_size", "gradient_accumulation_steps",
+                                     "sequence_parallel_size", "activation_checkpoint_cpu_offload", "tiled_mlp_compute", "seed",
+                                     "checkpoint", "train_iters", "eval_interval", "eval_log_iter_interval", "loss_log_interval",
+                                     "train_log_iter_interval", "train_log_metrics_path", "exit_iteration", "min_iterations"};
+  const std::set<std::string> model = {"type", "name_or_path", "dtype", "attn_implementation", "disable_activation_checkpoint", "save_name",
+                                       "peft_config", "hf_config_kwargs"};
+  const std::set<std::string> data = {"type", "sources", "eval_sources", "train_eval_split", "max_length", "num_proc", "dl_num_workers",
+                                      "seed", "cache_dir", "div_length", "pad_to", "pack_samples", "always_max_length", "drop_last",
+                                      "filter_samples", "mask_inputs"};
+  const std::set<std::string> optimizer = {"type", "learning_rate", "lr", "weight_decay", "betas"};
+  const PlanOptions plan = PlanOptions::alst(8, 8);
+  const ExportedConfig exported = arctic_training_recipe_emit(export_request("llama-3.1-8b", 8, plan, 3'700'000 / 8 * 8));
+  const YAML::Node recipe = YAML::Load(exported.text());
+  yaml_keys_within(recipe, top, "top level");
+  yaml_keys_within(recipe["model"], model, "model");
+  yaml_keys_within(recipe["data"], data, "data");
+  yaml_keys_within(recipe["optimizer"], optimizer, "optimizer");
+  CHECK(recipe["sequence_parallel_size"].as<int64_t>() == 8);
+  CHECK(recipe["tiled_mlp_compute"].as<bool>());
+  CHECK(recipe["activation_checkpoint_cpu_offload"].as<bool>());
+  CHECK(recipe["model"]["type"].as<std::string>() == "liger");  // the switch for Liger (there is no use_liger_kernel key)
+  CHECK(recipe["optimizer"]["type"].as<std::string>() == "cpu_adam");  // required with offload_optimizer (§1.6)
+  CHECK(recipe["data"]["max_length"].as<int64_t>() == 3'700'000);
+  CHECK(recipe["deepspeed"]["zero_optimization"]["stage"].as<int>() == 3);
+  // ArcticTraining overwrites the batch keys and sequence_parallel_size of its deepspeed block.
+  for (const char* key : {"train_batch_size", "train_micro_batch_size_per_gpu", "sequence_parallel_size"})
+    CHECK_FALSE(recipe["deepspeed"][key]);
+  CHECK(exported.text().find("sequence length 3,700,000") != std::string::npos);
+}
+
+TEST_CASE("Megatron-DeepSpeed export: the FPDT arguments with offloading, the model's shape, batch keys equal to the arguments") {
+  PlanOptions plan = PlanOptions::alst(8);
   plan.tiled_mlp = plan.tiled_loss = false;
-  const ExportedConfig exported = accelerate_config_emit(plan, cluster, runtime_profile_load("deepspeed-hf"));
-  const YAML::Node config = YAML::Load(exported.text);
-  CHECK(config["distributed_type"].as<std::string>() == "DEEPSPEED");
-  CHECK(config["num_processes"].as<int>() == 16);
-  CHECK(config["num_machines"].as<int>() == 2);
-  CHECK(config["deepspeed_config"]["zero_stage"].as<int>() == 3);
-  CHECK(config["deepspeed_config"]["offload_optimizer_device"].as<std::string>() == "cpu");
-  CHECK(config["parallelism_config"]["parallelism_config_sp_size"].as<int>() == 4);
-  CHECK(config["parallelism_config"]["parallelism_config_dp_shard_size"].as<int>() == 4);
-  CHECK(config["parallelism_config"]["parallelism_config_sp_backend"].as<std::string>() == "deepspeed");
-  CHECK(exported.text.find("# not expressible here: FPDT") != std::string::npos);
+  plan.fpdt = true;
+  plan.fpdt_chunk_tokens = 65536;
+  const ExportedConfig gpt = megatron_deepspeed_emit(export_request("gpt-13b", 16, plan, 1048576));
+  REQUIRE(gpt.files.size() == 2);
+  const std::string& args = gpt.text();
+  for (const char* flag : {"--ds-sequence-parallel-size 8", "--ds-sequence-parallel-fpdt ", "--ds-sequence-parallel-fpdt-chunk-size 65536",
+                           "--ds-sequence-parallel-fpdt-offloading", "--checkpoint-in-cpu", "--checkpoint-activations",
+                           "--deepspeed-activation-checkpointing", "--cpu-optimizer", "--zero-stage 3", "--seq-length 1048576",
+                           "--ffn-hidden-size 20480", "--micro-batch-size 1 --global-batch-size 2", "--no-pipeline-parallel",
+                           "--deepspeed_config plan.deepspeed.json", "--num_nodes 2"})
+    CHECK(args.find(flag) != std::string::npos);
+  CHECK(args.find("--swiglu") == std::string::npos);
+  CHECK(args.find("--disable-bias-linear") == std::string::npos);
+  const auto json = nlohmann::json::parse(gpt.files[1].text);
+  CHECK(json["train_batch_size"] == 2);
+  CHECK(json["train_micro_batch_size_per_gpu"] == 1);
+  CHECK(json["zero_optimization"]["stage"] == 3);
+  CHECK_FALSE(any_note_contains(gpt, "GPT-shaped"));
+  // A Llama-shaped model cannot go through Megatron-DeepSpeed's FPDT layer: said, not hidden.
+  const ExportedConfig llama = megatron_deepspeed_emit(export_request("llama-3.1-8b", 16, plan, 1048576));
+  CHECK(any_note_contains(llama, "GPT-shaped"));
+  CHECK(llama.text().find("--swiglu") != std::string::npos);
+  CHECK(llama.text().find("--ffn-hidden-size 14336") != std::string::npos);
+}
+
+TEST_CASE("frameworks: what each runs, and a search for one never picks what it cannot run") {
+  const ModelSpec llama = model_load("llama-3.1-70b"), gpt = model_load("gpt-13b");
+  PlanOptions fpdt = PlanOptions::alst(8);
+  fpdt.tiled_mlp = fpdt.tiled_loss = false;
+  fpdt.fpdt = true;
+  CHECK(framework_unsupported(Framework::framework_hf_accelerate, llama, fpdt).find("FPDT") != std::string::npos);
+  CHECK(framework_unsupported(Framework::framework_arctic_training, llama, fpdt).find("FPDT") != std::string::npos);
+  CHECK(framework_unsupported(Framework::framework_megatron_deepspeed, llama, fpdt).find("GPT-shaped") != std::string::npos);
+  CHECK(framework_unsupported(Framework::framework_megatron_deepspeed, gpt, fpdt).empty());
+  CHECK(framework_unsupported(Framework::framework_longseq, llama, fpdt).empty());
+  CHECK(framework_unsupported(Framework::framework_hf_accelerate, llama, PlanOptions::alst(8)).find("TiledMLP") != std::string::npos);
+  CHECK(framework_unsupported(Framework::framework_arctic_training, llama, PlanOptions::alst(8)).empty());
+  CHECK_THROWS_AS(framework_parse("megatron"), ConfigError);
+  CHECK(framework_parse("hf-accelerate") == Framework::framework_hf_accelerate);
+  // ALST on one GPU offloads the parameters too (paper §5.2).
+  CHECK(PlanOptions::alst(1, 1).offload_params);
+  CHECK_FALSE(PlanOptions::alst(8, 8).offload_params);
 }
 
 TEST_CASE("run report: a GPU run's profile and the memory outside its arena are reported beside the arena's peak") {

@@ -1,0 +1,84 @@
+#include "planner/frameworks.hpp"
+
+#include <fmt/format.h>
+
+#include "models/config_error.hpp"
+
+namespace longseq {
+
+const char* framework_name(Framework framework) {
+  switch (framework) {
+    case Framework::framework_arctic_training: return "arctic-training";
+    case Framework::framework_hf_accelerate: return "hf-accelerate";
+    case Framework::framework_megatron_deepspeed: return "megatron-deepspeed";
+    case Framework::framework_deepspeed: return "deepspeed";
+    case Framework::framework_longseq: return "longseq";
+  }
+  return "?";
+}
+
+std::vector<Framework> frameworks_all() {
+  return {Framework::framework_arctic_training, Framework::framework_hf_accelerate, Framework::framework_megatron_deepspeed,
+          Framework::framework_deepspeed, Framework::framework_longseq};
+}
+
+Framework framework_parse(const std::string& name, const std::string& flag) {
+  std::string names;
+  for (Framework framework : frameworks_all()) {
+    if (name == framework_name(framework)) return framework;
+    names += (names.empty() ? "" : ", ") + std::string(framework_name(framework));
+  }
+  throw ConfigError(flag, "", fmt::format("unknown framework '{}' (known: {})", name, names));
+}
+
+namespace {
+
+// Megatron-DeepSpeed's FPDT layer computes gelu(x W1 + b1) W2 whatever --swiglu says and adds the
+// q/k/v bias unconditionally (DeepSpeed fpdt_layer.py L1043-1087, L203, L337; FRAMEWORKS §3.2):
+// only a GPT-shaped model (GeLU MLP with biases, biased attention) runs through it.
+bool gpt_shaped(const ModelSpec& model) { return model.mlp_kind == MlpKind::mlp_kind_gelu && model.mlp_bias && model.qkv_bias; }
+
+}  // namespace
+
+std::string framework_unsupported(Framework framework, const ModelSpec& model, const PlanOptions& plan) {
+  const char* name = framework_name(framework);
+  switch (framework) {
+    case Framework::framework_arctic_training:
+      // FPDT exists only in Megatron-DeepSpeed; the UlyssesSPAttentionHF path has none (REFERENCE §8).
+      if (plan.fpdt) return fmt::format("{}: no FPDT (it exists only in Megatron-DeepSpeed)", name);
+      // With sp > 1 ArcticTraining always tiles the logits+loss (Liger's fused CE, or DeepSpeed's
+      // TiledFusedLogitsLoss) (AT trainer/sft_trainer.py L79-156; FRAMEWORKS §1.9).
+      if (plan.sp > 1 && !plan.tiled_loss) return fmt::format("{}: with sp > 1 the logits+loss are always tiled", name);
+      return "";
+    case Framework::framework_hf_accelerate:
+      if (plan.fpdt) return fmt::format("{}: no FPDT (it exists only in Megatron-DeepSpeed)", name);
+      // No Trainer flag for TiledMLP or activation-checkpoint CPU offload (FRAMEWORKS §2.8).
+      if (plan.tiled_mlp) return fmt::format("{}: no switch for TiledMLP (HF Trainer/TRL; a script change)", name);
+      if (plan.checkpoint_offload) return fmt::format("{}: no switch for checkpoint offload to the host (HF Trainer/TRL)", name);
+      return "";
+    case Framework::framework_megatron_deepspeed:
+      // TiledMLP and the tiled loss are ALST's (ArcticTraining/DeepSpeed HF path); Megatron chunks
+      // the FFN and the loss only inside FPDT (FRAMEWORKS §3.1-3.2).
+      if (plan.tiled_mlp) return fmt::format("{}: no TiledMLP (its FFN is chunked only by FPDT)", name);
+      if (plan.tiled_loss) return fmt::format("{}: no tiled logits+loss (chunked only by FPDT)", name);
+      if (plan.fpdt && !gpt_shaped(model))
+        return fmt::format("{}: FPDT's layer is GPT-shaped (GeLU MLP with bias, biased q/k/v); {} is not (FRAMEWORKS §3.2)", name,
+                           model.name);
+      return "";
+    case Framework::framework_deepspeed:
+      if (plan.fpdt) return fmt::format("{}: no FPDT outside Megatron-DeepSpeed's model code", name);
+      return "";
+    case Framework::framework_longseq:
+      return "";
+  }
+  return "";
+}
+
+std::vector<Framework> frameworks_running(const ModelSpec& model, const PlanOptions& plan) {
+  std::vector<Framework> running;
+  for (Framework framework : frameworks_all())
+    if (framework_unsupported(framework, model, plan).empty()) running.push_back(framework);
+  return running;
+}
+
+}  // namespace longseq
