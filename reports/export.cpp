@@ -1,5 +1,6 @@
 #include "reports/export.hpp"
 
+#include <filesystem>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
@@ -56,7 +57,14 @@ void yaml_comments(YAML::Emitter& out, const std::vector<std::string>& lines) {
   }
 }
 
-std::string model_name_or_path(const ExportRequest& r) { return r.model_source.empty() ? r.model.name : r.model_source; }
+// The weights' location for a trainer: a config.json's directory (a Hugging Face checkpoint); for
+// a built-in card its name, which the user replaces with the Hugging Face id (said in a note).
+std::string model_name_or_path(const ExportRequest& r) {
+  const std::filesystem::path source(r.model_source);
+  if (source.extension() == ".json") return source.parent_path().empty() ? "." : source.parent_path().string();
+  return r.model.name;
+}
+bool model_is_card(const ExportRequest& r) { return std::filesystem::path(r.model_source).extension() != ".json"; }
 
 }  // namespace
 
@@ -71,6 +79,8 @@ ExportedConfig arctic_training_recipe_emit(const ExportRequest& r) {
   exported.notes.push_back(fmt::format("launch: arctic_training recipe.yml --num_gpus {}{}", r.cluster.gpus_per_node < r.cluster.gpus ? r.cluster.gpus_per_node : r.cluster.gpus,
                                        r.cluster.nodes > 1 ? fmt::format(" --hostfile hostfile --num_nodes {} --master_addr MAIN_NODE --master_port 29500", r.cluster.nodes) : ""));
   exported.notes.push_back("data.sources is a placeholder: put your dataset there");
+  if (model_is_card(r))
+    exported.notes.push_back(fmt::format("model.name_or_path is the card's name ({}): put the Hugging Face id or path of the weights", r.model.name));
   YAML::Emitter out;
   std::vector<std::string> header = record_lines(r, "ArcticTraining (arctic_training recipe.yml)");
   for (const auto& note : exported.notes) header.push_back(note);
@@ -100,7 +110,7 @@ ExportedConfig arctic_training_recipe_emit(const ExportRequest& r) {
   out << YAML::Key << "optimizer" << YAML::Value << YAML::BeginMap;
   // With offload_optimizer the client optimizer must be DeepSpeed's CPU Adam (§1.6, §4.3).
   out << YAML::Key << "type" << YAML::Value << (p.offload_optimizer ? "cpu_adam" : "fused_adam");
-  out << YAML::Key << "learning_rate" << YAML::Value << 1e-5;
+  out << YAML::Key << "learning_rate" << YAML::Value << "1e-5";  // a "human" number (AT config/utils.py)
   out << YAML::EndMap;
   out << YAML::Key << "deepspeed" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "zero_optimization" << YAML::Value << YAML::BeginMap;
