@@ -32,7 +32,7 @@ struct PlanCommandArgs {
   std::optional<int64_t> gpus, nodes, gpus_per_node;
   std::optional<double> host_memory_gib;
   std::optional<std::string> seqlen;
-  std::optional<int64_t> sp;
+  std::optional<int64_t> sp, ring;
   std::optional<int> zero_stage;
   bool baseline = false;
   bool alst = false;
@@ -100,6 +100,9 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
   command->add_option("--host-mem-gib", args->host_memory_gib, "host memory per node in GiB (default: the hardware card's)");
   command->add_option("--seqlen,-s", args->seqlen, "sequence length to check, e.g. 32768, 32K, 1.5M (K/M = 10^3/10^6), 128Ki (2^10)");
   command->add_option("--sp", args->sp, "Ulysses sequence-parallel degree (default: largest valid; 1 with --baseline)");
+  command->add_option("--ring", args->ring,
+                      "ring attention degree r beside Ulysses' sp (u x r ranks on one sequence, key/value blocks passed around "
+                      "the ring; default 1: none). Runs in USP's LongContextAttention (--framework usp)");
   command->add_option("--zero", args->zero_stage, "ZeRO stage 0..3 (default 3)");
   command->add_flag("--search", args->search,
                     "search the plan space (the default when no plan flag is given): sp, ZeRO stage, offloads, "
@@ -133,7 +136,8 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
   command->add_option("--framework", args->framework,
                       "the framework the plan is for: arctic-training (default for the search: ALST's trainer, a switch for each "
                       "of its techniques), hf-accelerate (Accelerate / HF Trainer / TRL), megatron-deepspeed (where FPDT lives), "
-                      "deepspeed (a plain deepspeed.initialize loop), longseq (its own executor: everything). The search explores "
+                      "deepspeed (a plain deepspeed.initialize loop), usp (a DeepSpeed loop with USP's Ulysses x ring attention), "
+                      "longseq (its own executor). The search explores "
                       "only what it runs and says what another framework would reach");
   command->add_flag("--json", args->json, "print JSON instead of tables");
   command->add_option("--emit", args->emit,
@@ -158,7 +162,7 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
 namespace {
 
 bool plan_flags_given(const PlanCommandArgs& args) {
-  return args.alst || args.baseline || args.sp || args.zero_stage || args.mlp_tiles || args.loss_tiles || args.fpdt ||
+  return args.alst || args.baseline || args.sp || args.ring || args.zero_stage || args.mlp_tiles || args.loss_tiles || args.fpdt ||
          args.fpdt_chunk ||
          args.offload_optimizer_on + args.offload_optimizer_off + args.offload_params_on + args.offload_params_off +
                  args.checkpointing_on + args.checkpointing_off + args.checkpoint_offload_on + args.checkpoint_offload_off +
@@ -176,6 +180,10 @@ PlanOptions plan_from_flags(const PlanCommandArgs& args, const ModelSpec& model,
     plan.tiled_mlp = plan.tiled_loss = plan.checkpoint_offload = false;
   }
   if (sp > 0) plan.sp = sp;
+  if (args.ring) {
+    plan.ring = positive_or_default(args.ring, "--ring");
+    if (args.sp == std::nullopt) plan.sp = sp_largest_valid(model, cluster.gpus / plan.ring);
+  }
   if (args.zero_stage) plan.zero_stage = *args.zero_stage;
   switch_apply(plan.offload_optimizer, args.offload_optimizer_on, args.offload_optimizer_off, "offload-optimizer");
   switch_apply(plan.offload_params, args.offload_params_on, args.offload_params_off, "offload-params");
@@ -208,7 +216,7 @@ std::string problems_join(const std::vector<std::string>& problems) {
 }
 
 nlohmann::json plan_to_json(const PlanOptions& plan, const ClusterSpec& cluster) {
-  nlohmann::json json = {{"sp", plan.sp}, {"dp", cluster.gpus / plan.sp}, {"zero_stage", plan.zero_stage},
+  nlohmann::json json = {{"sp", plan.sp}, {"ring", plan.ring}, {"dp", cluster.gpus / plan.sequence_ranks()}, {"zero_stage", plan.zero_stage},
                          {"offload_optimizer", plan.offload_optimizer}, {"offload_params", plan.offload_params},
                          {"activation_checkpointing", plan.activation_checkpointing},
                          {"checkpoint_offload", plan.checkpoint_offload}, {"tiled_mlp", plan.tiled_mlp},
@@ -421,7 +429,7 @@ int plan_command_run(const PlanCommandArgs& args) {
       std::cout << report.dump(2) << "\n";
       return 0;
     }
-    std::cout << header << fmt::format("  plan     {} (dp={})\n\n", plan_describe(plan), cluster.gpus / plan.sp) << body;
+    std::cout << header << fmt::format("  plan     {} (dp={})\n\n", plan_describe(plan), cluster.gpus / plan.sequence_ranks()) << body;
     return 0;
   }
 
@@ -474,7 +482,7 @@ int plan_command_run(const PlanCommandArgs& args) {
     if (!args.plan_out.empty())
       plan_out_write(args, model, cluster, profile, winner->plan, by_length ? winner->max_seqlen : options.seqlen, machine);
     report["plan"] = plan_to_json(winner->plan, cluster);
-    out += fmt::format("best plan: {} (dp={})\n", plan_describe(winner->plan), cluster.gpus / winner->plan.sp);
+    out += fmt::format("best plan: {} (dp={})\n", plan_describe(winner->plan), cluster.gpus / winner->plan.sequence_ranks());
     out += plan_report(model, cluster, winner->plan, profile, by_length ? std::nullopt : seqlen, report);
 
     auto candidate_line = [&](const SearchCandidate& c) {
@@ -503,7 +511,7 @@ int plan_command_run(const PlanCommandArgs& args) {
       if (!c.problems.empty()) {
         why = "invalid: " + c.problems.front();
       } else {
-        const int64_t failing = by_length ? c.max_seqlen + (c.plan.fpdt ? c.plan.fpdt_chunk_tokens : c.plan.sp) : options.seqlen;
+        const int64_t failing = by_length ? c.max_seqlen + (c.plan.fpdt ? c.plan.fpdt_chunk_tokens : seqlen_granule(c.plan)) : options.seqlen;
         why = candidate_line(c);
         if (!c.fits || by_length)
           why += "; at " + seqlen_format(failing) + " " + c.binding_constraint + " runs out (" +

@@ -66,6 +66,7 @@ PlanOptions executor_plan(const TrainingOptions& options, int64_t sp, int zero_s
 
 std::vector<std::string> executor_plan_problems(const PlanOptions& plan, const std::string& /*device*/) {
   std::vector<std::string> problems;
+  if (plan.ring > 1) problems.push_back(fmt::format("ring={}: ring attention is planned but not yet in the executor", plan.ring));
   if (plan.micro_batch != 1)
     problems.push_back(fmt::format("micro batch {}: the executor trains one sample per rank per step", plan.micro_batch));
   return problems;
@@ -99,6 +100,7 @@ SearchResult machine_plan_search(const ModelSpec& model, const MachineTarget& ta
   SearchOptions options;
   // FPDT chunks (global tokens) at the scale of the lengths a CPU budget reaches.
   options.fpdt_chunks = {256, 1024, 4096, 16384};
+  options.explore_ring = false;  // the executor has no ring attention yet
   options.unsupported = [device = target.device](const PlanOptions& plan) {
     const std::vector<std::string> problems = executor_plan_problems(plan, device);
     return problems.empty() ? std::string() : problems.front();

@@ -158,9 +158,19 @@ void ulysses_attention_forward(TensorTrace& trace, const LayerShape& shape, cons
   }
 
   trace.set_moment("attention");
+  // Ring attention (USP's ring over r Ulysses groups; ring-flash-attention's forward): the key/
+  // value block being used and the next one arriving (double buffered: 2 x (k + v)), and the fp32
+  // output and softmax-statistics accumulators that each block's partial result merges into.
+  if (shape.ring > 1) {
+    trace.alloc(L, "ring.kv_blocks_in_flight", 4.0 * bytes.kv_replicated);
+    trace.alloc(L, "ring.output_accumulator", bytes.q / static_cast<double>(impl.activation_bytes) * 4.0);
+    trace.alloc(L, "ring.lse_accumulator", bytes.lse);
+  }
   // flash_attn forward: output in the activation dtype, softmax statistics (lse) in fp32.
   trace.alloc(L, "attention.output", bytes.q);
   trace.alloc(L, "attention.lse", bytes.lse);
+  if (shape.ring > 1)
+    for (const char* name : {"ring.lse_accumulator", "ring.output_accumulator", "ring.kv_blocks_in_flight"}) trace.free(name);
   // Output path back to sequence shards: [S, n_q/sp*d] -> [S_l, n_q*d] (REFERENCE §3.1).
   ulysses_all_to_all(trace, "attention.output", "attention.output_local", bytes.q, shape, impl);
   // The attention inputs are locals of the Ulysses forward, live until it returns; HF
@@ -265,6 +275,13 @@ void ulysses_attention_backward(TensorTrace& trace, const LayerShape& shape, con
   trace.alloc(L, "attention.q_grad", bytes.q);
   trace.alloc(L, "attention.k_grad", bytes.kv_replicated);
   trace.alloc(L, "attention.v_grad", bytes.kv_replicated);
+  // Ring attention backward: the key/value block in use and the next (2 x (k + v)), and the fp32
+  // dk/dv accumulators that travel the ring with them (the pair being added to and the pair in
+  // flight: 2 x (dk + dv)).
+  if (shape.ring > 1) {
+    trace.alloc(L, "ring.kv_blocks_in_flight", 4.0 * bytes.kv_replicated);
+    trace.alloc(L, "ring.kv_grad_accumulators_in_flight", 4.0 * bytes.kv_replicated / static_cast<double>(impl.activation_bytes) * 4.0);
+  }
   if (impl.flash_attention_expands_gqa_grads && grouped) {
     trace.alloc(L, "attention.k_grad_expanded", bytes.q);
     trace.alloc(L, "attention.v_grad_expanded", bytes.q);
@@ -279,6 +296,8 @@ void ulysses_attention_backward(TensorTrace& trace, const LayerShape& shape, con
     trace.free("attention.k_grad_expanded");
     trace.free("attention.v_grad_expanded");
   }
+  if (shape.ring > 1)
+    for (const char* name : {"ring.kv_grad_accumulators_in_flight", "ring.kv_blocks_in_flight"}) trace.free(name);
   trace.free("attention.output_grad");
   trace.free("attention.q");
   trace.free("attention.k");

@@ -21,6 +21,7 @@ namespace longseq {
 struct LayerShape {
   int64_t tokens = 0;          // T = b * S_l
   int64_t sp = 1;              // Ulysses degree (1: no all-to-all)
+  int64_t ring = 1;            // ring attention degree (1: none): key/value blocks travel around r ranks
   int64_t hidden = 0;          // h
   int64_t q_width = 0;         // n_q * d
   int64_t kv_width = 0;        // n_kv * d: k_proj (and v_proj) output width

@@ -27,7 +27,8 @@ double lm_head_forward_flops(const ModelSpec& model, int64_t micro_batch, int64_
 namespace {
 
 StepFlops step_flops(const ModelSpec& model, const PlanOptions& plan, int64_t seqlen, bool with_recompute) {
-  const LayerForwardFlops layer = layer_forward_flops(model, plan.micro_batch, seqlen, plan.sp);
+  // Ring attention's zigzag split balances the causal work: per rank 1/(u r) of the whole.
+  const LayerForwardFlops layer = layer_forward_flops(model, plan.micro_batch, seqlen, plan.sequence_ranks());
   const double recompute = with_recompute && plan.activation_checkpointing ? 1.0 : 0.0;
   const double tiled_mlp_recompute = with_recompute && plan.tiled_mlp ? 1.0 : 0.0;
   StepFlops flops;
@@ -35,7 +36,7 @@ StepFlops step_flops(const ModelSpec& model, const PlanOptions& plan, int64_t se
   flops.matmul = as_double(model.num_layers) * ((layer.projections + layer.mlp) * (3.0 + recompute) + layer.mlp * tiled_mlp_recompute);
   flops.attention = as_double(model.num_layers) * layer.attention * (1.0 + 2.5 + recompute);
   // LM head: forward and both gradients, never recomputed (fused losses compute the gradient in forward).
-  flops.matmul += 3.0 * lm_head_forward_flops(model, plan.micro_batch, seqlen, plan.sp);
+  flops.matmul += 3.0 * lm_head_forward_flops(model, plan.micro_batch, seqlen, plan.sequence_ranks());
   return flops;
 }
 

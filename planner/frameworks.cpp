@@ -12,6 +12,7 @@ const char* framework_name(Framework framework) {
     case Framework::framework_hf_accelerate: return "hf-accelerate";
     case Framework::framework_megatron_deepspeed: return "megatron-deepspeed";
     case Framework::framework_deepspeed: return "deepspeed";
+    case Framework::framework_usp: return "usp";
     case Framework::framework_longseq: return "longseq";
   }
   return "?";
@@ -19,7 +20,7 @@ const char* framework_name(Framework framework) {
 
 std::vector<Framework> frameworks_all() {
   return {Framework::framework_arctic_training, Framework::framework_hf_accelerate, Framework::framework_megatron_deepspeed,
-          Framework::framework_deepspeed, Framework::framework_longseq};
+          Framework::framework_deepspeed, Framework::framework_usp, Framework::framework_longseq};
 }
 
 Framework framework_parse(const std::string& name, const std::string& flag) {
@@ -42,6 +43,12 @@ bool gpt_shaped(const ModelSpec& model) { return model.mlp_kind == MlpKind::mlp_
 
 std::string framework_unsupported(Framework framework, const ModelSpec& model, const PlanOptions& plan) {
   const char* name = framework_name(framework);
+  // Ring attention: neither DeepSpeed nor the trainers on it have one (REFERENCE §8); USP's
+  // LongContextAttention composes it with Ulysses. longseq plans it; its executor does not run it yet.
+  if (plan.ring > 1 && framework != Framework::framework_usp)
+    return framework == Framework::framework_longseq
+               ? std::string("longseq: ring attention is planned but not yet in the executor")
+               : fmt::format("{}: no ring attention (USP's LongContextAttention runs Ulysses x ring: --framework usp)", name);
   switch (framework) {
     case Framework::framework_arctic_training:
       // FPDT exists only in Megatron-DeepSpeed; the UlyssesSPAttentionHF path has none (REFERENCE §8).
@@ -66,6 +73,7 @@ std::string framework_unsupported(Framework framework, const ModelSpec& model, c
                            model.name);
       return "";
     case Framework::framework_deepspeed:
+    case Framework::framework_usp:
       if (plan.fpdt) return fmt::format("{}: no FPDT outside Megatron-DeepSpeed's model code", name);
       return "";
     case Framework::framework_longseq:

@@ -17,7 +17,8 @@ enum class Framework {
   framework_hf_accelerate,       // Accelerate / HF Trainer / TRL (Accelerate YAML + DeepSpeed JSON)
   framework_megatron_deepspeed,  // Megatron-DeepSpeed: Ulysses and FPDT (launch arguments + DeepSpeed JSON)
   framework_deepspeed,           // a plain deepspeed.initialize loop (DeepSpeed JSON)
-  framework_longseq,             // longseq's own executor (`longseq run`), which runs every option
+  framework_usp,                 // a DeepSpeed loop with USP's LongContextAttention: Ulysses x ring attention
+  framework_longseq,             // longseq's own executor (`longseq run`); ring attention planned, not yet executed
 };
 
 // ArcticTraining: the framework the ALST techniques ship in, and the only one with a switch for

@@ -24,8 +24,8 @@ double usage_fraction(const MemoryPrediction& prediction) {
 
 MaxSeqlenResult max_seqlen_find(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
                                 const RuntimeProfile& profile, int64_t granularity, bool with_breakdown) {
-  if (granularity == 0) granularity = plan.sp;
-  if (granularity < 1 || granularity % plan.sp != 0)
+  if (granularity == 0) granularity = seqlen_granule(plan);
+  if (granularity < 1 || granularity % seqlen_granule(plan) != 0)
     throw std::invalid_argument("max_seqlen_find: granularity must be a positive multiple of sp");
   MaxSeqlenResult result;
   result.granularity = granularity;

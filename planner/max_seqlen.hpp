@@ -23,8 +23,8 @@ struct MaxSeqlenResult {
 // Upper end of the search: 10^12 tokens, beyond any memory the cards describe.
 inline constexpr int64_t kSeqlenSearchLimit = 1'000'000'000'000;
 
-// Precondition: plan_problems(...) is empty. `granularity` 0 means sp; otherwise it must be a
-// multiple of sp.
+// Precondition: plan_problems(...) is empty. `granularity` 0 means seqlen_granule(plan); otherwise
+// it must be a multiple of it.
 // With `with_breakdown` false the two reported predictions carry no per-tensor items (searches).
 MaxSeqlenResult max_seqlen_find(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
                                 const RuntimeProfile& profile, int64_t granularity = 0, bool with_breakdown = true);

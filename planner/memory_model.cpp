@@ -41,8 +41,9 @@ Setup setup_make(const ModelSpec& model, const PlanOptions& plan, const RuntimeP
   Setup setup;
   setup.params = parameter_count(model);
   LayerShape& shape = setup.shape;
-  shape.tokens = plan.micro_batch * (seqlen / plan.sp);
+  shape.tokens = plan.micro_batch * (seqlen / plan.sequence_ranks());
   shape.sp = plan.sp;
+  shape.ring = plan.ring;
   shape.hidden = model.hidden_size;
   shape.q_width = model.q_width();
   shape.kv_width = model.kv_width();
@@ -52,7 +53,7 @@ Setup setup_make(const ModelSpec& model, const PlanOptions& plan, const RuntimeP
   shape.vocab = model.vocab_size;
   shape.mlp_kind = model.mlp_kind;
   if (plan.tiled_mlp) {
-    const int64_t tiles = plan.mlp_tiles > 0 ? plan.mlp_tiles : mlp_tiles_deepspeed_rule(seqlen / plan.sp, model.hidden_size);
+    const int64_t tiles = plan.mlp_tiles > 0 ? plan.mlp_tiles : mlp_tiles_deepspeed_rule(seqlen / plan.sequence_ranks(), model.hidden_size);
     shape.mlp_tiles = std::min(tiles, shape.tokens);
   }
   if (plan.fpdt) {
@@ -131,7 +132,7 @@ void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const Clus
   if (!with_inputs) return;
   const double tokens = as_double(setup.shape.tokens);
   trace.alloc(kCategoryInputs, "input_ids_and_labels", tokens * 16.0);
-  trace.alloc(kCategoryInputs, "position_ids", as_double(plan.micro_batch) * as_double(plan.sp > 1 ? seqlen : seqlen / plan.sp) * 8.0);
+  trace.alloc(kCategoryInputs, "position_ids", as_double(plan.micro_batch) * as_double(plan.sp > 1 ? seqlen / plan.ring : seqlen / plan.sp) * 8.0);
   trace.alloc(kCategoryInputs, "rope_cos_sin", 2.0 * tokens * as_double(model.head_dim) * as_double(profile.activation_bytes));
 }
 

@@ -58,8 +58,11 @@ std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec
   std::vector<std::string> problems;
   if (plan.sp < 1) problems.push_back(fmt::format("sp={} must be at least 1", plan.sp));
   if (plan.sp >= 1) {
-    if (cluster.gpus % plan.sp != 0)
-      problems.push_back(fmt::format("sp={} does not divide {} GPUs (world = dp x sp)", plan.sp, cluster.gpus));
+    if (plan.ring < 1) problems.push_back(fmt::format("ring={} must be at least 1", plan.ring));
+    else if (cluster.gpus % plan.sequence_ranks() != 0)
+      problems.push_back(plan.ring > 1 ? fmt::format("sp={} x ring={} does not divide {} GPUs (world = dp x sp x ring)", plan.sp, plan.ring,
+                                                     cluster.gpus)
+                                       : fmt::format("sp={} does not divide {} GPUs (world = dp x sp)", plan.sp, cluster.gpus));
     // Ulysses head rules (DS ulysses_sp.py; ALST paper §3.2.1).
     if (model.num_q_heads % plan.sp != 0)
       problems.push_back(fmt::format("sp={} does not divide {} query heads (Ulysses shards heads)", plan.sp, model.num_q_heads));
@@ -83,6 +86,7 @@ std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec
     if (plan.tiled_mlp || plan.tiled_loss)
       problems.push_back("FPDT chunks the MLP and the loss itself; turn tiled MLP and tiled loss off");
   }
+  if (plan.ring > 1 && plan.fpdt) problems.push_back("ring attention with FPDT's chunking is not modelled");
   if (plan.micro_batch < 1) problems.push_back(fmt::format("micro batch {} must be at least 1", plan.micro_batch));
   return problems;
 }
@@ -90,6 +94,9 @@ std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec
 std::vector<std::string> seqlen_problems(const PlanOptions& plan, int64_t seqlen) {
   std::vector<std::string> problems;
   if (seqlen < 1) problems.push_back(fmt::format("sequence length {} must be positive", seqlen));
+  else if (plan.sp >= 1 && plan.ring > 1 && seqlen % seqlen_granule(plan) != 0)
+    problems.push_back(fmt::format("sequence length {} is not divisible by 2 x sp x ring = {} (ring attention's zigzag split: 2 x ring "
+                                   "chunks, each over sp ranks)", seqlen, seqlen_granule(plan)));
   else if (plan.sp >= 1 && seqlen % plan.sp != 0)
     problems.push_back(fmt::format("sequence length {} is not divisible by sp={} (each rank holds S/sp tokens)", seqlen, plan.sp));
   else if (plan.fpdt && plan.fpdt_chunk_tokens > 0 && seqlen % plan.fpdt_chunk_tokens != 0)
@@ -106,8 +113,11 @@ int64_t sp_largest_valid(const ModelSpec& model, int64_t gpus) {
   return 1;
 }
 
+int64_t seqlen_granule(const PlanOptions& plan) { return plan.ring > 1 ? 2 * plan.sp * plan.ring : plan.sp; }
+
 std::string plan_describe(const PlanOptions& plan) {
-  std::string text = fmt::format("sp={} zero={}", plan.sp, plan.zero_stage);
+  std::string text = plan.ring > 1 ? fmt::format("sp={} ring={} zero={}", plan.sp, plan.ring, plan.zero_stage)
+                                   : fmt::format("sp={} zero={}", plan.sp, plan.zero_stage);
   if (plan.offload_optimizer) text += " +optimizer-offload";
   if (plan.offload_params) text += " +param-offload";
   text += plan.activation_checkpointing ? " +checkpointing" : " -checkpointing";

@@ -28,7 +28,14 @@ ClusterSpec cluster_make(const HardwareCard& hardware, int64_t gpus, int64_t nod
                          double host_memory_gib);
 
 struct PlanOptions {
-  int64_t sp = 1;                       // Ulysses sequence-parallel degree; dp = gpus / sp
+  int64_t sp = 1;                       // Ulysses sequence-parallel degree u (heads over u ranks)
+  // Ring attention (context parallelism) degree r: r Ulysses groups on one sequence pass key/value
+  // blocks around a ring (USP/LoongTrain's 2D sequence parallelism); dp = gpus / (u x r). The
+  // causal work is balanced by the zigzag split: the sequence in 2r chunks, ring rank i holding
+  // chunks i and 2r-1-i (as Megatron-Core's context parallelism does), so S divides by 2 u r.
+  int64_t ring = 1;
+  // Ranks one sequence is spread over: u x r (each holds S / (u r) tokens).
+  int64_t sequence_ranks() const { return sp * ring; }
   int zero_stage = 3;                   // 0..3
   bool offload_optimizer = false;       // fp32 master, Adam states and fp32 gradients on the host
   bool offload_params = false;          // ZeRO-3 offload_param: bf16 weight partitions on the host
@@ -64,6 +71,10 @@ int64_t sp_largest_valid(const ModelSpec& model, int64_t gpus);
 // Ulysses' kv-head rule (DS ulysses_sp.py, REFERENCE §3.1): kv heads per rank after the
 // all-to-all, and the replication factor applied before it (1 when none).
 int64_t kv_replication_factor(const ModelSpec& model, int64_t sp);
+
+// The length granule of a plan: S must be a multiple of it (u, or 2 u r with ring attention's
+// zigzag split; an FPDT plan's chunk is its own granule).
+int64_t seqlen_granule(const PlanOptions& plan);
 
 std::string plan_describe(const PlanOptions& plan);
 

@@ -10,8 +10,11 @@ namespace {
 
 std::vector<PlanOptions> plans_enumerate(const ClusterSpec& cluster, const SearchOptions& options) {
   std::vector<PlanOptions> plans;
-  for (int64_t sp = 1; sp <= cluster.gpus; ++sp) {
-    if (cluster.gpus % sp != 0) continue;  // world = dp x sp: only divisors are plans at all
+  for (int64_t sequence_ranks = 1; sequence_ranks <= cluster.gpus; ++sequence_ranks) {
+    if (cluster.gpus % sequence_ranks != 0) continue;  // world = dp x sp x ring: only divisors are plans at all
+    for (int64_t ring = 1; ring <= (options.explore_ring ? sequence_ranks : 1); ++ring) {
+    if (sequence_ranks % ring != 0) continue;
+    const int64_t sp = sequence_ranks / ring;
     for (int zero = 0; zero <= 3; ++zero) {
       for (bool offload_optimizer : {false, true}) {
         if (offload_optimizer && zero == 0) continue;  // ZeRO-Offload needs a ZeRO stage
@@ -22,6 +25,7 @@ std::vector<PlanOptions> plans_enumerate(const ClusterSpec& cluster, const Searc
               if (checkpoint_offload && !checkpointing) continue;
               PlanOptions plan;
               plan.sp = sp;
+              plan.ring = ring;
               plan.zero_stage = zero;
               plan.offload_optimizer = offload_optimizer;
               plan.offload_params = offload_params;
@@ -34,7 +38,7 @@ std::vector<PlanOptions> plans_enumerate(const ClusterSpec& cluster, const Searc
                   plans.push_back(plan);
                 }
               }
-              if (!checkpointing) continue;  // FPDT runs with checkpointing
+              if (!checkpointing || ring > 1) continue;  // FPDT runs with checkpointing, and without the ring
               plan.tiled_mlp = plan.tiled_loss = false;
               plan.fpdt = true;
               for (int64_t chunk : options.fpdt_chunks) {
@@ -46,6 +50,7 @@ std::vector<PlanOptions> plans_enumerate(const ClusterSpec& cluster, const Searc
           }
         }
       }
+    }
     }
   }
   return plans;
@@ -123,7 +128,7 @@ std::vector<SearchAlternative> search_notable_alternatives(const SearchResult& r
   // Candidates equal to the winner except in one field (the first of each kind, best first).
   auto same_except = [](const PlanOptions& a, const PlanOptions& b, int field) {
     // Fields: 0 sp, 1 zero, 2 optimizer offload, 3 param offload, 4 checkpointing/offload, 5 tiling/FPDT
-    if (field != 0 && a.sp != b.sp) return false;
+    if (field != 0 && (a.sp != b.sp || a.ring != b.ring)) return false;
     if (field != 1 && a.zero_stage != b.zero_stage) return false;
     if (field != 2 && a.offload_optimizer != b.offload_optimizer) return false;
     if (field != 3 && a.offload_params != b.offload_params) return false;
@@ -136,7 +141,10 @@ std::vector<SearchAlternative> search_notable_alternatives(const SearchResult& r
   };
   auto describe = [&](const PlanOptions& p, int field) -> std::string {
     switch (field) {
-      case 0: return fmt::format("sp={} instead of {}", p.sp, w.sp);
+      case 0:
+        if (p.ring != w.ring || p.ring > 1)
+          return fmt::format("sp={} ring={} instead of sp={} ring={}", p.sp, p.ring, w.sp, w.ring);
+        return fmt::format("sp={} instead of {}", p.sp, w.sp);
       case 1: return fmt::format("ZeRO-{} instead of ZeRO-{}", p.zero_stage, w.zero_stage);
       case 2: return p.offload_optimizer ? "with optimizer offload" : "without optimizer offload";
       case 3: return p.offload_params ? "with parameter offload" : "without parameter offload";

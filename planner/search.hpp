@@ -1,7 +1,7 @@
 // search.hpp: the plan search — enumerate plans, predict each, pick the best by an objective,
 // and keep every loser's reason.
 //
-// Enumerated: Ulysses degree (divisors of the GPU count), ZeRO stage 0-3, optimizer offload,
+// Enumerated: Ulysses degree u and ring degree r (u x r divides the GPU count), ZeRO stage 0-3, optimizer offload,
 // parameter offload (ZeRO-3), activation checkpointing and checkpoint offload, tiled MLP, tiled
 // loss, FPDT off or on with a chunk from a ladder. Plans that break a rule (head divisibility,
 // option combinations) are kept with their reason; plans that fit nothing say which memory ran
@@ -27,6 +27,8 @@ struct SearchOptions {
   SearchObjective objective = SearchObjective::objective_max_seqlen;
   int64_t seqlen = 0;  // the length for objective_throughput
   std::vector<int64_t> fpdt_chunks = {16384, 32768, 65536, 131072, 262144};
+  // Ring attention degrees beside Ulysses (u x r ranks on one sequence).
+  bool explore_ring = true;
   // A runner's limits: a non-empty reason makes the plan invalid with it (e.g. an option the
   // executor cannot run on its device), so the search never picks what cannot be run.
   std::function<std::string(const PlanOptions&)> unsupported;

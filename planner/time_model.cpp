@@ -13,13 +13,14 @@ StepTime& StepTime::operator+=(const StepTime& other) {
   zero_communication_exposed_s += other.zero_communication_exposed_s;
   checkpoint_offload_s += other.checkpoint_offload_s;
   fpdt_fetch_exposed_s += other.fpdt_fetch_exposed_s;
+  ring_exposed_s += other.ring_exposed_s;
   optimizer_s += other.optimizer_s;
   return *this;
 }
 
 double StepTime::total_s() const {
   return matmul_s + attention_s + ulysses_all_to_all_s + zero_communication_exposed_s + checkpoint_offload_s +
-         fpdt_fetch_exposed_s + optimizer_s;
+         fpdt_fetch_exposed_s + ring_exposed_s + optimizer_s;
 }
 
 double flash_attention_tflops(const HardwareCard& card, int64_t head_dim) {
@@ -56,10 +57,31 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   // and mirrored in backward; in the profile's activation dtype (ALST: bf16).
   if (plan.sp > 1) {
     const Link link = link_for_group(cluster, plan.sp);
-    const double bytes = ulysses_layer_all_to_all_bytes(model, plan.micro_batch, seqlen, plan.sp, profile.activation_bytes);
+    // The Ulysses group holds S / r tokens of the sequence.
+    const double bytes = ulysses_layer_all_to_all_bytes(model, plan.micro_batch, seqlen / plan.ring, plan.sp, profile.activation_bytes);
     const double passes = layers * (2.0 + recompute);
     time.ulysses_all_to_all_s =
         passes * (3.0 * link.latency_us * 1e-6 + collective_seconds(Collective::collective_all_to_all, bytes, plan.sp, link));
+  }
+
+  // Ring attention (ring-flash-attention's schedule): in each of r - 1 steps per attention pass a
+  // rank sends its key/value block (k and v of S/r tokens for its kv heads after the Ulysses
+  // all-to-all) to the next ring rank while computing on the block it holds; the transfer beyond
+  // that step's attention is exposed. Backward sends the block and its fp32 dk/dv accumulators
+  // beside it, against backward's 2.5x compute (FlashAttention-2: 2.5 forward FLOPs). Ulysses
+  // groups are consecutive ranks, so ring neighbours are u apart: inside a node while u x r fits.
+  if (plan.ring > 1) {
+    const Link link = link_for_group(cluster, plan.sequence_ranks());
+    const double r = as_double(plan.ring);
+    const double tokens = as_double(plan.micro_batch) * as_double(seqlen / plan.sequence_ranks());
+    const double block_bytes = 2.0 * tokens * as_double(model.kv_width() * kv_replication_factor(model, plan.sp)) *
+                               as_double(profile.activation_bytes);
+    const double forward_attention_s = time.attention_s / layers / (1.0 + 2.5 + recompute);
+    auto transfer_s = [&](double bytes) { return link.latency_us * 1e-6 + bytes / (link.busbw_gbps * 1e9); };
+    const double forward_exposed = (r - 1.0) * std::max(0.0, transfer_s(block_bytes) - forward_attention_s / r);
+    const double backward_bytes = block_bytes + block_bytes / as_double(profile.activation_bytes) * 4.0;
+    const double backward_exposed = (r - 1.0) * std::max(0.0, transfer_s(backward_bytes) - 2.5 * forward_attention_s / r);
+    time.ring_exposed_s = layers * ((1.0 + recompute) * forward_exposed + backward_exposed);
   }
 
   // ZeRO traffic, overlapped with the layers' compute by DeepSpeed's prefetching and bucketing.
@@ -88,7 +110,7 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   // backward. ArcticTraining copies synchronously (fully exposed); FPDT overlaps the copies with
   // the layer's compute on a side stream.
   const double a = as_double(profile.activation_bytes);
-  const double local_tokens = as_double(plan.micro_batch) * as_double(seqlen / plan.sp);
+  const double local_tokens = as_double(plan.micro_batch) * as_double(seqlen / plan.sequence_ranks());
   const double x_bytes = local_tokens * as_double(model.hidden_size) * a;
   if (plan.checkpoint_offload) {
     const double copies_s =
@@ -139,11 +161,11 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   }
 
   const double step_s = time.total_s();
-  prediction.megatron_flos = megatron_flos_per_sample(model, seqlen) * as_double(plan.micro_batch) / as_double(plan.sp);
+  prediction.megatron_flos = megatron_flos_per_sample(model, seqlen) * as_double(plan.micro_batch) / as_double(plan.sequence_ranks());
   prediction.hardware_tflops_per_gpu = prediction.executed_flops.total() / step_s / 1e12;
   prediction.megatron_tflops_per_gpu = prediction.megatron_flos / step_s / 1e12;
   prediction.mfu = prediction.model_flops.total() / step_s / (card.peak_bf16_tflops * 1e12);
-  prediction.tokens_per_s = as_double(cluster.gpus / plan.sp) * as_double(plan.micro_batch) * as_double(seqlen) / step_s;
+  prediction.tokens_per_s = as_double(cluster.gpus / plan.sequence_ranks()) * as_double(plan.micro_batch) * as_double(seqlen) / step_s;
   return prediction;
 }
 

@@ -26,6 +26,7 @@ struct StepTime {
   double zero_communication_exposed_s = 0;  // parameter gathers, gradient reduction, parameter offload fetches
   double checkpoint_offload_s = 0;          // exposed PCIe time of checkpoint copies
   double fpdt_fetch_exposed_s = 0;          // FPDT chunk traffic not hidden behind attention
+  double ring_exposed_s = 0;                // ring attention's key/value passing not hidden behind attention
   double optimizer_s = 0;                   // optimizer step (host or GPU) and its transfers
   StepTime& operator+=(const StepTime& other);
   double total_s() const;

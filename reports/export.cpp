@@ -59,6 +59,15 @@ void yaml_comments(YAML::Emitter& out, const std::vector<std::string>& lines) {
 
 // The weights' location for a trainer: a config.json's directory (a Hugging Face checkpoint); for
 // a built-in card its name, which the user replaces with the Hugging Face id (said in a note).
+// Ring attention is in none of these frameworks: what to run instead, with the chosen degrees.
+void ring_note(const ExportRequest& r, ExportedConfig& exported) {
+  if (r.plan.ring <= 1) return;
+  exported.notes.push_back(fmt::format(
+      "ring attention: DeepSpeed has none; run USP's LongContextAttention(ulysses_degree={}, ring_degree={}) (yunchang) in the model, "
+      "or Megatron-Core with context_parallel_size={}; the sequence split zigzag in 2 x {} chunks",
+      r.plan.sp, r.plan.ring, r.plan.ring, r.plan.ring));
+}
+
 std::string model_name_or_path(const ExportRequest& r) {
   const std::filesystem::path source(r.model_source);
   if (source.extension() == ".json") return source.parent_path().empty() ? "." : source.parent_path().string();
@@ -277,11 +286,16 @@ ExportedConfig deepspeed_config_emit(const ExportRequest& r) {
 }
 
 ExportedConfig config_emit(const std::string& target, const ExportRequest& request) {
-  if (target == "arctic-training") return arctic_training_recipe_emit(request);
-  if (target == "accelerate" || target == "hf-accelerate") return accelerate_config_emit(request);
-  if (target == "megatron-deepspeed") return megatron_deepspeed_emit(request);
-  if (target == "deepspeed") return deepspeed_config_emit(request);
-  throw ConfigError("--emit", "", fmt::format("expected arctic-training, accelerate, megatron-deepspeed or deepspeed, got '{}'", target));
+  ExportedConfig exported;
+  if (target == "arctic-training") exported = arctic_training_recipe_emit(request);
+  else if (target == "accelerate" || target == "hf-accelerate") exported = accelerate_config_emit(request);
+  else if (target == "megatron-deepspeed") exported = megatron_deepspeed_emit(request);
+  else if (target == "deepspeed" || target == "usp") exported = deepspeed_config_emit(request);
+  if (!exported.files.empty()) {
+    ring_note(request, exported);
+    return exported;
+  }
+  throw ConfigError("--emit", "", fmt::format("expected arctic-training, accelerate, megatron-deepspeed, deepspeed or usp, got '{}'", target));
 }
 
 }  // namespace longseq

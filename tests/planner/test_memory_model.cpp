@@ -9,6 +9,7 @@
 #include "models/model_loader.hpp"
 #include "planner/max_seqlen.hpp"
 #include "planner/memory_model.hpp"
+#include "planner/time_model.hpp"
 #include "planner/units.hpp"
 #include "support/test_models.hpp"
 
@@ -397,4 +398,78 @@ TEST_CASE("the calibrated activation overhead scales only what grows with S, as 
   for (const auto& item : after.gpu_items) items += item.bytes;
   CHECK(items == doctest::Approx(after.gpu_peak_bytes));
   CHECK(after.host_bytes_per_node == before.host_bytes_per_node);  // host memory is not scaled
+}
+
+namespace {
+
+double item_bytes(const MemoryPrediction& prediction, const std::string& name) {
+  double bytes = 0;
+  for (const MemoryItem& item : prediction.gpu_items)
+    if (item.name == name) bytes += item.bytes;
+  return bytes;
+}
+
+}  // namespace
+
+TEST_CASE("ring attention: hand-computed ring buffers, the zigzag granule, and u x r ranks per sequence") {
+  // Llama-3.1-8B on 8 GPUs, Ulysses u=4 x ring r=2, S = 1Mi: each rank holds T = S/8 = 131,072
+  // tokens; after the Ulysses all-to-all a key (or value) block is S/r tokens x n_kv/u = 2 heads x
+  // 128 = T x 1024 elements in bf16 = 256 MiB. Forward: the block in use and the next arriving,
+  // k and v: 4 x 256 MiB; the fp32 output accumulator T x 4096 x 4 = 2 GiB. Backward: the blocks
+  // again, and the fp32 dk/dv accumulators travelling with them: 4 x 512 MiB = 2 GiB.
+  const ModelSpec model = model_load("llama-3.1-8b");
+  const ClusterSpec cluster = cluster_make(hardware_card_load("h100-sxm-80gb"), 8, 0, 0, 0);
+  PlanOptions plan = PlanOptions::alst(4);
+  plan.ring = 2;
+  CHECK(plan.sequence_ranks() == 8);
+  CHECK(plan_problems(model, cluster, plan).empty());
+  CHECK(seqlen_granule(plan) == 16);  // 2r chunks, each over u ranks
+  CHECK_FALSE(seqlen_problems(plan, 1024 + 8).empty());
+  CHECK(seqlen_problems(plan, 1024 + 16).empty());
+  const int64_t seqlen = 1 << 20;
+  const MemoryPrediction prediction = memory_predict(model, cluster, plan, runtime_profile_load("deepspeed-hf"), seqlen);
+  CHECK(prediction.local_tokens == seqlen / 8);
+  CHECK(prediction.gpu_peak_moment == "attention");  // backward attention holds the ring's largest buffers
+  CHECK(item_bytes(prediction, "ring.kv_blocks_in_flight") == 4.0 * 256 * 1024 * 1024);
+  CHECK(item_bytes(prediction, "ring.kv_grad_accumulators_in_flight") == 4.0 * 512 * 1024 * 1024);
+  // A forward trace of one layer shows the output and lse accumulators.
+  TensorTrace trace;
+  LayerShape shape;
+  shape.tokens = seqlen / 8;
+  shape.sp = 4;
+  shape.ring = 2;
+  shape.hidden = 4096;
+  shape.q_width = 4096;
+  shape.kv_width = 1024;
+  shape.num_q_heads = 32;
+  shape.intermediate = 14336;
+  shape.vocab = 128256;
+  LayerImplementation impl;
+  trace.alloc(kCategoryLayer, "layer.input", static_cast<double>(shape.tokens) * 4096 * 2);
+  decoder_layer_forward(trace, shape, impl, /*keep=*/true);
+  for (const char* name : {"ring.kv_blocks_in_flight", "ring.output_accumulator", "ring.lse_accumulator"})
+    CHECK_FALSE(trace.is_live(name));  // freed once the output is there
+  // Ulysses' head rules apply to u only: u=8 x r=2 is valid on 16 GPUs, u=3 is not.
+  const ClusterSpec sixteen = cluster_make(hardware_card_load("h100-sxm-80gb"), 16, 0, 0, 0);
+  plan.sp = 8;
+  CHECK(plan_problems(model, sixteen, plan).empty());
+  plan.sp = 3;
+  CHECK_FALSE(plan_problems(model, sixteen, plan).empty());
+}
+
+TEST_CASE("ring attention time: the key/value passing hides behind long attention and shows at short lengths or across nodes") {
+  const ModelSpec model = model_load("llama-3.1-8b");
+  const RuntimeProfile profile = runtime_profile_load("deepspeed-hf");
+  PlanOptions plan = PlanOptions::alst(4);
+  plan.ring = 2;
+  const ClusterSpec node = cluster_make(hardware_card_load("h100-sxm-80gb"), 8, 0, 0, 0);
+  // At 1Mi tokens a ring step's attention (S^2 work) dwarfs a 512 MiB transfer over NVLink.
+  CHECK(time_predict(model, node, plan, profile, 1 << 20).time.ring_exposed_s == 0.0);
+  // At 1Ki a step's attention is microseconds and the transfer's latency shows; across nodes
+  // (u x r = 16 > 8 GPUs a node, each GPU a share of the network) more so.
+  const double short_exposed = time_predict(model, node, plan, profile, 1 << 10).time.ring_exposed_s;
+  CHECK(short_exposed > 0.0);
+  const ClusterSpec two_nodes = cluster_make(hardware_card_load("h100-sxm-80gb"), 16, 0, 0, 0);
+  plan.ring = 4;
+  CHECK(time_predict(model, two_nodes, plan, profile, 1 << 10).time.ring_exposed_s > short_exposed);
 }
