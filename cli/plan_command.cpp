@@ -397,8 +397,13 @@ int plan_command_run(const PlanCommandArgs& args) {
                         integer_with_commas(params.total), model.num_layers, model.hidden_size, model.num_q_heads,
                         model.num_kv_heads, model.head_dim, model.intermediate_size, model.vocab_size,
                         model.tied_embeddings ? ", tied" : "");
-  header += fmt::format("  framework {}{}\n", framework_name(framework),
-                        framework_given || machine ? "" : " (the default; --framework hf-accelerate, megatron-deepspeed, deepspeed, longseq)");
+  if (plan_flags_given(args) && !framework_given && !machine)
+    header += "  framework not checked (a fixed plan; --framework NAME checks that it runs there)\n";
+  else
+    header += fmt::format("  framework {}{}\n", framework_name(framework),
+                          framework_given || machine ? ""
+                                                     : " (the default; --framework hf-accelerate, megatron-deepspeed, deepspeed, usp, "
+                                                       "longseq)");
   header += fmt::format("  cluster  {} x {} ({:.2f} GiB each), {} node(s) of {} GPUs, {:.0f} GiB host memory per node\n",
                         cluster.gpus, hardware.name, hardware.gpu_memory_gib, cluster.nodes, cluster.gpus_per_node,
                         cluster.host_memory_gib);
@@ -412,7 +417,7 @@ int plan_command_run(const PlanCommandArgs& args) {
     const PlanOptions plan = plan_from_flags(args, model, cluster);
     std::vector<std::string> problems = plan_problems(model, cluster, plan);
     if (framework_given) {  // a plan for a named framework must be one it runs
-      const std::string unsupported = framework_unsupported(*framework_given, model, plan);
+      const std::string unsupported = framework_unsupported(framework, model, plan);
       if (!unsupported.empty()) problems.push_back(unsupported);
     }
     if (seqlen)
