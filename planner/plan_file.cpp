@@ -35,6 +35,7 @@ bool boolean_or(const JsonView& view, const std::string& key, bool default_value
 std::string plan_file_to_json(const PlanFile& file) {
   const PlanOptions& p = file.plan;
   nlohmann::json plan = {{"sp", p.sp},
+                         {"ring", p.ring},
                          {"zero_stage", p.zero_stage},
                          {"offload_optimizer", p.offload_optimizer},
                          {"offload_params", p.offload_params},
@@ -92,10 +93,11 @@ PlanFile plan_file_parse(const std::string& text, const std::string& source) {
   file.profile = root["profile"].string();
 
   const JsonView plan = root["plan"];
-  keys_check(plan, {"sp", "zero_stage", "offload_optimizer", "offload_params", "activation_checkpointing", "checkpoint_offload",
+  keys_check(plan, {"sp", "ring", "zero_stage", "offload_optimizer", "offload_params", "activation_checkpointing", "checkpoint_offload",
                     "tiled_mlp", "mlp_tiles", "tiled_loss", "loss_tiles", "fpdt", "fpdt_chunk_tokens", "micro_batch"});
   PlanOptions& p = file.plan;
   p.sp = plan["sp"].integer(1, 1 << 20);
+  p.ring = plan.has("ring") ? plan["ring"].integer(1, 1 << 20) : 1;
   p.zero_stage = static_cast<int>(plan["zero_stage"].integer(0, 3));
   p.offload_optimizer = boolean_or(plan, "offload_optimizer", false);
   p.offload_params = boolean_or(plan, "offload_params", false);
@@ -108,7 +110,8 @@ PlanFile plan_file_parse(const std::string& text, const std::string& source) {
   p.fpdt = boolean_or(plan, "fpdt", false);
   if (plan.has("fpdt_chunk_tokens")) p.fpdt_chunk_tokens = plan["fpdt_chunk_tokens"].integer(1, int64_t{1} << 40);
   p.micro_batch = plan.has("micro_batch") ? plan["micro_batch"].integer(1, 1'000'000) : 1;
-  if (file.ranks % p.sp != 0) plan["sp"].fail(fmt::format("sp={} does not divide the plan's {} ranks", p.sp, file.ranks));
+  if (file.ranks % p.sequence_ranks() != 0)
+    plan["sp"].fail(fmt::format("sp={} x ring={} does not divide the plan's {} ranks", p.sp, p.ring, file.ranks));
   return file;
 }
 
