@@ -13,7 +13,7 @@ namespace longseq {
 
 namespace {
 
-int64_t data_parallel(const ExportRequest& r) { return r.cluster.gpus / r.plan.sp; }
+int64_t data_parallel(const ExportRequest& r) { return r.cluster.gpus / r.plan.sequence_ranks(); }
 
 // What every file records about the plan it was written from.
 std::vector<std::string> record_lines(const ExportRequest& r, const char* target) {

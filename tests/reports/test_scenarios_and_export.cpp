@@ -294,6 +294,15 @@ TEST_CASE("frameworks: what each runs, and a search for one never picks what it 
   CHECK(framework_unsupported(Framework::framework_arctic_training, llama, PlanOptions::alst(8)).empty());
   CHECK_THROWS_AS(framework_parse("megatron"), ConfigError);
   CHECK(framework_parse("hf-accelerate") == Framework::framework_hf_accelerate);
+  // Ring attention runs only in USP's LongContextAttention; an export says so with the degrees,
+  // and its batch counts u x r ranks per sequence.
+  PlanOptions ring = PlanOptions::alst(4);
+  ring.ring = 2;
+  CHECK(framework_unsupported(Framework::framework_arctic_training, llama, ring).find("no ring attention") != std::string::npos);
+  CHECK(framework_unsupported(Framework::framework_usp, llama, ring).empty());
+  const ExportedConfig usp = config_emit("usp", export_request("llama-3.1-8b", 16, ring, 1 << 20));
+  CHECK(nlohmann::json::parse(usp.text())["train_batch_size"] == 2);  // 16 / (4 x 2)
+  CHECK(any_note_contains(usp, "LongContextAttention(ulysses_degree=4, ring_degree=2)"));
   // ALST on one GPU offloads the parameters too (paper §5.2).
   CHECK(PlanOptions::alst(1, 1).offload_params);
   CHECK_FALSE(PlanOptions::alst(8, 8).offload_params);
