@@ -75,7 +75,7 @@ nlohmann::json sweep_results_to_json(const Scenario& scenario, const std::vector
       const PlanOptions& plan = *row.plan;
       json["plan"] = plan_describe(plan);
       json["sp"] = plan.sp;
-      json["dp"] = row.gpus / plan.sp;
+      json["dp"] = row.gpus / plan.sequence_ranks();
       json["zero_stage"] = plan.zero_stage;
       json["offload_optimizer"] = plan.offload_optimizer;
       json["offload_params"] = plan.offload_params;
