@@ -13,44 +13,44 @@ std::vector<PlanOptions> plans_enumerate(const ClusterSpec& cluster, const Searc
   for (int64_t sequence_ranks = 1; sequence_ranks <= cluster.gpus; ++sequence_ranks) {
     if (cluster.gpus % sequence_ranks != 0) continue;  // world = dp x sp x ring: only divisors are plans at all
     for (int64_t ring = 1; ring <= (options.explore_ring ? sequence_ranks : 1); ++ring) {
-    if (sequence_ranks % ring != 0) continue;
-    const int64_t sp = sequence_ranks / ring;
-    for (int zero = 0; zero <= 3; ++zero) {
-      for (bool offload_optimizer : {false, true}) {
-        if (offload_optimizer && zero == 0) continue;  // ZeRO-Offload needs a ZeRO stage
-        for (bool offload_params : {false, true}) {
-          if (offload_params && zero != 3) continue;  // offload_param is a ZeRO-3 feature
-          for (bool checkpointing : {false, true}) {
-            for (bool checkpoint_offload : {false, true}) {
-              if (checkpoint_offload && !checkpointing) continue;
-              PlanOptions plan;
-              plan.sp = sp;
-              plan.ring = ring;
-              plan.zero_stage = zero;
-              plan.offload_optimizer = offload_optimizer;
-              plan.offload_params = offload_params;
-              plan.activation_checkpointing = checkpointing;
-              plan.checkpoint_offload = checkpoint_offload;
-              for (bool tiled_mlp : {false, true}) {
-                for (bool tiled_loss : {false, true}) {
-                  plan.tiled_mlp = tiled_mlp;
-                  plan.tiled_loss = tiled_loss;
+      if (sequence_ranks % ring != 0) continue;
+      const int64_t sp = sequence_ranks / ring;
+      for (int zero = 0; zero <= 3; ++zero) {
+        for (bool offload_optimizer : {false, true}) {
+          if (offload_optimizer && zero == 0) continue;  // ZeRO-Offload needs a ZeRO stage
+          for (bool offload_params : {false, true}) {
+            if (offload_params && zero != 3) continue;  // offload_param is a ZeRO-3 feature
+            for (bool checkpointing : {false, true}) {
+              for (bool checkpoint_offload : {false, true}) {
+                if (checkpoint_offload && !checkpointing) continue;
+                PlanOptions plan;
+                plan.sp = sp;
+                plan.ring = ring;
+                plan.zero_stage = zero;
+                plan.offload_optimizer = offload_optimizer;
+                plan.offload_params = offload_params;
+                plan.activation_checkpointing = checkpointing;
+                plan.checkpoint_offload = checkpoint_offload;
+                for (bool tiled_mlp : {false, true}) {
+                  for (bool tiled_loss : {false, true}) {
+                    plan.tiled_mlp = tiled_mlp;
+                    plan.tiled_loss = tiled_loss;
+                    plans.push_back(plan);
+                  }
+                }
+                if (!checkpointing || ring > 1) continue;  // FPDT runs with checkpointing, and without the ring
+                plan.tiled_mlp = plan.tiled_loss = false;
+                plan.fpdt = true;
+                for (int64_t chunk : options.fpdt_chunks) {
+                  if (chunk % sp != 0) continue;
+                  plan.fpdt_chunk_tokens = chunk;
                   plans.push_back(plan);
                 }
-              }
-              if (!checkpointing || ring > 1) continue;  // FPDT runs with checkpointing, and without the ring
-              plan.tiled_mlp = plan.tiled_loss = false;
-              plan.fpdt = true;
-              for (int64_t chunk : options.fpdt_chunks) {
-                if (chunk % sp != 0) continue;
-                plan.fpdt_chunk_tokens = chunk;
-                plans.push_back(plan);
               }
             }
           }
         }
       }
-    }
     }
   }
   return plans;
