@@ -253,7 +253,7 @@ std::string plan_report(const ModelSpec& model, const ClusterSpec& cluster, cons
                        : !prediction.fits_gpu() ? "does NOT fit (GPU memory)" : "does NOT fit (host memory)");
     report["seqlen"] = *seqlen;
   } else {
-    const MaxSeqlenResult result = max_seqlen_find(model, cluster, plan, profile, plan.fpdt ? plan.fpdt_chunk_tokens : 0);
+    const MaxSeqlenResult result = max_seqlen_find(model, cluster, plan, profile);
     prediction = result.at_max;
     if (result.max_seqlen == 0)
       out += fmt::format("maximum sequence length: none — even {} tokens exceed {}\n", result.granularity, result.binding_constraint);
@@ -312,7 +312,7 @@ int plan_emit(const PlanCommandArgs& args, const ModelSpec& model, const PlanOpt
 int64_t plan_seqlen(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan, const RuntimeProfile& profile,
                     std::optional<int64_t> seqlen) {
   if (seqlen) return *seqlen;
-  return max_seqlen_find(model, cluster, plan, profile, plan.fpdt ? plan.fpdt_chunk_tokens : 0, /*with_breakdown=*/false).max_seqlen;
+  return max_seqlen_find(model, cluster, plan, profile, 0, /*with_breakdown=*/false).max_seqlen;
 }
 
 // --plan-out: the plan with what it was made for, written whole.
@@ -516,7 +516,7 @@ int plan_command_run(const PlanCommandArgs& args) {
       if (!c.problems.empty()) {
         why = "invalid: " + c.problems.front();
       } else {
-        const int64_t failing = by_length ? c.max_seqlen + (c.plan.fpdt ? c.plan.fpdt_chunk_tokens : seqlen_granule(c.plan)) : options.seqlen;
+        const int64_t failing = by_length ? c.max_seqlen + seqlen_granule(c.plan) : options.seqlen;
         why = candidate_line(c);
         if (!c.fits || by_length)
           why += "; at " + seqlen_format(failing) + " " + c.binding_constraint + " runs out (" +

@@ -285,15 +285,13 @@ double model_train(const TrainLoop& loop) {
     const auto start = std::chrono::steady_clock::now();
     SequenceParallel parallel{ranks.sequence_group.get(), sample.positions.data()};
     // This rank's tokens: a contiguous slice, or with FPDT its piece of every chunk (FPDT's layout).
-    std::vector<int32_t> tokens(sample.tokens.begin() + first_token, sample.tokens.begin() + first_token + local_tokens);
-    std::vector<int32_t> labels(sample.labels.begin() + first_token, sample.labels.begin() + first_token + local_tokens);
-    std::vector<int32_t> positions(sample.positions.begin() + first_token, sample.positions.begin() + first_token + local_tokens);
-    if (options.fpdt_chunk_tokens > 0) {
-      const int64_t group_rank = ranks.world_rank % plan.sp;
-      tokens = fpdt_layout_rank_tokens(sample.tokens, plan.sp, group_rank, options.fpdt_chunk_tokens);
-      labels = fpdt_layout_rank_tokens(sample.labels, plan.sp, group_rank, options.fpdt_chunk_tokens);
-      positions = fpdt_layout_rank_tokens(sample.positions, plan.sp, group_rank, options.fpdt_chunk_tokens);
-    }
+    auto rank_values = [&](const std::vector<int32_t>& values) {
+      if (options.fpdt_chunk_tokens > 0)
+        return fpdt_layout_rank_tokens(values, plan.sp, ranks.world_rank % plan.sp, options.fpdt_chunk_tokens);
+      return std::vector<int32_t>(values.begin() + first_token, values.begin() + first_token + local_tokens);
+    };
+    const std::vector<int32_t> tokens = rank_values(sample.tokens), labels = rank_values(sample.labels),
+                               positions = rank_values(sample.positions);
     StepResult result =
         llama.forward_backward(tokens.data(), labels.data(), positions.data(), local_tokens, options, device, host, parallel);
     if (dp > 1) {  // the gradient is the mean over the data-parallel groups' samples

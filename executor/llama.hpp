@@ -158,6 +158,8 @@ class BasicLlamaModel {
   int64_t plan_modules(int64_t ranks);
   int64_t padded_total() const { return modules_.back().padded_start + modules_.back().chunk * zero_ranks(); }
   int64_t zero_ranks() const { return zero_group_ ? zero_group_->size() : 1; }
+  // Where this rank's chunk of `module` starts in a whole (padded) buffer.
+  int64_t own_chunk_start(const Module& module) const { return module.padded_start + (zero_group_ ? zero_group_->rank() : 0) * module.chunk; }
   bool weights_partitioned() const { return states_.zero_stage == 3; }
   bool gradients_partitioned() const { return zero_group_ && (states_.zero_stage >= 2 || states_.offload_optimizer); }
   // The master weights are the kernels' weights themselves (fp32 on the device, or both offloaded).

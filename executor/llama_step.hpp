@@ -52,6 +52,35 @@ Buffer attention_workspace(Ops& ops, Arena& device, int64_t T, int64_t NQ, int64
   return elements > 0 ? device.allocate(L, "attention.workspace", elements) : Buffer();
 }
 
+// Ulysses' all-to-all in: `tokens` tokens of this rank for every head become every rank's tokens
+// for this rank's heads, in a new buffer `name`, through a staging buffer that lives until the
+// exchange is done. `release_after_pack`, when given, is released as soon as it is packed (before
+// the result is allocated), which lowers the peak.
+template <class Ops, typename Act = typename Ops::Act>
+BufferOf<Act> ulysses_to_heads(Ops& ops, Arena& device, const char* name, const Act* rank_tokens, int64_t tokens, int64_t heads_total,
+                               HeadBlocks blocks, int64_t HD, const Ulysses& ulysses, BufferOf<Act>* release_after_pack = nullptr) {
+  const int64_t count = tokens * blocks.per_rank * HD;
+  BufferOf<Act> send = device.allocate<Act>(L, "ulysses.staging", ulysses.sp * count);
+  ops.heads_pack(send.data(), rank_tokens, tokens, heads_total, blocks, HD, ulysses.sp);
+  if (release_after_pack) release_after_pack->release();
+  BufferOf<Act> global = device.allocate<Act>(L, name, ulysses.sp * count);
+  ulysses.group->all_to_all(send.data(), global.data(), count);
+  return global;
+}
+
+// Ulysses' all-to-all out: `heads` (every rank's tokens for this rank's heads) goes back to the
+// tokens' ranks through a staging buffer and is added into `rank_tokens` ([tokens, heads_total x
+// HD]; replicated kv heads sum). `heads` is released once sent when `release_after_send`.
+template <class Ops, typename Act = typename Ops::Act>
+void ulysses_to_tokens_add(Ops& ops, Arena& device, Act* rank_tokens, BufferOf<Act>& heads, int64_t tokens, int64_t heads_total,
+                           HeadBlocks blocks, int64_t HD, const Ulysses& ulysses, bool release_after_send) {
+  const int64_t count = tokens * blocks.per_rank * HD;
+  BufferOf<Act> recv = device.allocate<Act>(L, "ulysses.staging", ulysses.sp * count);
+  ulysses.group->all_to_all(heads.data(), recv.data(), count);
+  if (release_after_send) heads.release();
+  ops.heads_unpack_add(rank_tokens, recv.data(), tokens, heads_total, blocks, HD, ulysses.sp);
+}
+
 // FPDT (the FPDT paper; DeepSpeed fpdt_layer.py, REFERENCE §3.6): attention over the local sequence
 // in chunks of c = options.fpdt_chunk_tokens tokens. The sample is in FPDT's layout
 // (fpdt_layout_rank_tokens), so Ulysses' all-to-all of every rank's chunk i is the i-th chunk of
@@ -101,49 +130,36 @@ void fpdt_project_chunk(Ops& ops, const Act* params, const LlamaLayout::Layer& w
     v = std::move(v_local);
     return;
   }
-  auto exchange = [&](const char* name, BufferOf<Act>& local, int64_t heads_total, HeadBlocks blocks) {
-    const int64_t count = c * blocks.per_rank * d.HD;
-    BufferOf<Act> send = device.allocate<Act>(L, "ulysses.staging", ulysses.sp * count);
-    ops.heads_pack(send.data(), local.data(), c, heads_total, blocks, d.HD, ulysses.sp);
-    local.release();
-    BufferOf<Act> global = device.allocate<Act>(L, name, ulysses.sp * count);
-    ulysses.group->all_to_all(send.data(), global.data(), count);
-    return global;
-  };
-  q = exchange("fpdt.q_chunk", q_local, d.NQ, ulysses.q_blocks());
-  k = exchange("fpdt.k_chunk", k_local, d.NKV, ulysses.kv_blocks());
-  v = exchange("fpdt.v_chunk", v_local, d.NKV, ulysses.kv_blocks());
+  q = ulysses_to_heads(ops, device, "fpdt.q_chunk", q_local.data(), c, d.NQ, ulysses.q_blocks(), d.HD, ulysses, &q_local);
+  k = ulysses_to_heads(ops, device, "fpdt.k_chunk", k_local.data(), c, d.NKV, ulysses.kv_blocks(), d.HD, ulysses, &k_local);
+  v = ulysses_to_heads(ops, device, "fpdt.v_chunk", v_local.data(), c, d.NKV, ulysses.kv_blocks(), d.HD, ulysses, &v_local);
 }
 
 // Chunk rows of this rank's heads (the whole chunk) back to the local tokens they belong to:
 // rows [i c, (i+1) c) of `local` (a [T, heads_total x HD] tensor, zero there) receive them.
 template <class Ops, typename Act = typename Ops::Act>
-void fpdt_return_chunk(Ops& ops, Act* local, const Act* chunk, int64_t i, int64_t heads_total, HeadBlocks blocks, const Dims& d,
+void fpdt_return_chunk(Ops& ops, Act* local, BufferOf<Act>& chunk, int64_t i, int64_t heads_total, HeadBlocks blocks, const Dims& d,
                        const FpdtChunks& chunks, Arena& device, const Ulysses& ulysses) {
-  const int64_t c = chunks.c;
-  if (!ulysses.active()) {
-    ops.copy(local + i * c * heads_total * d.HD, chunk, c * heads_total * d.HD);
-    return;
-  }
-  const int64_t count = c * blocks.per_rank * d.HD;
-  BufferOf<Act> recv = device.allocate<Act>(L, "ulysses.staging", ulysses.sp * count);
-  ulysses.group->all_to_all(chunk, recv.data(), count);
-  ops.heads_unpack_add(local + i * c * heads_total * d.HD, recv.data(), c, heads_total, blocks, d.HD, ulysses.sp);
+  Act* rows = local + i * chunks.c * heads_total * d.HD;
+  if (!ulysses.active())
+    ops.copy(rows, chunk.data(), chunks.c * heads_total * d.HD);
+  else
+    ulysses_to_tokens_add(ops, device, rows, chunk, chunks.c, heads_total, blocks, d.HD, ulysses, /*release_after_send=*/false);
 }
 
-template <class Ops, typename Act = typename Ops::Act>
-BufferOf<Act> fpdt_to_device(Ops& ops, Arena& device, const char* name, const BufferOf<Act>& host_copy) {
-  BufferOf<Act> on_device = device.allocate<Act>(L, name, host_copy.size());
-  typename Ops::PendingCopy copy = ops.copy_to_device_begin(on_device.data(), host_copy.data(), host_copy.size());
-  ops.copy_wait(copy);
+// A chunk between the host pool and the device, in a new buffer `name` (any element type: the
+// activations, and the fp32 lse, softmax delta and dq accumulators).
+template <class Ops, typename T>
+BufferOf<T> fpdt_to_device(Ops& ops, Arena& device, const char* name, const BufferOf<T>& host_copy) {
+  BufferOf<T> on_device = device.allocate<T>(L, name, host_copy.size());
+  ops.to_device(on_device.data(), host_copy.data(), host_copy.size());
   return on_device;
 }
 
-template <class Ops, typename Act = typename Ops::Act>
-BufferOf<Act> fpdt_to_host(Ops& ops, Arena& host, const char* name, const BufferOf<Act>& on_device) {
-  BufferOf<Act> host_copy = host.allocate<Act>(kCategoryHost, name, on_device.size());
-  typename Ops::PendingCopy copy = ops.copy_to_host_begin(host_copy.data(), on_device.data(), on_device.size());
-  ops.copy_finish(copy);
+template <class Ops, typename T>
+BufferOf<T> fpdt_to_host(Ops& ops, Arena& host, const char* name, const BufferOf<T>& on_device) {
+  BufferOf<T> host_copy = host.allocate<T>(kCategoryHost, name, on_device.size());
+  ops.to_host(host_copy.data(), on_device.data(), on_device.size());
   return host_copy;
 }
 
@@ -213,12 +229,11 @@ void fpdt_attention_forward(Ops& ops, const Act* params, const LlamaLayout::Laye
     accumulator.release();
     if (saved) {
       keep.output[chunk] = fpdt_to_host(ops, host, "fpdt.output_chunks", output);
-      keep.lse[chunk] = host.allocate(kCategoryHost, "fpdt.lse_chunks", accumulator_lse.size());
-      ops.to_host(keep.lse[chunk].data(), accumulator_lse.data(), accumulator_lse.size());
+      keep.lse[chunk] = fpdt_to_host(ops, host, "fpdt.lse_chunks", accumulator_lse);
     }
     accumulator_lse.release();
     for (BufferOf<Act>* buffer : {&q, &k, &v}) buffer->release();
-    fpdt_return_chunk(ops, attention_output, output.data(), i, d.NQ, ulysses.q_blocks(), d, chunks, device, ulysses);
+    fpdt_return_chunk(ops, attention_output, output, i, d.NQ, ulysses.q_blocks(), d, chunks, device, ulysses);
   }
   if (!saved)
     for (int64_t i = n - 1; i >= 0; --i) {  // later chunks were only waiting for the later queries
@@ -247,11 +262,8 @@ void fpdt_attention_backward(Ops& ops, const Act* output_grad, Act* q_grad, Act*
     const auto chunk = static_cast<size_t>(i);
     BufferOf<Act> output_grad_chunk;
     if (ulysses.active()) {
-      const int64_t count = c * ulysses.q_heads * d.HD;
-      BufferOf<Act> send = device.allocate<Act>(L, "ulysses.staging", ulysses.sp * count);
-      ops.heads_pack(send.data(), output_grad + i * c * d.Q, c, d.NQ, ulysses.q_blocks(), d.HD, ulysses.sp);
-      output_grad_chunk = device.allocate<Act>(L, "fpdt.output_grad_chunk", q_elements);
-      ulysses.group->all_to_all(send.data(), output_grad_chunk.data(), count);
+      output_grad_chunk =
+          ulysses_to_heads(ops, device, "fpdt.output_grad_chunk", output_grad + i * c * d.Q, c, d.NQ, ulysses.q_blocks(), d.HD, ulysses);
     } else {
       output_grad_chunk = device.allocate<Act>(L, "fpdt.output_grad_chunk", q_elements);
       ops.copy(output_grad_chunk.data(), output_grad + i * c * d.Q, q_elements);
@@ -262,8 +274,7 @@ void fpdt_attention_backward(Ops& ops, const Act* output_grad, Act* q_grad, Act*
     output.release();
     saved.output[chunk].release();
     output_grads[chunk] = fpdt_to_host(ops, host, "fpdt.output_grad_chunks", output_grad_chunk);
-    deltas[chunk] = host.allocate(kCategoryHost, "fpdt.delta_chunks", delta.size());
-    ops.to_host(deltas[chunk].data(), delta.data(), delta.size());
+    deltas[chunk] = fpdt_to_host(ops, host, "fpdt.delta_chunks", delta);
     q_grad_accumulators[chunk] = host.allocate(kCategoryHost, "fpdt.q_grad_accumulators", q_elements, true);
   }
   for (int64_t j = 0; j < n; ++j) {
@@ -276,12 +287,9 @@ void fpdt_attention_backward(Ops& ops, const Act* output_grad, Act* q_grad, Act*
       const auto chunk = static_cast<size_t>(i);
       BufferOf<Act> q = fpdt_to_device(ops, device, "fpdt.q_chunk", saved.q[chunk]);
       BufferOf<Act> output_grad_chunk = fpdt_to_device(ops, device, "fpdt.output_grad_chunk", output_grads[chunk]);
-      Buffer lse = device.allocate(L, "fpdt.lse_chunk", chunks.q_elements());
-      ops.to_device(lse.data(), saved.lse[chunk].data(), lse.size());
-      Buffer delta = device.allocate(L, "fpdt.delta_chunk", chunks.q_elements());
-      ops.to_device(delta.data(), deltas[chunk].data(), delta.size());
-      Buffer q_grad_accumulator = device.allocate(L, "fpdt.q_grad_accumulator", q_elements);
-      ops.to_device(q_grad_accumulator.data(), q_grad_accumulators[chunk].data(), q_elements);
+      Buffer lse = fpdt_to_device(ops, device, "fpdt.lse_chunk", saved.lse[chunk]);
+      Buffer delta = fpdt_to_device(ops, device, "fpdt.delta_chunk", deltas[chunk]);
+      Buffer q_grad_accumulator = fpdt_to_device(ops, device, "fpdt.q_grad_accumulator", q_grad_accumulators[chunk]);
       BufferOf<Act> q_grad_part = device.allocate<Act>(L, "fpdt.q_grad_part", q_elements, true);
       BufferOf<Act> k_grad_part = device.allocate<Act>(L, "fpdt.kv_grad_parts", kv_elements, true);
       BufferOf<Act> v_grad_part = device.allocate<Act>(L, "fpdt.kv_grad_parts", kv_elements, true);
@@ -309,17 +317,16 @@ void fpdt_attention_backward(Ops& ops, const Act* output_grad, Act* q_grad, Act*
       BufferOf<Act> gradient = device.allocate<Act>(L, "fpdt.kv_grad_chunk", kv_elements);
       ops.accumulator_to_act(gradient.data(), accumulator->data(), kv_elements);
       accumulator->release();
-      fpdt_return_chunk(ops, target, gradient.data(), j, d.NKV, ulysses.kv_blocks(), d, chunks, device, ulysses);
+      fpdt_return_chunk(ops, target, gradient, j, d.NKV, ulysses.kv_blocks(), d, chunks, device, ulysses);
     }
     // Query chunk j has now seen every key chunk it attends to: its dq is complete.
     const auto chunk = static_cast<size_t>(j);
-    Buffer q_grad_accumulator = device.allocate(L, "fpdt.q_grad_accumulator", q_elements);
-    ops.to_device(q_grad_accumulator.data(), q_grad_accumulators[chunk].data(), q_elements);
+    Buffer q_grad_accumulator = fpdt_to_device(ops, device, "fpdt.q_grad_accumulator", q_grad_accumulators[chunk]);
     q_grad_accumulators[chunk].release();
     BufferOf<Act> gradient = device.allocate<Act>(L, "fpdt.q_grad_chunk", q_elements);
     ops.accumulator_to_act(gradient.data(), q_grad_accumulator.data(), q_elements);
     q_grad_accumulator.release();
-    fpdt_return_chunk(ops, q_grad, gradient.data(), j, d.NQ, ulysses.q_blocks(), d, chunks, device, ulysses);
+    fpdt_return_chunk(ops, q_grad, gradient, j, d.NQ, ulysses.q_blocks(), d, chunks, device, ulysses);
     output_grads[chunk].release();
     deltas[chunk].release();
     saved.lse[chunk].release();
@@ -371,17 +378,9 @@ BufferOf<Act> layer_forward(Ops& ops, const Act* params, const LlamaLayout::Laye
     } else {
       // All-to-all in: every token of the sample for this rank's heads.
       const int64_t S = d.T * ulysses.sp, q_count = d.T * ulysses.q_heads * d.HD;
-      auto exchange = [&](const char* name, const Act* rank_tokens, int64_t heads_total, HeadBlocks blocks) {
-        const int64_t count = d.T * blocks.per_rank * d.HD;
-        BufferOf<Act> send = device.allocate<Act>(L, "ulysses.staging", ulysses.sp * count);
-        ops.heads_pack(send.data(), rank_tokens, d.T, heads_total, blocks, d.HD, ulysses.sp);
-        BufferOf<Act> global = device.allocate<Act>(L, name, ulysses.sp * count);
-        ulysses.group->all_to_all(send.data(), global.data(), count);
-        return global;
-      };
-      s.q_global = exchange("attention.q_global", s.q.data(), d.NQ, ulysses.q_blocks());
-      s.k_global = exchange("attention.k_global", s.k.data(), d.NKV, ulysses.kv_blocks());
-      s.v_global = exchange("attention.v_global", s.v.data(), d.NKV, ulysses.kv_blocks());
+      s.q_global = ulysses_to_heads(ops, device, "attention.q_global", s.q.data(), d.T, d.NQ, ulysses.q_blocks(), d.HD, ulysses);
+      s.k_global = ulysses_to_heads(ops, device, "attention.k_global", s.k.data(), d.T, d.NKV, ulysses.kv_blocks(), d.HD, ulysses);
+      s.v_global = ulysses_to_heads(ops, device, "attention.v_global", s.v.data(), d.T, d.NKV, ulysses.kv_blocks(), d.HD, ulysses);
       s.q.release();
       s.k.release();
       s.v.release();
@@ -519,12 +518,8 @@ BufferOf<Act> layer_backward(Ops& ops, float* grads, const Act* params, const Ll
     // The mirror of the forward: the output gradient goes to the heads' ranks, q/k/v gradients
     // come back to the tokens' ranks (replicated kv heads summed).
     const int64_t S = d.T * ulysses.sp, q_count = d.T * ulysses.q_heads * d.HD, kv_count = d.T * ulysses.kv_heads * d.HD;
-    BufferOf<Act> send = device.allocate<Act>(L, "ulysses.staging", ulysses.sp * q_count);
-    ops.heads_pack(send.data(), output_grad.data(), d.T, d.NQ, ulysses.q_blocks(), d.HD, ulysses.sp);
-    output_grad.release();
-    BufferOf<Act> output_grad_global = device.allocate<Act>(L, "attention.output_grad_global", ulysses.sp * q_count);
-    ulysses.group->all_to_all(send.data(), output_grad_global.data(), q_count);
-    send.release();
+    BufferOf<Act> output_grad_global = ulysses_to_heads(ops, device, "attention.output_grad_global", output_grad.data(), d.T, d.NQ,
+                                                        ulysses.q_blocks(), d.HD, ulysses, &output_grad);
     BufferOf<Act> q_grad_global = device.allocate<Act>(L, "attention.q_grad_global", ulysses.sp * q_count, true);
     BufferOf<Act> k_grad_global = device.allocate<Act>(L, "attention.k_grad_global", ulysses.sp * kv_count, true);
     BufferOf<Act> v_grad_global = device.allocate<Act>(L, "attention.v_grad_global", ulysses.sp * kv_count, true);
@@ -540,15 +535,9 @@ BufferOf<Act> layer_backward(Ops& ops, float* grads, const Act* params, const Ll
     s.lse.release();
     for (BufferOf<Act>* buffer : {&s.q_global, &s.k_global, &s.v_global}) buffer->release();
     s.attention_output.release();
-    auto gather_back = [&](BufferOf<Act>& global, Act* rank_tokens, int64_t count, int64_t heads_total, HeadBlocks blocks) {
-      BufferOf<Act> recv = device.allocate<Act>(L, "ulysses.staging", ulysses.sp * count);
-      ulysses.group->all_to_all(global.data(), recv.data(), count);
-      global.release();
-      ops.heads_unpack_add(rank_tokens, recv.data(), d.T, heads_total, blocks, d.HD, ulysses.sp);
-    };
-    gather_back(q_grad_global, q_grad.data(), q_count, d.NQ, ulysses.q_blocks());
-    gather_back(k_grad_global, k_grad.data(), kv_count, d.NKV, ulysses.kv_blocks());
-    gather_back(v_grad_global, v_grad.data(), kv_count, d.NKV, ulysses.kv_blocks());
+    ulysses_to_tokens_add(ops, device, q_grad.data(), q_grad_global, d.T, d.NQ, ulysses.q_blocks(), d.HD, ulysses, true);
+    ulysses_to_tokens_add(ops, device, k_grad.data(), k_grad_global, d.T, d.NKV, ulysses.kv_blocks(), d.HD, ulysses, true);
+    ulysses_to_tokens_add(ops, device, v_grad.data(), v_grad_global, d.T, d.NKV, ulysses.kv_blocks(), d.HD, ulysses, true);
   }
   // RoPE's backward is the inverse rotation.
   BufferOf<Act> q_proj_grad = device.allocate<Act>(L, "attention.q_proj_grad", d.T * d.Q, true);
@@ -647,15 +636,14 @@ template <class Ops>
 float* BasicLlamaModel<Ops>::module_master(const Module& module) {
   // The master weights are sharded with the optimizer (stage >= 1) unless they are the kernels'
   // whole weights, where this rank's chunk sits at its place in the padded module.
-  if (master_is_weights() && !weights_partitioned())
-    return master_data() + module.padded_start + (zero_group_ ? zero_group_->rank() : 0) * module.chunk;
+  if (master_is_weights() && !weights_partitioned()) return master_data() + own_chunk_start(module);
   return master_data() + module.shard_offset;
 }
 
 template <class Ops>
 float* BasicLlamaModel<Ops>::module_gradient(const Module& module) {
   if (gradients_partitioned()) return gradients_.data() + module.shard_offset;
-  return gradients_.data() + module.padded_start + (zero_group_ ? zero_group_->rank() : 0) * module.chunk;
+  return gradients_.data() + own_chunk_start(module);
 }
 
 template <class Ops>
@@ -699,7 +687,7 @@ template <class Ops>
 void BasicLlamaModel<Ops>::load_parameters(const float* full) {
   // Built in host memory as a checkpoint is read: the whole model padded module by module, and
   // this rank's chunk of every module.
-  const int64_t rank = zero_group_ ? zero_group_->rank() : 0, ranks = zero_ranks();
+  const int64_t rank = zero_group_ ? zero_group_->rank() : 0;
   std::vector<float> padded(static_cast<size_t>(padded_total()), 0.0f);
   std::vector<float> shard(static_cast<size_t>(modules_.back().shard_offset + modules_.back().chunk), 0.0f);
   for (const Module& module : modules_) {
@@ -709,7 +697,6 @@ void BasicLlamaModel<Ops>::load_parameters(const float* full) {
       shard[static_cast<size_t>(module.shard_offset + i)] = source < module.size ? full[module.start + source] : 0.0f;
     }
   }
-  (void)ranks;
   const std::vector<float>& own_weights = weights_partitioned() ? shard : padded;
   if (!master_is_weights()) {
     const std::vector<float>& own_master = states_.zero_stage >= 1 ? shard : padded;
@@ -1023,22 +1010,16 @@ StepResult BasicLlamaModel<Ops>::forward_backward(const int32_t* host_tokens, co
 template <class Ops>
 void BasicLlamaModel<Ops>::adamw_step(float lr, float beta1, float beta2, float eps, float weight_decay) {
   ++step_;
-  const int64_t rank = zero_group_ ? zero_group_->rank() : 0;
   if (states_.offload_optimizer) {  // on the host (DeepSpeed's cpu_adam), then the weights go back
     kernels::adamw_update(master_.data(), gradients_.data(), adam_m_.data(), adam_v_.data(), master_.size(), lr, beta1, beta2, eps,
                           weight_decay, step_);
+    // (With offload_param the weights are in the host pool too; the same call writes them there.)
     if (weights_partitioned()) {
-      if (states_.offload_params) {
-        if constexpr (std::is_same_v<Act, float>) std::copy_n(master_.data(), master_.size(), weights());  // host to host
-        else ops_.weights_from_host_master(weights(), master_.data(), master_.size());
-      } else {
-        ops_.weights_from_host_master(weights(), master_.data(), master_.size());
-      }
+      ops_.weights_from_host_master(weights(), master_.data(), master_.size());
       return;
     }
     for (const Module& module : modules_)
-      ops_.weights_from_host_master(weights() + module.padded_start + rank * module.chunk, master_.data() + module.shard_offset,
-                                    module.chunk);
+      ops_.weights_from_host_master(weights() + own_chunk_start(module), master_.data() + module.shard_offset, module.chunk);
   } else if (weights_partitioned() || !zero_group_) {
     // Every value this rank updates is contiguous: its ZeRO-3 shard, or the whole model.
     ops_.adamw_update(master_data(), weights(), gradients_.data(), adam_m_.data(), adam_v_.data(), adam_m_.size(), lr, beta1, beta2, eps,
@@ -1047,17 +1028,16 @@ void BasicLlamaModel<Ops>::adamw_step(float lr, float beta1, float beta2, float 
   } else {
     // ZeRO-1/2: this rank's chunk of every module, where its master and gradient chunks are.
     for (const Module& module : modules_)
-      ops_.adamw_update(module_master(module), weights() + module.padded_start + rank * module.chunk, module_gradient(module),
+      ops_.adamw_update(module_master(module), weights() + own_chunk_start(module), module_gradient(module),
                         adam_m_.data() + module.shard_offset, adam_v_.data() + module.shard_offset, module.chunk, lr, beta1, beta2, eps,
                         weight_decay, step_);
   }
   // ZeRO-1/2: every rank's updated chunks make the whole weights again (DeepSpeed's all-gather of
   // the updated partitions). The send chunk is copied out first: it lies inside the receive buffer.
   for (const Module& module : modules_) {
-    Act* whole = weights() + module.padded_start;
     auto own = ops_.template scratch<Act>(module.chunk);
-    ops_.copy(own.data(), whole + rank * module.chunk, module.chunk);
-    zero_group_->all_gather(own.data(), whole, module.chunk);
+    ops_.copy(own.data(), weights() + own_chunk_start(module), module.chunk);
+    zero_group_->all_gather(own.data(), weights() + module.padded_start, module.chunk);
   }
 }
 

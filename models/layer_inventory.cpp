@@ -543,7 +543,7 @@ int64_t executor_tile_count(const LayerShape& shape) {
 // device buffers in `trace`, the host pool's chunks in `host`.
 struct ExecutorFpdtBytes {
   int64_t chunks = 0;
-  double q_act, kv_act, q_fp32, kv_fp32, lse, q_local_act, kv_local_act;
+  double q_act, kv_act, q_fp32, kv_fp32, lse, kv_local_act;
   double forward_workspace = 0, backward_workspace = 0;  // the blocked kernel's, per chunk pair
   ExecutorFpdtBytes(const LayerShape& shape, const ExecutorStepOptions& options) {
     if (options.attention_block_tokens > 0) {
@@ -564,7 +564,6 @@ struct ExecutorFpdtBytes {
     q_fp32 = q_act / a * 4.0;
     kv_fp32 = kv_act / a * 4.0;
     lse = c * static_cast<double>(shape.num_q_heads) * 4.0;
-    q_local_act = c * static_cast<double>(shape.q_width) * a;
     kv_local_act = c * static_cast<double>(shape.kv_width) * a;
   }
 };
@@ -604,7 +603,7 @@ void executor_fpdt_forward(TensorTrace& trace, TensorTrace* host, const LayerSha
   };
   for (int64_t i = 0; i < std::min<int64_t>(b.chunks, 3); ++i) {
     if (ulysses) {
-      trace.alloc(L, "fpdt.q_proj_chunk", b.q_local_act);
+      trace.alloc(L, "fpdt.q_proj_chunk", b.q_act);  // as large as the exchanged chunk: every head, c tokens
       trace.alloc(L, "fpdt.k_proj_chunk", b.kv_local_act);
       trace.alloc(L, "fpdt.v_proj_chunk", b.kv_local_act);
       for (auto [local, global, bytes] : {std::tuple{"fpdt.q_proj_chunk", "fpdt.q_chunk", b.q_act},

@@ -113,7 +113,10 @@ int64_t sp_largest_valid(const ModelSpec& model, int64_t gpus) {
   return 1;
 }
 
-int64_t seqlen_granule(const PlanOptions& plan) { return plan.ring > 1 ? 2 * plan.sp * plan.ring : plan.sp; }
+int64_t seqlen_granule(const PlanOptions& plan) {
+  if (plan.fpdt) return plan.fpdt_chunk_tokens;  // FPDT_InputConstruct: whole chunks (each a multiple of sp)
+  return plan.ring > 1 ? 2 * plan.sp * plan.ring : plan.sp;
+}
 
 std::string plan_describe(const PlanOptions& plan) {
   std::string text = plan.ring > 1 ? fmt::format("sp={} ring={} zero={}", plan.sp, plan.ring, plan.zero_stage)

@@ -72,8 +72,8 @@ int64_t sp_largest_valid(const ModelSpec& model, int64_t gpus);
 // all-to-all, and the replication factor applied before it (1 when none).
 int64_t kv_replication_factor(const ModelSpec& model, int64_t sp);
 
-// The length granule of a plan: S must be a multiple of it (u, or 2 u r with ring attention's
-// zigzag split; an FPDT plan's chunk is its own granule).
+// The length granule of a plan: S must be a multiple of it (u; 2 u r with ring attention's
+// zigzag split; an FPDT plan's chunk).
 int64_t seqlen_granule(const PlanOptions& plan);
 
 std::string plan_describe(const PlanOptions& plan);

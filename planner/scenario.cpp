@@ -382,7 +382,7 @@ std::vector<SweepRow> scenario_run(const Scenario& scenario, const std::function
                         memory = memory_predict(model, cluster, plan, profile, *seqlen);
                         row.binding_constraint = !memory.fits_gpu() ? "GPU memory" : !memory.fits_host() ? "host memory" : "";
                       } else {
-                        const MaxSeqlenResult found = max_seqlen_find(model, cluster, plan, profile, plan.fpdt ? plan.fpdt_chunk_tokens : 0);
+                        const MaxSeqlenResult found = max_seqlen_find(model, cluster, plan, profile);
                         memory = found.at_max;
                         row.seqlen = found.max_seqlen;
                         row.binding_constraint = found.binding_constraint;

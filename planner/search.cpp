@@ -96,7 +96,7 @@ SearchResult plan_search(const ModelSpec& model, const ClusterSpec& cluster, con
     ++result.evaluated;
     if (options.objective == SearchObjective::objective_max_seqlen) {
       const MaxSeqlenResult found =
-          max_seqlen_find(model, cluster, plan, profile, plan.fpdt ? plan.fpdt_chunk_tokens : 0, /*with_breakdown=*/false);
+          max_seqlen_find(model, cluster, plan, profile, 0, /*with_breakdown=*/false);
       candidate.fits = found.max_seqlen > 0;
       candidate.max_seqlen = found.max_seqlen;
       candidate.binding_constraint = found.binding_constraint;

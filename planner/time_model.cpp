@@ -52,6 +52,10 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   time.matmul_s = prediction.executed_flops.matmul / (card.matmul_achieved_tflops * 1e12);
   time.attention_s = prediction.executed_flops.attention / (flash_attention_tflops(card, model.head_dim) * 1e12);
   const double layer_compute_s = time.matmul_s + time.attention_s;
+  // A layer's attention time split into its passes: forward, the recompute's forward, and the
+  // backward at 2.5 forward FLOPs (FlashAttention-2); what hides the ring's and FPDT's traffic.
+  const double attention_per_layer_s = time.attention_s / layers;
+  const double attention_forward_share = 1.0 / (1.0 + 2.5 + recompute);
 
   // Ulysses: four all-to-alls (q, k, v, output) per layer in forward, again in the recompute,
   // and mirrored in backward; in the profile's activation dtype (ALST: bf16).
@@ -76,7 +80,7 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
     const double tokens = as_double(plan.micro_batch) * as_double(seqlen / plan.sequence_ranks());
     const double block_bytes = 2.0 * tokens * as_double(model.kv_width() * kv_replication_factor(model, plan.sp)) *
                                as_double(profile.activation_bytes);
-    const double forward_attention_s = time.attention_s / layers / (1.0 + 2.5 + recompute);
+    const double forward_attention_s = attention_per_layer_s * attention_forward_share;
     auto transfer_s = [&](double bytes) { return link.latency_us * 1e-6 + bytes / (link.busbw_gbps * 1e9); };
     const double forward_exposed = (r - 1.0) * std::max(0.0, transfer_s(block_bytes) - forward_attention_s / r);
     const double backward_bytes = block_bytes + block_bytes / as_double(profile.activation_bytes) * 4.0;
@@ -133,14 +137,12 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
     const double forward_bytes = 2.0 * q_bytes + 2.0 * kv_bytes + lse_bytes + x_bytes + (chunks + 1.0) * kv_bytes;
     const double backward_bytes = (chunks + 1.0) / 2.0 * (3.0 * q_bytes + lse_bytes) + 2.0 * (q_bytes / a * 4.0) + (chunks + 1.0) * kv_bytes;
     const double pcie_gbps = std::min(card.pcie_host_to_device_gbps, card.pcie_device_to_host_gbps);
-    const double attention_per_layer_s = time.attention_s / layers;
-    const double forward_share = 1.0 / (1.0 + 2.5 + recompute);  // of a layer's attention time
     const double passes_forward = 1.0 + recompute;
     const double fill_s = pcie_seconds(2.0 * kv_bytes / chunks, pcie_gbps);
     const double forward_exposed =
-        std::max(0.0, pcie_seconds(forward_bytes, pcie_gbps) - attention_per_layer_s * forward_share) + fill_s;
+        std::max(0.0, pcie_seconds(forward_bytes, pcie_gbps) - attention_per_layer_s * attention_forward_share) + fill_s;
     const double backward_exposed =
-        std::max(0.0, pcie_seconds(backward_bytes, pcie_gbps) - attention_per_layer_s * 2.5 * forward_share) + fill_s;
+        std::max(0.0, pcie_seconds(backward_bytes, pcie_gbps) - attention_per_layer_s * 2.5 * attention_forward_share) + fill_s;
     time.fpdt_fetch_exposed_s = layers * (passes_forward * forward_exposed + backward_exposed);
   }
 

@@ -213,7 +213,7 @@ PointValidation point_validate(const PublishedPoint& point, const std::string& p
   const bool measured_at = point.notes.find("measured_at") != std::string::npos;
   if (point.seqlen && !measured_at) {
     // FPDT needs S to be a multiple of its chunk (which is a multiple of sp).
-    const MaxSeqlenResult result = max_seqlen_find(model, cluster, plan, profile, plan.fpdt ? plan.fpdt_chunk_tokens : 0);
+    const MaxSeqlenResult result = max_seqlen_find(model, cluster, plan, profile);
     FigureComparison figure;
     figure.kind = FigureKind::figure_max_seqlen;
     figure.published = static_cast<double>(*point.seqlen);

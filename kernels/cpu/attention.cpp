@@ -25,6 +25,16 @@ int64_t block_first_key(const int32_t* position_ids, int64_t i0, int64_t i1) {
   return first;
 }
 
+// The key blocks a query block [i0, i1) of the query range may see, in key-range coordinates: the
+// block holding the earliest document start among its queries, up to its last query (causal).
+struct KeyBlocks {
+  int64_t first, end;
+};
+KeyBlocks key_blocks(const int32_t* position_ids, int64_t q_begin, int64_t i0, int64_t i1, int64_t k_begin, int64_t Tk, int64_t block) {
+  const int64_t first = std::max<int64_t>(0, block_first_key(position_ids, q_begin + i0, q_begin + i1) - k_begin);
+  return {first / block * block, std::min(Tk, q_begin + i1 - k_begin)};
+}
+
 // Scores of the query block against the key block, masked (-inf) outside each query's window.
 template <typename Real>
 void block_scores(RowMatrix<Real>& scores, const HeadSlice<Real>& queries, const HeadSlice<Real>& keys,
@@ -72,10 +82,8 @@ void attention_forward_range(Real* out, Real* lse, const Real* q, const Real* k,
       accumulator.setZero(rows, HD);
       row_max.assign(rows, negative_infinity);
       row_sum.assign(rows, Real(0));
-      // Key blocks from the earliest document start of these queries up to the last of them.
-      const int64_t first_key = std::max<int64_t>(0, block_first_key(position_ids, q_begin + i0, q_begin + i1) - k_begin);
-      const int64_t key_end = std::min(Tk, q_begin + i1 - k_begin);
-      for (int64_t j0 = first_key / block * block; j0 < key_end; j0 += block) {
+      const KeyBlocks keys_seen = key_blocks(position_ids, q_begin, i0, i1, k_begin, Tk, block);
+      for (int64_t j0 = keys_seen.first; j0 < keys_seen.end; j0 += block) {
         const int64_t j1 = std::min(Tk, j0 + block), cols = j1 - j0;
         const HeadSlice<Real> keys(k + (j0 * NKV + g) * HD, cols, HD, Eigen::OuterStride<>(NKV * HD));
         const HeadSlice<Real> values(v + (j0 * NKV + g) * HD, cols, HD, Eigen::OuterStride<>(NKV * HD));
@@ -142,9 +150,8 @@ void attention_backward_range(Real* dq, Real* dk, Real* dv, const Real* delta, c
         const HeadSlice<Real> queries(q + (i0 * NQ + h) * HD, rows, HD, Eigen::OuterStride<>(NQ * HD));
         const HeadSlice<Real> output_grad(dout + (i0 * NQ + h) * HD, rows, HD, Eigen::OuterStride<>(NQ * HD));
         MutableHeadSlice<Real> query_grad(dq + (i0 * NQ + h) * HD, rows, HD, Eigen::OuterStride<>(NQ * HD));
-        const int64_t first_key = std::max<int64_t>(0, block_first_key(position_ids, q_begin + i0, q_begin + i1) - k_begin);
-        const int64_t key_end = std::min(Tk, q_begin + i1 - k_begin);
-        for (int64_t j0 = first_key / block * block; j0 < key_end; j0 += block) {
+        const KeyBlocks keys_seen = key_blocks(position_ids, q_begin, i0, i1, k_begin, Tk, block);
+        for (int64_t j0 = keys_seen.first; j0 < keys_seen.end; j0 += block) {
           const int64_t j1 = std::min(Tk, j0 + block), cols = j1 - j0;
           const HeadSlice<Real> keys(k + (j0 * NKV + g) * HD, cols, HD, Eigen::OuterStride<>(NKV * HD));
           const HeadSlice<Real> values(v + (j0 * NKV + g) * HD, cols, HD, Eigen::OuterStride<>(NKV * HD));
