@@ -285,10 +285,12 @@ double model_train(const TrainLoop& loop) {
     const auto start = std::chrono::steady_clock::now();
     SequenceParallel parallel{ranks.sequence_group.get(), sample.positions.data()};
     // This rank's tokens: a contiguous slice, or with FPDT its piece of every chunk (FPDT's layout).
-    auto rank_values = [&](const std::vector<int32_t>& values) {
-      if (options.fpdt_chunk_tokens > 0)
-        return fpdt_layout_rank_tokens(values, plan.sp, ranks.world_rank % plan.sp, options.fpdt_chunk_tokens);
-      return std::vector<int32_t>(values.begin() + first_token, values.begin() + first_token + local_tokens);
+    // (Plain copies of the loop's fields: a lambda may not capture structured bindings before C++20.)
+    const int64_t sp = plan.sp, group_rank = ranks.world_rank % plan.sp, fpdt_chunk = options.fpdt_chunk_tokens, first = first_token,
+                  count = local_tokens;
+    auto rank_values = [=](const std::vector<int32_t>& values) {
+      if (fpdt_chunk > 0) return fpdt_layout_rank_tokens(values, sp, group_rank, fpdt_chunk);
+      return std::vector<int32_t>(values.begin() + first, values.begin() + first + count);
     };
     const std::vector<int32_t> tokens = rank_values(sample.tokens), labels = rank_values(sample.labels),
                                positions = rank_values(sample.positions);
