@@ -58,7 +58,8 @@ struct RunCommandArgs {
   double lr = 3e-3;
   uint32_t seed = 1;
   bool auto_plan = false;
-  int64_t sp = 0;  // 0: every rank of the run (mpirun -np N)
+  int64_t sp = 0;  // 0: every rank of the run (mpirun -np N) not taken by the ring
+  int64_t ring = 1;
   int zero_stage = 0;
   bool offload_optimizer = false, offload_params = false;
   std::string fpdt_chunk;  // empty: no FPDT
@@ -100,7 +101,13 @@ std::shared_ptr<RunCommandArgs> run_command_register(CLI::App& app) {
                     "let the planner choose checkpointing, offload and tile counts for the longest sequence that fits "
                     "--budget-mib, then run that plan at that length (the loop: plan, run, measure)");
   command->add_option("--sp", args->sp,
-                      "Ulysses degree under mpirun (default: every rank); the rest are data parallel")->check(CLI::Range(1, 1 << 20));
+                      "Ulysses degree under mpirun (default: every rank, divided by --ring); the rest are data parallel")
+      ->check(CLI::Range(1, 1 << 20));
+  command->add_option("--ring", args->ring,
+                      "ring attention degree (default 1: none): the sequence over ring x sp ranks, --sp of them exchanging heads "
+                      "(Ulysses) in each of --ring groups that pass key/value blocks around a ring (USP's 2D sequence parallelism; "
+                      "zigzag split, so the length must be a multiple of 2 x sp x ring)")
+      ->check(CLI::Range(1, 1 << 20));
   command->add_option("--zero", args->zero_stage,
                       "ZeRO stage over all ranks: 0 every rank holds the whole model (default); 1 shards the optimizer states; "
                       "2 also the gradients; 3 also the weights")
@@ -175,13 +182,14 @@ void json_out_check(const std::string& path) {
 struct Ranks {
   // world: host-memory collectives (MPI, or one rank); on a GPU the sequence and data groups and
   // zero_world (ZeRO-3 over every rank) are NCCL communicators over the same ranks.
-  std::unique_ptr<Communicator> world, sequence_group, data_group, zero_world;
+  std::unique_ptr<Communicator> world, sequence_group, ring_group, data_group, zero_world;
   int world_rank = 0, world_size = 1;
   bool mpi = false;
   int gpu = -1;  // this rank's GPU, -1 on the CPU
   Communicator& zero_group() { return zero_world ? *zero_world : *world; }
   ~Ranks() {
     sequence_group.reset();
+    ring_group.reset();
     data_group.reset();
     zero_world.reset();
     world.reset();
@@ -206,17 +214,22 @@ void ranks_start(Ranks& ranks) {
   ranks.world = std::make_unique<SingleRankCommunicator>();
 }
 
-// Ulysses groups of sp consecutive ranks; data parallel across groups.
-void ranks_split(Ranks& ranks, int64_t sp) {
+// Ulysses groups of sp consecutive ranks (inside a node: the all-to-all wants the fastest links);
+// a sequence over ring such groups, whose ranks with the same heads form a ring; data parallel
+// across sequences.
+void ranks_split(Ranks& ranks, int64_t sp, int64_t ring) {
 #ifdef LONGSEQ_HAVE_MPI
   if (ranks.mpi) {
     auto& world = static_cast<MpiCommunicator&>(*ranks.world);
-    MpiCommunicator sequence = world.split(static_cast<int>(ranks.world_rank / sp), ranks.world_rank);
-    MpiCommunicator data = world.split(static_cast<int>(ranks.world_rank % sp), ranks.world_rank);
+    const int64_t rank = ranks.world_rank, sequence_ranks = sp * ring;
+    MpiCommunicator sequence = world.split(static_cast<int>(rank / sp), ranks.world_rank);
+    MpiCommunicator ring_peers = world.split(static_cast<int>(rank / sequence_ranks * sp + rank % sp), ranks.world_rank);
+    MpiCommunicator data = world.split(static_cast<int>(rank % sequence_ranks), ranks.world_rank);
     if (ranks.gpu >= 0) {
 #ifdef LONGSEQ_HAVE_NCCL
       // NCCL over the same groups, bootstrapped by them (the MPI handles are not needed after).
       ranks.sequence_group = std::make_unique<NcclCommunicator>(sequence.comm(), ranks.gpu);
+      ranks.ring_group = std::make_unique<NcclCommunicator>(ring_peers.comm(), ranks.gpu);
       ranks.data_group = std::make_unique<NcclCommunicator>(data.comm(), ranks.gpu);
       ranks.zero_world = std::make_unique<NcclCommunicator>(world.comm(), ranks.gpu);
       return;
@@ -225,12 +238,15 @@ void ranks_split(Ranks& ranks, int64_t sp) {
 #endif
     }
     ranks.sequence_group = std::make_unique<MpiCommunicator>(std::move(sequence));
+    ranks.ring_group = std::make_unique<MpiCommunicator>(std::move(ring_peers));
     ranks.data_group = std::make_unique<MpiCommunicator>(std::move(data));
     return;
   }
 #endif
   (void)sp;
+  (void)ring;
   ranks.sequence_group = std::make_unique<SingleRankCommunicator>();
+  ranks.ring_group = std::make_unique<SingleRankCommunicator>();
   ranks.data_group = std::make_unique<SingleRankCommunicator>();
 }
 
@@ -283,13 +299,16 @@ double model_train(const TrainLoop& loop) {
     const Sample sample = args.data.empty() ? sample_synthetic(seqlen, model.vocab_size, sample_seed)
                                             : sample_from_text(text, seqlen, ((step - 1) * dp + dp_rank) * seqlen);
     const auto start = std::chrono::steady_clock::now();
-    SequenceParallel parallel{ranks.sequence_group.get(), sample.positions.data()};
-    // This rank's tokens: a contiguous slice, or with FPDT its piece of every chunk (FPDT's layout).
+    SequenceParallel parallel{ranks.sequence_group.get(), sample.positions.data(), ranks.ring_group.get()};
+    // This rank's tokens: a contiguous slice, with FPDT its piece of every chunk (FPDT's layout),
+    // with ring attention its slice of its ring group's two chunks (the zigzag layout).
     // (Plain copies of the loop's fields: a lambda may not capture structured bindings before C++20.)
-    const int64_t sp = plan.sp, group_rank = ranks.world_rank % plan.sp, fpdt_chunk = options.fpdt_chunk_tokens, first = first_token,
+    const int64_t sp = plan.sp, ring = plan.ring, group_rank = ranks.world_rank % plan.sp,
+                  sequence_rank = ranks.world_rank % plan.sequence_ranks(), fpdt_chunk = options.fpdt_chunk_tokens, first = first_token,
                   count = local_tokens;
     auto rank_values = [=](const std::vector<int32_t>& values) {
       if (fpdt_chunk > 0) return fpdt_layout_rank_tokens(values, sp, group_rank, fpdt_chunk);
+      if (ring > 1) return ring_layout_rank_tokens(values, sp, ring, sequence_rank);
       return std::vector<int32_t>(values.begin() + first, values.begin() + first + count);
     };
     const std::vector<int32_t> tokens = rank_values(sample.tokens), labels = rank_values(sample.labels),
@@ -379,6 +398,7 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
                                {"--seed", text(args.seed)},
                                {"--auto", text(args.auto_plan)},
                                {"--sp", text(args.sp)},
+                               {"--ring", text(args.ring)},
                                {"--zero", text(args.zero_stage)},
                                {"--offload-optimizer", text(args.offload_optimizer)},
                                {"--offload-params", text(args.offload_params)},
@@ -392,7 +412,7 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
   if (!args.plan_file.empty()) {
     plan_file = plan_file_read(args.plan_file);
     for (const char* flag : {"--seqlen", "--checkpointing", "--checkpoint-offload", "--mlp-tiles", "--loss-tiles", "--budget-mib", "--auto",
-                             "--sp", "--zero", "--offload-optimizer", "--offload-params", "--fpdt-chunk", "--device"})
+                             "--sp", "--ring", "--zero", "--offload-optimizer", "--offload-params", "--fpdt-chunk", "--device"})
       if (given.command->count(flag) > 0)
         throw ConfigError(flag, "", "given with --plan, which decides it (" + args.plan_file + "); drop one of them");
     if (given.command->count("--model") > 0 && args.model != plan_file->model && args.model != plan_file->model_name)
@@ -464,7 +484,7 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
                             plan_describe(plan), integer_with_commas(seqlen), world_size, budget_bytes / (1 << 20));
   } else if (args.auto_plan) {
     if (args.budget_mib <= 0) throw ConfigError("--auto", "", "needs --budget-mib (the device memory to plan for)");
-    for (const char* flag : {"--seqlen", "--checkpointing", "--checkpoint-offload", "--mlp-tiles", "--loss-tiles", "--sp", "--zero",
+    for (const char* flag : {"--seqlen", "--checkpointing", "--checkpoint-offload", "--mlp-tiles", "--loss-tiles", "--sp", "--ring", "--zero",
                              "--offload-optimizer", "--offload-params", "--fpdt-chunk"})
       if (given.command->count(flag) > 0) throw ConfigError("--auto", "", std::string("chooses the plan and the length itself; drop ") + flag);
     // The planner's own search over what this executor runs (longseq plan --ranks --budget-mib
@@ -488,8 +508,10 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
     flags.checkpoint_offload = args.checkpoint_offload;
     flags.mlp_tiles = args.mlp_tiles;
     flags.loss_tiles = args.loss_tiles;
-    const int64_t sp = args.sp > 0 ? args.sp : world_size;
-    plan = executor_plan(flags, sp, args.zero_stage, args.offload_optimizer, args.offload_params);
+    if (world_size % args.ring != 0)
+      throw ConfigError("--ring", "", fmt::format("{} does not divide the {} rank(s) of this run", args.ring, world_size));
+    const int64_t sp = args.sp > 0 ? args.sp : world_size / args.ring;
+    plan = executor_plan(flags, sp, args.zero_stage, args.offload_optimizer, args.offload_params, args.ring);
     if (!args.fpdt_chunk.empty()) {
       if (args.mlp_tiles > 0 || args.loss_tiles > 0)
         throw ConfigError("--fpdt-chunk", "", "FPDT chunks the MLP and the loss itself; drop --mlp-tiles and --loss-tiles");
@@ -517,9 +539,10 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
                                                  "has {:.1f} GiB free; try --layers, a shorter --seqlen or more ranks",
                                                  model.name, integer_with_commas(seqlen), needed_bytes / kBytesPerGib, profile.name,
                                                  on_gpu ? "GPU" : "memory", device_memory_bytes / kBytesPerGib));
-  ranks_split(ranks, sp);
-  const int64_t dp = world_size / sp, dp_rank = ranks.world_rank / sp, local_tokens = seqlen / sp;
-  const int64_t first_token = (ranks.world_rank % sp) * local_tokens;
+  ranks_split(ranks, sp, plan.ring);
+  const int64_t sequence_ranks = plan.sequence_ranks();
+  const int64_t dp = world_size / sequence_ranks, dp_rank = ranks.world_rank / sequence_ranks, local_tokens = seqlen / sequence_ranks;
+  const int64_t first_token = (ranks.world_rank % sequence_ranks) * local_tokens;
   // Device memory: host memory on the CPU; on a GPU stream-ordered device memory and pinned host
   // memory for offloaded checkpoints (the backends outlive the arenas).
   MemoryBackend* device_backend = &host_memory_backend();
@@ -534,7 +557,7 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
 #endif
   Arena device("device", budget_bytes, *device_backend), host("host", std::numeric_limits<double>::infinity(), *host_backend);
 
-  nlohmann::json report = {{"model", model.name}, {"seqlen", seqlen}, {"ranks", world_size}, {"sp", sp}, {"dp", dp},
+  nlohmann::json report = {{"model", model.name}, {"seqlen", seqlen}, {"ranks", world_size}, {"sp", sp}, {"ring", plan.ring}, {"dp", dp},
                            {"plan", plan_describe(plan)}, {"scenario", args.scenario},
                            {"device", args.device}, {"layers", model.num_layers}, {"profile", profile.name},
                            {"measured_on", fmt::format("{} ({}), {} rank(s)", host_name(), device_description, world_size)},
@@ -546,8 +569,9 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
                args.layers > 0 ? fmt::format(" (first {} decoder layers)", model.num_layers) : "", device_description,
                integer_with_commas(seqlen),
                args.data.empty() ? "synthetic long-range copy" : args.data);
-    if (world_size > 1) fmt::print("ranks: {} (Ulysses sp={}, data parallel dp={}), {} tokens per rank\n", world_size, sp, dp,
-                                   integer_with_commas(local_tokens));
+    if (world_size > 1)
+      fmt::print("ranks: {} (Ulysses sp={}{}, data parallel dp={}), {} tokens per rank\n", world_size, sp,
+                 plan.ring > 1 ? fmt::format(" x ring {}", plan.ring) : "", dp, integer_with_commas(local_tokens));
   }
   double outside_arena_bytes = 0;  // measured on a GPU: what lives beside the arena
   try {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
 
 namespace longseq {
 
@@ -11,6 +12,11 @@ void SingleRankCommunicator::all_to_all_bytes(const void* send, void* recv, int6
 
 void SingleRankCommunicator::all_gather_bytes(const void* send, void* recv, int64_t bytes_per_rank) {
   if (send != recv) std::memcpy(recv, send, static_cast<size_t>(bytes_per_rank));
+}
+
+void SingleRankCommunicator::send_receive_bytes(const void* send, int destination, void* recv, int source, int64_t bytes) {
+  if (destination != 0 || source != 0) throw std::invalid_argument("send_receive: a group of one rank has only rank 0");
+  if (send != recv) std::memcpy(recv, send, static_cast<size_t>(bytes));
 }
 
 void SingleRankCommunicator::reduce_scatter(const float* send, float* recv, int64_t count) {

@@ -30,8 +30,16 @@ class Communicator {
   void all_gather(const T* send, T* recv, int64_t count) {
     all_gather_bytes(send, recv, count * static_cast<int64_t>(sizeof(T)));
   }
+  // Point to point, both at once: `send` goes to rank `destination` while `recv` fills from rank
+  // `source` (a ring pass: every rank sends to its successor and receives from its predecessor,
+  // so no rank waits on another's receive).
+  template <typename T>
+  void send_receive(const T* send, int destination, T* recv, int source, int64_t count) {
+    send_receive_bytes(send, destination, recv, source, count * static_cast<int64_t>(sizeof(T)));
+  }
   virtual void all_to_all_bytes(const void* send, void* recv, int64_t bytes_per_rank) = 0;
   virtual void all_gather_bytes(const void* send, void* recv, int64_t bytes_per_rank) = 0;
+  virtual void send_receive_bytes(const void* send, int destination, void* recv, int source, int64_t bytes) = 0;
   // send[size * count] summed across ranks; this rank keeps block `rank()` in recv[count].
   virtual void reduce_scatter(const float* send, float* recv, int64_t count) = 0;
   // Sums in place across ranks.
@@ -47,6 +55,7 @@ class SingleRankCommunicator final : public Communicator {
   int size() const override { return 1; }
   void all_to_all_bytes(const void* send, void* recv, int64_t bytes_per_rank) override;
   void all_gather_bytes(const void* send, void* recv, int64_t bytes_per_rank) override;
+  void send_receive_bytes(const void* send, int destination, void* recv, int source, int64_t bytes) override;
   void reduce_scatter(const float* send, float* recv, int64_t count) override;
   void all_reduce(float*, int64_t) override {}
   void all_reduce(double*, int64_t) override {}

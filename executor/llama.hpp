@@ -53,8 +53,11 @@ struct TrainingOptions {
 // Ulysses sequence parallelism: this rank holds T = S / sp consecutive tokens of the sample;
 // attention all-to-alls over `group` (DeepSpeed's layout, REFERENCE §3.1). Empty: one rank.
 struct SequenceParallel {
-  Communicator* group = nullptr;
+  Communicator* group = nullptr;              // Ulysses: the ranks that exchange heads
   const int32_t* global_positions = nullptr;  // [S] position ids of the whole sample (attention masks with them)
+  // Ring attention (none when null or of one rank): the ranks with this rank's heads in each of the
+  // sequence's Ulysses groups; this rank's tokens are laid out by ring_layout_rank_tokens.
+  Communicator* ring_group = nullptr;
 };
 
 // Where the model's states live and how they are split over the ZeRO group (DeepSpeed's stages):

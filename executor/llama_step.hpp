@@ -334,6 +334,202 @@ void fpdt_attention_backward(Ops& ops, const Act* output_grad, Act* q_grad, Act*
   }
 }
 
+// Ring attention (ring-flash-attention's zigzag, as USP runs it over r Ulysses groups): the
+// sequence in 2r chunks of c = S / 2r tokens, ring rank i holding chunks i and 2r-1-i (so every
+// rank has the same causal work: one early and one late chunk, the split Megatron-Core's context
+// parallelism uses too), its Ulysses group sharing them by heads. This rank's queries stay; key/
+// value blocks (both chunks of a ring rank, for this rank's heads) pass around the ring, each
+// received while the one before is used, and every chunk pair with any visible key is computed
+// with the range kernels (global token indices: causal and packed-document masks hold across
+// blocks) and merged into an fp32 accumulator by the online softmax. The lse is laid out per half,
+// [2][heads][c], so each half's statistics are contiguous for the range kernels.
+struct RingGeometry {
+  int64_t r = 1, rank = 0, c = 0, q_heads = 0, kv_heads = 0;
+  // The global chunk that ring rank `holder` keeps in half `half` (0: its early chunk).
+  int64_t chunk(int64_t holder, int64_t half) const { return half == 0 ? holder : 2 * r - 1 - holder; }
+  int next() const { return static_cast<int>((rank + 1) % r); }
+  int previous() const { return static_cast<int>((rank + r - 1) % r); }
+};
+
+inline RingGeometry ring_geometry(const Dims& d, const Ulysses& ulysses) {
+  RingGeometry g;
+  g.r = ulysses.ring;
+  g.rank = ulysses.ring_rank;
+  const int64_t tokens = d.T * ulysses.sp;  // this rank's two chunks
+  if (tokens % 2 != 0) throw std::invalid_argument("ring attention: a rank's tokens must be two whole chunks (seqlen_problems reports this)");
+  g.c = tokens / 2;
+  g.q_heads = ulysses.active() ? ulysses.q_heads : d.NQ;
+  g.kv_heads = ulysses.active() ? ulysses.kv_heads : d.NKV;
+  return g;
+}
+
+// A block to the ring's next rank while the previous rank's arrives in `arriving`.
+template <typename T>
+void ring_pass(const Ulysses& ulysses, const RingGeometry& g, const T* block, T* arriving, int64_t count) {
+  ulysses.ring_group->send_receive(block, g.next(), arriving, g.previous(), count);
+}
+
+// Ring attention's forward: `output` ([2c, q heads, HD]) and `lse` ([2][q heads][c]) of this
+// rank's queries `q` over the whole sequence's keys, from this rank's own block `k`, `v`.
+template <class Ops, typename Act = typename Ops::Act>
+void ring_attention_forward(Ops& ops, Act* output, float* lse, const Act* q, const Act* k, const Act* v, const Dims& d,
+                            const TrainingOptions& options, Arena& device, const Ulysses& ulysses) {
+  const RingGeometry g = ring_geometry(d, ulysses);
+  const int64_t q_row = g.q_heads * d.HD, kv_row = g.kv_heads * d.HD, block = 2 * g.c * kv_row;
+  Buffer accumulator = device.allocate(L, "ring.output_accumulator", 2 * g.c * q_row, true);
+  ops.fill_value(lse, 2 * g.c * g.q_heads, -std::numeric_limits<float>::infinity());
+  BufferOf<Act> part = device.allocate<Act>(L, "ring.output_part", g.c * q_row);
+  Buffer part_lse = device.allocate(L, "ring.lse_part", g.c * g.q_heads);
+  BufferOf<Act> k_block, v_block;  // a received block, once there is one
+  const Act* keys = k;
+  const Act* values = v;
+  for (int64_t step = 0; step < g.r; ++step) {
+    BufferOf<Act> k_arriving, v_arriving;
+    if (step + 1 < g.r) {
+      k_arriving = device.allocate<Act>(L, "ring.kv_arriving", block);
+      v_arriving = device.allocate<Act>(L, "ring.kv_arriving", block);
+      ring_pass(ulysses, g, keys, k_arriving.data(), block);
+      ring_pass(ulysses, g, values, v_arriving.data(), block);
+    }
+    const int64_t source = (g.rank + g.r - step) % g.r;  // whose block this is
+    for (int64_t q_half = 0; q_half < 2; ++q_half)
+      for (int64_t k_half = 0; k_half < 2; ++k_half) {
+        const int64_t q_chunk = g.chunk(g.rank, q_half), k_chunk = g.chunk(source, k_half);
+        if (k_chunk > q_chunk) continue;  // every key after every query
+        Buffer workspace = attention_workspace(ops, device, g.c, g.q_heads, g.kv_heads, d.HD, false);
+        ops.attention_chunk_forward(part.data(), part_lse.data(), q + q_half * g.c * q_row, keys + k_half * g.c * kv_row,
+                                    values + k_half * g.c * kv_row, ulysses.global_positions, q_chunk * g.c, g.c, k_chunk * g.c, g.c,
+                                    g.q_heads, g.kv_heads, d.HD, options.attention_block, workspace.data());
+        workspace.release();
+        ops.attention_merge(accumulator.data() + q_half * g.c * q_row, lse + q_half * g.c * g.q_heads, part.data(), part_lse.data(), g.c,
+                            g.q_heads, d.HD);
+      }
+    k_block.release();
+    v_block.release();
+    if (step + 1 < g.r) {
+      device.rename(k_arriving, "ring.kv_block");
+      device.rename(v_arriving, "ring.kv_block");
+      k_block = std::move(k_arriving);
+      v_block = std::move(v_arriving);
+      keys = k_block.data();
+      values = v_block.data();
+    }
+  }
+  part.release();
+  part_lse.release();
+  ops.accumulator_to_act(output, accumulator.data(), 2 * g.c * q_row);
+  accumulator.release();
+}
+
+// Ring attention's backward: q_grad, k_grad, v_grad (this rank's queries and own block, written)
+// from the output gradient, with `delta` ([2][q heads][c]) the caller's scratch for the softmax
+// delta. The key/value blocks travel the ring again, each with its fp32 dk/dv accumulators, to
+// which every rank adds its queries' share; after the last step one more pass brings each block's
+// accumulators home.
+template <class Ops, typename Act = typename Ops::Act>
+void ring_attention_backward(Ops& ops, Act* q_grad, Act* k_grad, Act* v_grad, float* delta, const Act* output_grad, const Act* q,
+                             const Act* k, const Act* v, const Act* output, const float* lse, const Dims& d, const TrainingOptions& options,
+                             Arena& device, const Ulysses& ulysses) {
+  const RingGeometry g = ring_geometry(d, ulysses);
+  const int64_t q_row = g.q_heads * d.HD, kv_row = g.kv_heads * d.HD, block = 2 * g.c * kv_row, queries = 2 * g.c * q_row;
+  for (int64_t half = 0; half < 2; ++half)
+    ops.attention_softmax_delta(delta + half * g.c * g.q_heads, output_grad + half * g.c * q_row, output + half * g.c * q_row, g.c,
+                                g.q_heads, d.HD);
+  Buffer q_grad_accumulator = device.allocate(L, "ring.q_grad_accumulator", queries, true);
+  Buffer k_grad_accumulator = device.allocate(L, "ring.kv_grad_accumulators", block, true);
+  Buffer v_grad_accumulator = device.allocate(L, "ring.kv_grad_accumulators", block, true);
+  BufferOf<Act> k_block, v_block;
+  const Act* keys = k;
+  const Act* values = v;
+  for (int64_t step = 0; step < g.r; ++step) {
+    const int64_t source = (g.rank + g.r - step) % g.r;
+    BufferOf<Act> q_grad_part = device.allocate<Act>(L, "ring.q_grad_part", queries, true);
+    BufferOf<Act> k_grad_part = device.allocate<Act>(L, "ring.kv_grad_parts", block, true);
+    BufferOf<Act> v_grad_part = device.allocate<Act>(L, "ring.kv_grad_parts", block, true);
+    for (int64_t q_half = 0; q_half < 2; ++q_half)
+      for (int64_t k_half = 0; k_half < 2; ++k_half) {
+        const int64_t q_chunk = g.chunk(g.rank, q_half), k_chunk = g.chunk(source, k_half);
+        if (k_chunk > q_chunk) continue;
+        const int64_t q_rows = q_half * g.c * q_row, k_rows = k_half * g.c * kv_row, stats = q_half * g.c * g.q_heads;
+        Buffer workspace = attention_workspace(ops, device, g.c, g.q_heads, g.kv_heads, d.HD, true);
+        ops.attention_chunk_backward(q_grad_part.data() + q_rows, k_grad_part.data() + k_rows, v_grad_part.data() + k_rows, delta + stats,
+                                     output_grad + q_rows, q + q_rows, keys + k_rows, values + k_rows, lse + stats, ulysses.global_positions,
+                                     q_chunk * g.c, g.c, k_chunk * g.c, g.c, g.q_heads, g.kv_heads, d.HD, options.attention_block,
+                                     workspace.data());
+        workspace.release();
+      }
+    ops.accumulate(q_grad_accumulator.data(), q_grad_part.data(), queries);
+    ops.accumulate(k_grad_accumulator.data(), k_grad_part.data(), block);
+    ops.accumulate(v_grad_accumulator.data(), v_grad_part.data(), block);
+    for (BufferOf<Act>* buffer : {&v_grad_part, &k_grad_part, &q_grad_part}) buffer->release();
+    if (step + 1 == g.r) break;
+    // The block and its accumulators move on together.
+    BufferOf<Act> k_arriving = device.allocate<Act>(L, "ring.kv_arriving", block);
+    BufferOf<Act> v_arriving = device.allocate<Act>(L, "ring.kv_arriving", block);
+    Buffer k_grad_arriving = device.allocate(L, "ring.kv_grad_arriving", block);
+    Buffer v_grad_arriving = device.allocate(L, "ring.kv_grad_arriving", block);
+    ring_pass(ulysses, g, keys, k_arriving.data(), block);
+    ring_pass(ulysses, g, values, v_arriving.data(), block);
+    ring_pass(ulysses, g, k_grad_accumulator.data(), k_grad_arriving.data(), block);
+    ring_pass(ulysses, g, v_grad_accumulator.data(), v_grad_arriving.data(), block);
+    for (BufferOf<Act>* buffer : {&k_block, &v_block}) buffer->release();
+    for (Buffer* buffer : {&k_grad_accumulator, &v_grad_accumulator}) buffer->release();
+    for (BufferOf<Act>* buffer : {&k_arriving, &v_arriving}) device.rename(*buffer, "ring.kv_block");
+    for (Buffer* buffer : {&k_grad_arriving, &v_grad_arriving}) device.rename(*buffer, "ring.kv_grad_accumulators");
+    k_block = std::move(k_arriving);
+    v_block = std::move(v_arriving);
+    k_grad_accumulator = std::move(k_grad_arriving);
+    v_grad_accumulator = std::move(v_grad_arriving);
+    keys = k_block.data();
+    values = v_block.data();
+  }
+  for (BufferOf<Act>* buffer : {&k_block, &v_block}) buffer->release();
+  ops.accumulator_to_act(q_grad, q_grad_accumulator.data(), queries);
+  q_grad_accumulator.release();
+  // The last block held is the next rank's: its accumulators go home, this rank's arrive.
+  for (auto [accumulator, target] : {std::pair{&k_grad_accumulator, k_grad}, std::pair{&v_grad_accumulator, v_grad}}) {
+    Buffer home = device.allocate(L, "ring.kv_grad_arriving", block);
+    ring_pass(ulysses, g, accumulator->data(), home.data(), block);
+    accumulator->release();
+    ops.accumulator_to_act(target, home.data(), block);
+    home.release();
+  }
+}
+
+// Which attention serves a rank's tokens for its heads: FlashAttention-2's over all of them (one
+// rank, or after Ulysses' all-to-all), or the ring's over its two chunks.
+struct AttentionShape {
+  int64_t tokens = 0, q_heads = 0, kv_heads = 0;
+  const int32_t* positions = nullptr;
+};
+
+inline AttentionShape attention_shape(const Dims& d, const Ulysses& ulysses, const int32_t* positions) {
+  if (!ulysses.active()) return {d.T, d.NQ, d.NKV, ulysses.ring_active() ? ulysses.global_positions : positions};
+  return {d.T * ulysses.sp, ulysses.q_heads, ulysses.kv_heads, ulysses.global_positions};
+}
+
+template <class Ops, typename Act = typename Ops::Act>
+void heads_attention_forward(Ops& ops, Act* output, float* lse, const Act* q, const Act* k, const Act* v, const AttentionShape& shape,
+                             const Dims& d, const TrainingOptions& options, Arena& device, const Ulysses& ulysses) {
+  if (ulysses.ring_active()) return ring_attention_forward(ops, output, lse, q, k, v, d, options, device, ulysses);
+  Buffer workspace = attention_workspace(ops, device, shape.tokens, shape.q_heads, shape.kv_heads, d.HD, false);
+  ops.attention_forward(output, lse, q, k, v, shape.positions, shape.tokens, shape.q_heads, shape.kv_heads, d.HD, options.attention_block,
+                        workspace.data());
+  workspace.release();
+}
+
+template <class Ops, typename Act = typename Ops::Act>
+void heads_attention_backward(Ops& ops, Act* q_grad, Act* k_grad, Act* v_grad, float* delta, const Act* output_grad, const Act* q,
+                              const Act* k, const Act* v, const Act* output, const float* lse, const AttentionShape& shape, const Dims& d,
+                              const TrainingOptions& options, Arena& device, const Ulysses& ulysses) {
+  if (ulysses.ring_active())
+    return ring_attention_backward(ops, q_grad, k_grad, v_grad, delta, output_grad, q, k, v, output, lse, d, options, device, ulysses);
+  Buffer workspace = attention_workspace(ops, device, shape.tokens, shape.q_heads, shape.kv_heads, d.HD, true);
+  ops.attention_backward(q_grad, k_grad, v_grad, delta, output_grad, q, k, v, output, lse, shape.positions, shape.tokens, shape.q_heads,
+                         shape.kv_heads, d.HD, options.attention_block, workspace.data());
+  workspace.release();
+}
+
 // One decoder layer's forward. Returns the layer output; fills `saved` when given.
 template <class Ops, typename Act = typename Ops::Act>
 BufferOf<Act> layer_forward(Ops& ops, const Act* params, const LlamaLayout::Layer& w, const Act* x, const int32_t* positions,
@@ -362,13 +558,12 @@ BufferOf<Act> layer_forward(Ops& ops, const Act* params, const LlamaLayout::Laye
     ops.rope_forward(s.q.data(), s.q.data(), positions, d.T, d.NQ, d.HD, options.rope_theta);
     ops.rope_forward(s.k.data(), s.k.data(), positions, d.T, d.NKV, d.HD, options.rope_theta);
     if (!saved) s.attention_norm_output.release();
+    const AttentionShape heads = attention_shape(d, ulysses, positions);
     if (!ulysses.active()) {
       s.attention_output = device.allocate<Act>(L, "attention.output", d.T * d.Q);
       s.lse = device.allocate(L, "attention.lse", d.NQ * d.T);
-      Buffer workspace = attention_workspace(ops, device, d.T, d.NQ, d.NKV, d.HD, false);
-      ops.attention_forward(s.attention_output.data(), s.lse.data(), s.q.data(), s.k.data(), s.v.data(), positions, d.T, d.NQ, d.NKV,
-                            d.HD, options.attention_block, workspace.data());
-      workspace.release();
+      heads_attention_forward(ops, s.attention_output.data(), s.lse.data(), s.q.data(), s.k.data(), s.v.data(), heads, d, options, device,
+                              ulysses);
       if (!saved) {
         s.q.release();
         s.k.release();
@@ -377,7 +572,7 @@ BufferOf<Act> layer_forward(Ops& ops, const Act* params, const LlamaLayout::Laye
       }
     } else {
       // All-to-all in: every token of the sample for this rank's heads.
-      const int64_t S = d.T * ulysses.sp, q_count = d.T * ulysses.q_heads * d.HD;
+      const int64_t q_count = d.T * ulysses.q_heads * d.HD;
       s.q_global = ulysses_to_heads(ops, device, "attention.q_global", s.q.data(), d.T, d.NQ, ulysses.q_blocks(), d.HD, ulysses);
       s.k_global = ulysses_to_heads(ops, device, "attention.k_global", s.k.data(), d.T, d.NKV, ulysses.kv_blocks(), d.HD, ulysses);
       s.v_global = ulysses_to_heads(ops, device, "attention.v_global", s.v.data(), d.T, d.NKV, ulysses.kv_blocks(), d.HD, ulysses);
@@ -385,11 +580,9 @@ BufferOf<Act> layer_forward(Ops& ops, const Act* params, const LlamaLayout::Laye
       s.k.release();
       s.v.release();
       s.output_global = device.allocate<Act>(L, "attention.output_global", ulysses.sp * q_count);
-      s.lse = device.allocate(L, "attention.lse", ulysses.q_heads * S);
-      Buffer workspace = attention_workspace(ops, device, S, ulysses.q_heads, ulysses.kv_heads, d.HD, false);
-      ops.attention_forward(s.output_global.data(), s.lse.data(), s.q_global.data(), s.k_global.data(), s.v_global.data(),
-                            ulysses.global_positions, S, ulysses.q_heads, ulysses.kv_heads, d.HD, options.attention_block, workspace.data());
-      workspace.release();
+      s.lse = device.allocate(L, "attention.lse", ulysses.q_heads * heads.tokens);
+      heads_attention_forward(ops, s.output_global.data(), s.lse.data(), s.q_global.data(), s.k_global.data(), s.v_global.data(), heads, d,
+                              options, device, ulysses);
       // All-to-all out: the output's token blocks go back to the ranks that own them.
       BufferOf<Act> recv = device.allocate<Act>(L, "ulysses.staging", ulysses.sp * q_count);
       ulysses.group->all_to_all(s.output_global.data(), recv.data(), q_count);
@@ -502,11 +695,9 @@ BufferOf<Act> layer_backward(Ops& ops, float* grads, const Act* params, const Ll
     s.attention_output.release();
   } else if (!ulysses.active()) {
     Buffer delta = device.allocate(L, "attention.softmax_delta", d.NQ * d.T);
-    Buffer workspace = attention_workspace(ops, device, d.T, d.NQ, d.NKV, d.HD, true);
-    ops.attention_backward(q_grad.data(), k_grad.data(), v_grad.data(), delta.data(), output_grad.data(), s.q.data(), s.k.data(),
-                           s.v.data(), s.attention_output.data(), s.lse.data(), positions, d.T, d.NQ, d.NKV, d.HD,
-                           options.attention_block, workspace.data());
-    workspace.release();
+    heads_attention_backward(ops, q_grad.data(), k_grad.data(), v_grad.data(), delta.data(), output_grad.data(), s.q.data(), s.k.data(),
+                             s.v.data(), s.attention_output.data(), s.lse.data(), attention_shape(d, ulysses, positions), d, options, device,
+                             ulysses);
     delta.release();
     output_grad.release();
     s.attention_output.release();
@@ -517,19 +708,17 @@ BufferOf<Act> layer_backward(Ops& ops, float* grads, const Act* params, const Ll
   } else {
     // The mirror of the forward: the output gradient goes to the heads' ranks, q/k/v gradients
     // come back to the tokens' ranks (replicated kv heads summed).
-    const int64_t S = d.T * ulysses.sp, q_count = d.T * ulysses.q_heads * d.HD, kv_count = d.T * ulysses.kv_heads * d.HD;
+    const AttentionShape heads = attention_shape(d, ulysses, positions);
+    const int64_t q_count = d.T * ulysses.q_heads * d.HD, kv_count = d.T * ulysses.kv_heads * d.HD;
     BufferOf<Act> output_grad_global = ulysses_to_heads(ops, device, "attention.output_grad_global", output_grad.data(), d.T, d.NQ,
                                                         ulysses.q_blocks(), d.HD, ulysses, &output_grad);
     BufferOf<Act> q_grad_global = device.allocate<Act>(L, "attention.q_grad_global", ulysses.sp * q_count, true);
     BufferOf<Act> k_grad_global = device.allocate<Act>(L, "attention.k_grad_global", ulysses.sp * kv_count, true);
     BufferOf<Act> v_grad_global = device.allocate<Act>(L, "attention.v_grad_global", ulysses.sp * kv_count, true);
-    Buffer delta = device.allocate(L, "attention.softmax_delta", ulysses.q_heads * S);
-    Buffer workspace = attention_workspace(ops, device, S, ulysses.q_heads, ulysses.kv_heads, d.HD, true);
-    ops.attention_backward(q_grad_global.data(), k_grad_global.data(), v_grad_global.data(), delta.data(), output_grad_global.data(),
-                           s.q_global.data(), s.k_global.data(), s.v_global.data(), s.output_global.data(), s.lse.data(),
-                           ulysses.global_positions, S, ulysses.q_heads, ulysses.kv_heads, d.HD, options.attention_block,
-                           workspace.data());
-    workspace.release();
+    Buffer delta = device.allocate(L, "attention.softmax_delta", ulysses.q_heads * heads.tokens);
+    heads_attention_backward(ops, q_grad_global.data(), k_grad_global.data(), v_grad_global.data(), delta.data(), output_grad_global.data(),
+                             s.q_global.data(), s.k_global.data(), s.v_global.data(), s.output_global.data(), s.lse.data(), heads, d,
+                             options, device, ulysses);
     delta.release();
     for (BufferOf<Act>* buffer : {&output_grad_global, &s.output_global}) buffer->release();
     s.lse.release();
@@ -851,15 +1040,28 @@ StepResult BasicLlamaModel<Ops>::forward_backward(const int32_t* host_tokens, co
   if (parallel.group && parallel.group->size() > 1) {
     ulysses.group = parallel.group;
     ulysses.sp = parallel.group->size();
-    if (!parallel.global_positions) throw std::invalid_argument("forward_backward: Ulysses needs the global position ids");
     if (m.num_q_heads % ulysses.sp != 0 || (m.num_kv_heads % ulysses.sp != 0 && ulysses.sp % m.num_kv_heads != 0))
       throw std::invalid_argument("forward_backward: sp breaks Ulysses' head rules (plan_problems reports this)");
-    global_positions_on_device = upload(parallel.global_positions, T * ulysses.sp);
-    ulysses.global_positions = global_positions_on_device.data();
     ulysses.q_heads = m.num_q_heads / ulysses.sp;
     ulysses.replication = ulysses.sp > m.num_kv_heads ? ulysses.sp / m.num_kv_heads : 1;
     ulysses.kv_heads = ulysses.replication > 1 ? 1 : m.num_kv_heads / ulysses.sp;
   }
+  if (parallel.ring_group && parallel.ring_group->size() > 1) {
+    ulysses.ring_group = parallel.ring_group;
+    ulysses.ring = parallel.ring_group->size();
+    ulysses.ring_rank = parallel.ring_group->rank();
+    if (options.fpdt_chunk_tokens > 0) throw std::invalid_argument("forward_backward: FPDT with ring attention is not in the executor");
+  }
+  if (ulysses.active() || ulysses.ring_active()) {
+    if (!parallel.global_positions) throw std::invalid_argument("forward_backward: sequence parallelism needs the global position ids");
+    global_positions_on_device = upload(parallel.global_positions, T * ulysses.sp * ulysses.ring);
+    ulysses.global_positions = global_positions_on_device.data();
+  }
+  // Sums over every rank of the sequence: the Ulysses group, then the ring of such groups.
+  auto sequence_sum = [&](auto* values, int64_t count) {
+    if (ulysses.active()) ulysses.group->all_reduce(values, count);
+    if (ulysses.ring_active()) ulysses.ring_group->all_reduce(values, count);
+  };
 
   // Forward. With checkpointing only each layer's input survives (on the device, or copied to
   // the host pool); without it every layer keeps what its backward reads.
@@ -909,9 +1111,9 @@ StepResult BasicLlamaModel<Ops>::forward_backward(const int32_t* host_tokens, co
   // its share of the same mean.
   StepResult result;
   for (int64_t t = 0; t < T; ++t) result.counted_tokens += host_labels[t] != kernels::kIgnoreIndex;
-  if (ulysses.active()) {
+  {
     double count = static_cast<double>(result.counted_tokens);
-    ulysses.group->all_reduce(&count, 1);
+    sequence_sum(&count, 1);
     result.counted_tokens = static_cast<int64_t>(count);
   }
   const float loss_scale = result.counted_tokens > 0 ? 1.0f / static_cast<float>(result.counted_tokens) : 0.0f;
@@ -948,7 +1150,7 @@ StepResult BasicLlamaModel<Ops>::forward_backward(const int32_t* host_tokens, co
     ops.linear_backward(final_grad.data() + t0 * d.C, lm_head_grad, logits_grad.data(), final_output.data() + t0 * d.C, lm_head_weight,
                         rows, d.C, d.V);
   }
-  if (ulysses.active()) ulysses.group->all_reduce(&loss_sum, 1);
+  sequence_sum(&loss_sum, 1);
   result.loss = result.counted_tokens > 0 ? loss_sum / static_cast<double>(result.counted_tokens) : 0.0;
   final_output.release();
   BufferOf<Act> dy = device.allocate<Act>(L, "layer.output_grad", T * d.C, true);
@@ -1002,8 +1204,8 @@ StepResult BasicLlamaModel<Ops>::forward_backward(const int32_t* host_tokens, co
     scatter(0, table_gradient);
   }
   // Every rank saw different tokens with the same weights: whole gradients are summed over the
-  // sequence group here (partitioned ones were summed by their reduce-scatter).
-  if (!scatter_gradients && ulysses.active()) ulysses.group->all_reduce(grads, gradients_.size());
+  // sequence's ranks here (partitioned ones were summed by their reduce-scatter).
+  if (!scatter_gradients) sequence_sum(grads, gradients_.size());
   return result;
 }
 

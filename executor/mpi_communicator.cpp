@@ -105,6 +105,18 @@ void MpiCommunicator::all_gather_bytes(const void* send, void* recv, int64_t byt
   collective("MPI_Allgather", [&](MPI_Request* request) { return MPI_Iallgather(send, count, MPI_BYTE, recv, count, MPI_BYTE, comm_, request); });
 }
 
+// Both halves started at once, so every rank of a ring can send to its successor while it
+// receives from its predecessor; each is waited for with the peer timeout.
+void MpiCommunicator::send_receive_bytes(const void* send, int destination, void* recv, int source, int64_t bytes) {
+  const int count = mpi_count(bytes);
+  constexpr int kRingTag = 17;
+  MPI_Request requests[2];
+  mpi_check(MPI_Irecv(recv, count, MPI_BYTE, source, kRingTag, comm_, &requests[0]), "MPI_Irecv");
+  mpi_check(MPI_Isend(send, count, MPI_BYTE, destination, kRingTag, comm_, &requests[1]), "MPI_Isend");
+  request_wait(requests[1], "MPI_Isend of a ring pass", size_);
+  request_wait(requests[0], "MPI_Irecv of a ring pass", size_);
+}
+
 // Float sums are taken in rank order (rank 0's value, plus rank 1's, ...), after an all-to-all
 // that brings every rank's part of this rank's chunk here: MPI's own reductions pick their order
 // by message size and rank count, so a gradient reduced whole (all_reduce, ZeRO-0/1) and in module

@@ -72,6 +72,18 @@ void NcclCommunicator::all_to_all_bytes(const void* send, void* recv, int64_t by
   wait();
 }
 
+// A ring pass: NCCL's grouped send and receive, so neither waits for the other.
+void NcclCommunicator::send_receive_bytes(const void* send, int destination, void* recv, int source, int64_t bytes) {
+  auto comm = static_cast<ncclComm_t>(comm_);
+  auto stream = static_cast<cudaStream_t>(stream_);
+  after_compute();
+  nccl_check(ncclGroupStart(), "ncclGroupStart");
+  nccl_check(ncclSend(send, elements(bytes), ncclUint8, destination, comm, stream), "ncclSend");
+  nccl_check(ncclRecv(recv, elements(bytes), ncclUint8, source, comm, stream), "ncclRecv");
+  nccl_check(ncclGroupEnd(), "ncclGroupEnd");
+  wait();
+}
+
 void NcclCommunicator::all_gather_bytes(const void* send, void* recv, int64_t bytes_per_rank) {
   after_compute();
   nccl_check(ncclAllGather(send, recv, elements(bytes_per_rank), ncclUint8, static_cast<ncclComm_t>(comm_),

@@ -24,6 +24,7 @@ class NcclCommunicator final : public Communicator {
   int size() const override { return size_; }
   void all_to_all_bytes(const void* send, void* recv, int64_t bytes_per_rank) override;
   void all_gather_bytes(const void* send, void* recv, int64_t bytes_per_rank) override;
+  void send_receive_bytes(const void* send, int destination, void* recv, int source, int64_t bytes) override;
   void reduce_scatter(const float* send, float* recv, int64_t count) override;
   void all_reduce(float* data, int64_t count) override;
   void all_reduce(double* data, int64_t count) override;

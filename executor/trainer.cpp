@@ -42,9 +42,11 @@ Sample sample_synthetic(int64_t seqlen, int64_t vocab, uint32_t seed) {
   return sample;
 }
 
-PlanOptions executor_plan(const TrainingOptions& options, int64_t sp, int zero_stage, bool offload_optimizer, bool offload_params) {
+PlanOptions executor_plan(const TrainingOptions& options, int64_t sp, int zero_stage, bool offload_optimizer, bool offload_params,
+                          int64_t ring) {
   PlanOptions plan;
   plan.sp = sp;
+  plan.ring = ring;
   plan.zero_stage = zero_stage;
   plan.offload_optimizer = offload_optimizer;
   plan.offload_params = offload_params;
@@ -66,7 +68,8 @@ PlanOptions executor_plan(const TrainingOptions& options, int64_t sp, int zero_s
 
 std::vector<std::string> executor_plan_problems(const PlanOptions& plan, const std::string& /*device*/) {
   std::vector<std::string> problems;
-  if (plan.ring > 1) problems.push_back(fmt::format("ring={}: ring attention is planned but not yet in the executor", plan.ring));
+  if (plan.ring > 1 && plan.fpdt)
+    problems.push_back(fmt::format("ring={} with FPDT: the executor's ring attention runs unchunked; drop one of them", plan.ring));
   if (plan.micro_batch != 1)
     problems.push_back(fmt::format("micro batch {}: the executor trains one sample per rank per step", plan.micro_batch));
   return problems;
@@ -120,6 +123,20 @@ std::vector<int32_t> fpdt_layout_rank_tokens(const std::vector<int32_t>& values,
   for (int64_t start = 0; start < size; start += global_chunk)
     local.insert(local.end(), values.begin() + start + rank * chunk_local, values.begin() + start + (rank + 1) * chunk_local);
   return local;
+}
+
+std::vector<int32_t> ring_layout_rank_tokens(const std::vector<int32_t>& values, int64_t sp, int64_t ring, int64_t sequence_rank) {
+  const auto size = static_cast<int64_t>(values.size());
+  const int64_t granule = ring > 1 ? 2 * sp * ring : sp;
+  if (sp < 1 || ring < 1 || size % granule != 0 || sequence_rank < 0 || sequence_rank >= sp * ring)
+    throw std::invalid_argument("ring_layout_rank_tokens: the sequence must be a multiple of 2 x sp x ring tokens (sp without a ring)");
+  if (ring == 1) return std::vector<int32_t>(values.begin() + sequence_rank * (size / sp), values.begin() + (sequence_rank + 1) * (size / sp));
+  const int64_t chunk = size / (2 * ring), group = sequence_rank / sp, slice = size / (sp * ring);
+  std::vector<int32_t> group_tokens(values.begin() + group * chunk, values.begin() + (group + 1) * chunk);
+  const int64_t late = 2 * ring - 1 - group;
+  group_tokens.insert(group_tokens.end(), values.begin() + late * chunk, values.begin() + (late + 1) * chunk);
+  const int64_t first = (sequence_rank % sp) * slice;
+  return std::vector<int32_t>(group_tokens.begin() + first, group_tokens.begin() + first + slice);
 }
 
 Sample sample_from_text(const std::string& text, int64_t seqlen, int64_t offset) {

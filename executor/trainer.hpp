@@ -28,10 +28,10 @@ Sample sample_synthetic(int64_t seqlen, int64_t vocab, uint32_t seed);
 // at `offset` and wrapping around. Throws ConfigError when the file cannot be read or is empty.
 Sample sample_from_text(const std::string& text, int64_t seqlen, int64_t offset);
 
-// The planner's view of an executor run: Ulysses over `sp` ranks, the model's states as
+// The planner's view of an executor run: Ulysses over `sp` ranks (times `ring` with ring attention), the model's states as
 // `states` (ZeRO stage and offloads, ZeRO over every rank), with the executor's options.
 PlanOptions executor_plan(const TrainingOptions& options, int64_t sp = 1, int zero_stage = 0, bool offload_optimizer = false,
-                          bool offload_params = false);
+                          bool offload_params = false, int64_t ring = 1);
 
 // What of `plan` this executor cannot run on `device` ("cpu" or "cuda"), one reason per option,
 // naming it; empty when it runs all of it. Checked before anything is allocated.
@@ -65,6 +65,12 @@ ClusterSpec executor_cluster(double budget_bytes, int64_t ranks = 1);
 // the all-to-all of every rank's chunk i is the i-th chunk of the sequence in order. With sp = 1
 // it is the sequence itself. values.size() must be a multiple of chunk_local x sp.
 std::vector<int32_t> fpdt_layout_rank_tokens(const std::vector<int32_t>& values, int64_t sp, int64_t rank, int64_t chunk_local);
+
+// Ring attention's input layout (the zigzag split, llama_step.hpp ring_attention_forward): the
+// sequence in 2r chunks, ring group i (sequence ranks i*sp .. i*sp+sp-1, Ulysses inside) holding
+// chunks i and 2r-1-i back to back, its rank j holding the j-th of sp equal slices of those. With
+// ring = 1 it is Ulysses' contiguous slice. values.size() must be a multiple of 2 x sp x ring.
+std::vector<int32_t> ring_layout_rank_tokens(const std::vector<int32_t>& values, int64_t sp, int64_t ring, int64_t sequence_rank);
 
 struct StepMeasurement {
   int64_t step = 0;

@@ -21,12 +21,20 @@ struct HeadBlocks {
   int64_t head(int64_t r, int64_t j) const { return replication > 1 ? r / replication : r * per_rank + j; }
 };
 
-// Ulysses geometry of one rank: q heads NQ/sp; kv heads NKV/sp, or one head replicated.
+// Ulysses geometry of one rank: q heads NQ/sp; kv heads NKV/sp, or one head replicated. With ring
+// attention (USP's 2D sequence parallelism) the sequence is also split over `ring` Ulysses groups:
+// the ranks with this rank's heads in every group form `ring_group`, around which key/value
+// blocks travel (llama_step.hpp ring_attention_forward).
 struct Ulysses {
   Communicator* group = nullptr;
-  const int32_t* global_positions = nullptr;  // where the step's kernels read them (device memory on a GPU)
+  Communicator* ring_group = nullptr;
+  // The whole sample's position ids, where the step's kernels read them (device memory on a GPU):
+  // attention masks with global token indices.
+  const int32_t* global_positions = nullptr;
   int64_t sp = 1, q_heads = 0, kv_heads = 0, replication = 1;
+  int64_t ring = 1, ring_rank = 0;
   bool active() const { return sp > 1; }
+  bool ring_active() const { return ring > 1; }
   HeadBlocks q_blocks() const { return {q_heads, 1}; }
   HeadBlocks kv_blocks() const { return {kv_heads, replication}; }
 };

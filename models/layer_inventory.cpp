@@ -8,6 +8,7 @@
 #include <cmath>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 namespace longseq {
 namespace {
@@ -504,16 +505,20 @@ namespace {
 
 // Sizes in bytes for the executor's fp32 buffers.
 struct ExecutorBytes {
+  double activation_bytes;
   double x, q, kv, kv_global, lse, rstd, f_tile, last_f_tile;
   double attention_forward_workspace = 0, attention_backward_workspace = 0;  // the blocked kernel's
   // act: bytes per activation element (fp32 on the CPU, bf16 on the GPU); rstd and lse are fp32.
   ExecutorBytes(const LayerShape& shape, const ExecutorStepOptions& options) {
     const int64_t act = options.activation_bytes;
     const double t = static_cast<double>(shape.tokens), a = static_cast<double>(act);
+    activation_bytes = a;
     if (options.attention_block_tokens > 0) {
-      // Attention runs over all sp x T tokens for this rank's heads (executor/llama_step.hpp).
+      // Attention runs over all sp x T tokens for this rank's heads (executor/llama_step.hpp); ring
+      // attention over one chunk (half of them) against one chunk at a time.
       const int64_t head_dim = shape.q_width / shape.num_q_heads;
-      const BlockedAttentionLayout layout(shape.tokens * shape.sp, shape.num_q_heads / shape.sp,
+      const int64_t attention_tokens = shape.tokens * shape.sp / (shape.ring > 1 ? 2 : 1);
+      const BlockedAttentionLayout layout(attention_tokens, shape.num_q_heads / shape.sp,
                                           shape.kv_width * shape.kv_replication / head_dim / shape.sp, head_dim,
                                           options.attention_block_tokens);
       attention_forward_workspace = 4.0 * static_cast<double>(layout.workspace_elements(act, false));
@@ -725,13 +730,87 @@ void executor_fpdt_backward(TensorTrace& trace, TensorTrace* host, const LayerSh
     pool.free(name);
 }
 
+// Ring attention in the executor (executor/llama_step.hpp ring_attention_forward/backward), after
+// its caller's output and lse (forward) or softmax delta (backward). Every step from the second to
+// the last but one repeats the second's allocations (a received block held, the next arriving), so
+// the first two steps and the last give the peak for any ring degree: O(1) per layer.
+std::vector<int64_t> ring_replayed_steps(int64_t ring) {
+  if (ring <= 3) {
+    std::vector<int64_t> steps(static_cast<size_t>(ring));
+    for (int64_t step = 0; step < ring; ++step) steps[static_cast<size_t>(step)] = step;
+    return steps;
+  }
+  return {0, 1, ring - 1};
+}
+
+// The received block (and its gradient accumulators) become the held ones.
+void ring_arrivals_held(TensorTrace& trace, const char* arriving, const char* held) {
+  for (int pair = 0; pair < 2; ++pair) {
+    trace.alias(arriving, L, held);
+    trace.free(arriving);
+  }
+}
+
+void executor_ring_forward(TensorTrace& trace, const LayerShape& shape, const ExecutorBytes& b) {
+  const double kv_block = b.kv_global, q_fp32 = b.q / b.activation_bytes * 4.0;
+  trace.alloc(L, "ring.output_accumulator", q_fp32);
+  trace.alloc(L, "ring.output_part", b.q / 2);
+  trace.alloc(L, "ring.lse_part", b.lse / 2);
+  for (int64_t step : ring_replayed_steps(shape.ring)) {
+    const bool more = step + 1 < shape.ring;
+    if (more)
+      for (int pair = 0; pair < 2; ++pair) trace.alloc(L, "ring.kv_arriving", kv_block);
+    if (b.attention_forward_workspace > 0) {  // per chunk pair; every step computes at least one
+      trace.alloc(L, "attention.workspace", b.attention_forward_workspace);
+      trace.free("attention.workspace");
+    }
+    if (step > 0)
+      for (int pair = 0; pair < 2; ++pair) trace.free("ring.kv_block");
+    if (more) ring_arrivals_held(trace, "ring.kv_arriving", "ring.kv_block");
+  }
+  for (const char* name : {"ring.output_part", "ring.lse_part", "ring.output_accumulator"}) trace.free(name);
+}
+
+void executor_ring_backward(TensorTrace& trace, const LayerShape& shape, const ExecutorBytes& b) {
+  const double kv_block = b.kv_global, kv_fp32 = b.kv_global / b.activation_bytes * 4.0, q_fp32 = b.q / b.activation_bytes * 4.0;
+  trace.alloc(L, "ring.q_grad_accumulator", q_fp32);
+  trace.alloc(L, "ring.kv_grad_accumulators", kv_fp32);
+  trace.alloc(L, "ring.kv_grad_accumulators", kv_fp32);
+  for (int64_t step : ring_replayed_steps(shape.ring)) {
+    trace.alloc(L, "ring.q_grad_part", b.q);
+    trace.alloc(L, "ring.kv_grad_parts", kv_block);
+    trace.alloc(L, "ring.kv_grad_parts", kv_block);
+    if (b.attention_backward_workspace > 0) {
+      trace.alloc(L, "attention.workspace", b.attention_backward_workspace);
+      trace.free("attention.workspace");
+    }
+    for (const char* name : {"ring.kv_grad_parts", "ring.kv_grad_parts", "ring.q_grad_part"}) trace.free(name);
+    if (step + 1 == shape.ring) break;
+    for (int pair = 0; pair < 2; ++pair) trace.alloc(L, "ring.kv_arriving", kv_block);
+    for (int pair = 0; pair < 2; ++pair) trace.alloc(L, "ring.kv_grad_arriving", kv_fp32);
+    if (step > 0)
+      for (int pair = 0; pair < 2; ++pair) trace.free("ring.kv_block");
+    for (int pair = 0; pair < 2; ++pair) trace.free("ring.kv_grad_accumulators");
+    ring_arrivals_held(trace, "ring.kv_arriving", "ring.kv_block");
+    ring_arrivals_held(trace, "ring.kv_grad_arriving", "ring.kv_grad_accumulators");
+  }
+  for (int pair = 0; pair < 2; ++pair) trace.free("ring.kv_block");
+  trace.free("ring.q_grad_accumulator");
+  for (int pair = 0; pair < 2; ++pair) {  // dk, then dv: the accumulators go home
+    trace.alloc(L, "ring.kv_grad_arriving", kv_fp32);
+    trace.free("ring.kv_grad_accumulators");
+    trace.free("ring.kv_grad_arriving");
+  }
+}
+
 // executor/llama_step.hpp layer_forward. Leaves "layer.output" and, with keep, the saved tensors.
 void executor_layer_forward(TensorTrace& trace, TensorTrace* host, const LayerShape& shape, const ExecutorStepOptions& options, bool keep) {
   const ExecutorBytes b(shape, options);
   // The attention kernel's workspace, if it takes one, lives only while it runs.
-  auto workspace = [&](double bytes) {
-    if (bytes <= 0) return;
-    trace.alloc(L, "attention.workspace", bytes);
+  auto attend = [&] {
+    if (shape.ring > 1) return executor_ring_forward(trace, shape, b);
+    if (b.attention_forward_workspace <= 0) return;
+    trace.alloc(L, "attention.workspace", b.attention_forward_workspace);
     trace.free("attention.workspace");
   };
   trace.set_moment("forward: attention");
@@ -750,7 +829,7 @@ void executor_layer_forward(TensorTrace& trace, TensorTrace* host, const LayerSh
   if (shape.sp == 1) {
     trace.alloc(L, "attention.output", b.q);
     trace.alloc(L, "attention.lse", b.lse);
-    workspace(b.attention_forward_workspace);
+    attend();
     if (!keep)
       for (const char* name : {"attention.q", "attention.k", "attention.v", "attention.lse"}) trace.free(name);
   } else {
@@ -765,7 +844,7 @@ void executor_layer_forward(TensorTrace& trace, TensorTrace* host, const LayerSh
     for (const char* name : {"attention.q", "attention.k", "attention.v"}) trace.free(name);
     trace.alloc(L, "attention.output_global", b.q);
     trace.alloc(L, "attention.lse", b.lse);
-    workspace(b.attention_forward_workspace);
+    attend();
     trace.alloc(L, "ulysses.staging", b.q);
     trace.alloc(L, "attention.output", b.q);
     if (!keep)
@@ -804,7 +883,9 @@ void executor_layer_backward(TensorTrace& trace, TensorTrace* host, const LayerS
   // FlashAttention-2's softmax delta (rowsum(dO * O), fp32 [NQ, T]) and the kernel's workspace.
   auto delta_and_workspace = [&] {
     trace.alloc(L, "attention.softmax_delta", b.lse);
-    if (b.attention_backward_workspace > 0) {
+    if (shape.ring > 1) {
+      executor_ring_backward(trace, shape, b);
+    } else if (b.attention_backward_workspace > 0) {
       trace.alloc(L, "attention.workspace", b.attention_backward_workspace);
       trace.free("attention.workspace");
     }
