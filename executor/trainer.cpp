@@ -103,7 +103,6 @@ SearchResult machine_plan_search(const ModelSpec& model, const MachineTarget& ta
   SearchOptions options;
   // FPDT chunks (global tokens) at the scale of the lengths a CPU budget reaches.
   options.fpdt_chunks = {256, 1024, 4096, 16384};
-  options.explore_ring = false;  // the executor has no ring attention yet
   options.unsupported = [device = target.device](const PlanOptions& plan) {
     const std::vector<std::string> problems = executor_plan_problems(plan, device);
     return problems.empty() ? std::string() : problems.front();
