@@ -15,6 +15,7 @@
 #include "planner/compute_model.hpp"
 #include "planner/memory_model.hpp"
 #include "planner/search.hpp"
+#include "planner/time_model.hpp"
 #include "planner/units.hpp"
 
 namespace longseq {
@@ -61,6 +62,24 @@ double matmul_gflops_measure() {
     best = std::max(best, 2.0 * static_cast<double>(n * n * n) / seconds / 1e9);
   }
   return best;
+}
+
+// The shortest multiple of the plan's length granule, up to `longest`, at which its ring passing
+// is wholly hidden (the exposure only falls with the length); `longest` when it never is.
+int64_t ring_hidden_from(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan, const RuntimeProfile& profile,
+                         int64_t longest) {
+  const int64_t granule = seqlen_granule(plan);
+  auto hidden = [&](int64_t granules) {
+    return time_predict(model, cluster, plan, profile, granules * granule).time.ring_exposed_s <= 0;
+  };
+  int64_t low = 1, high = std::max<int64_t>(1, longest / granule);
+  if (!hidden(high)) return longest;
+  while (low < high) {
+    const int64_t middle = low + (high - low) / 2;
+    if (hidden(middle)) high = middle;
+    else low = middle + 1;
+  }
+  return low * granule;
 }
 
 int executor_bench(const BenchCommandArgs& args) {
@@ -139,7 +158,8 @@ int bench_command_run(const BenchCommandArgs& args) {
   const RuntimeProfile profile = runtime_profile_load(args.profile);
   fmt::print("plan search benchmark: {} on {}, runtime profile {}, median of {} run(s) per row, this machine\n",
              model.name, hardware.name, profile.name, args.repeat);
-  fmt::print("{:>6} {:>7} {:>10} {:>10} {:>10}  {}\n", "GPUs", "plans", "predicted", "median ms", "min ms", "winner (max seqlen)");
+  fmt::print("{:>6} {:>7} {:>10} {:>10} {:>10} {:>11} {:>9} {:>12}  {}\n", "GPUs", "plans", "predicted", "median ms", "min ms",
+             "step s", "ring s", "ring hidden", "winner (max seqlen)");
   for (int64_t gpus = 1; gpus <= args.max_gpus; gpus *= 2) {
     const ClusterSpec cluster = cluster_make(hardware, gpus, 0, 0, 0);
     std::vector<double> times_ms;
@@ -150,10 +170,24 @@ int bench_command_run(const BenchCommandArgs& args) {
     }
     std::sort(times_ms.begin(), times_ms.end());
     const SearchCandidate* winner = result.winner();
-    fmt::print("{:>6} {:>7} {:>10} {:>10.2f} {:>10.2f}  {}\n", gpus, result.candidates.size(), result.evaluated,
-               times_ms[times_ms.size() / 2], times_ms.front(),
+    // The winner's predicted step at its maximum, the ring passing left exposed there, and the
+    // shortest length from which the passing hides behind attention (compute per ring step grows
+    // with the square of the length, a key/value block only linearly).
+    std::string step_s = "-", ring_s = "-", ring_hidden = "-";
+    if (winner) {
+      step_s = fmt::format("{:.1f}", winner->time.time.total_s());
+      if (winner->plan.ring > 1) {
+        ring_s = fmt::format("{:.2f}", winner->time.time.ring_exposed_s);
+        ring_hidden = seqlen_format(ring_hidden_from(model, cluster, winner->plan, profile, winner->max_seqlen));
+        if (winner->time.time.ring_exposed_s > 0) ring_hidden = "exposed";
+      }
+    }
+    fmt::print("{:>6} {:>7} {:>10} {:>10.2f} {:>10.2f} {:>11} {:>9} {:>12}  {}\n", gpus, result.candidates.size(), result.evaluated,
+               times_ms[times_ms.size() / 2], times_ms.front(), step_s, ring_s, ring_hidden,
                winner ? fmt::format("{} ({})", plan_describe(winner->plan), seqlen_format(winner->max_seqlen)) : "none fits");
   }
+  fmt::print("step s: the winner's predicted step at its maximum; ring s: its ring passing not hidden behind attention there;\n"
+             "ring hidden: the shortest length from which that plan's ring passing is hidden (all PREDICTIONS)\n");
   return 0;
 }
 

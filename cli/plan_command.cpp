@@ -469,7 +469,7 @@ int plan_command_run(const PlanCommandArgs& args) {
   }
   std::string out = header + fmt::format("\nsearched {} plans ({} predicted, {} invalid) in {:.1f} ms; objective: {}\n\n",
                                          result.candidates.size(), result.evaluated, invalid, result.elapsed_ms,
-                                         by_length ? "the longest sequence" : fmt::format("tokens/s at {} tokens", integer_with_commas(options.seqlen)));
+                                         by_length ? "the longest sequence (lengths within 0.1% tie: the faster plan, then Ulysses inside a node)" : fmt::format("tokens/s at {} tokens", integer_with_commas(options.seqlen)));
   report["search"] = {{"objective", by_length ? "max-seqlen" : "throughput"}, {"plans", result.candidates.size()},
                       {"predicted", result.evaluated}, {"invalid", invalid}, {"elapsed_ms", result.elapsed_ms}};
   const SearchCandidate* winner = result.winner();

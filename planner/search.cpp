@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <fmt/format.h>
 
 namespace longseq {
@@ -56,13 +57,34 @@ std::vector<PlanOptions> plans_enumerate(const ClusterSpec& cluster, const Searc
   return plans;
 }
 
+// A step time to three significant digits: times that differ by less (0.1%, far inside what the
+// time model can resolve) compare equal, and the plans' placement decides.
+double time_resolved_s(double seconds) {
+  if (!(seconds > 0) || !std::isfinite(seconds)) return seconds;
+  const double unit = std::pow(10.0, std::floor(std::log10(seconds)) - 2.0);
+  return std::round(seconds / unit) * unit;
+}
+
+// A maximum length in steps of 0.1%: lengths closer than that (a few staging buffers' worth, or
+// two plans' length granules) are a tie the time and placement decide, since no memory model
+// resolves them (the band of issue-14's uncertainty is percent-wide).
+int64_t length_resolved(int64_t tokens) {
+  return tokens > 0 ? static_cast<int64_t>(std::floor(std::log(static_cast<double>(tokens)) / std::log1p(kSearchLengthResolution))) : 0;
+}
+
 bool better(const SearchCandidate& a, const SearchCandidate& b, SearchObjective objective) {
   if (a.problems.empty() != b.problems.empty()) return a.problems.empty();
   if (a.fits != b.fits) return a.fits;
   if (objective == SearchObjective::objective_max_seqlen) {
-    if (a.max_seqlen != b.max_seqlen) return a.max_seqlen > b.max_seqlen;
-    // Equal lengths: the faster plan, then the one with more GPU memory to spare.
-    if (a.time.time.total_s() != b.time.time.total_s()) return a.time.time.total_s() < b.time.time.total_s();
+    const int64_t a_length = length_resolved(a.max_seqlen), b_length = length_resolved(b.max_seqlen);
+    if (a_length != b_length) return a_length > b_length;
+    // Equal lengths: the faster plan; at times the model cannot tell apart, Ulysses inside a node
+    // and as large as fits (its all-to-all on the node's links, the ring's point-to-point passing
+    // across nodes, as USP and LoongTrain place them: a ring inside a node only adds steps); then
+    // the one with more GPU memory to spare.
+    const double a_s = time_resolved_s(a.time.time.total_s()), b_s = time_resolved_s(b.time.time.total_s());
+    if (a_s != b_s) return a_s < b_s;
+    if (a.ulysses_in_node != b.ulysses_in_node) return a.ulysses_in_node > b.ulysses_in_node;
     return a.memory.gpu_peak_bytes < b.memory.gpu_peak_bytes;
   }
   if (a.score != b.score) return a.score > b.score;
@@ -82,6 +104,7 @@ SearchResult plan_search(const ModelSpec& model, const ClusterSpec& cluster, con
   for (const PlanOptions& plan : plans_enumerate(cluster, options)) {
     SearchCandidate candidate;
     candidate.plan = plan;
+    candidate.ulysses_in_node = plan.sp <= cluster.gpus_per_node ? plan.sp : 0;
     candidate.problems = plan_problems(model, cluster, plan);
     if (options.unsupported && candidate.problems.empty()) {
       std::string reason = options.unsupported(plan);

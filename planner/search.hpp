@@ -34,6 +34,10 @@ struct SearchOptions {
   std::function<std::string(const PlanOptions&)> unsupported;
 };
 
+// Maximum lengths within this fraction of each other tie in the max-length search (then the faster
+// plan wins, then Ulysses inside a node): the memory model cannot tell them apart.
+inline constexpr double kSearchLengthResolution = 0.001;
+
 struct SearchCandidate {
   PlanOptions plan;
   std::vector<std::string> problems;  // non-empty: invalid, nothing predicted
@@ -44,6 +48,10 @@ struct SearchCandidate {
   MemoryPrediction memory;            // at max_seqlen (or the given length), without breakdown
   TimePrediction time;                // at the same length, when it fits
   double score = 0;                   // higher is better
+  // Where Ulysses' all-to-all runs: its degree when the group fits in a node, 0 when it crosses
+  // nodes. Between plans of equal length and indistinguishable time the higher wins (Ulysses
+  // inside a node as large as fits, the ring's passing across nodes).
+  int64_t ulysses_in_node = 0;
 };
 
 struct SearchResult {
