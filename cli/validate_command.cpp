@@ -34,6 +34,7 @@ std::string figure_value_format(FigureKind kind, double value) {
   switch (kind) {
     case FigureKind::figure_max_seqlen: return fmt::format("{:.0f}", value);
     case FigureKind::figure_mfu: return fmt::format("{:.3f}", value);
+    case FigureKind::figure_attention_time: return fmt::format("{:.4f}", value);
     default: return fmt::format("{:.1f}", value);
   }
 }

@@ -35,6 +35,19 @@ double as_double(int64_t value) { return static_cast<double>(value); }
 
 double pcie_seconds(double bytes, double gbps) { return bytes / (gbps * 1e9); }
 
+// Ring attention (ring-flash-attention's schedule): in each of r - 1 steps of an attention pass a
+// rank sends the block it holds (`bytes`) to the next ring rank while computing on it; the
+// transfer beyond that step's share of the pass's compute is exposed.
+double ring_exposed_pass_s(const Link& link, double ring, double bytes, double pass_compute_s) {
+  const double transfer_s = link.latency_us * 1e-6 + bytes / (link.busbw_gbps * 1e9);
+  return (ring - 1.0) * std::max(0.0, transfer_s - pass_compute_s / ring);
+}
+
+// Ulysses' all-to-alls of one attention pass (q, k, v in; the output back).
+double ulysses_pass_s(const Link& link, double bytes, int64_t sp) {
+  return 3.0 * link.latency_us * 1e-6 + collective_seconds(Collective::collective_all_to_all, bytes, sp, link);
+}
+
 }  // namespace
 
 TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
@@ -64,8 +77,7 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
     // The Ulysses group holds S / r tokens of the sequence.
     const double bytes = ulysses_layer_all_to_all_bytes(model, plan.micro_batch, seqlen / plan.ring, plan.sp, profile.activation_bytes);
     const double passes = layers * (2.0 + recompute);
-    time.ulysses_all_to_all_s =
-        passes * (3.0 * link.latency_us * 1e-6 + collective_seconds(Collective::collective_all_to_all, bytes, plan.sp, link));
+    time.ulysses_all_to_all_s = passes * ulysses_pass_s(link, bytes, plan.sp);
   }
 
   // Ring attention (ring-flash-attention's schedule): in each of r - 1 steps per attention pass a
@@ -81,10 +93,9 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
     const double block_bytes = 2.0 * tokens * as_double(model.kv_width() * kv_replication_factor(model, plan.sp)) *
                                as_double(profile.activation_bytes);
     const double forward_attention_s = attention_per_layer_s * attention_forward_share;
-    auto transfer_s = [&](double bytes) { return link.latency_us * 1e-6 + bytes / (link.busbw_gbps * 1e9); };
-    const double forward_exposed = (r - 1.0) * std::max(0.0, transfer_s(block_bytes) - forward_attention_s / r);
+    const double forward_exposed = ring_exposed_pass_s(link, r, block_bytes, forward_attention_s);
     const double backward_bytes = block_bytes + block_bytes / as_double(profile.activation_bytes) * 4.0;
-    const double backward_exposed = (r - 1.0) * std::max(0.0, transfer_s(backward_bytes) - 2.5 * forward_attention_s / r);
+    const double backward_exposed = ring_exposed_pass_s(link, r, backward_bytes, 2.5 * forward_attention_s);
     time.ring_exposed_s = layers * ((1.0 + recompute) * forward_exposed + backward_exposed);
   }
 
@@ -169,6 +180,35 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   prediction.mfu = prediction.model_flops.total() / step_s / (card.peak_bf16_tflops * 1e12);
   prediction.tokens_per_s = as_double(cluster.gpus / plan.sequence_ranks()) * as_double(plan.micro_batch) * as_double(seqlen) / step_s;
   return prediction;
+}
+
+double attention_benchmark_seconds(const AttentionBenchmark& benchmark, const ClusterSpec& cluster) {
+  const double ranks = as_double(benchmark.sp * benchmark.ring), r = as_double(benchmark.ring);
+  const double seqlen = as_double(benchmark.seqlen), batch = as_double(benchmark.batch);
+  // Causal forward FLOPs (compute_model.cpp's count), shared equally by the ranks, or waiting for
+  // the plain ring's last rank.
+  const double forward_flops = batch * 2.0 * seqlen * seqlen * as_double(benchmark.head_dim * benchmark.q_heads) / ranks;
+  const double imbalance = benchmark.balanced || benchmark.ring == 1 ? 1.0 : 2.0 - 1.0 / r;
+  const double forward_s = imbalance * forward_flops / (flash_attention_tflops(cluster.hardware, benchmark.head_dim) * 1e12);
+  double seconds = forward_s * (benchmark.backward ? 1.0 + 2.5 : 1.0);  // FlashAttention-2: backward = 2.5 forward
+  const double passes = benchmark.backward ? 2.0 : 1.0;
+  // Ulysses' kv replication when sp exceeds the kv heads (DeepSpeed's rule, kv_replication_factor).
+  const int64_t replication = benchmark.sp > benchmark.kv_heads ? benchmark.sp / benchmark.kv_heads : 1;
+  const double kv_width = as_double(benchmark.kv_heads * benchmark.head_dim * replication);
+  const double a = as_double(benchmark.activation_bytes);
+  if (benchmark.sp > 1) {
+    // This Ulysses group's S / r tokens: q and output at q width, k and v at kv width.
+    const double tokens = batch * seqlen / r / as_double(benchmark.sp);
+    const double bytes = tokens * (2.0 * as_double(benchmark.q_heads * benchmark.head_dim) + 2.0 * kv_width) * a;
+    seconds += passes * ulysses_pass_s(link_for_group(cluster, benchmark.sp), bytes, benchmark.sp);
+  }
+  if (benchmark.ring > 1) {
+    const Link link = link_for_group(cluster, benchmark.sp * benchmark.ring);
+    const double block_bytes = 2.0 * batch * seqlen / ranks * kv_width * a;
+    seconds += ring_exposed_pass_s(link, r, block_bytes, forward_s);
+    if (benchmark.backward) seconds += ring_exposed_pass_s(link, r, block_bytes + block_bytes / a * 4.0, 2.5 * forward_s);
+  }
+  return seconds;
 }
 
 }  // namespace longseq

@@ -47,6 +47,22 @@ struct TimePrediction {
 TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
                             const RuntimeProfile& profile, int64_t seqlen);
 
+// One attention layer alone, as attention kernel benchmarks time it (ring-flash-attention's,
+// yunchang's LongContextAttention): causal, over `seqlen` tokens of `batch` samples on sp x ring
+// ranks (Ulysses' all-to-alls of q, k, v and the output; the ring's key/value passing beyond each
+// step's compute), its forward, or forward and backward.
+struct AttentionBenchmark {
+  int64_t q_heads = 0, kv_heads = 0, head_dim = 0, seqlen = 0, batch = 1;
+  int64_t sp = 1, ring = 1;
+  bool backward = false;
+  // A causal split that gives every ring rank the same work (zigzag, stripe). Without it (the
+  // plain ring of contiguous chunks) every step waits for the last rank, which computes r - 1/2
+  // blocks while the average rank computes r/2.
+  bool balanced = true;
+  int64_t activation_bytes = 2;  // bf16
+};
+double attention_benchmark_seconds(const AttentionBenchmark& benchmark, const ClusterSpec& cluster);
+
 // FlashAttention's achieved rate for this head size: linear between the card's head_dim 64 and
 // 128 figures, held constant outside them.
 double flash_attention_tflops(const HardwareCard& card, int64_t head_dim);

@@ -1,6 +1,7 @@
 #include "planner/validation.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <fmt/format.h>
 #include <map>
@@ -86,12 +87,21 @@ std::vector<PublishedPoint> published_points_parse(const std::string& csv_text, 
       if (!whole) throw ConfigError(where, name, fmt::format("expected an integer up to 10^15, got '{}'", text(name)));
       return *whole;
     };
-    auto required_integer = [&](const char* name) {
+    PublishedPoint point;
+    // A required column left empty (sources that do not state it) keeps the row, to be reported as
+    // skipped for that reason; a value that is there must be valid.
+    auto unstated = [&](const char* name) {
+      if (point.unstated.empty()) point.unstated = name;
+    };
+    auto required_integer = [&](const char* name) -> int64_t {
       const std::optional<int64_t> value = integer(name);
-      if (!value || *value < 1) throw ConfigError(where, name, "required, and at least 1");
+      if (!value) {
+        unstated(name);
+        return 0;
+      }
+      if (*value < 1) throw ConfigError(where, name, "at least 1 when given");
       return *value;
     };
-    PublishedPoint point;
     point.line = line_number;
     point.source = text("source");
     point.model = text("model");
@@ -103,8 +113,9 @@ std::vector<PublishedPoint> published_points_parse(const std::string& csv_text, 
     point.nodes = required_integer("nodes");
     point.sp = required_integer("sp");
     const std::optional<double> gpu_mem = number("gpu_mem_gib");
-    if (!gpu_mem || *gpu_mem <= 0) throw ConfigError(where, "gpu_mem_gib", "required, and positive");
-    point.gpu_mem_gib = *gpu_mem;
+    if (gpu_mem && *gpu_mem <= 0) throw ConfigError(where, "gpu_mem_gib", "positive when given");
+    if (!gpu_mem) unstated("gpu_mem_gib");
+    point.gpu_mem_gib = gpu_mem.value_or(0);
     point.gpus_per_node = integer("gpus_per_node");
     point.host_mem_gb = number("host_mem_gb");
     point.seqlen = integer("seqlen");
@@ -126,6 +137,7 @@ const char* figure_kind_name(FigureKind kind) {
     case FigureKind::figure_iteration_time: return "iteration_time_s";
     case FigureKind::figure_tflops: return "tflops";
     case FigureKind::figure_mfu: return "mfu";
+    case FigureKind::figure_attention_time: return "attention_time_s";
   }
   return "?";
 }
@@ -133,18 +145,107 @@ const char* figure_kind_name(FigureKind kind) {
 namespace {
 
 // The hardware card for "H100-SXM" with 80 GiB: "h100-sxm-80gb"; otherwise a built-in card whose
-// name starts with the type and whose memory is within 5%.
+// name starts with the type (or its first word: "H800 80GB NVLink" is an H800) and whose memory is
+// within 5%.
 std::optional<HardwareCard> hardware_for_point(const PublishedPoint& point) {
   const std::string exact = text_to_lower(fmt::format("{}-{:g}gb", point.gpu_type, point.gpu_mem_gib));
   for (const auto& name : builtin_hardware_names()) {
     if (name == exact) return hardware_card_load(name);
   }
-  for (const auto& name : builtin_hardware_names()) {
-    if (name.rfind(text_to_lower(point.gpu_type), 0) != 0) continue;
-    HardwareCard card = hardware_card_load(name);
-    if (std::fabs(card.gpu_memory_gib - point.gpu_mem_gib) <= 0.05 * point.gpu_mem_gib) return card;
+  const std::string type = text_to_lower(point.gpu_type);
+  for (const std::string& prefix : {type, type.substr(0, type.find(' '))}) {
+    for (const auto& name : builtin_hardware_names()) {
+      if (prefix.empty() || name.rfind(prefix, 0) != 0) continue;
+      HardwareCard card = hardware_card_load(name);
+      if (std::fabs(card.gpu_memory_gib - point.gpu_mem_gib) <= 0.05 * point.gpu_mem_gib) return card;
+    }
   }
   return std::nullopt;
+}
+
+// The number written right before `suffix` ("32 q", "8 kv") or right after `prefix` ("d=128",
+// "u=2"); nullopt when the text has none.
+std::optional<int64_t> number_before(const std::string& text, const std::string& suffix) {
+  for (size_t at = text.find(suffix); at != std::string::npos; at = text.find(suffix, at + 1)) {
+    size_t begin = at;
+    while (begin > 0 && text[begin - 1] == ' ') --begin;
+    size_t digits = begin;
+    while (digits > 0 && std::isdigit(static_cast<unsigned char>(text[digits - 1]))) --digits;
+    if (digits < begin) return std::stoll(text.substr(digits, begin - digits));
+  }
+  return std::nullopt;
+}
+
+std::optional<int64_t> number_after(const std::string& text, const std::string& prefix) {
+  for (size_t at = text.find(prefix); at != std::string::npos; at = text.find(prefix, at + 1)) {
+    if (at > 0 && std::isalnum(static_cast<unsigned char>(text[at - 1]))) continue;  // "bs=1" is not "s=1"
+    const size_t begin = at + prefix.size();
+    size_t end = begin;
+    while (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end]))) ++end;
+    if (end > begin) return std::stoll(text.substr(begin, end - begin));
+  }
+  return std::nullopt;
+}
+
+bool contains(const std::string& text, const char* word) { return text.find(word) != std::string::npos; }
+
+double relative_error(double predicted, double reference);
+
+// An attention kernel benchmark row (ring_published.csv): its heads from the model column, its
+// degrees, passes and split from the features, predicted by attention_benchmark_seconds.
+PointValidation attention_point_validate(const PublishedPoint& point) {
+  PointValidation validation;
+  validation.point = point;
+  auto skip = [&](const std::string& reason) {
+    validation.skipped_reason = reason;
+    return validation;
+  };
+  const std::string features = text_to_lower(point.features);
+  AttentionBenchmark benchmark;
+  const auto q_heads = number_before(point.model, " q"), kv_heads = number_before(point.model, " kv"),
+             head_dim = number_after(point.model, "d="), batch = number_after(point.model, "bs=");
+  if (!q_heads || !kv_heads || !head_dim) return skip("attention benchmark: the model column names no 'N q', 'N kv' and 'd=N'");
+  benchmark.q_heads = *q_heads;
+  benchmark.kv_heads = *kv_heads;
+  benchmark.head_dim = *head_dim;
+  benchmark.batch = batch.value_or(1);
+  if (!point.seqlen) return skip("attention benchmark without a sequence length");
+  benchmark.seqlen = *point.seqlen;
+  if (!contains(features, "causal")) return skip("attention benchmark: only causal attention is modelled");
+  if (contains(features, "fwd+bwd")) benchmark.backward = true;
+  else if (!contains(features, "fwd")) return skip("attention benchmark: neither 'fwd' nor 'fwd+bwd'");
+  const auto u = number_after(features, "u="), r = number_after(features, "r=");
+  if (u && r) {
+    benchmark.sp = *u;
+    benchmark.ring = *r;
+  } else if (contains(features, "ring") || contains(features, "stripe")) {
+    benchmark.ring = point.sp;  // a ring over every rank of the row
+  } else {
+    return skip("attention benchmark: no 'u=N; r=M' and no ring named");
+  }
+  if (benchmark.sp * benchmark.ring != point.gpus) return skip(fmt::format("u x r = {} is not the row's {} GPUs", benchmark.sp * benchmark.ring, point.gpus));
+  // zigzag / lb-ring (load-balanced) and stripe give every rank the same causal work; "basic ring"
+  // is the plain split.
+  benchmark.balanced = !contains(features, "basic ring");
+  const std::optional<HardwareCard> hardware = hardware_for_point(point);
+  if (!hardware) return skip(fmt::format("no hardware card for {} with {:g} GiB", point.gpu_type, point.gpu_mem_gib));
+  if (!point.iter_time_s) return skip("attention benchmark without a time");
+  ClusterSpec cluster;
+  try {
+    cluster = cluster_make(*hardware, point.gpus, point.nodes, point.gpus_per_node.value_or(0), 0);
+  } catch (const ConfigError& error) {
+    return skip(fmt::format("cluster: {}", error.what()));
+  }
+  validation.plan = fmt::format("attention only: sp={} ring={}{}, {}", benchmark.sp, benchmark.ring, benchmark.balanced ? "" : " (unbalanced)",
+                                benchmark.backward ? "fwd+bwd" : "fwd");
+  validation.profile = "FlashAttention-2 rate of the card";
+  FigureComparison figure;
+  figure.kind = FigureKind::figure_attention_time;
+  figure.published = *point.iter_time_s;
+  figure.predicted = attention_benchmark_seconds(benchmark, cluster);
+  figure.relative_error = relative_error(figure.predicted, figure.published);
+  validation.figures.push_back(figure);
+  return validation;
 }
 
 double relative_error(double predicted, double reference) { return (predicted - reference) / reference; }
@@ -159,6 +260,17 @@ PointValidation point_validate(const PublishedPoint& point, const std::string& p
     return validation;
   };
 
+  if (!point.unstated.empty()) return skip(fmt::format("the row does not state {}", point.unstated));
+  if (text_to_lower(point.model).rfind("attention only", 0) == 0) return attention_point_validate(point);
+  // Features in free text (ring_published.csv's): what the model leaves out, named first.
+  if (point.features.find_first_of(" ;") != std::string::npos) {
+    const std::string features = text_to_lower(point.features);
+    const std::optional<int64_t> tp = number_after(features, "tp=");
+    if (tp && *tp > 1) return skip(fmt::format("tensor parallelism (tp={}) is not modelled", *tp));
+    if (contains(features, "fp8") || contains(features, "float8")) return skip("FP8 training is not modelled");
+    if (contains(features, "lora")) return skip("LoRA (frozen base weights) is not modelled");
+    return skip("features in free text: longseq reads them for attention kernel benchmarks only");
+  }
   ModelSpec model;
   try {
     model = model_load(point.model);
@@ -265,7 +377,7 @@ PointValidation point_validate(const PublishedPoint& point, const std::string& p
 std::vector<FigureSummary> validation_summarize(const std::vector<PointValidation>& validations) {
   std::vector<FigureSummary> summaries;
   for (FigureKind kind : {FigureKind::figure_max_seqlen, FigureKind::figure_peak_memory, FigureKind::figure_iteration_time,
-                          FigureKind::figure_tflops, FigureKind::figure_mfu}) {
+                          FigureKind::figure_tflops, FigureKind::figure_mfu, FigureKind::figure_attention_time}) {
     std::vector<double> errors;
     FigureSummary summary;
     summary.kind = kind;

@@ -24,12 +24,17 @@ struct PublishedPoint {
   std::optional<double> host_mem_gb;  // decimal GB, as the sources print node memory
   std::optional<int64_t> seqlen, seqlen_fail;
   std::optional<double> peak_mem_gib, iter_time_s, tflops, mfu;
+  std::string unstated;  // the first of gpus, nodes, sp, gpu_mem_gib the row leaves empty (it is then skipped)
 };
 
-// Throws ConfigError("FILE:LINE", column, reason) for a malformed row or a missing column.
+// Throws ConfigError("FILE:LINE", column, reason) for a malformed row or a missing column; a row
+// that leaves gpus, nodes, sp or gpu_mem_gib empty is kept with `unstated` set.
+
 std::vector<PublishedPoint> published_points_parse(const std::string& csv_text, const std::string& source_name);
 
-enum class FigureKind { figure_max_seqlen, figure_peak_memory, figure_iteration_time, figure_tflops, figure_mfu };
+// figure_attention_time: an attention kernel benchmark's seconds per iteration (a row whose model
+// column reads "attention only: ..."), apart from whole training steps.
+enum class FigureKind { figure_max_seqlen, figure_peak_memory, figure_iteration_time, figure_tflops, figure_mfu, figure_attention_time };
 const char* figure_kind_name(FigureKind kind);
 
 struct FigureComparison {
@@ -50,6 +55,10 @@ struct PointValidation {
 
 // `profile`: the runtime profile for every row; empty means "auto": megatron-deepspeed for FPDT
 // rows (FPDT's implementation runs under Megatron-DeepSpeed), deepspeed-hf for the others.
+// Rows of ring_published.csv (free-text features) are read too: an attention kernel benchmark
+// ("attention only: 32 q / 8 kv d=128" in the model column; "u=2; r=4", or a plain/zigzag/stripe
+// ring over the sp column's ranks; "fwd" or "fwd+bwd"; causal) is predicted as such; a row with
+// tensor parallelism, FP8 or a model without a card is skipped with the reason.
 PointValidation point_validate(const PublishedPoint& point, const std::string& profile_name);
 
 struct FigureSummary {

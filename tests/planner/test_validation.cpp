@@ -86,3 +86,62 @@ TEST_CASE("the summary reports the median and the worst absolute error per figur
   CHECK(summary[0].worst_abs_error == doctest::Approx(0.30));
   CHECK(summary[0].worst_line == 11);
 }
+
+TEST_CASE("ring_published.csv: every row parses, and rows that leave a required column empty are kept and skipped by name") {
+  const auto points = published_points_parse(file_read_text(std::string(LONGSEQ_TEST_DATA_DIR) + "/ring_published.csv"), "r.csv");
+  CHECK(points.size() == 135);
+  int64_t unstated = 0, attention = 0;
+  for (const PublishedPoint& point : points) {
+    const PointValidation validation = point_validate(point, "");
+    if (!point.unstated.empty()) {
+      ++unstated;
+      CHECK(validation.skipped_reason == "the row does not state " + point.unstated);
+    }
+    if (!validation.figures.empty() && validation.figures[0].kind == FigureKind::figure_attention_time) ++attention;
+  }
+  CHECK(unstated == 31);
+  CHECK(attention == 12);  // ring-flash-attention on A100 and H800; the USP rows ran on L20s, which have no card
+}
+
+TEST_CASE("an attention benchmark row: causal FLOPs at the card's FlashAttention rate, the plain ring waiting for its last rank") {
+  // ring-flash-attention's README: Llama-3.1-8B's attention (32 q / 8 kv heads, d = 128) over
+  // 65,536 tokens on 8 H800s, forward. Each rank computes 2 S^2 d h / 8 FLOPs at 328 TFLOPS (the
+  // card's head-dim-128 rate); the key/value blocks (2 x 8,192 tokens x 1,024 x 2 bytes = 33.6 MB)
+  // take 0.23 ms each over NVLink (163.2 GBps + 20 us), under the step's 1.7 ms: hidden.
+  auto row = [&](const std::string& features, const std::string& seconds) {
+    return published_points_parse(kHeader + "x,attention only: Llama-3.1-8B heads (32 q / 8 kv d=128) bs=1,8,H800 80GB NVLink,80,1,8,,"
+                                            "\"" + features + "\",8,65536,,," + seconds + ",,,\n",
+                                  "r.csv")
+        .at(0);
+  };
+  const double balanced_s = 2.0 * 65536.0 * 65536.0 * 128.0 * 32.0 / 8.0 / 328e12;
+  const PointValidation zigzag = point_validate(row("zigzag ring; causal; fwd; bf16", "0.0159"), "");
+  REQUIRE(zigzag.figures.size() == 1);
+  CHECK(zigzag.figures[0].kind == FigureKind::figure_attention_time);
+  CHECK(zigzag.figures[0].predicted == doctest::Approx(balanced_s).epsilon(1e-9));
+  CHECK(zigzag.figures[0].relative_error == doctest::Approx(balanced_s / 0.0159 - 1.0).epsilon(1e-9));
+  CHECK(zigzag.plan == "attention only: sp=1 ring=8, fwd");
+  // The plain ring: its last rank computes r - 1/2 blocks against the balanced r/2, 1.875x at r = 8.
+  const PointValidation basic = point_validate(row("basic ring; causal; fwd; bf16", "0.026"), "");
+  CHECK(basic.figures[0].predicted == doctest::Approx(1.875 * balanced_s).epsilon(1e-9));
+  // Forward and backward: 1 + 2.5 forward passes (FlashAttention-2's backward); the backward's
+  // passing (blocks plus fp32 dk/dv accumulators) still hides.
+  const PointValidation both = point_validate(row("zigzag ring; causal; fwd+bwd; bf16", "0.0575"), "");
+  CHECK(both.figures[0].predicted == doctest::Approx(3.5 * balanced_s).epsilon(1e-9));
+  // Ulysses inside: u = 2, r = 4 adds the all-to-alls, so it is slower than the pure ring here.
+  const PointValidation hybrid = point_validate(row("u=2; r=4; zigzag; causal; fwd", "0.02"), "");
+  CHECK(hybrid.plan == "attention only: sp=2 ring=4, fwd");
+  CHECK(hybrid.figures[0].predicted > balanced_s);
+  CHECK(point_validate(row("zigzag ring; fwd", "0.02"), "").skipped_reason.find("only causal") != std::string::npos);
+  CHECK(point_validate(row("u=2; r=2; causal; fwd", "0.02"), "").skipped_reason.find("is not the row's 8 GPUs") != std::string::npos);
+}
+
+TEST_CASE("free-text training rows name what is not modelled") {
+  auto reason = [&](const std::string& features) {
+    const auto point = published_points_parse(kHeader + "x,Llama-3-8B,8,A100,80,1,8,,\"" + features + "\",2,32768,,,1.0,,,\n", "r.csv").at(0);
+    return point_validate(point, "").skipped_reason;
+  };
+  CHECK(reason("Megatron-Core CP; tp=4; u=1; r=2") == "tensor parallelism (tp=4) is not modelled");
+  CHECK(reason("NeMo; Megatron-Core CP; FP8; tp=1; cp=2") == "FP8 training is not modelled");
+  CHECK(reason("JAX ring attention; FSDP") == "features in free text: longseq reads them for attention kernel benchmarks only");
+}
