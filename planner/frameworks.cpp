@@ -44,11 +44,11 @@ bool gpt_shaped(const ModelSpec& model) { return model.mlp_kind == MlpKind::mlp_
 std::string framework_unsupported(Framework framework, const ModelSpec& model, const PlanOptions& plan) {
   const char* name = framework_name(framework);
   // Ring attention: neither DeepSpeed nor the trainers on it have one (REFERENCE §8); USP's
-  // LongContextAttention composes it with Ulysses. longseq plans it; its executor does not run it yet.
-  if (plan.ring > 1 && framework != Framework::framework_usp)
-    return framework == Framework::framework_longseq
-               ? std::string("longseq: ring attention is planned but not yet in the executor")
-               : fmt::format("{}: no ring attention (USP's LongContextAttention runs Ulysses x ring: --framework usp)", name);
+  // LongContextAttention composes it with Ulysses, and so does longseq's executor (unchunked).
+  if (plan.ring > 1 && framework == Framework::framework_longseq && plan.fpdt)
+    return "longseq: ring attention runs unchunked (no FPDT beside it)";
+  if (plan.ring > 1 && framework != Framework::framework_usp && framework != Framework::framework_longseq)
+    return fmt::format("{}: no ring attention (USP's LongContextAttention runs Ulysses x ring: --framework usp)", name);
   switch (framework) {
     case Framework::framework_arctic_training:
       // FPDT exists only in Megatron-DeepSpeed; the UlyssesSPAttentionHF path has none (REFERENCE §8).

@@ -23,6 +23,7 @@ void PlanSettings::override_with(const PlanSettings& later) {
   take(preset, later.preset);
   take(search, later.search);
   take(sp, later.sp);
+  take(ring, later.ring);
   take(zero_stage, later.zero_stage);
   take(offload_optimizer, later.offload_optimizer);
   take(offload_params, later.offload_params);
@@ -69,6 +70,7 @@ PlanSettings plan_settings_read(YamlReader& reader) {
                         fmt::format("expected max-seqlen or throughput, got '{}'", *settings.search));
   }
   if (reader.has("sp") && reader.get_string("sp") != "auto") settings.sp = reader.get_int("sp", 1, kMaxGpus);
+  if (reader.has("ring")) settings.ring = reader.get_int("ring", 1, kMaxGpus);
   if (reader.has("zero_stage")) settings.zero_stage = static_cast<int>(reader.get_int("zero_stage", 0, 3));
   optional_bool("offload_optimizer", settings.offload_optimizer);
   optional_bool("offload_params", settings.offload_params);
@@ -232,7 +234,8 @@ const std::vector<std::string>& report_figure_names() {
 namespace {
 
 PlanOptions plan_from_settings(const PlanSettings& settings, const ModelSpec& model, const ClusterSpec& cluster) {
-  const int64_t sp = settings.sp.value_or(sp_largest_valid(model, cluster.gpus));
+  const int64_t ring = settings.ring.value_or(1);
+  const int64_t sp = settings.sp.value_or(sp_largest_valid(model, std::max<int64_t>(1, cluster.gpus / ring)));
   PlanOptions plan;
   plan.sp = sp;
   if (settings.preset) {
@@ -242,6 +245,7 @@ PlanOptions plan_from_settings(const PlanSettings& settings, const ModelSpec& mo
       plan.tiled_mlp = plan.tiled_loss = plan.checkpoint_offload = false;
     }
   }
+  plan.ring = ring;
   if (settings.zero_stage) plan.zero_stage = *settings.zero_stage;
   if (settings.offload_optimizer) plan.offload_optimizer = *settings.offload_optimizer;
   if (settings.offload_params) plan.offload_params = *settings.offload_params;
@@ -366,6 +370,7 @@ std::vector<SweepRow> scenario_run(const Scenario& scenario, const std::function
                         SearchOptions options;
                         options.objective = seqlen ? SearchObjective::objective_throughput : SearchObjective::objective_max_seqlen;
                         options.seqlen = seqlen.value_or(0);
+                        options.explore_ring = settings.ring.value_or(0) != 1;
                         const SearchResult result = plan_search(model, cluster, profile, options);
                         if (!result.winner()) throw ConfigError("", "", "no plan fits");
                         plan = result.winner()->plan;

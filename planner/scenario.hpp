@@ -21,6 +21,9 @@ struct PlanSettings {
   std::optional<std::string> preset;  // "alst" or "baseline"
   std::optional<std::string> search;  // "max-seqlen" or "throughput": the plan is searched
   std::optional<int64_t> sp;          // absent or "auto": the largest valid degree
+  // Ring attention degree (USP's Ulysses x ring): a fixed plan uses it (sp "auto" then takes the
+  // largest degree valid on gpus / ring); a search explores ring degrees unless it is 1.
+  std::optional<int64_t> ring;
   std::optional<int> zero_stage;
   std::optional<bool> offload_optimizer, offload_params, activation_checkpointing, checkpoint_offload, tiled_mlp,
       tiled_loss, fpdt;

@@ -46,7 +46,7 @@ const std::vector<std::string>& sweep_output_names() {
 
 const std::vector<std::string>& sweep_columns() {
   static const std::vector<std::string> columns = [] {
-    std::vector<std::string> names = {"model", "gpu", "gpus", "nodes", "step", "plan", "sp", "dp", "zero_stage",
+    std::vector<std::string> names = {"model", "gpu", "gpus", "nodes", "step", "plan", "sp", "ring", "dp", "zero_stage",
                                       "offload_optimizer", "offload_params", "activation_checkpointing",
                                       "checkpoint_offload", "tiled_mlp", "tiled_loss", "fpdt_chunk_tokens", "mode", "seqlen",
                                       "fits", "binding_constraint", "gpu_peak_gib", "gpu_capacity_gib", "host_per_node_gib"};
@@ -75,6 +75,7 @@ nlohmann::json sweep_results_to_json(const Scenario& scenario, const std::vector
       const PlanOptions& plan = *row.plan;
       json["plan"] = plan_describe(plan);
       json["sp"] = plan.sp;
+      json["ring"] = plan.ring;
       json["dp"] = row.gpus / plan.sequence_ranks();
       json["zero_stage"] = plan.zero_stage;
       json["offload_optimizer"] = plan.offload_optimizer;

@@ -11,6 +11,7 @@
 #include "models/config_error.hpp"
 #include "models/model_loader.hpp"
 #include "planner/scenario.hpp"
+#include "planner/search.hpp"
 #include "planner/frameworks.hpp"
 #include "reports/export.hpp"
 #include "reports/report.hpp"
@@ -84,6 +85,26 @@ TEST_CASE("the ALST scaling scenario predicts the three published points within 
     CHECK(static_cast<double>(row.seqlen) == doctest::Approx(*row.published).epsilon(0.10));
   }
   CHECK(compared == 3);
+}
+
+TEST_CASE("Llama-3.1-70B, Ulysses alone vs Ulysses x ring: the same up to 64 GPUs, then flat against doubling per doubling") {
+  const Scenario scenario = scenario_load(kScenarios + "/llama-3.1-70b-ulysses-vs-ring.yaml");
+  std::map<int64_t, int64_t> alone, ring;
+  for (const auto& row : scenario_run(scenario)) {
+    REQUIRE(row.error.empty());
+    (row.step == "Ulysses alone" ? alone : ring)[row.gpus] = row.seqlen;
+    if (row.step == "Ulysses alone") CHECK(row.plan->ring == 1);
+  }
+  REQUIRE(alone.size() == 8);
+  for (const auto& [gpus, length] : alone) {
+    CAPTURE(gpus);
+    const double ratio = static_cast<double>(ring.at(gpus)) / static_cast<double>(length);
+    if (gpus <= 64) CHECK(ratio == doctest::Approx(1.0).epsilon(kSearchLengthResolution));  // the heads allow Ulysses alone
+    if (gpus > 64) {
+      CHECK(static_cast<double>(length) <= 1.1 * static_cast<double>(alone.at(64)));  // sp stops at 64 heads
+      CHECK(static_cast<double>(ring.at(gpus)) >= 1.9 * static_cast<double>(ring.at(gpus / 2)));
+    }
+  }
 }
 
 TEST_CASE("bad scenario files name the file, the key and the reason") {
@@ -294,12 +315,16 @@ TEST_CASE("frameworks: what each runs, and a search for one never picks what it 
   CHECK(framework_unsupported(Framework::framework_arctic_training, llama, PlanOptions::alst(8)).empty());
   CHECK_THROWS_AS(framework_parse("megatron"), ConfigError);
   CHECK(framework_parse("hf-accelerate") == Framework::framework_hf_accelerate);
-  // Ring attention runs only in USP's LongContextAttention; an export says so with the degrees,
+  // Ring attention runs in USP's LongContextAttention (and longseq's executor); an export says so with the degrees,
   // and its batch counts u x r ranks per sequence.
   PlanOptions ring = PlanOptions::alst(4);
   ring.ring = 2;
   CHECK(framework_unsupported(Framework::framework_arctic_training, llama, ring).find("no ring attention") != std::string::npos);
   CHECK(framework_unsupported(Framework::framework_usp, llama, ring).empty());
+  CHECK(framework_unsupported(Framework::framework_longseq, llama, ring).empty());  // the executor runs it
+  PlanOptions ring_fpdt = fpdt;
+  ring_fpdt.ring = 2;
+  CHECK(framework_unsupported(Framework::framework_longseq, llama, ring_fpdt).find("unchunked") != std::string::npos);
   const ExportedConfig usp = config_emit("usp", export_request("llama-3.1-8b", 16, ring, 1 << 20));
   CHECK(nlohmann::json::parse(usp.text())["train_batch_size"] == 2);  // 16 / (4 x 2)
   CHECK(any_note_contains(usp, "LongContextAttention(ulysses_degree=4, ring_degree=2)"));
