@@ -14,13 +14,14 @@ StepTime& StepTime::operator+=(const StepTime& other) {
   checkpoint_offload_s += other.checkpoint_offload_s;
   fpdt_fetch_exposed_s += other.fpdt_fetch_exposed_s;
   ring_exposed_s += other.ring_exposed_s;
+  ring_final_hop_s += other.ring_final_hop_s;
   optimizer_s += other.optimizer_s;
   return *this;
 }
 
 double StepTime::total_s() const {
   return matmul_s + attention_s + ulysses_all_to_all_s + zero_communication_exposed_s + checkpoint_offload_s +
-         fpdt_fetch_exposed_s + ring_exposed_s + optimizer_s;
+         fpdt_fetch_exposed_s + ring_exposed_s + ring_final_hop_s + optimizer_s;
 }
 
 double flash_attention_tflops(const HardwareCard& card, int64_t head_dim) {
@@ -41,6 +42,13 @@ double pcie_seconds(double bytes, double gbps) { return bytes / (gbps * 1e9); }
 double ring_exposed_pass_s(const Link& link, double ring, double bytes, double pass_compute_s) {
   const double transfer_s = link.latency_us * 1e-6 + bytes / (link.busbw_gbps * 1e9);
   return (ring - 1.0) * std::max(0.0, transfer_s - pass_compute_s / ring);
+}
+
+// After backward's last step the fp32 dk/dv accumulators make one more hop to the block's owner
+// with no attention left to hide it (zhuzilin's ring sends dK/dV r times, K/V r - 1 times:
+// REFERENCE §10.2 F1.3; longseq's executor does the same).
+double ring_homecoming_s(const Link& link, double accumulator_bytes) {
+  return link.latency_us * 1e-6 + accumulator_bytes / (link.busbw_gbps * 1e9);
 }
 
 // Ulysses' all-to-alls of one attention pass (q, k, v in; the output back).
@@ -84,7 +92,8 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   // rank sends its key/value block (k and v of S/r tokens for its kv heads after the Ulysses
   // all-to-all) to the next ring rank while computing on the block it holds; the transfer beyond
   // that step's attention is exposed. Backward sends the block and its fp32 dk/dv accumulators
-  // beside it, against backward's 2.5x compute (FlashAttention-2: 2.5 forward FLOPs). Ulysses
+  // beside it, against backward's 2.5x compute (FlashAttention-2: 2.5 forward FLOPs), and the
+  // accumulators once more at the end. Ulysses
   // groups are consecutive ranks, so ring neighbours are u apart: inside a node while u x r fits.
   if (plan.ring > 1) {
     const Link link = link_for_group(cluster, plan.sequence_ranks());
@@ -94,8 +103,9 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
                                as_double(profile.activation_bytes);
     const double forward_attention_s = attention_per_layer_s * attention_forward_share;
     const double forward_exposed = ring_exposed_pass_s(link, r, block_bytes, forward_attention_s);
-    const double backward_bytes = block_bytes + block_bytes / as_double(profile.activation_bytes) * 4.0;
-    const double backward_exposed = ring_exposed_pass_s(link, r, backward_bytes, 2.5 * forward_attention_s);
+    const double accumulator_bytes = block_bytes / as_double(profile.activation_bytes) * 4.0;
+    const double backward_exposed = ring_exposed_pass_s(link, r, block_bytes + accumulator_bytes, 2.5 * forward_attention_s);
+    time.ring_final_hop_s = layers * ring_homecoming_s(link, accumulator_bytes);
     time.ring_exposed_s = layers * ((1.0 + recompute) * forward_exposed + backward_exposed);
   }
 
@@ -206,7 +216,8 @@ double attention_benchmark_seconds(const AttentionBenchmark& benchmark, const Cl
     const Link link = link_for_group(cluster, benchmark.sp * benchmark.ring);
     const double block_bytes = 2.0 * batch * seqlen / ranks * kv_width * a;
     seconds += ring_exposed_pass_s(link, r, block_bytes, forward_s);
-    if (benchmark.backward) seconds += ring_exposed_pass_s(link, r, block_bytes + block_bytes / a * 4.0, 2.5 * forward_s);
+    if (benchmark.backward)
+      seconds += ring_exposed_pass_s(link, r, block_bytes + block_bytes / a * 4.0, 2.5 * forward_s) + ring_homecoming_s(link, block_bytes / a * 4.0);
   }
   return seconds;
 }

@@ -27,6 +27,7 @@ struct StepTime {
   double checkpoint_offload_s = 0;          // exposed PCIe time of checkpoint copies
   double fpdt_fetch_exposed_s = 0;          // FPDT chunk traffic not hidden behind attention
   double ring_exposed_s = 0;                // ring attention's key/value passing not hidden behind attention
+  double ring_final_hop_s = 0;              // backward's dk/dv accumulators going home after the last step
   double optimizer_s = 0;                   // optimizer step (host or GPU) and its transfers
   StepTime& operator+=(const StepTime& other);
   double total_s() const;

@@ -463,8 +463,12 @@ TEST_CASE("ring attention time: the key/value passing hides behind long attentio
   PlanOptions plan = PlanOptions::alst(4);
   plan.ring = 2;
   const ClusterSpec node = cluster_make(hardware_card_load("h100-sxm-80gb"), 8, 0, 0, 0);
-  // At 1Mi tokens a ring step's attention (S^2 work) dwarfs a 512 MiB transfer over NVLink.
-  CHECK(time_predict(model, node, plan, profile, 1 << 20).time.ring_exposed_s == 0.0);
+  // At 1Mi tokens a ring step's attention (S^2 work) dwarfs a 512 MiB transfer over NVLink; only
+  // the fp32 dk/dv accumulators' last hop home shows: per layer 20 us + 2 x 131,072 tokens x 1,024
+  // x 4 bytes over 367.2 GBps, 32 layers.
+  const StepTime long_step = time_predict(model, node, plan, profile, 1 << 20).time;
+  CHECK(long_step.ring_exposed_s == 0.0);
+  CHECK(long_step.ring_final_hop_s == doctest::Approx(32.0 * (20e-6 + 2.0 * 131072.0 * 1024.0 * 4.0 / 367.2e9)).epsilon(1e-9));
   // At 1Ki a step's attention is microseconds and the transfer's latency shows; across nodes
   // (u x r = 16 > 8 GPUs a node, each GPU a share of the network) more so.
   const double short_exposed = time_predict(model, node, plan, profile, 1 << 10).time.ring_exposed_s;
@@ -472,4 +476,38 @@ TEST_CASE("ring attention time: the key/value passing hides behind long attentio
   const ClusterSpec two_nodes = cluster_make(hardware_card_load("h100-sxm-80gb"), 16, 0, 0, 0);
   plan.ring = 4;
   CHECK(time_predict(model, two_nodes, plan, profile, 1 << 10).time.ring_exposed_s > short_exposed);
+}
+
+TEST_CASE("ring passing, hand-computed: r - 1 block transfers per pass, each beyond 1/r of the pass's attention exposed") {
+  // Llama-3.1-8B's attention (32 q / 8 kv heads, d = 128) over 8Ki tokens, forward, as a pure ring
+  // of 16 across two 8-GPU H100 nodes. Per rank: 512 tokens; its key/value block 2 x 512 x 1024 x 2
+  // bytes = 2 MiB over the network share of 400 / 8 = 50 GBps plus 20 us latency = 61.9 us; its
+  // attention 2 x 8192^2 x 128 x 32 / 16 FLOPs at 328 TFLOPS = 104.8 us, 6.5 us a step; so each of
+  // the 15 steps exposes 55.4 us.
+  const ClusterSpec two_nodes = cluster_make(hardware_card_load("h100-sxm-80gb"), 16, 0, 0, 0);
+  AttentionBenchmark benchmark;
+  benchmark.q_heads = 32;
+  benchmark.kv_heads = 8;
+  benchmark.head_dim = 128;
+  benchmark.seqlen = 8192;
+  benchmark.ring = 16;
+  const double compute_s = 2.0 * 8192.0 * 8192.0 * 128.0 * 32.0 / 16.0 / 328e12;
+  const double block_bytes = 2.0 * 512.0 * 1024.0 * 2.0;
+  const double transfer_s = 20e-6 + block_bytes / 50e9;
+  const double expected_s = compute_s + 15.0 * (transfer_s - compute_s / 16.0);
+  CHECK(attention_benchmark_seconds(benchmark, two_nodes) == doctest::Approx(expected_s).epsilon(1e-12));
+  // Backward adds 2.5x the compute, and passes the block with its fp32 dk/dv accumulators (3x the
+  // bytes): 15 x (20 us + 6 MiB / 50 GBps - 2.5 x 6.5 us) more exposed, then the accumulators'
+  // last hop home (20 us + 4 MiB / 50 GBps) with nothing to hide it.
+  benchmark.backward = true;
+  const double backward_exposed_s = 15.0 * (20e-6 + 3.0 * block_bytes / 50e9 - 2.5 * compute_s / 16.0) + 20e-6 + 2.0 * block_bytes / 50e9;
+  CHECK(attention_benchmark_seconds(benchmark, two_nodes) == doctest::Approx(3.5 * compute_s + 15.0 * (transfer_s - compute_s / 16.0) +
+                                                                             backward_exposed_s).epsilon(1e-12));
+  // Inside one node (r = 8 on NVLink at 367.2 GBps busbw) at 1Mi tokens the passing hides.
+  benchmark.seqlen = 1 << 20;
+  benchmark.ring = 8;
+  benchmark.backward = false;
+  const ClusterSpec node = cluster_make(hardware_card_load("h100-sxm-80gb"), 8, 0, 0, 0);
+  CHECK(attention_benchmark_seconds(benchmark, node) ==
+        doctest::Approx(2.0 * 1048576.0 * 1048576.0 * 128.0 * 32.0 / 8.0 / 328e12).epsilon(1e-12));
 }

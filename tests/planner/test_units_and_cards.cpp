@@ -39,7 +39,12 @@ TEST_CASE("hardware cards load with their datasheet values") {
   CHECK(hardware_card_load("a100-40gb").gpu_memory_gib == 40.0);
   CHECK(hardware_card_load("a100-80gb").gpu_memory_gib == 80.0);
   CHECK(hardware_card_load("h200-141gb").gpu_memory_gib > 140.0);
-  CHECK(builtin_hardware_names().size() == 5);  // four GPUs and this machine's cpu-device
+  // H800: the H100 chip with NVLink cut to 400 GB/s both ways (200 GBps each way).
+  const HardwareCard h800 = hardware_card_load("h800-sxm-80gb");
+  CHECK(h800.nvlink_gbps == 200);
+  CHECK(h800.peak_bf16_tflops == h100.peak_bf16_tflops);
+  CHECK(h800.nccl_intranode_busbw_gbps == doctest::Approx(h100.nccl_intranode_busbw_gbps * 200.0 / 450.0));
+  CHECK(builtin_hardware_names().size() == 6);  // five GPUs and this machine's cpu-device
   CHECK_THROWS_WITH_AS(hardware_card_load("tpu-v5"), doctest::Contains("unknown hardware card 'tpu-v5'"), ConfigError);
 }
 
