@@ -27,6 +27,7 @@
 #include "models/model_loader.hpp"
 #include "planner/memory_model.hpp"
 #include "support/bf16_cpu_ops.hpp"
+#include "support/mpi_test_support.hpp"
 #include "support/tiny_llama_fixture.hpp"
 
 using namespace longseq;
@@ -39,11 +40,6 @@ template class BasicLlamaModel<testing::Bf16CpuOps>;
 namespace {
 
 constexpr int64_t kTokens = 96;
-
-MpiCommunicator& world() {
-  static MpiCommunicator communicator(MPI_COMM_WORLD);
-  return communicator;
-}
 
 // The (u, r) pairs this many ranks run, each with its two groups (as `longseq run` splits them:
 // Ulysses groups of u consecutive ranks, rings of the ranks with the same heads).
@@ -103,16 +99,6 @@ Outcome single_rank_step(const Batch& batch, const TrainingOptions& options) {
   outcome.result = model.forward_backward(batch.tokens.data(), batch.labels.data(), batch.positions.data(), kTokens, options, device, host);
   outcome.gradients.assign(model.gradients(), model.gradients() + model.parameter_count());
   return outcome;
-}
-
-void gradients_close(const std::vector<float>& actual, const std::vector<float>& expected) {
-  REQUIRE(actual.size() == expected.size());
-  double largest = 0, worst = 0;
-  for (size_t i = 0; i < actual.size(); ++i) {
-    largest = std::max(largest, std::fabs(static_cast<double>(expected[i])));
-    worst = std::max(worst, std::fabs(static_cast<double>(actual[i]) - expected[i]));
-  }
-  CHECK(worst <= 3e-5 * largest);
 }
 
 MemoryPrediction predicted_for(const Layout& layout, const TrainingOptions& options, const RuntimeProfile& profile, int zero_stage = 0) {
@@ -217,16 +203,4 @@ TEST_CASE("the GPU's schedule (bf16 emulation, blocked attention): ring peaks eq
   }
 }
 
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int failed = 0;
-  {
-    doctest::Context context(argc, argv);
-    if (world().rank() != 0) context.setOption("no-version", true);
-    failed = context.run() != 0 ? 1 : 0;
-  }
-  int any_failed = 0;
-  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return any_failed;
-}
+int main(int argc, char** argv) { return mpi_doctest_main(argc, argv); }

@@ -21,6 +21,7 @@
 #include "executor/llama_step.hpp"
 #include "support/bf16_cpu_ops.hpp"
 #include "models/model_loader.hpp"
+#include "support/mpi_test_support.hpp"
 #include "support/tiny_llama_fixture.hpp"
 
 using namespace longseq;
@@ -31,11 +32,6 @@ template class BasicLlamaModel<testing::Bf16CpuOps>;
 }
 
 namespace {
-
-MpiCommunicator& world() {
-  static MpiCommunicator communicator(MPI_COMM_WORLD);
-  return communicator;
-}
 
 struct Outcome {
   StepResult result;
@@ -65,16 +61,6 @@ Outcome step(const Batch& batch, Communicator* group) {
   outcome.device_peak_bytes = device.peak_bytes();
   outcome.peak_moment = std::string(device.peak_moment());
   return outcome;
-}
-
-void gradients_close(const std::vector<float>& actual, const std::vector<float>& expected) {
-  REQUIRE(actual.size() == expected.size());
-  double largest = 0, worst = 0;
-  for (size_t i = 0; i < actual.size(); ++i) {
-    largest = std::max(largest, std::fabs(static_cast<double>(expected[i])));
-    worst = std::max(worst, std::fabs(static_cast<double>(actual[i]) - expected[i]));
-  }
-  CHECK(worst <= 3e-5 * largest);
 }
 
 // One step over all ranks against one unsharded rank on the same batch: the same counted tokens,
@@ -332,19 +318,7 @@ TEST_CASE("the GPU's schedule across ranks (bf16 emulation): Ulysses, ZeRO-3, FP
   CHECK(predicted.host_bytes_per_node == doctest::Approx(host.peak_bytes() * static_cast<double>(sp)).epsilon(1e-9));
 }
 
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int failed = 0;
-  {
-    doctest::Context context(argc, argv);
-    if (world().rank() != 0) context.setOption("no-version", true);
-    failed = context.run() != 0 ? 1 : 0;
-  }
-  int any_failed = 0;
-  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return any_failed;
-}
+int main(int argc, char** argv) { return mpi_doctest_main(argc, argv); }
 
 // ZeRO-1, ZeRO-2 and parameter offload change where states live and how gradients are summed
 // (whole, or reduce-scattered into shards), never the arithmetic: the communicator sums in rank
