@@ -86,6 +86,10 @@ RuntimeProfile runtime_profile_from_text(const std::string& yaml_text, const std
   else if (tiling == "shards") profile.loss_tiling = LossTiling::loss_tiling_shards;
   else throw ConfigError(source_name, "loss_tiling", fmt::format("expected liger or shards, got '{}'", tiling));
   profile.dataloader_host_bytes_per_token = reader.get_double("dataloader_host_bytes_per_token", 0, 1 << 20);
+  profile.zero3_offload_gradient_buffer_bytes = reader.get_int("zero3_offload_gradient_buffer_bytes", 0, 8, 0);
+  profile.host_process_runtime_gb = reader.get_double("host_process_runtime_gb", 0, 1024, 0);
+  profile.host_dataloader_workers_gb = reader.get_double("host_dataloader_workers_gb", 0, 1024, 0);
+  profile.offloaded_params_pinned_power_of_two = reader.get_bool("offloaded_params_pinned_power_of_two", false);
   profile.activation_overhead_factor = reader.get_double("activation_overhead_factor", 1.0, 4.0);
   profile.step_schedule = reader.get_string("step_schedule", "phases");
   if (profile.step_schedule != "phases" && profile.step_schedule != "executor")

@@ -54,6 +54,16 @@ struct RuntimeProfile {
   bool fused_swiglu = false;
   LossTiling loss_tiling = LossTiling::loss_tiling_shards;
   double dataloader_host_bytes_per_token = 0;
+  // Host memory DeepSpeed and the training process take beside the offloaded tensors, per rank
+  // (REFERENCE §7.5; 0 / false where a runtime has none):
+  // ZeRO-3 with the optimizer offloaded stages each reduce-scattered gradient partition in a flat
+  // buffer of grad_accum_dtype (the model dtype by default) before the fp32 copy the step reads.
+  int64_t zero3_offload_gradient_buffer_bytes = 0;
+  double host_process_runtime_gb = 0;    // CUDA context and libraries, Python, NCCL host state (RSS)
+  double host_dataloader_workers_gb = 0; // the DataLoader's worker processes
+  // offload_param pins the bf16 flat parameter buffer, and PyTorch's pinned host allocator rounds
+  // every pinned allocation up to a power of two.
+  bool offloaded_params_pinned_power_of_two = false;
   // How a step's memory is predicted: "phases" replays the three heaviest phases of a framework
   // stack through the layer inventory; "executor" replays longseq's executor step, every layer.
   std::string step_schedule = "phases";

@@ -312,8 +312,15 @@ MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& clust
     host_add("master_weights", params * master_bytes / world);
     host_add("optimizer_states", params * as_double(profile.optimizer_state_bytes) / world);
     host_add("gradients_fp32", params * as_double(profile.gradient_bytes) / world);
+    if (plan.zero_stage == 3)
+      host_add("grad_partitions_flat_buffer", params * as_double(profile.zero3_offload_gradient_buffer_bytes) / world);
   }
-  if (plan.offload_params) host_add("weights", params * as_double(profile.weight_bytes) / world);
+  if (plan.offload_params) {
+    const double weight_bytes = params * as_double(profile.weight_bytes) / world;
+    host_add("weights", profile.offloaded_params_pinned_power_of_two ? std::exp2(std::ceil(std::log2(weight_bytes))) : weight_bytes);
+  }
+  host_add("process_runtime", profile.host_process_runtime_gb * 1e9);
+  host_add("dataloader_workers", profile.host_dataloader_workers_gb * 1e9);
   if (profile.step_schedule == "executor") {
     // What the executor's host pool held at its peak, tensor by tensor (same-named ones summed).
     std::vector<std::pair<std::string_view, double>> pooled;

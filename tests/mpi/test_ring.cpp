@@ -141,7 +141,8 @@ TEST_CASE("ring x Ulysses: loss and every gradient equal one unsharded rank; eve
   everything.mlp_tiles = 3;
   everything.loss_tiles = 2;
   const RuntimeProfile native = runtime_profile_load("native");
-  for (const auto& [u, r] : layouts()) {
+  for (const auto& degrees : layouts()) {
+    const int64_t u = degrees.first, r = degrees.second;  // (CAPTURE's lambda cannot capture structured bindings before C++20)
     Layout layout(u, r);
     for (const TrainingOptions& options : {TrainingOptions{}, checkpointed, everything}) {
       CAPTURE(u);
@@ -165,7 +166,8 @@ TEST_CASE("ring x Ulysses with ZeRO-3: the same gradients, reduce-scattered into
   const Batch batch = batch_make(kTokens);
   TrainingOptions checkpointed;
   checkpointed.activation_checkpointing = true;
-  for (const auto& [u, r] : layouts()) {
+  for (const auto& degrees : layouts()) {
+    const int64_t u = degrees.first, r = degrees.second;  // (CAPTURE's lambda cannot capture structured bindings before C++20)
     CAPTURE(u);
     CAPTURE(r);
     Layout layout(u, r);
@@ -185,7 +187,8 @@ TEST_CASE("the GPU's schedule (bf16 emulation, blocked attention): ring peaks eq
   const RuntimeProfile profile = runtime_profile_load("native-cuda");
   TrainingOptions options;
   options.activation_checkpointing = true;
-  for (const auto& [u, r] : layouts()) {
+  for (const auto& degrees : layouts()) {
+    const int64_t u = degrees.first, r = degrees.second;  // (CAPTURE's lambda cannot capture structured bindings before C++20)
     CAPTURE(u);
     CAPTURE(r);
     Layout layout(u, r);

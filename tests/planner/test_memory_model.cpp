@@ -152,6 +152,38 @@ TEST_CASE("optimizer and parameter offload move bytes from GPU to host without l
   CHECK(on_gpu.host_bytes_per_node == 0);
 }
 
+TEST_CASE("host terms beside the offloaded tensors (REFERENCE 7.5), hand-computed per rank") {
+  // The small model's P parameters on 8 ranks of one node, ZeRO-3 with both offloads. Per rank:
+  // DeepSpeed's bf16 gradient partition buffer 2 P / 8; the pinned bf16 weights 2 P / 8 rounded up
+  // to a power of two; the process (4 GB) and its DataLoader workers (1 GB).
+  const ModelSpec model = small_model();
+  RuntimeProfile profile = plain_profile();
+  profile.zero3_offload_gradient_buffer_bytes = 2;
+  profile.host_process_runtime_gb = 4;
+  profile.host_dataloader_workers_gb = 1;
+  profile.offloaded_params_pinned_power_of_two = true;
+  PlanOptions plan = bare_plan(1, 3);
+  plan.offload_optimizer = plan.offload_params = true;
+  const MemoryPrediction prediction = memory_predict(model, cluster_of(8), plan, profile, 1024);
+  const double partition = static_cast<double>(parameter_count(model).total) / 8.0;
+  CHECK(item_bytes(prediction.host_items, "grad_partitions_flat_buffer") == doctest::Approx(8 * 2 * partition));
+  double pinned = 1;
+  while (pinned < 2 * partition) pinned *= 2;
+  CHECK(pinned > 2 * partition);  // the rounding is real here
+  CHECK(item_bytes(prediction.host_items, "weights") == doctest::Approx(8 * pinned));
+  CHECK(item_bytes(prediction.host_items, "process_runtime") == doctest::Approx(8 * 4e9));
+  CHECK(item_bytes(prediction.host_items, "dataloader_workers") == doctest::Approx(8 * 1e9));
+  // The flat buffer is ZeRO-3's: ZeRO-1 with the optimizer offloaded has none.
+  PlanOptions zero1 = bare_plan(1, 1);
+  zero1.offload_optimizer = true;
+  CHECK(item_bytes(memory_predict(model, cluster_of(8), zero1, profile, 1024).host_items, "grad_partitions_flat_buffer") == 0);
+  // The built-in DeepSpeed profiles carry them; the executor's profiles have none.
+  const RuntimeProfile deepspeed = runtime_profile_load("deepspeed-hf");
+  CHECK(deepspeed.zero3_offload_gradient_buffer_bytes == 2);
+  CHECK(deepspeed.host_process_runtime_gb == 4);
+  CHECK(runtime_profile_load("native").host_process_runtime_gb == 0);
+}
+
 TEST_CASE("checkpoint offload moves L checkpoints per rank to the host") {
   const ModelSpec model = small_model();
   const ClusterSpec cluster = cluster_of(2);

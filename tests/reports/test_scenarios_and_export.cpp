@@ -96,7 +96,8 @@ TEST_CASE("Llama-3.1-70B, Ulysses alone vs Ulysses x ring: the same up to 64 GPU
     if (row.step == "Ulysses alone") CHECK(row.plan->ring == 1);
   }
   REQUIRE(alone.size() == 8);
-  for (const auto& [gpus, length] : alone) {
+  for (const auto& entry : alone) {  // (no structured bindings: CAPTURE's lambda cannot capture them before C++20)
+    const int64_t gpus = entry.first, length = entry.second;
     CAPTURE(gpus);
     const double ratio = static_cast<double>(ring.at(gpus)) / static_cast<double>(length);
     if (gpus <= 64) CHECK(ratio == doctest::Approx(1.0).epsilon(kSearchLengthResolution));  // the heads allow Ulysses alone
