@@ -258,10 +258,11 @@ std::string plan_report(const ModelSpec& model, const ClusterSpec& cluster, cons
     if (result.max_seqlen == 0)
       out += fmt::format("maximum sequence length: none — even {} tokens exceed {}\n", result.granularity, result.binding_constraint);
     else
-      out += fmt::format("maximum sequence length: {} tokens ({}), limited by {}\n", integer_with_commas(result.max_seqlen),
-                         seqlen_format(result.max_seqlen), result.binding_constraint);
+      out += fmt::format("maximum sequence length: {} tokens ({}), limited by {}{}\n", integer_with_commas(result.max_seqlen),
+                         seqlen_format(result.max_seqlen), result.binding_constraint,
+                         result.binding_host_term.empty() ? "" : " (largest host term: " + result.binding_host_term + ")");
     report["max_seqlen"] = {{"tokens", result.max_seqlen}, {"granularity", result.granularity},
-                            {"binding_constraint", result.binding_constraint}};
+                            {"binding_constraint", result.binding_constraint}, {"binding_host_term", result.binding_host_term}};
   }
   report["prediction"] = memory_prediction_to_json(prediction);
   out += fmt::format("  at {} tokens: {} tokens per rank", integer_with_commas(prediction.seqlen),

@@ -1,6 +1,9 @@
 #include "planner/max_seqlen.hpp"
 
+#include "planner/units.hpp"
+
 #include <algorithm>
+#include <fmt/format.h>
 #include <stdexcept>
 
 namespace longseq {
@@ -39,6 +42,13 @@ MaxSeqlenResult max_seqlen_find(const ModelSpec& model, const ClusterSpec& clust
                                ? memory_predict(model, cluster, plan, profile, fail_granules * granularity, with_breakdown)
                                : result.at_max;
     result.binding_constraint = fail_granules > 0 ? binding_constraint_describe(result.first_failure) : "search limit";
+    if (fail_granules > 0 && !result.first_failure.fits_host()) {
+      const auto& items = result.first_failure.host_items;
+      const auto largest = std::max_element(items.begin(), items.end(), [](const auto& a, const auto& b) { return a.bytes < b.bytes; });
+      if (largest != items.end())
+        result.binding_host_term = fmt::format("{}, {:.0f} of {:.0f} GiB per node", largest->name, largest->bytes / kBytesPerGib,
+                                               result.first_failure.host_capacity_bytes / kBytesPerGib);
+    }
     return result;
   };
 

@@ -16,6 +16,9 @@ struct MaxSeqlenResult {
   int64_t max_seqlen = 0;            // 0: not even one granule fits
   int64_t granularity = 1;           // S is searched in multiples of this (sp, or the user's)
   std::string binding_constraint;    // "GPU memory", "host memory", "GPU and host memory", or "search limit"
+  // When host memory binds: its largest term at the first failing length, e.g.
+  // "hidden_states_checkpoints, 1,934 of 2,048 GiB per node"; empty otherwise.
+  std::string binding_host_term;
   MemoryPrediction at_max;           // prediction at max_seqlen (at `granularity` when it is 0)
   MemoryPrediction first_failure;    // prediction at max_seqlen + granularity
 };

@@ -115,7 +115,7 @@ TEST_CASE("every memory option leaves loss and gradients unchanged") {
   }
 }
 
-TEST_CASE("memory options lower the measured peak; an exceeded budget is a clean error with the breakdown") {
+TEST_CASE("memory options lower the measured peak, an exceeded budget is a clean error with the breakdown") {
   const Run plain = run({});
   TrainingOptions saving;
   saving.activation_checkpointing = saving.checkpoint_offload = true;

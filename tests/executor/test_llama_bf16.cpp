@@ -143,7 +143,7 @@ TEST_CASE("bf16 step: measured arena peak equals the native-cuda prediction less
   }
 }
 
-TEST_CASE("bf16 FPDT (the GPU's chunked schedule on the CPU): loss and gradients track the fp32 model as the unchunked step does; peaks as predicted") {
+TEST_CASE("bf16 FPDT (the GPU's chunked schedule on the CPU): loss and gradients track the fp32 model as the unchunked step does, peaks as predicted") {
   // Chunking rounds each chunk pair's output and gradients to bf16 before their fp32 merge or
   // accumulation (as the GPU does), where the unchunked kernel rounds once: against the fp32 model
   // the chunked bf16 step must stay within the unchunked bf16 step's tolerances (fp32 FPDT equals

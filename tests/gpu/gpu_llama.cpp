@@ -98,7 +98,7 @@ TEST_CASE("every memory option on the GPU leaves loss and gradients unchanged (a
   }
 }
 
-TEST_CASE("the GPU arena's measured peak equals the native-cuda prediction; the runtime's bytes are measured beside it") {
+TEST_CASE("the GPU arena's measured peak equals the native-cuda prediction, the runtime's bytes are measured beside it") {
   const ModelSpec spec = model_load("tiny-llama");
   const RuntimeProfile profile = runtime_profile_load("native-cuda");
   const ClusterSpec cluster = executor_cluster(std::numeric_limits<double>::infinity());

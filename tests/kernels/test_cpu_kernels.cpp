@@ -81,7 +81,7 @@ void attention_reference(Vector& out, const Vector& q, const Vector& k, const Ve
 
 }  // namespace
 
-TEST_CASE("linear: forward is x W^T + b; backward matches finite differences") {
+TEST_CASE("linear: forward is x W^T + b, backward matches finite differences") {
   const int64_t T = 5, C = 7, OC = 3;
   Vector x = random_vector(T * C, 1), w = random_vector(OC * C, 2), b = random_vector(OC, 3), weights = random_vector(T * OC, 4);
   Vector out(T * OC);
@@ -98,7 +98,7 @@ TEST_CASE("linear: forward is x W^T + b; backward matches finite differences") {
   check_gradient(b, db, loss, "dbias");
 }
 
-TEST_CASE("embedding: rows are looked up; backward scatters into the rows used (repeats add)") {
+TEST_CASE("embedding: rows are looked up, backward scatters into the rows used (repeats add)") {
   const int64_t T = 6, C = 4, V = 5;
   const std::vector<int32_t> tokens = {1, 3, 1, 0, 4, 3};
   Vector table = random_vector(V * C, 5), weights = random_vector(T * C, 6), out(T * C);
@@ -146,7 +146,7 @@ TEST_CASE("rmsnorm: forward and backward for input and weight") {
   check_gradient(w, dw, loss, "dweight");
 }
 
-TEST_CASE("rope: a rotation per pair (norm kept, position 0 unchanged); backward matches finite differences") {
+TEST_CASE("rope: a rotation per pair (norm kept, position 0 unchanged), backward matches finite differences") {
   const int64_t T = 5, NH = 2, HD = 8;
   const std::vector<int32_t> positions = {0, 1, 2, 0, 1};  // two packed documents
   Vector x = random_vector(T * NH * HD, 13), weights = random_vector(T * NH * HD, 14), out(T * NH * HD);

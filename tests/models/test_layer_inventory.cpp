@@ -74,7 +74,7 @@ TEST_CASE("forward without keeping (checkpointed layer): peak is at the eager Sw
   CHECK(trace.live_items().size() == 2);
 }
 
-TEST_CASE("forward: Liger's fused SwiGLU saves one F; TiledMLP leaves one tile's F") {
+TEST_CASE("forward: Liger's fused SwiGLU saves one F, TiledMLP leaves one tile's F") {
   LayerImplementation fused = eager();
   fused.fused_swiglu = true;
   TensorTrace trace;
@@ -146,7 +146,7 @@ TEST_CASE("Ulysses: all-to-all staging, and kv heads replicated when sp > n_kv")
   CHECK(live_bytes_of(plain, "attention.k") == K);
 }
 
-TEST_CASE("logits and loss: untiled peaks in cross-entropy backward; Liger holds one chunk") {
+TEST_CASE("logits and loss: untiled peaks in cross-entropy backward, Liger holds one chunk") {
   TensorTrace untiled;
   untiled.alloc(kCategoryLayer, "final_norm.input", X);
   lm_loss_forward_backward(untiled, shape_make(), eager(), LossImplementation::loss_untiled, 0, 2);

@@ -132,7 +132,7 @@ TEST_CASE("a ring pass: every rank receives its predecessor's block, over MPI") 
   CHECK(arrived == std::vector<uint16_t>(3, static_cast<uint16_t>(100 + (rank + size - 1) % size)));
 }
 
-TEST_CASE("ring x Ulysses: loss and every gradient equal one unsharded rank; every rank's peak equals the native prediction") {
+TEST_CASE("ring x Ulysses: loss and every gradient equal one unsharded rank, every rank's peak equals the native prediction") {
   const Batch batch = batch_make(kTokens);
   TrainingOptions checkpointed;
   checkpointed.activation_checkpointing = true;
@@ -162,7 +162,7 @@ TEST_CASE("ring x Ulysses: loss and every gradient equal one unsharded rank; eve
   }
 }
 
-TEST_CASE("ring x Ulysses with ZeRO-3: the same gradients, reduce-scattered into shards; peaks as predicted") {
+TEST_CASE("ring x Ulysses with ZeRO-3: the same gradients, reduce-scattered into shards, peaks as predicted") {
   const Batch batch = batch_make(kTokens);
   TrainingOptions checkpointed;
   checkpointed.activation_checkpointing = true;
@@ -180,7 +180,7 @@ TEST_CASE("ring x Ulysses with ZeRO-3: the same gradients, reduce-scattered into
   }
 }
 
-TEST_CASE("the GPU's schedule (bf16 emulation, blocked attention): ring peaks equal the native-cuda prediction; loss tracks fp32") {
+TEST_CASE("the GPU's schedule (bf16 emulation, blocked attention): ring peaks equal the native-cuda prediction, loss tracks fp32") {
   // The CPU's Bf16CpuOps allocates what CudaOps allocates (the blocked kernel's workspace per chunk
   // pair, bf16 blocks and fp32 accumulators on the ring), so the GPU's ring schedule is checked here.
   const Batch batch = batch_make(kTokens);

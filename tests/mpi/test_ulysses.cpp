@@ -324,7 +324,7 @@ int main(int argc, char** argv) { return mpi_doctest_main(argc, argv); }
 // (whole, or reduce-scattered into shards), never the arithmetic: the communicator sums in rank
 // order either way, so three AdamW steps leave the same weights, bit for bit, as the plan without
 // them; and each run's device and host peaks are the native prediction for its plan.
-TEST_CASE("ZeRO-1, ZeRO-2 and parameter offload: the same weights after three AdamW steps, bitwise; peaks as predicted") {
+TEST_CASE("ZeRO-1, ZeRO-2 and parameter offload: the same weights after three AdamW steps, bitwise, peaks as predicted") {
   const ModelSpec spec = model_load("tiny-llama");
   const Batch batch = batch_make(64);
   const int64_t sp = world().size(), T = 64 / sp, first = world().rank() * T;
@@ -377,7 +377,7 @@ TEST_CASE("ZeRO-1, ZeRO-2 and parameter offload: the same weights after three Ad
 // chunk i is the sequence's chunk i for this rank's heads. Loss and every gradient equal one
 // unsharded, unchunked rank within the memory options' tolerance (summation order only); peaks
 // equal the native prediction per rank, device and host.
-TEST_CASE("FPDT with Ulysses: loss and gradients equal one unchunked rank, for 1, 2 and 8 chunks; peaks as predicted") {
+TEST_CASE("FPDT with Ulysses: loss and gradients equal one unchunked rank, for 1, 2 and 8 chunks, peaks as predicted") {
   const ModelSpec spec = model_load("tiny-llama");
   const Batch batch = batch_make(64);  // two documents; GQA: kv heads replicated on 4 ranks
   const int64_t sp = world().size(), T = 64 / sp;

@@ -543,3 +543,17 @@ TEST_CASE("ring passing, hand-computed: r - 1 block transfers per pass, each bey
   CHECK(attention_benchmark_seconds(benchmark, node) ==
         doctest::Approx(2.0 * 1048576.0 * 1048576.0 * 128.0 * 32.0 / 8.0 / 328e12).epsilon(1e-12));
 }
+
+TEST_CASE("a host-bound plan names the host term that binds, a GPU-bound one names none") {
+  const ModelSpec model = small_model();
+  PlanOptions plan = bare_plan(1, 3);
+  plan.activation_checkpointing = plan.checkpoint_offload = true;
+  // 1000 GiB of GPU, 1 GiB of host per node: the offloaded checkpoints fill the host first.
+  const MaxSeqlenResult host_bound = max_seqlen_find(model, cluster_of(8, 1000, 1), plan, plain_profile());
+  CHECK(host_bound.binding_constraint == "host memory");
+  CHECK(host_bound.binding_host_term.rfind("hidden_states_checkpoints, ", 0) == 0);
+  CHECK(host_bound.binding_host_term.find("of 1 GiB per node") != std::string::npos);
+  const MaxSeqlenResult gpu_bound = max_seqlen_find(model, cluster_of(8, 1, 1000), plan, plain_profile());
+  CHECK(gpu_bound.binding_constraint == "GPU memory");
+  CHECK(gpu_bound.binding_host_term.empty());
+}

@@ -122,16 +122,26 @@ TEST_CASE("bad scenario files name the file, the key and the reason") {
                        doctest::Contains("x.yaml: key 'output.figures[0]': unknown figure 'pie'"), ConfigError);
 }
 
-TEST_CASE("a failed sweep writes nothing; a rerun replaces the old results whole") {
+TEST_CASE("a failed sweep writes nothing, a rerun replaces the old results whole, foreign files are never touched") {
   const Scenario bad = scenario_load(kData + "/scenarios/unknown-model.yaml");
   CHECK_THROWS_AS(scenario_run(bad), ConfigError);  // the model is resolved before any work
   const Scenario scenario = scenario_load(kScenarios + "/alst-ablation-8xh100.yaml");
+  const std::vector<SweepRow> rows = scenario_run(scenario);
   const fs::path out = temp_dir("replace");
   fs::create_directories(out);
   std::ofstream(out / "stale.txt") << "old";
-  sweep_results_write(scenario, scenario_run(scenario), out.string());
-  CHECK_FALSE(fs::exists(out / "stale.txt"));
+  // A directory with someone else's file is refused, and nothing is written into it...
+  CHECK_THROWS_WITH_AS(sweep_results_write(scenario, rows, out.string()), doctest::Contains("stale.txt"), ConfigError);
+  CHECK_FALSE(fs::exists(out / "results.csv"));
+  // ...unless asked to overwrite: then the results are written and the foreign file stays.
+  sweep_results_write(scenario, rows, out.string(), /*overwrite=*/true);
+  CHECK(fs::exists(out / "stale.txt"));
   CHECK(fs::exists(out / "results.csv"));
+  fs::remove(out / "stale.txt");
+  // A rerun into a directory of its own results replaces them whole.
+  std::ofstream(out / "results.csv") << "edited by hand";
+  sweep_results_write(scenario, rows, out.string());
+  CHECK(file_read_text((out / "results.csv").string()).rfind("model,gpu,", 0) == 0);
   for (const auto& entry : fs::directory_iterator(out.parent_path()))
     CHECK(entry.path().filename().string().find(out.filename().string() + ".partial") == std::string::npos);
   fs::remove_all(out);
@@ -241,7 +251,7 @@ TEST_CASE("Accelerate export: a YAML that names the DeepSpeed JSON, auto batch k
   CHECK(any_note_contains(exported, "checkpoint offload"));
 }
 
-TEST_CASE("ArcticTraining export: only keys its strict config accepts; CPU Adam with optimizer offload; the planned length") {
+TEST_CASE("ArcticTraining export: only keys its strict config accepts, CPU Adam with optimizer offload, the planned length") {
   // TrainerConfig and sub-config keys (AT-main config/*.py; FRAMEWORKS §1.3-1.6): extra="forbid".
   const std::set<std::string> top = {"type", "code", "skip_validation", "model", "data", "tokenizer", "logger", "wandb", "scheduler",
                                      "optimizer", "deepspeed", "epochs", "micro_batch_size", "gradient_accumulation_steps",
