@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <optional>
 
 #include "models/config_error.hpp"
@@ -511,11 +512,18 @@ int plan_command_run(const PlanCommandArgs& args) {
 
     out += "\nwhy not (the best plan with one thing changed):\n";
     nlohmann::json alternatives = nlohmann::json::array();
+    // Invalid (u, r) pairs refused for one reason (a framework without ring attention) are one
+    // line in the text, with how many there are; the JSON keeps every one.
+    std::map<std::string, int64_t> degree_pairs_refused;
     for (const auto& alternative : search_notable_alternatives(result)) {
       const SearchCandidate& c = *alternative.candidate;
       std::string why;
       if (!c.problems.empty()) {
         why = "invalid: " + c.problems.front();
+        if (c.plan.ring > 1 && degree_pairs_refused[why]++ > 0) {
+          alternatives.push_back({{"change", alternative.change}, {"plan", plan_to_json(c.plan, cluster)}, {"outcome", why}});
+          continue;
+        }
       } else {
         const int64_t failing = by_length ? c.max_seqlen + seqlen_granule(c.plan) : options.seqlen;
         why = candidate_line(c);
@@ -526,6 +534,8 @@ int plan_command_run(const PlanCommandArgs& args) {
       out += fmt::format("  {:<44} {}\n", alternative.change, why);
       alternatives.push_back({{"change", alternative.change}, {"plan", plan_to_json(c.plan, cluster)}, {"outcome", why}});
     }
+    for (const auto& [why, count] : degree_pairs_refused)
+      if (count > 1) out += fmt::format("  {:<44} {}\n", fmt::format("(and {} more sp x ring pairs)", count - 1), why);
     report["alternatives"] = alternatives;
     // A better plan another framework runs (the same search over every option).
     if (!machine) {
