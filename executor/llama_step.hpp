@@ -338,11 +338,13 @@ void fpdt_attention_backward(Ops& ops, const Act* output_grad, Act* q_grad, Act*
 // sequence in 2r chunks of c = S / 2r tokens, ring rank i holding chunks i and 2r-1-i (so every
 // rank has the same causal work: one early and one late chunk, the split Megatron-Core's context
 // parallelism uses too), its Ulysses group sharing them by heads. This rank's queries stay; key/
-// value blocks (both chunks of a ring rank, for this rank's heads) pass around the ring, each
-// received while the one before is used, and every chunk pair with any visible key is computed
-// with the range kernels (global token indices: causal and packed-document masks hold across
-// blocks) and merged into an fp32 accumulator by the online softmax. The lse is laid out per half,
-// [2][heads][c], so each half's statistics are contiguous for the range kernels.
+// value blocks (both chunks of a ring rank, for this rank's heads) pass around the ring, the next
+// one arriving into its own buffer beside the one in use (double buffered: the memory of an
+// overlapped schedule, though the communicators here finish each pass before the compute
+// starts), and every chunk pair with any visible key is computed with the range kernels (global
+// token indices: causal and packed-document masks hold across blocks) and merged into an fp32
+// accumulator by the online softmax. The lse is laid out per half, [2][heads][c], so each half's
+// statistics are contiguous for the range kernels.
 struct RingGeometry {
   int64_t r = 1, rank = 0, c = 0, q_heads = 0, kv_heads = 0;
   // The global chunk that ring rank `holder` keeps in half `half` (0: its early chunk).

@@ -880,8 +880,8 @@ void executor_layer_forward(TensorTrace& trace, TensorTrace* host, const LayerSh
 // and "layer.output_grad" live; leaves "layer.input_grad".
 void executor_layer_backward(TensorTrace& trace, TensorTrace* host, const LayerShape& shape, const ExecutorStepOptions& options) {
   const ExecutorBytes b(shape, options);
-  // FlashAttention-2's softmax delta (rowsum(dO * O), fp32 [NQ, T]) and the kernel's workspace.
-  auto delta_and_workspace = [&] {
+  // FlashAttention-2's softmax delta (rowsum(dO * O), fp32 [NQ, T]), then the kernel's workspace or the ring's buffers.
+  auto delta_and_attention = [&] {
     trace.alloc(L, "attention.softmax_delta", b.lse);
     if (shape.ring > 1) {
       executor_ring_backward(trace, shape, b);
@@ -923,7 +923,7 @@ void executor_layer_backward(TensorTrace& trace, TensorTrace* host, const LayerS
     trace.free("attention.output_grad");
     trace.free("attention.output");
   } else if (shape.sp == 1) {
-    delta_and_workspace();
+    delta_and_attention();
     for (const char* name : {"attention.output_grad", "attention.output", "attention.lse", "attention.q", "attention.k", "attention.v"})
       trace.free(name);
   } else {
@@ -934,7 +934,7 @@ void executor_layer_backward(TensorTrace& trace, TensorTrace* host, const LayerS
     trace.alloc(L, "attention.q_grad_global", b.q);
     trace.alloc(L, "attention.k_grad_global", b.kv_global);
     trace.alloc(L, "attention.v_grad_global", b.kv_global);
-    delta_and_workspace();
+    delta_and_attention();
     for (const char* name : {"attention.output_grad_global", "attention.output_global", "attention.lse", "attention.q_global",
                              "attention.k_global", "attention.v_global", "attention.output"})
       trace.free(name);

@@ -77,7 +77,8 @@ double decoder_layer_saved_bytes(const LayerShape& shape, const LayerImplementat
 double fpdt_host_bytes(const LayerShape& shape, const LayerImplementation& impl);
 
 // longseq's own executor (executor/llama_step.hpp), tensor for tensor and in its order: RoPE in place,
-// Ulysses through staging buffers, SwiGLU keeping gate/up/product with separate gradient buffers,
+// Ulysses through staging buffers, ring attention's key/value blocks and fp32 accumulators (when
+// shape.ring > 1), SwiGLU keeping gate/up/product with separate gradient buffers,
 // RMSNorm keeping its rstd, attention backward with FlashAttention-2's softmax delta, a cross
 // entropy that writes the logits' gradient without a log-softmax copy, checkpoint offload that
 // keeps a layer's input on the device until the next layer is done (the copy overlaps it) and
