@@ -90,6 +90,7 @@ RuntimeProfile runtime_profile_from_text(const std::string& yaml_text, const std
   profile.host_process_runtime_gb = reader.get_double("host_process_runtime_gb", 0, 1024, 0);
   profile.host_dataloader_workers_gb = reader.get_double("host_dataloader_workers_gb", 0, 1024, 0);
   profile.offloaded_params_pinned_power_of_two = reader.get_bool("offloaded_params_pinned_power_of_two", false);
+  profile.cpu_adam_bandwidth_efficiency = reader.get_double("cpu_adam_bandwidth_efficiency", 0.01, 1.0, 1.0);
   profile.activation_overhead_factor = reader.get_double("activation_overhead_factor", 1.0, 4.0);
   profile.step_schedule = reader.get_string("step_schedule", "phases");
   if (profile.step_schedule != "phases" && profile.step_schedule != "executor")

@@ -64,6 +64,9 @@ struct RuntimeProfile {
   // offload_param pins the bf16 flat parameter buffer, and PyTorch's pinned host allocator rounds
   // every pinned allocation up to a power of two.
   bool offloaded_params_pinned_power_of_two = false;
+  // The host optimizer step's share of the node's DRAM bandwidth (CPU Adam is bandwidth-bound:
+  // ~30 bytes moved per parameter); 1 = the theoretical bandwidth.
+  double cpu_adam_bandwidth_efficiency = 1.0;
   // How a step's memory is predicted: "phases" replays the three heaviest phases of a framework
   // stack through the layer inventory; "executor" replays longseq's executor step, every layer.
   std::string step_schedule = "phases";

@@ -169,7 +169,8 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
 
   // Optimizer step. Offloaded (DeepSpeed cpu_adam): gradients down, an Adam pass over the node's
   // partitions bound by host memory bandwidth (reads and writes fp32 master, m, v, reads the fp32
-  // gradient, writes the bf16 weight: 2*(4+8) + 4 + 2 = 30 bytes/parameter), weights back up.
+  // gradient, writes the bf16 weight: 2*(4+8) + 4 + 2 = 30 bytes/parameter) at the share of it
+  // CPU Adam achieves (the profile's, from a measurement), weights back up.
   // On the GPU the same pass is bound by HBM bandwidth.
   const double optimizer_shards = plan.zero_stage >= 1 ? world : 1.0;
   const double adam_bytes_per_param = 2.0 * as_double(profile.master_weight_bytes + profile.optimizer_state_bytes) +
@@ -177,7 +178,8 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   const double partition_params = as_double(params.total) / optimizer_shards;
   if (plan.offload_optimizer) {
     time.optimizer_s = pcie_seconds(partition_params * as_double(profile.gradient_bytes), card.pcie_device_to_host_gbps) +
-                       partition_params * as_double(cluster.ranks_per_node()) * adam_bytes_per_param / (card.host_memory_gbps * 1e9) +
+                       partition_params * as_double(cluster.ranks_per_node()) * adam_bytes_per_param /
+                           (card.host_memory_gbps * profile.cpu_adam_bandwidth_efficiency * 1e9) +
                        pcie_seconds(partition_params * as_double(profile.weight_bytes), card.pcie_host_to_device_gbps);
   } else {
     time.optimizer_s = partition_params * adam_bytes_per_param / (card.hbm_gbps * 1e9);

@@ -557,3 +557,18 @@ TEST_CASE("a host-bound plan names the host term that binds, a GPU-bound one nam
   CHECK(gpu_bound.binding_constraint == "GPU memory");
   CHECK(gpu_bound.binding_host_term.empty());
 }
+
+TEST_CASE("the offloaded optimizer step, hand-computed: gradients down, CPU Adam at its measured share of DRAM bandwidth, weights up") {
+  // Llama-3.1-8B on one H100 node (8 ranks), ZeRO-3 with the optimizer offloaded. Per rank a
+  // partition of P / 8 parameters: its fp32 gradients down PCIe (55.06 GBps), the node's CPU Adam
+  // over all P parameters at 30 bytes each through 45.6% of 409.6 GB/s (deepspeed-hf), its bf16
+  // weights back up (55.43 GBps).
+  const ModelSpec model = model_load("llama-3.1-8b");
+  const ClusterSpec node = cluster_make(hardware_card_load("h100-sxm-80gb"), 8, 0, 0, 0);
+  PlanOptions plan = PlanOptions::alst(8);
+  const RuntimeProfile profile = runtime_profile_load("deepspeed-hf");
+  REQUIRE(plan.offload_optimizer);
+  const double parameters = static_cast<double>(parameter_count(model).total), partition = parameters / 8.0;
+  const double expected_s = partition * 4.0 / 55.06e9 + parameters * 30.0 / (409.6e9 * 0.456) + partition * 2.0 / 55.43e9;
+  CHECK(time_predict(model, node, plan, profile, 1 << 20).time.optimizer_s == doctest::Approx(expected_s).epsilon(1e-12));
+}
