@@ -28,6 +28,7 @@ struct PlanCommandArgs {
   int64_t layers = 0;  // 0: the card's
   std::string gpu = "h100-sxm-80gb";
   std::string profile;  // empty: the target framework's (deepspeed-hf, megatron-deepspeed, native-cuda)
+  std::string attention;  // empty: the profile's kernel
   std::optional<std::string> framework;
   // nullopt: not given (a given 0 or negative value is an error, never "not given").
   std::optional<int64_t> gpus, nodes, gpus_per_node;
@@ -134,6 +135,10 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
   command->add_option("--profile", args->profile,
                       "runtime profile: deepspeed-hf (default; megatron-deepspeed with --framework megatron-deepspeed, native-cuda "
                       "with --framework longseq), native, or a .yaml");
+  command->add_option("--attention", args->attention,
+                      "attention kernel: fa2 (FlashAttention-2, the profile's default) or fa3 (FlashAttention-3 on Hopper: its "
+                      "backward buffers and its published speed)")
+      ->check(CLI::IsMember({"fa2", "fa3"}));
   command->add_option("--framework", args->framework,
                       "the framework the plan is for: arctic-training (default for the search: ALST's trainer, a switch for each "
                       "of its techniques), hf-accelerate (Accelerate / HF Trainer / TRL), megatron-deepspeed (where FPDT lives), "
@@ -371,7 +376,11 @@ int plan_command_run(const PlanCommandArgs& args) {
                                    : framework == Framework::framework_megatron_deepspeed ? "megatron-deepspeed"
                                    : framework == Framework::framework_longseq            ? "native-cuda"
                                                                                           : "deepspeed-hf";
-  const RuntimeProfile profile = machine ? machine_profile(target) : runtime_profile_load(profile_name);
+  RuntimeProfile profile = machine ? machine_profile(target) : runtime_profile_load(profile_name);
+  if (!args.attention.empty()) {
+    if (machine) throw ConfigError("--attention", "", "planning for this machine (--ranks) plans for longseq's own attention kernel");
+    profile.attention_kernel = args.attention;
+  }
   if (args.host_memory_gib && !(*args.host_memory_gib > 0))
     throw ConfigError("--host-mem-gib", "", fmt::format("must be positive, got {}", *args.host_memory_gib));
   const ClusterSpec cluster =
@@ -379,6 +388,7 @@ int plan_command_run(const PlanCommandArgs& args) {
               : cluster_make(hardware_card_load(args.gpu), positive_or_default(args.gpus, "--gpus"), positive_or_default(args.nodes, "--nodes"),
                              positive_or_default(args.gpus_per_node, "--gpus-per-node"), args.host_memory_gib.value_or(0.0));
   const HardwareCard& hardware = cluster.hardware;
+  if (const std::string problem = attention_kernel_problem(profile, hardware); !problem.empty()) throw ConfigError("--attention", "", problem);
   if (!args.plan_out.empty() && !args.emit.empty()) throw ConfigError("--plan-out", "", "given with --emit; write one at a time");
   if (args.micro_batch < 1 || args.micro_batch > 1'000'000)
     throw ConfigError("--micro-batch", "", fmt::format("must be in [1, 1000000], got {}", args.micro_batch));
@@ -392,6 +402,7 @@ int plan_command_run(const PlanCommandArgs& args) {
        {{"gpu", hardware.name}, {"gpus", cluster.gpus}, {"nodes", cluster.nodes}, {"gpus_per_node", cluster.gpus_per_node},
         {"gpu_memory_gib", hardware.gpu_memory_gib}, {"host_memory_gib_per_node", cluster.host_memory_gib}}},
       {"runtime_profile", profile.name},
+      {"attention_kernel", profile.attention_kernel},
       {"framework", framework_name(framework)},
   };
   std::string header = fmt::format("longseq plan: PREDICTIONS of the cost model (runtime profile '{}'), not measurements\n", profile.name);

@@ -283,19 +283,35 @@ void ulysses_attention_backward(TensorTrace& trace, const LayerShape& shape, con
     trace.alloc(L, "ring.kv_blocks_in_flight", 4.0 * bytes.kv_replicated);
     trace.alloc(L, "ring.kv_grad_accumulators_in_flight", 4.0 * bytes.kv_replicated / static_cast<double>(impl.activation_bytes) * 4.0);
   }
-  if (impl.flash_attention_expands_gqa_grads && grouped) {
-    trace.alloc(L, "attention.k_grad_expanded", bytes.q);
-    trace.alloc(L, "attention.v_grad_expanded", bytes.q);
-  }
-  if (impl.flash_attention_dq_accumulator) {
-    trace.alloc(L, "attention.q_grad_accumulator", bytes.q / static_cast<double>(impl.activation_bytes) * 4.0);
+  if (impl.flash_attention_3) {
+    // FA3 (hopper/flash_api.cpp L1475-1546): fp32 dk/dv accumulators at kv width under GQA, the
+    // fp32 dq accumulator, softmax_d and softmax_lse_log2.
+    const double fp32 = 4.0 / static_cast<double>(impl.activation_bytes);
+    if (grouped) {
+      trace.alloc(L, "attention.k_grad_accumulator", bytes.kv_replicated * fp32);
+      trace.alloc(L, "attention.v_grad_accumulator", bytes.kv_replicated * fp32);
+    }
+    trace.alloc(L, "attention.q_grad_accumulator", bytes.q * fp32);
     trace.alloc(L, "attention.softmax_d", bytes.lse);
-    trace.free("attention.q_grad_accumulator");
-    trace.free("attention.softmax_d");
-  }
-  if (impl.flash_attention_expands_gqa_grads && grouped) {
-    trace.free("attention.k_grad_expanded");
-    trace.free("attention.v_grad_expanded");
+    trace.alloc(L, "attention.softmax_lse_log2", bytes.lse);
+    for (const char* name : {"attention.softmax_lse_log2", "attention.softmax_d", "attention.q_grad_accumulator"}) trace.free(name);
+    if (grouped)
+      for (const char* name : {"attention.v_grad_accumulator", "attention.k_grad_accumulator"}) trace.free(name);
+  } else {
+    if (impl.flash_attention_expands_gqa_grads && grouped) {
+      trace.alloc(L, "attention.k_grad_expanded", bytes.q);
+      trace.alloc(L, "attention.v_grad_expanded", bytes.q);
+    }
+    if (impl.flash_attention_dq_accumulator) {
+      trace.alloc(L, "attention.q_grad_accumulator", bytes.q / static_cast<double>(impl.activation_bytes) * 4.0);
+      trace.alloc(L, "attention.softmax_d", bytes.lse);
+      trace.free("attention.q_grad_accumulator");
+      trace.free("attention.softmax_d");
+    }
+    if (impl.flash_attention_expands_gqa_grads && grouped) {
+      trace.free("attention.k_grad_expanded");
+      trace.free("attention.v_grad_expanded");
+    }
   }
   if (shape.ring > 1)
     for (const char* name : {"ring.kv_grad_accumulators_in_flight", "ring.kv_blocks_in_flight"}) trace.free(name);

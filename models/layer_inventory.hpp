@@ -43,6 +43,10 @@ struct LayerImplementation {
   int64_t ulysses_staging_copies = 2;    // extra buffers live during one all-to-all
   bool flash_attention_dq_accumulator = false;   // fp32 dq accumulator in attention backward
   bool flash_attention_expands_gqa_grads = false;// dk/dv allocated at q-head width, then summed
+  // FlashAttention-3's backward instead (hopper/flash_api.cpp, REFERENCE §9): fp32 dq accumulator,
+  // fp32 softmax_d and softmax_lse_log2, and with GQA fp32 dk/dv accumulators at kv width (no
+  // expansion to the q heads).
+  bool flash_attention_3 = false;
   bool fused_swiglu = false;             // SwiGLU saves gate and up only (Liger), not SiLU(gate)
 };
 

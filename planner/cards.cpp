@@ -54,6 +54,8 @@ HardwareCard hardware_card_from_text(const std::string& yaml_text, const std::st
   card.matmul_achieved_tflops = reader.get_double("matmul_achieved_tflops", 0.001, 1e7);
   card.flash_attention_tflops_hd128 = reader.get_double("flash_attention_tflops_hd128", 0.001, 1e7);
   card.flash_attention_tflops_hd64 = reader.get_double("flash_attention_tflops_hd64", 0.001, 1e7);
+  card.flash_attention3_tflops_hd128 = reader.get_double("flash_attention3_tflops_hd128", 0, 1e7, 0);
+  card.flash_attention3_tflops_hd64 = reader.get_double("flash_attention3_tflops_hd64", 0, 1e7, 0);
   card.hbm_gbps = reader.get_double("hbm_gbps", 0.001, 1e7);
   card.nccl_intranode_busbw_gbps = reader.get_double("nccl_intranode_busbw_gbps", 0.001, 1e6);
   card.nccl_latency_us = reader.get_double("nccl_latency_us", 0, 1e6);
@@ -91,6 +93,9 @@ RuntimeProfile runtime_profile_from_text(const std::string& yaml_text, const std
   profile.host_dataloader_workers_gb = reader.get_double("host_dataloader_workers_gb", 0, 1024, 0);
   profile.offloaded_params_pinned_power_of_two = reader.get_bool("offloaded_params_pinned_power_of_two", false);
   profile.cpu_adam_bandwidth_efficiency = reader.get_double("cpu_adam_bandwidth_efficiency", 0.01, 1.0, 1.0);
+  profile.attention_kernel = reader.get_string("attention_kernel", "fa2");
+  if (profile.attention_kernel != "fa2" && profile.attention_kernel != "fa3")
+    throw ConfigError(source_name, "attention_kernel", fmt::format("expected fa2 or fa3, got '{}'", profile.attention_kernel));
   profile.activation_overhead_factor = reader.get_double("activation_overhead_factor", 1.0, 4.0);
   profile.step_schedule = reader.get_string("step_schedule", "phases");
   if (profile.step_schedule != "phases" && profile.step_schedule != "executor")

@@ -25,6 +25,9 @@ struct HardwareCard {
   double matmul_achieved_tflops = 0;        // measured max bf16 matmul (MAMF)
   double flash_attention_tflops_hd128 = 0;  // FlashAttention fwd+bwd, causal, FA FLOP convention
   double flash_attention_tflops_hd64 = 0;
+  // FlashAttention-3 (Hopper only; 0: the card cannot run it), fwd+bwd causal, same convention.
+  double flash_attention3_tflops_hd128 = 0;
+  double flash_attention3_tflops_hd64 = 0;
   double hbm_gbps = 0;
   double nccl_intranode_busbw_gbps = 0;     // NCCL bus bandwidth inside a node
   double nccl_latency_us = 0;               // per collective (alpha)
@@ -67,6 +70,9 @@ struct RuntimeProfile {
   // The host optimizer step's share of the node's DRAM bandwidth (CPU Adam is bandwidth-bound:
   // ~30 bytes moved per parameter); 1 = the theoretical bandwidth.
   double cpu_adam_bandwidth_efficiency = 1.0;
+  // The attention kernel the stack runs: "fa2" (FlashAttention-2) or "fa3" (FlashAttention-3, on
+  // cards that have its rate): its backward buffers (layer_inventory.hpp) and its speed.
+  std::string attention_kernel = "fa2";
   // How a step's memory is predicted: "phases" replays the three heaviest phases of a framework
   // stack through the layer inventory; "executor" replays longseq's executor step, every layer.
   std::string step_schedule = "phases";

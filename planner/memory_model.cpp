@@ -70,6 +70,7 @@ Setup setup_make(const ModelSpec& model, const PlanOptions& plan, const RuntimeP
   impl.ulysses_staging_copies = profile.ulysses_staging_copies;
   impl.flash_attention_dq_accumulator = profile.flash_attention_dq_accumulator;
   impl.flash_attention_expands_gqa_grads = profile.flash_attention_expands_gqa_grads;
+  impl.flash_attention_3 = profile.attention_kernel == "fa3";
   // ALST turns Liger's fused SwiGLU off when TiledMLP is on (AT-code model/liger_factory.py).
   impl.fused_swiglu = profile.fused_swiglu && !plan.tiled_mlp;
 

@@ -1,6 +1,8 @@
 #include "planner/time_model.hpp"
 
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 
 #include "planner/comm_model.hpp"
 
@@ -24,10 +26,20 @@ double StepTime::total_s() const {
          fpdt_fetch_exposed_s + ring_exposed_s + ring_final_hop_s + optimizer_s;
 }
 
-double flash_attention_tflops(const HardwareCard& card, int64_t head_dim) {
+double flash_attention_tflops(const HardwareCard& card, int64_t head_dim, const std::string& kernel) {
   const double d = std::clamp(static_cast<double>(head_dim), 64.0, 128.0);
-  return card.flash_attention_tflops_hd64 +
-         (card.flash_attention_tflops_hd128 - card.flash_attention_tflops_hd64) * (d - 64.0) / 64.0;
+  const bool fa3 = kernel == "fa3";
+  if (fa3 && card.flash_attention3_tflops_hd128 <= 0)
+    throw std::invalid_argument("flash_attention_tflops: " + card.name + " has no FlashAttention-3 rate (attention_problems reports this)");
+  const double hd64 = fa3 ? card.flash_attention3_tflops_hd64 : card.flash_attention_tflops_hd64;
+  const double hd128 = fa3 ? card.flash_attention3_tflops_hd128 : card.flash_attention_tflops_hd128;
+  return hd64 + (hd128 - hd64) * (d - 64.0) / 64.0;
+}
+
+std::string attention_kernel_problem(const RuntimeProfile& profile, const HardwareCard& card) {
+  if (profile.attention_kernel == "fa3" && card.flash_attention3_tflops_hd128 <= 0)
+    return "attention fa3: FlashAttention-3 runs on Hopper GPUs only; " + card.name + " has no rate for it (use fa2)";
+  return "";
 }
 
 namespace {
@@ -71,7 +83,7 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
 
   StepTime& time = prediction.time;
   time.matmul_s = prediction.executed_flops.matmul / (card.matmul_achieved_tflops * 1e12);
-  time.attention_s = prediction.executed_flops.attention / (flash_attention_tflops(card, model.head_dim) * 1e12);
+  time.attention_s = prediction.executed_flops.attention / (flash_attention_tflops(card, model.head_dim, profile.attention_kernel) * 1e12);
   const double layer_compute_s = time.matmul_s + time.attention_s;
   // A layer's attention time split into its passes: forward, the recompute's forward, and the
   // backward at 2.5 forward FLOPs (FlashAttention-2); what hides the ring's and FPDT's traffic.

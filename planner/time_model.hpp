@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "models/model_spec.hpp"
 #include "planner/cards.hpp"
@@ -66,6 +67,10 @@ double attention_benchmark_seconds(const AttentionBenchmark& benchmark, const Cl
 
 // FlashAttention's achieved rate for this head size: linear between the card's head_dim 64 and
 // 128 figures, held constant outside them.
-double flash_attention_tflops(const HardwareCard& card, int64_t head_dim);
+// `kernel` "fa2" or "fa3" (the card's FlashAttention-3 figures; a card without them throws).
+double flash_attention_tflops(const HardwareCard& card, int64_t head_dim, const std::string& kernel = "fa2");
+
+// Why `profile`'s attention kernel cannot run on `card` (FlashAttention-3 off Hopper); empty when it can.
+std::string attention_kernel_problem(const RuntimeProfile& profile, const HardwareCard& card);
 
 }  // namespace longseq

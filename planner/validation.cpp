@@ -285,6 +285,7 @@ PointValidation point_validate(const PublishedPoint& point, const std::string& p
   plan.activation_checkpointing = false;
   plan.sp = point.sp;
   bool ulysses = false;
+  std::string attention_kernel = "fa2";
   std::stringstream features(point.features);
   std::string feature;
   while (std::getline(features, feature, '+')) {
@@ -292,7 +293,7 @@ PointValidation point_validate(const PublishedPoint& point, const std::string& p
     else if (feature == "zero2") plan.zero_stage = 2;
     else if (feature == "zero3") plan.zero_stage = 3;
     else if (feature == "ac") plan.activation_checkpointing = true;
-    else if (feature == "fa2") continue;  // the runtime profile's attention is FlashAttention-2
+    else if (feature == "fa2" || feature == "fa3") attention_kernel = feature;
     else if (feature == "opt_offload") plan.offload_optimizer = true;
     else if (feature == "param_offload") plan.offload_params = true;
     else if (feature == "tiled_loss") plan.tiled_loss = true;
@@ -301,7 +302,7 @@ PointValidation point_validate(const PublishedPoint& point, const std::string& p
     else if (feature == "ulysses") ulysses = true;
     else if (feature == "tp") return skip("Megatron tensor parallelism (tp) is not modelled");
     else if (feature == "fpdt") plan.fpdt = true;
-    else if (feature == "fa3" || feature == "sdpa") return skip(fmt::format("attention kernel '{}' is not modelled (FlashAttention-2 only)", feature));
+    else if (feature == "sdpa") return skip("attention kernel 'sdpa' is not modelled (FlashAttention-2 and -3 are)");
     else return skip(fmt::format("unknown feature '{}'", feature));
   }
   if (!ulysses && plan.sp != 1) return skip(fmt::format("sp={} without the ulysses feature", plan.sp));
@@ -318,9 +319,11 @@ PointValidation point_validate(const PublishedPoint& point, const std::string& p
   const std::vector<std::string> problems = plan_problems(model, cluster, plan);
   if (!problems.empty()) return skip(fmt::format("plan: {}", problems.front()));
   validation.plan = plan_describe(plan);
-  const RuntimeProfile profile =
+  RuntimeProfile profile =
       runtime_profile_load(!profile_name.empty() ? profile_name : plan.fpdt ? "megatron-deepspeed" : "deepspeed-hf");
-  validation.profile = profile.name;
+  profile.attention_kernel = attention_kernel;
+  if (const std::string problem = attention_kernel_problem(profile, *hardware); !problem.empty()) return skip(problem);
+  validation.profile = profile.name + (attention_kernel == "fa3" ? " with FlashAttention-3" : "");
 
   const bool measured_at = point.notes.find("measured_at") != std::string::npos;
   if (point.seqlen && !measured_at) {

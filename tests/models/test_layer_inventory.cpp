@@ -127,6 +127,30 @@ TEST_CASE("attention backward with FlashAttention-2's buffers, sp = 1, tiled MLP
   CHECK(trace.peak_moment() == "attention");
 }
 
+TEST_CASE("attention backward with FlashAttention-3's buffers: fp32 dk/dv accumulators at kv width, no expansion, two fp32 row statistics") {
+  LayerImplementation fa3 = eager();
+  fa3.flash_attention_3 = true;
+  TensorTrace trace;
+  trace.alloc(kCategoryLayer, "layer.input", X);
+  trace.alloc(kCategoryLayer, "layer.output_grad", X);
+  decoder_layer_forward(trace, shape_make(1, 1000), fa3, true);
+  decoder_layer_backward(trace, shape_make(1, 1000), fa3);
+  // As FA2's moment (5X; q, out, output grad, dq: 4Q; k, v, dk, dv: 4K; lse) but with fp32 dk/dv
+  // accumulators at kv width (2 x 2K) instead of bf16 expanded ones at q width (2Q), the fp32 dq
+  // accumulator (2Q), softmax_d and softmax_lse_log2 (2 lse): 2Q - 4K = 128,000 bytes less here.
+  CHECK(trace.peak_bytes() == 5 * X + 6 * Q + 8 * K + 3 * LSE);
+  CHECK(trace.peak_moment() == "attention");
+  // Without GQA (n_kv = n_q) FA3 has no dk/dv accumulators.
+  LayerShape mha = shape_make(1, 1000);
+  mha.kv_width = mha.q_width;
+  TensorTrace full;
+  full.alloc(kCategoryLayer, "layer.input", X);
+  full.alloc(kCategoryLayer, "layer.output_grad", X);
+  decoder_layer_forward(full, mha, fa3, true);
+  decoder_layer_backward(full, mha, fa3);
+  CHECK(full.peak_bytes() == 5 * X + 6 * Q + 4 * Q + 3 * LSE);
+}
+
 TEST_CASE("Ulysses: all-to-all staging, and kv heads replicated when sp > n_kv") {
   // sp = 4 > n_kv = 2: k and v are repeated r = 2 times before their all-to-all.
   const LayerShape shape = shape_make(4);

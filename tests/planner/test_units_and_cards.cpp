@@ -5,6 +5,7 @@
 
 #include "models/config_error.hpp"
 #include "planner/cards.hpp"
+#include "planner/time_model.hpp"
 #include "planner/units.hpp"
 
 using namespace longseq;
@@ -45,6 +46,16 @@ TEST_CASE("hardware cards load with their datasheet values") {
   CHECK(h800.peak_bf16_tflops == h100.peak_bf16_tflops);
   CHECK(h800.nccl_intranode_busbw_gbps == doctest::Approx(h100.nccl_intranode_busbw_gbps * 200.0 / 450.0));
   CHECK(builtin_hardware_names().size() == 6);  // five GPUs and this machine's cpu-device
+  // FlashAttention-3 (Hopper only): H100's forward 616 and backward 561 TFLOPS combined at FA2's
+  // 1 : 2.5 FLOP split; A100 has none, so fa3 there is a named problem.
+  CHECK(h100.flash_attention3_tflops_hd128 == doctest::Approx(3.5 / (1.0 / 616 + 2.5 / 561)).epsilon(1e-4));
+  CHECK(flash_attention_tflops(h100, 128, "fa3") == doctest::Approx(575.7));
+  CHECK(flash_attention_tflops(h100, 128) == 328);
+  RuntimeProfile fa3 = runtime_profile_load("deepspeed-hf");
+  CHECK(fa3.attention_kernel == "fa2");
+  fa3.attention_kernel = "fa3";
+  CHECK(attention_kernel_problem(fa3, h100).empty());
+  CHECK(attention_kernel_problem(fa3, hardware_card_load("a100-80gb")).find("Hopper") != std::string::npos);
   CHECK_THROWS_WITH_AS(hardware_card_load("tpu-v5"), doctest::Contains("unknown hardware card 'tpu-v5'"), ConfigError);
 }
 

@@ -137,6 +137,22 @@ TEST_CASE("an attention benchmark row: causal FLOPs at the card's FlashAttention
   CHECK(point_validate(row("u=2; r=2; causal; fwd", "0.02"), "").skipped_reason.find("is not the row's 8 GPUs") != std::string::npos);
 }
 
+TEST_CASE("an fa3 row is predicted with FlashAttention-3, on Hopper only") {
+  auto row = [&](const std::string& gpu, const std::string& kernel) {
+    return published_points_parse(kHeader + "x,Llama-3.1-8B,8," + gpu + ",80,1,8,1900,zero3+ac+" + kernel +
+                                      "+opt_offload+tiled_loss+ulysses+tiled_mlp+ckpt_offload,8,1000000,,,600,,,measured_at\n",
+                                  "p.csv")
+        .at(0);
+  };
+  const PointValidation fa2 = point_validate(row("H100-SXM", "fa2"), "");
+  const PointValidation fa3 = point_validate(row("H100-SXM", "fa3"), "");
+  REQUIRE(fa3.skipped_reason.empty());
+  CHECK(fa3.profile == "deepspeed-hf with FlashAttention-3");
+  REQUIRE(fa3.figures.size() == 1);
+  CHECK(fa3.figures[0].predicted < 0.7 * fa2.figures[0].predicted);  // attention dominates at 1M tokens: 328 -> 575.7 TFLOPS
+  CHECK(point_validate(row("A100", "fa3"), "").skipped_reason.find("Hopper") != std::string::npos);
+}
+
 TEST_CASE("free-text training rows name what is not modelled") {
   auto reason = [&](const std::string& features) {
     const auto point = published_points_parse(kHeader + "x,Llama-3-8B,8,A100,80,1,8,,\"" + features + "\",2,32768,,,1.0,,,\n", "r.csv").at(0);
