@@ -30,7 +30,7 @@ double flash_attention_tflops(const HardwareCard& card, int64_t head_dim, const 
   const double d = std::clamp(static_cast<double>(head_dim), 64.0, 128.0);
   const bool fa3 = kernel == "fa3";
   if (fa3 && card.flash_attention3_tflops_hd128 <= 0)
-    throw std::invalid_argument("flash_attention_tflops: " + card.name + " has no FlashAttention-3 rate (attention_problems reports this)");
+    throw std::invalid_argument("flash_attention_tflops: " + card.name + " has no FlashAttention-3 rate (attention_kernel_problem reports this)");
   const double hd64 = fa3 ? card.flash_attention3_tflops_hd64 : card.flash_attention_tflops_hd64;
   const double hd128 = fa3 ? card.flash_attention3_tflops_hd128 : card.flash_attention_tflops_hd128;
   return hd64 + (hd128 - hd64) * (d - 64.0) / 64.0;
