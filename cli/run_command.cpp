@@ -223,13 +223,16 @@ void ranks_split(Ranks& ranks, int64_t sp, int64_t ring) {
     auto& world = static_cast<MpiCommunicator&>(*ranks.world);
     const int64_t rank = ranks.world_rank, sequence_ranks = sp * ring;
     MpiCommunicator sequence = world.split(static_cast<int>(rank / sp), ranks.world_rank);
-    MpiCommunicator ring_peers = world.split(static_cast<int>(rank / sequence_ranks * sp + rank % sp), ranks.world_rank);
+    // Without a ring there is no ring group (a one-rank NCCL communicator would still take buffers).
+    std::optional<MpiCommunicator> ring_peers;
+    if (ring > 1) ring_peers.emplace(world.split(static_cast<int>(rank / sequence_ranks * sp + rank % sp), ranks.world_rank));
     MpiCommunicator data = world.split(static_cast<int>(rank % sequence_ranks), ranks.world_rank);
     if (ranks.gpu >= 0) {
 #ifdef LONGSEQ_HAVE_NCCL
       // NCCL over the same groups, bootstrapped by them (the MPI handles are not needed after).
       ranks.sequence_group = std::make_unique<NcclCommunicator>(sequence.comm(), ranks.gpu);
-      ranks.ring_group = std::make_unique<NcclCommunicator>(ring_peers.comm(), ranks.gpu);
+      if (ring_peers) ranks.ring_group = std::make_unique<NcclCommunicator>(ring_peers->comm(), ranks.gpu);
+      else ranks.ring_group = std::make_unique<SingleRankCommunicator>();
       ranks.data_group = std::make_unique<NcclCommunicator>(data.comm(), ranks.gpu);
       ranks.zero_world = std::make_unique<NcclCommunicator>(world.comm(), ranks.gpu);
       return;
@@ -238,7 +241,8 @@ void ranks_split(Ranks& ranks, int64_t sp, int64_t ring) {
 #endif
     }
     ranks.sequence_group = std::make_unique<MpiCommunicator>(std::move(sequence));
-    ranks.ring_group = std::make_unique<MpiCommunicator>(std::move(ring_peers));
+    if (ring_peers) ranks.ring_group = std::make_unique<MpiCommunicator>(std::move(*ring_peers));
+    else ranks.ring_group = std::make_unique<SingleRankCommunicator>();
     ranks.data_group = std::make_unique<MpiCommunicator>(std::move(data));
     return;
   }
