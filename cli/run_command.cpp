@@ -180,7 +180,7 @@ void json_out_check(const std::string& path) {
 // MPI for the length of a run launched by mpirun (Open MPI sets OMPI_COMM_WORLD_SIZE); without
 // it a run is one rank and needs no MPI.
 struct Ranks {
-  // world: host-memory collectives (MPI, or one rank); on a GPU the sequence and data groups and
+  // world: host-memory collectives (MPI, or one rank); on a GPU the sequence, ring and data groups and
   // zero_world (ZeRO-3 over every rank) are NCCL communicators over the same ranks.
   std::unique_ptr<Communicator> world, sequence_group, ring_group, data_group, zero_world;
   int world_rank = 0, world_size = 1;
