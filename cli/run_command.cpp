@@ -265,7 +265,7 @@ struct TrainLoop {
   Arena& host;
   const std::vector<float>& initial_weights;
   const std::string& text;
-  int64_t seqlen, dp, dp_rank, local_tokens, first_token;
+  int64_t seqlen, dp, dp_rank, local_tokens;
   bool speaker;
   int64_t world_size;
   nlohmann::json& report;
@@ -275,8 +275,8 @@ struct TrainLoop {
 // device memory outside the arena at the end (CUDA context, cuBLAS, NCCL; 0 on the CPU).
 template <class Model>
 double model_train(const TrainLoop& loop) {
-  const auto& [args, model, ranks, plan, options, device, host, initial_weights, text, seqlen, dp, dp_rank, local_tokens, first_token,
-               speaker, world_size, report] = loop;
+  const auto& [args, model, ranks, plan, options, device, host, initial_weights, text, seqlen, dp, dp_rank, local_tokens, speaker,
+               world_size, report] = loop;
   // The plan's model states: ZeRO over every rank (ZeRO-3 builds only this rank's shards, as
   // zero.Init does, so no rank ever holds the whole model); what is offloaded lives in the host
   // pool beside the offloaded checkpoints.
@@ -304,16 +304,14 @@ double model_train(const TrainLoop& loop) {
                                             : sample_from_text(text, seqlen, ((step - 1) * dp + dp_rank) * seqlen);
     const auto start = std::chrono::steady_clock::now();
     SequenceParallel parallel{ranks.sequence_group.get(), sample.positions.data(), ranks.ring_group.get()};
-    // This rank's tokens: a contiguous slice, with FPDT its piece of every chunk (FPDT's layout),
-    // with ring attention its slice of its ring group's two chunks (the zigzag layout).
+    // This rank's tokens: with FPDT its piece of every chunk (FPDT's layout), otherwise its slice of
+    // its ring group's two chunks (the zigzag layout; without a ring, a contiguous slice).
     // (Plain copies of the loop's fields: a lambda may not capture structured bindings before C++20.)
     const int64_t sp = plan.sp, ring = plan.ring, group_rank = ranks.world_rank % plan.sp,
-                  sequence_rank = ranks.world_rank % plan.sequence_ranks(), fpdt_chunk = options.fpdt_chunk_tokens, first = first_token,
-                  count = local_tokens;
+                  sequence_rank = ranks.world_rank % plan.sequence_ranks(), fpdt_chunk = options.fpdt_chunk_tokens;
     auto rank_values = [=](const std::vector<int32_t>& values) {
       if (fpdt_chunk > 0) return fpdt_layout_rank_tokens(values, sp, group_rank, fpdt_chunk);
-      if (ring > 1) return ring_layout_rank_tokens(values, sp, ring, sequence_rank);
-      return std::vector<int32_t>(values.begin() + first, values.begin() + first + count);
+      return ring_layout_rank_tokens(values, sp, ring, sequence_rank);
     };
     const std::vector<int32_t> tokens = rank_values(sample.tokens), labels = rank_values(sample.labels),
                                positions = rank_values(sample.positions);
@@ -546,7 +544,6 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
   ranks_split(ranks, sp, plan.ring);
   const int64_t sequence_ranks = plan.sequence_ranks();
   const int64_t dp = world_size / sequence_ranks, dp_rank = ranks.world_rank / sequence_ranks, local_tokens = seqlen / sequence_ranks;
-  const int64_t first_token = (ranks.world_rank % sequence_ranks) * local_tokens;
   // Device memory: host memory on the CPU; on a GPU stream-ordered device memory and pinned host
   // memory for offloaded checkpoints (the backends outlive the arenas).
   MemoryBackend* device_backend = &host_memory_backend();
@@ -596,7 +593,7 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
       return weights;
     }();
     const TrainLoop loop{args,  model,         ranks,  plan,      options,     device,  host,       initial_weights, text,
-                         seqlen, dp,           dp_rank,      local_tokens, first_token, speaker, world_size, report};
+                         seqlen, dp,           dp_rank,      local_tokens, speaker, world_size, report};
 #ifdef LONGSEQ_HAVE_CUDA
     if (on_gpu)
       outside_arena_bytes = model_train<CudaLlamaModel>(loop);

@@ -351,6 +351,14 @@ struct RingGeometry {
   int64_t chunk(int64_t holder, int64_t half) const { return half == 0 ? holder : 2 * r - 1 - holder; }
   int next() const { return static_cast<int>((rank + 1) % r); }
   int previous() const { return static_cast<int>((rank + r - 1) % r); }
+  // Calls visit(q_half, k_half, q_chunk, k_chunk) for each pair of this rank's query halves and
+  // ring rank `source`'s key halves in which some key is visible (none after every query).
+  template <class Visit>
+  void visible_pairs(int64_t source, Visit visit) const {
+    for (int64_t q_half = 0; q_half < 2; ++q_half)
+      for (int64_t k_half = 0; k_half < 2; ++k_half)
+        if (chunk(source, k_half) <= chunk(rank, q_half)) visit(q_half, k_half, chunk(rank, q_half), chunk(source, k_half));
+  }
 };
 
 inline RingGeometry ring_geometry(const Dims& d, const Ulysses& ulysses) {
@@ -394,18 +402,15 @@ void ring_attention_forward(Ops& ops, Act* output, float* lse, const Act* q, con
       ring_pass(ulysses, g, values, v_arriving.data(), block);
     }
     const int64_t source = (g.rank + g.r - step) % g.r;  // whose block this is
-    for (int64_t q_half = 0; q_half < 2; ++q_half)
-      for (int64_t k_half = 0; k_half < 2; ++k_half) {
-        const int64_t q_chunk = g.chunk(g.rank, q_half), k_chunk = g.chunk(source, k_half);
-        if (k_chunk > q_chunk) continue;  // every key after every query
-        Buffer workspace = attention_workspace(ops, device, g.c, g.q_heads, g.kv_heads, d.HD, false);
-        ops.attention_chunk_forward(part.data(), part_lse.data(), q + q_half * g.c * q_row, keys + k_half * g.c * kv_row,
-                                    values + k_half * g.c * kv_row, ulysses.global_positions, q_chunk * g.c, g.c, k_chunk * g.c, g.c,
-                                    g.q_heads, g.kv_heads, d.HD, options.attention_block, workspace.data());
-        workspace.release();
-        ops.attention_merge(accumulator.data() + q_half * g.c * q_row, lse + q_half * g.c * g.q_heads, part.data(), part_lse.data(), g.c,
-                            g.q_heads, d.HD);
-      }
+    g.visible_pairs(source, [&](int64_t q_half, int64_t k_half, int64_t q_chunk, int64_t k_chunk) {
+      Buffer workspace = attention_workspace(ops, device, g.c, g.q_heads, g.kv_heads, d.HD, false);
+      ops.attention_chunk_forward(part.data(), part_lse.data(), q + q_half * g.c * q_row, keys + k_half * g.c * kv_row,
+                                  values + k_half * g.c * kv_row, ulysses.global_positions, q_chunk * g.c, g.c, k_chunk * g.c, g.c,
+                                  g.q_heads, g.kv_heads, d.HD, options.attention_block, workspace.data());
+      workspace.release();
+      ops.attention_merge(accumulator.data() + q_half * g.c * q_row, lse + q_half * g.c * g.q_heads, part.data(), part_lse.data(), g.c,
+                          g.q_heads, d.HD);
+    });
     k_block.release();
     v_block.release();
     if (step + 1 < g.r) {
@@ -448,18 +453,15 @@ void ring_attention_backward(Ops& ops, Act* q_grad, Act* k_grad, Act* v_grad, fl
     BufferOf<Act> q_grad_part = device.allocate<Act>(L, "ring.q_grad_part", queries, true);
     BufferOf<Act> k_grad_part = device.allocate<Act>(L, "ring.kv_grad_parts", block, true);
     BufferOf<Act> v_grad_part = device.allocate<Act>(L, "ring.kv_grad_parts", block, true);
-    for (int64_t q_half = 0; q_half < 2; ++q_half)
-      for (int64_t k_half = 0; k_half < 2; ++k_half) {
-        const int64_t q_chunk = g.chunk(g.rank, q_half), k_chunk = g.chunk(source, k_half);
-        if (k_chunk > q_chunk) continue;
-        const int64_t q_rows = q_half * g.c * q_row, k_rows = k_half * g.c * kv_row, stats = q_half * g.c * g.q_heads;
-        Buffer workspace = attention_workspace(ops, device, g.c, g.q_heads, g.kv_heads, d.HD, true);
-        ops.attention_chunk_backward(q_grad_part.data() + q_rows, k_grad_part.data() + k_rows, v_grad_part.data() + k_rows, delta + stats,
-                                     output_grad + q_rows, q + q_rows, keys + k_rows, values + k_rows, lse + stats, ulysses.global_positions,
-                                     q_chunk * g.c, g.c, k_chunk * g.c, g.c, g.q_heads, g.kv_heads, d.HD, options.attention_block,
-                                     workspace.data());
-        workspace.release();
-      }
+    g.visible_pairs(source, [&](int64_t q_half, int64_t k_half, int64_t q_chunk, int64_t k_chunk) {
+      const int64_t q_rows = q_half * g.c * q_row, k_rows = k_half * g.c * kv_row, stats = q_half * g.c * g.q_heads;
+      Buffer workspace = attention_workspace(ops, device, g.c, g.q_heads, g.kv_heads, d.HD, true);
+      ops.attention_chunk_backward(q_grad_part.data() + q_rows, k_grad_part.data() + k_rows, v_grad_part.data() + k_rows, delta + stats,
+                                   output_grad + q_rows, q + q_rows, keys + k_rows, values + k_rows, lse + stats, ulysses.global_positions,
+                                   q_chunk * g.c, g.c, k_chunk * g.c, g.c, g.q_heads, g.kv_heads, d.HD, options.attention_block,
+                                   workspace.data());
+      workspace.release();
+    });
     ops.accumulate(q_grad_accumulator.data(), q_grad_part.data(), queries);
     ops.accumulate(k_grad_accumulator.data(), k_grad_part.data(), block);
     ops.accumulate(v_grad_accumulator.data(), v_grad_part.data(), block);

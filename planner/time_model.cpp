@@ -68,6 +68,27 @@ double ulysses_pass_s(const Link& link, double bytes, int64_t sp) {
   return 3.0 * link.latency_us * 1e-6 + collective_seconds(Collective::collective_all_to_all, bytes, sp, link);
 }
 
+// One layer's ring passing against `forward_attention_s` of forward attention per rank: a key/value
+// block is k and v of this rank's S/(u r) tokens at its kv heads after the Ulysses all-to-all
+// (replicated as Ulysses replicates them); backward passes it with its fp32 dk/dv accumulators
+// against 2.5x the compute (FlashAttention-2: 2.5 forward FLOPs), then the accumulators' last hop.
+// Ulysses groups are consecutive ranks, so ring neighbours are u apart: inside a node while u x r fits.
+struct RingLayerPassing {
+  double forward_exposed_s = 0, backward_exposed_s = 0, final_hop_s = 0;
+};
+
+RingLayerPassing ring_layer_passing(const ModelSpec& model, const ClusterSpec& cluster, int64_t micro_batch, int64_t seqlen, int64_t sp,
+                                    int64_t ring, int64_t activation_bytes, double forward_attention_s) {
+  const Link link = link_for_group(cluster, sp * ring);
+  const double r = as_double(ring), a = as_double(activation_bytes);
+  const double tokens = as_double(micro_batch) * as_double(seqlen / (sp * ring));
+  const double block_bytes = 2.0 * tokens * as_double(model.kv_width() * kv_replication_factor(model, sp)) * a;
+  const double accumulator_bytes = block_bytes / a * 4.0;
+  return {ring_exposed_pass_s(link, r, block_bytes, forward_attention_s),
+          ring_exposed_pass_s(link, r, block_bytes + accumulator_bytes, 2.5 * forward_attention_s),
+          ring_homecoming_s(link, accumulator_bytes)};
+}
+
 }  // namespace
 
 TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
@@ -100,25 +121,13 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
     time.ulysses_all_to_all_s = passes * ulysses_pass_s(link, bytes, plan.sp);
   }
 
-  // Ring attention (ring-flash-attention's schedule): in each of r - 1 steps per attention pass a
-  // rank sends its key/value block (k and v of S/r tokens for its kv heads after the Ulysses
-  // all-to-all) to the next ring rank while computing on the block it holds; the transfer beyond
-  // that step's attention is exposed. Backward sends the block and its fp32 dk/dv accumulators
-  // beside it, against backward's 2.5x compute (FlashAttention-2: 2.5 forward FLOPs), and the
-  // accumulators once more at the end. Ulysses
-  // groups are consecutive ranks, so ring neighbours are u apart: inside a node while u x r fits.
+  // Ring attention (ring-flash-attention's schedule): every forward pass (the recompute's too)
+  // and the backward pass of every layer.
   if (plan.ring > 1) {
-    const Link link = link_for_group(cluster, plan.sequence_ranks());
-    const double r = as_double(plan.ring);
-    const double tokens = as_double(plan.micro_batch) * as_double(seqlen / plan.sequence_ranks());
-    const double block_bytes = 2.0 * tokens * as_double(model.kv_width() * kv_replication_factor(model, plan.sp)) *
-                               as_double(profile.activation_bytes);
-    const double forward_attention_s = attention_per_layer_s * attention_forward_share;
-    const double forward_exposed = ring_exposed_pass_s(link, r, block_bytes, forward_attention_s);
-    const double accumulator_bytes = block_bytes / as_double(profile.activation_bytes) * 4.0;
-    const double backward_exposed = ring_exposed_pass_s(link, r, block_bytes + accumulator_bytes, 2.5 * forward_attention_s);
-    time.ring_final_hop_s = layers * ring_homecoming_s(link, accumulator_bytes);
-    time.ring_exposed_s = layers * ((1.0 + recompute) * forward_exposed + backward_exposed);
+    const RingLayerPassing passing = ring_layer_passing(model, cluster, plan.micro_batch, seqlen, plan.sp, plan.ring,
+                                                        profile.activation_bytes, attention_per_layer_s * attention_forward_share);
+    time.ring_exposed_s = layers * ((1.0 + recompute) * passing.forward_exposed_s + passing.backward_exposed_s);
+    time.ring_final_hop_s = layers * passing.final_hop_s;
   }
 
   // ZeRO traffic, overlapped with the layers' compute by DeepSpeed's prefetching and bucketing.
@@ -207,31 +216,29 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
 }
 
 double attention_benchmark_seconds(const AttentionBenchmark& benchmark, const ClusterSpec& cluster) {
-  const double ranks = as_double(benchmark.sp * benchmark.ring), r = as_double(benchmark.ring);
-  const double seqlen = as_double(benchmark.seqlen), batch = as_double(benchmark.batch);
-  // Causal forward FLOPs (compute_model.cpp's count), shared equally by the ranks, or waiting for
-  // the plain ring's last rank.
-  const double forward_flops = batch * 2.0 * seqlen * seqlen * as_double(benchmark.head_dim * benchmark.q_heads) / ranks;
-  const double imbalance = benchmark.balanced || benchmark.ring == 1 ? 1.0 : 2.0 - 1.0 / r;
-  const double forward_s = imbalance * forward_flops / (flash_attention_tflops(cluster.hardware, benchmark.head_dim) * 1e12);
+  // The benchmark's heads as a model, so that the step's own rules (FLOP count, all-to-all bytes,
+  // kv replication, ring passing) serve it.
+  ModelSpec heads;
+  heads.num_q_heads = benchmark.q_heads;
+  heads.num_kv_heads = benchmark.kv_heads;
+  heads.head_dim = benchmark.head_dim;
+  const int64_t ranks = benchmark.sp * benchmark.ring;
+  // Causal forward FLOPs shared equally by the ranks, or waiting for the plain ring's last rank.
+  const double imbalance = benchmark.balanced || benchmark.ring == 1 ? 1.0 : 2.0 - 1.0 / as_double(benchmark.ring);
+  const double forward_s = imbalance * layer_forward_flops(heads, benchmark.batch, benchmark.seqlen, ranks).attention /
+                           (flash_attention_tflops(cluster.hardware, benchmark.head_dim) * 1e12);
   double seconds = forward_s * (benchmark.backward ? 1.0 + 2.5 : 1.0);  // FlashAttention-2: backward = 2.5 forward
-  const double passes = benchmark.backward ? 2.0 : 1.0;
-  // Ulysses' kv replication when sp exceeds the kv heads (DeepSpeed's rule, kv_replication_factor).
-  const int64_t replication = benchmark.sp > benchmark.kv_heads ? benchmark.sp / benchmark.kv_heads : 1;
-  const double kv_width = as_double(benchmark.kv_heads * benchmark.head_dim * replication);
-  const double a = as_double(benchmark.activation_bytes);
   if (benchmark.sp > 1) {
-    // This Ulysses group's S / r tokens: q and output at q width, k and v at kv width.
-    const double tokens = batch * seqlen / r / as_double(benchmark.sp);
-    const double bytes = tokens * (2.0 * as_double(benchmark.q_heads * benchmark.head_dim) + 2.0 * kv_width) * a;
-    seconds += passes * ulysses_pass_s(link_for_group(cluster, benchmark.sp), bytes, benchmark.sp);
+    // This Ulysses group's S / r tokens, in and out, for the forward (and the backward).
+    const double bytes =
+        ulysses_layer_all_to_all_bytes(heads, benchmark.batch, benchmark.seqlen / benchmark.ring, benchmark.sp, benchmark.activation_bytes);
+    seconds += (benchmark.backward ? 2.0 : 1.0) * ulysses_pass_s(link_for_group(cluster, benchmark.sp), bytes, benchmark.sp);
   }
   if (benchmark.ring > 1) {
-    const Link link = link_for_group(cluster, benchmark.sp * benchmark.ring);
-    const double block_bytes = 2.0 * batch * seqlen / ranks * kv_width * a;
-    seconds += ring_exposed_pass_s(link, r, block_bytes, forward_s);
-    if (benchmark.backward)
-      seconds += ring_exposed_pass_s(link, r, block_bytes + block_bytes / a * 4.0, 2.5 * forward_s) + ring_homecoming_s(link, block_bytes / a * 4.0);
+    const RingLayerPassing passing = ring_layer_passing(heads, cluster, benchmark.batch, benchmark.seqlen, benchmark.sp, benchmark.ring,
+                                                        benchmark.activation_bytes, forward_s);
+    seconds += passing.forward_exposed_s;
+    if (benchmark.backward) seconds += passing.backward_exposed_s + passing.final_hop_s;
   }
   return seconds;
 }

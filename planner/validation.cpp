@@ -189,7 +189,7 @@ std::optional<int64_t> number_after(const std::string& text, const std::string& 
 
 bool contains(const std::string& text, const char* word) { return text.find(word) != std::string::npos; }
 
-double relative_error(double predicted, double reference);
+double relative_error(double predicted, double reference) { return (predicted - reference) / reference; }
 
 // An attention kernel benchmark row (ring_published.csv): its heads from the model column, its
 // degrees, passes and split from the features, predicted by attention_benchmark_seconds.
@@ -247,8 +247,6 @@ PointValidation attention_point_validate(const PublishedPoint& point) {
   validation.figures.push_back(figure);
   return validation;
 }
-
-double relative_error(double predicted, double reference) { return (predicted - reference) / reference; }
 
 }  // namespace
 
