@@ -336,7 +336,7 @@ void plan_out_write(const PlanCommandArgs& args, const ModelSpec& model, const C
   file.device = machine ? args.device : "cuda";
   // The budget the executor's arena gets: the device's memory less what its runtime holds beside it.
   file.device_budget_bytes = machine && args.budget_mib ? *args.budget_mib * 1024 * 1024
-                                                        : cluster.hardware.gpu_memory_gib * kBytesPerGib - runtime_overhead_bytes(profile, cluster.gpus);
+                                                        : cluster.hardware.gpu_memory_gib * kBytesPerGib - runtime_overhead_bytes(profile, cluster.gpus, plan.sequence_ranks());
   file.hardware = cluster.hardware.name;
   file.profile = profile.name;
   file.plan = plan;

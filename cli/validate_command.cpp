@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <iostream>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "models/model_loader.hpp"
@@ -12,6 +13,8 @@ namespace longseq {
 struct ValidateCommandArgs {
   std::string points;
   std::string profile;  // empty: per row (see point_validate)
+  std::optional<double> reserve_gib;
+  bool fit_reserve = false;
   bool json = false;
 };
 
@@ -24,6 +27,13 @@ std::shared_ptr<ValidateCommandArgs> validate_command_register(CLI::App& app) {
   command->add_option("--points,-p", args->points, "CSV of published points")->required();
   command->add_option("--profile", args->profile,
                       "runtime profile for every row (default: megatron-deepspeed for FPDT rows, deepspeed-hf otherwise)");
+  command->add_option("--reserve-gib", args->reserve_gib,
+                      "replace the profiles' calibrated reserve (GiB) for every row: how the fit was made and how "
+                      "sensitive the errors are to it")
+      ->check(CLI::Range(0.0, 1024.0));
+  command->add_flag("--fit-reserve", args->fit_reserve,
+                    "fit each runtime profile's calibrated reserve to the CSV's memory figures (maximum lengths and "
+                    "peaks) and show the evidence and the fit's sensitivity instead of the table; slow (a minute)");
   command->add_flag("--json", args->json, "print JSON (per row, with its CSV line, and the summary)");
   return args;
 }
@@ -47,12 +57,69 @@ std::string published_format(const FigureComparison& figure) {
 
 }  // namespace
 
+namespace {
+
+// The fit of each profile's reserve with the evidence behind it, then how the profile's errors
+// move when the reserve moves around the fit.
+int reserve_fit_print(const ValidateCommandArgs& args, const std::vector<PublishedPoint>& points) {
+  std::cerr << "longseq validate: fitting the calibrated reserve (each row at 81 reserves)...\n";
+  const std::vector<ReserveFit> fits = reserve_fit(points, 40.0, 0.5);
+  nlohmann::json json_fits = nlohmann::json::array();
+  for (const auto& fit : fits) {
+    nlohmann::json evidence = nlohmann::json::array();
+    if (!args.json) {
+      fmt::print("runtime profile {}: calibrated reserve fitted to {:g} GiB (least total distance to the rows' intervals)\n",
+                 fit.profile, fit.reserve_gib);
+      fmt::print("  {:>5}  {:<20} {:<22} {:>5}  {:<16} {}\n", "line", "source", "model", "gpus", "figure", "reserves reproducing it (GiB)");
+    }
+    for (const auto& e : fit.evidence) {
+      const std::string interval = !e.informative ? "none in 0-40 (uninformative)"
+                                   : e.low_gib == e.high_gib ? fmt::format("{:.1f}", e.low_gib)
+                                                             : fmt::format("{:.1f} to {:.1f}", e.low_gib, e.high_gib);
+      if (!args.json)
+        fmt::print("  {:>5}  {:<20.20} {:<22.22} {:>5}  {:<16} {}\n", e.point.line, e.point.source, e.point.model, e.point.gpus,
+                   figure_kind_name(e.kind), interval);
+      nlohmann::json entry = {{"line", e.point.line}, {"figure", figure_kind_name(e.kind)}, {"informative", e.informative}};
+      if (e.informative) entry["reserve_gib"] = {e.low_gib, e.high_gib};
+      evidence.push_back(entry);
+    }
+    // Sensitivity: the profile's own rows with its reserve moved by -4..+4 GiB.
+    nlohmann::json sensitivity = nlohmann::json::array();
+    if (!args.json) fmt::print("  sensitivity (this profile's rows):  reserve GiB   max_seqlen median   peak_memory median\n");
+    for (double delta : {-4.0, -2.0, -1.0, 0.0, 1.0, 2.0, 4.0}) {
+      const double reserve = fit.reserve_gib + delta;
+      if (reserve < 0) continue;
+      std::vector<PointValidation> validations;
+      for (const auto& point : points) {
+        PointValidation validation = point_validate(point, "", reserve);
+        if (validation.skipped_reason.empty() && validation.profile.rfind(fit.profile, 0) == 0) validations.push_back(validation);
+      }
+      double max_median = 0, peak_median = 0;
+      for (const auto& summary : validation_summarize(validations)) {
+        if (summary.kind == FigureKind::figure_max_seqlen) max_median = summary.median_abs_error;
+        if (summary.kind == FigureKind::figure_peak_memory) peak_median = summary.median_abs_error;
+      }
+      if (!args.json)
+        fmt::print("  {:>48.1f} {:>18.1f}% {:>19.1f}%\n", reserve, 100.0 * max_median, 100.0 * peak_median);
+      sensitivity.push_back({{"reserve_gib", reserve}, {"max_seqlen_median_abs_error", max_median}, {"peak_memory_median_abs_error", peak_median}});
+    }
+    if (!args.json) fmt::print("\n");
+    json_fits.push_back({{"runtime_profile", fit.profile}, {"reserve_gib", fit.reserve_gib}, {"evidence", evidence}, {"sensitivity", sensitivity}});
+  }
+  if (args.json) std::cout << nlohmann::json{{"kind", "calibrated reserve fit"}, {"points", args.points}, {"fits", json_fits}}.dump(2) << "\n";
+  return 0;
+}
+
+}  // namespace
+
 int validate_command_run(const ValidateCommandArgs& args) {
   if (!args.profile.empty()) runtime_profile_load(args.profile);  // a bad name fails before any row
-  const std::string profile_label = args.profile.empty() ? "per row: megatron-deepspeed for FPDT, deepspeed-hf otherwise" : args.profile;
+  std::string profile_label = args.profile.empty() ? "per row: megatron-deepspeed for FPDT, deepspeed-hf otherwise" : args.profile;
+  if (args.reserve_gib) profile_label += fmt::format("; calibrated reserve replaced by {:g} GiB", *args.reserve_gib);
   const std::vector<PublishedPoint> points = published_points_parse(file_read_text(args.points), args.points);
+  if (args.fit_reserve) return reserve_fit_print(args, points);
   std::vector<PointValidation> validations;
-  for (const auto& point : points) validations.push_back(point_validate(point, args.profile));
+  for (const auto& point : points) validations.push_back(point_validate(point, args.profile, args.reserve_gib));
   const std::vector<FigureSummary> summaries = validation_summarize(validations);
 
   if (args.json) {

@@ -28,6 +28,59 @@ struct Bytes {
   }
 };
 
+// Eager RMSNorm's saved tensors beside its output (REFERENCE §7.2): the fp32 upcast of its input
+// (read by pow's backward) and the normalized value in the activation dtype (read by the weight
+// multiply's backward). Trace names must outlive the trace, hence one literal pair per norm.
+struct EagerNormNames {
+  const char* input_fp32;
+  const char* normalized;
+};
+constexpr EagerNormNames kAttentionNormSaved{"attention_norm.input_fp32", "attention_norm.normalized"};
+constexpr EagerNormNames kMlpNormSaved{"mlp_norm.input_fp32", "mlp_norm.normalized"};
+constexpr EagerNormNames kFinalNormSaved{"final_norm.input_fp32", "final_norm.normalized"};
+constexpr EagerNormNames kQNormSaved{"attention.q_norm.input_fp32", "attention.q_norm.normalized"};
+constexpr EagerNormNames kKNormSaved{"attention.k_norm.input_fp32", "attention.k_norm.normalized"};
+
+// `normalized_bytes`: the norm's output size in the activation dtype.
+void eager_norm_saved_alloc(TensorTrace& trace, const char* category, const EagerNormNames& names, double normalized_bytes,
+                            const LayerImplementation& impl) {
+  if (!impl.eager_rms_norm) return;
+  trace.alloc(category, names.input_fp32, normalized_bytes / static_cast<double>(impl.activation_bytes) * 4.0);
+  trace.alloc(category, names.normalized, normalized_bytes);
+}
+void eager_norm_saved_free(TensorTrace& trace, const EagerNormNames& names, const LayerImplementation& impl) {
+  if (!impl.eager_rms_norm) return;
+  trace.free(names.normalized);
+  trace.free(names.input_fp32);
+}
+
+// Rows the attention kernel's backward pads its fp32 dq accumulator and softmax_d by: FA2 varlen
+// per sequence (the profile's rows), FA3 round_up(total_q + b * 64, 64) (hopper/flash_api.cpp).
+double attention_backward_pad_rows(const LayerShape& shape, const LayerImplementation& impl) {
+  const int64_t sequences = std::max<int64_t>(shape.sequences, 1);
+  if (impl.flash_attention_3) {
+    const int64_t rows = shape.tokens * shape.sp;  // the kernel's total_q: b * S / ring after the all-to-all
+    return static_cast<double>((rows + 64 * sequences + 63) / 64 * 64 - rows);
+  }
+  return static_cast<double>(impl.flash_attention_varlen_pad_rows * sequences);
+}
+
+// Qwen3's q_norm/k_norm (RMSNorm over head_dim before RoPE) keep for backward: fp32 rstd per head
+// and, under Liger, their inputs (the q/k projections); eager, the fp32 upcast and the normalized
+// value instead (REFERENCE §7.2, modeling_qwen3.py Qwen3Attention.forward).
+void qk_norm_saved_free(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl) {
+  if (!shape.qk_norm) return;
+  trace.free("attention.q_norm_rstd");
+  trace.free("attention.k_norm_rstd");
+  if (impl.eager_rms_norm) {
+    eager_norm_saved_free(trace, kQNormSaved, impl);
+    eager_norm_saved_free(trace, kKNormSaved, impl);
+  } else {
+    trace.free("attention.q_proj");
+    trace.free("attention.k_proj");
+  }
+}
+
 // One Ulysses all-to-all of `input` into a new tensor `output` of the same size (DS
 // ulysses_sp.py _DimZeroAllToAll, REFERENCE §3.1): the send side is a rearranged .contiguous()
 // copy, the receive side torch.empty_like; the result is laid out by one more .contiguous()
@@ -135,15 +188,35 @@ void ulysses_attention_forward(TensorTrace& trace, const LayerShape& shape, cons
 
   trace.set_moment("q/k/v projections and all-to-all");
   trace.alloc(L, "attention_norm.output", bytes.x);
+  eager_norm_saved_alloc(trace, L, kAttentionNormSaved, bytes.x, impl);
+  if (!keep) eager_norm_saved_free(trace, kAttentionNormSaved, impl);  // under no_grad: transient
   trace.alloc(L, "attention.q_proj", bytes.q);
   trace.alloc(L, "attention.k_proj", bytes.kv);
   trace.alloc(L, "attention.v_proj", bytes.kv);
+  const char* q_before_rope = "attention.q_proj";
+  const char* k_before_rope = "attention.k_proj";
+  if (shape.qk_norm) {
+    const double kv_rstd = static_cast<double>(shape.tokens) * static_cast<double>(shape.num_kv_heads) * 4.0;
+    trace.alloc(L, "attention.q_norm_rstd", bytes.lse);
+    eager_norm_saved_alloc(trace, L, kQNormSaved, bytes.q, impl);
+    trace.alloc(L, "attention.q_normed", bytes.q);
+    trace.alloc(L, "attention.k_norm_rstd", kv_rstd);
+    eager_norm_saved_alloc(trace, L, kKNormSaved, bytes.kv, impl);
+    trace.alloc(L, "attention.k_normed", bytes.kv);
+    if (impl.eager_rms_norm) {  // eager saves the upcast, not the projection itself
+      trace.free("attention.q_proj");
+      trace.free("attention.k_proj");
+    }
+    q_before_rope = "attention.q_normed";
+    k_before_rope = "attention.k_normed";
+  }
   // HF apply_rotary_pos_emb builds new q and k (q*cos + rotate_half(q)*sin); the pre-RoPE
   // tensors are not saved by autograd.
   trace.alloc(L, "attention.q_rope", bytes.q);
-  trace.free("attention.q_proj");
+  trace.free(q_before_rope);
   trace.alloc(L, "attention.k_rope", bytes.kv);
-  trace.free("attention.k_proj");
+  trace.free(k_before_rope);
+  if (!keep) qk_norm_saved_free(trace, shape, impl);
   ulysses_all_to_all(trace, "attention.q_rope", "attention.q", bytes.q, shape, impl);
   // GQA/MQA with sp > n_kv: k and v are repeat_interleave'd before their all-to-all.
   if (replicated) {
@@ -194,12 +267,14 @@ void ulysses_attention_forward(TensorTrace& trace, const LayerShape& shape, cons
 // output chunk's all-to-all back into the full local output. The chunk's q/k/v/output/lse go to
 // pinned host memory; nothing chunk-sized stays on the GPU for backward. Every chunk repeats the
 // same allocations, so one chunk stands for all.
-void fpdt_attention_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl) {
+void fpdt_attention_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep) {
   const Bytes bytes(shape, impl);
   const double fraction = static_cast<double>(shape.fpdt_chunk_tokens) / static_cast<double>(shape.tokens);
   const double q_chunk = bytes.q * fraction, kv_chunk = bytes.kv_replicated * fraction, lse_chunk = bytes.lse * fraction;
   trace.set_moment("fpdt attention chunk");
   trace.alloc(L, "attention_norm.output", bytes.x);
+  eager_norm_saved_alloc(trace, L, kAttentionNormSaved, bytes.x, impl);
+  if (!keep) eager_norm_saved_free(trace, kAttentionNormSaved, impl);
   trace.alloc(L, "attention.output_local", bytes.q);  // final_output, filled chunk by chunk
   trace.alloc(L, "fpdt.q_proj_chunk", q_chunk);
   trace.alloc(L, "fpdt.k_proj_chunk", kv_chunk);
@@ -222,7 +297,7 @@ void fpdt_attention_forward(TensorTrace& trace, const LayerShape& shape, const L
 
 void decoder_layer_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep) {
   const Bytes bytes(shape, impl);
-  if (shape.fpdt_chunk_tokens > 0) fpdt_attention_forward(trace, shape, impl);
+  if (shape.fpdt_chunk_tokens > 0) fpdt_attention_forward(trace, shape, impl, keep);
   else ulysses_attention_forward(trace, shape, impl, keep);
 
   trace.set_moment("o_proj and residual");
@@ -234,6 +309,8 @@ void decoder_layer_forward(TensorTrace& trace, const LayerShape& shape, const La
 
   trace.set_moment("mlp");
   trace.alloc(L, "mlp_norm.output", bytes.x);
+  eager_norm_saved_alloc(trace, L, kMlpNormSaved, bytes.x, impl);
+  if (!keep) eager_norm_saved_free(trace, kMlpNormSaved, impl);
   if (shape.mlp_tiles == 0) {
     mlp_forward(trace, shape, impl, static_cast<double>(shape.tokens), keep);
   } else if (shape.fpdt_chunk_tokens > 0) {
@@ -273,6 +350,10 @@ void ulysses_attention_backward(TensorTrace& trace, const LayerShape& shape, con
   // flash_attn backward (csrc mha_bwd): dq, dk, dv; dk/dv at q-head width when the rank has
   // fewer kv heads than q heads (then summed per group); dq accumulated in fp32; softmax_d fp32.
   const bool grouped = shape.q_width > shape.kv_width * shape.kv_replication;
+  // The kernel's padded rows, each [n_q/sp, d] of fp32 dq and [n_q/sp] of fp32 statistics.
+  const double pad_rows = attention_backward_pad_rows(shape, impl);
+  const double q_pad_bytes = pad_rows * static_cast<double>(shape.q_width / shape.sp) * 4.0;
+  const double lse_pad_bytes = pad_rows * static_cast<double>(shape.num_q_heads / shape.sp) * 4.0;
   trace.alloc(L, "attention.q_grad", bytes.q);
   trace.alloc(L, "attention.k_grad", bytes.kv_replicated);
   trace.alloc(L, "attention.v_grad", bytes.kv_replicated);
@@ -291,9 +372,9 @@ void ulysses_attention_backward(TensorTrace& trace, const LayerShape& shape, con
       trace.alloc(L, "attention.k_grad_accumulator", bytes.kv_replicated * fp32);
       trace.alloc(L, "attention.v_grad_accumulator", bytes.kv_replicated * fp32);
     }
-    trace.alloc(L, "attention.q_grad_accumulator", bytes.q * fp32);
-    trace.alloc(L, "attention.softmax_d", bytes.lse);
-    trace.alloc(L, "attention.softmax_lse_log2", bytes.lse);
+    trace.alloc(L, "attention.q_grad_accumulator", bytes.q * fp32 + q_pad_bytes);
+    trace.alloc(L, "attention.softmax_d", bytes.lse + lse_pad_bytes);
+    trace.alloc(L, "attention.softmax_lse_log2", bytes.lse + lse_pad_bytes);
     for (const char* name : {"attention.softmax_lse_log2", "attention.softmax_d", "attention.q_grad_accumulator"}) trace.free(name);
     if (grouped)
       for (const char* name : {"attention.v_grad_accumulator", "attention.k_grad_accumulator"}) trace.free(name);
@@ -303,8 +384,8 @@ void ulysses_attention_backward(TensorTrace& trace, const LayerShape& shape, con
       trace.alloc(L, "attention.v_grad_expanded", bytes.q);
     }
     if (impl.flash_attention_dq_accumulator) {
-      trace.alloc(L, "attention.q_grad_accumulator", bytes.q / static_cast<double>(impl.activation_bytes) * 4.0);
-      trace.alloc(L, "attention.softmax_d", bytes.lse);
+      trace.alloc(L, "attention.q_grad_accumulator", bytes.q / static_cast<double>(impl.activation_bytes) * 4.0 + q_pad_bytes);
+      trace.alloc(L, "attention.softmax_d", bytes.lse + lse_pad_bytes);
       trace.free("attention.q_grad_accumulator");
       trace.free("attention.softmax_d");
     }
@@ -342,10 +423,12 @@ void ulysses_attention_backward(TensorTrace& trace, const LayerShape& shape, con
     trace.free("attention.v_grad");
   }
   // RoPE backward makes new tensors, as its forward did.
+  // (With q/k norms their backward maps these to the projections' gradients, same sizes.)
   trace.alloc(L, "attention.q_proj_grad", bytes.q);
   trace.free("attention.q_rope_grad");
   trace.alloc(L, "attention.k_proj_grad", bytes.kv);
   trace.free("attention.k_rope_grad");
+  qk_norm_saved_free(trace, shape, impl);
   // The three projections' input gradients are summed into one.
   trace.alloc(L, "attention_norm.output_grad", bytes.x);
   trace.alloc(L, "attention_norm.output_grad_partial", bytes.x);
@@ -398,16 +481,19 @@ void decoder_layer_backward(TensorTrace& trace, const LayerShape& shape, const L
     // FPDT_FFN writes each chunk's input gradient into the input's own storage (x[st:ed].copy_).
     if (shape.fpdt_chunk_tokens > 0) trace.alias("mlp_norm.output", L, "mlp.input_grad");
     else trace.alloc(L, "mlp.input_grad", bytes.x);
+    if (impl.mlp_tile_weight_grads_bytes > 0) trace.alloc(kCategoryZero, "mlp_tile_weight_grads", impl.mlp_tile_weight_grads_bytes);
     mlp_forward(trace, shape, impl, tile, /*keep=*/true);
     mlp_backward(trace, shape, impl, tile, "mlp.tile_input_grad");
     trace.free("mlp.tile_input_grad");
     trace.free("mlp.output");
+    if (impl.mlp_tile_weight_grads_bytes > 0) trace.free("mlp_tile_weight_grads");
   }
   trace.free("mlp_norm.output");  // after gate/up weight gradients
 
   trace.set_moment("mlp norm");
   // RMSNorm backward, with the residual branch's gradient summed in.
   trace.alloc(L, "residual.attention_grad", bytes.x);
+  eager_norm_saved_free(trace, kMlpNormSaved, impl);
   trace.free("mlp.input_grad");
   trace.free("residual.attention");
 
@@ -416,6 +502,7 @@ void decoder_layer_backward(TensorTrace& trace, const LayerShape& shape, const L
 
   trace.set_moment("attention norm");
   trace.alloc(L, "layer.input_grad", bytes.x);
+  eager_norm_saved_free(trace, kAttentionNormSaved, impl);
   trace.free("attention_norm.output_grad");
   trace.free("residual.attention_grad");
   trace.free("layer.output_grad");
@@ -482,6 +569,7 @@ void lm_loss_forward_backward(TensorTrace& trace, const LayerShape& shape, const
   const double tile = static_cast<double>(std::min<int64_t>(std::max<int64_t>(tile_tokens, 1), shape.tokens));
   trace.set_moment("logits and cross entropy");
   trace.alloc(kCategoryLoss, "final_norm.output", bytes.x);
+  eager_norm_saved_alloc(trace, kCategoryLoss, kFinalNormSaved, bytes.x, impl);
   switch (loss) {
     case LossImplementation::loss_untiled:
       logits_and_cross_entropy(trace, shape, impl, tokens, "final_norm.output_grad");
@@ -512,6 +600,7 @@ void lm_loss_forward_backward(TensorTrace& trace, const LayerShape& shape, const
   }
   trace.set_moment("final norm backward");
   trace.alloc(L, "layer.output_grad", bytes.x);
+  eager_norm_saved_free(trace, kFinalNormSaved, impl);
   trace.free("final_norm.output_grad");
   trace.free("final_norm.output");
   trace.free("final_norm.input");

@@ -35,6 +35,9 @@ struct LayerShape {
   // sized buffers on the GPU, its q/k/v/output chunks live in host memory, and the MLP writes its
   // input gradient into its input's storage (FPDT_FFN) instead of a separate buffer.
   int64_t fpdt_chunk_tokens = 0;
+  bool qk_norm = false;        // per-head RMSNorm on q and k before RoPE (Qwen3)
+  int64_t num_kv_heads = 0;    // n_kv (for k_norm's statistics)
+  int64_t sequences = 1;       // sequences the attention kernel sees in one call (its batch)
 };
 
 // What the runtime's kernels allocate beyond the tensors themselves (see runtime profiles).
@@ -48,6 +51,15 @@ struct LayerImplementation {
   // expansion to the q heads).
   bool flash_attention_3 = false;
   bool fused_swiglu = false;             // SwiGLU saves gate and up only (Liger), not SiLU(gate)
+  // HF's eager RMSNorm (no Liger): each norm saves an fp32 upcast of its input and its normalized
+  // value in the activation dtype beside its output (modeling_llama.py LlamaRMSNorm, REFERENCE §7.2).
+  bool eager_rms_norm = false;
+  // FlashAttention-2 varlen backward: dq accumulator and softmax_d padded by this many rows per
+  // sequence (flash_api.cpp L1100, L1113). FlashAttention-3 pads by its own 64 (REFERENCE §9).
+  int64_t flash_attention_varlen_pad_rows = 0;
+  // ZeRO-3 with TiledMLP: the MLP's weight gradients of every shard held until the last shard's
+  // backward is done (bytes; 0: none beyond the ZeRO buffers' one matrix in flight).
+  double mlp_tile_weight_grads_bytes = 0;
 };
 
 // Category names of traces and breakdowns, shared by the planner's predictions and the executor's

@@ -24,6 +24,8 @@ YamlReader::YamlReader(YAML::Node mapping, std::string source_name, std::string 
   if (!root_.IsMap()) throw ConfigError(source_name_, key_prefix_, "expected a mapping of key: value");
 }
 
+bool YamlReader::is_mapping(const std::string& key) const { return has(key) && root_[key].IsMap(); }
+
 YamlReader YamlReader::get_section(const std::string& key) {
   read_keys_.insert(key);
   YAML::Node node = root_[key];

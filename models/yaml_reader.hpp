@@ -26,6 +26,7 @@ class YamlReader {
 
   const std::string& source_name() const { return source_name_; }
   bool has(const std::string& key) const;
+  bool is_mapping(const std::string& key) const;
 
   std::string get_string(const std::string& key);
   std::string get_string(const std::string& key, const std::string& default_value);

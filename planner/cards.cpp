@@ -37,7 +37,32 @@ std::span<const EmbeddedFile> profile_files() {
   return {builtin_runtime_profiles, static_cast<size_t>(builtin_runtime_profiles_count)};
 }
 
+// A scalar (a figure without spread) or {low, point, high} in the given bounds, low <= point <= high.
+EstimateRange estimate_read(YamlReader& reader, const std::string& key, double minimum, double maximum,
+                            double default_value) {
+  EstimateRange range;
+  if (reader.has(key) && reader.is_mapping(key)) {
+    YamlReader section = reader.get_section(key);
+    range.low = section.get_double("low", minimum, maximum);
+    range.point = section.get_double("point", minimum, maximum);
+    range.high = section.get_double("high", minimum, maximum);
+    section.reject_unknown_keys();
+    if (!(range.low <= range.point && range.point <= range.high))
+      throw ConfigError(reader.source_name(), reader.key_name(key), "expected low <= point <= high");
+    return range;
+  }
+  range.low = range.point = range.high = reader.get_double(key, minimum, maximum, default_value);
+  return range;
+}
+
 }  // namespace
+
+RuntimeProfile runtime_profile_bounded(const RuntimeProfile& profile, EstimateBound bound) {
+  RuntimeProfile bounded = profile;
+  bounded.bound = bound;
+  if (bound == EstimateBound::estimate_low_memory) bounded.calibrated_reserve_gib = 0;
+  return bounded;
+}
 
 HardwareCard hardware_card_from_text(const std::string& yaml_text, const std::string& source_name) {
   YamlReader reader(yaml_text, source_name);
@@ -75,7 +100,9 @@ RuntimeProfile runtime_profile_from_text(const std::string& yaml_text, const std
   profile.optimizer_state_bytes = reader.get_int("optimizer_state_bytes", 0, 16);
   profile.working_gradient_bytes = reader.get_int("working_gradient_bytes", 1, 8);
   profile.cuda_context_gib = reader.get_double("cuda_context_gib", 0, 1024);
-  profile.nccl_buffers_gib = reader.get_double("nccl_buffers_gib", 0, 1024);
+  profile.nccl_buffers_gib = estimate_read(reader, "nccl_buffers_gib", 0, 1024, 0);
+  profile.nccl_sequence_parallel_communicators = reader.get_int("nccl_sequence_parallel_communicators", 0, 8, 0);
+  profile.allocator_fragmentation_gib = estimate_read(reader, "allocator_fragmentation_gib", 0, 1024, 0);
   profile.cublas_workspace_mib = reader.get_double("cublas_workspace_mib", 0, 1 << 20);
   profile.zero_reduce_bucket_elements = reader.get_int("zero_reduce_bucket_elements", 0, int64_t{1} << 40);
   profile.zero_prefetch_bucket_elements = reader.get_int("zero_prefetch_bucket_elements", 0, int64_t{1} << 40);
@@ -83,20 +110,32 @@ RuntimeProfile runtime_profile_from_text(const std::string& yaml_text, const std
   profile.flash_attention_dq_accumulator = reader.get_bool("flash_attention_dq_accumulator");
   profile.flash_attention_expands_gqa_grads = reader.get_bool("flash_attention_expands_gqa_grads");
   profile.fused_swiglu = reader.get_bool("fused_swiglu");
+  const std::string liger = reader.get_string("liger_kernels", "never");
+  if (liger == "never") profile.liger_kernels = LigerKernels::liger_never;
+  else if (liger == "always") profile.liger_kernels = LigerKernels::liger_always;
+  else if (liger == "with_tiled_loss") profile.liger_kernels = LigerKernels::liger_with_tiled_loss;
+  else throw ConfigError(source_name, "liger_kernels", fmt::format("expected never, always or with_tiled_loss, got '{}'", liger));
+  profile.eager_rms_norm_without_liger = reader.get_bool("eager_rms_norm_without_liger", false);
+  profile.flash_attention_varlen_pad_rows = reader.get_int("flash_attention_varlen_pad_rows", 0, 1 << 20, 0);
+  profile.zero3_tiled_mlp_holds_weight_grads = reader.get_bool("zero3_tiled_mlp_holds_weight_grads", false);
+  profile.zero3_max_live_parameters = reader.get_int("zero3_max_live_parameters", 0, int64_t{1} << 50, 0);
   const std::string tiling = reader.get_string("loss_tiling");
   if (tiling == "liger") profile.loss_tiling = LossTiling::loss_tiling_liger;
   else if (tiling == "shards") profile.loss_tiling = LossTiling::loss_tiling_shards;
   else throw ConfigError(source_name, "loss_tiling", fmt::format("expected liger or shards, got '{}'", tiling));
   profile.dataloader_host_bytes_per_token = reader.get_double("dataloader_host_bytes_per_token", 0, 1 << 20);
   profile.zero3_offload_gradient_buffer_bytes = reader.get_int("zero3_offload_gradient_buffer_bytes", 0, 8, 0);
-  profile.host_process_runtime_gb = reader.get_double("host_process_runtime_gb", 0, 1024, 0);
-  profile.host_dataloader_workers_gb = reader.get_double("host_dataloader_workers_gb", 0, 1024, 0);
+  profile.host_process_runtime_gb = estimate_read(reader, "host_process_runtime_gb", 0, 1024, 0);
+  profile.host_dataloader_workers_gb = estimate_read(reader, "host_dataloader_workers_gb", 0, 1024, 0);
+  profile.host_forked_workers_copy_bytes_per_parameter =
+      estimate_read(reader, "host_forked_workers_copy_bytes_per_parameter", 0, 64, 0);
   profile.offloaded_params_pinned_power_of_two = reader.get_bool("offloaded_params_pinned_power_of_two", false);
   profile.cpu_adam_bandwidth_efficiency = reader.get_double("cpu_adam_bandwidth_efficiency", 0.01, 1.0, 1.0);
   profile.attention_kernel = reader.get_string("attention_kernel", "fa2");
   if (profile.attention_kernel != "fa2" && profile.attention_kernel != "fa3")
     throw ConfigError(source_name, "attention_kernel", fmt::format("expected fa2 or fa3, got '{}'", profile.attention_kernel));
-  profile.activation_overhead_factor = reader.get_double("activation_overhead_factor", 1.0, 4.0);
+  profile.calibrated_reserve_gib = reader.get_double("calibrated_reserve_gib", 0, 1024, 0);
+  profile.usable_memory_headroom_gib = estimate_read(reader, "usable_memory_headroom_gib", 0, 1024, 0);
   profile.step_schedule = reader.get_string("step_schedule", "phases");
   if (profile.step_schedule != "phases" && profile.step_schedule != "executor")
     throw ConfigError(source_name, "step_schedule", fmt::format("expected phases or executor, got '{}'", profile.step_schedule));

@@ -36,6 +36,26 @@ struct HardwareCard {
 
 enum class LossTiling { loss_tiling_liger, loss_tiling_shards };
 
+// Which kernels replace Hugging Face's eager modules (Liger: RMSNorm, RoPE, SwiGLU, fused linear
+// cross entropy). ArcticTraining installs them as one set (`model.type: liger`) in the runs that
+// tile the loss, and not in the ALST paper's "no-liger" baseline (REFERENCE §2).
+enum class LigerKernels { liger_never, liger_always, liger_with_tiled_loss };
+
+// Which end of a term's sourced range a prediction takes. The point prediction takes each term's
+// central estimate and the calibrated reserve; the band around it takes, for the longest length,
+// every term at its low end without the reserve (the sourced terms alone), and for the shortest,
+// every term at its high end with the reserve and the transients ZeRO-3 may add.
+enum class EstimateBound { estimate_point, estimate_low_memory, estimate_high_memory };
+
+// A quantity the sources give as a range: an estimate (process runtime, NCCL buffers) with its
+// spread, or a transient that may or may not coincide with the peak (low 0).
+struct EstimateRange {
+  double low = 0, point = 0, high = 0;
+  double at(EstimateBound bound) const {
+    return bound == EstimateBound::estimate_low_memory ? low : bound == EstimateBound::estimate_high_memory ? high : point;
+  }
+};
+
 // How a runtime spends memory: dtypes, overheads outside the allocator, and the implementation
 // choices that decide which tensors exist (see the profile files for the sources).
 struct RuntimeProfile {
@@ -47,14 +67,34 @@ struct RuntimeProfile {
   int64_t optimizer_state_bytes = 8;  // Adam m + v
   int64_t working_gradient_bytes = 2; // a weight gradient as backward produces it
   double cuda_context_gib = 0;
-  double nccl_buffers_gib = 0;        // only when there is more than one rank
+  // NCCL's device buffers per communicator the training process creates (none on one rank).
+  EstimateRange nccl_buffers_gib;
+  // Communicators beside the world's: 1 when the runtime builds a sequence-parallel group of its
+  // own whenever sp > 1 (DeepSpeed's parallel_state_sp), 0 when it does not.
+  int64_t nccl_sequence_parallel_communicators = 0;
+  // The caching allocator's stranded partial pages at the limit, independent of S (REFERENCE §7.3).
+  EstimateRange allocator_fragmentation_gib;
   double cublas_workspace_mib = 0;
   int64_t zero_reduce_bucket_elements = 0;
   int64_t zero_prefetch_bucket_elements = 0;
   int64_t ulysses_staging_copies = 2;
   bool flash_attention_dq_accumulator = false;
   bool flash_attention_expands_gqa_grads = false;
-  bool fused_swiglu = false;
+  bool fused_swiglu = false;           // with Liger's kernels installed: SwiGLU is among them
+  LigerKernels liger_kernels = LigerKernels::liger_never;
+  // Without Liger's RMSNorm, the model's own norm runs eagerly and saves an fp32 upcast of its
+  // input and its bf16 normalized value (HF LlamaRMSNorm); false: a fused norm (Megatron, longseq).
+  bool eager_rms_norm_without_liger = false;
+  // FlashAttention-2's varlen backward pads dq_accum and softmax_d by this many rows per packed
+  // sequence (flash_api.cpp mha_varlen_bwd: total_q + 128 * batch_size); 0: no varlen padding.
+  int64_t flash_attention_varlen_pad_rows = 0;
+  // ZeRO-3 keeps every TiledMLP shard's weight gradients (gate, up, down) until the last shard's
+  // backward is done (ulysses_sp.py L829-836; stage3.py L1272-1273), not one matrix in flight.
+  bool zero3_tiled_mlp_holds_weight_grads = false;
+  // ZeRO-3's stage3_max_live_parameters (0: not modelled). Parameters stay gathered until this
+  // many are live, beyond one layer and the prefetch (REFERENCE §7.2): the high end of the band
+  // counts them, and the reduce-scatter's flat copy of the bucket (coalesced_collectives.py).
+  int64_t zero3_max_live_parameters = 0;
   LossTiling loss_tiling = LossTiling::loss_tiling_shards;
   double dataloader_host_bytes_per_token = 0;
   // Host memory DeepSpeed and the training process take beside the offloaded tensors, per rank
@@ -62,8 +102,11 @@ struct RuntimeProfile {
   // ZeRO-3 with the optimizer offloaded stages each reduce-scattered gradient partition in a flat
   // buffer of grad_accum_dtype (the model dtype by default) before the fp32 copy the step reads.
   int64_t zero3_offload_gradient_buffer_bytes = 0;
-  double host_process_runtime_gb = 0;    // CUDA context and libraries, Python, NCCL host state (RSS)
-  double host_dataloader_workers_gb = 0; // the DataLoader's worker processes
+  EstimateRange host_process_runtime_gb;    // CUDA context and libraries, Python, NCCL host state (RSS)
+  EstimateRange host_dataloader_workers_gb; // the DataLoader's worker processes
+  // DataLoader workers forked after the optimizer's host buffers exist share their pages; each
+  // later write copies them (REFERENCE §7.5): bytes per parameter of the rank's partition.
+  EstimateRange host_forked_workers_copy_bytes_per_parameter;
   // offload_param pins the bf16 flat parameter buffer, and PyTorch's pinned host allocator rounds
   // every pinned allocation up to a power of two.
   bool offloaded_params_pinned_power_of_two = false;
@@ -79,10 +122,20 @@ struct RuntimeProfile {
   // With the executor's schedule: the block of its blocked attention kernel, whose workspace it
   // allocates around each attention (kernels/blocked_attention.hpp); 0: a kernel without one.
   int64_t attention_block_tokens = 0;
-  // CALIBRATED, not derived: GPU memory that grows with S costs this many times what the tensor
-  // inventory adds up to (allocator and framework behaviour the inventory cannot see). 1 = none.
-  double activation_overhead_factor = 1.0;
+  // CALIBRATED, not derived: GPU memory the sourced terms do not explain, constant in S (the shape
+  // the evidence shows, REFERENCE §7.4), one named line of every breakdown. 0 = none.
+  double calibrated_reserve_gib = 0;
+  // GPU memory a stack cannot use at its limit: a length fits when its peak stays this far below
+  // the card's memory (ALST paper §5.3 footnote 17: "when trying to use the last few GiBs of GPU
+  // memory the loss would go to NaN"). Not part of any peak; 0 = the whole card.
+  EstimateRange usable_memory_headroom_gib;
+  // Which end of every EstimateRange the predictions take (runtime_profile_bounded).
+  EstimateBound bound = EstimateBound::estimate_point;
 };
+
+// The same profile with its ranged terms at one end: estimate_low_memory also drops the
+// calibrated reserve (the sourced terms alone), estimate_high_memory keeps it.
+RuntimeProfile runtime_profile_bounded(const RuntimeProfile& profile, EstimateBound bound);
 
 // Resolve a built-in card by name (case-insensitive, file stem) or read a YAML file by path.
 // Throws ConfigError naming the file and key.

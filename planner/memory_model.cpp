@@ -29,6 +29,8 @@ int64_t loss_shards_arctic_rule(int64_t tokens, int64_t vocab) {
 
 namespace {
 
+double as_double(int64_t value) { return static_cast<double>(value); }
+
 struct Setup {
   LayerShape shape;
   LayerImplementation impl;
@@ -52,6 +54,11 @@ Setup setup_make(const ModelSpec& model, const PlanOptions& plan, const RuntimeP
   shape.intermediate = model.intermediate_size;
   shape.vocab = model.vocab_size;
   shape.mlp_kind = model.mlp_kind;
+  shape.qk_norm = model.qk_norm;
+  shape.num_kv_heads = model.num_kv_heads;
+  // One sequence per sample: the ALST runs measured unpacked samples (paper §5.4), so the kernel
+  // sees micro_batch sequences.
+  shape.sequences = plan.micro_batch;
   if (plan.tiled_mlp) {
     const int64_t tiles = plan.mlp_tiles > 0 ? plan.mlp_tiles : mlp_tiles_deepspeed_rule(seqlen / plan.sequence_ranks(), model.hidden_size);
     shape.mlp_tiles = std::min(tiles, shape.tokens);
@@ -71,8 +78,18 @@ Setup setup_make(const ModelSpec& model, const PlanOptions& plan, const RuntimeP
   impl.flash_attention_dq_accumulator = profile.flash_attention_dq_accumulator;
   impl.flash_attention_expands_gqa_grads = profile.flash_attention_expands_gqa_grads;
   impl.flash_attention_3 = profile.attention_kernel == "fa3";
-  // ALST turns Liger's fused SwiGLU off when TiledMLP is on (AT-code model/liger_factory.py).
-  impl.fused_swiglu = profile.fused_swiglu && !plan.tiled_mlp;
+  impl.flash_attention_varlen_pad_rows = profile.flash_attention_varlen_pad_rows;
+  const bool liger = profile.liger_kernels == LigerKernels::liger_always ||
+                     (profile.liger_kernels == LigerKernels::liger_with_tiled_loss && plan.tiled_loss);
+  // Liger's SwiGLU, where the profile's stack has it, comes with Liger's kernels; ALST turns it off
+  // when TiledMLP is on (AT-code model/liger_factory.py).
+  impl.fused_swiglu = profile.fused_swiglu && (liger || profile.liger_kernels == LigerKernels::liger_never) && !plan.tiled_mlp;
+  impl.eager_rms_norm = profile.eager_rms_norm_without_liger && !liger;
+  if (profile.zero3_tiled_mlp_holds_weight_grads && plan.zero_stage == 3 && shape.mlp_tiles > 0 && !plan.fpdt) {
+    const double matrices = model.mlp_kind == MlpKind::mlp_kind_swiglu ? 3.0 : 2.0;
+    impl.mlp_tile_weight_grads_bytes = matrices * as_double(model.hidden_size) * as_double(model.intermediate_size) *
+                                       as_double(profile.working_gradient_bytes);
+  }
 
   if (plan.tiled_loss) {
     if (profile.loss_tiling == LossTiling::loss_tiling_liger) {
@@ -93,14 +110,18 @@ Setup setup_make(const ModelSpec& model, const PlanOptions& plan, const RuntimeP
   return setup;
 }
 
-double as_double(int64_t value) { return static_cast<double>(value); }
-
 // Model states, runtime overheads and inputs: live for the whole step.
 }  // namespace
 
-double runtime_overhead_bytes(const RuntimeProfile& profile, int64_t gpus) {
-  return profile.cuda_context_gib * kBytesPerGib + (gpus > 1 ? profile.nccl_buffers_gib * kBytesPerGib : 0.0) +
-         profile.cublas_workspace_mib * 1024.0 * 1024.0;
+int64_t nccl_communicators(const RuntimeProfile& profile, int64_t gpus, int64_t sequence_ranks) {
+  if (gpus <= 1) return 0;
+  return 1 + (sequence_ranks > 1 ? profile.nccl_sequence_parallel_communicators : 0);
+}
+
+double runtime_overhead_bytes(const RuntimeProfile& profile, int64_t gpus, int64_t sequence_ranks) {
+  return profile.cuda_context_gib * kBytesPerGib +
+         as_double(nccl_communicators(profile, gpus, sequence_ranks)) * profile.nccl_buffers_gib.at(profile.bound) * kBytesPerGib +
+         profile.cublas_workspace_mib * 1024.0 * 1024.0 + profile.allocator_fragmentation_gib.at(profile.bound) * kBytesPerGib;
 }
 
 namespace {
@@ -123,10 +144,14 @@ void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const Clus
     trace.alloc(kCategoryModelStates, "optimizer_states", params * as_double(profile.optimizer_state_bytes) / optimizer_shards);
   }
 
-  // The three terms of runtime_overhead_bytes, by name.
+  // The terms of runtime_overhead_bytes, by name.
   trace.alloc(kCategoryRuntime, "cuda_context", profile.cuda_context_gib * kBytesPerGib);
-  if (cluster.gpus > 1) trace.alloc(kCategoryRuntime, "nccl_buffers", profile.nccl_buffers_gib * kBytesPerGib);
+  if (const int64_t communicators = nccl_communicators(profile, cluster.gpus, plan.sequence_ranks()); communicators > 0)
+    trace.alloc(kCategoryRuntime, "nccl_buffers", as_double(communicators) * profile.nccl_buffers_gib.at(profile.bound) * kBytesPerGib,
+                as_double(communicators));
   trace.alloc(kCategoryRuntime, "cublas_workspace", profile.cublas_workspace_mib * 1024.0 * 1024.0);
+  if (const double fragmentation = profile.allocator_fragmentation_gib.at(profile.bound); fragmentation > 0)
+    trace.alloc(kCategoryRuntime, "allocator_fragmentation", fragmentation * kBytesPerGib);
 
   // input_ids and shift_labels (int64) for this rank's tokens; position_ids all-gathered to the
   // full sequence for attention when sp > 1 (REFERENCE §3.1); RoPE cos and sin [b, S_l, d].
@@ -151,15 +176,26 @@ void gradient_reduce_bucket_place(TensorTrace& trace, const PlanOptions& plan, c
 void zero_layer_buffers_place(TensorTrace& trace, const PlanOptions& plan, const RuntimeProfile& profile,
                               const Setup& setup, bool backward) {
   const double layer_params = as_double(setup.params.per_layer);
+  const bool high_end = profile.bound == EstimateBound::estimate_high_memory;
   if (plan.zero_stage == 3) {
     trace.alloc(kCategoryZero, "gathered_layer_weights", layer_params * as_double(profile.weight_bytes));
     const double prefetch = std::min(as_double(profile.zero_prefetch_bucket_elements), layer_params);
     trace.alloc(kCategoryZero, "prefetched_weights", prefetch * as_double(profile.weight_bytes));
+    // The band's high end: parameters kept gathered up to stage3_max_live_parameters.
+    const double extra_live = std::min(as_double(profile.zero3_max_live_parameters), as_double(setup.params.total)) - layer_params - prefetch;
+    if (high_end && extra_live > 0)
+      trace.alloc(kCategoryZero, "live_parameters_beyond_layer", extra_live * as_double(profile.weight_bytes));
   }
   if (backward && plan.zero_stage >= 2) {
     gradient_reduce_bucket_place(trace, plan, profile, setup);
     trace.alloc(kCategoryZero, "weight_gradient_in_flight",
                 as_double(setup.params.largest_layer_matrix) * as_double(profile.working_gradient_bytes));
+    // The band's high end: the reduce-scatter's flat torch.cat copy of a full bucket, if it falls
+    // on the peak (DeepSpeed ZeRO-3 only; comm/coalesced_collectives.py).
+    if (high_end && plan.zero_stage == 3 && profile.zero3_max_live_parameters > 0) {
+      const double bucket = std::min(as_double(profile.zero_reduce_bucket_elements), as_double(setup.params.total));
+      trace.alloc(kCategoryZero, "reduce_scatter_flat_copy", bucket * as_double(profile.working_gradient_bytes));
+    }
   }
 }
 
@@ -269,32 +305,24 @@ MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& clust
   prediction.mlp_tiles = setup.shape.mlp_tiles;
   prediction.loss_tile_tokens = setup.loss_tile_tokens;
   prediction.kv_replication = setup.shape.kv_replication;
-  prediction.gpu_capacity_bytes = cluster.hardware.gpu_memory_gib * kBytesPerGib;
-  // The profile's calibrated overhead scales what grows with S. Within a phase the S-independent
-  // part (model states, ZeRO buffers, runtime) is constant, so the scaled peak falls at the same
-  // moment: fixed + factor * (peak - fixed).
+  prediction.gpu_headroom_bytes = profile.usable_memory_headroom_gib.at(profile.bound) * kBytesPerGib;
+  prediction.gpu_capacity_bytes = cluster.hardware.gpu_memory_gib * kBytesPerGib - prediction.gpu_headroom_bytes;
+  // The profile's calibrated reserve is constant in S, so it moves every phase alike and never
+  // changes which phase or moment is the peak.
+  const double reserve_bytes = profile.calibrated_reserve_gib * kBytesPerGib;
   const PhaseResult* worst = &phases[0];
-  std::vector<double> scaled_peaks, overheads;
   for (const auto& phase : phases) {
-    double fixed = 0;
-    for (const auto& item : phase.trace.live_items())
-      if (item.category == kCategoryModelStates || item.category == kCategoryZero || item.category == kCategoryRuntime)
-        fixed += item.bytes;
-    const double overhead = (profile.activation_overhead_factor - 1.0) * (phase.trace.peak_bytes() - fixed);
-    overheads.push_back(overhead);
-    scaled_peaks.push_back(phase.trace.peak_bytes() + overhead);
-    prediction.phases.push_back({phase.phase, std::string(phase.trace.peak_moment()), scaled_peaks.back()});
-    if (scaled_peaks.back() > scaled_peaks[worst - phases.data()]) worst = &phase;
+    prediction.phases.push_back({phase.phase, std::string(phase.trace.peak_moment()), phase.trace.peak_bytes() + reserve_bytes});
+    if (phase.trace.peak_bytes() > worst->trace.peak_bytes()) worst = &phase;
   }
-  const size_t worst_index = static_cast<size_t>(worst - phases.data());
   prediction.gpu_peak_phase = worst->phase;
   prediction.gpu_peak_moment = std::string(worst->trace.peak_moment());
-  prediction.gpu_peak_bytes = scaled_peaks[worst_index];
+  prediction.gpu_peak_bytes = worst->trace.peak_bytes() + reserve_bytes;
+  prediction.gpu_calibrated_bytes = reserve_bytes;
   for (const auto& item : worst->trace.peak_items())
     if (item.bytes > 0)
       prediction.gpu_items.push_back({std::string(item.category), std::string(item.name), item.bytes, item.count});
-  if (with_breakdown && overheads[worst_index] > 0)
-    prediction.gpu_items.push_back({kCategoryCalibrated, "activation_overhead", overheads[worst_index], 1});
+  if (with_breakdown && reserve_bytes > 0) prediction.gpu_items.push_back({kCategoryCalibrated, "unexplained_reserve", reserve_bytes, 1});
 
   // Host memory of the fullest node. No pinned staging buffers are counted for deepspeed-hf:
   // offload_optimizer's pin_memory defaults to false and the ALST recipes leave it so, and the
@@ -320,8 +348,10 @@ MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& clust
     const double weight_bytes = params * as_double(profile.weight_bytes) / world;
     host_add("weights", profile.offloaded_params_pinned_power_of_two ? std::exp2(std::ceil(std::log2(weight_bytes))) : weight_bytes);
   }
-  host_add("process_runtime", profile.host_process_runtime_gb * 1e9);
-  host_add("dataloader_workers", profile.host_dataloader_workers_gb * 1e9);
+  host_add("process_runtime", profile.host_process_runtime_gb.at(profile.bound) * 1e9);
+  host_add("dataloader_workers", profile.host_dataloader_workers_gb.at(profile.bound) * 1e9);
+  if (plan.offload_optimizer)
+    host_add("forked_workers_page_copies", params / world * profile.host_forked_workers_copy_bytes_per_parameter.at(profile.bound));
   if (profile.step_schedule == "executor") {
     // What the executor's host pool held at its peak, tensor by tensor (same-named ones summed).
     std::vector<std::pair<std::string_view, double>> pooled;

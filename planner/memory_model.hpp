@@ -45,7 +45,9 @@ struct MemoryPrediction {
   std::string gpu_peak_phase;
   std::string gpu_peak_moment;
   double gpu_peak_bytes = 0;
-  double gpu_capacity_bytes = 0;
+  double gpu_calibrated_bytes = 0;  // of gpu_peak_bytes, the profile's calibrated reserve
+  double gpu_capacity_bytes = 0;   // usable: the card's memory less the profile's headroom
+  double gpu_headroom_bytes = 0;   // what the profile keeps free below the card's memory
   std::vector<PhasePeak> phases;
 
   std::vector<MemoryItem> host_items;  // per node
@@ -61,9 +63,14 @@ struct MemoryPrediction {
 // reports reasons); violating it throws std::invalid_argument.
 // With `with_breakdown` false, gpu_items stays empty (totals, phases and host items are still
 // exact): the cheap form the searches use.
-// GPU memory the runtime holds outside any allocator: CUDA context, cuBLAS workspace, and NCCL
-// buffers when there is more than one rank (the profile's runtime_overheads items).
-double runtime_overhead_bytes(const RuntimeProfile& profile, int64_t gpus);
+// NCCL communicators a rank holds: the world's when there is more than one rank, and the
+// runtime's sequence-parallel group's when a sequence spans ranks (`sequence_ranks` = sp x ring).
+int64_t nccl_communicators(const RuntimeProfile& profile, int64_t gpus, int64_t sequence_ranks);
+
+// GPU memory the runtime holds outside its tensors: CUDA context, cuBLAS workspace, NCCL buffers
+// per communicator, and the caching allocator's fragmentation (the runtime_overheads items), at
+// the profile's bound.
+double runtime_overhead_bytes(const RuntimeProfile& profile, int64_t gpus, int64_t sequence_ranks = 1);
 
 MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
                                 const RuntimeProfile& profile, int64_t seqlen, bool with_breakdown = true);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <limits>
 #include <fmt/format.h>
 #include <map>
 #include <sstream>
@@ -250,7 +251,7 @@ PointValidation attention_point_validate(const PublishedPoint& point) {
 
 }  // namespace
 
-PointValidation point_validate(const PublishedPoint& point, const std::string& profile_name) {
+PointValidation point_validate(const PublishedPoint& point, const std::string& profile_name, std::optional<double> reserve_gib) {
   PointValidation validation;
   validation.point = point;
   auto skip = [&](const std::string& reason) {
@@ -320,6 +321,7 @@ PointValidation point_validate(const PublishedPoint& point, const std::string& p
   RuntimeProfile profile =
       runtime_profile_load(!profile_name.empty() ? profile_name : plan.fpdt ? "megatron-deepspeed" : "deepspeed-hf");
   profile.attention_kernel = attention_kernel;
+  if (reserve_gib) profile.calibrated_reserve_gib = *reserve_gib;
   if (const std::string problem = attention_kernel_problem(profile, *hardware); !problem.empty()) return skip(problem);
   validation.profile = profile.name + (attention_kernel == "fa3" ? " with FlashAttention-3" : "");
 
@@ -373,6 +375,58 @@ PointValidation point_validate(const PublishedPoint& point, const std::string& p
     add(FigureKind::figure_mfu, point.mfu, timing.mfu);
   }
   return validation;
+}
+
+std::vector<ReserveFit> reserve_fit(const std::vector<PublishedPoint>& points, double max_gib, double step_gib) {
+  const int steps = static_cast<int>(std::floor(max_gib / step_gib + 1e-9));
+  std::vector<ReserveFit> fits;
+  for (const auto& point : points) {
+    const PointValidation base = point_validate(point, "", 0.0);
+    if (!base.skipped_reason.empty()) continue;
+    const std::string profile = base.profile.substr(0, base.profile.find(' '));
+    auto fit = std::find_if(fits.begin(), fits.end(), [&](const ReserveFit& f) { return f.profile == profile; });
+    if (fit == fits.end()) fit = fits.insert(fits.end(), ReserveFit{profile, 0, {}});
+    // errors[figure][step]: the figure's relative error with the reserve at step * step_gib.
+    std::vector<std::vector<double>> errors(base.figures.size());
+    for (int step = 0; step <= steps; ++step) {
+      const PointValidation at = step == 0 ? base : point_validate(point, "", step * step_gib);
+      for (size_t f = 0; f < at.figures.size(); ++f) errors[f].push_back(at.figures[f].relative_error);
+    }
+    for (size_t f = 0; f < base.figures.size(); ++f) {
+      const FigureComparison& figure = base.figures[f];
+      if (figure.kind != FigureKind::figure_max_seqlen && figure.kind != FigureKind::figure_peak_memory) continue;
+      ReserveEvidence evidence{point, figure.kind, false, 0, 0};
+      const std::vector<double>& e = errors[f];
+      for (int step = 0; step <= steps; ++step) {
+        const double reserve = step * step_gib;
+        if (e[step] == 0) {  // inside a bracket (or exact)
+          if (!evidence.informative) evidence.low_gib = reserve;
+          evidence.high_gib = reserve;
+          evidence.informative = true;
+        } else if (step > 0 && !evidence.informative && e[step - 1] * e[step] < 0) {
+          // The error changes sign between two grid points: interpolate the crossing.
+          const double crossing = reserve - step_gib + step_gib * e[step - 1] / (e[step - 1] - e[step]);
+          evidence = {point, figure.kind, true, crossing, crossing};
+          break;
+        }
+      }
+      fit->evidence.push_back(evidence);
+    }
+  }
+  for (auto& fit : fits) {
+    double best_cost = std::numeric_limits<double>::infinity();
+    for (int step = 0; step <= steps; ++step) {
+      const double reserve = step * step_gib;
+      double cost = 0;
+      for (const auto& evidence : fit.evidence)
+        if (evidence.informative) cost += std::max({0.0, evidence.low_gib - reserve, reserve - evidence.high_gib});
+      if (cost < best_cost - 1e-9) {
+        best_cost = cost;
+        fit.reserve_gib = reserve;
+      }
+    }
+  }
+  return fits;
 }
 
 std::vector<FigureSummary> validation_summarize(const std::vector<PointValidation>& validations) {

@@ -59,7 +59,30 @@ struct PointValidation {
 // ("attention only: 32 q / 8 kv d=128" in the model column; "u=2; r=4", or a plain/zigzag/stripe
 // ring over the sp column's ranks; "fwd" or "fwd+bwd"; causal) is predicted as such; a row with
 // tensor parallelism, FP8 or a model without a card is skipped with the reason.
-PointValidation point_validate(const PublishedPoint& point, const std::string& profile_name);
+// `reserve_gib`, when set, replaces the profile's calibrated_reserve_gib (to show the fit and its
+// sensitivity, reports/validation.md).
+PointValidation point_validate(const PublishedPoint& point, const std::string& profile_name,
+                               std::optional<double> reserve_gib = std::nullopt);
+
+// The calibrated reserve fitted to published memory figures (REFERENCE §7.4: what the sourced
+// terms leave unexplained is constant in GiB). For each row's maximum sequence length or peak
+// memory, the reserves (on a grid of `step_gib` up to `max_gib`) that make its prediction equal the
+// published figure, or put it inside the published [fits, fails) bracket, form an interval; the fit
+// is the reserve with the least total distance in GiB to the rows' intervals (a median for point
+// rows, robust to a few outlying rows). Rows whose figure no reserve in the grid reaches are
+// listed as uninformative. One fit per runtime profile, over the rows that profile predicts.
+struct ReserveEvidence {
+  PublishedPoint point;
+  FigureKind kind = FigureKind::figure_max_seqlen;
+  bool informative = false;
+  double low_gib = 0, high_gib = 0;  // the interval of reserves that reproduce the figure
+};
+struct ReserveFit {
+  std::string profile;
+  double reserve_gib = 0;
+  std::vector<ReserveEvidence> evidence;
+};
+std::vector<ReserveFit> reserve_fit(const std::vector<PublishedPoint>& points, double max_gib, double step_gib);
 
 struct FigureSummary {
   FigureKind kind = FigureKind::figure_max_seqlen;

@@ -54,6 +54,10 @@ std::string memory_table_render(const MemoryPrediction& prediction, int64_t rank
                      bytes_to_gib(prediction.gpu_capacity_bytes),
                      100.0 * prediction.gpu_peak_bytes / prediction.gpu_capacity_bytes,
                      prediction.fits_gpu() ? "" : "  DOES NOT FIT");
+  if (prediction.gpu_headroom_bytes > 0)
+    out += fmt::format("  (usable: the card's {:.2f} GiB less {:.2f} GiB of headroom the runtime profile keeps free)\n",
+                       bytes_to_gib(prediction.gpu_capacity_bytes + prediction.gpu_headroom_bytes),
+                       bytes_to_gib(prediction.gpu_headroom_bytes));
   out += "  phase peaks:";
   for (const auto& phase : prediction.phases) out += fmt::format(" {} {:.2f} GiB;", phase.phase, bytes_to_gib(phase.bytes));
   out.back() = '\n';
@@ -91,6 +95,8 @@ nlohmann::json memory_prediction_to_json(const MemoryPrediction& prediction) {
        {{"fits", prediction.fits_gpu()},
         {"peak_gib", bytes_to_gib(prediction.gpu_peak_bytes)},
         {"capacity_gib", bytes_to_gib(prediction.gpu_capacity_bytes)},
+        {"headroom_gib", bytes_to_gib(prediction.gpu_headroom_bytes)},
+        {"calibrated_reserve_gib", bytes_to_gib(prediction.gpu_calibrated_bytes)},
         {"peak_phase", prediction.gpu_peak_phase},
         {"peak_moment", prediction.gpu_peak_moment},
         {"phases", phases},

@@ -138,7 +138,10 @@ TEST_CASE("attention backward with FlashAttention-3's buffers: fp32 dk/dv accumu
   // As FA2's moment (5X; q, out, output grad, dq: 4Q; k, v, dk, dv: 4K; lse) but with fp32 dk/dv
   // accumulators at kv width (2 x 2K) instead of bf16 expanded ones at q width (2Q), the fp32 dq
   // accumulator (2Q), softmax_d and softmax_lse_log2 (2 lse): 2Q - 4K = 128,000 bytes less here.
-  CHECK(trace.peak_bytes() == 5 * X + 6 * Q + 8 * K + 3 * LSE);
+  // FA3 pads those three to round_up(total_q + 64 b, 64) rows: round_up(1064, 64) - 1000 = 88 rows
+  // of fp32 dq (n_q d = 64 values: 256 B) and of two fp32 statistics (n_q = 8 values: 32 B each).
+  const double fa3_padding = 88 * 256 + 2 * 88 * 32;
+  CHECK(trace.peak_bytes() == 5 * X + 6 * Q + 8 * K + 3 * LSE + fa3_padding);
   CHECK(trace.peak_moment() == "attention");
   // Without GQA (n_kv = n_q) FA3 has no dk/dv accumulators.
   LayerShape mha = shape_make(1, 1000);
@@ -148,7 +151,119 @@ TEST_CASE("attention backward with FlashAttention-3's buffers: fp32 dk/dv accumu
   full.alloc(kCategoryLayer, "layer.output_grad", X);
   decoder_layer_forward(full, mha, fa3, true);
   decoder_layer_backward(full, mha, fa3);
-  CHECK(full.peak_bytes() == 5 * X + 6 * Q + 4 * Q + 3 * LSE);
+  CHECK(full.peak_bytes() == 5 * X + 6 * Q + 4 * Q + 3 * LSE + fa3_padding);
+}
+
+TEST_CASE("FlashAttention-2 varlen pads dq_accum and softmax_d by 128 rows per sequence") {
+  LayerImplementation fa2 = eager();
+  fa2.flash_attention_dq_accumulator = true;
+  fa2.flash_attention_expands_gqa_grads = true;
+  auto peak = [&](int64_t pad_rows, int64_t sequences) {
+    LayerImplementation impl = fa2;
+    impl.flash_attention_varlen_pad_rows = pad_rows;
+    LayerShape shape = shape_make(1, 1000);
+    shape.sequences = sequences;
+    TensorTrace trace;
+    trace.alloc(kCategoryLayer, "layer.input", X);
+    trace.alloc(kCategoryLayer, "layer.output_grad", X);
+    decoder_layer_forward(trace, shape, impl, true);
+    decoder_layer_backward(trace, shape, impl);
+    return trace.peak_bytes();
+  };
+  // 128 rows per sequence of fp32 dq (64 values: 256 B) and fp32 softmax_d (8 values: 32 B).
+  CHECK(peak(128, 1) - peak(0, 1) == 128 * (256 + 32));
+  CHECK(peak(128, 3) - peak(0, 3) == 3 * 128 * (256 + 32));
+}
+
+TEST_CASE("eager RMSNorm saves its fp32 upcast and normalized value: 3X per norm awaiting backward") {
+  LayerImplementation fa2 = eager();
+  fa2.flash_attention_dq_accumulator = true;
+  fa2.flash_attention_expands_gqa_grads = true;
+  LayerImplementation eager_norm = fa2;
+  eager_norm.eager_rms_norm = true;
+  auto run = [&](const LayerImplementation& impl, bool keep) {
+    TensorTrace trace;
+    trace.alloc(kCategoryLayer, "layer.input", X);
+    trace.alloc(kCategoryLayer, "layer.output_grad", X);
+    decoder_layer_forward(trace, shape_make(1, 1000), impl, keep);
+    if (keep) decoder_layer_backward(trace, shape_make(1, 1000), impl);
+    return trace;
+  };
+  // Recompute forward (keep): both norms' saved tensors stay, 2 x (fp32 2X + X) = 6X, until the
+  // backward frees each at its norm; the layer ends as without them.
+  TensorTrace forward_kept;
+  forward_kept.alloc(kCategoryLayer, "layer.input", X);
+  decoder_layer_forward(forward_kept, shape_make(1, 1000), eager_norm, true);
+  TensorTrace forward_plain;
+  forward_plain.alloc(kCategoryLayer, "layer.input", X);
+  decoder_layer_forward(forward_plain, shape_make(1, 1000), fa2, true);
+  CHECK(forward_kept.current_bytes() - forward_plain.current_bytes() == 6 * X);
+  CHECK(live_bytes_of(forward_kept, "attention_norm.input_fp32") == 2 * X);
+  CHECK(live_bytes_of(forward_kept, "mlp_norm.normalized") == X);
+  const TensorTrace backward = run(eager_norm, true);
+  CHECK(backward.current_bytes() == run(fa2, true).current_bytes());
+  // At FlashAttention's backward only the attention norm's 3X remain (the MLP norm's went at its
+  // backward): the same moment is 3X higher.
+  CHECK(backward.peak_bytes() >= run(fa2, true).peak_bytes() + 3 * X);
+  // Under no_grad (checkpointed forward) nothing is saved.
+  TensorTrace no_grad;
+  no_grad.alloc(kCategoryLayer, "layer.input", X);
+  decoder_layer_forward(no_grad, shape_make(1, 1000), eager_norm, false);
+  CHECK(live_bytes_of(no_grad, "attention_norm.input_fp32") == -1);
+}
+
+TEST_CASE("Qwen3's q/k norms keep the projections and fp32 statistics per head until attention backward") {
+  LayerImplementation fa2 = eager();
+  LayerShape shape = shape_make(1, 1000);
+  LayerShape qwen = shape;
+  qwen.qk_norm = true;
+  qwen.num_kv_heads = 2;
+  auto forward = [&](const LayerShape& s, const LayerImplementation& impl) {
+    TensorTrace trace;
+    trace.alloc(kCategoryLayer, "layer.input", X);
+    decoder_layer_forward(trace, s, impl, true);
+    return trace;
+  };
+  // Liger's norm saves its input: q_proj (Q) and k_proj (K), with rstd [T, n_q] and [T, n_kv] fp32:
+  // Q + K + LSE + T * 2 * 4 = 128,000 + 32,000 + 32,000 + 8,000 (REFERENCE 7.2: (q + kv width)/h X).
+  const TensorTrace plain = forward(shape, fa2);
+  const TensorTrace liger = forward(qwen, fa2);
+  CHECK(liger.current_bytes() - plain.current_bytes() == Q + K + LSE + 8000);
+  CHECK(live_bytes_of(liger, "attention.q_proj") == Q);
+  CHECK(live_bytes_of(liger, "attention.k_norm_rstd") == 8000);
+  // Eager: the fp32 upcast and the normalized value instead of the projection (3Q + 3K) beside the
+  // statistics, and the layer's two norms' 6X.
+  LayerImplementation eager_norm = fa2;
+  eager_norm.eager_rms_norm = true;
+  CHECK(forward(qwen, eager_norm).current_bytes() - forward(shape, eager_norm).current_bytes() == 3 * Q + 3 * K + LSE + 8000);
+  // Backward frees all of it.
+  for (const LayerImplementation& impl : {fa2, eager_norm}) {
+    TensorTrace trace = forward(qwen, impl);
+    trace.alloc(kCategoryLayer, "layer.output_grad", X);
+    decoder_layer_backward(trace, qwen, impl);
+    REQUIRE(trace.live_items().size() == 1);
+    CHECK(trace.live_items()[0].name == "layer.input_grad");
+  }
+}
+
+TEST_CASE("ZeRO-3 holds every TiledMLP shard's weight gradients through the MLP backward") {
+  // An MLP-heavy shape (f = 4096) so that the peak falls in a tile's backward.
+  LayerShape shape = shape_make(1, 2);
+  shape.intermediate = 4096;
+  LayerImplementation impl = eager();
+  auto peak = [&](double held) {
+    LayerImplementation with = impl;
+    with.mlp_tile_weight_grads_bytes = held;
+    TensorTrace trace;
+    trace.alloc(kCategoryLayer, "layer.input", X);
+    trace.alloc(kCategoryLayer, "layer.output_grad", X);
+    decoder_layer_forward(trace, shape, with, true);
+    decoder_layer_backward(trace, shape, with);
+    CHECK(std::string(trace.peak_moment()) == "mlp");
+    return trace.peak_bytes();
+  };
+  const double gate_up_down = 3.0 * 64 * 4096 * 2;  // 3 h f bf16
+  CHECK(peak(gate_up_down) - peak(0) == gate_up_down);
 }
 
 TEST_CASE("Ulysses: all-to-all staging, and kv heads replicated when sp > n_kv") {

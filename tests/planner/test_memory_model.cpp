@@ -112,15 +112,27 @@ TEST_CASE("the whole prediction for a small model, derived by hand") {
   CHECK(prediction.host_bytes_per_node == 0);
 }
 
-TEST_CASE("runtime overheads: NCCL buffers only with more than one rank") {
+TEST_CASE("runtime overheads: NCCL buffers per communicator, only with more than one rank") {
   RuntimeProfile profile = plain_profile();
   profile.cuda_context_gib = 1;
-  profile.nccl_buffers_gib = 2;
+  profile.nccl_buffers_gib = {1.5, 2, 2.5};
+  profile.nccl_sequence_parallel_communicators = 1;
+  profile.allocator_fragmentation_gib = {0.1, 0.3, 0.5};
   const MemoryPrediction one = memory_predict(small_model(), cluster_of(1), bare_plan(1, 3), profile, 1024);
   const MemoryPrediction two = memory_predict(small_model(), cluster_of(2), bare_plan(1, 3), profile, 1024);
+  const MemoryPrediction sequence_parallel = memory_predict(small_model(), cluster_of(2), bare_plan(2, 3), profile, 1024);
   CHECK(item_bytes(one.gpu_items, "cuda_context") == kBytesPerGib);
   CHECK(item_bytes(one.gpu_items, "nccl_buffers") == 0);
-  CHECK(item_bytes(two.gpu_items, "nccl_buffers") == 2 * kBytesPerGib);
+  CHECK(item_bytes(two.gpu_items, "nccl_buffers") == 2 * kBytesPerGib);  // the world's communicator
+  // sp > 1: DeepSpeed's sequence-parallel group is a second communicator.
+  CHECK(item_bytes(sequence_parallel.gpu_items, "nccl_buffers") == 4 * kBytesPerGib);
+  CHECK(runtime_overhead_bytes(profile, 2, 2) ==
+        doctest::Approx(kBytesPerGib * (1 + 2 * 2 + 0.3) + profile.cublas_workspace_mib * 1024 * 1024));
+  CHECK(item_bytes(one.gpu_items, "allocator_fragmentation") == doctest::Approx(0.3 * kBytesPerGib));
+  // The band's ends take the ranges' ends.
+  const RuntimeProfile high = runtime_profile_bounded(profile, EstimateBound::estimate_high_memory);
+  CHECK(item_bytes(memory_predict(small_model(), cluster_of(2), bare_plan(2, 3), high, 1024).gpu_items, "nccl_buffers") ==
+        doctest::Approx(5 * kBytesPerGib));
 }
 
 TEST_CASE("ZeRO-3 working set: one gathered layer plus the prefetch bucket") {
@@ -159,8 +171,9 @@ TEST_CASE("host terms beside the offloaded tensors (REFERENCE 7.5), hand-compute
   const ModelSpec model = small_model();
   RuntimeProfile profile = plain_profile();
   profile.zero3_offload_gradient_buffer_bytes = 2;
-  profile.host_process_runtime_gb = 4;
-  profile.host_dataloader_workers_gb = 1;
+  profile.host_process_runtime_gb = {2.5, 4, 6};
+  profile.host_dataloader_workers_gb = {0.5, 1, 2};
+  profile.host_forked_workers_copy_bytes_per_parameter = {0, 0, 10};
   profile.offloaded_params_pinned_power_of_two = true;
   PlanOptions plan = bare_plan(1, 3);
   plan.offload_optimizer = plan.offload_params = true;
@@ -173,6 +186,19 @@ TEST_CASE("host terms beside the offloaded tensors (REFERENCE 7.5), hand-compute
   CHECK(item_bytes(prediction.host_items, "weights") == doctest::Approx(8 * pinned));
   CHECK(item_bytes(prediction.host_items, "process_runtime") == doctest::Approx(8 * 4e9));
   CHECK(item_bytes(prediction.host_items, "dataloader_workers") == doctest::Approx(8 * 1e9));
+  CHECK(item_bytes(prediction.host_items, "forked_workers_page_copies") == 0);  // unmeasured: only the band's high end
+  // The band's ends: 6 GB and 2 GB per rank, and the forked workers' page copies of 10 bytes a
+  // parameter of the partition; the low end 2.5 GB and 0.5 GB.
+  const MemoryPrediction high =
+      memory_predict(model, cluster_of(8), plan, runtime_profile_bounded(profile, EstimateBound::estimate_high_memory), 1024);
+  CHECK(item_bytes(high.host_items, "process_runtime") == doctest::Approx(8 * 6e9));
+  CHECK(item_bytes(high.host_items, "dataloader_workers") == doctest::Approx(8 * 2e9));
+  CHECK(item_bytes(high.host_items, "forked_workers_page_copies") == doctest::Approx(8 * 10 * partition));
+  const MemoryPrediction low =
+      memory_predict(model, cluster_of(8), plan, runtime_profile_bounded(profile, EstimateBound::estimate_low_memory), 1024);
+  CHECK(item_bytes(low.host_items, "process_runtime") == doctest::Approx(8 * 2.5e9));
+  CHECK(low.host_bytes_per_node < prediction.host_bytes_per_node);
+  CHECK(prediction.host_bytes_per_node < high.host_bytes_per_node);
   // The flat buffer is ZeRO-3's: ZeRO-1 with the optimizer offloaded has none.
   PlanOptions zero1 = bare_plan(1, 1);
   zero1.offload_optimizer = true;
@@ -180,8 +206,8 @@ TEST_CASE("host terms beside the offloaded tensors (REFERENCE 7.5), hand-compute
   // The built-in DeepSpeed profiles carry them; the executor's profiles have none.
   const RuntimeProfile deepspeed = runtime_profile_load("deepspeed-hf");
   CHECK(deepspeed.zero3_offload_gradient_buffer_bytes == 2);
-  CHECK(deepspeed.host_process_runtime_gb == 4);
-  CHECK(runtime_profile_load("native").host_process_runtime_gb == 0);
+  CHECK(deepspeed.host_process_runtime_gb.point == 4);
+  CHECK(runtime_profile_load("native").host_process_runtime_gb.high == 0);
 }
 
 TEST_CASE("checkpoint offload moves L checkpoints per rank to the host") {
@@ -411,25 +437,37 @@ TEST_CASE("FPDT plans are checked: chunk divides S, checkpointing on, no double 
   CHECK_FALSE(plan_problems(model, cluster_of(4), plan).empty());
 }
 
-TEST_CASE("the calibrated activation overhead scales only what grows with S, as its own item") {
+TEST_CASE("the calibrated reserve is constant in S, one named item, and the headroom shrinks the usable card") {
   const ModelSpec model = small_model();
   const ClusterSpec cluster = cluster_of(2);
   RuntimeProfile plain = plain_profile();
   plain.cuda_context_gib = 0.5;
   RuntimeProfile calibrated = plain;
-  calibrated.activation_overhead_factor = 1.5;
+  calibrated.calibrated_reserve_gib = 1.5;
+  calibrated.usable_memory_headroom_gib = {0.25, 0.5, 1};
   const PlanOptions plan = bare_plan(2, 3);
-  const MemoryPrediction before = memory_predict(model, cluster, plan, plain, 8192);
-  const MemoryPrediction after = memory_predict(model, cluster, plan, calibrated, 8192);
-  const double fixed = category_bytes(before.gpu_items, kCategoryModelStates) + category_bytes(before.gpu_items, kCategoryZero) +
-                       category_bytes(before.gpu_items, kCategoryRuntime);
-  CHECK(fixed > 0);
-  CHECK(after.gpu_peak_bytes == doctest::Approx(fixed + 1.5 * (before.gpu_peak_bytes - fixed)));
-  CHECK(item_bytes(after.gpu_items, "activation_overhead") == doctest::Approx(0.5 * (before.gpu_peak_bytes - fixed)));
-  double items = 0;
-  for (const auto& item : after.gpu_items) items += item.bytes;
-  CHECK(items == doctest::Approx(after.gpu_peak_bytes));
-  CHECK(after.host_bytes_per_node == before.host_bytes_per_node);  // host memory is not scaled
+  for (int64_t seqlen : {2048, 8192, 32768}) {
+    CAPTURE(seqlen);
+    const MemoryPrediction before = memory_predict(model, cluster, plan, plain, seqlen);
+    const MemoryPrediction after = memory_predict(model, cluster, plan, calibrated, seqlen);
+    CHECK(after.gpu_peak_bytes - before.gpu_peak_bytes == doctest::Approx(1.5 * kBytesPerGib));
+    CHECK(after.gpu_peak_moment == before.gpu_peak_moment);  // a constant moves no peak
+    CHECK(item_bytes(after.gpu_items, "unexplained_reserve") == doctest::Approx(1.5 * kBytesPerGib));
+    CHECK(after.gpu_calibrated_bytes == doctest::Approx(1.5 * kBytesPerGib));
+    double items = 0;
+    for (const auto& item : after.gpu_items) items += item.bytes;
+    CHECK(items == doctest::Approx(after.gpu_peak_bytes));
+    CHECK(after.host_bytes_per_node == before.host_bytes_per_node);
+    // The headroom is not in the peak: it lowers what the peak may reach.
+    CHECK(after.gpu_headroom_bytes == doctest::Approx(0.5 * kBytesPerGib));
+    CHECK(before.gpu_capacity_bytes - after.gpu_capacity_bytes == doctest::Approx(0.5 * kBytesPerGib));
+  }
+  // The band's long end is the sourced terms alone: no reserve, the least headroom.
+  const RuntimeProfile sourced = runtime_profile_bounded(calibrated, EstimateBound::estimate_low_memory);
+  CHECK(sourced.calibrated_reserve_gib == 0);
+  const MemoryPrediction low = memory_predict(model, cluster, plan, sourced, 8192);
+  CHECK(low.gpu_peak_bytes == doctest::Approx(memory_predict(model, cluster, plan, plain, 8192).gpu_peak_bytes));
+  CHECK(low.gpu_headroom_bytes == doctest::Approx(0.25 * kBytesPerGib));
 }
 
 namespace {
