@@ -260,6 +260,7 @@ std::string plan_report(const ModelSpec& model, const ClusterSpec& cluster, cons
     report["seqlen"] = *seqlen;
   } else {
     const MaxSeqlenResult result = max_seqlen_find(model, cluster, plan, profile);
+    const SeqlenBand band = max_seqlen_band(model, cluster, plan, profile);
     prediction = result.at_max;
     if (result.max_seqlen == 0)
       out += fmt::format("maximum sequence length: none — even {} tokens exceed {}\n", result.granularity, result.binding_constraint);
@@ -267,7 +268,13 @@ std::string plan_report(const ModelSpec& model, const ClusterSpec& cluster, cons
       out += fmt::format("maximum sequence length: {} tokens ({}), limited by {}{}\n", integer_with_commas(result.max_seqlen),
                          seqlen_format(result.max_seqlen), result.binding_constraint,
                          result.binding_host_term.empty() ? "" : " (largest host term: " + result.binding_host_term + ")");
+    if (band.longest > 0)
+      out += fmt::format("  band: {} to {} ({} with every estimate at its high end and the calibrated reserve; {} with the "
+                         "sourced terms alone at their low ends)\n",
+                         seqlen_format(band.shortest), seqlen_format(band.longest), seqlen_format(band.shortest),
+                         seqlen_format(band.longest));
     report["max_seqlen"] = {{"tokens", result.max_seqlen}, {"granularity", result.granularity},
+                            {"band", {{"shortest_tokens", band.shortest}, {"longest_tokens", band.longest}}},
                             {"binding_constraint", result.binding_constraint}, {"binding_host_term", result.binding_host_term}};
   }
   report["prediction"] = memory_prediction_to_json(prediction);

@@ -107,4 +107,13 @@ MaxSeqlenResult max_seqlen_find(const ModelSpec& model, const ClusterSpec& clust
   return finish(low, high);
 }
 
+SeqlenBand max_seqlen_band(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
+                           const RuntimeProfile& profile, int64_t granularity) {
+  auto at = [&](EstimateBound bound) {
+    return max_seqlen_find(model, cluster, plan, runtime_profile_bounded(profile, bound), granularity, /*with_breakdown=*/false)
+        .max_seqlen;
+  };
+  return {at(EstimateBound::estimate_high_memory), at(EstimateBound::estimate_low_memory)};
+}
+
 }  // namespace longseq

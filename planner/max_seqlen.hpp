@@ -32,4 +32,15 @@ inline constexpr int64_t kSeqlenSearchLimit = 1'000'000'000'000;
 MaxSeqlenResult max_seqlen_find(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
                                 const RuntimeProfile& profile, int64_t granularity = 0, bool with_breakdown = true);
 
+// How sure the maximum is: the maximum with every ranged term of the profile at its high end plus
+// the calibrated reserve (`shortest`), and with the sourced terms alone at their low ends, no
+// reserve (`longest`). The point prediction lies between them (it takes each term's central
+// estimate and the reserve).
+struct SeqlenBand {
+  int64_t shortest = 0;
+  int64_t longest = 0;
+};
+SeqlenBand max_seqlen_band(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
+                           const RuntimeProfile& profile, int64_t granularity = 0);
+
 }  // namespace longseq

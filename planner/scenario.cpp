@@ -390,6 +390,9 @@ std::vector<SweepRow> scenario_run(const Scenario& scenario, const std::function
                         const MaxSeqlenResult found = max_seqlen_find(model, cluster, plan, profile);
                         memory = found.at_max;
                         row.seqlen = found.max_seqlen;
+                        const SeqlenBand band = max_seqlen_band(model, cluster, plan, profile);
+                        row.seqlen_shortest = band.shortest;
+                        row.seqlen_longest = band.longest;
                         row.binding_constraint = found.binding_constraint;
                       }
                       row_fill_prediction(row, memory);

@@ -90,6 +90,7 @@ struct SweepRow {
   std::optional<PlanOptions> plan;  // absent when the search found nothing or the plan is invalid
   std::string mode;                 // "max_seqlen" or "at_seqlen"
   int64_t seqlen = 0;               // the maximum found, or the length evaluated
+  int64_t seqlen_shortest = 0, seqlen_longest = 0;  // max mode: the band around it (max_seqlen_band)
   bool fits = false;
   std::string binding_constraint;
   double gpu_peak_gib = 0, gpu_capacity_gib = 0, host_per_node_gib = 0;

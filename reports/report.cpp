@@ -226,7 +226,7 @@ ReportOutcome run_report_write(const fs::path& dir, const fs::path& run_path, co
 struct SweepTableRow {
   JsonView json;
   bool usable;
-  int64_t gpus, seqlen;
+  int64_t gpus, seqlen, seqlen_shortest, seqlen_longest;
   std::string mode, step, label;
   std::optional<double> published;
   double published_fail, gpu_peak_gib;
@@ -242,7 +242,9 @@ SweepTable sweep_table_read(const JsonView& rows) {
   SweepTable table;
   for (size_t i = 0; i < rows.size(); ++i) {
     const JsonView row = rows[i];
-    SweepTableRow entry{row, usable(row), row["gpus"].integer(1, int64_t{1} << 40), row["seqlen"].integer(), row["mode"].string(),
+    SweepTableRow entry{row, usable(row), row["gpus"].integer(1, int64_t{1} << 40), row["seqlen"].integer(),
+                        row.has("seqlen_shortest") ? row["seqlen_shortest"].integer() : 0,
+                        row.has("seqlen_longest") ? row["seqlen_longest"].integer() : 0, row["mode"].string(),
                         row.string_or("step", ""), row_label(row), std::nullopt, 0.0, row.number_or("gpu_peak_gib", 0.0)};
     if (row.has("published")) entry.published = row["published"].number();
     entry.published_fail = row.number_or("published_fail", entry.published.value_or(0.0));
@@ -317,10 +319,21 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
       bool published_titled = false;
       for (const auto& [name, members] : series_of(rows, "gpus")) {
         ++series_number;
-        std::string predicted, published;
+        std::string predicted, band, published;
         for (const SweepTableRow* row : rows_of(members)) {
           if (row->usable && row->seqlen > 0) predicted += fmt::format("{} {}\n", row->gpus, row->seqlen);
+          // The band: where it reaches zero a log axis cannot draw it, so it starts at one token.
+          if (row->usable && row->seqlen_longest > 0)
+            band += fmt::format("{} {} {}\n", row->gpus, std::max<int64_t>(row->seqlen_shortest, 1), row->seqlen_longest);
           if (row->published) published += fmt::format("{} {} {}\n", row->gpus, *row->published, row->published_fail);
+        }
+        // The band first, so that the line and the points are drawn over it.
+        if (!band.empty()) {
+          data += band + "\n\n";
+          plot += fmt::format("{}'max_seqlen_vs_gpus.dat' index {} using 1:2:3 with filledcurves lt {} fs transparent solid 0.15 noborder {}",
+                              plot.empty() ? "" : ", ", index++, series_number,
+                              series_number == 1 ? "title 'band: estimates at their high ends + calibrated reserve, to sourced terms alone'"
+                                                 : "notitle");
         }
         data += data_label(name == "predicted" ? "predicted (longseq)" : name + " (predicted)") + "\n" + predicted + "\n\n";
         plot += fmt::format("{}'max_seqlen_vs_gpus.dat' index {} using 1:2 with linespoints lt {} lw 2 pt 7 title columnheader(1)",

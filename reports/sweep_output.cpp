@@ -49,7 +49,7 @@ const std::vector<std::string>& sweep_columns() {
     std::vector<std::string> names = {"model", "gpu", "gpus", "nodes", "step", "plan", "sp", "ring", "dp", "zero_stage",
                                       "offload_optimizer", "offload_params", "activation_checkpointing",
                                       "checkpoint_offload", "tiled_mlp", "tiled_loss", "fpdt_chunk_tokens", "mode", "seqlen",
-                                      "fits", "binding_constraint", "gpu_peak_gib", "gpu_capacity_gib", "host_per_node_gib"};
+                                      "seqlen_shortest", "seqlen_longest", "fits", "binding_constraint", "gpu_peak_gib", "gpu_capacity_gib", "host_per_node_gib"};
     for (const auto& category : kCategories) names.push_back(std::string(category) + "_gib");
     for (const char* name : {"step_s", "tflops_hardware", "tflops_megatron", "mfu", "tokens_per_s", "published",
                              "published_fail", "error"})
@@ -88,6 +88,10 @@ nlohmann::json sweep_results_to_json(const Scenario& scenario, const std::vector
     }
     json["mode"] = row.mode;
     json["seqlen"] = row.seqlen;
+    if (row.mode == "max_seqlen" && row.error.empty()) {
+      json["seqlen_shortest"] = row.seqlen_shortest;
+      json["seqlen_longest"] = row.seqlen_longest;
+    }
     json["fits"] = row.fits;
     json["binding_constraint"] = row.binding_constraint;
     if (row.error.empty()) {
@@ -126,8 +130,9 @@ nlohmann::json sweep_results_to_json(const Scenario& scenario, const std::vector
 }
 
 std::string sweep_markdown_table(const nlohmann::json& results, const std::string& source) {
-  std::string out = "| model | gpus | step | plan | mode | seqlen | fits | GPU peak GiB | host GiB/node | step s | TFLOPS (ALST formula) | published |\n";
-  out += "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  std::string out =
+      "| model | gpus | step | plan | mode | seqlen | band | fits | GPU peak GiB | host GiB/node | step s | TFLOPS (ALST formula) | published |\n";
+  out += "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   const JsonView rows = JsonView(results, source)["rows"];
   for (size_t i = 0; i < rows.size(); ++i) {
     const JsonView row = rows[i];
@@ -145,8 +150,11 @@ std::string sweep_markdown_table(const nlohmann::json& results, const std::strin
       const std::optional<int64_t> whole = whole_number(std::round(value), INT64_MIN, INT64_MAX);
       published = max_mode && whole ? integer_with_commas(*whole) : fmt::format("{:.1f}", value);
     }
-    out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", cell("model"), cell("gpus"), cell("step"),
-                       cell("plan"), max_mode ? "max" : "at", seqlen, cell("fits"), number("gpu_peak_gib", "{:.1f}"),
+    std::string band;
+    if (max_mode && row.has("seqlen_longest") && row["seqlen_longest"].integer() > 0)
+      band = seqlen_format(row["seqlen_shortest"].integer()) + " to " + seqlen_format(row["seqlen_longest"].integer());
+    out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", cell("model"), cell("gpus"), cell("step"),
+                       cell("plan"), max_mode ? "max" : "at", seqlen, band, cell("fits"), number("gpu_peak_gib", "{:.1f}"),
                        number("host_per_node_gib", "{:.0f}"), number("step_s", "{:.1f}"), number("tflops_megatron", "{:.1f}"),
                        published);
   }

@@ -610,3 +610,30 @@ TEST_CASE("the offloaded optimizer step, hand-computed: gradients down, CPU Adam
   const double expected_s = partition * 4.0 / 55.06e9 + parameters * 30.0 / (409.6e9 * 0.456) + partition * 2.0 / 55.43e9;
   CHECK(time_predict(model, node, plan, profile, 1 << 20).time.optimizer_s == doctest::Approx(expected_s).epsilon(1e-12));
 }
+
+TEST_CASE("the band contains the point prediction, for every plan kind of the built-in DeepSpeed profiles") {
+  const ModelSpec model = model_load("llama-3.1-8b");
+  for (const char* profile_name : {"deepspeed-hf", "megatron-deepspeed"}) {
+    const RuntimeProfile profile = runtime_profile_load(profile_name);
+    for (int64_t gpus : {1, 8}) {
+      PlanOptions plan;
+      plan.sp = gpus;
+      plan.zero_stage = 3;
+      plan.offload_optimizer = true;
+      plan.offload_params = gpus == 1;
+      plan.activation_checkpointing = true;
+      plan.checkpoint_offload = true;
+      plan.tiled_mlp = plan.tiled_loss = true;
+      const ClusterSpec cluster = cluster_make(hardware_card_load("h100-sxm-80gb"), gpus, 1, 8, 0);
+      REQUIRE(plan_problems(model, cluster, plan).empty());
+      CAPTURE(profile_name);
+      CAPTURE(gpus);
+      const int64_t point = max_seqlen_find(model, cluster, plan, profile, 0, false).max_seqlen;
+      const SeqlenBand band = max_seqlen_band(model, cluster, plan, profile);
+      CHECK(band.shortest < point);
+      CHECK(point < band.longest);
+      // The long end is the sourced terms alone: the reserve (14 or 3 GiB) is a real share of it.
+      CHECK(static_cast<double>(band.longest) > 1.02 * static_cast<double>(point));
+    }
+  }
+}

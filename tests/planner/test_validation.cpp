@@ -5,6 +5,7 @@
 
 #include "models/config_error.hpp"
 #include "models/model_loader.hpp"
+#include "planner/cards.hpp"
 #include "planner/validation.hpp"
 
 using namespace longseq;
@@ -161,4 +162,17 @@ TEST_CASE("free-text training rows name what is not modelled") {
   CHECK(reason("Megatron-Core CP; tp=4; u=1; r=2") == "tensor parallelism (tp=4) is not modelled");
   CHECK(reason("NeMo; Megatron-Core CP; FP8; tp=1; cp=2") == "FP8 training is not modelled");
   CHECK(reason("JAX ring attention; FSDP") == "features in free text: longseq reads them for attention kernel benchmarks only");
+}
+
+TEST_CASE("the profiles' calibrated reserves are what the fit to the seed set gives (fitted once, not tuned by hand)") {
+  const auto points = published_points_parse(file_read_text(std::string(LONGSEQ_TEST_DATA_DIR) + "/published_points.csv"), "p.csv");
+  const std::vector<ReserveFit> fits = reserve_fit(points, 40.0, 0.5);
+  REQUIRE(fits.size() == 2);
+  for (const ReserveFit& fit : fits) {
+    CAPTURE(fit.profile);
+    CHECK(fit.reserve_gib == runtime_profile_load(fit.profile).calibrated_reserve_gib);
+    int informative = 0;
+    for (const ReserveEvidence& evidence : fit.evidence) informative += evidence.informative ? 1 : 0;
+    CHECK(informative >= 10);  // a fit to many rows, not one
+  }
 }
