@@ -59,11 +59,14 @@ std::string published_format(const FigureComparison& figure) {
 
 namespace {
 
+// The fit's grid: 0 to 40 GiB (half a card of the largest here) in steps of 0.5 GiB.
+constexpr double kReserveFitMaxGib = 40.0;
+
 // The fit of each profile's reserve with the evidence behind it, then how the profile's errors
 // move when the reserve moves around the fit.
 int reserve_fit_print(const ValidateCommandArgs& args, const std::vector<PublishedPoint>& points) {
   std::cerr << "longseq validate: fitting the calibrated reserve (each row at 81 reserves)...\n";
-  const std::vector<ReserveFit> fits = reserve_fit(points, 40.0, 0.5);
+  const std::vector<ReserveFit> fits = reserve_fit(points, kReserveFitMaxGib, 0.5);
   nlohmann::json json_fits = nlohmann::json::array();
   for (const auto& fit : fits) {
     nlohmann::json evidence = nlohmann::json::array();
@@ -83,25 +86,18 @@ int reserve_fit_print(const ValidateCommandArgs& args, const std::vector<Publish
       if (e.informative) entry["reserve_gib"] = {e.low_gib, e.high_gib};
       evidence.push_back(entry);
     }
-    // Sensitivity: the profile's own rows with its reserve moved by -4..+4 GiB.
+    // Sensitivity: the profile's own rows with its reserve moved by -4..+4 GiB (grid points of the fit).
     nlohmann::json sensitivity = nlohmann::json::array();
     if (!args.json) fmt::print("  sensitivity (this profile's rows):  reserve GiB   max_seqlen median   peak_memory median\n");
     for (double delta : {-4.0, -2.0, -1.0, 0.0, 1.0, 2.0, 4.0}) {
       const double reserve = fit.reserve_gib + delta;
-      if (reserve < 0) continue;
-      std::vector<PointValidation> validations;
-      for (const auto& point : points) {
-        PointValidation validation = point_validate(point, "", reserve);
-        if (validation.skipped_reason.empty() && validation.profile.rfind(fit.profile, 0) == 0) validations.push_back(validation);
-      }
-      double max_median = 0, peak_median = 0;
-      for (const auto& summary : validation_summarize(validations)) {
-        if (summary.kind == FigureKind::figure_max_seqlen) max_median = summary.median_abs_error;
-        if (summary.kind == FigureKind::figure_peak_memory) peak_median = summary.median_abs_error;
-      }
+      if (reserve < 0 || reserve > kReserveFitMaxGib) continue;
+      const ReserveSensitivity errors = reserve_fit_sensitivity(fit, reserve);
       if (!args.json)
-        fmt::print("  {:>48.1f} {:>18.1f}% {:>19.1f}%\n", reserve, 100.0 * max_median, 100.0 * peak_median);
-      sensitivity.push_back({{"reserve_gib", reserve}, {"max_seqlen_median_abs_error", max_median}, {"peak_memory_median_abs_error", peak_median}});
+        fmt::print("  {:>48.1f} {:>18.1f}% {:>19.1f}%\n", reserve, 100.0 * errors.max_seqlen_median_abs_error,
+                   100.0 * errors.peak_memory_median_abs_error);
+      sensitivity.push_back({{"reserve_gib", reserve}, {"max_seqlen_median_abs_error", errors.max_seqlen_median_abs_error},
+                             {"peak_memory_median_abs_error", errors.peak_memory_median_abs_error}});
     }
     if (!args.json) fmt::print("\n");
     json_fits.push_back({{"runtime_profile", fit.profile}, {"reserve_gib", fit.reserve_gib}, {"evidence", evidence}, {"sensitivity", sensitivity}});

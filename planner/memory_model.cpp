@@ -79,11 +79,12 @@ Setup setup_make(const ModelSpec& model, const PlanOptions& plan, const RuntimeP
   impl.flash_attention_expands_gqa_grads = profile.flash_attention_expands_gqa_grads;
   impl.flash_attention_3 = profile.attention_kernel == "fa3";
   impl.flash_attention_varlen_pad_rows = profile.flash_attention_varlen_pad_rows;
-  const bool liger = profile.liger_kernels == LigerKernels::liger_always ||
-                     (profile.liger_kernels == LigerKernels::liger_with_tiled_loss && plan.tiled_loss);
-  // Liger's SwiGLU, where the profile's stack has it, comes with Liger's kernels; ALST turns it off
-  // when TiledMLP is on (AT-code model/liger_factory.py).
-  impl.fused_swiglu = profile.fused_swiglu && (liger || profile.liger_kernels == LigerKernels::liger_never) && !plan.tiled_mlp;
+  // Liger's kernels are left out when the profile installs them only with the tiled loss and the
+  // plan does not tile it: then neither its norm nor its SwiGLU runs. ALST also turns Liger's
+  // SwiGLU off when TiledMLP is on (AT-code model/liger_factory.py).
+  const bool liger_left_out = profile.liger_kernels == LigerKernels::liger_with_tiled_loss && !plan.tiled_loss;
+  const bool liger = profile.liger_kernels != LigerKernels::liger_never && !liger_left_out;
+  impl.fused_swiglu = profile.fused_swiglu && !liger_left_out && !plan.tiled_mlp;
   impl.eager_rms_norm = profile.eager_rms_norm_without_liger && !liger;
   if (profile.zero3_tiled_mlp_holds_weight_grads && plan.zero_stage == 3 && shape.mlp_tiles > 0 && !plan.fpdt) {
     const double matrices = model.mlp_kind == MlpKind::mlp_kind_swiglu ? 3.0 : 2.0;

@@ -377,6 +377,19 @@ PointValidation point_validate(const PublishedPoint& point, const std::string& p
   return validation;
 }
 
+namespace {
+
+// Median of |value| (0 for none).
+double median_abs(std::vector<double> values) {
+  if (values.empty()) return 0;
+  for (double& value : values) value = std::fabs(value);
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+}  // namespace
+
 std::vector<ReserveFit> reserve_fit(const std::vector<PublishedPoint>& points, double max_gib, double step_gib) {
   const int steps = static_cast<int>(std::floor(max_gib / step_gib + 1e-9));
   std::vector<ReserveFit> fits;
@@ -385,7 +398,7 @@ std::vector<ReserveFit> reserve_fit(const std::vector<PublishedPoint>& points, d
     if (!base.skipped_reason.empty()) continue;
     const std::string profile = base.profile.substr(0, base.profile.find(' '));
     auto fit = std::find_if(fits.begin(), fits.end(), [&](const ReserveFit& f) { return f.profile == profile; });
-    if (fit == fits.end()) fit = fits.insert(fits.end(), ReserveFit{profile, 0, {}});
+    if (fit == fits.end()) fit = fits.insert(fits.end(), ReserveFit{profile, 0, step_gib, {}});
     // errors[figure][step]: the figure's relative error with the reserve at step * step_gib.
     std::vector<std::vector<double>> errors(base.figures.size());
     for (int step = 0; step <= steps; ++step) {
@@ -395,8 +408,8 @@ std::vector<ReserveFit> reserve_fit(const std::vector<PublishedPoint>& points, d
     for (size_t f = 0; f < base.figures.size(); ++f) {
       const FigureComparison& figure = base.figures[f];
       if (figure.kind != FigureKind::figure_max_seqlen && figure.kind != FigureKind::figure_peak_memory) continue;
-      ReserveEvidence evidence{point, figure.kind, false, 0, 0};
-      const std::vector<double>& e = errors[f];
+      ReserveEvidence evidence{point, figure.kind, false, 0, 0, errors[f]};
+      const std::vector<double>& e = evidence.relative_errors;
       for (int step = 0; step <= steps; ++step) {
         const double reserve = step * step_gib;
         if (e[step] == 0) {  // inside a bracket (or exact)
@@ -406,7 +419,8 @@ std::vector<ReserveFit> reserve_fit(const std::vector<PublishedPoint>& points, d
         } else if (step > 0 && !evidence.informative && e[step - 1] * e[step] < 0) {
           // The error changes sign between two grid points: interpolate the crossing.
           const double crossing = reserve - step_gib + step_gib * e[step - 1] / (e[step - 1] - e[step]);
-          evidence = {point, figure.kind, true, crossing, crossing};
+          evidence.informative = true;
+          evidence.low_gib = evidence.high_gib = crossing;
           break;
         }
       }
@@ -429,6 +443,16 @@ std::vector<ReserveFit> reserve_fit(const std::vector<PublishedPoint>& points, d
   return fits;
 }
 
+ReserveSensitivity reserve_fit_sensitivity(const ReserveFit& fit, double reserve_gib) {
+  const auto step = static_cast<size_t>(std::lround(reserve_gib / fit.step_gib));
+  std::vector<double> max_errors, peak_errors;
+  for (const auto& evidence : fit.evidence) {
+    if (step >= evidence.relative_errors.size()) throw std::invalid_argument("reserve_fit_sensitivity: reserve outside the fit's grid");
+    (evidence.kind == FigureKind::figure_max_seqlen ? max_errors : peak_errors).push_back(evidence.relative_errors[step]);
+  }
+  return {median_abs(max_errors), median_abs(peak_errors)};
+}
+
 std::vector<FigureSummary> validation_summarize(const std::vector<PointValidation>& validations) {
   std::vector<FigureSummary> summaries;
   for (FigureKind kind : {FigureKind::figure_max_seqlen, FigureKind::figure_peak_memory, FigureKind::figure_iteration_time,
@@ -448,10 +472,8 @@ std::vector<FigureSummary> validation_summarize(const std::vector<PointValidatio
       }
     }
     if (errors.empty()) continue;
-    std::sort(errors.begin(), errors.end());
-    const size_t n = errors.size();
-    summary.count = static_cast<int64_t>(n);
-    summary.median_abs_error = n % 2 ? errors[n / 2] : 0.5 * (errors[n / 2 - 1] + errors[n / 2]);
+    summary.count = static_cast<int64_t>(errors.size());
+    summary.median_abs_error = median_abs(std::move(errors));
     summaries.push_back(summary);
   }
   return summaries;

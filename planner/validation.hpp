@@ -76,13 +76,23 @@ struct ReserveEvidence {
   FigureKind kind = FigureKind::figure_max_seqlen;
   bool informative = false;
   double low_gib = 0, high_gib = 0;  // the interval of reserves that reproduce the figure
+  std::vector<double> relative_errors;  // the figure's error with the reserve at each grid step
 };
 struct ReserveFit {
   std::string profile;
   double reserve_gib = 0;
+  double step_gib = 0;
   std::vector<ReserveEvidence> evidence;
 };
 std::vector<ReserveFit> reserve_fit(const std::vector<PublishedPoint>& points, double max_gib, double step_gib);
+
+// The median |relative error| of the fit's maximum-length and peak-memory figures with the reserve
+// at `reserve_gib` (a grid point of the fit; 0 where the profile has no such figure): how
+// sensitive the fit is.
+struct ReserveSensitivity {
+  double max_seqlen_median_abs_error = 0, peak_memory_median_abs_error = 0;
+};
+ReserveSensitivity reserve_fit_sensitivity(const ReserveFit& fit, double reserve_gib);
 
 struct FigureSummary {
   FigureKind kind = FigureKind::figure_max_seqlen;
