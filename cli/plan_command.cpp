@@ -28,7 +28,7 @@ struct PlanCommandArgs {
   int64_t layers = 0;  // 0: the card's
   std::string gpu = "h100-sxm-80gb";
   std::string profile;  // empty: the target framework's (deepspeed-hf, megatron-deepspeed, native-cuda)
-  std::string attention;  // empty: the profile's kernel
+  std::string attention;  // empty: the profile's kernel, else the card's default
   std::optional<std::string> framework;
   // nullopt: not given (a given 0 or negative value is an error, never "not given").
   std::optional<int64_t> gpus, nodes, gpus_per_node;
@@ -136,8 +136,9 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
                       "runtime profile: deepspeed-hf (default; megatron-deepspeed with --framework megatron-deepspeed, native-cuda "
                       "with --framework longseq), native, or a .yaml");
   command->add_option("--attention", args->attention,
-                      "attention kernel: fa2 (FlashAttention-2, the profile's default) or fa3 (FlashAttention-3 on Hopper: its "
-                      "backward buffers and its published speed)")
+                      "attention kernel: fa2 (FlashAttention-2) or fa3 (FlashAttention-3 on Hopper: its backward buffers and its "
+                      "published speed); default: the profile's, else the hardware card's (fa3 on H100/H200/H800, fa2 on A100). "
+                      "FPDT and ring attention run FlashAttention-2's kernels whatever this says")
       ->check(CLI::IsMember({"fa2", "fa3"}));
   command->add_option("--framework", args->framework,
                       "the framework the plan is for: arctic-training (default for the search: ALST's trainer, a switch for each "
@@ -409,7 +410,8 @@ int plan_command_run(const PlanCommandArgs& args) {
        {{"gpu", hardware.name}, {"gpus", cluster.gpus}, {"nodes", cluster.nodes}, {"gpus_per_node", cluster.gpus_per_node},
         {"gpu_memory_gib", hardware.gpu_memory_gib}, {"host_memory_gib_per_node", cluster.host_memory_gib}}},
       {"runtime_profile", profile.name},
-      {"attention_kernel", profile.attention_kernel},
+      // The stack's kernel on this card (an FPDT or ring plan runs FlashAttention-2's: time.attention_kernel).
+      {"attention_kernel", profile.attention_kernel.empty() ? hardware.default_attention_kernel : profile.attention_kernel},
       {"framework", framework_name(framework)},
   };
   std::string header = fmt::format("longseq plan: PREDICTIONS of the cost model (runtime profile '{}'), not measurements\n", profile.name);
@@ -427,6 +429,13 @@ int plan_command_run(const PlanCommandArgs& args) {
   header += fmt::format("  cluster  {} x {} ({:.2f} GiB each), {} node(s) of {} GPUs, {:.0f} GiB host memory per node\n",
                         cluster.gpus, hardware.name, hardware.gpu_memory_gib, cluster.nodes, cluster.gpus_per_node,
                         cluster.host_memory_gib);
+  if (!machine) {
+    const std::string& kernel = profile.attention_kernel.empty() ? hardware.default_attention_kernel : profile.attention_kernel;
+    header += fmt::format("  attention FlashAttention-{} ({}; FPDT and ring plans run FlashAttention-2)\n", kernel == "fa3" ? 3 : 2,
+                          !args.attention.empty()          ? "--attention"
+                          : profile.attention_kernel.empty() ? "the card's default; --attention fa2|fa3"
+                                                             : "the runtime profile's; --attention fa2|fa3");
+  }
 
   const bool fixed_plan = plan_flags_given(args);
   if (args.search && fixed_plan)

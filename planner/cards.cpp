@@ -81,6 +81,11 @@ HardwareCard hardware_card_from_text(const std::string& yaml_text, const std::st
   card.flash_attention_tflops_hd64 = reader.get_double("flash_attention_tflops_hd64", 0.001, 1e7);
   card.flash_attention3_tflops_hd128 = reader.get_double("flash_attention3_tflops_hd128", 0, 1e7, 0);
   card.flash_attention3_tflops_hd64 = reader.get_double("flash_attention3_tflops_hd64", 0, 1e7, 0);
+  card.default_attention_kernel = reader.get_string("default_attention_kernel", "fa2");
+  if (card.default_attention_kernel != "fa2" && card.default_attention_kernel != "fa3")
+    throw ConfigError(source_name, "default_attention_kernel", fmt::format("expected fa2 or fa3, got '{}'", card.default_attention_kernel));
+  if (card.default_attention_kernel == "fa3" && card.flash_attention3_tflops_hd128 <= 0)
+    throw ConfigError(source_name, "default_attention_kernel", "fa3 needs the card's flash_attention3_tflops_hd128 and _hd64 (FlashAttention-3's rates)");
   card.hbm_gbps = reader.get_double("hbm_gbps", 0.001, 1e7);
   card.nccl_intranode_busbw_gbps = reader.get_double("nccl_intranode_busbw_gbps", 0.001, 1e6);
   card.nccl_latency_us = reader.get_double("nccl_latency_us", 0, 1e6);
@@ -131,8 +136,8 @@ RuntimeProfile runtime_profile_from_text(const std::string& yaml_text, const std
       estimate_read(reader, "host_forked_workers_copy_bytes_per_parameter", 0, 64, 0);
   profile.offloaded_params_pinned_power_of_two = reader.get_bool("offloaded_params_pinned_power_of_two", false);
   profile.cpu_adam_bandwidth_efficiency = reader.get_double("cpu_adam_bandwidth_efficiency", 0.01, 1.0, 1.0);
-  profile.attention_kernel = reader.get_string("attention_kernel", "fa2");
-  if (profile.attention_kernel != "fa2" && profile.attention_kernel != "fa3")
+  profile.attention_kernel = reader.get_string("attention_kernel", "");
+  if (!profile.attention_kernel.empty() && profile.attention_kernel != "fa2" && profile.attention_kernel != "fa3")
     throw ConfigError(source_name, "attention_kernel", fmt::format("expected fa2 or fa3, got '{}'", profile.attention_kernel));
   profile.calibrated_reserve_gib = reader.get_double("calibrated_reserve_gib", 0, 1024, 0);
   profile.usable_memory_headroom_gib = estimate_read(reader, "usable_memory_headroom_gib", 0, 1024, 0);

@@ -28,6 +28,9 @@ struct HardwareCard {
   // FlashAttention-3 (Hopper only; 0: the card cannot run it), fwd+bwd causal, same convention.
   double flash_attention3_tflops_hd128 = 0;
   double flash_attention3_tflops_hd64 = 0;
+  // The attention kernel a stack runs on this card unless its profile or the plan says otherwise:
+  // "fa3" where FlashAttention-3 runs (Hopper), else "fa2".
+  std::string default_attention_kernel = "fa2";
   double hbm_gbps = 0;
   double nccl_intranode_busbw_gbps = 0;     // NCCL bus bandwidth inside a node
   double nccl_latency_us = 0;               // per collective (alpha)
@@ -114,8 +117,9 @@ struct RuntimeProfile {
   // ~30 bytes moved per parameter); 1 = the theoretical bandwidth.
   double cpu_adam_bandwidth_efficiency = 1.0;
   // The attention kernel the stack runs: "fa2" (FlashAttention-2) or "fa3" (FlashAttention-3, on
-  // cards that have its rate): its backward buffers (layer_inventory.hpp) and its speed.
-  std::string attention_kernel = "fa2";
+  // cards that have its rate): its backward buffers (layer_inventory.hpp) and its speed. Empty:
+  // the card's default (attention_kernel_for resolves it).
+  std::string attention_kernel;
   // How a step's memory is predicted: "phases" replays the three heaviest phases of a framework
   // stack through the layer inventory; "executor" replays longseq's executor step, every layer.
   std::string step_schedule = "phases";

@@ -39,7 +39,7 @@ struct Setup {
   ParameterCount params;
 };
 
-Setup setup_make(const ModelSpec& model, const PlanOptions& plan, const RuntimeProfile& profile, int64_t seqlen) {
+Setup setup_make(const ModelSpec& model, const HardwareCard& card, const PlanOptions& plan, const RuntimeProfile& profile, int64_t seqlen) {
   Setup setup;
   setup.params = parameter_count(model);
   LayerShape& shape = setup.shape;
@@ -77,7 +77,7 @@ Setup setup_make(const ModelSpec& model, const PlanOptions& plan, const RuntimeP
   impl.ulysses_staging_copies = profile.ulysses_staging_copies;
   impl.flash_attention_dq_accumulator = profile.flash_attention_dq_accumulator;
   impl.flash_attention_expands_gqa_grads = profile.flash_attention_expands_gqa_grads;
-  impl.flash_attention_3 = profile.attention_kernel == "fa3";
+  impl.flash_attention_3 = attention_kernel_for(profile, card, plan) == "fa3";
   impl.flash_attention_varlen_pad_rows = profile.flash_attention_varlen_pad_rows;
   // Liger's kernels are left out when the profile installs them only with the tiled loss and the
   // plan does not tile it: then neither its norm nor its SwiGLU runs. ALST also turns Liger's
@@ -225,7 +225,7 @@ MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& clust
                                 const RuntimeProfile& profile, int64_t seqlen, bool with_breakdown) {
   if (!plan_problems(model, cluster, plan).empty() || !seqlen_problems(plan, seqlen).empty())
     throw std::invalid_argument("memory_predict: invalid plan or sequence length (check plan_problems first)");
-  const Setup setup = setup_make(model, plan, profile, seqlen);
+  const Setup setup = setup_make(model, cluster.hardware, plan, profile, seqlen);
   const double layers = as_double(model.num_layers);
   const double x_bytes = as_double(setup.shape.tokens) * as_double(model.hidden_size) * as_double(profile.activation_bytes);
   const double saved_per_layer = plan.activation_checkpointing ? 0 : decoder_layer_saved_bytes(setup.shape, setup.impl);

@@ -118,6 +118,11 @@ int64_t seqlen_granule(const PlanOptions& plan) {
   return plan.ring > 1 ? 2 * plan.sp * plan.ring : plan.sp;
 }
 
+std::string attention_kernel_for(const RuntimeProfile& profile, const HardwareCard& card, const PlanOptions& plan) {
+  if (plan.fpdt || plan.ring > 1) return "fa2";
+  return profile.attention_kernel.empty() ? card.default_attention_kernel : profile.attention_kernel;
+}
+
 std::string plan_describe(const PlanOptions& plan) {
   std::string text = plan.ring > 1 ? fmt::format("sp={} ring={} zero={}", plan.sp, plan.ring, plan.zero_stage)
                                    : fmt::format("sp={} zero={}", plan.sp, plan.zero_stage);

@@ -107,6 +107,9 @@ Scenario scenario_from_text(const std::string& yaml_text, const std::string& pat
   scenario.reproduces = reader.get_string("reproduces", "");
   scenario.model = resolve_relative(reader.get_string("model"), path);
   scenario.runtime_profile = reader.get_string("runtime_profile", "deepspeed-hf");
+  scenario.attention_kernel = reader.get_string("attention", "");
+  if (!scenario.attention_kernel.empty() && scenario.attention_kernel != "fa2" && scenario.attention_kernel != "fa3")
+    throw ConfigError(path, "attention", fmt::format("expected fa2 or fa3, got '{}'", scenario.attention_kernel));
 
   if (reader.has("run")) {
     YamlReader run = reader.get_section("run");
@@ -291,7 +294,8 @@ void row_fill_prediction(SweepRow& row, const MemoryPrediction& memory) {
 }  // namespace
 
 std::vector<SweepRow> scenario_run(const Scenario& scenario, const std::function<void(size_t, size_t)>& progress) {
-  const RuntimeProfile profile = runtime_profile_load(scenario.runtime_profile);
+  RuntimeProfile profile = runtime_profile_load(scenario.runtime_profile);
+  if (!scenario.attention_kernel.empty()) profile.attention_kernel = scenario.attention_kernel;
   std::map<std::string, ModelSpec> models;
   std::map<std::string, HardwareCard> cards;
   auto model_of = [&](const std::string& name) -> const ModelSpec& {
@@ -306,7 +310,9 @@ std::vector<SweepRow> scenario_run(const Scenario& scenario, const std::function
   };
   // Load every named model and card up front, so a bad name fails before any work.
   for (const auto& name : scenario.sweep_model.empty() ? std::vector<std::string>{scenario.model} : scenario.sweep_model) model_of(name);
-  for (const auto& name : scenario.sweep_gpu.empty() ? std::vector<std::string>{scenario.gpu} : scenario.sweep_gpu) card_of(name);
+  for (const auto& name : scenario.sweep_gpu.empty() ? std::vector<std::string>{scenario.gpu} : scenario.sweep_gpu)
+    if (const std::string problem = attention_kernel_problem(profile, card_of(name)); !problem.empty())
+      throw ConfigError(scenario.path, "attention", problem);
 
   std::vector<std::optional<LadderStep>> steps;
   if (scenario.sweep_ladder.empty()) steps.push_back(std::nullopt);

@@ -53,6 +53,7 @@ struct Scenario {
   std::optional<int64_t> gpus, nodes, gpus_per_node;
   std::optional<double> host_memory_gib;
   std::string runtime_profile = "deepspeed-hf";
+  std::string attention_kernel;  // "fa2" or "fa3"; empty: the profile's, else the card's default
   PlanSettings plan;
   // Sweep axes, crossed in this order; an empty axis is not swept.
   std::vector<std::string> sweep_model, sweep_gpu;

@@ -102,9 +102,10 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   prediction.executed_flops = step_flops_executed(model, plan, seqlen);
   prediction.model_flops = step_flops_model(model, plan, seqlen);
 
+  prediction.attention_kernel = attention_kernel_for(profile, card, plan);
   StepTime& time = prediction.time;
   time.matmul_s = prediction.executed_flops.matmul / (card.matmul_achieved_tflops * 1e12);
-  time.attention_s = prediction.executed_flops.attention / (flash_attention_tflops(card, model.head_dim, profile.attention_kernel) * 1e12);
+  time.attention_s = prediction.executed_flops.attention / (flash_attention_tflops(card, model.head_dim, prediction.attention_kernel) * 1e12);
   const double layer_compute_s = time.matmul_s + time.attention_s;
   // A layer's attention time split into its passes: forward, the recompute's forward, and the
   // backward at 2.5 forward FLOPs (FlashAttention-2); what hides the ring's and FPDT's traffic.

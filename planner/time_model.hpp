@@ -36,6 +36,7 @@ struct StepTime {
 
 struct TimePrediction {
   StepTime time;
+  std::string attention_kernel;  // "fa2" or "fa3": whose rate attention_s is at (attention_kernel_for)
   StepFlops executed_flops;      // per rank, recompute included
   StepFlops model_flops;         // per rank, forward + backward only
   double megatron_flos = 0;      // per rank: the ALST formula's FLOs for this rank's share

@@ -75,11 +75,20 @@ std::string model_name_or_path(const ExportRequest& r) {
 }
 bool model_is_card(const ExportRequest& r) { return std::filesystem::path(r.model_source).extension() != ".json"; }
 
+// transformers' attn_implementation for the plan's kernel (attention_kernel_for): FlashAttention-3
+// needs its Hopper build installed (flash-attention hopper/, module flash_attn_interface).
+std::string hf_attn_implementation(const ExportRequest& r, ExportedConfig& exported) {
+  if (attention_kernel_for(r.profile, r.cluster.hardware, r.plan) != "fa3") return "flash_attention_2";
+  exported.notes.push_back("attention: flash_attention_3 needs FlashAttention-3's Hopper build (flash-attention hopper/, flash_attn_interface)");
+  return "flash_attention_3";
+}
+
 }  // namespace
 
 ExportedConfig arctic_training_recipe_emit(const ExportRequest& r) {
   const PlanOptions& p = r.plan;
   ExportedConfig exported;
+  const std::string attn_implementation = hf_attn_implementation(r, exported);
   if (p.fpdt) exported.notes.push_back("FPDT: ArcticTraining has no FPDT (it exists only in Megatron-DeepSpeed); this recipe runs without it");
   if (p.zero_stage >= 1 && !p.activation_checkpointing)
     exported.notes.push_back("checkpointing off: model.disable_activation_checkpoint is set (ArcticTraining checkpoints by default)");
@@ -106,7 +115,7 @@ ExportedConfig arctic_training_recipe_emit(const ExportRequest& r) {
   // Liger's fused linear cross entropy is the tiled loss (with sp > 1 ArcticTraining tiles anyway).
   out << YAML::Key << "type" << YAML::Value << (p.tiled_loss ? "liger" : "huggingface");
   out << YAML::Key << "name_or_path" << YAML::Value << model_name_or_path(r);
-  out << YAML::Key << "attn_implementation" << YAML::Value << "flash_attention_2";
+  out << YAML::Key << "attn_implementation" << YAML::Value << attn_implementation;
   out << YAML::Key << "dtype" << YAML::Value << "bf16";
   out << YAML::Key << "disable_activation_checkpoint" << YAML::Value << !p.activation_checkpointing;
   out << YAML::EndMap;
@@ -142,6 +151,7 @@ ExportedConfig arctic_training_recipe_emit(const ExportRequest& r) {
 ExportedConfig accelerate_config_emit(const ExportRequest& r) {
   const PlanOptions& p = r.plan;
   ExportedConfig exported;
+  const std::string attn_implementation = hf_attn_implementation(r, exported);
   if (p.fpdt) exported.notes.push_back("FPDT: the HF/Accelerate Ulysses path has no FPDT (only Megatron-DeepSpeed); this file runs without it");
   if (p.tiled_mlp) exported.notes.push_back("tiled MLP: no Trainer/TRL switch; patch the MLP with DeepSpeed's TiledMLP in the script");
   if (p.checkpoint_offload)
@@ -149,8 +159,9 @@ ExportedConfig accelerate_config_emit(const ExportRequest& r) {
   exported.notes.push_back(fmt::format(
       "Trainer/TRL arguments: per_device_train_batch_size={} gradient_accumulation_steps=1 bf16=True gradient_checkpointing={} "
       "max_grad_norm=1.0{}; TRL: max_length={} pad_to_multiple_of={} padding_free=True (position_ids are mandatory from DeepSpeed "
-      "0.19.0); load the model with attn_implementation=\"flash_attention_2\" (= sp_attn_implementation)",
-      p.micro_batch, p.activation_checkpointing ? "True" : "False", p.tiled_loss ? " use_liger_kernel=True" : "", r.seqlen, p.sp));
+      "0.19.0); load the model with attn_implementation=\"{}\" (= sp_attn_implementation)",
+      p.micro_batch, p.activation_checkpointing ? "True" : "False", p.tiled_loss ? " use_liger_kernel=True" : "", r.seqlen, p.sp,
+      attn_implementation));
   exported.notes.push_back("versions: Accelerate >= 1.12 (older ones ignore the SP keys), DeepSpeed >= 0.18.2, transformers >= 4.51.3");
   exported.notes.push_back("launch: accelerate launch --config_file accelerate.yaml train.py (no --use_deepspeed: it would keep the SP keys out)");
   YAML::Emitter out;
@@ -184,7 +195,7 @@ ExportedConfig accelerate_config_emit(const ExportRequest& r) {
   out << YAML::Key << "parallelism_config_sp_size" << YAML::Value << p.sp;
   out << YAML::Key << "parallelism_config_sp_backend" << YAML::Value << "deepspeed";
   out << YAML::Key << "parallelism_config_sp_seq_length_is_variable" << YAML::Value << true;
-  out << YAML::Key << "parallelism_config_sp_attn_implementation" << YAML::Value << "flash_attention_2";
+  out << YAML::Key << "parallelism_config_sp_attn_implementation" << YAML::Value << attn_implementation;
   out << YAML::EndMap;
   out << YAML::EndMap;
   exported.files.push_back({"", std::string(out.c_str()) + "\n"});

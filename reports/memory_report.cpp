@@ -116,11 +116,11 @@ namespace longseq {
 std::string time_table_render(const TimePrediction& prediction) {
   const StepTime& time = prediction.time;
   std::string out = fmt::format("Step time per rank: {:.2f} s\n", time.total_s());
-  auto line = [&](const char* name, double seconds) {
+  auto line = [&](const std::string& name, double seconds) {
     if (seconds > 0) out += fmt::format("    {:<38} {:>10.3f} s\n", name, seconds);
   };
   line("matmul (GEMMs at measured MAMF)", time.matmul_s);
-  line("attention (FlashAttention fwd+bwd rate)", time.attention_s);
+  line(fmt::format("attention (FlashAttention-{} fwd+bwd rate)", prediction.attention_kernel == "fa3" ? 3 : 2), time.attention_s);
   line("ulysses all-to-all (exposed)", time.ulysses_all_to_all_s);
   line("zero communication (exposed)", time.zero_communication_exposed_s);
   line("checkpoint offload (exposed)", time.checkpoint_offload_s);
@@ -140,6 +140,7 @@ nlohmann::json time_prediction_to_json(const TimePrediction& prediction) {
   return {
       {"kind", "prediction"},
       {"step_s", time.total_s()},
+      {"attention_kernel", prediction.attention_kernel},
       {"components_s",
        {{"matmul", time.matmul_s},
         {"attention", time.attention_s},

@@ -52,11 +52,47 @@ TEST_CASE("hardware cards load with their datasheet values") {
   CHECK(flash_attention_tflops(h100, 128, "fa3") == doctest::Approx(575.7));
   CHECK(flash_attention_tflops(h100, 128) == 328);
   RuntimeProfile fa3 = runtime_profile_load("deepspeed-hf");
-  CHECK(fa3.attention_kernel == "fa2");
   fa3.attention_kernel = "fa3";
   CHECK(attention_kernel_problem(fa3, h100).empty());
   CHECK(attention_kernel_problem(fa3, hardware_card_load("a100-80gb")).find("Hopper") != std::string::npos);
   CHECK_THROWS_WITH_AS(hardware_card_load("tpu-v5"), doctest::Contains("unknown hardware card 'tpu-v5'"), ConfigError);
+}
+
+TEST_CASE("the attention kernel: the profile's, else the card's default, and FlashAttention-2 under FPDT and ring") {
+  const HardwareCard h100 = hardware_card_load("h100-sxm-80gb"), a100 = hardware_card_load("a100-80gb");
+  CHECK(h100.default_attention_kernel == "fa3");
+  CHECK(hardware_card_load("h200-141gb").default_attention_kernel == "fa3");
+  CHECK(a100.default_attention_kernel == "fa2");
+  RuntimeProfile stack = runtime_profile_load("deepspeed-hf");
+  CHECK(stack.attention_kernel.empty());  // the card decides
+  PlanOptions plan = PlanOptions::alst(8);
+  CHECK(attention_kernel_for(stack, h100, plan) == "fa3");
+  CHECK(attention_kernel_for(stack, a100, plan) == "fa2");
+  stack.attention_kernel = "fa2";  // --attention fa2
+  CHECK(attention_kernel_for(stack, h100, plan) == "fa2");
+  stack.attention_kernel = "fa3";
+  PlanOptions ring = plan;
+  ring.sp = 4;
+  ring.ring = 2;
+  CHECK(attention_kernel_for(stack, h100, ring) == "fa2");  // ring-flash-attention calls flash_attn 2
+  PlanOptions fpdt = plan;
+  fpdt.fpdt = true;
+  CHECK(attention_kernel_for(stack, h100, fpdt) == "fa2");  // so do FPDT's chunks
+  // Stacks that pin their kernel keep it on Hopper.
+  for (const char* pinned : {"megatron-deepspeed", "native", "native-cuda"}) {
+    CAPTURE(pinned);
+    CHECK(attention_kernel_for(runtime_profile_load(pinned), h100, plan) == "fa2");
+  }
+  // A card cannot default to a kernel it has no rate for.
+  const std::string card = "name: X\ngpu_memory_gib: 80\npeak_bf16_tflops: 312\ngpus_per_node: 8\nhost_memory_gib: 1000\n"
+                           "pcie_host_to_device_gbps: 25\npcie_device_to_host_gbps: 25\nnvlink_gbps: 300\ninternode_gbps_per_node: 100\n"
+                           "matmul_achieved_tflops: 271\nflash_attention_tflops_hd128: 190\nflash_attention_tflops_hd64: 160\nhbm_gbps: 2000\n"
+                           "nccl_intranode_busbw_gbps: 230\nnccl_latency_us: 20\nhost_memory_gbps: 400\n";
+  CHECK(hardware_card_from_text(card, "x.yaml").default_attention_kernel == "fa2");
+  CHECK_THROWS_WITH_AS(hardware_card_from_text(card + "default_attention_kernel: fa3\n", "x.yaml"),
+                       doctest::Contains("flash_attention3_tflops_hd128"), ConfigError);
+  CHECK_THROWS_WITH_AS(hardware_card_from_text(card + "default_attention_kernel: sdpa\n", "x.yaml"), doctest::Contains("expected fa2 or fa3"),
+                       ConfigError);
 }
 
 TEST_CASE("runtime profiles: deepspeed-hf is ALST's 18 bytes per parameter") {

@@ -121,6 +121,11 @@ TEST_CASE("bad scenario files name the file, the key and the reason") {
   CHECK(error_of(kData + "/scenarios/does-not-exist.yaml").find("cannot open file") != std::string::npos);
   CHECK_THROWS_WITH_AS(scenario_from_text("name: x\nmodel: m\ncluster: {gpu: g}\nsweep: {gpus: [1]}\noutput: {figures: [pie]}\n", "x.yaml"),
                        doctest::Contains("x.yaml: key 'output.figures[0]': unknown figure 'pie'"), ConfigError);
+  CHECK_THROWS_WITH_AS(scenario_from_text("name: x\nmodel: m\ncluster: {gpu: g}\nattention: sdpa\nsweep: {gpus: [1]}\n", "x.yaml"),
+                       doctest::Contains("x.yaml: key 'attention': expected fa2 or fa3"), ConfigError);
+  CHECK_THROWS_WITH_AS(
+      scenario_run(scenario_from_text("name: x\nmodel: llama-3.1-8b\ncluster: {gpu: a100-80gb}\nattention: fa3\nsweep: {gpus: [8]}\n", "x.yaml")),
+      doctest::Contains("x.yaml: key 'attention': attention fa3: FlashAttention-3 runs on Hopper GPUs only"), ConfigError);
 }
 
 TEST_CASE("a failed sweep writes nothing, a rerun replaces the old results whole, foreign files are never touched") {
@@ -283,6 +288,13 @@ TEST_CASE("ArcticTraining export: only keys its strict config accepts, CPU Adam 
   for (const char* key : {"train_batch_size", "train_micro_batch_size_per_gpu", "sequence_parallel_size"})
     CHECK_FALSE(recipe["deepspeed"][key]);
   CHECK(exported.text().find("sequence length 3,700,000") != std::string::npos);
+  // The plan's kernel: the H100 card's default FlashAttention-3, FlashAttention-2 where asked.
+  CHECK(recipe["model"]["attn_implementation"].as<std::string>() == "flash_attention_3");
+  ExportRequest fa2 = export_request("llama-3.1-8b", 8, plan, 3'700'000 / 8 * 8);
+  fa2.profile.attention_kernel = "fa2";
+  CHECK(YAML::Load(arctic_training_recipe_emit(fa2).text())["model"]["attn_implementation"].as<std::string>() == "flash_attention_2");
+  const YAML::Node accelerate = YAML::Load(accelerate_config_emit(fa2).text());
+  CHECK(accelerate["parallelism_config"]["parallelism_config_sp_attn_implementation"].as<std::string>() == "flash_attention_2");
 }
 
 TEST_CASE("Megatron-DeepSpeed export: the FPDT arguments with offloading, the model's shape, batch keys equal to the arguments") {
