@@ -113,8 +113,9 @@ struct RuntimeProfile {
   // offload_param pins the bf16 flat parameter buffer, and PyTorch's pinned host allocator rounds
   // every pinned allocation up to a power of two.
   bool offloaded_params_pinned_power_of_two = false;
-  // The host optimizer step's share of the node's DRAM bandwidth (CPU Adam is bandwidth-bound:
-  // ~30 bytes moved per parameter); 1 = the theoretical bandwidth.
+  // The share of the node's DRAM bandwidth the offloaded optimizer's host passes achieve (CPU Adam
+  // and the casts around it are bandwidth-bound; time_model.cpp offloaded_optimizer_step counts
+  // their bytes); 1 = the theoretical bandwidth.
   double cpu_adam_bandwidth_efficiency = 1.0;
   // The attention kernel the stack runs: "fa2" (FlashAttention-2) or "fa3" (FlashAttention-3, on
   // cards that have its rate): its backward buffers (layer_inventory.hpp) and its speed. Empty:

@@ -17,13 +17,14 @@ StepTime& StepTime::operator+=(const StepTime& other) {
   fpdt_fetch_exposed_s += other.fpdt_fetch_exposed_s;
   ring_exposed_s += other.ring_exposed_s;
   ring_final_hop_s += other.ring_final_hop_s;
+  gradient_offload_s += other.gradient_offload_s;
   optimizer_s += other.optimizer_s;
   return *this;
 }
 
 double StepTime::total_s() const {
   return matmul_s + attention_s + ulysses_all_to_all_s + zero_communication_exposed_s + checkpoint_offload_s +
-         fpdt_fetch_exposed_s + ring_exposed_s + ring_final_hop_s + optimizer_s;
+         fpdt_fetch_exposed_s + ring_exposed_s + ring_final_hop_s + gradient_offload_s + optimizer_s;
 }
 
 double flash_attention_tflops(const HardwareCard& card, int64_t head_dim, const std::string& kernel) {
@@ -87,6 +88,46 @@ RingLayerPassing ring_layer_passing(const ModelSpec& model, const ClusterSpec& c
   return {ring_exposed_pass_s(link, r, block_bytes, forward_attention_s),
           ring_exposed_pass_s(link, r, block_bytes + accumulator_bytes, 2.5 * forward_attention_s),
           ring_homecoming_s(link, accumulator_bytes)};
+}
+
+// What DeepSpeed's offloaded optimizer costs a step (DeepSpeed v0.17.0, REFERENCE §7.5 and §9), per
+// rank, all of it exposed: the copies are blocking and the host work runs on the training thread,
+// in backward's gradient hooks or in step() after backward.
+//  - Backward, ZeRO-3: each reduce-scattered bf16 gradient partition is copied into the pageable
+//    host buffer grad_partitions_flat_buffer (stage3.py L1479), its norm taken there and cast to the
+//    fp32 .grad of its sub-group (L1512): the buffer read twice, the fp32 gradient written. Without
+//    that buffer (ZeRO-1/2) the fp32 gradient comes down directly.
+//  - step(), serially per sub-group: unscale_and_clip_grads multiplies the fp32 gradient in place
+//    (read and written); CPU Adam reads the gradient and reads and writes master, m and v; the
+//    updated master is cast to bf16 on the CPU (read, write) and copied up to the GPU partition
+//    (pageable), or, with the parameters offloaded, kept in the host's bf16 partition.
+// The host passes are bound by DRAM bandwidth, which every rank of the node shares, at the share of
+// it CPU Adam achieves (the profile's, from a measurement). The PCIe copies run at the card's
+// measured pinned rate: ALST's pageable copies (pin_memory false) can only be slower, so this is a
+// lower bound on them.
+struct OffloadedStep {
+  double gradient_download_s = 0;  // in backward
+  double host_passes_s = 0;        // the node's DRAM traffic of the gradient passes and the step
+  double weight_upload_s = 0;      // updated bf16 weights back to the GPU
+};
+
+OffloadedStep offloaded_optimizer_step(const RuntimeProfile& profile, const PlanOptions& plan, const HardwareCard& card,
+                                       double partition_params, double ranks_per_node) {
+  const double buffer_bytes = plan.zero_stage == 3 ? as_double(profile.zero3_offload_gradient_buffer_bytes) : 0.0;
+  const double gradient = as_double(profile.gradient_bytes), master = as_double(profile.master_weight_bytes);
+  const double states = as_double(profile.optimizer_state_bytes), weight = as_double(profile.weight_bytes);
+  const double download_bytes = buffer_bytes > 0 ? buffer_bytes : gradient;
+  const double buffer_passes = buffer_bytes > 0 ? 2.0 * buffer_bytes + gradient : 0.0;  // norm read, cast read, fp32 write
+  const double unscale = 2.0 * gradient;
+  const double adam = gradient + 2.0 * (master + states);
+  const double weight_cast = master + weight;
+  const double host_bytes_per_param = buffer_passes + unscale + adam + weight_cast;
+  OffloadedStep step;
+  step.gradient_download_s = pcie_seconds(partition_params * download_bytes, card.pcie_device_to_host_gbps);
+  step.host_passes_s = partition_params * ranks_per_node * host_bytes_per_param /
+                       (card.host_memory_gbps * profile.cpu_adam_bandwidth_efficiency * 1e9);
+  if (!plan.offload_params) step.weight_upload_s = pcie_seconds(partition_params * weight, card.pcie_host_to_device_gbps);
+  return step;
 }
 
 }  // namespace
@@ -189,21 +230,17 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
     time.fpdt_fetch_exposed_s = layers * (passes_forward * forward_exposed + backward_exposed);
   }
 
-  // Optimizer step. Offloaded (DeepSpeed cpu_adam): gradients down, an Adam pass over the node's
-  // partitions bound by host memory bandwidth (reads and writes fp32 master, m, v, reads the fp32
-  // gradient, writes the bf16 weight: 2*(4+8) + 4 + 2 = 30 bytes/parameter) at the share of it
-  // CPU Adam achieves (the profile's, from a measurement), weights back up.
-  // On the GPU the same pass is bound by HBM bandwidth.
+  // Optimizer step (offloaded: offloaded_optimizer_step); on the GPU an Adam pass bound by HBM
+  // bandwidth (fp32 master, m, v read and written, the gradient read, the bf16 weight written).
   const double optimizer_shards = plan.zero_stage >= 1 ? world : 1.0;
-  const double adam_bytes_per_param = 2.0 * as_double(profile.master_weight_bytes + profile.optimizer_state_bytes) +
-                                      as_double(profile.gradient_bytes) + as_double(profile.weight_bytes);
   const double partition_params = as_double(params.total) / optimizer_shards;
   if (plan.offload_optimizer) {
-    time.optimizer_s = pcie_seconds(partition_params * as_double(profile.gradient_bytes), card.pcie_device_to_host_gbps) +
-                       partition_params * as_double(cluster.ranks_per_node()) * adam_bytes_per_param /
-                           (card.host_memory_gbps * profile.cpu_adam_bandwidth_efficiency * 1e9) +
-                       pcie_seconds(partition_params * as_double(profile.weight_bytes), card.pcie_host_to_device_gbps);
+    const OffloadedStep step = offloaded_optimizer_step(profile, plan, card, partition_params, as_double(cluster.ranks_per_node()));
+    time.gradient_offload_s = step.gradient_download_s;
+    time.optimizer_s = step.host_passes_s + step.weight_upload_s;
   } else {
+    const double adam_bytes_per_param = 2.0 * as_double(profile.master_weight_bytes + profile.optimizer_state_bytes) +
+                                        as_double(profile.gradient_bytes) + as_double(profile.weight_bytes);
     time.optimizer_s = partition_params * adam_bytes_per_param / (card.hbm_gbps * 1e9);
   }
 

@@ -5,8 +5,8 @@
 // What overlaps and what does not follows the runtimes: DeepSpeed-Ulysses all-to-alls run on the
 // compute stream (exposed); ZeRO-3 gathers are prefetched (hidden up to the layer compute time);
 // ArcticTraining's checkpoint offload is a synchronous copy (exposed, REFERENCE §3.4), FPDT's is
-// overlapped with compute (REFERENCE §3.6); an offloaded optimizer step runs on the host after
-// backward (exposed).
+// overlapped with compute (REFERENCE §3.6); an offloaded optimizer copies gradients down with
+// blocking copies in backward and runs its step on the host after backward (exposed; §7.5, §9).
 #pragma once
 
 #include <cstdint>
@@ -29,7 +29,8 @@ struct StepTime {
   double fpdt_fetch_exposed_s = 0;          // FPDT chunk traffic not hidden behind attention
   double ring_exposed_s = 0;                // ring attention's key/value passing not hidden behind attention
   double ring_final_hop_s = 0;              // backward's dk/dv accumulators going home after the last step
-  double optimizer_s = 0;                   // optimizer step (host or GPU) and its transfers
+  double gradient_offload_s = 0;            // offloaded optimizer: gradient partitions copied to the host in backward
+  double optimizer_s = 0;                   // optimizer step (host or GPU) and the updated weights' copy up
   StepTime& operator+=(const StepTime& other);
   double total_s() const;
 };

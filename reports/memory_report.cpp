@@ -127,6 +127,7 @@ std::string time_table_render(const TimePrediction& prediction) {
   line("fpdt chunk fetches (exposed)", time.fpdt_fetch_exposed_s);
   line("ring attention passing (exposed)", time.ring_exposed_s);
   line("ring dk/dv final hop", time.ring_final_hop_s);
+  line("gradients to the host (in backward)", time.gradient_offload_s);
   line("optimizer step", time.optimizer_s);
   out += fmt::format("  TFLOPS per GPU: {:.1f} hardware (recompute included), {:.1f} by the ALST/Megatron formula; MFU {:.1f}%; "
                      "{:.0f} tokens/s for the cluster\n",
@@ -150,6 +151,7 @@ nlohmann::json time_prediction_to_json(const TimePrediction& prediction) {
         {"fpdt_fetch_exposed", time.fpdt_fetch_exposed_s},
         {"ring_exposed", time.ring_exposed_s},
         {"ring_final_hop", time.ring_final_hop_s},
+        {"gradient_offload", time.gradient_offload_s},
         {"optimizer", time.optimizer_s}}},
       {"executed_flops", prediction.executed_flops.total()},
       {"hardware_tflops_per_gpu", prediction.hardware_tflops_per_gpu},

@@ -596,19 +596,32 @@ TEST_CASE("a host-bound plan names the host term that binds, a GPU-bound one nam
   CHECK(gpu_bound.binding_host_term.empty());
 }
 
-TEST_CASE("the offloaded optimizer step, hand-computed: gradients down, CPU Adam at its measured share of DRAM bandwidth, weights up") {
+TEST_CASE("the offloaded optimizer step, hand-computed: DeepSpeed ZeRO-3's gradient buffer, unscale, CPU Adam, the bf16 cast, PCIe copies") {
   // Llama-3.1-8B on one H100 node (8 ranks), ZeRO-3 with the optimizer offloaded. Per rank a
-  // partition of P / 8 parameters: its fp32 gradients down PCIe (55.06 GBps), the node's CPU Adam
-  // over all P parameters at 30 bytes each through 45.6% of 409.6 GB/s (deepspeed-hf), its bf16
-  // weights back up (55.43 GBps).
+  // partition of P / 8 parameters. In backward its bf16 gradients come down PCIe (55.06 GBps) into
+  // the host buffer. The node's DRAM (409.6 GB/s at CPU Adam's measured 45.6%) then moves, per
+  // parameter of all P: the buffer's norm and cast (2 + 2 read, 4 written), unscale (4 read, 4
+  // written), Adam (gradient 4 read; master, m, v 12 read and 12 written), the bf16 cast (4 read,
+  // 2 written) = 8 + 8 + 28 + 6 = 50 bytes. The bf16 weights go back up (55.43 GBps).
   const ModelSpec model = model_load("llama-3.1-8b");
   const ClusterSpec node = cluster_make(hardware_card_load("h100-sxm-80gb"), 8, 0, 0, 0);
   PlanOptions plan = PlanOptions::alst(8);
   const RuntimeProfile profile = runtime_profile_load("deepspeed-hf");
   REQUIRE(plan.offload_optimizer);
   const double parameters = static_cast<double>(parameter_count(model).total), partition = parameters / 8.0;
-  const double expected_s = partition * 4.0 / 55.06e9 + parameters * 30.0 / (409.6e9 * 0.456) + partition * 2.0 / 55.43e9;
-  CHECK(time_predict(model, node, plan, profile, 1 << 20).time.optimizer_s == doctest::Approx(expected_s).epsilon(1e-12));
+  const double host_s = parameters * 50.0 / (409.6e9 * 0.456);
+  const StepTime step = time_predict(model, node, plan, profile, 1 << 20).time;
+  CHECK(step.gradient_offload_s == doctest::Approx(partition * 2.0 / 55.06e9).epsilon(1e-12));
+  CHECK(step.optimizer_s == doctest::Approx(host_s + partition * 2.0 / 55.43e9).epsilon(1e-12));
+  // With the weights offloaded too the cast lands in the host's bf16 partition: no copy up.
+  plan.offload_params = true;
+  CHECK(time_predict(model, node, plan, profile, 1 << 20).time.optimizer_s == doctest::Approx(host_s).epsilon(1e-12));
+  // ZeRO-1 has no bf16 buffer: the fp32 gradient comes down and the step moves 42 bytes a parameter.
+  plan.offload_params = false;
+  plan.zero_stage = 1;
+  const StepTime zero1 = time_predict(model, node, plan, profile, 1 << 20).time;
+  CHECK(zero1.gradient_offload_s == doctest::Approx(partition * 4.0 / 55.06e9).epsilon(1e-12));
+  CHECK(zero1.optimizer_s == doctest::Approx(parameters * 42.0 / (409.6e9 * 0.456) + partition * 2.0 / 55.43e9).epsilon(1e-12));
 }
 
 TEST_CASE("the band contains the point prediction, for every plan kind of the built-in DeepSpeed profiles") {
