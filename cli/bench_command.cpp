@@ -26,6 +26,7 @@ struct BenchCommandArgs {
   std::string model = "llama-3.1-70b";
   std::string gpu = "h100-sxm-80gb";
   std::string profile = "deepspeed-hf";
+  std::string attention;  // empty: the profile's, else the card's default
   int64_t max_gpus = 1024;
   int64_t repeat = 5;
 };
@@ -42,6 +43,9 @@ std::shared_ptr<BenchCommandArgs> bench_command_register(CLI::App& app) {
   command->add_option("--model", args->model, "model (default llama-3.1-70b)");
   command->add_option("--gpu", args->gpu, "hardware card (default h100-sxm-80gb)");
   command->add_option("--profile", args->profile, "runtime profile (default deepspeed-hf)");
+  command->add_option("--attention", args->attention,
+                      "attention kernel fa2 or fa3 (default: the profile's, else the card's; FPDT and ring plans run fa2)")
+      ->check(CLI::IsMember({"fa2", "fa3"}));
   command->add_option("--max-gpus", args->max_gpus, "largest GPU count, doubling from 1 (default 1024)")->check(CLI::Range(1, 1 << 20));
   command->add_option("--repeat", args->repeat, "searches per GPU count; the median is reported (default 5)")->check(CLI::Range(1, 1000));
   return args;
@@ -155,9 +159,12 @@ int bench_command_run(const BenchCommandArgs& args) {
   if (args.executor) return executor_bench(args);
   const ModelSpec model = model_load(args.model);
   const HardwareCard hardware = hardware_card_load(args.gpu);
-  const RuntimeProfile profile = runtime_profile_load(args.profile);
-  fmt::print("plan search benchmark: {} on {}, runtime profile {}, median of {} run(s) per row, this machine\n",
-             model.name, hardware.name, profile.name, args.repeat);
+  RuntimeProfile profile = runtime_profile_load(args.profile);
+  if (!args.attention.empty()) profile.attention_kernel = args.attention;
+  if (const std::string problem = attention_kernel_problem(profile, hardware); !problem.empty()) throw ConfigError("--attention", "", problem);
+  const std::string& kernel = profile.attention_kernel.empty() ? hardware.default_attention_kernel : profile.attention_kernel;
+  fmt::print("plan search benchmark: {} on {}, runtime profile {}, attention {} (ring plans fa2), median of {} run(s) per row, this machine\n",
+             model.name, hardware.name, profile.name, kernel, args.repeat);
   fmt::print("{:>6} {:>7} {:>10} {:>10} {:>10} {:>11} {:>9} {:>12}  {}\n", "GPUs", "plans", "predicted", "median ms", "min ms",
              "step s", "ring s", "ring hidden", "winner (max seqlen)");
   for (int64_t gpus = 1; gpus <= args.max_gpus; gpus *= 2) {

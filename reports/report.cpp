@@ -84,6 +84,29 @@ std::string row_label(const JsonView& row) {
 
 bool usable(const JsonView& row) { return row.string_or("error", "").empty() && row.has("gpu_peak_gib"); }
 
+// A title broken at spaces into lines of at most `width` characters, so that a long one stays
+// inside the figure (gnuplot starts a new title line at each newline).
+std::string title_wrap(const std::string& title, size_t width = 120) {
+  std::string wrapped;
+  size_t line_length = 0, start = 0;
+  while (start < title.size()) {
+    size_t end = title.find(' ', start);
+    if (end == std::string::npos) end = title.size();
+    const std::string word = title.substr(start, end - start);
+    if (line_length > 0 && line_length + 1 + word.size() > width) {
+      wrapped += '\n';
+      line_length = 0;
+    } else if (line_length > 0) {
+      wrapped += ' ';
+      ++line_length;
+    }
+    wrapped += word;
+    line_length += word.size();
+    start = end + 1;
+  }
+  return wrapped;
+}
+
 // Runs gnuplot (an argument vector, no shell) on every figure's STEM.gp in `staging`, then moves
 // the drawn files into DIR/figures (replacing files of the same names, nothing else) only when
 // all were drawn. Throws ConfigError naming the script that failed.
@@ -95,7 +118,7 @@ fs::path figures_draw(const fs::path& dir, const fs::path& staging, const std::v
     ProcessOptions options;
     options.working_directory = staging.string();
     options.output_path = log.string();
-    const ProcessResult result = process_run({gnuplot_command, "-c", figure.stem + ".gp", figure.title}, options);
+    const ProcessResult result = process_run({gnuplot_command, "-c", figure.stem + ".gp", title_wrap(figure.title)}, options);
     if (result.exit_code != 0) {
       std::string text = fs::exists(log) ? file_read_text(log.string()) : std::string();
       staging_directory_discard(staging);
