@@ -162,9 +162,8 @@ int bench_command_run(const BenchCommandArgs& args) {
   RuntimeProfile profile = runtime_profile_load(args.profile);
   if (!args.attention.empty()) profile.attention_kernel = args.attention;
   if (const std::string problem = attention_kernel_problem(profile, hardware); !problem.empty()) throw ConfigError("--attention", "", problem);
-  const std::string& kernel = profile.attention_kernel.empty() ? hardware.default_attention_kernel : profile.attention_kernel;
   fmt::print("plan search benchmark: {} on {}, runtime profile {}, attention {} (ring plans fa2), median of {} run(s) per row, this machine\n",
-             model.name, hardware.name, profile.name, kernel, args.repeat);
+             model.name, hardware.name, profile.name, stack_attention_kernel(profile, hardware), args.repeat);
   fmt::print("{:>6} {:>7} {:>10} {:>10} {:>10} {:>11} {:>9} {:>12}  {}\n", "GPUs", "plans", "predicted", "median ms", "min ms",
              "step s", "ring s", "ring hidden", "winner (max seqlen)");
   for (int64_t gpus = 1; gpus <= args.max_gpus; gpus *= 2) {

@@ -411,7 +411,7 @@ int plan_command_run(const PlanCommandArgs& args) {
         {"gpu_memory_gib", hardware.gpu_memory_gib}, {"host_memory_gib_per_node", cluster.host_memory_gib}}},
       {"runtime_profile", profile.name},
       // The stack's kernel on this card (an FPDT or ring plan runs FlashAttention-2's: time.attention_kernel).
-      {"attention_kernel", profile.attention_kernel.empty() ? hardware.default_attention_kernel : profile.attention_kernel},
+      {"attention_kernel", stack_attention_kernel(profile, hardware)},
       {"framework", framework_name(framework)},
   };
   std::string header = fmt::format("longseq plan: PREDICTIONS of the cost model (runtime profile '{}'), not measurements\n", profile.name);
@@ -430,8 +430,8 @@ int plan_command_run(const PlanCommandArgs& args) {
                         cluster.gpus, hardware.name, hardware.gpu_memory_gib, cluster.nodes, cluster.gpus_per_node,
                         cluster.host_memory_gib);
   if (!machine) {
-    const std::string& kernel = profile.attention_kernel.empty() ? hardware.default_attention_kernel : profile.attention_kernel;
-    header += fmt::format("  attention FlashAttention-{} ({}; FPDT and ring plans run FlashAttention-2)\n", kernel == "fa3" ? 3 : 2,
+    header += fmt::format("  attention FlashAttention-{} ({}; FPDT and ring plans run FlashAttention-2)\n",
+                          stack_attention_kernel(profile, hardware) == "fa3" ? 3 : 2,
                           !args.attention.empty()          ? "--attention"
                           : profile.attention_kernel.empty() ? "the card's default; --attention fa2|fa3"
                                                              : "the runtime profile's; --attention fa2|fa3");

@@ -118,9 +118,12 @@ int64_t seqlen_granule(const PlanOptions& plan) {
   return plan.ring > 1 ? 2 * plan.sp * plan.ring : plan.sp;
 }
 
-std::string attention_kernel_for(const RuntimeProfile& profile, const HardwareCard& card, const PlanOptions& plan) {
-  if (plan.fpdt || plan.ring > 1) return "fa2";
+std::string stack_attention_kernel(const RuntimeProfile& profile, const HardwareCard& card) {
   return profile.attention_kernel.empty() ? card.default_attention_kernel : profile.attention_kernel;
+}
+
+std::string attention_kernel_for(const RuntimeProfile& profile, const HardwareCard& card, const PlanOptions& plan) {
+  return plan.fpdt || plan.ring > 1 ? "fa2" : stack_attention_kernel(profile, card);
 }
 
 std::string plan_describe(const PlanOptions& plan) {

@@ -78,10 +78,14 @@ int64_t seqlen_granule(const PlanOptions& plan);
 
 std::string plan_describe(const PlanOptions& plan);
 
+// The attention kernel a stack runs on this card, "fa2" or "fa3": the profile's, or where the
+// profile leaves it open, the card's default.
+std::string stack_attention_kernel(const RuntimeProfile& profile, const HardwareCard& card);
+
 // The attention kernel the plan runs, "fa2" or "fa3": FPDT's chunks and ring attention's blocks
 // call FlashAttention-2's internal forward and backward (DeepSpeed fpdt_layer.py; zhuzilin's
 // ring-flash-attention, REFERENCE §3.6, §10), whatever the stack picks elsewhere; otherwise the
-// profile's kernel, or where the profile leaves it open, the card's default.
+// stack's kernel.
 std::string attention_kernel_for(const RuntimeProfile& profile, const HardwareCard& card, const PlanOptions& plan);
 
 }  // namespace longseq
