@@ -323,6 +323,7 @@ PointValidation point_validate(const PublishedPoint& point, const std::string& p
   profile.attention_kernel = attention_kernel;
   if (reserve_gib) profile.calibrated_reserve_gib = *reserve_gib;
   if (const std::string problem = attention_kernel_problem(profile, *hardware); !problem.empty()) return skip(problem);
+  validation.profile_name = profile.name;
   validation.profile = profile.name + (attention_kernel == "fa3" ? " with FlashAttention-3" : "");
 
   const bool measured_at = point.notes.find("measured_at") != std::string::npos;
@@ -396,9 +397,8 @@ std::vector<ReserveFit> reserve_fit(const std::vector<PublishedPoint>& points, d
   for (const auto& point : points) {
     const PointValidation base = point_validate(point, "", 0.0);
     if (!base.skipped_reason.empty()) continue;
-    const std::string profile = base.profile.substr(0, base.profile.find(' '));
-    auto fit = std::find_if(fits.begin(), fits.end(), [&](const ReserveFit& f) { return f.profile == profile; });
-    if (fit == fits.end()) fit = fits.insert(fits.end(), ReserveFit{profile, 0, step_gib, {}});
+    auto fit = std::find_if(fits.begin(), fits.end(), [&](const ReserveFit& f) { return f.profile == base.profile_name; });
+    if (fit == fits.end()) fit = fits.insert(fits.end(), ReserveFit{base.profile_name, 0, step_gib, {}});
     // errors[figure][step]: the figure's relative error with the reserve at step * step_gib.
     std::vector<std::vector<double>> errors(base.figures.size());
     for (int step = 0; step <= steps; ++step) {

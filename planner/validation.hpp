@@ -48,7 +48,8 @@ struct FigureComparison {
 struct PointValidation {
   PublishedPoint point;
   std::string plan;            // the plan the row mapped to, for the report
-  std::string profile;         // the runtime profile used
+  std::string profile;         // the runtime profile used, as shown ("deepspeed-hf with FlashAttention-3")
+  std::string profile_name;    // the runtime profile's name alone (empty for attention benchmark rows)
   std::string skipped_reason;  // non-empty: no figure was predicted
   std::vector<FigureComparison> figures;
 };

@@ -39,6 +39,17 @@ LayerImplementation eager() {
   return impl;
 }
 
+// One decoder layer's recompute and backward on a trace: its input (back from the checkpoint) and
+// the gradient arriving from above, the forward that keeps what backward needs, then the backward.
+TensorTrace layer_step_trace(const LayerShape& shape, const LayerImplementation& impl) {
+  TensorTrace trace;
+  trace.alloc(kCategoryLayer, "layer.input", X);
+  trace.alloc(kCategoryLayer, "layer.output_grad", X);
+  decoder_layer_forward(trace, shape, impl, true);
+  decoder_layer_backward(trace, shape, impl);
+  return trace;
+}
+
 double live_bytes_of(const TensorTrace& trace, std::string_view name) {
   for (const auto& item : trace.live_items())
     if (item.name == name) return item.bytes;
@@ -115,11 +126,7 @@ TEST_CASE("attention backward with FlashAttention-2's buffers, sp = 1, tiled MLP
   LayerImplementation fa2 = eager();
   fa2.flash_attention_dq_accumulator = true;
   fa2.flash_attention_expands_gqa_grads = true;
-  TensorTrace trace;
-  trace.alloc(kCategoryLayer, "layer.input", X);
-  trace.alloc(kCategoryLayer, "layer.output_grad", X);
-  decoder_layer_forward(trace, shape_make(1, 1000), fa2, true);
-  decoder_layer_backward(trace, shape_make(1, 1000), fa2);
+  const TensorTrace trace = layer_step_trace(shape_make(1, 1000), fa2);
   // At FlashAttention backward: input, incoming grad, layer output, norm out, residual grad
   // (5X); q, attention out, output grad, dq (4Q); k, v, dk, dv (4K); lse; dk and dv expanded
   // to q heads (2Q); the fp32 dq accumulator (2Q); softmax_d (lse).
@@ -130,11 +137,7 @@ TEST_CASE("attention backward with FlashAttention-2's buffers, sp = 1, tiled MLP
 TEST_CASE("attention backward with FlashAttention-3's buffers: fp32 dk/dv accumulators at kv width, no expansion, two fp32 row statistics") {
   LayerImplementation fa3 = eager();
   fa3.flash_attention_3 = true;
-  TensorTrace trace;
-  trace.alloc(kCategoryLayer, "layer.input", X);
-  trace.alloc(kCategoryLayer, "layer.output_grad", X);
-  decoder_layer_forward(trace, shape_make(1, 1000), fa3, true);
-  decoder_layer_backward(trace, shape_make(1, 1000), fa3);
+  const TensorTrace trace = layer_step_trace(shape_make(1, 1000), fa3);
   // As FA2's moment (5X; q, out, output grad, dq: 4Q; k, v, dk, dv: 4K; lse) but with fp32 dk/dv
   // accumulators at kv width (2 x 2K) instead of bf16 expanded ones at q width (2Q), the fp32 dq
   // accumulator (2Q), softmax_d and softmax_lse_log2 (2 lse): 2Q - 4K = 128,000 bytes less here.
@@ -163,12 +166,7 @@ TEST_CASE("FlashAttention-2 varlen pads dq_accum and softmax_d by 128 rows per s
     impl.flash_attention_varlen_pad_rows = pad_rows;
     LayerShape shape = shape_make(1, 1000);
     shape.sequences = sequences;
-    TensorTrace trace;
-    trace.alloc(kCategoryLayer, "layer.input", X);
-    trace.alloc(kCategoryLayer, "layer.output_grad", X);
-    decoder_layer_forward(trace, shape, impl, true);
-    decoder_layer_backward(trace, shape, impl);
-    return trace.peak_bytes();
+    return layer_step_trace(shape, impl).peak_bytes();
   };
   // 128 rows per sequence of fp32 dq (64 values: 256 B) and fp32 softmax_d (8 values: 32 B).
   CHECK(peak(128, 1) - peak(0, 1) == 128 * (256 + 32));
@@ -254,11 +252,7 @@ TEST_CASE("ZeRO-3 holds every TiledMLP shard's weight gradients through the MLP 
   auto peak = [&](double held) {
     LayerImplementation with = impl;
     with.mlp_tile_weight_grads_bytes = held;
-    TensorTrace trace;
-    trace.alloc(kCategoryLayer, "layer.input", X);
-    trace.alloc(kCategoryLayer, "layer.output_grad", X);
-    decoder_layer_forward(trace, shape, with, true);
-    decoder_layer_backward(trace, shape, with);
+    const TensorTrace trace = layer_step_trace(shape, with);
     CHECK(std::string(trace.peak_moment()) == "mlp");
     return trace.peak_bytes();
   };
