@@ -76,14 +76,17 @@ int reserve_fit_print(const ValidateCommandArgs& args, const std::vector<Publish
       fmt::print("  {:>5}  {:<20} {:<22} {:>5}  {:<16} {}\n", "line", "source", "model", "gpus", "figure", "reserves reproducing it (GiB)");
     }
     for (const auto& e : fit.evidence) {
-      const std::string interval = !e.informative ? "none in 0-40 (uninformative)"
-                                   : e.low_gib == e.high_gib ? fmt::format("{:.1f}", e.low_gib)
-                                                             : fmt::format("{:.1f} to {:.1f}", e.low_gib, e.high_gib);
+      std::string interval = !e.informative ? "none in 0-40 (uninformative)"
+                             : e.low_gib == e.high_gib ? fmt::format("{:.1f}", e.low_gib)
+                                                       : fmt::format("{:.1f} to {:.1f}", e.low_gib, e.high_gib);
+      if (e.host_bound_below_gib > 0)
+        interval += fmt::format(" (host memory sets a maximum too long below {:.1f}: a bound from above only)", e.host_bound_below_gib);
       if (!args.json)
         fmt::print("  {:>5}  {:<20.20} {:<22.22} {:>5}  {:<16} {}\n", e.point.line, e.point.source, e.point.model, e.point.gpus,
                    figure_kind_name(e.kind), interval);
       nlohmann::json entry = {{"line", e.point.line}, {"figure", figure_kind_name(e.kind)}, {"informative", e.informative}};
       if (e.informative) entry["reserve_gib"] = {e.low_gib, e.high_gib};
+      if (e.host_bound_below_gib > 0) entry["host_bound_below_gib"] = e.host_bound_below_gib;
       evidence.push_back(entry);
     }
     // Sensitivity: the profile's own rows with its reserve moved by -4..+4 GiB (grid points of the fit).
@@ -133,6 +136,7 @@ int validate_command_run(const ValidateCommandArgs& args) {
           nlohmann::json entry = {{"figure", figure_kind_name(figure.kind)}, {"published", figure.published},
                                   {"predicted", figure.predicted}, {"relative_error", figure.relative_error}};
           if (figure.published_fail > 0) entry["published_fail"] = figure.published_fail;
+          if (!figure.binding_constraint.empty()) entry["binding_constraint"] = figure.binding_constraint;
           row["figures"].push_back(entry);
         }
       }

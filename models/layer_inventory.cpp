@@ -510,11 +510,19 @@ void decoder_layer_backward(TensorTrace& trace, const LayerShape& shape, const L
   trace.free("layer.input");
 }
 
-double fpdt_host_bytes(const LayerShape& shape, const LayerImplementation& impl) {
+double pinned_host_allocation_bytes(double bytes, bool power_of_two) {
+  return power_of_two && bytes > 0 ? std::exp2(std::ceil(std::log2(bytes))) : bytes;
+}
+
+double fpdt_host_bytes(const LayerShape& shape, const LayerImplementation& impl, bool pinned_power_of_two) {
   if (shape.fpdt_chunk_tokens == 0) return 0;
   const Bytes bytes(shape, impl);
-  return bytes.q + 2.0 * bytes.kv_replicated + bytes.q + bytes.lse + bytes.x +
-         bytes.q / static_cast<double>(impl.activation_bytes) * 4.0;
+  const double chunks = static_cast<double>(shape.tokens) / static_cast<double>(shape.fpdt_chunk_tokens);
+  const double q_grad_fp32 = bytes.q / static_cast<double>(impl.activation_bytes) * 4.0;
+  double total = 0;
+  for (double layer_bytes : {bytes.q, bytes.kv_replicated, bytes.kv_replicated, /*output*/ bytes.q, bytes.lse, bytes.x, q_grad_fp32})
+    total += chunks * pinned_host_allocation_bytes(layer_bytes / chunks, pinned_power_of_two);
+  return total;
 }
 
 double decoder_layer_saved_bytes(const LayerShape& shape, const LayerImplementation& impl) {

@@ -88,9 +88,17 @@ void decoder_layer_backward(TensorTrace& trace, const LayerShape& shape, const L
 // output but including its input: the per-layer activation memory without checkpointing.
 double decoder_layer_saved_bytes(const LayerShape& shape, const LayerImplementation& impl);
 
+// What a pinned host allocation of `bytes` takes. PyTorch's pinned host allocator
+// (CachingHostAllocator.h, allocate) rounds every allocation up to the next power of two
+// (pytorch issues #150517, #95823; REFERENCE §7.5); `power_of_two` says the stack allocates
+// through it.
+double pinned_host_allocation_bytes(double bytes, bool power_of_two);
+
 // Bytes FPDT keeps per rank in pinned host memory for the layer being computed: its q, k, v,
-// output and lse chunks, the input chunks, and the fp32 dq accumulators of backward.
-double fpdt_host_bytes(const LayerShape& shape, const LayerImplementation& impl);
+// output and lse chunks, the input chunks, and the fp32 dq accumulators of backward. Each chunk of
+// each is its own pinned allocation (DS fpdt_layer.py SequenceChunk; REFERENCE §3.6), so with
+// `pinned_power_of_two` each is rounded as pinned_host_allocation_bytes does.
+double fpdt_host_bytes(const LayerShape& shape, const LayerImplementation& impl, bool pinned_power_of_two);
 
 // longseq's own executor (executor/llama_step.hpp), tensor for tensor and in its order: RoPE in place,
 // Ulysses through staging buffers, ring attention's key/value blocks and fp32 accumulators (when

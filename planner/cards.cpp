@@ -134,7 +134,7 @@ RuntimeProfile runtime_profile_from_text(const std::string& yaml_text, const std
   profile.host_dataloader_workers_gb = estimate_read(reader, "host_dataloader_workers_gb", 0, 1024, 0);
   profile.host_forked_workers_copy_bytes_per_parameter =
       estimate_read(reader, "host_forked_workers_copy_bytes_per_parameter", 0, 64, 0);
-  profile.offloaded_params_pinned_power_of_two = reader.get_bool("offloaded_params_pinned_power_of_two", false);
+  profile.pinned_host_allocations_power_of_two = reader.get_bool("pinned_host_allocations_power_of_two", false);
   profile.cpu_adam_bandwidth_efficiency = reader.get_double("cpu_adam_bandwidth_efficiency", 0.01, 1.0, 1.0);
   profile.attention_kernel = reader.get_string("attention_kernel", "");
   if (!profile.attention_kernel.empty() && profile.attention_kernel != "fa2" && profile.attention_kernel != "fa3")

@@ -110,9 +110,10 @@ struct RuntimeProfile {
   // DataLoader workers forked after the optimizer's host buffers exist share their pages; each
   // later write copies them (REFERENCE §7.5): bytes per parameter of the rank's partition.
   EstimateRange host_forked_workers_copy_bytes_per_parameter;
-  // offload_param pins the bf16 flat parameter buffer, and PyTorch's pinned host allocator rounds
-  // every pinned allocation up to a power of two.
-  bool offloaded_params_pinned_power_of_two = false;
+  // The stack's pinned host memory comes from PyTorch's pinned host allocator, which rounds every
+  // allocation up to a power of two: DeepSpeed's offload_param buffer (pinned unconditionally) and
+  // FPDT's host-resident chunks (models/layer_inventory.hpp pinned_host_allocation_bytes).
+  bool pinned_host_allocations_power_of_two = false;
   // The share of the node's DRAM bandwidth the offloaded optimizer's host passes achieve (CPU Adam
   // and the casts around it are bandwidth-bound; time_model.cpp offloaded_optimizer_step counts
   // their bytes); 1 = the theoretical bandwidth.

@@ -347,7 +347,7 @@ MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& clust
   }
   if (plan.offload_params) {
     const double weight_bytes = params * as_double(profile.weight_bytes) / world;
-    host_add("weights", profile.offloaded_params_pinned_power_of_two ? std::exp2(std::ceil(std::log2(weight_bytes))) : weight_bytes);
+    host_add("weights", pinned_host_allocation_bytes(weight_bytes, profile.pinned_host_allocations_power_of_two));
   }
   host_add("process_runtime", profile.host_process_runtime_gb.at(profile.bound) * 1e9);
   host_add("dataloader_workers", profile.host_dataloader_workers_gb.at(profile.bound) * 1e9);
@@ -364,7 +364,7 @@ MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& clust
     for (const auto& [name, bytes] : pooled) host_add(std::string(name).c_str(), bytes);
   } else {
     if (plan.checkpoint_offload) host_add("hidden_states_checkpoints", layers * x_bytes);
-    host_add("fpdt_chunks_pinned", fpdt_host_bytes(setup.shape, setup.impl));
+    host_add("fpdt_chunks_pinned", fpdt_host_bytes(setup.shape, setup.impl, profile.pinned_host_allocations_power_of_two));
   }
   host_add("dataloader_buffers", profile.dataloader_host_bytes_per_token * as_double(seqlen) * as_double(plan.micro_batch));
   for (const auto& item : prediction.host_items) prediction.host_bytes_per_node += item.bytes;

@@ -43,6 +43,7 @@ struct FigureComparison {
   double published_fail = 0;  // max seqlen only: the smallest length known to fail, 0 if none
   double predicted = 0;
   double relative_error = 0;  // (predicted - reference) / reference; 0 inside a [seqlen, seqlen_fail) bracket
+  std::string binding_constraint;  // max seqlen only: what sets the predicted maximum (MaxSeqlenResult)
 };
 
 struct PointValidation {
@@ -71,12 +72,19 @@ PointValidation point_validate(const PublishedPoint& point, const std::string& p
 // published figure, or put it inside the published [fits, fails) bracket, form an interval; the fit
 // is the reserve with the least total distance in GiB to the rows' intervals (a median for point
 // rows, robust to a few outlying rows). Rows whose figure no reserve in the grid reaches are
-// listed as uninformative. One fit per runtime profile, over the rows that profile predicts.
+// listed as uninformative. The reserve is GPU memory: where a row's predicted maximum is too long
+// and set by host memory without a reserve, only a reserve large enough to make the GPU bind first
+// brings it in, which says nothing of the GPU's unexplained memory; such an interval starts at 0
+// (the row bounds the reserve from above only). One fit per runtime profile, over the rows that
+// profile predicts.
 struct ReserveEvidence {
   PublishedPoint point;
   FigureKind kind = FigureKind::figure_max_seqlen;
   bool informative = false;
   double low_gib = 0, high_gib = 0;  // the interval of reserves that reproduce the figure
+  // > 0: without a reserve host memory set a predicted maximum beyond the published one, and only
+  // this reserve brought it in; the interval starts at 0 instead.
+  double host_bound_below_gib = 0;
   std::vector<double> relative_errors;  // the figure's error with the reserve at each grid step
 };
 struct ReserveFit {

@@ -174,7 +174,7 @@ TEST_CASE("host terms beside the offloaded tensors (REFERENCE 7.5), hand-compute
   profile.host_process_runtime_gb = {2.5, 4, 6};
   profile.host_dataloader_workers_gb = {0.5, 1, 2};
   profile.host_forked_workers_copy_bytes_per_parameter = {0, 0, 10};
-  profile.offloaded_params_pinned_power_of_two = true;
+  profile.pinned_host_allocations_power_of_two = true;
   PlanOptions plan = bare_plan(1, 3);
   plan.offload_optimizer = plan.offload_params = true;
   const MemoryPrediction prediction = memory_predict(model, cluster_of(8), plan, profile, 1024);
@@ -420,6 +420,32 @@ TEST_CASE("FPDT: the attention working set shrinks with the chunk, its chunks mo
   PlanOptions whole = plan;
   whole.fpdt = false;
   CHECK(memory_predict(model, cluster, whole, profile, seqlen).gpu_peak_bytes > previous_peak);
+}
+
+TEST_CASE("FPDT's host chunks are pinned one by one, each rounded up to a power of two") {
+  // GPT-30B (h = 6144 = 64 heads x 96, MHA) at sp=4 on 4 GPUs, S = 4 chunks of 64Ki: per rank
+  // T = 64Ki tokens in 4 chunks. Per chunk: q, k, v, output and input 16Ki x 6144 x 2 B = 192 MiB
+  // (pinned: 256), lse 64 heads / 4 x 64Ki x 4 B = 4 MiB, the fp32 dq accumulator 384 MiB (512).
+  const ModelSpec model = model_load("gpt-30b");
+  const ClusterSpec cluster = cluster_make(hardware_card_load("a100-80gb"), 4, 1, 4, 0);
+  RuntimeProfile profile = runtime_profile_load("megatron-deepspeed");
+  PlanOptions plan;
+  plan.sp = 4;
+  plan.zero_stage = 3;
+  plan.checkpoint_offload = true;
+  plan.fpdt = true;
+  plan.fpdt_chunk_tokens = 65536;
+  REQUIRE(plan_problems(model, cluster, plan).empty());
+  const double mib = 1024.0 * 1024.0, ranks = 4, chunks = 4;
+  REQUIRE(profile.pinned_host_allocations_power_of_two);
+  CHECK(item_bytes(memory_predict(model, cluster, plan, profile, 4 * 65536).host_items, "fpdt_chunks_pinned") ==
+        doctest::Approx(ranks * chunks * (5 * 256 + 4 + 512) * mib));
+  profile.pinned_host_allocations_power_of_two = false;
+  CHECK(item_bytes(memory_predict(model, cluster, plan, profile, 4 * 65536).host_items, "fpdt_chunks_pinned") ==
+        doctest::Approx(ranks * chunks * (5 * 192 + 4 + 384) * mib));
+  CHECK(pinned_host_allocation_bytes(192 * mib, true) == 256 * mib);
+  CHECK(pinned_host_allocation_bytes(256 * mib, true) == 256 * mib);  // a power of two stays
+  CHECK(pinned_host_allocation_bytes(192 * mib, false) == 192 * mib);
 }
 
 TEST_CASE("FPDT plans are checked: chunk divides S, checkpointing on, no double tiling") {

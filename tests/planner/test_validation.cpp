@@ -78,7 +78,7 @@ TEST_CASE("the summary reports the median and the worst absolute error per figur
   const double errors[] = {-0.10, 0.30, 0.05};
   for (int i = 0; i < 3; ++i) {
     validations[i].point.line = 10 + i;
-    validations[i].figures.push_back({FigureKind::figure_iteration_time, 1, 0, 1 + errors[i], errors[i]});
+    validations[i].figures.push_back({FigureKind::figure_iteration_time, 1, 0, 1 + errors[i], errors[i], ""});
   }
   const auto summary = validation_summarize(validations);
   REQUIRE(summary.size() == 1);
@@ -162,6 +162,35 @@ TEST_CASE("free-text training rows name what is not modelled") {
   CHECK(reason("Megatron-Core CP; tp=4; u=1; r=2") == "tensor parallelism (tp=4) is not modelled");
   CHECK(reason("NeMo; Megatron-Core CP; FP8; tp=1; cp=2") == "FP8 training is not modelled");
   CHECK(reason("JAX ring attention; FSDP") == "features in free text: longseq reads them for attention kernel benchmarks only");
+}
+
+TEST_CASE("the reserve fit: a row host memory holds too long bounds the GPU reserve from above only") {
+  // FPDT, Llama-3-8B on 8 A100-80GB: host memory sets the predicted maximum (6.36M, FPDT Table 1's
+  // row). Against a made-up bracket [2Mi, 4Mi) it is too long, and only a GPU reserve that makes
+  // the GPU bind first brings it in: that reserve is no evidence, so the interval starts at 0.
+  const std::string row = "x,Llama-3-8B,8,A100,80,2,4,1000,zero3+ac+ckpt_offload+ulysses+fpdt,8,2097152,4194304,,,,,max context\n";
+  const auto points = published_points_parse(kHeader + row, "p.csv");
+  const PointValidation base = point_validate(points.at(0), "", 0.0);
+  REQUIRE(base.figures.size() == 1);
+  CHECK(base.figures[0].binding_constraint == "host memory");
+  CHECK(base.figures[0].relative_error > 0);
+  const std::vector<ReserveFit> fits = reserve_fit(points, 40.0, 0.5);
+  REQUIRE(fits.size() == 1);
+  REQUIRE(fits[0].evidence.size() == 1);
+  const ReserveEvidence& evidence = fits[0].evidence[0];
+  CHECK(evidence.informative);
+  CHECK(evidence.low_gib == 0);
+  CHECK(evidence.host_bound_below_gib > 10);  // the GPU needs a large reserve to bind first
+  CHECK(evidence.high_gib >= evidence.host_bound_below_gib);
+  CHECK(fits[0].reserve_gib == 0);
+  // The same model on 40 GB cards (FPDT Table 1: [1Mi, 2Mi)) is GPU-bound: its interval's low end
+  // stands.
+  const auto gpu_bound = published_points_parse(
+      kHeader + "x,Llama-3-8B,8,A100,40,2,4,1000,zero3+ac+ckpt_offload+ulysses+fpdt,8,1048576,2097152,,,,,max context\n", "p.csv");
+  CHECK(point_validate(gpu_bound.at(0), "", 0.0).figures.at(0).binding_constraint == "GPU memory");
+  const ReserveEvidence& standing = reserve_fit(gpu_bound, 40.0, 0.5).at(0).evidence.at(0);
+  CHECK(standing.host_bound_below_gib == 0);
+  CHECK(standing.low_gib > 0);
 }
 
 TEST_CASE("the profiles' calibrated reserves are what the fit to the seed set gives (fitted once, not tuned by hand)") {
