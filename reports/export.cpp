@@ -164,6 +164,14 @@ ExportedConfig accelerate_config_emit(const ExportRequest& r) {
       attn_implementation));
   exported.notes.push_back("versions: Accelerate >= 1.12 (older ones ignore the SP keys), DeepSpeed >= 0.18.2, transformers >= 4.51.3");
   exported.notes.push_back("launch: accelerate launch --config_file accelerate.yaml train.py (no --use_deepspeed: it would keep the SP keys out)");
+  if (r.cluster.nodes > 1)
+    // With num_machines > 1 and the pdsh launcher, Accelerate runs `deepspeed --hostfile ...
+    // --master_addr main_process_ip` from the node it is started on (FRAMEWORKS §2.6).
+    exported.notes.push_back(fmt::format(
+        "{} nodes: replace MAIN_NODE_ADDRESS (main_process_ip) with the first node's address, write `hostfile` with one "
+        "`HOSTNAME slots={}` line per node, and run accelerate launch on the first node only: DeepSpeed's pdsh launcher starts "
+        "every node's ranks",
+        r.cluster.nodes, r.cluster.gpus_per_node));
   YAML::Emitter out;
   std::vector<std::string> header = record_lines(r, "Accelerate (accelerate launch --config_file)");
   for (const auto& note : exported.notes) header.push_back(note);

@@ -241,6 +241,9 @@ TEST_CASE("Accelerate export: a YAML that names the DeepSpeed JSON, auto batch k
     for (const char* key : {"machine_rank", "main_process_ip", "main_process_port"}) CHECK(static_cast<bool>(config[key]) == nodes);
     CHECK(static_cast<bool>(config["deepspeed_config"]["deepspeed_multinode_launcher"]) == nodes);
     CHECK(static_cast<bool>(config["deepspeed_config"]["deepspeed_hostfile"]) == nodes);
+    // The placeholder address and the hostfile the user must supply are said, with its slots.
+    CHECK(any_note_contains(exported, "replace MAIN_NODE_ADDRESS") == nodes);
+    CHECK(any_note_contains(exported, "slots=8") == nodes);
     CHECK(exported.text().find("sequence length 524,288") != std::string::npos);  // the record, as a comment
     const auto json = nlohmann::json::parse(exported.files[1].text);
     for (const char* key : {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"})
