@@ -380,9 +380,7 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
   if (ranks.world_size > 1) {
     // Every rank must run the same configuration; a mismatch (an MPMD launch, a per-rank wrapper)
     // stops the job here, by name, before the first collective of the run.
-#ifdef LONGSEQ_HAVE_MPI
-    mpi_peer_timeout_set(args.peer_timeout_s);
-#endif
+    peer_timeout_set(args.peer_timeout_s);
     auto text = [](auto value) { return fmt::format("{}", value); };
     ranks_agree(*ranks.world, {{"--model", args.model},
                                {"--layers", text(args.layers)},

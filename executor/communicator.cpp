@@ -1,7 +1,9 @@
 #include "executor/communicator.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <stdexcept>
 
 namespace longseq {
@@ -56,6 +58,20 @@ void ranks_agree(Communicator& world, const std::vector<std::pair<std::string, s
                           "ranks disagree: rank 0 has '" + std::string(first.shown) + "', rank " + std::to_string(rank) + " has '" +
                               std::string(other.shown) + "' (every rank of a job must run the same configuration)");
     }
+}
+
+namespace {
+double peer_timeout_seconds = 600;
+}  // namespace
+
+void peer_timeout_set(double seconds) { peer_timeout_seconds = seconds; }
+double peer_timeout_s() { return peer_timeout_seconds; }
+
+double steady_clock_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+void CollectivePause::operator()() {
+  if (steady_clock_s() < spin_until_s_) std::this_thread::yield();
+  else std::this_thread::sleep_for(std::chrono::microseconds(100));
 }
 
 }  // namespace longseq

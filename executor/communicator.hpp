@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -75,5 +76,45 @@ class RanksDisagree : public ConfigError {
 // disagree: rank 0 has '2', rank 1 has '3'". Values are compared whole (by a 64-bit hash) and
 // shown up to 40 characters.
 void ranks_agree(Communicator& world, const std::vector<std::pair<std::string, std::string>>& settings);
+
+// A collective waits on its peers; a peer that has stopped, stalled or taken another code path
+// would hold every rank forever. So every multi-rank communicator (MPI, NCCL) waits at most the
+// peer timeout (`longseq run --peer-timeout-s`; seconds, <= 0 waits forever; default 600 s, far
+// beyond any imbalance of a step between the ranks of one job) and then throws PeerTimeout.
+class PeerTimeout : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+void peer_timeout_set(double seconds);
+double peer_timeout_s();
+
+// A collective's state: `poll()` answers pending, done or failed; collective_wait ends in done,
+// failed or timed_out.
+enum class CollectiveState { pending, done, failed, timed_out };
+// Polls `poll()` until it is done or failed, calling `pause()` between polls, or until `now_s()` has
+// advanced `timeout_s` (> 0; otherwise no limit) past its first reading. Host-only and
+// clock-agnostic, so the CPU tests drive it with a fake clock.
+template <typename Poll, typename Now, typename Pause>
+CollectiveState collective_wait(Poll poll, Now now_s, Pause pause, double timeout_s) {
+  const double start_s = now_s();
+  for (;;) {
+    const CollectiveState state = poll();
+    if (state != CollectiveState::pending) return state;
+    if (timeout_s > 0 && now_s() - start_s >= timeout_s) return CollectiveState::timed_out;
+    pause();
+  }
+}
+
+// The real clock for collective_wait, and its pause: spin (yield) for the first milliseconds of a
+// wait, as blocking collectives do, then sleep between polls so a long wait costs no core.
+double steady_clock_s();
+class CollectivePause {
+ public:
+  CollectivePause() : spin_until_s_(steady_clock_s() + 0.010) {}
+  void operator()();
+
+ private:
+  double spin_until_s_;
+};
 
 }  // namespace longseq

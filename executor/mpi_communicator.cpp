@@ -1,10 +1,8 @@
 #include "executor/mpi_communicator.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <climits>
 #include <fmt/format.h>
-#include <thread>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -30,36 +28,26 @@ void mpi_check(int code, const char* what) {
   throw std::runtime_error(fmt::format("MPI error in {}: {}", what, std::string(text, static_cast<size_t>(length))));
 }
 
-double peer_timeout_seconds = 600;
-
-// Waits for a non-blocking collective, polling it; a peer that has not joined after the timeout
-// (stopped, stalled in an endless loop, or on another code path) ends the wait with an error, so
-// the job stops with a message instead of hanging. Polling spins for the first milliseconds (as
-// Open MPI's blocking collectives do), then sleeps between tests so a long wait costs no core.
+// Waits for a non-blocking collective, polling it (collective_wait); a peer that has not joined
+// after the peer timeout ends the wait with PeerTimeout, so the job stops with a message instead of
+// hanging.
 void request_wait(MPI_Request& request, const char* what, int group_size) {
-  using clock = std::chrono::steady_clock;
-  const auto start = clock::now();
-  const auto spin_until = start + std::chrono::milliseconds(10);
-  for (;;) {
-    int done = 0;
-    mpi_check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), what);
-    if (done) return;
-    const auto now = clock::now();
-    if (peer_timeout_seconds > 0 && now - start > std::chrono::duration<double>(peer_timeout_seconds)) {
-      throw PeerTimeout(fmt::format("{} waited {:.0f} s for the other ranks of its group of {}: a rank has stopped, stalled or "
-                                    "taken another path (raise --peer-timeout-s if a step legitimately takes longer)",
-                                    what, peer_timeout_seconds, group_size));
-    }
-    if (now < spin_until) std::this_thread::yield();
-    else std::this_thread::sleep_for(std::chrono::microseconds(100));
-  }
+  const CollectiveState state = collective_wait(
+      [&] {
+        int done = 0;
+        mpi_check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), what);
+        return done ? CollectiveState::done : CollectiveState::pending;
+      },
+      steady_clock_s, CollectivePause(), peer_timeout_s());
+  if (state == CollectiveState::timed_out)
+    throw PeerTimeout(fmt::format("{} waited {:.0f} s for the other ranks of its group of {}: a rank has stopped, stalled or "
+                                  "taken another path (raise --peer-timeout-s if a step legitimately takes longer)",
+                                  what, peer_timeout_s(), group_size));
 }
 
 }  // namespace
 
 void mpi_errors_return(MPI_Comm comm) { mpi_check(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler"); }
-
-void mpi_peer_timeout_set(double seconds) { peer_timeout_seconds = seconds; }
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm) : MpiCommunicator(comm, false) {}
 

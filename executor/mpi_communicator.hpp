@@ -11,19 +11,10 @@
 
 namespace longseq {
 
-// A peer that did not join a collective within the timeout (mpi_peer_timeout_set).
-class PeerTimeout : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
 // MPI errors on `comm` (and on communicators split from it) are returned to longseq, which
 // reports the failing rank and reason, rather than aborting the job inside Open MPI.
 void mpi_errors_return(MPI_Comm comm);
 
-// How long a collective waits for its peers before it throws PeerTimeout (seconds; <= 0: forever).
-// Default 600 s: far beyond any imbalance of a step between ranks of one job on this executor.
-void mpi_peer_timeout_set(double seconds);
 
 class MpiCommunicator final : public Communicator {
  public:

@@ -3,6 +3,8 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <fmt/format.h>
+
 #include <stdexcept>
 #include <string>
 
@@ -53,7 +55,36 @@ void NcclCommunicator::after_compute() {
   cuda_check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream_), event, 0), "cudaStreamWaitEvent");
 }
 
-void NcclCommunicator::wait() { cuda_check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)), "collective"); }
+// The collective is waited for with the peer timeout (collective_wait, communicator.hpp): a peer
+// that never joins would otherwise hold this rank in cudaStreamSynchronize forever. Past it the
+// communicator is aborted (ncclCommAbort stops its kernels) and the rank fails with PeerTimeout.
+void NcclCommunicator::wait(const char* what) {
+  auto stream = static_cast<cudaStream_t>(stream_);
+  auto comm = static_cast<ncclComm_t>(comm_);
+  cudaError_t stream_status = cudaSuccess;
+  ncclResult_t nccl_status = ncclSuccess;
+  const CollectiveState state = collective_wait(
+      [&] {
+        stream_status = cudaStreamQuery(stream);
+        if (stream_status == cudaSuccess) return CollectiveState::done;
+        if (stream_status != cudaErrorNotReady) return CollectiveState::failed;
+        if (ncclCommGetAsyncError(comm, &nccl_status) != ncclSuccess || nccl_status != ncclSuccess) return CollectiveState::failed;
+        return CollectiveState::pending;
+      },
+      steady_clock_s, CollectivePause(), peer_timeout_s());
+  if (state == CollectiveState::done) return;
+  if (state == CollectiveState::timed_out || nccl_status != ncclSuccess) {
+    ncclCommAbort(comm);
+    comm_ = nullptr;
+  }
+  if (state == CollectiveState::timed_out)
+    throw PeerTimeout(fmt::format("NCCL {} waited {:.0f} s for the other ranks of its group of {}: a rank has stopped, stalled or "
+                                  "taken another path, so the communicator was aborted (raise --peer-timeout-s if a step "
+                                  "legitimately takes longer)",
+                                  what, peer_timeout_s(), size_));
+  if (nccl_status != ncclSuccess) throw std::runtime_error(std::string("NCCL ") + what + ": " + ncclGetErrorString(nccl_status));
+  cuda_check(stream_status, what);
+}
 
 // Movement collectives go as ncclUint8: bf16 activations and weights cross the wire at 2 bytes
 // an element (the bf16 payloads DeepSpeed's Ulysses and ZeRO-3 send), fp32 at 4.
@@ -69,7 +100,7 @@ void NcclCommunicator::all_to_all_bytes(const void* send, void* recv, int64_t by
     nccl_check(ncclRecv(recv_bytes + peer * bytes_per_rank, elements(bytes_per_rank), ncclUint8, peer, comm, stream), "ncclRecv");
   }
   nccl_check(ncclGroupEnd(), "ncclGroupEnd");
-  wait();
+  wait("all-to-all");
 }
 
 // A ring pass: NCCL's grouped send and receive, so neither waits for the other.
@@ -81,7 +112,7 @@ void NcclCommunicator::send_receive_bytes(const void* send, int destination, voi
   nccl_check(ncclSend(send, elements(bytes), ncclUint8, destination, comm, stream), "ncclSend");
   nccl_check(ncclRecv(recv, elements(bytes), ncclUint8, source, comm, stream), "ncclRecv");
   nccl_check(ncclGroupEnd(), "ncclGroupEnd");
-  wait();
+  wait("send/receive");
 }
 
 void NcclCommunicator::all_gather_bytes(const void* send, void* recv, int64_t bytes_per_rank) {
@@ -89,7 +120,7 @@ void NcclCommunicator::all_gather_bytes(const void* send, void* recv, int64_t by
   nccl_check(ncclAllGather(send, recv, elements(bytes_per_rank), ncclUint8, static_cast<ncclComm_t>(comm_),
                            static_cast<cudaStream_t>(stream_)),
              "ncclAllGather");
-  wait();
+  wait("all-gather");
 }
 
 void NcclCommunicator::reduce_scatter(const float* send, float* recv, int64_t count) {
@@ -97,7 +128,7 @@ void NcclCommunicator::reduce_scatter(const float* send, float* recv, int64_t co
   nccl_check(ncclReduceScatter(send, recv, elements(count), ncclFloat, ncclSum, static_cast<ncclComm_t>(comm_),
                                static_cast<cudaStream_t>(stream_)),
              "ncclReduceScatter");
-  wait();
+  wait("reduce-scatter");
 }
 
 void NcclCommunicator::all_reduce(float* data, int64_t count) {
@@ -105,7 +136,7 @@ void NcclCommunicator::all_reduce(float* data, int64_t count) {
   nccl_check(ncclAllReduce(data, data, elements(count), ncclFloat, ncclSum, static_cast<ncclComm_t>(comm_),
                            static_cast<cudaStream_t>(stream_)),
              "ncclAllReduce");
-  wait();
+  wait("all-reduce");
 }
 
 // Scalars the step sums (token counts, loss sums) are host doubles: staged through the device.
@@ -122,7 +153,7 @@ void NcclCommunicator::all_reduce(double* data, int64_t count) {
   nccl_check(ncclAllReduce(device_data, device_data, elements(count), ncclDouble, ncclSum, static_cast<ncclComm_t>(comm_),
                            static_cast<cudaStream_t>(stream_)),
              "ncclAllReduce");
-  wait();
+  wait("all-reduce");
   if (!on_device) {
     cuda_check(cudaMemcpy(data, device_data, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
     cuda_check(cudaFree(device_data), "cudaFree");
@@ -133,7 +164,7 @@ void NcclCommunicator::broadcast(float* data, int64_t count, int root) {
   after_compute();
   nccl_check(ncclBroadcast(data, data, elements(count), ncclFloat, root, static_cast<ncclComm_t>(comm_), static_cast<cudaStream_t>(stream_)),
              "ncclBroadcast");
-  wait();
+  wait("broadcast");
 }
 
 }  // namespace longseq

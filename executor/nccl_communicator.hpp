@@ -2,7 +2,8 @@
 // (rank 0 makes the NCCL unique id and broadcasts it). Buffers are device pointers (all_reduce of
 // doubles also takes host scalars). Each collective runs on this communicator's stream after the
 // default stream's queued kernels and is waited for before returning, so callers see the blocking
-// semantics of the MPI communicator. all_to_all is NCCL's grouped send/recv.
+// semantics of the MPI communicator, and the same peer timeout (peer_timeout_set), past which the
+// communicator is aborted and the rank fails. all_to_all is NCCL's grouped send/recv.
 // Built only where CUDA, NCCL and MPI are; compiled in CI, not yet run on a GPU.
 #pragma once
 
@@ -32,8 +33,8 @@ class NcclCommunicator final : public Communicator {
 
  private:
   void after_compute();
-  void wait();
-  void* comm_ = nullptr;    // ncclComm_t
+  void wait(const char* what);
+  void* comm_ = nullptr;    // ncclComm_t (null once aborted)
   void* stream_ = nullptr;  // cudaStream_t
   void* compute_done_ = nullptr;  // cudaEvent_t recorded on the default stream
   int rank_ = 0, size_ = 1;
