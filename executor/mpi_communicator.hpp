@@ -15,7 +15,6 @@ namespace longseq {
 // reports the failing rank and reason, rather than aborting the job inside Open MPI.
 void mpi_errors_return(MPI_Comm comm);
 
-
 class MpiCommunicator final : public Communicator {
  public:
   // Wraps an existing communicator (not owned), e.g. MPI_COMM_WORLD.

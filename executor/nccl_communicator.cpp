@@ -68,7 +68,9 @@ void NcclCommunicator::wait(const char* what) {
         stream_status = cudaStreamQuery(stream);
         if (stream_status == cudaSuccess) return CollectiveState::done;
         if (stream_status != cudaErrorNotReady) return CollectiveState::failed;
-        if (ncclCommGetAsyncError(comm, &nccl_status) != ncclSuccess || nccl_status != ncclSuccess) return CollectiveState::failed;
+        const ncclResult_t query = ncclCommGetAsyncError(comm, &nccl_status);
+        if (query != ncclSuccess) nccl_status = query;
+        if (nccl_status != ncclSuccess) return CollectiveState::failed;
         return CollectiveState::pending;
       },
       steady_clock_s, CollectivePause(), peer_timeout_s());
