@@ -188,7 +188,8 @@ TEST_CASE("the reserve fit: a row host memory holds too long bounds the GPU rese
   const auto gpu_bound = published_points_parse(
       kHeader + "x,Llama-3-8B,8,A100,40,2,4,1000,zero3+ac+ckpt_offload+ulysses+fpdt,8,1048576,2097152,,,,,max context\n", "p.csv");
   CHECK(point_validate(gpu_bound.at(0), "", 0.0).figures.at(0).binding_constraint == "GPU memory");
-  const ReserveEvidence& standing = reserve_fit(gpu_bound, 40.0, 0.5).at(0).evidence.at(0);
+  const std::vector<ReserveFit> gpu_bound_fits = reserve_fit(gpu_bound, 40.0, 0.5);
+  const ReserveEvidence& standing = gpu_bound_fits.at(0).evidence.at(0);
   CHECK(standing.host_bound_below_gib == 0);
   CHECK(standing.low_gib > 0);
 }
