@@ -400,30 +400,21 @@ std::vector<ReserveFit> reserve_fit(const std::vector<PublishedPoint>& points, d
     if (!base.skipped_reason.empty()) continue;
     auto fit = std::find_if(fits.begin(), fits.end(), [&](const ReserveFit& f) { return f.profile == base.profile_name; });
     if (fit == fits.end()) fit = fits.insert(fits.end(), ReserveFit{base.profile_name, 0, step_gib, {}});
-    // errors[figure][step]: the figure's relative error with the reserve at step * step_gib;
-    // host_bound[figure][step]: host memory set the predicted maximum there.
+    // errors[figure][step]: the figure's relative error with the reserve at step * step_gib.
     std::vector<std::vector<double>> errors(base.figures.size());
-    std::vector<std::vector<bool>> host_bound(base.figures.size());
     for (int step = 0; step <= steps; ++step) {
       const PointValidation at = step == 0 ? base : point_validate(point, "", step * step_gib);
-      for (size_t f = 0; f < at.figures.size(); ++f) {
-        errors[f].push_back(at.figures[f].relative_error);
-        host_bound[f].push_back(at.figures[f].binding_constraint == "host memory");
-      }
+      for (size_t f = 0; f < at.figures.size(); ++f) errors[f].push_back(at.figures[f].relative_error);
     }
     for (size_t f = 0; f < base.figures.size(); ++f) {
       const FigureComparison& figure = base.figures[f];
       if (figure.kind != FigureKind::figure_max_seqlen && figure.kind != FigureKind::figure_peak_memory) continue;
       ReserveEvidence evidence{point, figure.kind, false, 0, 0, 0, errors[f]};
       const std::vector<double>& e = evidence.relative_errors;
-      int first_step = -1;  // the grid step where the interval starts
       for (int step = 0; step <= steps; ++step) {
         const double reserve = step * step_gib;
         if (e[step] == 0) {  // inside a bracket (or exact)
-          if (!evidence.informative) {
-            evidence.low_gib = reserve;
-            first_step = step;
-          }
+          if (!evidence.informative) evidence.low_gib = reserve;
           evidence.high_gib = reserve;
           evidence.informative = true;
         } else if (step > 0 && !evidence.informative && e[step - 1] * e[step] < 0) {
@@ -431,11 +422,11 @@ std::vector<ReserveFit> reserve_fit(const std::vector<PublishedPoint>& points, d
           const double crossing = reserve - step_gib + step_gib * e[step - 1] / (e[step - 1] - e[step]);
           evidence.informative = true;
           evidence.low_gib = evidence.high_gib = crossing;
-          first_step = step;
           break;
         }
       }
-      if (first_step > 0 && host_bound[f][0] && e[0] > 0) {
+      // Too long without a reserve, and host memory the reason: the interval's low end is no evidence.
+      if (evidence.informative && evidence.low_gib > 0 && e[0] > 0 && figure.binding_constraint == "host memory") {
         evidence.host_bound_below_gib = evidence.low_gib;
         evidence.low_gib = 0;
       }
