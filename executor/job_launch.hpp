@@ -35,6 +35,12 @@ struct JobLayout {
   bool sp_spans_nodes = false;  // Ulysses all-to-alls cross the inter-node network
 };
 
+// Refuses text that cannot go into a job's script or command line as one safe line: a control
+// character anywhere (a newline would start a shell line of its own), a --time or --partition
+// outside Slurm's formats. job_layout and sbatch_script call it; throws ConfigError naming the
+// flag or the file's key.
+void launch_request_check(const LaunchRequest& request);
+
 // Throws ConfigError naming the flag (or hostfile) and the reason for a layout that cannot run.
 JobLayout job_layout(const LaunchRequest& request);
 
@@ -48,6 +54,10 @@ int64_t hostfile_slots(const std::string& path);
 std::vector<std::string> mpirun_arguments(const LaunchRequest& request, const JobLayout& layout);
 std::string mpirun_command(const LaunchRequest& request, const JobLayout& layout);
 std::string sbatch_script(const LaunchRequest& request, const JobLayout& layout);
+
+// The #SBATCH --job-name: "longseq-" and the name with anything but letters, digits, '-', '_'
+// and '.' replaced by '_' (Slurm reads the line without a shell).
+std::string slurm_job_name(const std::string& name);
 
 // POSIX shell quoting: the word unchanged when it is safe, otherwise in single quotes.
 std::string shell_quote(const std::string& word);

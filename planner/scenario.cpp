@@ -1,6 +1,7 @@
 #include "planner/scenario.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fmt/format.h>
 #include <map>
@@ -101,8 +102,16 @@ Scenario scenario_from_text(const std::string& yaml_text, const std::string& pat
   Scenario scenario;
   scenario.path = path;
   scenario.name = reader.get_string("name");
-  if (scenario.name.empty() || scenario.name.find_first_of("/\\\\ ") != std::string::npos)
-    throw ConfigError(path, "name", "must be a non-empty name without spaces or slashes (it names the output directory)");
+  // The name becomes a directory (out/NAME), a Slurm job name and a word of a batch script: a
+  // portable file name only, never "." or ".." (which would name the directory above).
+  if (scenario.name.empty() || scenario.name == "." || scenario.name == ".." || scenario.name.front() == '-' ||
+      scenario.name.size() > 200 ||
+      !std::all_of(scenario.name.begin(), scenario.name.end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' || c == '+';
+      }))
+    throw ConfigError(path, "name",
+                      "must be a file name of letters, digits, '-', '_', '.' and '+' (at most 200, not '.' or '..', not starting "
+                      "with '-'): it names the output directory and the Slurm job");
   scenario.description = reader.get_string("description", "");
   scenario.reproduces = reader.get_string("reproduces", "");
   scenario.model = resolve_relative(reader.get_string("model"), path);

@@ -13,7 +13,7 @@
 # tests/fuzz/regressions/TARGET/ once it is fixed.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-targets=(seqlen yaml_cards scenario hf_config points_csv run_json sweep_json plan_file)
+targets=(seqlen yaml_cards scenario hf_config points_csv run_json sweep_json plan_file launch_script)
 
 # The project's own files that seed each target (one place for the replay and the fuzzer).
 seeds_of() {
@@ -25,6 +25,7 @@ seeds_of() {
     points_csv) echo "$root/tests/data/published_points.csv" ;;
     run_json) echo "$root/tests/data/bad/run-huge-number $root/tests/data/bad/run-wrong-type $root/tests/data/run_not_a_result $root/tests/fuzz/seeds/run_json" ;;
     plan_file) echo "$root/tests/data/plans" ;;
+    launch_script) echo "$root/tests/fuzz/seeds/launch_script" ;;
     sweep_json) echo "$root/tests/data/bad/results-huge-number $root/tests/data/bad/results-missing-key $root/tests/fuzz/seeds/sweep_json" ;;
     *) echo "fuzz.sh: unknown target '$1' (targets: ${targets[*]})" >&2; exit 2 ;;
   esac
@@ -52,13 +53,20 @@ case "${1:-}" in
     for target in "${targets[@]}"; do
       corpus="$root/build-fuzz/corpus/$target" crashes="$root/build-fuzz/crashes/$target"
       mkdir -p "$corpus" "$crashes"
-      # libFuzzer takes files from directories only: stage single seed files into one.
+      # libFuzzer takes files from directories only: stage every seed file into one, each under a
+      # name of its own (seeds of the same name in different folders, run.json above all, would
+      # otherwise overwrite each other and leave one).
       seed_dir="$root/build-fuzz/seeds/$target"
       rm -rf "$seed_dir" && mkdir -p "$seed_dir"
+      seed_count=0
       for seed in $(seeds_of "$target") "$root/tests/fuzz/regressions/$target"; do
         [ -e "$seed" ] || continue
-        if [ -d "$seed" ]; then find "$seed" -type f -exec cp -t "$seed_dir" {} +; else cp "$seed" "$seed_dir/"; fi
+        while IFS= read -r -d '' file; do
+          seed_count=$((seed_count + 1))
+          cp "$file" "$seed_dir/$seed_count-$(basename "$file")"
+        done < <(find "$seed" -type f -print0)
       done
+      echo "== fuzz_$target: $seed_count seed files"
       log="$root/build-fuzz/$target.log"
       echo "== fuzz_$target: ${seconds} s or 1M executions"
       if "$root/build-fuzz/tests/fuzz/fuzz_$target" "$corpus" "$seed_dir" -max_total_time="$seconds" -runs=1000000 -timeout=10 \

@@ -8,6 +8,7 @@
 
 #include "executor/job_launch.hpp"
 #include "models/config_error.hpp"
+#include "tests/support/launch_script_check.hpp"
 
 using namespace longseq;
 
@@ -38,7 +39,7 @@ TEST_CASE("one node: Ulysses groups inside it, data parallel across them") {
   CHECK(layout.dp == 2);
   CHECK_FALSE(layout.sp_spans_nodes);
   CHECK(mpirun_command(request, layout) ==
-        "mpirun -np 4 --map-by ppr:4:node /bin/longseq run /s/tiny.yaml --sp 2 --json-out /out/run.json");
+        "mpirun -np 4 --map-by ppr:4:node /bin/longseq run /s/tiny.yaml --sp 2 --json-out /out/run.json --overwrite");
 }
 
 TEST_CASE("GPU ranks: the run goes to --device cuda and the batch script asks for a GPU per rank") {
@@ -46,7 +47,7 @@ TEST_CASE("GPU ranks: the run goes to --device cuda and the batch script asks fo
   request.device = "cuda";
   const JobLayout layout = job_layout(request);
   CHECK(mpirun_command(request, layout) ==
-        "mpirun -np 8 --map-by ppr:4:node /bin/longseq run /s/tiny.yaml --sp 4 --device cuda --json-out /out/run.json");
+        "mpirun -np 8 --map-by ppr:4:node /bin/longseq run /s/tiny.yaml --sp 4 --device cuda --json-out /out/run.json --overwrite");
   const std::string script = sbatch_script(request, layout);
   CHECK(script.find("#SBATCH --cpus-per-task=1\n#SBATCH --gpus-per-node=4\n") != std::string::npos);
   CHECK(sbatch_script(request_for(8, 4, 4), layout).find("gpus") == std::string::npos);  // CPU ranks ask for none
@@ -72,7 +73,7 @@ TEST_CASE("two nodes, a group per node, as a Slurm batch script") {
         "#SBATCH --partition=gpu\n"
         "set -euo pipefail\n"
         "export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}\n"
-        "mpirun -np 8 --map-by ppr:4:node /bin/longseq run /s/tiny.yaml --sp 4 --json-out /out/run.json\n");
+        "mpirun -np 8 --map-by ppr:4:node /bin/longseq run /s/tiny.yaml --sp 4 --json-out /out/run.json --overwrite\n");
 }
 
 TEST_CASE("a Ulysses group spanning two nodes, over a hostfile, with extra mpirun arguments") {
@@ -84,7 +85,7 @@ TEST_CASE("a Ulysses group spanning two nodes, over a hostfile, with extra mpiru
   CHECK(layout.sp_spans_nodes);
   CHECK(mpirun_command(request, layout) ==
         "mpirun -np 4 --map-by ppr:2:node --hostfile /tmp/longseq_test_hosts --allow-run-as-root --mca btl_tcp_if_include eth0 "
-        "/bin/longseq run /s/tiny.yaml --sp 4 --json-out /out/run.json");
+        "/bin/longseq run /s/tiny.yaml --sp 4 --json-out /out/run.json --overwrite");
   // The batch script leaves the hostfile out (Slurm's allocation decides) and says the groups span nodes.
   const std::string script = sbatch_script(request, layout);
   CHECK(script.find("--hostfile") == std::string::npos);
@@ -96,7 +97,7 @@ TEST_CASE("without a plan sp the run decides, and the command passes no --sp") {
   const LaunchRequest request = request_for(2, 2, 0);
   const JobLayout layout = job_layout(request);
   CHECK(layout.sp == 2);
-  CHECK(mpirun_command(request, layout) == "mpirun -np 2 --map-by ppr:2:node /bin/longseq run /s/tiny.yaml --json-out /out/run.json");
+  CHECK(mpirun_command(request, layout) == "mpirun -np 2 --map-by ppr:2:node /bin/longseq run /s/tiny.yaml --json-out /out/run.json --overwrite");
 }
 
 TEST_CASE("bad layouts are refused with the flag and the reason") {
@@ -122,4 +123,68 @@ TEST_CASE("shell quoting keeps safe words and quotes the rest") {
   CHECK(shell_quote("it's") == "'it'\\''s'");
   CHECK(shell_quote("") == "''");
   CHECK(shell_quote("$HOME") == "'$HOME'");
+}
+
+TEST_CASE("hostile text never becomes a shell line: a scenario name, paths, partition and time with newlines and shell syntax") {
+  // The issue's case: a scenario named "job\ntouch${IFS}pwned-slurm" made a line of its own in the
+  // batch script. Every field that reaches the script or the command line, with a newline, is refused.
+  const std::string hostile = "job\ntouch${IFS}pwned-slurm";
+  auto refused = [](LaunchRequest request, const std::string& expected) {
+    CHECK_THROWS_WITH_AS(job_layout(request), doctest::Contains(expected.c_str()), ConfigError);
+    CHECK_THROWS_WITH_AS(sbatch_script(request, JobLayout{}), doctest::Contains(expected.c_str()), ConfigError);
+  };
+  LaunchRequest request = request_for(2, 2, 2);
+  request.scenario_name = hostile;
+  refused(request, "/s/tiny.yaml: key 'name': the scenario's name holds a control character (byte 0x0a)");
+  request = request_for(2, 2, 2);
+  request.scenario_path = "/s/x\ntouch pwned.yaml";
+  refused(request, "the scenario's path holds a control character");
+  request = request_for(2, 2, 2);
+  request.plan_path = "/p/x\rplan.json";
+  refused(request, "the plan file's path holds a control character (byte 0x0d)");
+  request = request_for(2, 2, 2);
+  request.output_directory = "/out\n#SBATCH --wrap=id";
+  refused(request, "--output: the output directory holds a control character");
+  request = request_for(2, 2, 2);
+  request.partition = "gpu\ntouch pwned";
+  refused(request, "--partition");
+  request.partition = "gpu;id";
+  refused(request, "--partition: 'gpu;id' is not a Slurm partition name");
+  request = request_for(2, 2, 2);
+  request.time_limit = "1:00 --wrap=id";
+  refused(request, "--time: '1:00 --wrap=id' is not a Slurm time limit");
+  request = request_for(2, 2, 2);
+  request.mpirun_extra = {"--mca", "x\ny"};
+  refused(request, "--mpirun-arg: an mpirun argument holds a control character");
+  // Slurm reads #SBATCH --output without a shell and expands '%': such a directory is refused for Slurm only.
+  request = request_for(2, 2, 2);
+  request.output_directory = "/out dir/%u";
+  const JobLayout layout = job_layout(request);  // mpirun quotes it
+  CHECK(test::launch_script_problem(request_for(2, 2, 2), layout).empty());
+  CHECK_THROWS_WITH_AS(sbatch_script(request, layout), doctest::Contains("--output: /out dir/%u: a Slurm job's log goes to #SBATCH --output"),
+                       ConfigError);
+}
+
+TEST_CASE("text a shell would read otherwise is quoted: every line reads back as the arguments meant") {
+  LaunchRequest request = request_for(4, 2, 2);
+  request.scenario_path = "/s/it's $(id) `id` ; & | > *.yaml";
+  request.scenario_name = "odd name; $(id)";
+  request.output_directory = "/out/$HOME";
+  request.longseq_binary = "/opt/long seq/longseq";
+  request.mpirun_extra = {"--mca", "a b", "'"};
+  const JobLayout layout = job_layout(request);
+  CHECK(test::launch_script_problem(request, layout).empty());
+  const auto words = test::shell_words(mpirun_command(request, layout));
+  REQUIRE(words);
+  CHECK((*words)[8] == "/opt/long seq/longseq");
+  CHECK((*words)[10] == "/s/it's $(id) `id` ; & | > *.yaml");
+  // The job name is made of Slurm-safe characters whatever the scenario's name.
+  CHECK(slurm_job_name("odd name; $(id)") == "longseq-odd_name____id_");
+  CHECK(sbatch_script(request, layout).find("#SBATCH --job-name=longseq-odd_name____id_\n") != std::string::npos);
+  // The checker itself fails on what the fix prevents: an unquoted construct or a bare newline.
+  std::string problem;
+  CHECK_FALSE(test::shell_words("mpirun x; touch pwned", &problem));
+  CHECK(problem == "an unquoted shell character ';' at column 9");
+  CHECK_FALSE(test::shell_words("a 'unterminated"));
+  CHECK(test::shell_words("a 'b c' d\\ e")->size() == 3);
 }
