@@ -9,7 +9,10 @@
 #include <vector>
 
 #include "cli/commands.hpp"
+#include "models/config_error.hpp"
 #include "models/model_loader.hpp"
+#include "models/process.hpp"
+#include "planner/plan.hpp"
 #include "executor/trainer.hpp"
 #include "kernels/cpu/dense.hpp"
 #include "planner/compute_model.hpp"
@@ -22,6 +25,7 @@ namespace longseq {
 
 struct BenchCommandArgs {
   bool executor = false;
+  bool machine = false;
   std::vector<std::string> seqlens = {"4Ki", "16Ki"};
   std::string model = "llama-3.1-70b";
   std::string gpu = "h100-sxm-80gb";
@@ -39,6 +43,10 @@ std::shared_ptr<BenchCommandArgs> bench_command_register(CLI::App& app) {
   command->add_flag("--executor", args->executor,
                     "benchmark the executor: tokens/s and GFLOP/s per step beside this machine's matmul rate, and peak "
                     "memory with and without each technique (model default tiny-llama)");
+  command->add_flag("--machine", args->machine,
+                    "time the search for this machine's executor (`plan --ranks N --budget-mib B`, `run --auto`) at its worst "
+                    "case: budgets up to the largest accepted (1 TiB per rank), 1 to 8 ranks, CPU and GPU profiles (model "
+                    "default: tiny-llama and llama-3.1-8b)");
   command->add_option("--seqlens", args->seqlens, "lengths for --executor (default 4Ki 16Ki)");
   command->add_option("--model", args->model, "model (default llama-3.1-70b)");
   command->add_option("--gpu", args->gpu, "hardware card (default h100-sxm-80gb)");
@@ -88,11 +96,9 @@ int64_t ring_hidden_from(const ModelSpec& model, const ClusterSpec& cluster, con
 
 int executor_bench(const BenchCommandArgs& args) {
   const ModelSpec model = model_load(args.model == "llama-3.1-70b" ? "tiny-llama" : args.model);
-  const double matmul_gflops = matmul_gflops_measure();
-  fmt::print("executor benchmark: {} on this machine's CPU (fp32), one training step per row, MEASURED; "
-             "float matmul rate here: {:.1f} GFLOP/s (Eigen, 1024^3, best of 5)\n", model.name, matmul_gflops);
-  fmt::print("{:>8} {:<26} {:>9} {:>10} {:>9} {:>10} {:>12} {:>8} {:>15} {:>8}\n", "tokens", "technique", "seconds", "tokens/s",
-             "GFLOP/s", "of matmul", "peak MiB", "vs none", "predicted MiB", "error");
+  // The lengths are read (and refused) before the matmul warm-up, not after it.
+  std::vector<int64_t> seqlens;
+  for (const auto& text : args.seqlens) seqlens.push_back(seqlen_parse(text, "--seqlens"));
   const ClusterSpec cluster = executor_cluster(std::numeric_limits<double>::infinity());
   const RuntimeProfile native = runtime_profile_load("native");
   struct Technique {
@@ -120,17 +126,48 @@ int executor_bench(const BenchCommandArgs& args) {
   checkpointed.activation_checkpointing = true;
   techniques.push_back({"FPDT (8 chunks)", checkpointed, 8});
   techniques.push_back({"FPDT (32 chunks)", checkpointed, 32});
-  for (const auto& text : args.seqlens) {
-    const int64_t seqlen = seqlen_parse(text, "--seqlens");
+  auto technique_plan = [&](const Technique& technique, int64_t seqlen) {
+    PlanOptions plan = executor_plan(technique.options);
+    if (technique.fpdt_chunks > 0) {
+      plan.fpdt = true;
+      plan.fpdt_chunk_tokens = seqlen / technique.fpdt_chunks;
+    }
+    return plan;
+  };
+  // Every row must fit this machine: its predicted device and host peaks, and the sample, within
+  // the memory available now (the benchmark runs one row at a time). A length none fits is refused.
+  const double available_bytes = machine_memory_available_bytes();
+  for (const int64_t seqlen : seqlens) {
+    double smallest_bytes = std::numeric_limits<double>::infinity();
+    for (const auto& technique : techniques) {
+      const PlanOptions plan = technique_plan(technique, seqlen);
+      if (!plan_problems(model, cluster, plan).empty() || !seqlen_problems(plan, seqlen).empty()) continue;
+      const MemoryPrediction memory = memory_predict(model, cluster, plan, native, seqlen, /*with_breakdown=*/false);
+      smallest_bytes = std::min(smallest_bytes, memory.gpu_peak_bytes + memory.host_bytes_per_node + 12.0 * static_cast<double>(seqlen));
+    }
+    if (!(smallest_bytes <= available_bytes))
+      throw ConfigError("--seqlens", "", fmt::format("{} tokens: every technique needs more than this machine's {:.1f} GiB of available "
+                                                     "memory (the smallest needs {:.1f} GiB, PREDICTED); give shorter lengths",
+                                                     seqlen, available_bytes / kBytesPerGib, smallest_bytes / kBytesPerGib));
+  }
+  const double matmul_gflops = matmul_gflops_measure();
+  fmt::print("executor benchmark: {} on this machine's CPU (fp32), one training step per row, MEASURED; "
+             "float matmul rate here: {:.1f} GFLOP/s (Eigen, 1024^3, best of 5)\n", model.name, matmul_gflops);
+  fmt::print("{:>8} {:<26} {:>9} {:>10} {:>9} {:>10} {:>12} {:>8} {:>15} {:>8}\n", "tokens", "technique", "seconds", "tokens/s",
+             "GFLOP/s", "of matmul", "peak MiB", "vs none", "predicted MiB", "error");
+  for (const int64_t seqlen : seqlens) {
     const Sample sample = sample_synthetic(seqlen, model.vocab_size, 1);
     double baseline_peak = 0;
     for (const auto& technique : techniques) {
-      PlanOptions plan = executor_plan(technique.options);
+      const PlanOptions plan = technique_plan(technique, seqlen);
       TrainingOptions options = technique.options;
-      if (technique.fpdt_chunks > 0) {  // the chunk's MLP and loss tiles as the plan predicts them
-        plan.fpdt = true;
-        plan.fpdt_chunk_tokens = seqlen / technique.fpdt_chunks;
+      if (technique.fpdt_chunks > 0)  // the chunk's MLP and loss tiles as the plan predicts them
         options = executor_training_options(plan, memory_predict(model, cluster, plan, native, seqlen, /*with_breakdown=*/false));
+      const MemoryPrediction row_memory = memory_predict(model, cluster, plan, native, seqlen, /*with_breakdown=*/false);
+      if (row_memory.gpu_peak_bytes + row_memory.host_bytes_per_node > available_bytes) {
+        fmt::print("{:>8} {:<26} skipped: needs {:.1f} GiB (PREDICTED), more than the {:.1f} GiB available\n", seqlen, technique.name,
+                   (row_memory.gpu_peak_bytes + row_memory.host_bytes_per_node) / kBytesPerGib, available_bytes / kBytesPerGib);
+        continue;
       }
       Arena device("device"), host("host");
       LlamaModel llama(model, device);
@@ -155,8 +192,43 @@ int executor_bench(const BenchCommandArgs& args) {
 
 }  // namespace
 
+// The search `plan --ranks` and `run --auto` run, timed where it is slowest: the largest budget
+// accepted sends the length search to billions of tokens, where the executor's replay used to walk
+// every tile (issue 24); the replay is O(1) in the tile count now.
+int machine_search_bench(const BenchCommandArgs& args) {
+  std::vector<std::string> models = {"tiny-llama", "llama-3.1-8b"};
+  if (args.model != "llama-3.1-70b") models = {args.model};
+  fmt::print("machine search benchmark (plan --ranks N --budget-mib B, run --auto): median of {} run(s) per row, this machine\n", args.repeat);
+  fmt::print("{:<14} {:>6} {:>5} {:>14} {:>7} {:>10} {:>10}  {}\n", "model", "device", "ranks", "budget MiB", "plans", "median ms",
+             "max ms", "longest (PREDICTION)");
+  for (const std::string& name : models) {
+    const ModelSpec model = model_load(name);
+    for (const std::string device : {"cpu", "cuda"})
+      for (const double budget_mib : {1024.0, 80.0 * 1024, kMostBudgetMib})
+        for (int64_t ranks = 1; ranks <= 8; ranks *= 2) {
+          const MachineTarget target{device, ranks, budget_mib * 1024 * 1024};
+          std::vector<double> times_ms;
+          SearchResult result;
+          for (int64_t run = 0; run < args.repeat; ++run) {
+            const auto start = std::chrono::steady_clock::now();
+            result = machine_plan_search(model, target);
+            times_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+          }
+          std::sort(times_ms.begin(), times_ms.end());
+          const SearchCandidate* winner = result.winner();
+          fmt::print("{:<14} {:>6} {:>5} {:>14.0f} {:>7} {:>10.1f} {:>10.1f}  {}\n", model.name, device, ranks, budget_mib,
+                     result.candidates.size(), times_ms[times_ms.size() / 2], times_ms.back(),
+                     winner ? seqlen_format(winner->max_seqlen) : "none fits");
+          std::fflush(stdout);
+        }
+  }
+  return 0;
+}
+
 int bench_command_run(const BenchCommandArgs& args) {
+  if (args.executor && args.machine) throw ConfigError("--machine", "", "one benchmark at a time: drop --executor or --machine");
   if (args.executor) return executor_bench(args);
+  if (args.machine) return machine_search_bench(args);
   const ModelSpec model = model_load(args.model);
   const HardwareCard hardware = hardware_card_load(args.gpu);
   RuntimeProfile profile = runtime_profile_load(args.profile);

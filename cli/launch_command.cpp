@@ -12,6 +12,7 @@
 #include "executor/job_launch.hpp"
 #include "models/config_error.hpp"
 #include "models/model_loader.hpp"
+#include "models/output_files.hpp"
 #include "models/process.hpp"
 #include "planner/plan_file.hpp"
 #include "planner/scenario.hpp"
@@ -59,6 +60,10 @@ std::shared_ptr<LaunchCommandArgs> launch_command_register(CLI::App& app) {
 }
 
 namespace {
+
+// The names a launch's output directory holds: the job's result and batch script, Slurm's logs of
+// the job, and what `longseq report` draws from the result.
+std::vector<std::string> launch_output_names() { return {"run.json", "job.sbatch", "slurm-*", "report.md", "figures"}; }
 
 // The path of the running longseq binary: every rank runs the same one.
 std::string this_binary() {
@@ -115,10 +120,11 @@ int launch_command_run(const LaunchCommandArgs& args) {
 
   std::error_code error;
   if (!args.dry_run) {  // the output directory is checked and made before anything is printed or run
-    output_directory_check(request.output_directory, args.overwrite, "--output",
-                           {"run.json", "job.sbatch", "slurm-*", "report.md", "figures"});
+    output_directory_check(request.output_directory, args.overwrite, "--output", launch_output_names());
     std::filesystem::create_directories(request.output_directory, error);
     if (error) throw ConfigError("--output", "", fmt::format("cannot create {}: {}", request.output_directory, error.message()));
+    // What this launch and its job write here: a rerun replaces them, and nothing else without --overwrite.
+    output_directory_record(request.output_directory, launch_output_names());
   }
   fmt::print("longseq launch {}: {} rank(s) = Ulysses sp={} x data parallel dp={}, {} node(s) of {} rank(s){}\n", job_name,
              layout.ranks, layout.sp, layout.dp, layout.nodes, layout.ranks_per_node,

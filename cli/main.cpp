@@ -2,10 +2,15 @@
 //
 // Exit codes: 0 success (a plan that does not fit is an answer, not an error); 2 bad input or an
 // impossible plan, with a one-line reason naming the file/flag and key; CLI11's own codes for
-// malformed command lines; 70 for an internal error (a bug), never an abort.
+// malformed command lines; 70 for an internal error (a bug), never an abort; 74 when standard
+// output cannot be written (a full disk, a closed stream): an answer nobody received is not success.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <iostream>
+#include <tuple>
 
 #include "cli/commands.hpp"
 #include "models/checked_input.hpp"
@@ -63,6 +68,27 @@ void numeric_flags_check(CLI::App& app) {
   }
 }
 
+// Whether everything printed reached standard output: flushed now, so a full disk or a closed
+// stream is found before the exit status says success.
+bool standard_output_flushed() {
+  std::cout.flush();
+  return std::cout.good() && std::fflush(stdout) == 0 && !std::ferror(stdout);
+}
+
+int command_run(CLI::App& app, CLI::App* models, CLI::App* hardware, const auto& arguments) {
+  const auto& [plan_args, validate_args, bench_args, sweep_args, report_args, run_args, launch_args] = arguments;
+  if (app.got_subcommand("plan")) return longseq::plan_command_run(*plan_args);
+  if (app.got_subcommand("validate")) return longseq::validate_command_run(*validate_args);
+  if (app.got_subcommand("bench")) return longseq::bench_command_run(*bench_args);
+  if (app.got_subcommand("sweep")) return longseq::sweep_command_run(*sweep_args);
+  if (app.got_subcommand("report")) return longseq::report_command_run(*report_args);
+  if (app.got_subcommand("run")) return longseq::run_command_run(*run_args);
+  if (app.got_subcommand("launch")) return longseq::launch_command_run(*launch_args);
+  if (models->parsed()) return models_list();
+  if (hardware->parsed()) return hardware_list();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -79,6 +105,16 @@ int main(int argc, char** argv) {
   CLI::App* models = app.add_subcommand("models", "List the built-in model cards with exact parameter counts");
   CLI::App* hardware = app.add_subcommand("hardware", "List the built-in hardware cards");
   numeric_flags_check(app);
+  // Options belong to a subcommand: one before it (`longseq --bogus plan`) would otherwise be
+  // reported as whatever the subcommand misses first.
+  for (int i = 1; i < argc && argv[i][0] == '-'; ++i) {
+    const std::string word = argv[i];
+    if (word == "-h" || word == "--help" || word == "--help-all" || word == "--version") break;
+    std::cerr << "longseq: error: "
+              << longseq::ConfigError(word, "", "not an option of longseq itself; options go after the subcommand (longseq plan --help)").what()
+              << "\n";
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& help) {
@@ -92,16 +128,10 @@ int main(int argc, char** argv) {
     std::cerr << "longseq: error: " << error.what() << " (see --help)\n";
     return 2;
   }
+  int status = 0;
   try {
-    if (app.got_subcommand("plan")) return longseq::plan_command_run(*plan_args);
-    if (app.got_subcommand("validate")) return longseq::validate_command_run(*validate_args);
-    if (app.got_subcommand("bench")) return longseq::bench_command_run(*bench_args);
-    if (app.got_subcommand("sweep")) return longseq::sweep_command_run(*sweep_args);
-    if (app.got_subcommand("report")) return longseq::report_command_run(*report_args);
-    if (app.got_subcommand("run")) return longseq::run_command_run(*run_args);
-    if (app.got_subcommand("launch")) return longseq::launch_command_run(*launch_args);
-    if (models->parsed()) return models_list();
-    if (hardware->parsed()) return hardware_list();
+    status = command_run(app, models, hardware,
+                         std::tie(plan_args, validate_args, bench_args, sweep_args, report_args, run_args, launch_args));
   } catch (const longseq::ConfigError& error) {
     std::cerr << "longseq: error: " << error.what() << "\n";
     return 2;
@@ -111,5 +141,9 @@ int main(int argc, char** argv) {
     std::cerr << "longseq: internal error (a bug in longseq; please report it with the command): " << error.what() << "\n";
     return 70;
   }
-  return 0;
+  if (!standard_output_flushed()) {
+    std::cerr << "longseq: error: cannot write standard output" << (errno ? fmt::format(": {}", std::strerror(errno)) : "") << "\n";
+    return 74;  // EX_IOERR
+  }
+  return status;
 }

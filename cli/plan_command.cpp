@@ -10,6 +10,8 @@
 #include "models/config_error.hpp"
 #include "executor/trainer.hpp"
 #include "models/model_loader.hpp"
+#include "models/output_files.hpp"
+#include "executor/job_launch.hpp"
 #include "planner/max_seqlen.hpp"
 #include "planner/frameworks.hpp"
 #include "planner/plan_file.hpp"
@@ -53,12 +55,13 @@ struct PlanCommandArgs {
   int64_t micro_batch = 1;
   bool json = false;
   std::string emit;      // "deepspeed" or "accelerate"
-  std::string emit_out;  // file for the emitted config (default stdout)
+  std::optional<std::string> emit_out;  // file for the emitted config (not given: stdout)
+  bool overwrite = false;  // --emit-out / --plan-out may replace an existing regular file
   // This machine as the target (what `longseq run` executes): ranks, a device budget per rank.
   std::optional<int64_t> ranks;
   std::optional<double> budget_mib;
   std::string device = "cpu";
-  std::string plan_out;  // the chosen plan as a plan file for `longseq run --plan`
+  std::optional<std::string> plan_out;  // the chosen plan as a plan file for `longseq run --plan`
 };
 
 namespace {
@@ -163,10 +166,18 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
   command->add_option("--plan-out", args->plan_out,
                       "also write the chosen plan, with the model, length, ranks and budget it is for, to this file for "
                       "`longseq run --plan FILE` / `longseq launch --plan FILE`");
+  command->add_flag("--overwrite", args->overwrite,
+                    "let --emit-out / --plan-out replace an existing file (without it an existing file is refused before any "
+                    "work; a device or FIFO is written, never replaced)");
   return args;
 }
 
 namespace {
+
+// Where --emit-out, its DeepSpeed JSON and --plan-out go, decided before the search.
+struct PlanOutputs {
+  std::optional<OutputFileTarget> emit_main, emit_companion, plan_out;
+};
 
 bool plan_flags_given(const PlanCommandArgs& args) {
   return args.alst || args.baseline || args.sp || args.ring || args.zero_stage || args.mlp_tiles || args.loss_tiles || args.fpdt ||
@@ -205,6 +216,9 @@ PlanOptions plan_from_flags(const PlanCommandArgs& args, const ModelSpec& model,
   if (plan.zero_stage != 3 && args.offload_params_on == 0) plan.offload_params = false;
   plan.mlp_tiles = positive_or_default(args.mlp_tiles, "--mlp-tiles");
   plan.loss_tiles = positive_or_default(args.loss_tiles, "--loss-tiles");
+  // 2^20 tiles is more than any length a plan reaches needs; larger counts are typos.
+  for (const auto& [tiles, flag] : {std::pair{plan.mlp_tiles, "--mlp-tiles"}, std::pair{plan.loss_tiles, "--loss-tiles"}})
+    if (tiles > (int64_t{1} << 20)) throw ConfigError(flag, "", fmt::format("{} tiles is not a plausible count (at most 1048576)", tiles));
   plan.micro_batch = args.micro_batch;
   if (args.fpdt_chunk && !args.fpdt) throw ConfigError("--fpdt-chunk", "", "given without --fpdt");
   if (args.fpdt) {
@@ -295,32 +309,50 @@ std::string plan_report(const ModelSpec& model, const ClusterSpec& cluster, cons
 
 // --emit: the plan as the target framework's files, written whole (the DeepSpeed JSON beside the
 // main file as STEM.deepspeed.json), or to stdout; what they cannot express goes to stderr.
-int plan_emit(const PlanCommandArgs& args, const ModelSpec& model, const PlanOptions& plan, const ClusterSpec& cluster,
-              const RuntimeProfile& profile, int64_t seqlen) {
+int plan_emit(const PlanCommandArgs& args, const PlanOutputs& outputs, const ModelSpec& model, const PlanOptions& plan,
+              const ClusterSpec& cluster, const RuntimeProfile& profile, int64_t seqlen) {
   if (seqlen <= 0) throw ConfigError("--emit", "", "no sequence length fits this plan, so there is nothing to emit");
   ExportRequest request{model, args.model, plan, cluster, profile, seqlen,
                         memory_predict(model, cluster, plan, profile, seqlen, /*with_breakdown=*/false).gpu_peak_bytes};
-  std::filesystem::path companion;
-  if (!args.emit_out.empty()) {
-    const std::filesystem::path main_file(args.emit_out);
-    companion = main_file.parent_path() / (main_file.stem().string() + ".deepspeed.json");
-    request.deepspeed_json_name = companion.filename().string();
-  }
+  if (outputs.emit_companion) request.deepspeed_json_name = outputs.emit_companion->write_path.filename().string();
   const ExportedConfig exported = config_emit(args.emit, request);
   for (const auto& note : exported.notes) std::cerr << "longseq: note: " << note << "\n";
-  if (args.emit_out.empty()) {
+  if (!outputs.emit_main || outputs.emit_main->streams_to_terminal_or_pipe()) {
+    // Standard output, a device or a FIFO: the files one after the other, the second headed by its name.
+    std::string text;
     for (const auto& file : exported.files) {
-      if (!file.suffix.empty()) std::cout << "\n# ---- " << request.deepspeed_json_name << " (named by the file above) ----\n";
-      std::cout << file.text;
+      if (!file.suffix.empty()) text += "\n# ---- " + request.deepspeed_json_name + " (named by the file above) ----\n";
+      text += file.text;
     }
+    if (outputs.emit_main) output_file_write(*outputs.emit_main, text);
+    else standard_output_write(text);
     return 0;
   }
+  // Every file was checked before the work; each is written whole.
   for (const auto& file : exported.files) {
-    const std::string path = file.suffix.empty() ? args.emit_out : companion.string();
-    file_write_text(path, file.text);
-    std::cerr << "longseq: wrote " << path << " (" << plan_describe(plan) << ")\n";
+    const OutputFileTarget& target = file.suffix.empty() ? *outputs.emit_main : *outputs.emit_companion;
+    output_file_write(target, file.text);
+    std::cerr << "longseq: wrote " << target.path << " (" << plan_describe(plan) << ")\n";
   }
   return 0;
+}
+
+// --emit-out (and the DeepSpeed JSON beside it) and --plan-out, checked before any work: an
+// existing file is refused without --overwrite, the model file read is never written over.
+PlanOutputs plan_outputs_check(const PlanCommandArgs& args) {
+  PlanOutputs outputs;
+  const std::vector<std::string> inputs = {args.model};
+  if (args.emit_out) {
+    if (args.emit.empty()) throw ConfigError("--emit-out", "", "goes with --emit TARGET (the file the export is written to)");
+    outputs.emit_main = output_file_check(*args.emit_out, "--emit-out", args.overwrite, inputs);
+    if (export_writes_deepspeed_json(args.emit) && !outputs.emit_main->streams_to_terminal_or_pipe()) {
+      const std::filesystem::path main_file(*args.emit_out);
+      const std::filesystem::path companion = main_file.parent_path() / (main_file.stem().string() + ".deepspeed.json");
+      outputs.emit_companion = output_file_check(companion.string(), "--emit-out (the DeepSpeed JSON beside it)", args.overwrite, inputs);
+    }
+  }
+  if (args.plan_out) outputs.plan_out = output_file_check(*args.plan_out, "--plan-out", args.overwrite, inputs);
+  return outputs;
 }
 
 // The sequence length a plan is for: the given one, or the longest that fits.
@@ -331,8 +363,8 @@ int64_t plan_seqlen(const ModelSpec& model, const ClusterSpec& cluster, const Pl
 }
 
 // --plan-out: the plan with what it was made for, written whole.
-void plan_out_write(const PlanCommandArgs& args, const ModelSpec& model, const ClusterSpec& cluster, const RuntimeProfile& profile,
-                    const PlanOptions& plan, int64_t seqlen, bool machine) {
+void plan_out_write(const PlanCommandArgs& args, const OutputFileTarget& target, const ModelSpec& model, const ClusterSpec& cluster,
+                    const RuntimeProfile& profile, const PlanOptions& plan, int64_t seqlen, bool machine) {
   if (seqlen <= 0) throw ConfigError("--plan-out", "", "no sequence length fits this plan, so there is nothing to run");
   PlanFile file;
   file.model = args.model;
@@ -351,10 +383,10 @@ void plan_out_write(const PlanCommandArgs& args, const ModelSpec& model, const C
   const MemoryPrediction prediction = memory_predict(model, cluster, plan, profile, seqlen, /*with_breakdown=*/false);
   file.predicted_peak_bytes = prediction.gpu_peak_bytes;
   file.predicted_host_bytes = prediction.host_bytes_per_node;
-  file_write_text(args.plan_out, plan_file_to_json(file));
-  std::cerr << fmt::format("longseq: wrote {} ({} at {} tokens on {} rank(s); run it with: {}longseq run --plan {})\n", args.plan_out,
+  output_file_write(target, plan_file_to_json(file));
+  std::cerr << fmt::format("longseq: wrote {} ({} at {} tokens on {} rank(s); run it with: {}longseq run --plan {})\n", target.path,
                            plan_describe(plan), integer_with_commas(seqlen), cluster.gpus,
-                           cluster.gpus > 1 ? fmt::format("mpirun -np {} ", cluster.gpus) : "", args.plan_out);
+                           cluster.gpus > 1 ? fmt::format("mpirun -np {} ", cluster.gpus) : "", shell_quote(target.path));
 }
 
 }  // namespace
@@ -368,6 +400,9 @@ int plan_command_run(const PlanCommandArgs& args) {
     if (!args.ranks || !args.budget_mib) throw ConfigError(args.ranks ? "--ranks" : "--budget-mib", "", "--ranks and --budget-mib go together");
     if (*args.ranks < 1 || *args.ranks > 1024) throw ConfigError("--ranks", "", fmt::format("must be in [1, 1024], got {}", *args.ranks));
     if (!(*args.budget_mib > 0)) throw ConfigError("--budget-mib", "", fmt::format("must be positive, got {}", *args.budget_mib));
+    if (*args.budget_mib > kMostBudgetMib)
+      throw ConfigError("--budget-mib", "", fmt::format("{:g} MiB per rank is not a plausible device (at most {:.0f} MiB, 1 TiB)",
+                                                        *args.budget_mib, kMostBudgetMib));
     if (args.gpus || args.nodes || args.gpus_per_node || args.host_memory_gib || !args.profile.empty() || args.gpu != "h100-sxm-80gb")
       throw ConfigError("--ranks", "", "plans for this machine's executor; drop --gpu, --gpus, --nodes, --gpus-per-node, --host-mem-gib and --profile");
     target = MachineTarget{args.device, *args.ranks, *args.budget_mib * 1024 * 1024};
@@ -397,7 +432,8 @@ int plan_command_run(const PlanCommandArgs& args) {
                              positive_or_default(args.gpus_per_node, "--gpus-per-node"), args.host_memory_gib.value_or(0.0));
   const HardwareCard& hardware = cluster.hardware;
   if (const std::string problem = attention_kernel_problem(profile, hardware); !problem.empty()) throw ConfigError("--attention", "", problem);
-  if (!args.plan_out.empty() && !args.emit.empty()) throw ConfigError("--plan-out", "", "given with --emit; write one at a time");
+  if (args.plan_out && !args.emit.empty()) throw ConfigError("--plan-out", "", "given with --emit; write one at a time");
+  const PlanOutputs outputs = plan_outputs_check(args);  // before any work: a refusal costs nothing
   if (args.micro_batch < 1 || args.micro_batch > 1'000'000)
     throw ConfigError("--micro-batch", "", fmt::format("must be in [1, 1000000], got {}", args.micro_batch));
   std::optional<int64_t> seqlen;
@@ -452,13 +488,14 @@ int plan_command_run(const PlanCommandArgs& args) {
     if (seqlen)
       for (auto& problem : seqlen_problems(plan, *seqlen)) problems.push_back(problem);
     if (!problems.empty()) throw ConfigError("plan", "", problems_join(problems));
-    if (!args.emit.empty()) return plan_emit(args, model, plan, cluster, profile, plan_seqlen(model, cluster, plan, profile, seqlen));
+    if (!args.emit.empty()) return plan_emit(args, outputs, model, plan, cluster, profile, plan_seqlen(model, cluster, plan, profile, seqlen));
     report["plan"] = plan_to_json(plan, cluster);
     const std::string body = plan_report(model, cluster, plan, profile, seqlen, report);
     if (machine && !executor_plan_problems(plan, args.device).empty())
       throw ConfigError("plan", "", executor_plan_problems(plan, args.device).front());
-    if (!args.plan_out.empty())
-      plan_out_write(args, model, cluster, profile, plan, seqlen ? *seqlen : report["max_seqlen"]["tokens"].get<int64_t>(), machine);
+    if (outputs.plan_out)
+      plan_out_write(args, *outputs.plan_out, model, cluster, profile, plan,
+                     seqlen ? *seqlen : report["max_seqlen"]["tokens"].get<int64_t>(), machine);
     if (args.json) {
       std::cout << report.dump(2) << "\n";
       return 0;
@@ -503,7 +540,7 @@ int plan_command_run(const PlanCommandArgs& args) {
                       {"predicted", result.evaluated}, {"invalid", invalid}, {"elapsed_ms", result.elapsed_ms}};
   const SearchCandidate* winner = result.winner();
   if (!winner && !args.emit.empty()) throw ConfigError("--emit", "", "no plan fits, so there is nothing to emit");
-  if (!winner && !args.plan_out.empty()) throw ConfigError("--plan-out", "", "no plan fits, so there is nothing to write");
+  if (!winner && args.plan_out) throw ConfigError("--plan-out", "", "no plan fits, so there is nothing to write");
   if (!winner) {
     const SearchCandidate* best = result.candidates.empty() || !result.candidates.front().problems.empty() ? nullptr : &result.candidates.front();
     out += "no plan fits";
@@ -512,9 +549,10 @@ int plan_command_run(const PlanCommandArgs& args) {
     report["winner"] = nullptr;
   } else {
     if (!args.emit.empty())
-      return plan_emit(args, model, winner->plan, cluster, profile, by_length ? winner->max_seqlen : options.seqlen);
-    if (!args.plan_out.empty())
-      plan_out_write(args, model, cluster, profile, winner->plan, by_length ? winner->max_seqlen : options.seqlen, machine);
+      return plan_emit(args, outputs, model, winner->plan, cluster, profile, by_length ? winner->max_seqlen : options.seqlen);
+    if (outputs.plan_out)
+      plan_out_write(args, *outputs.plan_out, model, cluster, profile, winner->plan, by_length ? winner->max_seqlen : options.seqlen,
+                     machine);
     report["plan"] = plan_to_json(winner->plan, cluster);
     out += fmt::format("best plan: {} (dp={})\n", plan_describe(winner->plan), cluster.gpus / winner->plan.sequence_ranks());
     out += plan_report(model, cluster, winner->plan, profile, by_length ? std::nullopt : seqlen, report);

@@ -34,6 +34,7 @@
 #include "models/config_error.hpp"
 #include "models/layer_inventory.hpp"
 #include "models/model_loader.hpp"
+#include "models/output_files.hpp"
 #include "planner/max_seqlen.hpp"
 #include "planner/scenario.hpp"
 #include "planner/memory_model.hpp"
@@ -66,7 +67,8 @@ struct RunCommandArgs {
   std::string plan_file;
   bool compare_single_rank = false;
   bool json = false;
-  std::string json_out;
+  std::optional<std::string> json_out;
+  bool overwrite = false;
   double peer_timeout_s = 600;
 };
 
@@ -129,10 +131,13 @@ std::shared_ptr<RunCommandArgs> run_command_register(CLI::App& app) {
   command->add_flag("--json", args->json, "print JSON");
   command->add_option("--peer-timeout-s", args->peer_timeout_s,
                       "under mpirun: how long a collective waits for the other ranks before the job stops with an error naming "
-                      "it (default 600; 0 waits forever)")
+                      "it (default 600; 0 waits forever; a small job whose steps take seconds can use 60 to end a stalled "
+                      "rank's job sooner)")
       ->check(CLI::Range(0.0, 1e6));
   command->add_option("--json-out", args->json_out,
-                      "also write the JSON result to this file (what `longseq report DIR` reads as DIR/run.json), beside the text");
+                      "also write the JSON result to this file (what `longseq report DIR` reads as DIR/run.json), beside the text; "
+                      "checked before training: an existing file is refused without --overwrite");
+  command->add_flag("--overwrite", args->overwrite, "let --json-out replace an existing file");
   return args;
 }
 
@@ -158,23 +163,6 @@ namespace {
 std::string host_name() {
   char name[256] = {};
   return gethostname(name, sizeof name - 1) == 0 ? std::string(name) : std::string("this machine");
-}
-
-// --json-out must be writable: tried now by creating (and removing) its temporary file, so a
-// read-only place is refused before the training rather than after it.
-void json_out_check(const std::string& path) {
-  const std::filesystem::path parent = std::filesystem::absolute(path).parent_path();
-  std::error_code error;
-  if (!std::filesystem::is_directory(parent, error)) throw ConfigError("--json-out", "", "directory " + parent.string() + " does not exist");
-  if (std::filesystem::is_directory(path, error)) throw ConfigError("--json-out", "", path + " is a directory, not a file");
-  const std::string probe = path + ".partial";
-  const int fd = open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    if (errno == EEXIST) return;  // another run is writing it; file_write_text replaces it whole
-    throw ConfigError("--json-out", "", fmt::format("cannot write {}: {}", path, std::strerror(errno)));
-  }
-  close(fd);
-  unlink(probe.c_str());
 }
 
 // MPI for the length of a run launched by mpirun (Open MPI sets OMPI_COMM_WORLD_SIZE); without
@@ -298,7 +286,13 @@ double model_train(const TrainLoop& loop) {
   if (speaker)
     fmt::print("{:>5} {:>9} {:>9} {:>10} {:>16} {:>14}{}\n", "step", "loss", "seconds", "tokens/s", "device peak MiB", "host peak MiB",
                compare ? "   loss on 1 rank" : "");
+  // Fault injection for the test of the job's failure path (tests/CMakeLists.txt): this rank fails
+  // at the start of step 2, while the others wait in its collectives. Every input that could make
+  // one rank fail is compared across ranks first, so no input reaches this path any more.
+  const char* fail_on_rank = std::getenv("LONGSEQ_TEST_FAIL_ON_RANK");
   for (int64_t step = 1; step <= args.steps; ++step) {
+    if (fail_on_rank && step == 2 && std::atoi(fail_on_rank) == ranks.world_rank)
+      throw ConfigError("LONGSEQ_TEST_FAIL_ON_RANK", "", "this rank was asked to fail at step 2 (a test of the job's failure path)");
     const uint32_t sample_seed = args.seed + static_cast<uint32_t>((step - 1) * dp + dp_rank + 1);
     const Sample sample = args.data.empty() ? sample_synthetic(seqlen, model.vocab_size, sample_seed)
                                             : sample_from_text(text, seqlen, ((step - 1) * dp + dp_rank) * seqlen);
@@ -405,7 +399,14 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
                                {"--fpdt-chunk", args.fpdt_chunk},
                                {"--plan", args.plan_file},
                                {"--compare-single-rank", text(args.compare_single_rank)},
-                               {"--peer-timeout-s", text(args.peer_timeout_s)}});
+                               {"--peer-timeout-s", text(args.peer_timeout_s)},
+                               // The files' contents, not only their names: a stale copy of the plan
+                               // on one node would hang in a collective, a different text would train
+                               // each sequence's parts on different data.
+                               {"--plan (the file's contents)", file_fingerprint(args.plan_file)},
+                               {"--data (the file's contents)", file_fingerprint(args.data)},
+                               {"--model (the file's contents)", file_fingerprint(args.model)},
+                               {"the scenario file's contents", file_fingerprint(args.scenario)}});
   }
   // --plan: the file says what to run; flags that would say otherwise are refused by name.
   std::optional<PlanFile> plan_file;
@@ -453,9 +454,17 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
     throw ConfigError("--device", "", "cuda: no GPU to run on: this build has no CUDA (nvcc was not found when it was configured)");
 #endif
   }
-  if (args.budget_mib < 0) throw ConfigError("--budget-mib", "", "must be positive");
+  // Given, a budget is a device's memory: positive, and at most 1 TiB (2^20 MiB, beyond any device built).
+  if ((given.command->count("--budget-mib") > 0 && !(args.budget_mib > 0)) || args.budget_mib < 0)
+    throw ConfigError("--budget-mib", "", fmt::format("must be positive, got {}", args.budget_mib));
+  if (args.budget_mib > kMostBudgetMib)
+    throw ConfigError("--budget-mib", "", fmt::format("{:g} MiB per rank is not a plausible device (at most {:.0f} MiB, 1 TiB)", args.budget_mib,
+                                                      kMostBudgetMib));
   if (args.lr <= 0 || args.lr > 1) throw ConfigError("--lr", "", fmt::format("must be in (0, 1], got {}", args.lr));
-  if (!args.json_out.empty() && ranks.world_rank == 0) json_out_check(args.json_out);  // before training, not after it
+  // Where rank 0 writes the result, checked before training rather than after it.
+  std::optional<OutputFileTarget> json_out;
+  if (args.json_out && ranks.world_rank == 0)
+    json_out = output_file_check(*args.json_out, "--json-out", args.overwrite, {args.scenario, args.plan_file, args.data, args.model});
   if (!args.data.empty() && model.vocab_size < 256) throw ConfigError("--data", "", "byte-level text needs a vocabulary of at least 256");
   const std::string text = args.data.empty() ? std::string() : file_read_text(args.data);
   const int64_t world_size = ranks.world_size;
@@ -641,7 +650,7 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
   report["prediction_error"] = difference;
   report["prediction_worst_rank_error"] = worst;
   if (ranks.world_rank != 0) return 0;
-  if (!args.json_out.empty()) file_write_text(args.json_out, report.dump(2) + "\n");
+  if (json_out) output_file_write(*json_out, report.dump(2) + "\n");
   if (args.json) {
     std::cout << report.dump(2) << "\n";
     return 0;

@@ -1,11 +1,13 @@
 // sweep_command.cpp: `longseq sweep SCENARIO.yaml [-o DIR]` and `longseq report DIR`.
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <fmt/format.h>
 #include <unistd.h>
 
 #include "cli/commands.hpp"
-#include "models/process.hpp"
+#include "models/config_error.hpp"
+#include "models/output_files.hpp"
 #include "planner/scenario.hpp"
 #include "reports/report.hpp"
 #include "reports/sweep_output.hpp"
@@ -14,12 +16,13 @@ namespace longseq {
 
 struct SweepCommandArgs {
   std::string scenario;
-  std::string out_dir;
+  std::optional<std::string> out_dir;  // not given: the scenario's, else out/<name>
   bool quiet = false, overwrite = false;
 };
 
 struct ReportCommandArgs {
   std::string results_dir;
+  bool overwrite = false;
 };
 
 std::shared_ptr<SweepCommandArgs> sweep_command_register(CLI::App& app) {
@@ -37,12 +40,15 @@ std::shared_ptr<SweepCommandArgs> sweep_command_register(CLI::App& app) {
 
 int sweep_command_run(const SweepCommandArgs& args) {
   const Scenario scenario = scenario_load(args.scenario);
-  const std::string out_dir = !args.out_dir.empty()                  ? args.out_dir
+  if (scenario.run)
+    throw ConfigError(args.scenario, "run", "this is a run scenario (it trains with the executor): run it with `longseq run " +
+                                                args.scenario + "` or `longseq launch`; sweep takes planning scenarios");
+  const std::string out_dir = args.out_dir                           ? *args.out_dir
                               : !scenario.output_directory.empty() ? scenario.output_directory
                                                                    : "out/" + scenario.name;
   // Errors name where the directory came from: the flag, or the scenario's key.
   const std::string out_flag =
-      args.out_dir.empty() && !scenario.output_directory.empty() ? args.scenario + ": key 'output.directory'" : "--out";
+      !args.out_dir && !scenario.output_directory.empty() ? args.scenario + ": key 'output.directory'" : "--out";
   output_directory_check(out_dir, args.overwrite, out_flag, sweep_output_names());  // before the work, not after it
   const bool tty = isatty(fileno(stderr));
   const auto start = std::chrono::steady_clock::now();
@@ -75,12 +81,15 @@ int sweep_command_run(const SweepCommandArgs& args) {
 std::shared_ptr<ReportCommandArgs> report_command_register(CLI::App& app) {
   auto args = std::make_shared<ReportCommandArgs>();
   CLI::App* command = app.add_subcommand("report", "Draw a sweep's figures (PNG and SVG, with gnuplot) and write report.md");
-  command->add_option("results_dir", args->results_dir, "a directory written by `longseq sweep`")->required();
+  command->add_option("results_dir", args->results_dir, "a directory written by `longseq sweep` or `longseq launch`")->required();
+  command->add_flag("--overwrite", args->overwrite,
+                    "replace a report.md or figures/ there that longseq did not write (without it they are refused; an earlier "
+                    "report's are replaced)");
   return args;
 }
 
 int report_command_run(const ReportCommandArgs& args) {
-  const ReportOutcome outcome = report_write(args.results_dir);
+  const ReportOutcome outcome = report_write(args.results_dir, "gnuplot", args.overwrite);
   for (const auto& figure : outcome.figures) fmt::print("figure: {}\n", figure);
   fmt::print("report: {}\n", outcome.report_path);
   return 0;

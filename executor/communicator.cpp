@@ -2,7 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <thread>
 #include <stdexcept>
 
@@ -40,6 +44,22 @@ uint64_t fnv1a(const std::string& text) {
 }
 
 }  // namespace
+
+std::string file_fingerprint(const std::string& path) {
+  if (path.empty()) return "";
+  std::error_code error;
+  const auto status = std::filesystem::status(path, error);
+  if (!std::filesystem::exists(status)) return "no such file";
+  if (!std::filesystem::is_regular_file(status)) return "not a file";
+  std::ifstream file(path, std::ios::binary);
+  if (!file) return "not readable";
+  std::ostringstream bytes;
+  bytes << file.rdbuf();
+  const std::string contents = bytes.str();
+  char text[64];
+  std::snprintf(text, sizeof text, "%zu B, digest %016llx", contents.size(), static_cast<unsigned long long>(fnv1a(contents)));
+  return text;
+}
 
 void ranks_agree(Communicator& world, const std::vector<std::pair<std::string, std::string>>& settings) {
   const size_t count = settings.size();

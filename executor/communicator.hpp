@@ -77,6 +77,12 @@ class RanksDisagree : public ConfigError {
 // shown up to 40 characters.
 void ranks_agree(Communicator& world, const std::vector<std::pair<std::string, std::string>>& settings);
 
+// What ranks_agree compares for an input file, so that ranks agree on contents and not only on a
+// file's name (a stale plan copy on one node, a different --data text): its size in bytes and a 64-bit
+// FNV-1a digest of its bytes. "" for no path, "no such file" / "not readable" when this rank
+// cannot read it, and "not a file" for what is not one (a built-in card's name).
+std::string file_fingerprint(const std::string& path);
+
 // A collective waits on its peers; a peer that has stopped, stalled or taken another code path
 // would hold every rank forever. So every multi-rank communicator (MPI, NCCL) waits at most the
 // peer timeout (`longseq run --peer-timeout-s`; seconds, <= 0 waits forever; default 600 s, far

@@ -45,6 +45,10 @@ TrainingOptions executor_training_options(const PlanOptions& plan, const MemoryP
 // (infinite: unbounded): the CPU ("cpu", card cpu-device, profile native) or a GPU per rank
 // ("cuda", profile native-cuda, whose runtime terms are added to the budget: the arena holds
 // the budget, the runtime sits beside it).
+// The largest device budget a plan or run for this machine takes: 1 TiB per rank, beyond any
+// device built (a larger value is a typo, and would send the length search past any plausible run).
+inline constexpr double kMostBudgetMib = 1024.0 * 1024.0;
+
 struct MachineTarget {
   std::string device = "cpu";
   int64_t ranks = 1;

@@ -651,6 +651,20 @@ struct ExecutorBytes {
   }
 };
 
+namespace {
+
+// The tiles a replay walks out of `tiles`. Each tile allocates and frees the same buffers, so a
+// full tile leaves the trace as it found it and reaches the same peak as every other full tile:
+// the first and the last (which may be shorter) give the whole loop's peak in O(1) steps, however
+// many tiles a long sequence has (a length search replays the step dozens of times).
+std::vector<int64_t> replayed_tiles(int64_t tiles) {
+  if (tiles <= 0) return {};
+  if (tiles == 1) return {0};
+  return {0, tiles - 1};
+}
+
+}  // namespace
+
 int64_t executor_tile_count(const LayerShape& shape) {
   if (shape.mlp_tiles == 0) return 1;
   const int64_t tile = (shape.tokens + shape.mlp_tiles - 1) / shape.mlp_tiles;
@@ -976,7 +990,7 @@ void executor_layer_forward(TensorTrace& trace, TensorTrace* host, const LayerSh
   trace.alloc(L, "layer.output", b.x);
   const int64_t tiles = executor_tile_count(shape);
   const bool keep_intermediates = keep && shape.mlp_tiles == 0;
-  for (int64_t tile = 0; tile < tiles; ++tile) {
+  for (int64_t tile : replayed_tiles(tiles)) {
     const double f = tile + 1 == tiles ? b.last_f_tile : b.f_tile;
     trace.alloc(L, "mlp.gate", f);
     trace.alloc(L, "mlp.up", f);
@@ -1007,7 +1021,7 @@ void executor_layer_backward(TensorTrace& trace, TensorTrace* host, const LayerS
   trace.set_moment("backward: mlp");
   trace.alloc(L, "mlp.input_grad", b.x);
   const int64_t tiles = executor_tile_count(shape);
-  for (int64_t tile = 0; tile < tiles; ++tile) {
+  for (int64_t tile : replayed_tiles(tiles)) {
     const double f = tile + 1 == tiles ? b.last_f_tile : b.f_tile;
     if (shape.mlp_tiles > 0) {
       trace.alloc(L, "mlp.gate", f);
@@ -1140,7 +1154,8 @@ void executor_step_replay(TensorTrace& trace, const LayerShape& shape, const Exe
   trace.alloc(kCategoryLoss, "final_norm.rstd", b.rstd);
   trace.alloc(kCategoryLoss, "final_norm.output_grad", b.x);
   const int64_t tile = options.loss_tile_tokens > 0 ? options.loss_tile_tokens : shape.tokens;
-  for (int64_t t0 = 0; t0 < shape.tokens; t0 += tile) {
+  for (int64_t loss_tile : replayed_tiles((shape.tokens + tile - 1) / tile)) {
+    const int64_t t0 = loss_tile * tile;
     const double rows = static_cast<double>(std::min(tile, shape.tokens - t0));
     trace.alloc(kCategoryLoss, "loss.logits", rows * static_cast<double>(shape.vocab) * static_cast<double>(act));
     trace.alloc(kCategoryLoss, "loss.per_token", rows * 4);

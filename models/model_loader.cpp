@@ -44,21 +44,6 @@ std::string file_read_text(const std::string& path) {
   return buffer.str();
 }
 
-void file_write_text(const std::string& path, const std::string& content) {
-  const std::string partial = path + ".partial";
-  {
-    std::ofstream stream(partial, std::ios::binary);
-    stream << content;
-    if (!stream) throw ConfigError(path, "", "cannot write file");
-  }
-  std::error_code error;
-  std::filesystem::rename(partial, path, error);
-  if (error) {
-    std::filesystem::remove(partial, error);
-    throw ConfigError(path, "", "cannot write file");
-  }
-}
-
 ModelSpec model_from_card_text(const std::string& yaml_text, const std::string& source_name) {
   YamlReader reader(yaml_text, source_name);
   ModelSpec model;

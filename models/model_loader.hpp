@@ -32,8 +32,4 @@ std::vector<std::string> builtin_model_names();
 // Reads a whole file; throws ConfigError when it cannot be read.
 std::string file_read_text(const std::string& path);
 
-// Writes a whole file: to `path`.partial first, renamed over `path` only when complete, so a
-// reader never sees half a file. Throws ConfigError when it cannot be written.
-void file_write_text(const std::string& path, const std::string& content);
-
 }  // namespace longseq

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <fstream>
+#include <string>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,7 +19,6 @@ namespace longseq {
 
 namespace {
 
-namespace fs = std::filesystem;
 
 // The child being waited for, for the signal handler (one child at a time: longseq runs its
 // helpers one after another).
@@ -103,59 +104,13 @@ ProcessResult process_run(const std::vector<std::string>& argv, const ProcessOpt
   return result;
 }
 
-void output_directory_check(const std::string& path, bool overwrite, const std::string& flag, const std::vector<std::string>& own_names) {
-  if (path.empty()) throw ConfigError(flag, "", "the output directory is empty text");
-  std::error_code error;
-  const fs::file_status status = fs::status(path, error);
-  if (!fs::exists(status)) return;
-  if (!fs::is_directory(status)) throw ConfigError(flag, "", fmt::format("{} is a file, not a directory (nothing was written)", path));
-  if (overwrite) return;
-  // A directory holding only longseq's own names is an earlier result of the same command: a rerun
-  // replaces it. Anything else there is someone's, and needs --overwrite (and is then kept).
-  auto own = [&](const std::string& name) {
-    return std::any_of(own_names.begin(), own_names.end(), [&](const std::string& pattern) {
-      return pattern.ends_with('*') ? name.starts_with(pattern.substr(0, pattern.size() - 1)) : name == pattern;
-    });
-  };
-  for (const auto& entry : fs::directory_iterator(path, error))
-    if (!own(entry.path().filename().string()))
-      throw ConfigError(flag, "", fmt::format("{} holds files longseq did not write ({}); give --overwrite to replace longseq's files "
-                                              "in it (nothing else there is touched)", path, entry.path().filename().string()));
-  if (error) throw ConfigError(flag, "", fmt::format("cannot list {}: {}", path, error.message()));
-}
-
-fs::path staging_directory_create(const fs::path& target) {
-  const fs::path absolute = fs::absolute(target).lexically_normal();
-  const fs::path base = absolute.has_filename() ? absolute : absolute.parent_path();
-  std::error_code error;
-  fs::create_directories(base.parent_path(), error);
-  if (error) throw ConfigError(target.string(), "", fmt::format("cannot create the directory it goes in: {}", error.message()));
-  std::string pattern = base.string() + ".partial-XXXXXX";
-  if (mkdtemp(pattern.data()) == nullptr)
-    throw ConfigError(target.string(), "", fmt::format("cannot create a staging directory beside it: {}", std::strerror(errno)));
-  return pattern;
-}
-
-void staging_directory_commit(const fs::path& staging, const fs::path& target) {
-  std::error_code error;
-  fs::create_directories(target, error);
-  if (error) throw ConfigError(target.string(), "", fmt::format("cannot create the directory: {}", error.message()));
-  std::vector<fs::path> staged;  // listed first: the directory is not changed while it is read
-  for (const auto& entry : fs::directory_iterator(staging, error)) staged.push_back(entry.path());
-  if (error) throw ConfigError(staging.string(), "", fmt::format("cannot list the staged files: {}", error.message()));
-  for (const fs::path& file : staged) {
-    const fs::path destination = target / file.filename();
-    // rename(2) replaces a file of the same name atomically; it refuses to replace a directory
-    // with a file, so a user's directory of that name is never replaced.
-    fs::rename(file, destination, error);
-    if (error) throw ConfigError(destination.string(), "", fmt::format("cannot move the new file into place: {}", error.message()));
-  }
-  fs::remove(staging, error);  // empty now; remove() never deletes a non-empty directory
-}
-
-void staging_directory_discard(const fs::path& staging) noexcept {
-  std::error_code error;
-  fs::remove_all(staging, error);
+double machine_memory_available_bytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key, unit;
+  double kib = 0;
+  while (meminfo >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024.0;
+  return static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
 }
 
 }  // namespace longseq

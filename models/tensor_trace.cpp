@@ -24,6 +24,7 @@ void TensorTrace::free_storage(int64_t storage_id) {
     if (it->storage_id != storage_id) continue;
     current_bytes_ -= it->bytes;
     live_.erase(it);
+    name_released(storage_id);
     return;
   }
   throw std::logic_error("TensorTrace::free_storage: storage " + std::to_string(storage_id) + " is not live");
@@ -41,17 +42,22 @@ void TensorTrace::rename_storage(int64_t storage_id, std::string_view name) {
 void TensorTrace::free(std::string_view name) {
   for (auto it = live_.rbegin(); it != live_.rend(); ++it) {
     if (it->name != name) continue;
-    // A storage outlives the name while another view of it is live: its bytes move there.
+    // A storage outlives the name while another view of it is live: its bytes move there. Only
+    // storages with views are searched for one (a step's replay frees thousands of tensors).
     bool shared = false;
-    for (auto& other : live_) {
-      if (&other != &*it && other.storage_id == it->storage_id) {
-        other.bytes += it->bytes;
-        shared = true;
-        break;
+    if (shared_names_.count(it->storage_id) > 0) {
+      for (auto& other : live_) {
+        if (&other != &*it && other.storage_id == it->storage_id) {
+          other.bytes += it->bytes;
+          shared = true;
+          break;
+        }
       }
     }
     if (!shared) current_bytes_ -= it->bytes;
+    const int64_t storage_id = it->storage_id;
     live_.erase(std::next(it).base());
+    name_released(storage_id);
     return;
   }
   throw std::logic_error("TensorTrace::free: '" + std::string(name) + "' is not live");
@@ -62,9 +68,15 @@ void TensorTrace::alias(std::string_view from, std::string_view category, std::s
     if (it->name != from) continue;
     const int64_t storage_id = it->storage_id;
     live_.push_back(TraceItem{category, to, 0, 1, storage_id});
+    ++shared_names_[storage_id];
     return;
   }
   throw std::logic_error("TensorTrace::alias: '" + std::string(from) + "' is not live");
+}
+
+void TensorTrace::name_released(int64_t storage_id) {
+  const auto found = shared_names_.find(storage_id);
+  if (found != shared_names_.end() && --found->second == 0) shared_names_.erase(found);
 }
 
 bool TensorTrace::is_live(std::string_view name) const {

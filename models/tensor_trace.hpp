@@ -9,6 +9,7 @@
 
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 namespace longseq {
@@ -53,7 +54,11 @@ class TensorTrace {
   const std::vector<TraceItem>& live_items() const { return live_; }
 
  private:
+  // One name of `storage_id` is gone: its count of extra names (views) falls by one.
+  void name_released(int64_t storage_id);
   std::vector<TraceItem> live_;
+  // Storages named more than once (alias): how many names beyond the first are live.
+  std::unordered_map<int64_t, int64_t> shared_names_;
   std::vector<TraceItem> peak_items_;
   double current_bytes_ = 0;
   double peak_bytes_ = 0;

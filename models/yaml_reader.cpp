@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <fmt/format.h>
+#include <map>
 
 #include "models/checked_input.hpp"
 
@@ -17,6 +18,28 @@ YamlReader::YamlReader(const std::string& text, std::string source_name)
                                   error.mark.column + 1, error.msg));
   }
   if (!root_.IsMap()) throw ConfigError(source_name_, "", "expected a mapping of key: value at the top level");
+  duplicate_keys_refuse(root_, "");
+}
+
+// YAML forbids a key twice in one mapping, but yaml-cpp keeps both and reads the first: a card
+// with two `num_hidden_layers` lines would silently use one of them.
+void YamlReader::duplicate_keys_refuse(const YAML::Node& node, const std::string& path) const {
+  if (node.IsMap()) {
+    std::map<std::string, int> first_line;
+    for (const auto& entry : node) {
+      const std::string key = entry.first.IsScalar() ? entry.first.Scalar() : std::string();
+      const std::string name = path.empty() ? key : path + "." + key;
+      const int line = entry.first.Mark().line + 1;
+      if (!key.empty()) {
+        const auto [found, inserted] = first_line.emplace(key, line);
+        if (!inserted)
+          throw ConfigError(source_name_, name, fmt::format("appears twice in one mapping (lines {} and {}); say it once", found->second, line));
+      }
+      duplicate_keys_refuse(entry.second, name);
+    }
+  } else if (node.IsSequence()) {
+    for (size_t i = 0; i < node.size(); ++i) duplicate_keys_refuse(node[i], fmt::format("{}[{}]", path, i));
+  }
 }
 
 YamlReader::YamlReader(YAML::Node mapping, std::string source_name, std::string key_prefix)

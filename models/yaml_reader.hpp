@@ -54,6 +54,8 @@ class YamlReader {
   void reject_unknown_keys() const;
 
  private:
+  // Throws ConfigError naming the first key that appears twice in one mapping, anywhere under `node`.
+  void duplicate_keys_refuse(const YAML::Node& node, const std::string& path) const;
   YAML::Node require(const std::string& key);
   double get_number(const std::string& key, const char* what);
   std::string source_name_;

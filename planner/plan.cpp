@@ -14,6 +14,9 @@ ClusterSpec cluster_make(const HardwareCard& hardware, int64_t gpus, int64_t nod
   if (nodes < 0) throw ConfigError("--nodes", "", fmt::format("must be positive, got {}", nodes));
   if (gpus_per_node < 0) throw ConfigError("--gpus-per-node", "", fmt::format("must be positive, got {}", gpus_per_node));
   if (host_memory_gib < 0) throw ConfigError("--host-mem-gib", "", fmt::format("must be positive, got {}", host_memory_gib));
+  // 2^20 GiB (1 PiB) per node is beyond any server built; larger values are typos.
+  if (host_memory_gib > 1048576.0)
+    throw ConfigError("--host-mem-gib", "", fmt::format("{:g} GiB is not a plausible node (at most 1048576 GiB, 1 PiB)", host_memory_gib));
   cluster.gpus_per_node = gpus_per_node > 0 ? gpus_per_node : hardware.gpus_per_node;
   cluster.host_memory_gib = host_memory_gib > 0 ? host_memory_gib : hardware.host_memory_gib;
   if (gpus > 0 && nodes > 0) {
@@ -34,6 +37,17 @@ ClusterSpec cluster_make(const HardwareCard& hardware, int64_t gpus, int64_t nod
   if (cluster.gpus <= (cluster.nodes - 1) * cluster.gpus_per_node)
     throw ConfigError("--nodes", "", fmt::format("{} GPUs leave node(s) of {} GPUs empty across {} nodes", cluster.gpus,
                                                  cluster.gpus_per_node, cluster.nodes));
+  // Across nodes every launcher (torchrun, the DeepSpeed runner, Accelerate, mpirun's ppr) starts
+  // the same number of ranks on each, and the model prices every node alike: whole nodes only.
+  if (cluster.nodes > 1 && cluster.gpus != cluster.nodes * cluster.gpus_per_node) {
+    std::string divisors;
+    for (int64_t per_node = 2; per_node < cluster.gpus_per_node; ++per_node)
+      if (cluster.gpus % per_node == 0) divisors += fmt::format("{}{}", divisors.empty() ? "" : ", ", per_node);
+    throw ConfigError("--gpus", "", fmt::format("{} GPUs do not fill {} nodes of {} GPUs (launchers start the same ranks on every node): "
+                                                "give a multiple of {}{}", cluster.gpus, cluster.nodes, cluster.gpus_per_node,
+                                                cluster.gpus_per_node,
+                                                divisors.empty() ? "" : fmt::format(", or --gpus-per-node {} (whole nodes of fewer GPUs)", divisors)));
+  }
   return cluster;
 }
 
@@ -102,6 +116,15 @@ std::vector<std::string> seqlen_problems(const PlanOptions& plan, int64_t seqlen
   else if (plan.fpdt && plan.fpdt_chunk_tokens > 0 && seqlen % plan.fpdt_chunk_tokens != 0)
     problems.push_back(fmt::format("sequence length {} is not a multiple of the FPDT chunk of {} tokens (FPDT_InputConstruct)",
                                    seqlen, plan.fpdt_chunk_tokens));
+  // A tile holds at least one token of the rank's share: more tiles than tokens would be counted
+  // as fewer than given (torch.chunk returns fewer pieces), so they are refused instead.
+  const int64_t local_tokens = plan.sequence_ranks() >= 1 ? seqlen / plan.sequence_ranks() : seqlen;
+  if (seqlen >= 1 && plan.mlp_tiles > local_tokens)
+    problems.push_back(fmt::format("{} MLP tiles are more than the {} tokens each rank holds (a tile holds at least one token)",
+                                   plan.mlp_tiles, local_tokens));
+  if (seqlen >= 1 && plan.loss_tiles > local_tokens)
+    problems.push_back(fmt::format("{} loss tiles are more than the {} tokens each rank holds (a tile holds at least one token)",
+                                   plan.loss_tiles, local_tokens));
   return problems;
 }
 

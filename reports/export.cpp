@@ -304,6 +304,10 @@ ExportedConfig deepspeed_config_emit(const ExportRequest& r) {
   return exported;
 }
 
+bool export_writes_deepspeed_json(const std::string& target) {
+  return target == "accelerate" || target == "hf-accelerate" || target == "megatron-deepspeed";
+}
+
 ExportedConfig config_emit(const std::string& target, const ExportRequest& request) {
   ExportedConfig exported;
   if (target == "arctic-training") exported = arctic_training_recipe_emit(request);

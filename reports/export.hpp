@@ -43,6 +43,9 @@ struct ExportedConfig {
 // (--emit) for another name.
 ExportedConfig config_emit(const std::string& target, const ExportRequest& request);
 
+// Whether `target` writes a DeepSpeed JSON beside its main file (Accelerate, Megatron-DeepSpeed).
+bool export_writes_deepspeed_json(const std::string& target);
+
 ExportedConfig arctic_training_recipe_emit(const ExportRequest& request);
 ExportedConfig accelerate_config_emit(const ExportRequest& request);
 ExportedConfig megatron_deepspeed_emit(const ExportRequest& request);

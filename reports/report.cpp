@@ -11,6 +11,7 @@
 #include "models/checked_input.hpp"
 #include "models/config_error.hpp"
 #include "models/model_loader.hpp"
+#include "models/output_files.hpp"
 #include "models/process.hpp"
 #include "planner/units.hpp"
 #include "reports/sweep_output.hpp"
@@ -185,6 +186,17 @@ RunResult run_result_read(const JsonView& run) {
   if (run.has("measured_outside_arena_mib")) result.measured_outside_arena_mib = run["measured_outside_arena_mib"].number();
   result.predicted_outside_arena_mib = run.number_or("predicted_outside_arena_mib", 0.0);
   if (run.has("budget_mib")) result.budget_mib = run["budget_mib"].number();
+  // What a run can be: as `longseq run` bounds its flags (ranks up to 2^20), one peak per rank.
+  auto in_range = [&](const char* key, int64_t value, int64_t low, int64_t high) {
+    if (value < low || value > high) throw ConfigError(run.source(), key, fmt::format("{} is out of range [{}, {}]", value, low, high));
+  };
+  in_range("ranks", result.ranks, 1, int64_t{1} << 20);
+  in_range("sp", result.sp, 1, result.ranks);
+  in_range("dp", result.dp, 1, result.ranks);
+  in_range("seqlen", result.seqlen, 0, int64_t{10'000'000'000'000});
+  if (run.has("measured_peak_mib_per_rank") && static_cast<int64_t>(result.per_rank.size()) != result.ranks)
+    throw ConfigError(run.source(), "measured_peak_mib_per_rank",
+                      fmt::format("{} peaks for {} ranks (one per rank)", result.per_rank.size(), result.ranks));
   return result;
 }
 
@@ -241,6 +253,7 @@ ReportOutcome run_report_write(const fs::path& dir, const fs::path& run_path, co
   ReportOutcome outcome;
   outcome.figures.push_back((figures_dir / "loss.png").string());
   outcome.report_path = (dir / "report.md").string();
+  output_directory_record(dir, {"report.md", "figures"});
   file_write_text(outcome.report_path, markdown);
   return outcome;
 }
@@ -260,6 +273,29 @@ struct SweepTable {
   std::set<int64_t> gpu_counts;
   bool max_mode = false, has_published = false, has_steps = false;
 };
+
+// A bar chart stays legible (and gnuplot quick) up to this many bars; a larger sweep is drawn
+// from evenly spaced rows, and the figure's caption says so (every row stays in the table).
+constexpr size_t kMostBars = 60;
+
+struct BarRows {
+  std::vector<const SweepTableRow*> rows;
+  std::string caption_note;  // "" when every usable row is drawn
+};
+
+BarRows bar_rows(const std::vector<SweepTableRow>& table) {
+  std::vector<const SweepTableRow*> usable;
+  for (const SweepTableRow& row : table)
+    if (row.usable) usable.push_back(&row);
+  BarRows bars;
+  if (usable.size() <= kMostBars) {
+    bars.rows = usable;
+    return bars;
+  }
+  for (size_t i = 0; i < kMostBars; ++i) bars.rows.push_back(usable[i * usable.size() / kMostBars]);
+  bars.caption_note = fmt::format(" ({} of {} rows drawn, evenly spaced; every row is in the table below)", kMostBars, usable.size());
+  return bars;
+}
 
 SweepTable sweep_table_read(const JsonView& rows) {
   SweepTable table;
@@ -296,10 +332,14 @@ void sweep_header_check(const JsonView& results) {
 
 }  // namespace
 
-ReportOutcome report_write(const std::string& results_dir, const std::string& gnuplot_command) {
-  const fs::path dir(results_dir);
+ReportOutcome report_write(const std::string& results_dir, const std::string& gnuplot_command, bool overwrite) {
+  // The directory as the system resolves it ("x/.." is x's parent): the one checked is the one written.
+  const fs::path dir = output_directory_resolve(results_dir);
   std::error_code error;
   if (!fs::is_directory(dir, error)) throw ConfigError(results_dir, "", "is not a directory (give the directory `longseq sweep` or `longseq launch` wrote)");
+  // The report's own names beside the results: a user's report.md or figures/ is not replaced.
+  output_names_check(dir.string(), {"report.md", "figures"}, overwrite, results_dir);
+  output_directory_check((dir / "figures").string(), overwrite, results_dir + "/figures", {"*"});
   const fs::path results_path = dir / "results.json";
   // A run's result (longseq launch's run.json) gets the run report; a sweep's, the sweep report.
   if (!fs::exists(results_path) && fs::exists(dir / "run.json")) return run_report_write(dir, dir / "run.json", gnuplot_command);
@@ -382,11 +422,10 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
 
     // The feature ladder as bars, predicted beside published.
     if (want("ablation") && max_mode && has_steps) {
+      const BarRows bars = bar_rows(table);
       std::string data;
-      for (const SweepTableRow& row : table)
-        if (row.usable)
-          data += fmt::format("{} {} {}\n", data_label(row.label), row.seqlen,
-                              row.published ? fmt::format("{}", *row.published) : "NaN");
+      for (const SweepTableRow* row : bars.rows)
+        data += fmt::format("{} {} {}\n", data_label(row->label), row->seqlen, row->published ? fmt::format("{}", *row->published) : "NaN");
       file_write_text((staging / "ablation.dat").string(), data);
       file_write_text((staging / "ablation.gp").string(),
                       script_wrap("ablation",
@@ -395,18 +434,18 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
                                   "set ylabel 'maximum sequence length (tokens)'\nset xtics rotate by -25\nset grid ytics\n"
                                   "set key top left\nplot 'ablation.dat' using 2:xtic(1) title 'predicted (longseq)', "
                                   "'' using 3 title 'published (source in report.md)'"));
-      figures.push_back({"ablation", "Feature ladder: maximum sequence length per step (predicted beside published)",
+      figures.push_back({"ablation", "Feature ladder: maximum sequence length per step (predicted beside published)" + bars.caption_note,
                          title + " — feature ladder"});
     }
 
     // Per-GPU memory at the peak, stacked by component.
     if (want("memory_breakdown")) {
       const auto& categories = kBreakdownColumns;
+      const BarRows bars = bar_rows(table);
       std::string data;
-      for (const SweepTableRow& row : table) {
-        if (!row.usable) continue;
-        data += data_label(row.label + ", " + (row.seqlen > 0 ? seqlen_format(row.seqlen) : std::string("-")));
-        for (const auto& [column, name] : categories) data += fmt::format(" {:.4f}", row.json.number_or(column, 0.0));
+      for (const SweepTableRow* row : bars.rows) {
+        data += data_label(row->label + ", " + (row->seqlen > 0 ? seqlen_format(row->seqlen) : std::string("-")));
+        for (const auto& [column, name] : categories) data += fmt::format(" {:.4f}", row->json.number_or(column, 0.0));
         data += "\n";
       }
       if (!data.empty()) {
@@ -421,7 +460,8 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
                                                 "set style fill solid 0.85 border -1\nset boxwidth 0.75\nset ylabel 'GiB per GPU at the peak'\n"
                                                 "set xtics rotate by -30 font ',9'\nset key outside right\nset grid ytics\nplot {}",
                                                 plot)));
-        figures.push_back({"memory_breakdown", "Predicted per-GPU memory at the peak, by component", title + " — predicted per-GPU memory"});
+        figures.push_back({"memory_breakdown", "Predicted per-GPU memory at the peak, by component" + bars.caption_note,
+                           title + " — predicted per-GPU memory"});
       }
     }
 
@@ -474,6 +514,7 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
   markdown += "## Results\n\n" + sweep_markdown_table(document, source) +
               "\nAll columns, machine-readable: [results.csv](results.csv), [results.json](results.json).\n";
   outcome.report_path = (dir / "report.md").string();
+  output_directory_record(dir, {"report.md", "figures"});
   file_write_text(outcome.report_path, markdown);
   return outcome;
 }

@@ -19,7 +19,8 @@ struct ReportOutcome {
 void run_result_check(const std::string& json_text, const std::string& source);
 void sweep_result_check(const std::string& json_text, const std::string& source);
 
-// Throws ConfigError when DIR has no readable results.json or gnuplot fails.
-ReportOutcome report_write(const std::string& results_dir, const std::string& gnuplot_command = "gnuplot");
+// Throws ConfigError when DIR has no readable results.json or gnuplot fails, or (without
+// `overwrite`) when DIR holds a report.md or figures/ that longseq's manifest there does not list.
+ReportOutcome report_write(const std::string& results_dir, const std::string& gnuplot_command = "gnuplot", bool overwrite = false);
 
 }  // namespace longseq

@@ -6,7 +6,7 @@
 
 #include "models/checked_input.hpp"
 #include "models/config_error.hpp"
-#include "models/process.hpp"
+#include "models/output_files.hpp"
 #include "models/layer_inventory.hpp"
 #include "models/model_loader.hpp"
 #include "planner/memory_model.hpp"

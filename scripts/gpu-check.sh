@@ -41,7 +41,7 @@ run_measured() {  # name, then longseq run arguments
   shift
   mkdir -p "$report_dir/$name"
   echo "gpu-check: longseq run --device cuda $*" >&2
-  ${MPIRUN:-} build/cli/longseq run --device cuda "$@" --json-out "$report_dir/$name/run.json" > "$report_dir/$name/run.txt" 2>&1 ||
+  ${MPIRUN:-} build/cli/longseq run --device cuda "$@" --json-out "$report_dir/$name/run.json" --overwrite > "$report_dir/$name/run.txt" 2>&1 ||
     status=1
   if command -v gnuplot >/dev/null && [ -f "$report_dir/$name/run.json" ]; then build/cli/longseq report "$report_dir/$name" >/dev/null; fi
 }

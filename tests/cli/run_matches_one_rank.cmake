@@ -4,7 +4,7 @@
 # (the run's own worst-rank difference within 0.1%).
 # Usage: cmake -DLONGSEQ=exe -DMPIEXEC=mpirun -DRANKS=n -DARGS="a;b" -DOUTPUT=file -P run_matches_one_rank.cmake
 execute_process(COMMAND ${MPIEXEC} --allow-run-as-root --oversubscribe -np ${RANKS} ${LONGSEQ} run ${ARGS} --compare-single-rank
-                        --json-out ${OUTPUT}
+                        --json-out ${OUTPUT} --overwrite
                 RESULT_VARIABLE status OUTPUT_VARIABLE output ERROR_VARIABLE errors)
 message(STATUS "${output}")
 if(NOT status EQUAL 0)

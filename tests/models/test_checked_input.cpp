@@ -1,5 +1,5 @@
-// Checked reading of numbers and JSON (models/checked_input.hpp), the output-directory rules and
-// the shell-free process runner (models/process.hpp), and sequence lengths at the edges.
+// Checked reading of numbers and JSON (models/checked_input.hpp), the shell-free process runner
+// (models/process.hpp), and sequence lengths at the edges.
 #include <doctest/doctest.h>
 
 #include <filesystem>
@@ -64,36 +64,6 @@ TEST_CASE("sequence lengths: exact decimal arithmetic, and what is printed parse
     const int64_t again = seqlen_parse(text, "formatted");  // throws if it does not parse
     REQUIRE_MESSAGE(std::fabs(static_cast<double>(again - tokens)) <= 5e-4 * static_cast<double>(tokens) + 1, text);
   }
-}
-
-TEST_CASE("output directories: a file or a non-empty directory is refused, staging only adds files") {
-  const fs::path root = fs::temp_directory_path() / "longseq-test-output-dirs";
-  fs::remove_all(root);
-  fs::create_directories(root / "full");
-  std::ofstream(root / "full" / "notes.txt") << "mine";
-  std::ofstream(root / "a-file") << "mine";
-  const std::vector<std::string> own = {"results.json", "slurm-*"};
-  CHECK_NOTHROW(output_directory_check((root / "new").string(), false, "--out", own));
-  CHECK(!fs::exists(root / "new"));  // checking creates nothing
-  CHECK_THROWS_WITH_AS(output_directory_check((root / "a-file").string(), true, "--out", own), doctest::Contains("is a file"), ConfigError);
-  CHECK_THROWS_WITH_AS(output_directory_check((root / "full").string(), false, "--out", own),
-                       doctest::Contains("holds files longseq did not write (notes.txt); give --overwrite"), ConfigError);
-  CHECK_NOTHROW(output_directory_check((root / "full").string(), true, "--out", own));
-  fs::create_directories(root / "earlier");
-  std::ofstream(root / "earlier" / "results.json") << "{}";
-  std::ofstream(root / "earlier" / "slurm-42.out") << "";
-  CHECK_NOTHROW(output_directory_check((root / "earlier").string(), false, "--out", own));  // a rerun
-  const fs::path staging = staging_directory_create(root / "full");
-  CHECK(staging.parent_path() == fs::absolute(root));
-  std::ofstream(staging / "results.json") << "{}";
-  staging_directory_commit(staging, root / "full");
-  CHECK(!fs::exists(staging));
-  CHECK(fs::exists(root / "full" / "results.json"));
-  std::ifstream notes(root / "full" / "notes.txt");
-  std::string kept;
-  notes >> kept;
-  CHECK(kept == "mine");
-  fs::remove_all(root);
 }
 
 TEST_CASE("process_run passes arguments as they are: no shell") {

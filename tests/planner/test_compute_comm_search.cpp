@@ -85,9 +85,9 @@ TEST_CASE("Ulysses all-to-all volume by hand, with kv replication") {
 }
 
 TEST_CASE("search: the winner fits, nothing enumerated is longer, head rules are never broken") {
-  // Llama-3.1-8B on 12 GPUs: sp = 3, 6, 12 break the head rules (32 q heads).
+  // Llama-3.1-8B on 12 GPUs (2 nodes of 6): sp = 3, 6, 12 break the head rules (32 q heads).
   const ModelSpec model = model_load("llama-3.1-8b");
-  const ClusterSpec cluster = cluster_make(hardware_card_load("h100-sxm-80gb"), 12, 0, 0, 0);
+  const ClusterSpec cluster = cluster_make(hardware_card_load("h100-sxm-80gb"), 12, 0, 6, 0);
   const RuntimeProfile profile = runtime_profile_load("deepspeed-hf");
   const SearchResult result = plan_search(model, cluster, profile, {});
   const SearchCandidate* winner = result.winner();
