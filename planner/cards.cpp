@@ -135,6 +135,7 @@ RuntimeProfile runtime_profile_from_text(const std::string& yaml_text, const std
   profile.host_forked_workers_copy_bytes_per_parameter =
       estimate_read(reader, "host_forked_workers_copy_bytes_per_parameter", 0, 64, 0);
   profile.pinned_host_allocations_power_of_two = reader.get_bool("pinned_host_allocations_power_of_two", false);
+  profile.rope_table_whole_sequence_fp32 = reader.get_bool("rope_table_whole_sequence_fp32", false);
   profile.cpu_adam_bandwidth_efficiency = reader.get_double("cpu_adam_bandwidth_efficiency", 0.01, 1.0, 1.0);
   profile.attention_kernel = reader.get_string("attention_kernel", "");
   if (!profile.attention_kernel.empty() && profile.attention_kernel != "fa2" && profile.attention_kernel != "fa3")

@@ -114,6 +114,10 @@ struct RuntimeProfile {
   // allocation up to a power of two: DeepSpeed's offload_param buffer (pinned unconditionally) and
   // FPDT's host-resident chunks (models/layer_inventory.hpp pinned_host_allocation_bytes).
   bool pinned_host_allocations_power_of_two = false;
+  // The stack builds its RoPE table for the whole sequence on every rank, one fp32 [S, head_dim]
+  // tensor (Megatron-DeepSpeed's RotaryEmbedding(seq_length), issue 25's reading of MDS main
+  // 4efb479d), instead of cos/sin for the rank's own tokens in the activation dtype (HF).
+  bool rope_table_whole_sequence_fp32 = false;
   // The share of the node's DRAM bandwidth the offloaded optimizer's host passes achieve (CPU Adam
   // and the casts around it are bandwidth-bound; time_model.cpp offloaded_optimizer_step counts
   // their bytes); 1 = the theoretical bandwidth.

@@ -160,7 +160,10 @@ void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const Clus
   const double tokens = as_double(setup.shape.tokens);
   trace.alloc(kCategoryInputs, "input_ids_and_labels", tokens * 16.0);
   trace.alloc(kCategoryInputs, "position_ids", as_double(plan.micro_batch) * as_double(plan.sp > 1 ? seqlen / plan.ring : seqlen / plan.sequence_ranks()) * 8.0);
-  trace.alloc(kCategoryInputs, "rope_cos_sin", 2.0 * tokens * as_double(model.head_dim) * as_double(profile.activation_bytes));
+  if (profile.rope_table_whole_sequence_fp32)
+    trace.alloc(kCategoryInputs, "rope_table_whole_sequence", as_double(seqlen) * as_double(model.head_dim) * 4.0);
+  else
+    trace.alloc(kCategoryInputs, "rope_cos_sin", 2.0 * tokens * as_double(model.head_dim) * as_double(profile.activation_bytes));
 }
 
 // ZeRO-2/3's gradient bucket, allocated at the first gradient and held through backward

@@ -671,8 +671,26 @@ TEST_CASE("the band contains the point prediction, for every plan kind of the bu
       const SeqlenBand band = max_seqlen_band(model, cluster, plan, profile);
       CHECK(band.shortest < point);
       CHECK(point < band.longest);
-      // The long end is the sourced terms alone: the reserve (14 or 3 GiB) is a real share of it.
+      // The long end is the sourced terms alone: the reserve (14 or 2.5 GiB) is a real share of it.
       CHECK(static_cast<double>(band.longest) > 1.02 * static_cast<double>(point));
     }
   }
+}
+
+TEST_CASE("RoPE tables: the rank's cos and sin in the activation dtype (HF), or Megatron's fp32 table of the whole sequence") {
+  // HF builds cos and sin [S/sp, d] for the rank's tokens; Megatron-DeepSpeed's RotaryEmbedding one
+  // fp32 [S, d] for the whole sequence on every rank (issue 25; 2 GiB at 4.1M tokens, d = 128).
+  const ModelSpec model = small_model();
+  RuntimeProfile profile = plain_profile();
+  const int64_t seqlen = 4096, sp = 2;
+  const double head_dim = static_cast<double>(model.head_dim);
+  const MemoryPrediction hf = memory_predict(model, cluster_of(2), bare_plan(sp, 3), profile, seqlen);
+  CHECK(item_bytes(hf.gpu_items, "rope_cos_sin") == doctest::Approx(2.0 * 2048 * head_dim * static_cast<double>(profile.activation_bytes)));
+  CHECK(item_bytes(hf.gpu_items, "rope_table_whole_sequence") == 0);
+  profile.rope_table_whole_sequence_fp32 = true;
+  const MemoryPrediction megatron = memory_predict(model, cluster_of(2), bare_plan(sp, 3), profile, seqlen);
+  CHECK(item_bytes(megatron.gpu_items, "rope_table_whole_sequence") == doctest::Approx(4.0 * 4096 * head_dim));
+  CHECK(item_bytes(megatron.gpu_items, "rope_cos_sin") == 0);
+  CHECK(runtime_profile_load("megatron-deepspeed").rope_table_whole_sequence_fp32);
+  CHECK_FALSE(runtime_profile_load("deepspeed-hf").rope_table_whole_sequence_fp32);
 }
