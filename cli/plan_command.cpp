@@ -262,8 +262,9 @@ std::string largest_component_describe(const ModelSpec& model, const ClusterSpec
 }
 
 // One plan's full report: headline, memory breakdown, time. Fills `report` for --json.
+// `length_multiple`: the lengths the target framework feeds (FrameworkFacts), the grid of the maximum.
 std::string plan_report(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
-                        const RuntimeProfile& profile, std::optional<int64_t> seqlen, nlohmann::json& report) {
+                        const RuntimeProfile& profile, std::optional<int64_t> seqlen, int64_t length_multiple, nlohmann::json& report) {
   MemoryPrediction prediction;
   std::string out;
   if (seqlen) {
@@ -274,8 +275,9 @@ std::string plan_report(const ModelSpec& model, const ClusterSpec& cluster, cons
                        : !prediction.fits_gpu() ? "does NOT fit (GPU memory)" : "does NOT fit (host memory)");
     report["seqlen"] = *seqlen;
   } else {
-    const MaxSeqlenResult result = max_seqlen_find(model, cluster, plan, profile);
-    const SeqlenBand band = max_seqlen_band(model, cluster, plan, profile);
+    const int64_t grid = seqlen_grid(plan, length_multiple);
+    const MaxSeqlenResult result = max_seqlen_find(model, cluster, plan, profile, grid);
+    const SeqlenBand band = max_seqlen_band(model, cluster, plan, profile, grid);
     prediction = result.at_max;
     if (result.max_seqlen == 0)
       out += fmt::format("maximum sequence length: none — even {} tokens exceed {}\n", result.granularity, result.binding_constraint);
@@ -312,9 +314,20 @@ std::string plan_report(const ModelSpec& model, const ClusterSpec& cluster, cons
 int plan_emit(const PlanCommandArgs& args, const PlanOutputs& outputs, const ModelSpec& model, const PlanOptions& plan,
               const ClusterSpec& cluster, const RuntimeProfile& profile, int64_t seqlen) {
   if (seqlen <= 0) throw ConfigError("--emit", "", "no sequence length fits this plan, so there is nothing to emit");
-  ExportRequest request{model, args.model, plan, cluster, profile, seqlen,
-                        memory_predict(model, cluster, plan, profile, seqlen, /*with_breakdown=*/false).gpu_peak_bytes};
-  if (outputs.emit_companion) request.deepspeed_json_name = outputs.emit_companion->write_path.filename().string();
+  ExportRequest request;
+  request.model = model;
+  request.model_source = args.model;
+  request.plan = plan;
+  request.cluster = cluster;
+  request.profile = profile;
+  request.seqlen = seqlen;
+  request.predicted_peak_bytes = memory_predict(model, cluster, plan, profile, seqlen, /*with_breakdown=*/false).gpu_peak_bytes;
+  // Files name each other by absolute path, so a launch from any folder finds them (a bare name
+  // resolves against the launching folder, not the file's).
+  if (outputs.emit_companion)
+    request.deepspeed_json_name = std::filesystem::absolute(outputs.emit_companion->path).lexically_normal().string();
+  if (outputs.emit_main && !outputs.emit_main->streams_to_terminal_or_pipe())
+    request.main_file_name = std::filesystem::absolute(outputs.emit_main->path).lexically_normal().string();
   const ExportedConfig exported = config_emit(args.emit, request);
   for (const auto& note : exported.notes) std::cerr << "longseq: note: " << note << "\n";
   if (!outputs.emit_main || outputs.emit_main->streams_to_terminal_or_pipe()) {
@@ -357,9 +370,9 @@ PlanOutputs plan_outputs_check(const PlanCommandArgs& args) {
 
 // The sequence length a plan is for: the given one, or the longest that fits.
 int64_t plan_seqlen(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan, const RuntimeProfile& profile,
-                    std::optional<int64_t> seqlen) {
+                    std::optional<int64_t> seqlen, int64_t length_multiple) {
   if (seqlen) return *seqlen;
-  return max_seqlen_find(model, cluster, plan, profile, 0, /*with_breakdown=*/false).max_seqlen;
+  return max_seqlen_find(model, cluster, plan, profile, seqlen_grid(plan, length_multiple), /*with_breakdown=*/false).max_seqlen;
 }
 
 // --plan-out: the plan with what it was made for, written whole.
@@ -409,16 +422,24 @@ int plan_command_run(const PlanCommandArgs& args) {
   } else if (args.device != "cpu") {
     throw ConfigError("--device", "", "goes with --ranks and --budget-mib (planning for this machine)");
   }
-  // The target framework: given, or longseq's executor for this machine, or the default.
-  const std::optional<Framework> framework_given =
-      args.framework ? std::optional<Framework>(framework_parse(*args.framework)) : std::nullopt;
-  if (machine && framework_given && *framework_given != Framework::framework_longseq)
+  // The target framework: given, or the one whose files --emit writes (a file must hold a plan its
+  // framework runs, at a length planned for it), or longseq's executor for this machine, or the default.
+  const bool framework_given = args.framework.has_value(), emitting = !args.emit.empty();
+  const Framework given_framework = framework_given ? framework_parse(*args.framework) : kDefaultFramework;
+  const Framework emit_framework = emitting ? framework_of_export_target(args.emit) : kDefaultFramework;
+  if (machine && framework_given && given_framework != Framework::framework_longseq)
     throw ConfigError("--framework", "", "planning for this machine (--ranks) plans for longseq's executor; drop --framework");
-  const Framework framework = machine ? Framework::framework_longseq : framework_given.value_or(kDefaultFramework);
-  const std::string profile_name = !args.profile.empty()                                        ? args.profile
-                                   : framework == Framework::framework_megatron_deepspeed ? "megatron-deepspeed"
-                                   : framework == Framework::framework_longseq            ? "native-cuda"
-                                                                                          : "deepspeed-hf";
+  if (machine && emitting) throw ConfigError("--emit", "", "writes a framework's files; planning for this machine (--ranks) plans "
+                                                           "for longseq's executor (--plan-out writes its plan file)");
+  if (framework_given && emitting && given_framework != emit_framework)
+    throw ConfigError("--emit", "", fmt::format("{} writes a {} run, but the plan is made for --framework {} (what it runs, its memory, "
+                                                "its lengths): drop --framework, or give --framework {}",
+                                                args.emit, framework_name(emit_framework), framework_name(given_framework),
+                                                framework_name(emit_framework)));
+  const Framework framework = machine ? Framework::framework_longseq : framework_given ? given_framework : emit_framework;
+  const bool framework_checked = framework_given || emitting;
+  const FrameworkFacts& facts = framework_facts(framework);
+  const std::string profile_name = !args.profile.empty() ? args.profile : facts.runtime_profile;
   RuntimeProfile profile = machine ? machine_profile(target) : runtime_profile_load(profile_name);
   if (!args.attention.empty()) {
     if (machine) throw ConfigError("--attention", "", "planning for this machine (--ranks) plans for longseq's own attention kernel");
@@ -455,11 +476,11 @@ int plan_command_run(const PlanCommandArgs& args) {
                         integer_with_commas(params.total), model.num_layers, model.hidden_size, model.num_q_heads,
                         model.num_kv_heads, model.head_dim, model.intermediate_size, model.vocab_size,
                         model.tied_embeddings ? ", tied" : "");
-  if (plan_flags_given(args) && !framework_given && !machine)
+  if (plan_flags_given(args) && !framework_checked && !machine)
     header += "  framework not checked (a fixed plan; --framework NAME checks that it runs there)\n";
   else
     header += fmt::format("  framework {}{}\n", framework_name(framework),
-                          framework_given || machine ? ""
+                          framework_given || machine ? "" : emitting ? " (the --emit target's)"
                                                      : " (the default; --framework hf-accelerate, megatron-deepspeed, deepspeed, usp, "
                                                        "longseq)");
   header += fmt::format("  cluster  {} x {} ({:.2f} GiB each), {} node(s) of {} GPUs, {:.0f} GiB host memory per node\n",
@@ -481,16 +502,22 @@ int plan_command_run(const PlanCommandArgs& args) {
   if (fixed_plan) {
     const PlanOptions plan = plan_from_flags(args, model, cluster);
     std::vector<std::string> problems = plan_problems(model, cluster, plan);
-    if (framework_given) {  // a plan for a named framework must be one it runs
+    if (framework_checked) {  // a plan for a named framework (or its files) must be one it runs
       const std::string unsupported = framework_unsupported(framework, model, plan);
       if (!unsupported.empty()) problems.push_back(unsupported);
     }
-    if (seqlen)
+    const int64_t length_multiple = framework_checked ? facts.length_multiple : 1;
+    if (seqlen) {
       for (auto& problem : seqlen_problems(plan, *seqlen)) problems.push_back(problem);
+      if (*seqlen % length_multiple != 0)
+        problems.push_back(fmt::format("sequence length {} is not a multiple of {}: {} pads every batch to one", *seqlen, length_multiple,
+                                       framework_name(framework)));
+    }
     if (!problems.empty()) throw ConfigError("plan", "", problems_join(problems));
-    if (!args.emit.empty()) return plan_emit(args, outputs, model, plan, cluster, profile, plan_seqlen(model, cluster, plan, profile, seqlen));
+    if (!args.emit.empty())
+      return plan_emit(args, outputs, model, plan, cluster, profile, plan_seqlen(model, cluster, plan, profile, seqlen, length_multiple));
     report["plan"] = plan_to_json(plan, cluster);
-    const std::string body = plan_report(model, cluster, plan, profile, seqlen, report);
+    const std::string body = plan_report(model, cluster, plan, profile, seqlen, length_multiple, report);
     if (machine && !executor_plan_problems(plan, args.device).empty())
       throw ConfigError("plan", "", executor_plan_problems(plan, args.device).front());
     if (outputs.plan_out)
@@ -519,8 +546,10 @@ int plan_command_run(const PlanCommandArgs& args) {
   // at its scale.
   if (machine && options.objective != SearchObjective::objective_max_seqlen)
     throw ConfigError("--objective", "", "for this machine (--ranks) the search finds the longest sequence, as run --auto does");
-  if (!machine)
+  if (!machine) {
     options.unsupported = [&](const PlanOptions& plan) { return framework_unsupported(framework, model, plan); };
+    options.length_multiple = facts.length_multiple;
+  }
   const SearchResult result = machine ? machine_plan_search(model, target) : plan_search(model, cluster, profile, options);
   const bool by_length = options.objective == SearchObjective::objective_max_seqlen;
 
@@ -539,8 +568,20 @@ int plan_command_run(const PlanCommandArgs& args) {
   report["search"] = {{"objective", by_length ? "max-seqlen" : "throughput"}, {"plans", result.candidates.size()},
                       {"predicted", result.evaluated}, {"invalid", invalid}, {"elapsed_ms", result.elapsed_ms}};
   const SearchCandidate* winner = result.winner();
-  if (!winner && !args.emit.empty()) throw ConfigError("--emit", "", "no plan fits, so there is nothing to emit");
-  if (!winner && args.plan_out) throw ConfigError("--plan-out", "", "no plan fits, so there is nothing to write");
+  // Why nothing fits, for a refusal that says what to change: the closest valid plan's limit, or
+  // (every plan invalid) the commonest reason, e.g. a length no chunk or degree divides.
+  auto no_plan_reason = [&] {
+    const bool any_valid = !result.candidates.empty() && result.candidates.front().problems.empty();
+    if (any_valid)
+      return fmt::format("no plan fits{}: the closest, {}, runs out of {}", seqlen ? " at " + integer_with_commas(*seqlen) + " tokens" : "",
+                         plan_describe(result.candidates.front().plan), result.candidates.front().binding_constraint);
+    const auto commonest = std::max_element(reasons.begin(), reasons.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+    return commonest == reasons.end() ? std::string("no plan fits")
+                                      : fmt::format("no plan fits: every plan is invalid, {} of {} because {}", commonest->second,
+                                                    result.candidates.size(), commonest->first);
+  };
+  if (!winner && !args.emit.empty()) throw ConfigError("--emit", "", no_plan_reason() + "; there is nothing to emit");
+  if (!winner && args.plan_out) throw ConfigError("--plan-out", "", no_plan_reason() + "; there is nothing to write");
   if (!winner) {
     const SearchCandidate* best = result.candidates.empty() || !result.candidates.front().problems.empty() ? nullptr : &result.candidates.front();
     out += "no plan fits";
@@ -555,7 +596,7 @@ int plan_command_run(const PlanCommandArgs& args) {
                      machine);
     report["plan"] = plan_to_json(winner->plan, cluster);
     out += fmt::format("best plan: {} (dp={})\n", plan_describe(winner->plan), cluster.gpus / winner->plan.sequence_ranks());
-    out += plan_report(model, cluster, winner->plan, profile, by_length ? std::nullopt : seqlen, report);
+    out += plan_report(model, cluster, winner->plan, profile, by_length ? std::nullopt : seqlen, options.length_multiple, report);
 
     auto candidate_line = [&](const SearchCandidate& c) {
       if (!c.fits)
@@ -606,9 +647,14 @@ int plan_command_run(const PlanCommandArgs& args) {
     if (!machine) {
       SearchOptions everything = options;
       everything.unsupported = nullptr;
+      everything.length_multiple = 1;
       const SearchResult open = plan_search(model, cluster, profile, everything);
       const SearchCandidate* best = open.winner();
-      const bool better = best && (by_length ? best->max_seqlen > winner->max_seqlen : best->score > winner->score);
+      // Only a plan this framework cannot run, and longer (or faster) beyond what the memory model
+      // resolves: the same plan at a length off this framework's grid is no other framework's win.
+      const bool better = best && !framework_unsupported(framework, model, best->plan).empty() &&
+                          (by_length ? static_cast<double>(best->max_seqlen) > static_cast<double>(winner->max_seqlen) * (1 + kSearchLengthResolution)
+                                     : best->score > winner->score);
       if (better) {
         std::string runners;
         for (Framework other : frameworks_running(model, best->plan))

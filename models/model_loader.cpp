@@ -68,6 +68,8 @@ ModelSpec model_from_card_text(const std::string& yaml_text, const std::string& 
   model.o_proj_bias = reader.get_bool("o_proj_bias", false);
   model.mlp_bias = reader.get_bool("mlp_bias", false);
   model.qk_norm = reader.get_bool("qk_norm", false);
+  model.rope_theta = reader.get_double("rope_theta", 1, 1e12, 10000);
+  if (reader.has("rope_scaling")) model.rope_scaling = reader.get_string("rope_scaling");
   reader.reject_unknown_keys();
   model.validate(source_name);
   return model;
@@ -130,6 +132,16 @@ ModelSpec model_from_hf_config_text(const std::string& json_text, const std::str
     model.qkv_bias = get_bool("attention_bias", false);  // Qwen3Attention: q, k, v and o share the flag
     model.o_proj_bias = model.qkv_bias;
     model.qk_norm = true;  // Qwen3Attention always has q_norm and k_norm over head_dim
+  }
+  // RoPE base and scaling (the base's default is every one of these configs' class default, 10000).
+  if (config.has("rope_theta")) {
+    model.rope_theta = config["rope_theta"].number();
+    if (!(model.rope_theta >= 1 && model.rope_theta <= 1e12))
+      throw ConfigError(source_name, "rope_theta", fmt::format("{} is out of range [1, 1e12]", model.rope_theta));
+  }
+  if (config.has("rope_scaling") && config["rope_scaling"].raw().is_object()) {
+    const JsonView scaling = config["rope_scaling"];
+    model.rope_scaling = scaling.string_or("rope_type", scaling.string_or("type", "unknown"));
   }
   model.validate(source_name);
   return model;

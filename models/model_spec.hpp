@@ -39,6 +39,11 @@ struct ModelSpec {
   bool o_proj_bias = false;       // bias on the attention output projection (GPT)
   bool mlp_bias = false;          // biases on the MLP projections (GPT)
   bool qk_norm = false;           // per-head RMSNorm on q and k (Qwen3)
+  // RoPE: the base (HF's default 10000 when config.json has none) and the scaling's rope_type
+  // ("llama3", "yarn", ...; "" for none). No memory or FLOP term depends on them; exports must
+  // carry them (Megatron-DeepSpeed defaults the base to 10000).
+  double rope_theta = 10000;
+  std::string rope_scaling;
 
   // Throws ConfigError(source, key, reason) on an impossible shape.
   void validate(const std::string& source) const;

@@ -2,25 +2,51 @@
 
 #include <fmt/format.h>
 
+#include <stdexcept>
+
 #include "models/config_error.hpp"
 
 namespace longseq {
 
-const char* framework_name(Framework framework) {
-  switch (framework) {
-    case Framework::framework_arctic_training: return "arctic-training";
-    case Framework::framework_hf_accelerate: return "hf-accelerate";
-    case Framework::framework_megatron_deepspeed: return "megatron-deepspeed";
-    case Framework::framework_deepspeed: return "deepspeed";
-    case Framework::framework_usp: return "usp";
-    case Framework::framework_longseq: return "longseq";
-  }
-  return "?";
+namespace {
+
+const std::vector<FrameworkFacts>& framework_table() {
+  static const std::vector<FrameworkFacts> table = {
+      {Framework::framework_arctic_training, "arctic-training", "deepspeed-hf", "arctic-training", 256},
+      {Framework::framework_hf_accelerate, "hf-accelerate", "deepspeed-hf", "accelerate", 1},
+      {Framework::framework_megatron_deepspeed, "megatron-deepspeed", "megatron-deepspeed", "megatron-deepspeed", 1},
+      {Framework::framework_deepspeed, "deepspeed", "deepspeed-hf", "deepspeed", 1},
+      {Framework::framework_usp, "usp", "deepspeed-hf", "usp", 1},
+      {Framework::framework_longseq, "longseq", "native-cuda", "", 1},
+  };
+  return table;
 }
 
+}  // namespace
+
+const FrameworkFacts& framework_facts(Framework framework) {
+  for (const FrameworkFacts& facts : framework_table())
+    if (facts.framework == framework) return facts;
+  throw std::logic_error("framework_facts: a framework without an entry");
+}
+
+const char* framework_name(Framework framework) { return framework_facts(framework).name; }
+
 std::vector<Framework> frameworks_all() {
-  return {Framework::framework_arctic_training, Framework::framework_hf_accelerate, Framework::framework_megatron_deepspeed,
-          Framework::framework_deepspeed, Framework::framework_usp, Framework::framework_longseq};
+  std::vector<Framework> all;
+  for (const FrameworkFacts& facts : framework_table()) all.push_back(facts.framework);
+  return all;
+}
+
+Framework framework_of_export_target(const std::string& target) {
+  std::string known;
+  for (const FrameworkFacts& facts : framework_table()) {
+    if (*facts.export_target == '\0') continue;
+    if (target == facts.export_target) return facts.framework;
+    known += (known.empty() ? "" : ", ") + std::string(facts.export_target);
+  }
+  if (target == "hf-accelerate") return Framework::framework_hf_accelerate;
+  throw ConfigError("--emit", "", fmt::format("unknown target '{}' (known: {})", target, known));
 }
 
 Framework framework_parse(const std::string& name, const std::string& flag) {
@@ -68,6 +94,15 @@ std::string framework_unsupported(Framework framework, const ModelSpec& model, c
       // the FFN and the loss only inside FPDT (FRAMEWORKS §3.1-3.2).
       if (plan.tiled_mlp) return fmt::format("{}: no TiledMLP (its FFN is chunked only by FPDT)", name);
       if (plan.tiled_loss) return fmt::format("{}: no tiled logits+loss (chunked only by FPDT)", name);
+      // Its non-FPDT attention asserts projection_size == kv_projection_size whenever DeepSpeed
+      // sequence parallelism is on (megatron/model/transformer.py L728-729 since the FPDT commit
+      // 676a482c; FRAMEWORKS §3.2's correction, reproduced with 4 query / 2 kv heads at sp=2).
+      if (plan.sp > 1 && !plan.fpdt && model.num_kv_heads != model.num_q_heads)
+        return fmt::format("{}: its Ulysses attention asserts as many kv heads as query heads (transformer.py L728-729); {} has "
+                           "{}/{} (grouped-query): sp=1 only, or FPDT for a GPT-shaped model",
+                           name, model.name, model.num_q_heads, model.num_kv_heads);
+      // Megatron's ParallelAttention has no per-head q/k RMSNorm: a Qwen3 model would train without it.
+      if (model.qk_norm) return fmt::format("{}: no q/k norm (Qwen3's per-head RMSNorm); {} would train without it", name, model.name);
       if (plan.fpdt && !gpt_shaped(model))
         return fmt::format("{}: FPDT's layer is GPT-shaped (GeLU MLP with bias, biased q/k/v); {} is not (FRAMEWORKS §3.2)", name,
                            model.name);

@@ -25,6 +25,26 @@ enum class Framework {
 // each of them (tiled MLP, checkpoint offload, Ulysses, tiled loss); see the README.
 inline constexpr Framework kDefaultFramework = Framework::framework_arctic_training;
 
+// What longseq knows of a framework beyond which options it runs (framework_unsupported): the
+// runtime profile its runs are priced with, the --emit target that writes its files, and the
+// lengths its data path feeds the model. One entry per framework (frameworks.cpp).
+struct FrameworkFacts {
+  Framework framework;
+  const char* name;             // as --framework takes it
+  const char* runtime_profile;  // planner/profiles/NAME.yaml
+  const char* export_target;    // --emit NAME writes its files; "" when none
+  // Every length it trains is a multiple of this (beside the plan's own granule): ArcticTraining's
+  // SFT collator pads each batch to the next multiple of data.div_length, 256 by default
+  // (FRAMEWORKS §1.5, AT-main data/sft_factory.py L163-174), so a length off that grid would run
+  // longer than planned.
+  int64_t length_multiple;
+};
+const FrameworkFacts& framework_facts(Framework framework);
+
+// The framework whose files `--emit target` writes (hf-accelerate is accepted for accelerate).
+// Throws ConfigError(--emit) for an unknown target, naming the known ones.
+Framework framework_of_export_target(const std::string& target);
+
 const char* framework_name(Framework framework);  // "arctic-training", ...
 std::vector<Framework> frameworks_all();
 // Throws ConfigError(flag, "", reason listing the names) for an unknown name.

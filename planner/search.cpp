@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <numeric>
 #include <cmath>
 #include <fmt/format.h>
 
@@ -97,6 +98,10 @@ const SearchCandidate* SearchResult::winner() const {
   return !candidates.empty() && candidates.front().fits ? &candidates.front() : nullptr;
 }
 
+int64_t seqlen_grid(const PlanOptions& plan, int64_t length_multiple) {
+  return std::lcm(seqlen_granule(plan), std::max<int64_t>(1, length_multiple));
+}
+
 SearchResult plan_search(const ModelSpec& model, const ClusterSpec& cluster, const RuntimeProfile& profile,
                          const SearchOptions& options) {
   const auto start = std::chrono::steady_clock::now();
@@ -110,8 +115,12 @@ SearchResult plan_search(const ModelSpec& model, const ClusterSpec& cluster, con
       std::string reason = options.unsupported(plan);
       if (!reason.empty()) candidate.problems.push_back(std::move(reason));
     }
-    if (options.objective == SearchObjective::objective_throughput)
+    if (options.objective == SearchObjective::objective_throughput) {
       for (auto& problem : seqlen_problems(plan, options.seqlen)) candidate.problems.push_back(problem);
+      if (options.length_multiple > 1 && options.seqlen % options.length_multiple != 0)
+        candidate.problems.push_back(fmt::format("sequence length {} is not a multiple of {}, the lengths the framework feeds (it "
+                                                 "pads to the next one)", options.seqlen, options.length_multiple));
+    }
     if (!candidate.problems.empty()) {
       result.candidates.push_back(std::move(candidate));
       continue;
@@ -119,7 +128,7 @@ SearchResult plan_search(const ModelSpec& model, const ClusterSpec& cluster, con
     ++result.evaluated;
     if (options.objective == SearchObjective::objective_max_seqlen) {
       const MaxSeqlenResult found =
-          max_seqlen_find(model, cluster, plan, profile, 0, /*with_breakdown=*/false);
+          max_seqlen_find(model, cluster, plan, profile, seqlen_grid(plan, options.length_multiple), /*with_breakdown=*/false);
       candidate.fits = found.max_seqlen > 0;
       candidate.max_seqlen = found.max_seqlen;
       candidate.binding_constraint = found.binding_constraint;

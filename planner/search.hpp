@@ -32,7 +32,14 @@ struct SearchOptions {
   // A runner's limits: a non-empty reason makes the plan invalid with it (e.g. an option the
   // executor cannot run on its device), so the search never picks what cannot be run.
   std::function<std::string(const PlanOptions&)> unsupported;
+  // Lengths are multiples of this beside each plan's own granule (the target framework's
+  // FrameworkFacts::length_multiple): a longest length found is one the framework trains as is.
+  int64_t length_multiple = 1;
 };
+
+// The grid a plan's lengths lie on for a framework feeding multiples of `length_multiple`: the
+// least common multiple of that and the plan's own granule (seqlen_granule).
+int64_t seqlen_grid(const PlanOptions& plan, int64_t length_multiple);
 
 // Maximum lengths within this fraction of each other tie in the max-length search (then the faster
 // plan wins, then Ulysses inside a node): the memory model cannot tell them apart.

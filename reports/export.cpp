@@ -1,5 +1,6 @@
 #include "reports/export.hpp"
 
+#include <cmath>
 #include <filesystem>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -25,8 +26,31 @@ std::vector<std::string> record_lines(const ExportRequest& r, const char* target
                       r.cluster.hardware.gpu_memory_gib, r.profile.name)};
 }
 
+// The record a DeepSpeed JSON carries of the plan it was written from. DeepSpeed looks its
+// top-level keys up one by one and ignores any other (FRAMEWORKS §1.2, §4.2), the HF Trainer and
+// Accelerate fill only "auto" values (§2.7-2.8), so the key travels with the file harmlessly.
+nlohmann::json json_record(const ExportRequest& r, const char* target) {
+  return {{"written_by", fmt::format("longseq, for {}, from a PREDICTED plan", target)},
+          {"plan", plan_describe(r.plan)},
+          {"model", r.model.name},
+          {"parameters", parameter_count(r.model).total},
+          {"sequence_length", r.seqlen},
+          {"micro_batch", r.plan.micro_batch},
+          {"gpus", r.cluster.gpus},
+          {"nodes", r.cluster.nodes},
+          {"sp", r.plan.sp},
+          {"dp", data_parallel(r)},
+          {"predicted_peak_gib_per_gpu", std::round(bytes_to_gib(r.predicted_peak_bytes) * 10) / 10},
+          {"gpu_memory_gib", r.cluster.hardware.gpu_memory_gib},
+          {"runtime_profile", r.profile.name}};
+}
+
+// The name a launch line gives the main file: the written file, or `fallback` on stdout.
+std::string main_file(const ExportRequest& r, const char* fallback) { return r.main_file_name.empty() ? fallback : r.main_file_name; }
+
 // The ZeRO block every DeepSpeed JSON carries. pin_memory is written out: its default moved from
-// false to true in v0.19.5 (FRAMEWORKS §4.2), which changes host memory.
+// false to true in v0.19.5 (FRAMEWORKS §4.2), which changes host memory; the plan assumed pageable
+// optimizer states (planner/memory_model.cpp: no pinned staging buffers for the optimizer).
 nlohmann::json zero_block(const PlanOptions& plan) {
   nlohmann::json zero = {{"stage", plan.zero_stage}};
   if (plan.zero_stage >= 1)
@@ -94,8 +118,17 @@ ExportedConfig arctic_training_recipe_emit(const ExportRequest& r) {
     exported.notes.push_back("checkpointing off: model.disable_activation_checkpoint is set (ArcticTraining checkpoints by default)");
   exported.notes.push_back("versions: ArcticTraining >= 0.7.1 (key names of main: fused_adam, eval_interval), DeepSpeed >= 0.18.2, "
                            "liger-kernel >= 0.6.1 with model.type liger");
-  exported.notes.push_back(fmt::format("launch: arctic_training recipe.yml --num_gpus {}{}", r.cluster.gpus_per_node < r.cluster.gpus ? r.cluster.gpus_per_node : r.cluster.gpus,
+  if (attn_implementation == "flash_attention_3")
+    // AT's model config imports flash_attn (FlashAttention-2's package) for flash_attention_3 too
+    // (AT-main config/model.py L85-98), while FlashAttention-3's build installs flash_attn_interface.
+    exported.notes.push_back("attention: ArcticTraining's validation imports the flash_attn package for flash_attention_3 too: install "
+                             "FlashAttention-2 (flash-attn) beside FlashAttention-3's Hopper build, or the recipe fails validation");
+  exported.notes.push_back(fmt::format("launch: arctic_training {} --num_gpus {}{}", main_file(r, "recipe.yml"),
+                                       r.cluster.gpus_per_node < r.cluster.gpus ? r.cluster.gpus_per_node : r.cluster.gpus,
                                        r.cluster.nodes > 1 ? fmt::format(" --hostfile hostfile --num_nodes {} --master_addr MAIN_NODE --master_port 29500", r.cluster.nodes) : ""));
+  if (r.seqlen % 256 != 0)
+    exported.notes.push_back(fmt::format("max_length {} is not a multiple of data.div_length 256: the collator pads every batch to {} "
+                                         "tokens, longer than planned", r.seqlen, (r.seqlen + 255) / 256 * 256));
   exported.notes.push_back("data.sources is a placeholder: put your dataset there");
   if (model_is_card(r))
     exported.notes.push_back(fmt::format("model.name_or_path is the card's name ({}): put the Hugging Face id or path of the weights", r.model.name));
@@ -133,12 +166,20 @@ ExportedConfig arctic_training_recipe_emit(const ExportRequest& r) {
   out << YAML::Key << "deepspeed" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "zero_optimization" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "stage" << YAML::Value << p.zero_stage;
-  if (p.zero_stage >= 1)
+  // pin_memory as the plan assumed it, whatever the installed DeepSpeed's default (false until
+  // v0.19.4, true from v0.19.5: FRAMEWORKS §4.2).
+  if (p.zero_stage >= 1) {
     out << YAML::Key << "offload_optimizer" << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key << "device" << YAML::Value
-        << (p.offload_optimizer ? "cpu" : "none") << YAML::EndMap;
-  if (p.zero_stage == 3)
+        << (p.offload_optimizer ? "cpu" : "none");
+    if (p.offload_optimizer) out << YAML::Key << "pin_memory" << YAML::Value << false;
+    out << YAML::EndMap;
+  }
+  if (p.zero_stage == 3) {
     out << YAML::Key << "offload_param" << YAML::Value << YAML::Flow << YAML::BeginMap << YAML::Key << "device" << YAML::Value
-        << (p.offload_params ? "cpu" : "none") << YAML::EndMap;
+        << (p.offload_params ? "cpu" : "none");
+    if (p.offload_params) out << YAML::Key << "pin_memory" << YAML::Value << false;
+    out << YAML::EndMap;
+  }
   out << YAML::EndMap;
   if (p.sp > 1) out << YAML::Key << "seq_parallel_communication_data_type" << YAML::Value << "bf16";
   out << YAML::Key << "gradient_clipping" << YAML::Value << 1.0;
@@ -162,15 +203,24 @@ ExportedConfig accelerate_config_emit(const ExportRequest& r) {
       "0.19.0); load the model with attn_implementation=\"{}\" (= sp_attn_implementation)",
       p.micro_batch, p.activation_checkpointing ? "True" : "False", p.tiled_loss ? " use_liger_kernel=True" : "", r.seqlen, p.sp,
       attn_implementation));
-  exported.notes.push_back("versions: Accelerate >= 1.12 (older ones ignore the SP keys), DeepSpeed >= 0.18.2, transformers >= 4.51.3");
-  exported.notes.push_back("launch: accelerate launch --config_file accelerate.yaml train.py (no --use_deepspeed: it would keep the SP keys out)");
+  // The Trainer's sequence parallelism is transformers PR #41832 (transformers 5): 4.57.x runs an sp
+  // config as plain data parallelism (Accelerate issue #3889), each rank training the whole length.
+  exported.notes.push_back(p.sp > 1 ? "versions: Accelerate >= 1.12 (older ones ignore the SP keys), DeepSpeed >= 0.18.2, transformers >= 5.0 "
+                                      "(its Trainer's sequence parallelism, PR #41832; 4.57 runs this as plain data parallelism), TRL >= 0.26"
+                                    : "versions: Accelerate >= 1.12, DeepSpeed >= 0.18.2, transformers >= 4.51.3");
+  // bf16 is explicit in the JSON and on the launch line: "auto" resolves to false in a native
+  // Accelerate loop without --mixed_precision (§2.7), which would train in fp32. The YAML may not
+  // carry mixed_precision beside deepspeed_config_file (§2.5); the command line may.
+  exported.notes.push_back(fmt::format("launch: accelerate launch --config_file {} --mixed_precision bf16 train.py (no --use_deepspeed: it "
+                                       "would keep the SP keys out)", main_file(r, "accelerate.yaml")));
   if (r.cluster.nodes > 1)
     // With num_machines > 1 and the pdsh launcher, Accelerate runs `deepspeed --hostfile ...
     // --master_addr main_process_ip` from the node it is started on (FRAMEWORKS §2.6).
     exported.notes.push_back(fmt::format(
         "{} nodes: replace MAIN_NODE_ADDRESS (main_process_ip) with the first node's address, write `hostfile` with one "
         "`HOSTNAME slots={}` line per node, and run accelerate launch on the first node only: DeepSpeed's pdsh launcher starts "
-        "every node's ranks",
+        "every node's ranks; the files are named by absolute path, so every node must see them at the same path (a shared "
+        "file system)",
         r.cluster.nodes, r.cluster.gpus_per_node));
   YAML::Emitter out;
   std::vector<std::string> header = record_lines(r, "Accelerate (accelerate launch --config_file)");
@@ -214,7 +264,10 @@ ExportedConfig accelerate_config_emit(const ExportRequest& r) {
   config["train_micro_batch_size_per_gpu"] = "auto";
   config["gradient_accumulation_steps"] = "auto";
   config["gradient_clipping"] = "auto";
-  config["bf16"] = {{"enabled", "auto"}};
+  // bf16 as planned, not "auto": a native Accelerate loop resolves "auto" from mixed_precision,
+  // false without it; the HF Trainer checks it against bf16=True (the argument above).
+  config["bf16"] = {{"enabled", true}};
+  config["longseq_plan"] = json_record(r, "Accelerate / HF Trainer / TRL");
   exported.files.push_back({".deepspeed.json", config.dump(2) + "\n"});
   return exported;
 }
@@ -231,8 +284,19 @@ ExportedConfig megatron_deepspeed_emit(const ExportRequest& r) {
   if (p.fpdt && p.fpdt_chunk_tokens % (32 * p.sp) != 0)
     exported.notes.push_back(fmt::format("FPDT chunk {} is not a multiple of 32 x sp = {} (FPDT's loss chunks need it)", p.fpdt_chunk_tokens,
                                          32 * p.sp));
-  exported.notes.push_back("versions: Megatron-DeepSpeed main with FPDT (676a482c or later), DeepSpeed >= 0.16.1 (FPDT), flash-attn 2.x");
+  exported.notes.push_back(p.fpdt ? "versions: Megatron-DeepSpeed main with FPDT (676a482c or later); DeepSpeed >= 0.19.1 with flash-attn "
+                                    "2.7 (DeepSpeed 0.16.1-0.19.0 call flash-attn <= 2.6.3 only, FRAMEWORKS §3.2)"
+                                  : "versions: Megatron-DeepSpeed main (676a482c or later), DeepSpeed >= 0.10.2, flash-attn 2.x");
+  if (!m.rope_scaling.empty())
+    exported.notes.push_back(fmt::format("RoPE scaling '{}' of {} is not expressed: Megatron-DeepSpeed's rotary embedding has no such "
+                                         "scaling, so positions train with the plain base", m.rope_scaling, m.name));
+  if (m.rope_theta != std::floor(m.rope_theta))
+    exported.notes.push_back(fmt::format("RoPE base {} is not a whole number; --rotary-position-embeddings-theta takes an int", m.rope_theta));
   exported.notes.push_back("data, tokenizer and schedule arguments (--data-path, --tokenizer-type/--tokenizer-model, --train-iters, --lr) are yours");
+  if (r.cluster.nodes > 1)
+    exported.notes.push_back(fmt::format("{} nodes: write `hostfile` with one `HOSTNAME slots={}` line per node and run the script on the "
+                                         "first node (DeepSpeed's launcher starts the others); the DeepSpeed JSON is named by absolute "
+                                         "path, so every node must see it at the same path", r.cluster.nodes, r.cluster.gpus_per_node));
   const bool swiglu = m.mlp_kind == MlpKind::mlp_kind_swiglu;
   std::vector<std::string> args = {
       fmt::format("--num-layers {}", m.num_layers), fmt::format("--hidden-size {}", m.hidden_size),
@@ -242,7 +306,8 @@ ExportedConfig megatron_deepspeed_emit(const ExportRequest& r) {
       fmt::format("--max-position-embeddings {}", r.seqlen)};
   if (swiglu) args.push_back("--swiglu");
   args.push_back(m.norm_kind == NormKind::norm_kind_rmsnorm ? "--normalization rmsnorm" : "--normalization layernorm");
-  args.push_back("--use-rotary-position-embeddings");
+  // The base always: Megatron's default is 10000, not Llama 3's 500000 or Qwen3's 1000000 (§3.5).
+  args.push_back(fmt::format("--use-rotary-position-embeddings --rotary-position-embeddings-theta {:.0f}", std::floor(m.rope_theta)));
   if (!m.tied_embeddings) args.push_back("--untie-embeddings-and-output-weights");
   if (!m.qkv_bias && !m.mlp_bias) args.push_back("--disable-bias-linear");
   args.push_back("--attention-dropout 0 --hidden-dropout 0");
@@ -272,6 +337,7 @@ ExportedConfig megatron_deepspeed_emit(const ExportRequest& r) {
   config["train_micro_batch_size_per_gpu"] = p.micro_batch;
   config["train_batch_size"] = p.micro_batch * data_parallel(r);
   config["gradient_clipping"] = 1.0;
+  config["longseq_plan"] = json_record(r, "Megatron-DeepSpeed");
   exported.files.push_back({".deepspeed.json", config.dump(2) + "\n"});
   return exported;
 }
@@ -300,6 +366,7 @@ ExportedConfig deepspeed_config_emit(const ExportRequest& r) {
   // Optimizer offload needs DeepSpeed to build its CPU Adam from this block (no client optimizer, §4.3).
   config["optimizer"] = {{"type", "AdamW"}, {"params", {{"lr", 1e-5}, {"betas", {0.9, 0.95}}, {"eps", 1e-8}, {"weight_decay", 0.0}}}};
   if (p.offload_optimizer) exported.notes.push_back("optimizer offload: pass no optimizer to deepspeed.initialize (the JSON's AdamW becomes CPU Adam)");
+  config["longseq_plan"] = json_record(r, "a plain deepspeed.initialize loop");
   exported.files.push_back({"", config.dump(2) + "\n"});
   return exported;
 }

@@ -24,8 +24,12 @@ struct ExportRequest {
   RuntimeProfile profile;
   int64_t seqlen = 0;                 // the planned sequence length (global tokens)
   double predicted_peak_bytes = 0;    // per GPU
-  // The name the main file gives the DeepSpeed JSON beside it (Accelerate, Megatron-DeepSpeed).
+  // The path the main file gives the DeepSpeed JSON beside it (Accelerate, Megatron-DeepSpeed):
+  // absolute when the files are written (so a launch from another folder finds it), a bare name
+  // when they go to standard output.
   std::string deepspeed_json_name = "ds_config.deepspeed.json";
+  // The main file as the launch line names it (absolute when written; a placeholder on stdout).
+  std::string main_file_name;
 };
 
 struct ExportedFile {

@@ -397,3 +397,67 @@ TEST_CASE("a sweep of hundreds of rows draws at most 60 bars, evenly spaced, and
         std::string::npos);
   fs::remove_all(dir);
 }
+
+TEST_CASE("exports run as planned (issue 25): precision, pin_memory, the record, version floors, RoPE, Megatron's GQA limit") {
+  PlanOptions plan = PlanOptions::alst(8);
+  plan.tiled_mlp = plan.checkpoint_offload = false;  // what HF runs
+  // Accelerate: bf16 explicit in the JSON and on the launch line ("auto" is false in a native
+  // Accelerate loop without --mixed_precision, FRAMEWORKS §2.7), transformers 5 for the Trainer's sp.
+  ExportRequest request = export_request("llama-3.1-8b", 8, plan, 524288);
+  request.main_file_name = "/runs/acc.yaml";
+  request.deepspeed_json_name = "/runs/acc.deepspeed.json";
+  const ExportedConfig accelerate = accelerate_config_emit(request);
+  const auto json = nlohmann::json::parse(accelerate.files[1].text);
+  CHECK(json["bf16"]["enabled"] == true);
+  CHECK(json["longseq_plan"]["sequence_length"] == 524288);  // the record travels with the file
+  CHECK(json["longseq_plan"]["model"] == "Llama-3.1-8B");
+  CHECK(json["zero_optimization"]["offload_optimizer"]["pin_memory"] == false);
+  CHECK(any_note_contains(accelerate, "accelerate launch --config_file /runs/acc.yaml --mixed_precision bf16 train.py"));
+  CHECK(any_note_contains(accelerate, "transformers >= 5.0"));
+  CHECK(YAML::Load(accelerate.text())["deepspeed_config"]["deepspeed_config_file"].as<std::string>() == "/runs/acc.deepspeed.json");
+  PlanOptions one_rank = plan;
+  one_rank.sp = 1;
+  one_rank.tiled_loss = false;
+  CHECK_FALSE(any_note_contains(accelerate_config_emit(export_request("llama-3.1-8b", 8, one_rank, 65536)), "transformers >= 5.0"));
+  // Every DeepSpeed JSON records the plan; the plain one too.
+  CHECK(nlohmann::json::parse(deepspeed_config_emit(export_request("llama-3.1-8b", 8, plan, 524288)).text())["longseq_plan"]["sp"] == 8);
+  // ArcticTraining: pin_memory as the plan assumed it, FA3's extra package, the length grid.
+  const PlanOptions alst = PlanOptions::alst(8, 8);
+  const ExportedConfig arctic = arctic_training_recipe_emit(export_request("llama-3.1-8b", 8, alst, 4'457'984));
+  const YAML::Node recipe = YAML::Load(arctic.text());
+  CHECK(recipe["deepspeed"]["zero_optimization"]["offload_optimizer"]["pin_memory"].as<bool>() == false);
+  CHECK(any_note_contains(arctic, "install FlashAttention-2 (flash-attn) beside FlashAttention-3's Hopper build"));
+  CHECK_FALSE(any_note_contains(arctic, "collator pads"));  // 4,457,984 = 17,414 x 256
+  CHECK(any_note_contains(arctic_training_recipe_emit(export_request("llama-3.1-8b", 8, alst, 4'458'216)), "collator pads every batch to 4458240"));
+  CHECK(framework_facts(Framework::framework_arctic_training).length_multiple == 256);
+  // Megatron-DeepSpeed: the RoPE base always (its default is 10000), the scaling it lacks named,
+  // FPDT's DeepSpeed floor for flash-attn 2.7.
+  PlanOptions fpdt = PlanOptions::alst(8);
+  fpdt.tiled_mlp = fpdt.tiled_loss = false;
+  fpdt.fpdt = true;
+  fpdt.fpdt_chunk_tokens = 65536;
+  const ExportedConfig megatron = megatron_deepspeed_emit(export_request("llama-3.1-8b", 16, fpdt, 1048576));
+  CHECK(megatron.text().find("--rotary-position-embeddings-theta 500000") != std::string::npos);
+  CHECK(any_note_contains(megatron, "RoPE scaling 'llama3'"));
+  CHECK(any_note_contains(megatron, "DeepSpeed >= 0.19.1 with flash-attn 2.7"));
+  CHECK(megatron_deepspeed_emit(export_request("gpt-13b", 16, fpdt, 1048576)).text().find("--rotary-position-embeddings-theta 10000") !=
+        std::string::npos);
+  // Megatron's Ulysses attention asserts as many kv heads as query heads (transformer.py L728-729);
+  // FPDT's attention takes GQA; Qwen3's q/k norm it has not at all.
+  const ModelSpec llama = model_load("llama-3.1-8b");
+  PlanOptions ulysses;
+  ulysses.sp = 8;
+  ulysses.zero_stage = 3;
+  CHECK(framework_unsupported(Framework::framework_megatron_deepspeed, llama, ulysses).find("as many kv heads as query heads") !=
+        std::string::npos);
+  ulysses.sp = 1;
+  CHECK(framework_unsupported(Framework::framework_megatron_deepspeed, llama, ulysses).empty());
+  CHECK(framework_unsupported(Framework::framework_megatron_deepspeed, model_load("qwen3-4b"), ulysses).find("no q/k norm") !=
+        std::string::npos);
+  ulysses.sp = 8;
+  CHECK(framework_unsupported(Framework::framework_megatron_deepspeed, model_load("gpt-13b"), ulysses).empty());  // 40 q = 40 kv heads
+  // --emit's target is a framework: its name maps to the framework that runs the file.
+  CHECK(framework_of_export_target("megatron-deepspeed") == Framework::framework_megatron_deepspeed);
+  CHECK(framework_of_export_target("accelerate") == Framework::framework_hf_accelerate);
+  CHECK_THROWS_WITH_AS(framework_of_export_target("torchtitan"), doctest::Contains("unknown target 'torchtitan'"), ConfigError);
+}
