@@ -10,6 +10,7 @@
 #include "models/config_error.hpp"
 #include "models/model_loader.hpp"
 #include "models/yaml_reader.hpp"
+#include "planner/frameworks.hpp"
 #include "planner/max_seqlen.hpp"
 #include "planner/search.hpp"
 #include "planner/time_model.hpp"
@@ -17,10 +18,20 @@
 
 namespace longseq {
 
+bool PlanSettings::fixes_a_plan() const {
+  return preset || sp || ring || zero_stage || offload_optimizer || offload_params || activation_checkpointing || checkpoint_offload ||
+         tiled_mlp || tiled_loss || fpdt || mlp_tiles || loss_tiles || fpdt_chunk_tokens;
+}
+
 void PlanSettings::override_with(const PlanSettings& later) {
   auto take = [](auto& mine, const auto& theirs) {
     if (theirs) mine = theirs;
   };
+  if (search_by_default && !later.search && later.fixes_a_plan()) {
+    search.reset();
+    search_by_default = false;
+  }
+  take(framework, later.framework);
   take(preset, later.preset);
   take(search, later.search);
   take(sp, later.sp);
@@ -69,6 +80,10 @@ PlanSettings plan_settings_read(YamlReader& reader) {
     if (*settings.search != "max-seqlen" && *settings.search != "throughput")
       throw ConfigError(reader.source_name(), reader.key_name("search"),
                         fmt::format("expected max-seqlen or throughput, got '{}'", *settings.search));
+  }
+  if (reader.has("framework")) {
+    settings.framework = reader.get_string("framework");
+    framework_parse(*settings.framework, reader.source_name() + ": key '" + reader.key_name("framework") + "'");
   }
   if (reader.has("sp") && reader.get_string("sp") != "auto") settings.sp = reader.get_int("sp", 1, kMaxGpus);
   if (reader.has("ring")) settings.ring = reader.get_int("ring", 1, kMaxGpus);
@@ -151,6 +166,7 @@ Scenario scenario_from_text(const std::string& yaml_text, const std::string& pat
     plan.reject_unknown_keys();
   } else {
     scenario.plan.search = "max-seqlen";
+    scenario.plan.search_by_default = true;
   }
 
   if (scenario.run && !reader.has("sweep")) {
@@ -381,11 +397,21 @@ std::vector<SweepRow> scenario_run(const Scenario& scenario, const std::function
                       if (loss_tiles) settings.loss_tiles = *loss_tiles;
                       if (chunk) settings.fpdt_chunk_tokens = *chunk;
                       PlanOptions plan;
+                      // The framework, as `longseq plan` takes it: given, or the default for a search;
+                      // a fixed plan without one is unchecked (and on the plain granule).
+                      const std::optional<Framework> framework =
+                          settings.framework ? std::optional<Framework>(framework_parse(*settings.framework))
+                          : settings.search  ? std::optional<Framework>(kDefaultFramework)
+                                             : std::nullopt;
+                      const int64_t length_multiple = framework ? framework_facts(*framework).length_multiple : 1;
+                      if (framework) row.framework = framework_name(*framework);
                       if (settings.search) {
                         SearchOptions options;
                         options.objective = seqlen ? SearchObjective::objective_throughput : SearchObjective::objective_max_seqlen;
                         options.seqlen = seqlen.value_or(0);
                         options.explore_ring = settings.ring.value_or(0) != 1;
+                        options.unsupported = [&](const PlanOptions& candidate) { return framework_unsupported(*framework, model, candidate); };
+                        options.length_multiple = length_multiple;
                         const SearchResult result = plan_search(model, cluster, profile, options);
                         if (!result.winner()) throw ConfigError("", "", "no plan fits");
                         plan = result.winner()->plan;
@@ -393,8 +419,15 @@ std::vector<SweepRow> scenario_run(const Scenario& scenario, const std::function
                         plan = plan_from_settings(settings, model, cluster);
                       }
                       std::vector<std::string> problems = plan_problems(model, cluster, plan);
-                      if (seqlen)
+                      if (framework && !settings.search)
+                        if (const std::string unsupported = framework_unsupported(*framework, model, plan); !unsupported.empty())
+                          problems.push_back(unsupported);
+                      if (seqlen) {
                         for (auto& problem : seqlen_problems(plan, *seqlen)) problems.push_back(problem);
+                        if (*seqlen % length_multiple != 0)
+                          problems.push_back(fmt::format("sequence length {} is not a multiple of {}: {} pads every batch to one", *seqlen,
+                                                         length_multiple, row.framework));
+                      }
                       if (!problems.empty()) throw ConfigError("", "", problems.front());
                       row.plan = plan;
                       MemoryPrediction memory;
@@ -402,10 +435,11 @@ std::vector<SweepRow> scenario_run(const Scenario& scenario, const std::function
                         memory = memory_predict(model, cluster, plan, profile, *seqlen);
                         row.binding_constraint = !memory.fits_gpu() ? "GPU memory" : !memory.fits_host() ? "host memory" : "";
                       } else {
-                        const MaxSeqlenResult found = max_seqlen_find(model, cluster, plan, profile);
+                        const int64_t grid = seqlen_grid(plan, length_multiple);
+                        const MaxSeqlenResult found = max_seqlen_find(model, cluster, plan, profile, grid);
                         memory = found.at_max;
                         row.seqlen = found.max_seqlen;
-                        const SeqlenBand band = max_seqlen_band(model, cluster, plan, profile);
+                        const SeqlenBand band = max_seqlen_band(model, cluster, plan, profile, grid);
                         row.seqlen_shortest = band.shortest;
                         row.seqlen_longest = band.longest;
                         row.binding_constraint = found.binding_constraint;

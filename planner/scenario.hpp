@@ -20,6 +20,13 @@ namespace longseq {
 struct PlanSettings {
   std::optional<std::string> preset;  // "alst" or "baseline"
   std::optional<std::string> search;  // "max-seqlen" or "throughput": the plan is searched
+  // Set when no plan: section was given: the scenario searches unless a ladder step fixes a plan
+  // (a preset or any plan key), as `longseq plan` does without plan flags.
+  bool search_by_default = false;
+  // The framework the plan is for (planner/frameworks.hpp): a search explores only what it runs,
+  // at the lengths it feeds, as `longseq plan --framework` does; a fixed plan is checked against
+  // it. Absent: a search is for the default framework (as `longseq plan`), a fixed plan unchecked.
+  std::optional<std::string> framework;
   std::optional<int64_t> sp;          // absent or "auto": the largest valid degree
   // Ring attention degree (USP's Ulysses x ring): a fixed plan uses it (sp "auto" then takes the
   // largest degree valid on gpus / ring); a search explores ring degrees unless it is 1.
@@ -28,8 +35,10 @@ struct PlanSettings {
   std::optional<bool> offload_optimizer, offload_params, activation_checkpointing, checkpoint_offload, tiled_mlp,
       tiled_loss, fpdt;
   std::optional<int64_t> mlp_tiles, loss_tiles, fpdt_chunk_tokens;
-  // Later settings win, field by field.
+  // Later settings win, field by field; a later preset or plan key ends a search that was only the
+  // default (a ladder step "baseline" runs the baseline, not the search).
   void override_with(const PlanSettings& later);
+  bool fixes_a_plan() const;  // a preset or any plan option is set
 };
 
 struct LadderStep {
@@ -87,6 +96,7 @@ Scenario scenario_from_text(const std::string& yaml_text, const std::string& pat
 struct SweepRow {
   std::vector<std::pair<std::string, std::string>> axes;  // the swept values that made this row
   std::string model, gpu, step;
+  std::string framework;  // the framework the plan is for; empty: a fixed plan not checked against one
   int64_t gpus = 0, nodes = 0;
   std::optional<PlanOptions> plan;  // absent when the search found nothing or the plan is invalid
   std::string mode;                 // "max_seqlen" or "at_seqlen"

@@ -46,7 +46,7 @@ const std::vector<std::string>& sweep_output_names() {
 
 const std::vector<std::string>& sweep_columns() {
   static const std::vector<std::string> columns = [] {
-    std::vector<std::string> names = {"model", "gpu", "gpus", "nodes", "step", "plan", "sp", "ring", "dp", "zero_stage",
+    std::vector<std::string> names = {"model", "gpu", "gpus", "nodes", "step", "framework", "plan", "sp", "ring", "dp", "zero_stage",
                                       "offload_optimizer", "offload_params", "activation_checkpointing",
                                       "checkpoint_offload", "tiled_mlp", "tiled_loss", "fpdt_chunk_tokens", "mode", "seqlen",
                                       "seqlen_shortest", "seqlen_longest", "fits", "binding_constraint", "gpu_peak_gib", "gpu_capacity_gib", "host_per_node_gib"};
@@ -68,6 +68,7 @@ nlohmann::json sweep_results_to_json(const Scenario& scenario, const std::vector
     json["gpus"] = row.gpus;
     json["nodes"] = row.nodes;
     json["step"] = row.step;
+    json["framework"] = row.framework;
     nlohmann::json axes = nlohmann::json::object();
     for (const auto& [axis, value] : row.axes) axes[axis] = value;
     json["axes"] = axes;
@@ -131,8 +132,8 @@ nlohmann::json sweep_results_to_json(const Scenario& scenario, const std::vector
 
 std::string sweep_markdown_table(const nlohmann::json& results, const std::string& source) {
   std::string out =
-      "| model | gpus | step | plan | mode | seqlen | band | fits | GPU peak GiB | host GiB/node | step s | TFLOPS (ALST formula) | published |\n";
-  out += "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+      "| model | gpus | step | framework | plan | mode | seqlen | band | fits | GPU peak GiB | host GiB/node | step s | TFLOPS (ALST formula) | published |\n";
+  out += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   const JsonView rows = JsonView(results, source)["rows"];
   for (size_t i = 0; i < rows.size(); ++i) {
     const JsonView row = rows[i];
@@ -153,8 +154,8 @@ std::string sweep_markdown_table(const nlohmann::json& results, const std::strin
     std::string band;
     if (max_mode && row.has("seqlen_longest") && row["seqlen_longest"].integer() > 0)
       band = seqlen_format(row["seqlen_shortest"].integer()) + " to " + seqlen_format(row["seqlen_longest"].integer());
-    out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", cell("model"), cell("gpus"), cell("step"),
-                       cell("plan"), max_mode ? "max" : "at", seqlen, band, cell("fits"), number("gpu_peak_gib", "{:.1f}"),
+    out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", cell("model"), cell("gpus"), cell("step"),
+                       cell("framework"), cell("plan"), max_mode ? "max" : "at", seqlen, band, cell("fits"), number("gpu_peak_gib", "{:.1f}"),
                        number("host_per_node_gib", "{:.0f}"), number("step_s", "{:.1f}"), number("tflops_megatron", "{:.1f}"),
                        published);
   }

@@ -461,3 +461,54 @@ TEST_CASE("exports run as planned (issue 25): precision, pin_memory, the record,
   CHECK(framework_of_export_target("accelerate") == Framework::framework_hf_accelerate);
   CHECK_THROWS_WITH_AS(framework_of_export_target("torchtitan"), doctest::Contains("unknown target 'torchtitan'"), ConfigError);
 }
+
+TEST_CASE("every shipped scenario's ladder steps run the plans their names say") {
+  // A scenario without a plan: section searches; a ladder step with a preset used to stay a search
+  // (ALST Tables 2-4 gave "baseline" and "ALST" the same searched FPDT plan, 557,056 tokens on one GPU).
+  int64_t preset_rows = 0;
+  for (const auto& entry : fs::directory_iterator(kScenarios)) {
+    if (entry.path().extension() != ".yaml") continue;
+    const Scenario scenario = scenario_load(entry.path().string());
+    if (scenario.run) continue;
+    const std::vector<SweepRow> rows = scenario_run(scenario);
+    for (const SweepRow& row : rows) {
+      if (row.step.empty() || !row.plan) continue;
+      const auto step = std::find_if(scenario.sweep_ladder.begin(), scenario.sweep_ladder.end(),
+                                     [&](const LadderStep& ladder) { return ladder.name == row.step; });
+      REQUIRE(step != scenario.sweep_ladder.end());
+      if (!step->settings.preset) continue;
+      CAPTURE(entry.path().filename().string());
+      CAPTURE(row.step);
+      ++preset_rows;
+      const bool alst = *step->settings.preset == "alst";
+      CHECK_FALSE(row.plan->fpdt);
+      CHECK(row.plan->tiled_mlp == (alst || step->settings.tiled_mlp.value_or(false)));
+      CHECK(row.plan->checkpoint_offload == (alst || step->settings.checkpoint_offload.value_or(false)));
+    }
+  }
+  CHECK(preset_rows >= 7);  // ALST Tables 2-4 (6 rows) and the ablation's last step
+  // The paper's one-GPU baseline is tens of thousands of tokens, not a searched plan's hundreds of thousands.
+  const Scenario tables = scenario_load(kScenarios + "/alst-1-8-32-gpus.yaml");
+  for (const SweepRow& row : scenario_run(tables))
+    if (row.step == "baseline") {
+      CAPTURE(row.gpus);
+      CHECK(row.seqlen < 100'000);
+    }
+}
+
+TEST_CASE("a scenario names its framework: the search explores only what it runs, at the lengths it feeds") {
+  const Scenario ring = scenario_from_text(
+      "name: x\nmodel: llama-3.1-70b\ncluster: {gpu: h100-sxm-80gb}\nplan: {search: max-seqlen}\nsweep:\n  gpus: [128]\n  ladder:\n"
+      "    - {name: ulysses, framework: arctic-training}\n    - {name: ring, framework: usp}\n",
+      "x.yaml");
+  const std::vector<SweepRow> rows = scenario_run(ring);
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[0].framework == "arctic-training");
+  CHECK(rows[0].plan->ring == 1);            // ArcticTraining has no ring attention
+  CHECK(rows[0].seqlen % 256 == 0);          // its collator's grid
+  CHECK(rows[1].plan->ring > 1);             // USP runs Ulysses x ring past the 64 heads
+  CHECK(rows[1].seqlen > 3 * rows[0].seqlen / 2);  // 25.6M against 12.8M, PREDICTED
+  CHECK_THROWS_WITH_AS(scenario_from_text("name: x\nmodel: llama-3.1-8b\ncluster: {gpu: h100-sxm-80gb}\nplan: {framework: megatron}\nsweep: {gpus: [8]}\n",
+                                          "x.yaml"),
+                       doctest::Contains("x.yaml: key 'plan.framework': unknown framework 'megatron'"), ConfigError);
+}

@@ -1,0 +1,26 @@
+# sweep_equals_plan.cmake: a sweep point is `longseq plan`'s answer for the same model, cluster and
+# framework (issue 26.2: a sweep searched every framework's plans and disagreed with plan).
+# Usage: cmake -DLONGSEQ=exe -DWORK=dir -P sweep_equals_plan.cmake
+file(REMOVE_RECURSE "${WORK}")
+file(MAKE_DIRECTORY "${WORK}")
+foreach(gpus 16 64)
+  foreach(framework arctic-training usp)
+    file(WRITE "${WORK}/s.yaml" "name: s\nmodel: llama-3.1-8b\ncluster: {gpu: h100-sxm-80gb}\nplan: {search: max-seqlen, framework: ${framework}}\nsweep: {gpus: [${gpus}]}\n")
+    execute_process(COMMAND ${LONGSEQ} sweep "${WORK}/s.yaml" -o "${WORK}/out" -q RESULT_VARIABLE sweep_exit ERROR_VARIABLE sweep_err OUTPUT_QUIET)
+    if(NOT sweep_exit EQUAL 0)
+      message(FATAL_ERROR "sweep failed: ${sweep_err}")
+    endif()
+    file(READ "${WORK}/out/results.json" results)
+    string(JSON swept GET "${results}" rows 0 seqlen)
+    execute_process(COMMAND ${LONGSEQ} plan --model llama-3.1-8b --gpus ${gpus} --framework ${framework} --json
+                    RESULT_VARIABLE plan_exit OUTPUT_VARIABLE plan_json ERROR_VARIABLE plan_err)
+    if(NOT plan_exit EQUAL 0)
+      message(FATAL_ERROR "plan failed: ${plan_err}")
+    endif()
+    string(JSON planned GET "${plan_json}" max_seqlen tokens)
+    if(NOT swept EQUAL planned)
+      message(FATAL_ERROR "${gpus} GPUs, ${framework}: sweep ${swept} tokens, plan ${planned}")
+    endif()
+    message(STATUS "${gpus} GPUs, ${framework}: sweep and plan both ${planned} tokens")
+  endforeach()
+endforeach()
