@@ -5,12 +5,16 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <set>
+#include <numeric>
 #include <optional>
 
+#include "models/checked_input.hpp"
 #include "models/config_error.hpp"
 #include "executor/trainer.hpp"
 #include "models/model_loader.hpp"
 #include "models/output_files.hpp"
+#include "models/process.hpp"
 #include "executor/job_launch.hpp"
 #include "planner/max_seqlen.hpp"
 #include "planner/frameworks.hpp"
@@ -56,7 +60,10 @@ struct PlanCommandArgs {
   bool json = false;
   std::string emit;      // "deepspeed" or "accelerate"
   std::optional<std::string> emit_out;  // file for the emitted config (not given: stdout)
+  std::string emit_length = "safe";     // a searched maximum: the band's low end ("safe") or the point estimate
   bool overwrite = false;  // --emit-out / --plan-out may replace an existing regular file
+  std::optional<std::string> max_step_time;  // the longest length whose step takes at most this
+  std::optional<double> gpu_hour_cost;       // the price of one GPU-hour, for the cost of a billion tokens
   // This machine as the target (what `longseq run` executes): ranks, a device budget per rank.
   std::optional<int64_t> ranks;
   std::optional<double> budget_mib;
@@ -111,7 +118,8 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
   command->add_option("--zero", args->zero_stage, "ZeRO stage 0..3 (default 3)");
   command->add_flag("--search", args->search,
                     "search the plan space (the default when no plan flag is given): sp, ZeRO stage, offloads, "
-                    "checkpointing, tiling, FPDT and its chunk");
+                    "checkpointing, tiling, FPDT and its chunk; with plan flags (--zero 2, --no-offload-params, --sp 4, "
+                    "...) the search holds those options fixed");
   command->add_option("--objective", args->objective,
                       "search objective: max-seqlen (default without --seqlen) or throughput (tokens/s at --seqlen)");
   command->add_flag("--alst", args->alst,
@@ -154,6 +162,10 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
                       "write the (chosen) plan as a framework's files instead of the report: arctic-training (recipe YAML), "
                       "accelerate (Accelerate YAML + the DeepSpeed JSON it names), megatron-deepspeed (launch arguments + "
                       "DeepSpeed JSON) or deepspeed (DeepSpeed JSON for a plain loop)");
+  command->add_option("--emit-length", args->emit_length,
+                      "the length --emit writes when longseq finds the maximum: safe (default: the band's low end, every "
+                      "estimate at its high end) or point (the point estimate, at 100% of usable memory)")
+      ->check(CLI::IsMember({"safe", "point"}));
   command->add_option("--emit-out", args->emit_out,
                       "file for --emit (default: standard output); a second file (the DeepSpeed JSON) goes beside it as "
                       "STEM.deepspeed.json");
@@ -166,6 +178,11 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
   command->add_option("--plan-out", args->plan_out,
                       "also write the chosen plan, with the model, length, ranks and budget it is for, to this file for "
                       "`longseq run --plan FILE` / `longseq launch --plan FILE`");
+  command->add_option("--max-step-time", args->max_step_time,
+                      "find the longest length whose predicted step takes at most this (3600, 90min, 1h, 2d): the memory's "
+                      "maximum is cut where the step grows past it");
+  command->add_option("--gpu-hour-cost", args->gpu_hour_cost,
+                      "the price of one GPU-hour (any currency): the step report adds the cost of a billion tokens");
   command->add_flag("--overwrite", args->overwrite,
                     "let --emit-out / --plan-out replace an existing file (without it an existing file is refused before any "
                     "work; a device or FIFO is written, never replaced)");
@@ -230,6 +247,33 @@ PlanOptions plan_from_flags(const PlanCommandArgs& args, const ModelSpec& model,
   return plan;
 }
 
+// --search with plan flags: each flag given holds that option fixed in every plan searched.
+std::function<bool(const PlanOptions&)> search_constraints(const PlanCommandArgs& args) {
+  auto held = [](int64_t on, int64_t off) -> std::optional<bool> {
+    if (on > 0 && off > 0) return std::nullopt;
+    if (on > 0) return true;
+    if (off > 0) return false;
+    return std::nullopt;
+  };
+  const std::optional<bool> offload_optimizer = held(args.offload_optimizer_on, args.offload_optimizer_off),
+                            offload_params = held(args.offload_params_on, args.offload_params_off),
+                            checkpointing = held(args.checkpointing_on, args.checkpointing_off),
+                            checkpoint_offload = held(args.checkpoint_offload_on, args.checkpoint_offload_off),
+                            tiled_mlp = held(args.tiled_mlp_on, args.tiled_mlp_off), tiled_loss = held(args.tiled_loss_on, args.tiled_loss_off);
+  const std::optional<int64_t> sp = args.sp, ring = args.ring;
+  const std::optional<int> zero = args.zero_stage;
+  const bool fpdt = args.fpdt;
+  const std::optional<int64_t> chunk = args.fpdt_chunk ? std::optional<int64_t>(seqlen_parse(*args.fpdt_chunk, "--fpdt-chunk")) : std::nullopt;
+  return [=](const PlanOptions& plan) {
+    auto holds = [](const std::optional<bool>& wanted, bool value) { return !wanted || *wanted == value; };
+    return (!sp || plan.sp == *sp) && (!ring || plan.ring == *ring) && (!zero || plan.zero_stage == *zero) &&
+           holds(offload_optimizer, plan.offload_optimizer) && holds(offload_params, plan.offload_params) &&
+           holds(checkpointing, plan.activation_checkpointing) && holds(checkpoint_offload, plan.checkpoint_offload) &&
+           holds(tiled_mlp, plan.tiled_mlp) && holds(tiled_loss, plan.tiled_loss) && (!fpdt || plan.fpdt) &&
+           (!chunk || (plan.fpdt && plan.fpdt_chunk_tokens == *chunk));
+  };
+}
+
 std::string problems_join(const std::vector<std::string>& problems) {
   std::string joined;
   for (const auto& problem : problems) joined += (joined.empty() ? "" : "; ") + problem;
@@ -247,24 +291,129 @@ nlohmann::json plan_to_json(const PlanOptions& plan, const ClusterSpec& cluster)
   return json;
 }
 
-// The largest GPU component when `plan` runs out at `seqlen`, e.g. "model_states/optimizer_states 37.5 GiB".
+// What runs out when `plan` fails at `seqlen`: the largest term that grows with the length (the
+// reserve or the model states, constant in S, explain nothing about the length), e.g.
+// "largest growing with the length: layer_working_set/attention.q 4.3 GiB"; or, where nothing
+// grows (a plan that fails at its first tokens), the largest term, said to be constant.
 std::string largest_component_describe(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
                                        const RuntimeProfile& profile, int64_t seqlen) {
   const MemoryPrediction prediction = memory_predict(model, cluster, plan, profile, seqlen);
-  if (!prediction.fits_gpu()) {
-    const MemoryItem* largest = nullptr;
-    for (const auto& item : prediction.gpu_items)
-      if (!largest || item.bytes > largest->bytes) largest = &item;
-    if (largest) return fmt::format("largest: {}/{} {:.1f} GiB", largest->category, largest->name, bytes_to_gib(largest->bytes));
+  const int64_t shorter_seqlen = seqlen / 2 - (seqlen / 2) % seqlen_granule(plan);
+  const MemoryPrediction shorter = shorter_seqlen > 0 ? memory_predict(model, cluster, plan, profile, shorter_seqlen) : MemoryPrediction{};
+  auto bytes_of = [](const std::vector<MemoryItem>& items, const MemoryItem& like) {
+    for (const auto& item : items)
+      if (item.name == like.name && item.category == like.category) return item.bytes;
+    return 0.0;
+  };
+  const bool gpu = !prediction.fits_gpu();
+  const std::vector<MemoryItem>& items = gpu ? prediction.gpu_items : prediction.host_items;
+  const MemoryItem *largest = nullptr, *largest_growing = nullptr;
+  for (const auto& item : items) {
+    if (!largest || item.bytes > largest->bytes) largest = &item;
+    const bool grows = shorter_seqlen > 0 && item.bytes > 1.01 * bytes_of(gpu ? shorter.gpu_items : shorter.host_items, item);
+    if (grows && (!largest_growing || item.bytes > largest_growing->bytes)) largest_growing = &item;
   }
-  return fmt::format("host {:.0f} of {:.0f} GiB per node", bytes_to_gib(prediction.host_bytes_per_node),
-                     bytes_to_gib(prediction.host_capacity_bytes));
+  const std::string where = gpu ? "" : fmt::format("host {:.0f} of {:.0f} GiB per node; ", bytes_to_gib(prediction.host_bytes_per_node),
+                                                   bytes_to_gib(prediction.host_capacity_bytes));
+  if (largest_growing)
+    return fmt::format("{}largest growing with the length: {}/{} {:.1f} GiB", where, largest_growing->category, largest_growing->name,
+                       bytes_to_gib(largest_growing->bytes));
+  if (largest)
+    return fmt::format("{}largest: {}/{} {:.1f} GiB, constant in the length", where, largest->category, largest->name,
+                       bytes_to_gib(largest->bytes));
+  return where.empty() ? "GPU memory" : where.substr(0, where.size() - 2);
+}
+
+// "1 token", "32.768K tokens": a length in a sentence.
+std::string tokens_text(int64_t tokens) { return tokens == 1 ? "1 token" : seqlen_format(tokens) + " tokens"; }
+
+// Other GPU counts than the one asked about, where they change the answer: the fewest GPUs that
+// reach the same length (the rest only add data parallelism), a count of these GPUs that reaches
+// further, and the first larger one that does. The length is set by the ranks on one sequence,
+// which the heads bound (a Ulysses degree divides them): the counts tried are each valid degree
+// on whole nodes (the degree itself inside one node, else its least common multiple with a node).
+std::string gpu_count_advice(const ModelSpec& model, const ClusterSpec& cluster, const RuntimeProfile& profile,
+                             const SearchOptions& options, const SearchCandidate& winner, nlohmann::json& report) {
+  std::set<int64_t> counts;
+  for (int64_t degree = 1; degree <= 2 * cluster.gpus && degree <= model.num_q_heads; ++degree) {
+    if (model.num_q_heads % degree != 0 || !(model.num_kv_heads % degree == 0 || degree % model.num_kv_heads == 0)) continue;
+    const int64_t count = degree <= cluster.gpus_per_node ? degree : std::lcm(degree, cluster.gpus_per_node);
+    if (count != cluster.gpus && count <= 2 * cluster.gpus) counts.insert(count);
+  }
+  counts.insert(winner.plan.sequence_ranks() <= cluster.gpus_per_node ? winner.plan.sequence_ranks()
+                                                                       : std::lcm(winner.plan.sequence_ranks(), cluster.gpus_per_node));
+  counts.erase(cluster.gpus);
+  struct Reach {
+    int64_t gpus = 0, max_seqlen = 0;
+    std::string plan;
+  };
+  std::optional<Reach> fewest_same, further_within, further_beyond;
+  const double resolution = 1 + kSearchLengthResolution;
+  for (const int64_t gpus : counts) {
+    ClusterSpec other;
+    try {
+      other = cluster_make(cluster.hardware, gpus, 0, gpus <= cluster.gpus_per_node ? 0 : cluster.gpus_per_node, cluster.host_memory_gib);
+    } catch (const ConfigError&) {
+      continue;  // not whole nodes
+    }
+    const SearchResult result = plan_search(model, other, profile, options);
+    const SearchCandidate* best = result.winner();
+    if (!best) continue;
+    const Reach reach{gpus, best->max_seqlen, plan_describe(best->plan)};
+    const double length = static_cast<double>(best->max_seqlen), asked = static_cast<double>(winner.max_seqlen);
+    if (gpus < cluster.gpus && length * resolution >= asked && length <= asked * resolution && (!fewest_same || gpus < fewest_same->gpus))
+      fewest_same = reach;
+    if (gpus < cluster.gpus && length > asked * resolution && (!further_within || length > static_cast<double>(further_within->max_seqlen)))
+      further_within = reach;
+    if (gpus > cluster.gpus && length > 1.5 * asked && (!further_beyond || gpus < further_beyond->gpus)) further_beyond = reach;
+  }
+  nlohmann::json advice = nlohmann::json::array();
+  std::string out;
+  auto line = [&](const Reach& reach, const std::string& what) {
+    out += fmt::format("  {} GPUs: {} tokens ({}) — {}\n", reach.gpus, integer_with_commas(reach.max_seqlen), reach.plan, what);
+    advice.push_back({{"gpus", reach.gpus}, {"max_seqlen", reach.max_seqlen}, {"plan", reach.plan}, {"why", what}});
+  };
+  if (further_within)
+    line(*further_within, fmt::format("{} of your {} GPUs reach further than all of them (the heads allow a larger degree there)",
+                                      further_within->gpus, cluster.gpus));
+  if (fewest_same)
+    line(*fewest_same, fmt::format("the same length on fewer GPUs: the other {} add data parallelism (throughput), not length",
+                                   cluster.gpus - fewest_same->gpus));
+  if (further_beyond) line(*further_beyond, "the fewest more GPUs that reach at least 1.5 times as far");
+  report["gpu_count_advice"] = advice;
+  return out.empty() ? out : "\nother GPU counts (PREDICTIONS, the same search):\n" + out;
+}
+
+// What a plan's report needs beside the plan: the lengths the target framework feeds
+// (FrameworkFacts, the grid of the maximum), the step-time limit, the price of a GPU-hour.
+struct ReportContext {
+  int64_t length_multiple = 1;
+  double max_step_s = 0;  // 0: no limit
+  TimeContext time;
+};
+
+// What an answer rests on where no published run supports it: said beside the answer, so that no
+// unvalidated figure passes for a validated one (reports/validation.md holds the record).
+std::vector<std::string> plan_caveats(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
+                                      const RuntimeProfile& profile, int64_t seqlen) {
+  std::vector<std::string> caveats;
+  if (profile.step_schedule == "executor") return caveats;  // longseq's own executor: measured by `longseq run`
+  if (attention_kernel_for(profile, cluster.hardware, plan) == "fa3")
+    caveats.push_back("FlashAttention-3: no published long-sequence run in the record used it (all ran FlashAttention-2); its memory "
+                      "and speed here come from its code and README figures, unvalidated (--attention fa2 for the validated kernel)");
+  if (plan.offload_optimizer && seqlen > 0 && seqlen <= 65536)
+    caveats.push_back("step time at short lengths: validate finds the ALST paper's 32K steps 45-67% longer than predicted (the "
+                      "offloaded optimizer step costs more than its modelled passes; reports/validation.md)");
+  if (model.sliding_window > 0 && seqlen > model.sliding_window)
+    caveats.push_back(fmt::format("{} attends over a sliding window of {} tokens; planned as full causal attention (a kernel that "
+                                  "honours the window does less work; the saved tensors are the same)",
+                                  model.name, integer_with_commas(model.sliding_window)));
+  return caveats;
 }
 
 // One plan's full report: headline, memory breakdown, time. Fills `report` for --json.
-// `length_multiple`: the lengths the target framework feeds (FrameworkFacts), the grid of the maximum.
 std::string plan_report(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
-                        const RuntimeProfile& profile, std::optional<int64_t> seqlen, int64_t length_multiple, nlohmann::json& report) {
+                        const RuntimeProfile& profile, std::optional<int64_t> seqlen, const ReportContext& context, nlohmann::json& report) {
   MemoryPrediction prediction;
   std::string out;
   if (seqlen) {
@@ -275,23 +424,41 @@ std::string plan_report(const ModelSpec& model, const ClusterSpec& cluster, cons
                        : !prediction.fits_gpu() ? "does NOT fit (GPU memory)" : "does NOT fit (host memory)");
     report["seqlen"] = *seqlen;
   } else {
-    const int64_t grid = seqlen_grid(plan, length_multiple);
-    const MaxSeqlenResult result = max_seqlen_find(model, cluster, plan, profile, grid);
+    const int64_t grid = seqlen_grid(plan, context.length_multiple);
+    MaxSeqlenResult result = max_seqlen_find(model, cluster, plan, profile, grid);
     const SeqlenBand band = max_seqlen_band(model, cluster, plan, profile, grid);
+    // A step-time limit cuts the memory's maximum where the step grows past it.
+    const int64_t memory_max = result.max_seqlen;
+    if (context.max_step_s > 0 && memory_max > 0 && time_predict(model, cluster, plan, profile, memory_max).time.total_s() > context.max_step_s) {
+      result.max_seqlen = max_seqlen_within_step_time(model, cluster, plan, profile, grid, memory_max, context.max_step_s);
+      result.binding_constraint = fmt::format("{} of {} (memory allows {} tokens)", kStepTimeLimit, duration_text(context.max_step_s),
+                                              integer_with_commas(memory_max));
+      result.binding_host_term.clear();
+      result.at_max = memory_predict(model, cluster, plan, profile, std::max(result.max_seqlen, grid));
+    }
     prediction = result.at_max;
     if (result.max_seqlen == 0)
-      out += fmt::format("maximum sequence length: none — even {} tokens exceed {}\n", result.granularity, result.binding_constraint);
+      out += fmt::format("maximum sequence length: none — even {} tokens exceed {}\n", grid, result.binding_constraint);
     else
       out += fmt::format("maximum sequence length: {} tokens ({}), limited by {}{}\n", integer_with_commas(result.max_seqlen),
                          seqlen_format(result.max_seqlen), result.binding_constraint,
                          result.binding_host_term.empty() ? "" : " (largest host term: " + result.binding_host_term + ")");
-    if (band.longest > 0)
+    if (band.longest > 0) {
       out += fmt::format("  band: {} to {} ({} with every estimate at its high end and the calibrated reserve; {} with the "
                          "sourced terms alone at their low ends)\n",
                          seqlen_format(band.shortest), seqlen_format(band.longest), seqlen_format(band.shortest),
                          seqlen_format(band.longest));
+      // The point estimate sits at 100% of usable memory: what to rent and train for is the band's
+      // low end, which is what --emit writes unless told otherwise.
+      if (band.shortest > 0 && band.shortest < result.max_seqlen)
+        out += fmt::format("  to act on: {} tokens ({}), the band's low end, {:.0f}% below the point estimate, which has no margin; "
+                           "--emit writes this length (--emit-length point for the other)\n",
+                           integer_with_commas(band.shortest), seqlen_format(band.shortest),
+                           100.0 * (1.0 - static_cast<double>(band.shortest) / static_cast<double>(result.max_seqlen)));
+    }
     report["max_seqlen"] = {{"tokens", result.max_seqlen}, {"granularity", result.granularity},
                             {"band", {{"shortest_tokens", band.shortest}, {"longest_tokens", band.longest}}},
+                            {"to_act_on_tokens", band.shortest > 0 ? std::min(band.shortest, result.max_seqlen) : result.max_seqlen},
                             {"binding_constraint", result.binding_constraint}, {"binding_host_term", result.binding_host_term}};
   }
   report["prediction"] = memory_prediction_to_json(prediction);
@@ -303,17 +470,34 @@ std::string plan_report(const ModelSpec& model, const ClusterSpec& cluster, cons
   out += "\n\n" + memory_table_render(prediction, cluster.ranks_per_node());
   if (prediction.seqlen > 0 && prediction.fits()) {
     const TimePrediction timing = time_predict(model, cluster, plan, profile, prediction.seqlen);
-    report["time"] = time_prediction_to_json(timing);
-    out += "\n" + time_table_render(timing);
+    report["time"] = time_prediction_to_json(timing, context.time);
+    out += "\n" + time_table_render(timing, context.time);
+  }
+  const std::vector<std::string> caveats = plan_caveats(model, cluster, plan, profile, prediction.seqlen);
+  report["caveats"] = caveats;
+  if (!caveats.empty()) {
+    out += "\nwithout published evidence:\n";
+    for (const auto& caveat : caveats) out += "  - " + caveat + "\n";
   }
   return out;
 }
 
 // --emit: the plan as the target framework's files, written whole (the DeepSpeed JSON beside the
 // main file as STEM.deepspeed.json), or to stdout; what they cannot express goes to stderr.
+// `seqlen_given`: the user's length (written as given); otherwise `seqlen` is the point maximum on
+// `grid` and the band's low end is written unless --emit-length point.
 int plan_emit(const PlanCommandArgs& args, const PlanOutputs& outputs, const ModelSpec& model, const PlanOptions& plan,
-              const ClusterSpec& cluster, const RuntimeProfile& profile, int64_t seqlen) {
+              const ClusterSpec& cluster, const RuntimeProfile& profile, int64_t seqlen, bool seqlen_given, int64_t grid) {
   if (seqlen <= 0) throw ConfigError("--emit", "", "no sequence length fits this plan, so there is nothing to emit");
+  std::string seqlen_basis = seqlen_given ? "as given" : "the point estimate of the maximum, at 100% of usable memory (--emit-length point)";
+  if (!seqlen_given && args.emit_length == "safe") {
+    const int64_t shortest = max_seqlen_band(model, cluster, plan, profile, grid).shortest;
+    if (shortest > 0 && shortest < seqlen) {
+      seqlen_basis = fmt::format("the band's low end (every estimate at its high end and the calibrated reserve); the point estimate {} "
+                                 "has no margin", integer_with_commas(seqlen));
+      seqlen = shortest;
+    }
+  }
   ExportRequest request;
   request.model = model;
   request.model_source = args.model;
@@ -321,6 +505,7 @@ int plan_emit(const PlanCommandArgs& args, const PlanOutputs& outputs, const Mod
   request.cluster = cluster;
   request.profile = profile;
   request.seqlen = seqlen;
+  request.seqlen_basis = seqlen_basis;
   request.predicted_peak_bytes = memory_predict(model, cluster, plan, profile, seqlen, /*with_breakdown=*/false).gpu_peak_bytes;
   // Files name each other by absolute path, so a launch from any folder finds them (a bare name
   // resolves against the launching folder, not the file's).
@@ -370,9 +555,24 @@ PlanOutputs plan_outputs_check(const PlanCommandArgs& args) {
 
 // The sequence length a plan is for: the given one, or the longest that fits.
 int64_t plan_seqlen(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan, const RuntimeProfile& profile,
-                    std::optional<int64_t> seqlen, int64_t length_multiple) {
+                    std::optional<int64_t> seqlen, const ReportContext& context) {
   if (seqlen) return *seqlen;
-  return max_seqlen_find(model, cluster, plan, profile, seqlen_grid(plan, length_multiple), /*with_breakdown=*/false).max_seqlen;
+  const int64_t grid = seqlen_grid(plan, context.length_multiple);
+  const int64_t longest = max_seqlen_find(model, cluster, plan, profile, grid, /*with_breakdown=*/false).max_seqlen;
+  if (context.max_step_s > 0 && longest > 0 && time_predict(model, cluster, plan, profile, longest).time.total_s() > context.max_step_s)
+    return max_seqlen_within_step_time(model, cluster, plan, profile, grid, longest, context.max_step_s);
+  return longest;
+}
+
+// A duration as --max-step-time takes it: a number of seconds, or with a unit (s, min, h, d).
+double duration_parse(const std::string& text, const std::string& flag) {
+  static const std::vector<std::pair<std::string, double>> units = {{"min", 60}, {"s", 1}, {"h", 3600}, {"d", 86400}};
+  for (const auto& [unit, seconds] : units)
+    if (text.size() > unit.size() && text.ends_with(unit))
+      if (const std::optional<double> value = decimal_parse(text.substr(0, text.size() - unit.size())); value && *value > 0)
+        return *value * seconds;
+  if (const std::optional<double> value = decimal_parse(text); value && *value > 0) return *value;
+  throw ConfigError(flag, "", fmt::format("expected a positive duration such as 3600, 90min, 1h or 2d, got '{}'", text));
 }
 
 // --plan-out: the plan with what it was made for, written whole.
@@ -419,6 +619,11 @@ int plan_command_run(const PlanCommandArgs& args) {
     if (args.gpus || args.nodes || args.gpus_per_node || args.host_memory_gib || !args.profile.empty() || args.gpu != "h100-sxm-80gb")
       throw ConfigError("--ranks", "", "plans for this machine's executor; drop --gpu, --gpus, --nodes, --gpus-per-node, --host-mem-gib and --profile");
     target = MachineTarget{args.device, *args.ranks, *args.budget_mib * 1024 * 1024};
+    // On the CPU the arenas are this machine's memory: a budget it cannot hold plans a run that cannot start.
+    if (args.device == "cpu" && static_cast<double>(*args.ranks) * target.budget_bytes > machine_memory_total_bytes())
+      throw ConfigError("--budget-mib", "", fmt::format("{} rank(s) x {:g} MiB is more than this machine's {:.1f} GiB (--device cpu runs "
+                                                        "here; --device cuda plans for a GPU machine)", *args.ranks, *args.budget_mib,
+                                                        machine_memory_total_bytes() / kBytesPerGib));
   } else if (args.device != "cpu") {
     throw ConfigError("--device", "", "goes with --ranks and --budget-mib (planning for this machine)");
   }
@@ -454,7 +659,18 @@ int plan_command_run(const PlanCommandArgs& args) {
   const HardwareCard& hardware = cluster.hardware;
   if (const std::string problem = attention_kernel_problem(profile, hardware); !problem.empty()) throw ConfigError("--attention", "", problem);
   if (args.plan_out && !args.emit.empty()) throw ConfigError("--plan-out", "", "given with --emit; write one at a time");
+  if (args.json && !args.emit.empty())
+    throw ConfigError("--json", "", "given with --emit: the framework's files are the output (each DeepSpeed JSON records the plan in "
+                                    "its longseq_plan key); drop one of them");
   const PlanOutputs outputs = plan_outputs_check(args);  // before any work: a refusal costs nothing
+  ReportContext context;
+  // A search is always for a framework (the default one at least), a fixed plan only when one is named.
+  context.length_multiple = framework_checked || !plan_flags_given(args) || args.search ? facts.length_multiple : 1;
+  if (machine) context.length_multiple = 1;
+  if (args.max_step_time) context.max_step_s = duration_parse(*args.max_step_time, "--max-step-time");
+  if (args.gpu_hour_cost && !(*args.gpu_hour_cost > 0 && *args.gpu_hour_cost < 1e6))
+    throw ConfigError("--gpu-hour-cost", "", fmt::format("must be a positive price below 1e6, got {}", *args.gpu_hour_cost));
+  context.time = {cluster.gpus, args.gpu_hour_cost.value_or(0)};
   if (args.micro_batch < 1 || args.micro_batch > 1'000'000)
     throw ConfigError("--micro-batch", "", fmt::format("must be in [1, 1000000], got {}", args.micro_batch));
   std::optional<int64_t> seqlen;
@@ -476,7 +692,7 @@ int plan_command_run(const PlanCommandArgs& args) {
                         integer_with_commas(params.total), model.num_layers, model.hidden_size, model.num_q_heads,
                         model.num_kv_heads, model.head_dim, model.intermediate_size, model.vocab_size,
                         model.tied_embeddings ? ", tied" : "");
-  if (plan_flags_given(args) && !framework_checked && !machine)
+  if (plan_flags_given(args) && !args.search && !framework_checked && !machine)
     header += "  framework not checked (a fixed plan; --framework NAME checks that it runs there)\n";
   else
     header += fmt::format("  framework {}{}\n", framework_name(framework),
@@ -495,18 +711,21 @@ int plan_command_run(const PlanCommandArgs& args) {
   }
 
   const bool fixed_plan = plan_flags_given(args);
-  if (args.search && fixed_plan)
-    throw ConfigError("--search", "", "chooses the plan itself; drop the plan flags (--alst, --baseline, --sp, --zero, switches)");
+  // --search with plan flags: the flags constrain the search instead of fixing the plan.
+  if (args.search && (args.alst || args.baseline))
+    throw ConfigError(args.alst ? "--alst" : "--baseline", "", "is a whole plan; with --search give the options to hold (--zero 2, --no-offload-params, ...)");
+  if (args.search && (args.mlp_tiles || args.loss_tiles))
+    throw ConfigError(args.mlp_tiles ? "--mlp-tiles" : "--loss-tiles", "", "the search takes each framework's tile rule; drop it or fix the plan");
   if (!args.objective.empty() && fixed_plan) throw ConfigError("--objective", "", "applies to the search; drop the plan flags");
 
-  if (fixed_plan) {
+  if (fixed_plan && !args.search) {
     const PlanOptions plan = plan_from_flags(args, model, cluster);
     std::vector<std::string> problems = plan_problems(model, cluster, plan);
     if (framework_checked) {  // a plan for a named framework (or its files) must be one it runs
       const std::string unsupported = framework_unsupported(framework, model, plan);
       if (!unsupported.empty()) problems.push_back(unsupported);
     }
-    const int64_t length_multiple = framework_checked ? facts.length_multiple : 1;
+    const int64_t length_multiple = context.length_multiple;
     if (seqlen) {
       for (auto& problem : seqlen_problems(plan, *seqlen)) problems.push_back(problem);
       if (*seqlen % length_multiple != 0)
@@ -515,9 +734,10 @@ int plan_command_run(const PlanCommandArgs& args) {
     }
     if (!problems.empty()) throw ConfigError("plan", "", problems_join(problems));
     if (!args.emit.empty())
-      return plan_emit(args, outputs, model, plan, cluster, profile, plan_seqlen(model, cluster, plan, profile, seqlen, length_multiple));
+      return plan_emit(args, outputs, model, plan, cluster, profile, plan_seqlen(model, cluster, plan, profile, seqlen, context),
+                       seqlen.has_value(), seqlen_grid(plan, length_multiple));
     report["plan"] = plan_to_json(plan, cluster);
-    const std::string body = plan_report(model, cluster, plan, profile, seqlen, length_multiple, report);
+    const std::string body = plan_report(model, cluster, plan, profile, seqlen, context, report);
     if (machine && !executor_plan_problems(plan, args.device).empty())
       throw ConfigError("plan", "", executor_plan_problems(plan, args.device).front());
     if (outputs.plan_out)
@@ -550,6 +770,10 @@ int plan_command_run(const PlanCommandArgs& args) {
     options.unsupported = [&](const PlanOptions& plan) { return framework_unsupported(framework, model, plan); };
     options.length_multiple = facts.length_multiple;
   }
+  if (context.max_step_s > 0 && options.objective != SearchObjective::objective_max_seqlen)
+    throw ConfigError("--max-step-time", "", "limits the longest-sequence search; with --seqlen the step time is an answer, not a limit");
+  options.max_step_s = context.max_step_s;
+  if (args.search && fixed_plan) options.admits = search_constraints(args);
   const SearchResult result = machine ? machine_plan_search(model, target) : plan_search(model, cluster, profile, options);
   const bool by_length = options.objective == SearchObjective::objective_max_seqlen;
 
@@ -590,13 +814,14 @@ int plan_command_run(const PlanCommandArgs& args) {
     report["winner"] = nullptr;
   } else {
     if (!args.emit.empty())
-      return plan_emit(args, outputs, model, winner->plan, cluster, profile, by_length ? winner->max_seqlen : options.seqlen);
+      return plan_emit(args, outputs, model, winner->plan, cluster, profile, by_length ? winner->max_seqlen : options.seqlen, !by_length,
+                       seqlen_grid(winner->plan, options.length_multiple));
     if (outputs.plan_out)
       plan_out_write(args, *outputs.plan_out, model, cluster, profile, winner->plan, by_length ? winner->max_seqlen : options.seqlen,
                      machine);
     report["plan"] = plan_to_json(winner->plan, cluster);
     out += fmt::format("best plan: {} (dp={})\n", plan_describe(winner->plan), cluster.gpus / winner->plan.sequence_ranks());
-    out += plan_report(model, cluster, winner->plan, profile, by_length ? std::nullopt : seqlen, options.length_multiple, report);
+    out += plan_report(model, cluster, winner->plan, profile, by_length ? std::nullopt : seqlen, context, report);
 
     auto candidate_line = [&](const SearchCandidate& c) {
       if (!c.fits)
@@ -631,11 +856,13 @@ int plan_command_run(const PlanCommandArgs& args) {
           continue;
         }
       } else {
-        const int64_t failing = by_length ? c.max_seqlen + seqlen_granule(c.plan) : options.seqlen;
+        const int64_t failing = by_length ? c.max_seqlen + seqlen_grid(c.plan, options.length_multiple) : options.seqlen;
         why = candidate_line(c);
-        if (!c.fits || by_length)
-          why += "; at " + seqlen_format(failing) + " " + c.binding_constraint + " runs out (" +
-                 largest_component_describe(model, cluster, c.plan, profile, failing) + ")";
+        if (c.binding_constraint == kStepTimeLimit)
+          why += fmt::format("; at {} the step takes longer than {}", tokens_text(failing), duration_text(options.max_step_s));
+        else if (!c.fits || by_length)
+          why += fmt::format("; at {} {} runs out ({})", tokens_text(failing), c.binding_constraint,
+                             largest_component_describe(model, cluster, c.plan, profile, failing));
       }
       out += fmt::format("  {:<44} {}\n", alternative.change, why);
       alternatives.push_back({{"change", alternative.change}, {"plan", plan_to_json(c.plan, cluster)}, {"outcome", why}});
@@ -667,6 +894,7 @@ int plan_command_run(const PlanCommandArgs& args) {
                                      {"tokens_per_s", best->time.tokens_per_s}, {"frameworks", runners},
                                      {"why_not_here", framework_unsupported(framework, model, best->plan)}};
       }
+      if (by_length) out += gpu_count_advice(model, cluster, profile, options, *winner, report);
     }
   }
   if (!reasons.empty()) {

@@ -276,7 +276,7 @@ double model_train(const TrainLoop& loop) {
   // --compare-single-rank: rank 0 also trains one unsharded replica on group 0's samples.
   std::optional<Arena> reference_device, reference_host;
   std::optional<LlamaModel> reference;
-  const bool compare = args.compare_single_rank && ranks.world_rank == 0 && world_size > 1 && dp == 1;
+  const bool compare = args.compare_single_rank && ranks.world_rank == 0 && world_size > 1;
   if (compare) {
     reference_device.emplace("reference device");
     reference_host.emplace("reference host");
@@ -551,6 +551,11 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
   ranks_split(ranks, sp, plan.ring);
   const int64_t sequence_ranks = plan.sequence_ranks();
   const int64_t dp = world_size / sequence_ranks, dp_rank = ranks.world_rank / sequence_ranks, local_tokens = seqlen / sequence_ranks;
+  if (args.compare_single_rank && dp > 1)
+    throw ConfigErrorOnEveryRank("--compare-single-rank", "", fmt::format("compares one sequence's ranks with one unsharded rank; this run has {} "
+                                                               "data-parallel groups (dp={}): give --sp x --ring = the rank count",
+                                                               dp, dp));
+
   // Device memory: host memory on the CPU; on a GPU stream-ordered device memory and pinned host
   // memory for offloaded checkpoints (the backends outlive the arenas).
   MemoryBackend* device_backend = &host_memory_backend();
@@ -694,8 +699,9 @@ int run_command_run(const RunCommandArgs& given) {
   ranks_start(ranks);
   try {
     return run_on_ranks(given, ranks);
-  } catch (const RanksDisagree& error) {
-    // Every rank found the same disagreement: rank 0 says it once, and all end normally.
+  } catch (const ConfigErrorOnEveryRank& error) {
+    // Every rank found the same problem (a disagreement, a flag no rank can run): rank 0 says it
+    // once, and all end normally.
     if (ranks.world_rank == 0) std::cerr << "longseq: error: " << error.what() << "\n";
     return 2;
   } catch (const std::exception& error) {

@@ -63,11 +63,18 @@ class SingleRankCommunicator final : public Communicator {
   void broadcast(float*, int64_t, int) override {}
 };
 
-// Ranks started with different settings (an MPMD launch, a per-rank wrapper) would wait forever
-// in mismatched collectives or finish with a meaningless result. Thrown on every rank alike.
-class RanksDisagree : public ConfigError {
+// Bad input every rank of a job finds alike, at the same point and before any collective it would
+// leave the others waiting in: rank 0 reports it once and every rank ends normally (no abort).
+class ConfigErrorOnEveryRank : public ConfigError {
  public:
   using ConfigError::ConfigError;
+};
+
+// Ranks started with different settings (an MPMD launch, a per-rank wrapper) would wait forever
+// in mismatched collectives or finish with a meaningless result. Thrown on every rank alike.
+class RanksDisagree : public ConfigErrorOnEveryRank {
+ public:
+  using ConfigErrorOnEveryRank::ConfigErrorOnEveryRank;
 };
 
 // Before the first collective of a run: every rank's (flag, value) settings, in the same order on

@@ -1,5 +1,6 @@
 #include "executor/trainer.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <stdexcept>
@@ -7,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "models/config_error.hpp"
+#include "models/process.hpp"
 #include "planner/cards.hpp"
 
 namespace longseq {
@@ -95,7 +97,15 @@ ClusterSpec machine_cluster(const MachineTarget& target) {
   const double runtime_bytes = target.device == "cuda" ? runtime_overhead_bytes(machine_profile(target), target.ranks) : 0.0;
   card.gpu_memory_gib = std::isfinite(target.budget_bytes) ? (target.budget_bytes + runtime_bytes) / (1024.0 * 1024.0 * 1024.0) : 1e6;
   card.gpus_per_node = target.ranks;
-  card.host_memory_gib = 1e6;  // the run checks this machine's memory itself
+  // On the CPU every rank's "device" arena and the host pool share this machine's memory: the host
+  // pool gets what the arenas leave. A GPU plan is for the machine with the GPUs, whose memory
+  // this one does not know (the run checks it there).
+  const double physical_bytes = machine_memory_total_bytes();
+  card.host_memory_gib = target.device == "cuda" ? 1e6
+                         : std::isfinite(target.budget_bytes)
+                             ? std::max(physical_bytes - static_cast<double>(target.ranks) * target.budget_bytes, 1024.0 * 1024.0) /
+                                   (1024.0 * 1024.0 * 1024.0)
+                             : physical_bytes / (1024.0 * 1024.0 * 1024.0);
   return cluster_make(card, target.ranks, 1, target.ranks, 0);
 }
 

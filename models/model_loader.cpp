@@ -100,9 +100,9 @@ ModelSpec model_from_hf_config_text(const std::string& json_text, const std::str
                                                             config["hidden_act"].raw().dump()));
 
   ModelSpec model;
+  // The model's own name where config.json keeps one; otherwise its family and shape (the folder a
+  // config.json sits in says nothing: "tmp", "cfg", a snapshot hash).
   model.name = config.string_or("_name_or_path", "");
-  if (model.name.empty()) model.name = std::filesystem::path(source_name).parent_path().filename().string();
-  if (model.name.empty()) model.name = architecture;
   model.num_layers = get_int("num_hidden_layers");
   model.hidden_size = get_int("hidden_size");
   model.num_q_heads = get_int("num_attention_heads");
@@ -117,6 +117,9 @@ ModelSpec model_from_hf_config_text(const std::string& json_text, const std::str
   }
   model.intermediate_size = get_int("intermediate_size");
   model.vocab_size = get_int("vocab_size");
+  if (model.name.empty())
+    model.name = fmt::format("{} L{} h{} (config.json)", architecture.substr(0, architecture.find("ForCausalLM")), model.num_layers,
+                             model.hidden_size);
   model.mlp_kind = MlpKind::mlp_kind_swiglu;
   model.norm_kind = NormKind::norm_kind_rmsnorm;
   // LlamaConfig, MistralConfig, Qwen2Config and Qwen3Config all default tie_word_embeddings to false.
@@ -139,6 +142,9 @@ ModelSpec model_from_hf_config_text(const std::string& json_text, const std::str
     if (!(model.rope_theta >= 1 && model.rope_theta <= 1e12))
       throw ConfigError(source_name, "rope_theta", fmt::format("{} is out of range [1, 1e12]", model.rope_theta));
   }
+  if (config.has("sliding_window") && !config["sliding_window"].raw().is_null() &&
+      !(config.has("use_sliding_window") && config["use_sliding_window"].raw().is_boolean() && !config["use_sliding_window"].boolean()))
+    model.sliding_window = config["sliding_window"].integer();
   if (config.has("rope_scaling") && config["rope_scaling"].raw().is_object()) {
     const JsonView scaling = config["rope_scaling"];
     model.rope_scaling = scaling.string_or("rope_type", scaling.string_or("type", "unknown"));

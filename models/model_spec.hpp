@@ -44,6 +44,10 @@ struct ModelSpec {
   // carry them (Megatron-DeepSpeed defaults the base to 10000).
   double rope_theta = 10000;
   std::string rope_scaling;
+  // config.json's sliding_window (Mistral): attention over the last this-many tokens; 0 for none.
+  // Planned as full causal attention (a kernel that honours the window does less work; longseq's
+  // plans say so where it applies).
+  int64_t sliding_window = 0;
 
   // Throws ConfigError(source, key, reason) on an impossible shape.
   void validate(const std::string& source) const;

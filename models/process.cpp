@@ -104,13 +104,21 @@ ProcessResult process_run(const std::vector<std::string>& argv, const ProcessOpt
   return result;
 }
 
-double machine_memory_available_bytes() {
+namespace {
+
+double meminfo_bytes(const std::string& wanted_key) {
   std::ifstream meminfo("/proc/meminfo");
   std::string key, unit;
   double kib = 0;
   while (meminfo >> key >> kib >> unit)
-    if (key == "MemAvailable:") return kib * 1024.0;
+    if (key == wanted_key) return kib * 1024.0;
   return static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
 }
+
+}  // namespace
+
+double machine_memory_available_bytes() { return meminfo_bytes("MemAvailable:"); }
+
+double machine_memory_total_bytes() { return meminfo_bytes("MemTotal:"); }
 
 }  // namespace longseq

@@ -32,4 +32,7 @@ ProcessResult process_run(const std::vector<std::string>& argv, const ProcessOpt
 // /proc/meminfo (Linux), else the physical memory (sysconf). Bytes.
 double machine_memory_available_bytes();
 
+// This machine's physical memory: MemTotal from /proc/meminfo, else sysconf. Bytes.
+double machine_memory_total_bytes();
+
 }  // namespace longseq

@@ -1,6 +1,8 @@
 #include "planner/cards.hpp"
 
+#include <cctype>
 #include <filesystem>
+#include <vector>
 #include <fmt/format.h>
 
 #include "models/config_error.hpp"
@@ -25,8 +27,25 @@ auto load_named(const std::string& name_or_path, std::span<const EmbeddedFile> f
   if (std::filesystem::is_regular_file(name_or_path, error)) return parse(file_read_text(name_or_path), name_or_path);
   if (const EmbeddedFile* file = embedded_file_find(files, name_or_path))
     return parse(file->content, std::string("built-in ") + what + " " + file->file_name);
+  // As people write them: any case, and a unique beginning ("H200", "h200" for h200-141gb).
+  std::string lowered = name_or_path;
+  for (char& c : lowered) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  std::vector<std::string> starting;
   std::string known;
-  for (const auto& name : embedded_file_stems(files)) known += (known.empty() ? "" : ", ") + name;
+  for (const auto& name : embedded_file_stems(files)) {
+    known += (known.empty() ? "" : ", ") + name;
+    if (name == lowered) starting = {name};
+    if (!lowered.empty() && name.rfind(lowered, 0) == 0 && !(starting.size() == 1 && starting.front() == lowered)) starting.push_back(name);
+  }
+  if (starting.size() == 1) {
+    const EmbeddedFile* file = embedded_file_find(files, starting.front());
+    return parse(file->content, std::string("built-in ") + what + " " + file->file_name);
+  }
+  if (starting.size() > 1) {
+    std::string choices;
+    for (size_t i = 0; i < starting.size(); ++i) choices += (i == 0 ? "" : i + 1 == starting.size() ? " or " : ", ") + starting[i];
+    throw ConfigError(flag, "", fmt::format("'{}' names more than one built-in {}: did you mean {}?", name_or_path, what, choices));
+  }
   throw ConfigError(flag, "", fmt::format("unknown {} '{}': not a file, and not built in ({})", what, name_or_path, known));
 }
 

@@ -37,7 +37,7 @@ std::vector<PlanOptions> plans_enumerate(const ClusterSpec& cluster, const Searc
                   for (bool tiled_loss : {false, true}) {
                     plan.tiled_mlp = tiled_mlp;
                     plan.tiled_loss = tiled_loss;
-                    plans.push_back(plan);
+                    if (!options.admits || options.admits(plan)) plans.push_back(plan);
                   }
                 }
                 if (!checkpointing || ring > 1) continue;  // FPDT runs with checkpointing, and without the ring
@@ -46,7 +46,7 @@ std::vector<PlanOptions> plans_enumerate(const ClusterSpec& cluster, const Searc
                 for (int64_t chunk : options.fpdt_chunks) {
                   if (chunk % sp != 0) continue;
                   plan.fpdt_chunk_tokens = chunk;
-                  plans.push_back(plan);
+                  if (!options.admits || options.admits(plan)) plans.push_back(plan);
                 }
               }
             }
@@ -73,6 +73,15 @@ int64_t length_resolved(int64_t tokens) {
   return tokens > 0 ? static_cast<int64_t>(std::floor(std::log(static_cast<double>(tokens)) / std::log1p(kSearchLengthResolution))) : 0;
 }
 
+}  // namespace
+
+int64_t plan_complexity(const PlanOptions& plan) {
+  return plan.zero_stage + plan.offload_optimizer + plan.offload_params + plan.activation_checkpointing + plan.checkpoint_offload +
+         plan.tiled_mlp + plan.tiled_loss + plan.fpdt;
+}
+
+namespace {
+
 bool better(const SearchCandidate& a, const SearchCandidate& b, SearchObjective objective) {
   if (a.problems.empty() != b.problems.empty()) return a.problems.empty();
   if (a.fits != b.fits) return a.fits;
@@ -86,9 +95,11 @@ bool better(const SearchCandidate& a, const SearchCandidate& b, SearchObjective 
     const double a_s = time_resolved_s(a.time.time.total_s()), b_s = time_resolved_s(b.time.time.total_s());
     if (a_s != b_s) return a_s < b_s;
     if (a.ulysses_in_node != b.ulysses_in_node) return a.ulysses_in_node > b.ulysses_in_node;
+    if (plan_complexity(a.plan) != plan_complexity(b.plan)) return plan_complexity(a.plan) < plan_complexity(b.plan);
     return a.memory.gpu_peak_bytes < b.memory.gpu_peak_bytes;
   }
   if (a.score != b.score) return a.score > b.score;
+  if (plan_complexity(a.plan) != plan_complexity(b.plan)) return plan_complexity(a.plan) < plan_complexity(b.plan);
   return a.memory.gpu_peak_bytes < b.memory.gpu_peak_bytes;
 }
 
@@ -100,6 +111,21 @@ const SearchCandidate* SearchResult::winner() const {
 
 int64_t seqlen_grid(const PlanOptions& plan, int64_t length_multiple) {
   return std::lcm(seqlen_granule(plan), std::max<int64_t>(1, length_multiple));
+}
+
+int64_t max_seqlen_within_step_time(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
+                                    const RuntimeProfile& profile, int64_t grid, int64_t longest, double max_step_s) {
+  auto within = [&](int64_t granules) {
+    return time_predict(model, cluster, plan, profile, granules * grid).time.total_s() <= max_step_s;
+  };
+  int64_t low = 0, high = longest / grid;  // invariant: `low` granules are within (0: none known), above `high` none is
+  if (high >= 1 && within(high)) return high * grid;
+  while (high - low > 1) {
+    const int64_t middle = low + (high - low) / 2;
+    if (within(middle)) low = middle;
+    else high = middle;
+  }
+  return low * grid;
 }
 
 SearchResult plan_search(const ModelSpec& model, const ClusterSpec& cluster, const RuntimeProfile& profile,
@@ -127,14 +153,21 @@ SearchResult plan_search(const ModelSpec& model, const ClusterSpec& cluster, con
     }
     ++result.evaluated;
     if (options.objective == SearchObjective::objective_max_seqlen) {
-      const MaxSeqlenResult found =
-          max_seqlen_find(model, cluster, plan, profile, seqlen_grid(plan, options.length_multiple), /*with_breakdown=*/false);
+      const int64_t grid = seqlen_grid(plan, options.length_multiple);
+      const MaxSeqlenResult found = max_seqlen_find(model, cluster, plan, profile, grid, /*with_breakdown=*/false);
       candidate.fits = found.max_seqlen > 0;
       candidate.max_seqlen = found.max_seqlen;
       candidate.binding_constraint = found.binding_constraint;
       candidate.memory = candidate.fits ? found.at_max : found.first_failure;
-      if (candidate.fits) candidate.time = time_predict(model, cluster, plan, profile, found.max_seqlen);
-      candidate.score = static_cast<double>(found.max_seqlen);
+      if (candidate.fits && options.max_step_s > 0 &&
+          time_predict(model, cluster, plan, profile, found.max_seqlen).time.total_s() > options.max_step_s) {
+        candidate.max_seqlen = max_seqlen_within_step_time(model, cluster, plan, profile, grid, found.max_seqlen, options.max_step_s);
+        candidate.fits = candidate.max_seqlen > 0;
+        candidate.binding_constraint = kStepTimeLimit;
+        if (candidate.fits) candidate.memory = memory_predict(model, cluster, plan, profile, candidate.max_seqlen, /*with_breakdown=*/false);
+      }
+      if (candidate.fits) candidate.time = time_predict(model, cluster, plan, profile, candidate.max_seqlen);
+      candidate.score = static_cast<double>(candidate.max_seqlen);
     } else {
       candidate.memory = memory_predict(model, cluster, plan, profile, options.seqlen, /*with_breakdown=*/false);
       candidate.fits = candidate.memory.fits();

@@ -35,7 +35,25 @@ struct SearchOptions {
   // Lengths are multiples of this beside each plan's own granule (the target framework's
   // FrameworkFacts::length_multiple): a longest length found is one the framework trains as is.
   int64_t length_multiple = 1;
+  // The max-length objective under a step-time limit (seconds; 0: none): the longest length whose
+  // predicted step is at most this ("the longest sequence whose step takes under an hour").
+  double max_step_s = 0;
+  // The user's constraints ("search, but ZeRO-2 only"): plans it does not admit are not searched
+  // (nor listed as invalid); empty admits every plan.
+  std::function<bool(const PlanOptions&)> admits;
 };
+
+// How many memory-saving features a plan turns on (offloads, checkpointing, tiling, FPDT, the ZeRO
+// stage): among plans of the same length and time the simpler one wins, an unneeded offload loses.
+int64_t plan_complexity(const PlanOptions& plan);
+
+// The longest length on `grid`, at most `longest`, whose predicted step takes at most `max_step_s`
+// (the step only grows with the length); 0 when even `grid` tokens take longer.
+int64_t max_seqlen_within_step_time(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
+                                    const RuntimeProfile& profile, int64_t grid, int64_t longest, double max_step_s);
+
+// What binds a maximum cut by the step-time limit.
+inline constexpr const char* kStepTimeLimit = "the step time limit";
 
 // The grid a plan's lengths lie on for a framework feeding multiples of `length_multiple`: the
 // least common multiple of that and the plan's own granule (seqlen_granule).

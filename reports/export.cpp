@@ -23,7 +23,8 @@ std::vector<std::string> record_lines(const ExportRequest& r, const char* target
                       r.model.name, integer_with_commas(parameter_count(r.model).total), integer_with_commas(r.seqlen),
                       r.plan.micro_batch, r.cluster.gpus, r.cluster.nodes, r.plan.sp, data_parallel(r)),
           fmt::format("predicted peak per GPU: {:.1f} GiB of {:.1f} GiB (runtime profile {})", bytes_to_gib(r.predicted_peak_bytes),
-                      r.cluster.hardware.gpu_memory_gib, r.profile.name)};
+                      r.cluster.hardware.gpu_memory_gib, r.profile.name),
+          fmt::format("the sequence length is {}", r.seqlen_basis.empty() ? "as planned" : r.seqlen_basis)};
 }
 
 // The record a DeepSpeed JSON carries of the plan it was written from. DeepSpeed looks its
@@ -35,6 +36,7 @@ nlohmann::json json_record(const ExportRequest& r, const char* target) {
           {"model", r.model.name},
           {"parameters", parameter_count(r.model).total},
           {"sequence_length", r.seqlen},
+          {"sequence_length_basis", r.seqlen_basis},
           {"micro_batch", r.plan.micro_batch},
           {"gpus", r.cluster.gpus},
           {"nodes", r.cluster.nodes},

@@ -23,6 +23,7 @@ struct ExportRequest {
   ClusterSpec cluster;
   RuntimeProfile profile;
   int64_t seqlen = 0;                 // the planned sequence length (global tokens)
+  std::string seqlen_basis;           // why this length: "as given", the band's low end, ... (recorded)
   double predicted_peak_bytes = 0;    // per GPU
   // The path the main file gives the DeepSpeed JSON beside it (Accelerate, Megatron-DeepSpeed):
   // absolute when the files are written (so a launch from another folder finds it), a bare name

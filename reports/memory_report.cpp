@@ -1,5 +1,7 @@
 #include "reports/memory_report.hpp"
 
+#include <cmath>
+
 #include <fmt/format.h>
 
 #include "models/layer_inventory.hpp"
@@ -23,11 +25,11 @@ constexpr const char* kGpuCategoryOrder[] = {kCategoryModelStates, kCategoryZero
                                              kCategoryLayer,       kCategoryLoss,     kCategoryInputs,
                                              kCategoryRuntime,     kCategoryCalibrated};
 
-void items_render(std::string& out, const std::vector<MemoryItem>& items, const std::string& category) {
+void items_render(std::string& out, const std::vector<MemoryItem>& items, const std::string& category, bool mib = false) {
   for (const auto& item : items) {
     if (item.category != category) continue;
     const std::string count = item.count != 1 ? fmt::format("x{:g}", item.count) : "";
-    out += fmt::format("    {:<38} {:>6} {:>10.2f}\n", item.name, count, bytes_to_gib(item.bytes));
+    out += fmt::format("    {:<38} {:>6} {:>10.2f}\n", item.name, count, mib ? item.bytes / (1024.0 * 1024.0) : bytes_to_gib(item.bytes));
   }
 }
 
@@ -41,33 +43,36 @@ double category_bytes(const std::vector<MemoryItem>& items, const std::string& c
 }  // namespace
 
 std::string memory_table_render(const MemoryPrediction& prediction, int64_t ranks_per_node) {
+  // A device of a few GiB or less (this machine's executor with a budget in MiB) is shown in MiB,
+  // where its lines are not all 0.00.
+  const bool mib = prediction.gpu_capacity_bytes < 4.0 * kBytesPerGib;
+  const char* unit = mib ? "MiB" : "GiB";
+  auto in_unit = [&](double bytes) { return mib ? bytes / (1024.0 * 1024.0) : bytes_to_gib(bytes); };
   std::string out;
   out += fmt::format("GPU memory per rank at the peak ({}, during {})\n", prediction.gpu_peak_phase, prediction.gpu_peak_moment);
-  out += fmt::format("  {:<40} {:>6} {:>10}\n", "component", "count", "GiB");
+  out += fmt::format("  {:<40} {:>6} {:>10}\n", "component", "count", unit);
   for (const char* category : kGpuCategoryOrder) {
     const double bytes = category_bytes(prediction.gpu_items, category);
     if (bytes <= 0) continue;
-    out += fmt::format("  {:<47} {:>10.2f}\n", category, bytes_to_gib(bytes));
-    items_render(out, prediction.gpu_items, category);
+    out += fmt::format("  {:<47} {:>10.2f}\n", category, in_unit(bytes));
+    items_render(out, prediction.gpu_items, category, mib);
   }
-  out += fmt::format("  {:<47} {:>10.2f} of {:.2f} GiB ({:.1f}%){}\n", "total", bytes_to_gib(prediction.gpu_peak_bytes),
-                     bytes_to_gib(prediction.gpu_capacity_bytes),
-                     100.0 * prediction.gpu_peak_bytes / prediction.gpu_capacity_bytes,
+  out += fmt::format("  {:<47} {:>10.2f} of {:.2f} {} ({:.1f}%){}\n", "total", in_unit(prediction.gpu_peak_bytes),
+                     in_unit(prediction.gpu_capacity_bytes), unit, 100.0 * prediction.gpu_peak_bytes / prediction.gpu_capacity_bytes,
                      prediction.fits_gpu() ? "" : "  DOES NOT FIT");
   if (prediction.gpu_headroom_bytes > 0)
-    out += fmt::format("  (usable: the card's {:.2f} GiB less {:.2f} GiB of headroom the runtime profile keeps free)\n",
-                       bytes_to_gib(prediction.gpu_capacity_bytes + prediction.gpu_headroom_bytes),
-                       bytes_to_gib(prediction.gpu_headroom_bytes));
+    out += fmt::format("  (usable: the card's {:.2f} {} less {:.2f} {} of headroom the runtime profile keeps free)\n",
+                       in_unit(prediction.gpu_capacity_bytes + prediction.gpu_headroom_bytes), unit,
+                       in_unit(prediction.gpu_headroom_bytes), unit);
   out += "  phase peaks:";
-  for (const auto& phase : prediction.phases) out += fmt::format(" {} {:.2f} GiB;", phase.phase, bytes_to_gib(phase.bytes));
+  for (const auto& phase : prediction.phases) out += fmt::format(" {} {:.2f} {};", phase.phase, in_unit(phase.bytes), unit);
   out.back() = '\n';
 
   out += fmt::format("\nHost memory per node ({} rank{})\n", ranks_per_node, ranks_per_node == 1 ? "" : "s");
   if (prediction.host_items.empty()) out += "  (nothing offloaded)\n";
-  items_render(out, prediction.host_items, kCategoryHost);
-  out += fmt::format("  {:<47} {:>10.2f} of {:.2f} GiB ({:.1f}%){}\n", "total", bytes_to_gib(prediction.host_bytes_per_node),
-                     bytes_to_gib(prediction.host_capacity_bytes),
-                     100.0 * prediction.host_bytes_per_node / prediction.host_capacity_bytes,
+  items_render(out, prediction.host_items, kCategoryHost, mib);
+  out += fmt::format("  {:<47} {:>10.2f} of {:.2f} {} ({:.1f}%){}\n", "total", in_unit(prediction.host_bytes_per_node),
+                     in_unit(prediction.host_capacity_bytes), unit, 100.0 * prediction.host_bytes_per_node / prediction.host_capacity_bytes,
                      prediction.fits_host() ? "" : "  DOES NOT FIT");
   return out;
 }
@@ -113,9 +118,30 @@ nlohmann::json memory_prediction_to_json(const MemoryPrediction& prediction) {
 
 namespace longseq {
 
-std::string time_table_render(const TimePrediction& prediction) {
+std::string duration_text(double seconds) {
+  if (!(seconds >= 0) || !std::isfinite(seconds)) return "-";
+  if (seconds < 60) return fmt::format("{:.1f} s", seconds);
+  const auto whole = static_cast<int64_t>(std::llround(seconds));
+  if (whole < 3600) return fmt::format("{} min {} s", whole / 60, whole % 60);
+  if (whole < 86400) return fmt::format("{} h {} min", whole / 3600, whole % 3600 / 60);
+  return fmt::format("{} d {} h", whole / 86400, whole % 86400 / 3600);
+}
+
+namespace {
+
+double tokens_per_day(const TimePrediction& prediction) { return prediction.tokens_per_s * 86400.0; }
+
+// The cost of a billion tokens: GPU-hours for them, times the price.
+double cost_per_billion_tokens(const TimePrediction& prediction, const TimeContext& context) {
+  if (!(prediction.tokens_per_s > 0) || !(context.gpu_hour_cost > 0)) return 0;
+  return 1e9 / prediction.tokens_per_s / 3600.0 * static_cast<double>(context.gpus) * context.gpu_hour_cost;
+}
+
+}  // namespace
+
+std::string time_table_render(const TimePrediction& prediction, const TimeContext& context) {
   const StepTime& time = prediction.time;
-  std::string out = fmt::format("Step time per rank: {:.2f} s\n", time.total_s());
+  std::string out = fmt::format("Step time per rank: {:.2f} s ({})\n", time.total_s(), duration_text(time.total_s()));
   auto line = [&](const std::string& name, double seconds) {
     if (seconds > 0) out += fmt::format("    {:<38} {:>10.3f} s\n", name, seconds);
   };
@@ -129,18 +155,39 @@ std::string time_table_render(const TimePrediction& prediction) {
   line("ring dk/dv final hop", time.ring_final_hop_s);
   line("gradients to the host (in backward)", time.gradient_offload_s);
   line("optimizer step", time.optimizer_s);
-  out += fmt::format("  TFLOPS per GPU: {:.1f} hardware (recompute included), {:.1f} by the ALST/Megatron formula; MFU {:.1f}%; "
-                     "{:.0f} tokens/s for the cluster\n",
-                     prediction.hardware_tflops_per_gpu, prediction.megatron_tflops_per_gpu, 100.0 * prediction.mfu,
-                     prediction.tokens_per_s);
+  // A CPU "device" runs at GFLOP/s: in TFLOPS every figure would read 0.0 beside a real MFU.
+  const bool giga = prediction.hardware_tflops_per_gpu < 1.0;
+  out += fmt::format("  {}: {:.1f} hardware (the FLOPs executed, causal attention, recompute included), {:.1f} by the "
+                     "ALST/Megatron formula (it counts attention as non-causal, twice the causal work, so it can exceed the card's "
+                     "peak)\n",
+                     giga ? "GFLOPS per rank" : "TFLOPS per GPU", prediction.hardware_tflops_per_gpu * (giga ? 1000 : 1),
+                     prediction.megatron_tflops_per_gpu * (giga ? 1000 : 1));
+  out += fmt::format("  MFU {:.1f}% (model FLOPs of forward and backward, causal, without recompute, per second, over the device's dense "
+                     "{}peak)\n", 100.0 * prediction.mfu, giga ? "" : "bf16 ");
+  out += fmt::format("  throughput: {:.0f} tokens/s for the cluster, {} tokens a day", prediction.tokens_per_s,
+                     seqlen_format(static_cast<int64_t>(std::llround(tokens_per_day(prediction)))));
+  if (const double cost = cost_per_billion_tokens(prediction, context); cost > 0)
+    out += fmt::format("; at {:.2f} per GPU-hour, {:.0f} per billion tokens ({} GPUs)", context.gpu_hour_cost, cost, context.gpus);
+  out += "\n";
+  if (time.total_s() > kStepTooLongS)
+    out += fmt::format("  WARNING: one optimizer step takes {}: no run trains like this; --max-step-time finds the longest length "
+                       "whose step fits a limit\n", duration_text(time.total_s()));
+  else if (time.total_s() > 3600)
+    out += fmt::format("  note: one optimizer step takes {}; 1,000 steps take {}\n", duration_text(time.total_s()),
+                       duration_text(1000 * time.total_s()));
   return out;
 }
 
-nlohmann::json time_prediction_to_json(const TimePrediction& prediction) {
+nlohmann::json time_prediction_to_json(const TimePrediction& prediction, const TimeContext& context) {
   const StepTime& time = prediction.time;
   return {
       {"kind", "prediction"},
       {"step_s", time.total_s()},
+      {"step_text", duration_text(time.total_s())},
+      {"step_too_long", time.total_s() > kStepTooLongS},
+      {"tokens_per_day", tokens_per_day(prediction)},
+      {"gpu_hour_cost", context.gpu_hour_cost > 0 ? nlohmann::json(context.gpu_hour_cost) : nlohmann::json(nullptr)},
+      {"cost_per_billion_tokens", context.gpu_hour_cost > 0 ? nlohmann::json(cost_per_billion_tokens(prediction, context)) : nlohmann::json(nullptr)},
       {"attention_kernel", prediction.attention_kernel},
       {"components_s",
        {{"matmul", time.matmul_s},

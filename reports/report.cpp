@@ -52,7 +52,15 @@ const std::vector<std::pair<std::string, std::string>> kBreakdownColumns = {
 
 struct Figure {
   std::string stem, caption, title;  // title: the figure's title, handed to gnuplot as data
+  std::string note;                  // said under the figure in report.md ("" for none)
 };
+
+// An axis value as a legend shows it: a model by its name (not the card or config.json path the
+// scenario gave), every other axis as written.
+std::string axis_shown(const JsonView& row, const std::string& axis) {
+  if (axis == "model" && !row.string_or("model", "").empty()) return row["model"].string();
+  return row["axes"][axis].string();
+}
 
 // Rows grouped into series by every axis except `except`, in first-seen order.
 std::vector<std::pair<std::string, std::vector<JsonView>>> series_of(const JsonView& rows, const std::string& except) {
@@ -63,7 +71,7 @@ std::vector<std::pair<std::string, std::vector<JsonView>>> series_of(const JsonV
     const JsonView axes = row["axes"];
     if (!axes.is_object()) axes.fail("expected an object of axis values");
     for (const auto& [axis, value] : axes.raw().items())
-      if (axis != except) key += fmt::format("{}{}={}", key.empty() ? "" : ", ", axis, axes[axis].string());
+      if (axis != except) key += fmt::format("{}{}={}", key.empty() ? "" : ", ", axis, axis_shown(row, axis));
     if (key.empty()) key = "predicted";
     auto found = std::find_if(series.begin(), series.end(), [&](const auto& s) { return s.first == key; });
     if (found == series.end()) series.push_back({key, {row}});
@@ -78,7 +86,7 @@ std::string row_label(const JsonView& row) {
   if (!axes.is_object()) axes.fail("expected an object of axis values");
   for (const auto& [axis, value] : axes.raw().items()) {
     if (!label.empty()) label += ' ';
-    label += axes[axis].string();
+    label += axis == "gpus" ? axes[axis].string() + (axes[axis].string() == "1" ? " GPU" : " GPUs") : axis_shown(row, axis);
   }
   return label.empty() ? row.string_or("plan", "plan") : label;
 }
@@ -224,7 +232,7 @@ ReportOutcome run_report_write(const fs::path& dir, const fs::path& run_path, co
                                                   ranks, compared ? ", '' using 1:3 with linespoints dt 2 title 'one unsharded rank'" : "")));
   const fs::path figures_dir =
       figures_draw(dir, staging,
-                   {{"loss", "", fmt::format("Training loss per step: {}, {} tokens, {} rank(s) (MEASURED)", model, seqlen, ranks)}},
+                   {{"loss", "", fmt::format("Training loss per step: {}, {} tokens, {} rank(s) (MEASURED)", model, seqlen, ranks), ""}},
                    gnuplot_command);
 
   std::string markdown = fmt::format("# Run: {} at {} tokens\n\n", model, seqlen);
@@ -274,6 +282,24 @@ struct SweepTable {
   bool max_mode = false, has_published = false, has_steps = false;
 };
 
+// Tick positions for a log axis over [low, high] at 1, 2 and 5 times each power of ten, so that an
+// axis spanning less than a decade still has labelled ticks.
+std::string log_ticks(double low, double high) {
+  std::string ticks;
+  for (double decade = std::pow(10.0, std::floor(std::log10(std::max(low, 1.0)))); decade <= high; decade *= 10)
+    for (double step : {1.0, 2.0, 5.0})
+      if (decade * step >= low && decade * step <= high) ticks += fmt::format("{}{:.0f}", ticks.empty() ? "" : ", ", decade * step);
+  return ticks;
+}
+
+// The bottom margin (in character heights) a legend below the plot needs: the x label, then a line
+// per titled entry (gnuplot's "set key below" stacks them), so it never covers the x label.
+int key_margin(const std::string& plot) {
+  int titled = 0;
+  for (size_t at = plot.find(" title "); at != std::string::npos; at = plot.find(" title ", at + 1)) ++titled;
+  return 5 + titled;
+}
+
 // A bar chart stays legible (and gnuplot quick) up to this many bars; a larger sweep is drawn
 // from evenly spaced rows, and the figure's caption says so (every row stays in the table).
 constexpr size_t kMostBars = 60;
@@ -293,7 +319,7 @@ BarRows bar_rows(const std::vector<SweepTableRow>& table) {
     return bars;
   }
   for (size_t i = 0; i < kMostBars; ++i) bars.rows.push_back(usable[i * usable.size() / kMostBars]);
-  bars.caption_note = fmt::format(" ({} of {} rows drawn, evenly spaced; every row is in the table below)", kMostBars, usable.size());
+  bars.caption_note = fmt::format("{} of {} rows drawn, evenly spaced; every row is in the table below.", kMostBars, usable.size());
   return bars;
 }
 
@@ -349,7 +375,9 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
   sweep_header_check(results);
   const JsonView rows = results["rows"];
   const JsonView scenario = results["scenario"];
-  const std::string title = scenario.string_or("reproduces", "").empty() ? scenario.string_or("name", "sweep") : scenario["reproduces"].string();
+  // Every figure's title names the scenario and what the figure shows; what it reproduces is said
+  // once, in report.md.
+  const std::string title = scenario.string_or("name", "sweep");
   const std::string published_source = scenario.string_or("published_source", "");
   // The scenario may name the figures it wants; otherwise every one that applies is drawn.
   std::set<std::string> wanted;
@@ -377,17 +405,26 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
       // Per series: a block of predictions headed by the series' name (its title, read as data
       // by `title columnheader`), then a block of its published points (value to value_fail as
       // an error bar where the source gives a bracket), drawn in the series' colour.
-      std::string data, plot;
+      std::string data, plot, plan_change_note;
       int index = 0, series_number = 0;
       bool published_titled = false;
       for (const auto& [name, members] : series_of(rows, "gpus")) {
         ++series_number;
         std::string predicted, band, published;
+        // A curve whose plan changes from point to point (the ALST preset offloads the weights on
+        // one GPU only, paper §5.2) bends where it does: the caption says so.
+        std::set<std::string> plans_without_sp;
+        for (const SweepTableRow* row : rows_of(members))
+          if (row->usable) plans_without_sp.insert(row->json.string_or("plan", "").substr(row->json.string_or("plan", "").find(' ') + 1));
+        if (plans_without_sp.size() > 1 && plan_change_note.empty())
+          plan_change_note = "The plan changes along a curve besides its degree, and the curve bends where it does: the table's plan "
+                             "column shows where (e.g. the ALST preset offloads the weights on one GPU only, paper §5.2).";
         for (const SweepTableRow* row : rows_of(members)) {
           if (row->usable && row->seqlen > 0) predicted += fmt::format("{} {}\n", row->gpus, row->seqlen);
-          // The band: where it reaches zero a log axis cannot draw it, so it starts at one token.
-          if (row->usable && row->seqlen_longest > 0)
-            band += fmt::format("{} {} {}\n", row->gpus, std::max<int64_t>(row->seqlen_shortest, 1), row->seqlen_longest);
+          // The band, where both ends are lengths: a low end of 0 (nothing fits with every estimate
+          // high) has no place on a log axis and would stretch it down to one token.
+          if (row->usable && row->seqlen_longest > 0 && row->seqlen_shortest > 0)
+            band += fmt::format("{} {} {}\n", row->gpus, row->seqlen_shortest, row->seqlen_longest);
           if (row->published) published += fmt::format("{} {} {}\n", row->gpus, *row->published, row->published_fail);
         }
         // The band first, so that the line and the points are drawn over it.
@@ -413,11 +450,11 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
                       script_wrap("max_seqlen_vs_gpus",
                                   fmt::format("set logscale x 2\nset logscale y 10\nset xrange [{}:{}]\nset xlabel 'GPUs'\n"
                                               "set ylabel 'maximum sequence length (tokens)'\nset format y '%.0s%c'\n"
-                                              "set key top left box opaque\nset grid\nplot {}",
+                                              "set key below box\nset bmargin {}\nset grid\nplot {}",
                                               static_cast<double>(*gpu_counts.begin()) / 1.3,
-                                              static_cast<double>(*gpu_counts.rbegin()) * 1.3, plot)));
+                                              static_cast<double>(*gpu_counts.rbegin()) * 1.3, key_margin(plot), plot)));
       figures.push_back({"max_seqlen_vs_gpus", "Maximum sequence length vs GPU count (predicted; published points where cited)",
-                         title + " — PREDICTION (longseq)"});
+                         title + ": maximum sequence length vs GPUs (PREDICTION)", plan_change_note});
     }
 
     // The feature ladder as bars, predicted beside published.
@@ -431,11 +468,12 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
                       script_wrap("ablation",
                                   "set style data histograms\nset style histogram clustered gap 1\n"
                                   "set style fill solid 0.85 border -1\nset logscale y 10\nset format y '%.0s%c'\n"
-                                  "set ylabel 'maximum sequence length (tokens)'\nset xtics rotate by -25\nset grid ytics\n"
-                                  "set key top left\nplot 'ablation.dat' using 2:xtic(1) title 'predicted (longseq)', "
+                                  "set ylabel 'maximum sequence length (tokens)'\nset xlabel 'step of the ladder'\n"
+                                  "set xtics rotate by -25\nset grid ytics\n"
+                                  "set key below\nplot 'ablation.dat' using 2:xtic(1) title 'predicted (longseq)', "
                                   "'' using 3 title 'published (source in report.md)'"));
-      figures.push_back({"ablation", "Feature ladder: maximum sequence length per step (predicted beside published)" + bars.caption_note,
-                         title + " — feature ladder"});
+      figures.push_back({"ablation", "Feature ladder: maximum sequence length per step (predicted beside published)",
+                         title + ": the feature ladder", bars.caption_note});
     }
 
     // Per-GPU memory at the peak, stacked by component.
@@ -458,10 +496,12 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
                         script_wrap("memory_breakdown",
                                     fmt::format("set style data histograms\nset style histogram rowstacked\n"
                                                 "set style fill solid 0.85 border -1\nset boxwidth 0.75\nset ylabel 'GiB per GPU at the peak'\n"
-                                                "set xtics rotate by -30 font ',9'\nset key outside right\nset grid ytics\nplot {}",
+                                                "set xlabel 'sweep point (its axis values, then the length)'\n"
+                                                "set xtics rotate by -45 font ',{}'\nset key outside right\nset grid ytics\nplot {}",
+                                                bars.rows.size() > 20 ? 7 : 9,
                                                 plot)));
-        figures.push_back({"memory_breakdown", "Predicted per-GPU memory at the peak, by component" + bars.caption_note,
-                           title + " — predicted per-GPU memory"});
+        figures.push_back({"memory_breakdown", "Predicted per-GPU memory at the peak, by component",
+                           title + ": predicted per-GPU memory at the peak", bars.caption_note});
       }
     }
 
@@ -485,13 +525,17 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
         file_write_text((staging / "predicted_vs_published.gp").string(),
                         script_wrap("predicted_vs_published",
                                     fmt::format("{}set xrange [{}:{}]\nset yrange [{}:{}]\nset xlabel 'published {}'\n"
-                                                "set ylabel 'predicted {}'\nset grid\nset key top left\n"
-                                                "plot x with lines lc rgb 'gray' title 'y = x', "
-                                                "'predicted_vs_published.dat' using 1:2 with points pt 7 ps 1.6 title 'rows', "
+                                                "set ylabel 'predicted {}'\nset grid\nset key below\nset bmargin 6\n"
+                                                "plot x with lines lc rgb 'gray' lw 2 title 'y = x (predicted equals published)', "
+                                                "'predicted_vs_published.dat' using 1:2 with points pt 7 ps 1.6 "
+                                                "title 'a published figure (label: its GPUs and the sweep values)', "
                                                 "'' using 1:2:3 with labels offset 1,0.8 font ',8' notitle",
-                                                lengths ? "set logscale xy 10\nset format x '%.0s%c'\nset format y '%.0s%c'\n" : "",
+                                                lengths ? fmt::format("set logscale xy 10\nset format x '%.0s%c'\nset format y '%.0s%c'\n"
+                                                                      "set xtics ({0})\nset ytics ({0})\n",
+                                                                      log_ticks(low * 0.7, high * 1.4))
+                                                        : "",
                                                 low * 0.7, high * 1.4, low * 0.7, high * 1.4, unit, unit)));
-        figures.push_back({"predicted_vs_published", "Predicted vs published, with y = x", title + " — predicted vs published"});
+        figures.push_back({"predicted_vs_published", "Predicted vs published, with y = x", title + ": predicted vs published", ""});
       }
     }
   } catch (...) {
@@ -509,6 +553,7 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
   for (const auto& figure : figures) {
     markdown += fmt::format("## {}\n\n![{}](figures/{}.png)\n\n([SVG](figures/{}.svg))\n\n", figure.caption, figure.caption,
                             figure.stem, figure.stem);
+    if (!figure.note.empty()) markdown += figure.note + "\n\n";
     outcome.figures.push_back((figures_dir / (figure.stem + ".png")).string());
   }
   markdown += "## Results\n\n" + sweep_markdown_table(document, source) +

@@ -123,3 +123,20 @@ TEST_CASE("a card whose q heads are not a multiple of its kv heads is rejected")
   CHECK_THROWS_WITH_AS(model_from_card_text(card, "x.yaml"),
                        doctest::Contains("x.yaml: key 'num_key_value_heads'"), ConfigError);
 }
+
+TEST_CASE("config.json: RoPE base and scaling, the sliding window, and a name from the model rather than its folder") {
+  const ModelSpec mistral = model_load(std::string(LONGSEQ_TEST_DATA_DIR) + "/hf/mistral-7b-v0.1.config.json");
+  CHECK(mistral.sliding_window == 4096);
+  CHECK(mistral.rope_theta == 10000.0);
+  CHECK(mistral.name == "Mistral L32 h4096 (config.json)");  // no _name_or_path: its family and shape, not the folder "hf"
+  const ModelSpec llama = model_load(std::string(LONGSEQ_TEST_DATA_DIR) + "/hf/llama-3.1-8b.config.json");
+  CHECK(llama.rope_theta == 500000.0);
+  CHECK(llama.rope_scaling == "llama3");
+  CHECK(llama.sliding_window == 0);
+  CHECK(model_load(std::string(LONGSEQ_TEST_DATA_DIR) + "/hf/qwen3-4b.config.json").rope_theta == 1000000.0);
+  // The built-in cards carry the same RoPE facts as their config.json.
+  CHECK(model_load("llama-3.1-70b").rope_theta == 500000.0);
+  CHECK(model_load("llama-3.1-70b").rope_scaling == "llama3");
+  CHECK(model_load("qwen3-32b").rope_theta == 1000000.0);
+  CHECK(model_load("gpt-13b").rope_theta == 10000.0);
+}

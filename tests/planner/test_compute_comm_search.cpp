@@ -4,7 +4,9 @@
 #include "models/model_loader.hpp"
 #include "planner/comm_model.hpp"
 #include "planner/compute_model.hpp"
+#include "planner/cards.hpp"
 #include "planner/search.hpp"
+#include "planner/time_model.hpp"
 #include "support/test_models.hpp"
 
 using namespace longseq;
@@ -126,4 +128,35 @@ TEST_CASE("search for throughput: the winner fits the length and is the fastest 
   CHECK(memory_predict(model, cluster, winner->plan, profile, options.seqlen).fits());
   for (const auto& candidate : result.candidates)
     if (candidate.problems.empty() && candidate.fits) CHECK(candidate.time.tokens_per_s <= winner->time.tokens_per_s);
+}
+
+TEST_CASE("search: held options, the step-time limit, and the simpler plan in a tie") {
+  const ModelSpec model = model_load("llama-3.1-8b");
+  const ClusterSpec cluster = cluster_make(hardware_card_load("h100-sxm-80gb"), 8, 0, 0, 0);
+  const RuntimeProfile profile = runtime_profile_load("deepspeed-hf");
+  // Held options: every plan searched has them; nothing else is listed.
+  SearchOptions held;
+  held.admits = [](const PlanOptions& plan) { return plan.zero_stage == 2 && !plan.offload_optimizer; };
+  const SearchResult zero2 = plan_search(model, cluster, profile, held);
+  REQUIRE(zero2.winner() != nullptr);
+  for (const auto& candidate : zero2.candidates) CHECK((candidate.plan.zero_stage == 2 && !candidate.plan.offload_optimizer));
+  // The step-time limit: the maximum is cut where the step passes it, and the step there is within it.
+  SearchOptions limited;
+  limited.max_step_s = 600;
+  const SearchResult fast = plan_search(model, cluster, profile, limited);
+  REQUIRE(fast.winner() != nullptr);
+  CHECK(fast.winner()->time.time.total_s() <= 600);
+  const int64_t grid = seqlen_grid(fast.winner()->plan, 1);
+  CHECK(time_predict(model, cluster, fast.winner()->plan, profile, fast.winner()->max_seqlen + grid).time.total_s() > 600);
+  CHECK(fast.winner()->max_seqlen < plan_search(model, cluster, profile, {}).winner()->max_seqlen);
+  // The complexity a tie compares: each memory-saving feature and each ZeRO stage counts one.
+  PlanOptions plain;
+  plain.zero_stage = 0;
+  plain.offload_optimizer = plain.offload_params = plain.activation_checkpointing = plain.checkpoint_offload = false;
+  plain.tiled_mlp = plain.tiled_loss = plain.fpdt = false;
+  CHECK(plan_complexity(plain) == 0);
+  PlanOptions alst = PlanOptions::alst(8, 8);
+  CHECK(plan_complexity(alst) == 3 + 1 + 1 + 1 + 1 + 1);  // zero 3, optimizer offload, checkpointing and its offload, both tilings
+  alst.offload_params = true;
+  CHECK(plan_complexity(alst) == 9);
 }

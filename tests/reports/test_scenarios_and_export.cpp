@@ -14,6 +14,7 @@
 #include "planner/search.hpp"
 #include "planner/frameworks.hpp"
 #include "reports/export.hpp"
+#include "reports/memory_report.hpp"
 #include "reports/report.hpp"
 #include "reports/sweep_output.hpp"
 
@@ -393,7 +394,7 @@ TEST_CASE("a sweep of hundreds of rows draws at most 60 bars, evenly spaced, and
   CHECK(bars == 60);
   std::ifstream stream(dir / "report.md");
   const std::string report((std::istreambuf_iterator<char>(stream)), std::istreambuf_iterator<char>());
-  CHECK(report.find("by component (60 of " + std::to_string(rows.size()) + " rows drawn, evenly spaced; every row is in the table below)") !=
+  CHECK(report.find("60 of " + std::to_string(rows.size()) + " rows drawn, evenly spaced; every row is in the table below.") !=
         std::string::npos);
   fs::remove_all(dir);
 }
@@ -511,4 +512,20 @@ TEST_CASE("a scenario names its framework: the search explores only what it runs
   CHECK_THROWS_WITH_AS(scenario_from_text("name: x\nmodel: llama-3.1-8b\ncluster: {gpu: h100-sxm-80gb}\nplan: {framework: megatron}\nsweep: {gpus: [8]}\n",
                                           "x.yaml"),
                        doctest::Contains("x.yaml: key 'plan.framework': unknown framework 'megatron'"), ConfigError);
+}
+
+TEST_CASE("durations as a person reads them, and the step report's judgement") {
+  CHECK(duration_text(42.14) == "42.1 s");
+  CHECK(duration_text(725) == "12 min 5 s");
+  CHECK(duration_text(5150) == "1 h 25 min");
+  CHECK(duration_text(752370) == "8 d 16 h");
+  TimePrediction prediction;
+  prediction.time.attention_s = 90000;  // a step of 25 hours
+  prediction.tokens_per_s = 1000;
+  const std::string text = time_table_render(prediction, {8, 2.0});
+  CHECK(text.find("(1 d 1 h)") != std::string::npos);
+  CHECK(text.find("WARNING: one optimizer step takes 1 d 1 h") != std::string::npos);
+  CHECK(text.find("86.4M tokens a day") != std::string::npos);
+  // A billion tokens at 1000 tokens/s: 277.8 h of 8 GPUs at 2.00 per GPU-hour = 4444.
+  CHECK(text.find("4444 per billion tokens (8 GPUs)") != std::string::npos);
 }
