@@ -84,9 +84,11 @@ std::string row_label(const JsonView& row) {
   std::string label;
   const JsonView axes = row["axes"];
   if (!axes.is_object()) axes.fail("expected an object of axis values");
-  for (const auto& [axis, value] : axes.raw().items()) {
+  for (const auto& [axis, unused] : axes.raw().items()) {
     if (!label.empty()) label += ' ';
-    label += axis == "gpus" ? axes[axis].string() + (axes[axis].string() == "1" ? " GPU" : " GPUs") : axis_shown(row, axis);
+    const std::string text = axes[axis].string();
+    const std::optional<int64_t> tokens = axis == "seqlen" ? integer_parse(text) : std::nullopt;
+    label += axis == "gpus" ? text + (text == "1" ? " GPU" : " GPUs") : tokens ? seqlen_format(*tokens) + " tokens" : axis_shown(row, axis);
   }
   return label.empty() ? row.string_or("plan", "plan") : label;
 }
@@ -470,7 +472,7 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
                                   "set style fill solid 0.85 border -1\nset logscale y 10\nset format y '%.0s%c'\n"
                                   "set ylabel 'maximum sequence length (tokens)'\nset xlabel 'step of the ladder'\n"
                                   "set xtics rotate by -25\nset grid ytics\n"
-                                  "set key below\nplot 'ablation.dat' using 2:xtic(1) title 'predicted (longseq)', "
+                                  "set key below\nset bmargin 8\nplot 'ablation.dat' using 2:xtic(1) title 'predicted (longseq)', "
                                   "'' using 3 title 'published (source in report.md)'"));
       figures.push_back({"ablation", "Feature ladder: maximum sequence length per step (predicted beside published)",
                          title + ": the feature ladder", bars.caption_note});
@@ -528,7 +530,7 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
                                                 "set ylabel 'predicted {}'\nset grid\nset key below\nset bmargin 6\n"
                                                 "plot x with lines lc rgb 'gray' lw 2 title 'y = x (predicted equals published)', "
                                                 "'predicted_vs_published.dat' using 1:2 with points pt 7 ps 1.6 "
-                                                "title 'a published figure (label: its GPUs and the sweep values)', "
+                                                "title 'a published figure (label: its row of the sweep)', "
                                                 "'' using 1:2:3 with labels offset 1,0.8 font ',8' notitle",
                                                 lengths ? fmt::format("set logscale xy 10\nset format x '%.0s%c'\nset format y '%.0s%c'\n"
                                                                       "set xtics ({0})\nset ytics ({0})\n",

@@ -13,7 +13,7 @@ set ylabel 'predicted maximum sequence length (tokens)'
 set grid
 set key below
 set bmargin 6
-plot x with lines lc rgb 'gray' lw 2 title 'y = x (predicted equals published)', 'predicted_vs_published.dat' using 1:2 with points pt 7 ps 1.6 title 'a published figure (label: its GPUs and the sweep values)', '' using 1:2:3 with labels offset 1,0.8 font ',8' notitle
+plot x with lines lc rgb 'gray' lw 2 title 'y = x (predicted equals published)', 'predicted_vs_published.dat' using 1:2 with points pt 7 ps 1.6 title 'a published figure (label: its row of the sweep)', '' using 1:2:3 with labels offset 1,0.8 font ',8' notitle
 set terminal svg size 1100,680 noenhanced font ',11'
 set output 'predicted_vs_published.svg'
 replot
