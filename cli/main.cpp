@@ -10,6 +10,10 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <vector>
+#include <map>
+#include <algorithm>
+#include <system_error>
 #include <tuple>
 
 #include "cli/commands.hpp"
@@ -21,15 +25,32 @@
 
 namespace {
 
+// The built-in cards by family, each with its exact parameter count (total; every parameter is
+// active in these dense models) and its shape.
 int models_list() {
-  fmt::print("{:<16} {:>16}  {}\n", "card", "parameters", "shape");
+  std::map<std::string, std::vector<longseq::ModelSpec>> families;
   for (const auto& name : longseq::builtin_model_names()) {
-    const longseq::ModelSpec model = longseq::model_load(name);
-    fmt::print("{:<16} {:>16}  L={} h={} q/kv heads={}/{} d={} f={} V={} {}{}\n", name,
-               longseq::integer_with_commas(longseq::parameter_count(model).total), model.num_layers, model.hidden_size,
-               model.num_q_heads, model.num_kv_heads, model.head_dim, model.intermediate_size, model.vocab_size,
-               longseq::mlp_kind_name(model.mlp_kind), model.tied_embeddings ? " tied" : "");
+    longseq::ModelSpec model = longseq::model_load(name);
+    model.name = name;  // the card's name as --model takes it
+    families[model.family].push_back(std::move(model));
   }
+  size_t cards = 0;
+  for (auto& [family, models] : families) {
+    std::sort(models.begin(), models.end(), [](const auto& a, const auto& b) {
+      return longseq::parameter_count(a).total < longseq::parameter_count(b).total;
+    });
+    fmt::print("{}\n", family);
+    for (const auto& model : models) {
+      const int64_t total = longseq::parameter_count(model).total;
+      fmt::print("  {:<18} {:>17} total {:>17} active  L={} h={} q/kv heads={}/{} d={} f={} V={} {}{}\n", model.name,
+                 longseq::integer_with_commas(total), longseq::integer_with_commas(total), model.num_layers, model.hidden_size,
+                 model.num_q_heads, model.num_kv_heads, model.head_dim, model.intermediate_size, model.vocab_size,
+                 longseq::mlp_kind_name(model.mlp_kind), model.tied_embeddings ? " tied" : "");
+      ++cards;
+    }
+  }
+  fmt::print("{} cards; --model also takes published names (meta-llama/Llama-3.1-8B-Instruct, gemma-2-9b-it), a card file "
+             "(models/cards/README.md) or a config.json\n", cards);
   return 0;
 }
 
@@ -135,6 +156,15 @@ int main(int argc, char** argv) {
   } catch (const longseq::ConfigError& error) {
     std::cerr << "longseq: error: " << error.what() << "\n";
     return 2;
+  } catch (const std::system_error& error) {
+    // fmt::print throws when standard output refuses a write (a full disk): not a bug, an output
+    // nobody received.
+    if (std::ferror(stdout)) {
+      std::cerr << "longseq: error: cannot write standard output: " << error.code().message() << "\n";
+      return 74;
+    }
+    std::cerr << "longseq: internal error (a bug in longseq; please report it with the command): " << error.what() << "\n";
+    return 70;
   } catch (const std::exception& error) {
     // Bad input is a ConfigError by the readers' contract (models/checked_input.hpp); anything
     // else is a bug, reported as one (exit 70, EX_SOFTWARE) rather than aborting the program.

@@ -1,5 +1,6 @@
 #include "models/model_loader.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <fmt/format.h>
 #include <fstream>
@@ -20,15 +21,41 @@ namespace {
 
 std::span<const EmbeddedFile> builtin_cards() { return {builtin_model_cards, static_cast<size_t>(builtin_model_cards_count)}; }
 
-// "meta-llama/Llama-3.1-8B-Instruct" -> "llama-3.1-8b": the instruct variant has the same shape.
-std::string canonical_model_name(const std::string& name) {
+// "meta-llama/Llama-3.1-8B-Instruct" -> "llama-3.1-8b": a name as published, without its
+// organisation and in lower case, then without the suffixes of its fine-tuned variants (the same
+// shape): -Instruct, -Chat, -Base, -hf, -it, -pt, in any order.
+std::vector<std::string> candidate_names(const std::string& name) {
   std::string key = text_to_lower(name);
   if (auto slash = key.rfind('/'); slash != std::string::npos) key = key.substr(slash + 1);
-  for (const char* suffix : {"-instruct", "-chat", "-base"}) {
-    const std::string s = suffix;
-    if (key.size() > s.size() && key.compare(key.size() - s.size(), s.size(), s) == 0) key.resize(key.size() - s.size());
+  std::vector<std::string> candidates = {key};
+  for (bool stripped = true; stripped;) {
+    stripped = false;
+    for (const char* suffix : {"-instruct", "-chat", "-base", "-hf", "-it", "-pt"}) {
+      const std::string s = suffix;
+      if (key.size() > s.size() && key.compare(key.size() - s.size(), s.size(), s) == 0) {
+        key.resize(key.size() - s.size());
+        candidates.push_back(key);
+        stripped = true;
+      }
+    }
   }
-  return key;
+  return candidates;
+}
+
+// Edit distance, for suggesting the nearest card to a name that matches none.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
 }
 
 }  // namespace
@@ -48,6 +75,8 @@ ModelSpec model_from_card_text(const std::string& yaml_text, const std::string& 
   YamlReader reader(yaml_text, source_name);
   ModelSpec model;
   model.name = reader.get_string("name");
+  model.family = reader.get_string("family", model.name);
+  for (auto& [node, key] : reader.get_sequence("aliases")) model.aliases.push_back(reader.node_to_string(node, key));
   model.num_layers = reader.get_int("num_hidden_layers", 1, 100000);
   model.hidden_size = reader.get_int("hidden_size", 1, kModelDimensionLimit);
   model.num_q_heads = reader.get_int("num_attention_heads", 1, kModelDimensionLimit);
@@ -70,6 +99,9 @@ ModelSpec model_from_card_text(const std::string& yaml_text, const std::string& 
   model.qk_norm = reader.get_bool("qk_norm", false);
   model.rope_theta = reader.get_double("rope_theta", 1, 1e12, 10000);
   if (reader.has("rope_scaling")) model.rope_scaling = reader.get_string("rope_scaling");
+  model.sliding_window = reader.get_int("sliding_window", 1, kModelDimensionLimit, 0);
+  model.norms_per_layer = reader.get_int("norms_per_layer", 2, 4, 2);
+  model.final_logit_softcapping = reader.get_double("final_logit_softcapping", 0, 1e6, 0);
   reader.reject_unknown_keys();
   model.validate(source_name);
   return model;
@@ -88,16 +120,41 @@ ModelSpec model_from_hf_config_text(const std::string& json_text, const std::str
   if (!config.has("architectures") || config["architectures"].size() == 0)
     throw ConfigError(source_name, "architectures", "required list of architecture names is missing");
   const std::string architecture = config["architectures"][0].string();
+  // Architectures whose layers longseq cannot price yet are refused by what they hold (Reference
+  // §12 part B): mixture-of-experts blocks (expert weights, router and dispatch buffers) and
+  // DeepSeek's multi-head latent attention (Ulysses' shape asserts fail on it, §12 item 74).
+  for (const char* key : {"num_local_experts", "num_experts", "n_routed_experts"})
+    if (config.has(key) && config[key].raw().is_number_integer() && config[key].integer() > 1)
+      throw ConfigError(source_name, key, fmt::format("{} is a mixture-of-experts model ({} experts): its expert weights and dispatch "
+                                                      "buffers are not modelled yet", architecture, config[key].integer()));
+  if (config.has("kv_lora_rank") && !config["kv_lora_rank"].raw().is_null())
+    throw ConfigError(source_name, "kv_lora_rank", fmt::format("{} uses multi-head latent attention: not modelled, and DeepSpeed's Ulysses "
+                                                               "refuses it (its q/k/v shapes fail UlyssesSPAttentionHF's asserts)", architecture));
+  // Multimodal wrappers keep the language model in text_config (Gemma 3, Llama 4).
+  if (config.has("text_config") && config["text_config"].raw().is_object() &&
+      (architecture == "Gemma3ForConditionalGeneration" || architecture == "Llama4ForConditionalGeneration")) {
+    nlohmann::json text = config["text_config"].raw();
+    text["architectures"] = nlohmann::json::array({architecture == "Gemma3ForConditionalGeneration" ? "Gemma3ForCausalLM" : "Llama4ForCausalLM"});
+    if (!text.contains("_name_or_path") && config.has("_name_or_path")) text["_name_or_path"] = config["_name_or_path"].string();
+    return model_from_hf_config_text(text.dump(), source_name + " (text_config)");
+  }
   const bool is_llama = architecture == "LlamaForCausalLM" || architecture == "MistralForCausalLM";
   const bool is_qwen2 = architecture == "Qwen2ForCausalLM";
   const bool is_qwen3 = architecture == "Qwen3ForCausalLM";
-  if (!is_llama && !is_qwen2 && !is_qwen3)
+  const bool is_gemma2 = architecture == "Gemma2ForCausalLM";
+  const bool is_gemma3 = architecture == "Gemma3ForCausalLM";
+  const bool is_phi3 = architecture == "Phi3ForCausalLM";
+  if (!is_llama && !is_qwen2 && !is_qwen3 && !is_gemma2 && !is_gemma3 && !is_phi3)
     throw ConfigError(source_name, "architectures",
-                      fmt::format("unsupported architecture '{}' (supported: LlamaForCausalLM, MistralForCausalLM, "
-                                  "Qwen2ForCausalLM, Qwen3ForCausalLM)", architecture));
-  if (config.has("hidden_act") && config["hidden_act"].raw() != "silu")
-    throw ConfigError(source_name, "hidden_act", fmt::format("{} uses SwiGLU; expected \"silu\", got {}", architecture,
-                                                            config["hidden_act"].raw().dump()));
+                      fmt::format("unsupported architecture '{}' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
+                                  "Qwen3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM (and Gemma3ForConditionalGeneration's "
+                                  "text_config), Phi3ForCausalLM)", architecture));
+  // Gemma's gated MLP runs GELU-tanh where Llama's runs SiLU: the same three matrices and saved tensors.
+  const char* activation = is_gemma2 || is_gemma3 ? "gelu_pytorch_tanh" : "silu";
+  const char* activation_key = is_gemma2 || is_gemma3 ? "hidden_activation" : "hidden_act";
+  if (config.has(activation_key) && config[activation_key].raw() != activation)
+    throw ConfigError(source_name, activation_key, fmt::format("{}'s gated MLP: expected \"{}\", got {}", architecture, activation,
+                                                               config[activation_key].raw().dump()));
 
   ModelSpec model;
   // The model's own name where config.json keeps one; otherwise its family and shape (the folder a
@@ -122,8 +179,9 @@ ModelSpec model_from_hf_config_text(const std::string& json_text, const std::str
                              model.hidden_size);
   model.mlp_kind = MlpKind::mlp_kind_swiglu;
   model.norm_kind = NormKind::norm_kind_rmsnorm;
-  // LlamaConfig, MistralConfig, Qwen2Config and Qwen3Config all default tie_word_embeddings to false.
-  model.tied_embeddings = get_bool("tie_word_embeddings", false);
+  // LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config and Phi3Config default tie_word_embeddings
+  // to false; Gemma2Config and Gemma3TextConfig to true.
+  model.tied_embeddings = get_bool("tie_word_embeddings", is_gemma2 || is_gemma3);
   if (is_llama) {
     // LlamaAttention: attention_bias puts biases on q, k, v and o; mlp_bias on gate, up, down.
     model.qkv_bias = get_bool("attention_bias", false);
@@ -131,18 +189,28 @@ ModelSpec model_from_hf_config_text(const std::string& json_text, const std::str
     model.mlp_bias = get_bool("mlp_bias", false);
   } else if (is_qwen2) {
     model.qkv_bias = true;  // Qwen2Attention: q/k/v always have biases, o_proj never
-  } else {
+  } else if (is_qwen3) {
     model.qkv_bias = get_bool("attention_bias", false);  // Qwen3Attention: q, k, v and o share the flag
     model.o_proj_bias = model.qkv_bias;
     model.qk_norm = true;  // Qwen3Attention always has q_norm and k_norm over head_dim
+  } else if (is_gemma2 || is_gemma3) {
+    // Gemma2/3DecoderLayer: input, post-attention, pre-feedforward and post-feedforward RMSNorms;
+    // Gemma 3 adds q/k norms; attention_bias on q, k, v and o.
+    model.norms_per_layer = 4;
+    model.qk_norm = is_gemma3;
+    model.qkv_bias = get_bool("attention_bias", false);
+    model.o_proj_bias = model.qkv_bias;
+    if (config.has("final_logit_softcapping") && !config["final_logit_softcapping"].raw().is_null())
+      model.final_logit_softcapping = config["final_logit_softcapping"].number();
   }
+  // Phi3Attention's qkv_proj and Phi3MLP's gate_up_proj fuse Llama's projections: the same weights.
   // RoPE base and scaling (the base's default is every one of these configs' class default, 10000).
   if (config.has("rope_theta")) {
     model.rope_theta = config["rope_theta"].number();
     if (!(model.rope_theta >= 1 && model.rope_theta <= 1e12))
       throw ConfigError(source_name, "rope_theta", fmt::format("{} is out of range [1, 1e12]", model.rope_theta));
   }
-  if (config.has("sliding_window") && !config["sliding_window"].raw().is_null() &&
+  if (config.has("sliding_window") && config["sliding_window"].raw().is_number_integer() &&
       !(config.has("use_sliding_window") && config["use_sliding_window"].raw().is_boolean() && !config["use_sliding_window"].boolean()))
     model.sliding_window = config["sliding_window"].integer();
   if (config.has("rope_scaling") && config["rope_scaling"].raw().is_object()) {
@@ -176,11 +244,34 @@ ModelSpec model_load(const std::string& name_or_path) {
       return model_from_hf_config_text(file_read_text(config_path.string()), config_path.string());
     throw ConfigError(name_or_path, "", "is a directory without a config.json");
   }
-  if (const EmbeddedFile* card = embedded_file_find(builtin_cards(), canonical_model_name(name_or_path)))
-    return model_from_card_text(card->content, std::string("built-in card ") + card->file_name);
-  std::string known;
-  for (const auto& name : builtin_model_names()) known += (known.empty() ? "" : ", ") + name;
-  throw ConfigError("--model", "", fmt::format("unknown model '{}': not a file, and not a built-in card ({})", name_or_path, known));
+  const std::vector<std::string> candidates = candidate_names(name_or_path);
+  for (const std::string& candidate : candidates)
+    if (const EmbeddedFile* card = embedded_file_find(builtin_cards(), candidate))
+      return model_from_card_text(card->content, std::string("built-in card ") + card->file_name);
+  // A card's other published names (Meta-Llama-3-8B, Mistral-Nemo-Base-2407, gemma-3-4b-it), and
+  // its display name, in any case.
+  std::vector<std::pair<std::string, std::string>> known_names;  // (lower-case name, card stem)
+  for (const std::string& stem : builtin_model_names()) {
+    const ModelSpec card = model_load(stem);
+    known_names.emplace_back(stem, stem);
+    known_names.emplace_back(text_to_lower(card.name), stem);
+    for (const std::string& alias : card.aliases) known_names.emplace_back(text_to_lower(alias), stem);
+  }
+  for (const std::string& candidate : candidates)
+    for (const auto& [known, stem] : known_names)
+      if (candidate == known) return model_load(stem);
+  // The nearest names, to suggest.
+  std::vector<std::pair<size_t, std::string>> nearest;
+  for (const auto& [known, stem] : known_names) nearest.emplace_back(edit_distance(candidates.back(), known), stem);
+  std::sort(nearest.begin(), nearest.end());
+  std::vector<std::string> suggestions;
+  for (const auto& [distance, stem] : nearest)
+    if (suggestions.size() < 3 && std::find(suggestions.begin(), suggestions.end(), stem) == suggestions.end()) suggestions.push_back(stem);
+  std::string said;
+  for (size_t i = 0; i < suggestions.size(); ++i) said += (i == 0 ? "" : i + 1 == suggestions.size() ? " or " : ", ") + suggestions[i];
+  throw ConfigError("--model", "", fmt::format("unknown model '{}': not a file, and no built-in card has that name; did you mean {}? "
+                                               "(`longseq models` lists the {} cards; a config.json or a card file of your own also works)",
+                                               name_or_path, said, builtin_model_names().size()));
 }
 
 }  // namespace longseq

@@ -57,7 +57,7 @@ ParameterCount parameter_count(const ModelSpec& model) {
   count.per_layer_mlp = mlp_matrices * h * f;
   if (model.mlp_bias) count.per_layer_mlp += (mlp_matrices - 1) * f + h;
 
-  count.per_layer_norms = 2 * norm_params;  // before attention and before the MLP
+  count.per_layer_norms = model.norms_per_layer * norm_params;  // before attention and the MLP (and after them: Gemma)
   count.per_layer = count.per_layer_attention + count.per_layer_mlp + count.per_layer_norms;
   count.total = count.embedding + model.num_layers * count.per_layer + count.final_norm + count.lm_head;
   count.largest_layer_matrix = std::max(h * f, h * model.q_width());

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace longseq {
 
@@ -25,6 +26,8 @@ constexpr double kModelParameterLimit = 1e15;
 
 struct ModelSpec {
   std::string name;
+  std::string family;                // "Llama 3.1", "Qwen2.5": how `longseq models` groups the cards
+  std::vector<std::string> aliases;  // other published names of the same weights' shape
   int64_t num_layers = 0;         // L
   int64_t hidden_size = 0;        // h
   int64_t num_q_heads = 0;        // n_q
@@ -48,6 +51,12 @@ struct ModelSpec {
   // Planned as full causal attention (a kernel that honours the window does less work; longseq's
   // plans say so where it applies).
   int64_t sliding_window = 0;
+  // RMSNorms per decoder layer: 2 (before attention and the MLP), 4 in Gemma 2/3 (and after each).
+  // The parameters count them; the activation inventory prices a Llama layer's two (said in plans).
+  int64_t norms_per_layer = 2;
+  // Gemma 2's tanh cap on the final logits (0: none): the loss holds further logits-sized tensors
+  // the inventory does not price yet (said in plans).
+  double final_logit_softcapping = 0;
 
   // Throws ConfigError(source, key, reason) on an impossible shape.
   void validate(const std::string& source) const;

@@ -113,7 +113,8 @@ TEST_CASE("bad model input is a ConfigError naming the file and the key") {
 
   const std::string unknown_model = message_of("llama-9000");
   CHECK(unknown_model.find("unknown model 'llama-9000'") != std::string::npos);
-  CHECK(unknown_model.find("llama-3.1-8b") != std::string::npos);  // lists what exists
+  CHECK(unknown_model.find("did you mean llama-") != std::string::npos);  // the nearest cards
+  CHECK(unknown_model.find("`longseq models` lists the") != std::string::npos);
 }
 
 TEST_CASE("a card whose q heads are not a multiple of its kv heads is rejected") {
@@ -139,4 +140,67 @@ TEST_CASE("config.json: RoPE base and scaling, the sliding window, and a name fr
   CHECK(model_load("llama-3.1-70b").rope_scaling == "llama3");
   CHECK(model_load("qwen3-32b").rope_theta == 1000000.0);
   CHECK(model_load("gpt-13b").rope_theta == 10000.0);
+}
+
+TEST_CASE("the catalog: every card's exact parameter count is its model's published total") {
+  // Totals as the models' Hugging Face pages and safetensors indexes publish them (tied embeddings
+  // counted once; Gemma 3's text model without its vision tower).
+  const std::vector<std::pair<const char*, int64_t>> published = {
+      {"llama-2-7b", 6'738'415'616},       {"llama-2-13b", 13'015'864'320},      {"llama-2-70b", 68'976'648'192},
+      {"llama-3.2-1b", 1'235'814'400},     {"llama-3.2-3b", 3'212'749'824},      {"llama-3.3-70b", 70'553'706'496},
+      {"llama-3.1-405b", 405'853'388'800}, {"qwen2.5-0.5b", 494'032'768},        {"qwen2.5-1.5b", 1'543'714'304},
+      {"qwen2.5-3b", 3'085'938'688},       {"qwen2.5-7b", 7'615'616'512},        {"qwen2.5-14b", 14'770'033'664},
+      {"qwen2.5-32b", 32'763'876'352},     {"qwen2.5-72b", 72'706'203'648},      {"qwq-32b", 32'763'876'352},
+      {"qwen2.5-coder-32b", 32'763'876'352}, {"qwen3-0.6b", 596'049'920},        {"qwen3-1.7b", 1'720'574'976},
+      {"qwen3-8b", 8'190'735'360},         {"qwen3-14b", 14'768'307'200},        {"mistral-7b-v0.1", 7'241'732'096},
+      {"mistral-7b-v0.3", 7'248'023'552},  {"mistral-nemo-12b", 12'247'782'400}, {"yi-6b", 6'061'035'520},
+      {"yi-34b", 34'388'917'248},          {"phi-3-mini", 3'821'079'552},        {"phi-3-medium", 13'960'238'080},
+      {"phi-4", 14'659'507'200},           {"gemma-2-2b", 2'614'341'888},        {"gemma-2-9b", 9'241'705'984},
+      {"gemma-2-27b", 27'227'128'320},     {"gemma-3-1b", 999'885'952},          {"gemma-3-4b", 3'880'263'168},
+      {"gemma-3-12b", 11'766'034'176},     {"gemma-3-27b", 27'009'346'304}};
+  for (const auto& [name, total] : published) {
+    CAPTURE(name);
+    CHECK(parameter_count(model_load(name)).total == total);
+  }
+  CHECK(builtin_model_names().size() >= 40);
+  // Gemma's four norms a layer are parameters: 4h per layer, hand-computed for Gemma-2-2B.
+  const ParameterCount gemma = parameter_count(model_load("gemma-2-2b"));
+  CHECK(gemma.per_layer_norms == 4 * 2304);
+  CHECK(gemma.per_layer == 2304 * 2048 * 2 + 2304 * 1024 * 2 + 3 * 2304 * 9216 + 4 * 2304);
+}
+
+TEST_CASE("a model by its published name: organisation, case and variant suffixes, other names, the nearest suggested") {
+  CHECK(model_load("meta-llama/Meta-Llama-3-8B-Instruct").name == "Llama-3-8B");
+  CHECK(model_load("Qwen/Qwen2.5-72B-Instruct").name == "Qwen2.5-72B");
+  CHECK(model_load("meta-llama/Llama-2-7b-chat-hf").name == "Llama-2-7B");
+  CHECK(model_load("google/gemma-2-9b-it").name == "Gemma-2-9B");
+  CHECK(model_load("mistralai/Mistral-Nemo-Instruct-2407").name == "Mistral-Nemo-12B");
+  CHECK(model_load("microsoft/Phi-3-mini-4k-instruct").name == "Phi-3-mini");
+  CHECK(model_load("QWQ-32B").name == "QwQ-32B");
+  CHECK(model_load("01-ai/Yi-34B-Chat").name == "Yi-34B");
+  CHECK_THROWS_WITH_AS(model_load("lama-3-8b"), doctest::Contains("did you mean llama-3-8b"), ConfigError);
+}
+
+TEST_CASE("config.json of Gemma 2, Gemma 3 (its text_config) and Phi-3 is read; MoE and MLA are refused by name") {
+  const std::string hf = std::string(LONGSEQ_TEST_DATA_DIR) + "/hf/";
+  const ModelSpec gemma2 = model_load(hf + "gemma-2-9b.config.json");
+  CHECK(parameter_count(gemma2).total == parameter_count(model_load("gemma-2-9b")).total);
+  CHECK(gemma2.tied_embeddings);  // Gemma2Config's default
+  CHECK(gemma2.norms_per_layer == 4);
+  CHECK(gemma2.final_logit_softcapping == 30.0);
+  CHECK(gemma2.sliding_window == 4096);
+  CHECK(gemma2.head_dim == 256);  // not hidden / heads (224)
+  const ModelSpec gemma3 = model_load(hf + "gemma-3-4b.config.json");
+  CHECK(parameter_count(gemma3).total == parameter_count(model_load("gemma-3-4b")).total);
+  CHECK(gemma3.qk_norm);
+  CHECK(gemma3.rope_scaling == "linear");
+  const ModelSpec phi3 = model_load(hf + "phi-3-mini.config.json");
+  CHECK(parameter_count(phi3).total == 3'821'079'552);
+  CHECK(phi3.head_dim == 96);
+  const std::string bad = std::string(LONGSEQ_TEST_DATA_DIR) + "/bad/";
+  CHECK_THROWS_WITH_AS(model_load(bad + "qwen3-30b-a3b.config.json"),
+                       doctest::Contains("key 'num_experts': Qwen3MoeForCausalLM is a mixture-of-experts model (128 experts)"), ConfigError);
+  // A trimmed DeepSeek-V2-Lite config.json (its MLA keys only).
+  CHECK_THROWS_WITH_AS(model_load(bad + "deepseek-v2-lite.config.json"),
+                       doctest::Contains("key 'kv_lora_rank': DeepseekV2ForCausalLM uses multi-head latent attention"), ConfigError);
 }
