@@ -181,7 +181,7 @@ TEST_CASE("a model by its published name: organisation, case and variant suffixe
   CHECK_THROWS_WITH_AS(model_load("lama-3-8b"), doctest::Contains("did you mean llama-3-8b"), ConfigError);
 }
 
-TEST_CASE("config.json of Gemma 2, Gemma 3 (its text_config) and Phi-3 is read; MoE and MLA are refused by name") {
+TEST_CASE("config.json of Gemma 2, Gemma 3 (its text_config) and Phi-3 is read, MoE and MLA are refused by name") {
   const std::string hf = std::string(LONGSEQ_TEST_DATA_DIR) + "/hf/";
   const ModelSpec gemma2 = model_load(hf + "gemma-2-9b.config.json");
   CHECK(parameter_count(gemma2).total == parameter_count(model_load("gemma-2-9b")).total);
