@@ -502,8 +502,13 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
                                                 "set xtics rotate by -45 font ',{}'\nset key outside right\nset grid ytics\nplot {}",
                                                 bars.rows.size() > 20 ? 7 : 9,
                                                 plot)));
+        const bool some_fit_nothing = std::any_of(bars.rows.begin(), bars.rows.end(), [](const SweepTableRow* row) { return row->seqlen <= 0; });
+        std::string note = bars.caption_note;
+        if (some_fit_nothing)
+          note += std::string(note.empty() ? "" : " ") + "A length of '-' means no length fits: that bar is the predicted memory at the "
+                  "shortest length, more than the card holds.";
         figures.push_back({"memory_breakdown", "Predicted per-GPU memory at the peak, by component",
-                           title + ": predicted per-GPU memory at the peak", bars.caption_note});
+                           title + ": predicted per-GPU memory at the peak", note});
       }
     }
 

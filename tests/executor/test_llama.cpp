@@ -278,7 +278,11 @@ TEST_CASE("FPDT on one rank: loss and every gradient equal the unchunked step, f
     const Run chunked = run(fpdt);
     CHECK(chunked.result.loss == doctest::Approx(plain.result.loss).epsilon(1e-6));
     CHECK(chunked.result.counted_tokens == plain.result.counted_tokens);
-    gradients_compare(chunked.gradients, plain.gradients, 3e-5);
+    // FPDT chunks the MLP too, which re-associates every weight gradient's sum over the tokens. The
+    // MLP norms' weight gradients are sums of terms of both signs far larger than the result: built
+    // for the vector instruction set (FMA in Eigen's products) 8 chunks move them by up to 6e-5 of
+    // their largest element, where the SSE2 build stayed within 3e-5. fp32 noise either way.
+    gradients_compare(chunked.gradients, plain.gradients, 1e-4);
   }
 }
 
