@@ -35,6 +35,7 @@
 #include "models/layer_inventory.hpp"
 #include "models/model_loader.hpp"
 #include "models/output_files.hpp"
+#include "models/process.hpp"
 #include "planner/max_seqlen.hpp"
 #include "planner/scenario.hpp"
 #include "planner/memory_model.hpp"
@@ -290,7 +291,32 @@ double model_train(const TrainLoop& loop) {
   // at the start of step 2, while the others wait in its collectives. Every input that could make
   // one rank fail is compared across ranks first, so no input reaches this path any more.
   const char* fail_on_rank = std::getenv("LONGSEQ_TEST_FAIL_ON_RANK");
+  // Progress inside a step, on rank 0: on a terminal redrawn in place, in a log a line at most every
+  // 10 s, and only once the step has run 3 s (a short step says nothing). The ETA weighs a layer's
+  // backward (with its recompute) as twice its forward.
+  const bool tty = isatty(fileno(stderr)) != 0;
+  TrainingOptions step_options = options;
+  int64_t current_step = 0;
+  std::chrono::steady_clock::time_point step_start, last_said;
+  bool said = false;
+  if (speaker)
+    step_options.progress = [&](const char* phase, int64_t done, int64_t layers) {
+      const auto now = std::chrono::steady_clock::now();
+      const double elapsed = std::chrono::duration<double>(now - step_start).count();
+      if (elapsed < 3 || (!tty && std::chrono::duration<double>(now - last_said).count() < 10)) return;
+      last_said = now;
+      said = true;
+      const double done_layers = static_cast<double>(done), all_layers = static_cast<double>(layers);
+      const double fraction = (std::string(phase) == "forward" ? done_layers : all_layers + 2.0 * done_layers) / (3.0 * all_layers);
+      const std::string line = fmt::format("  step {}: {} of layer {}/{}, {:.0f} s so far, about {:.0f} s to go", current_step, phase,
+                                           done, layers, elapsed, elapsed / std::max(fraction, 1e-3) - elapsed);
+      if (tty) fmt::print(stderr, "\r{:<100}", line);
+      else fmt::print(stderr, "{}\n", line);
+    };
   for (int64_t step = 1; step <= args.steps; ++step) {
+    current_step = step;
+    step_start = last_said = std::chrono::steady_clock::now();
+    said = false;
     if (fail_on_rank && step == 2 && std::atoi(fail_on_rank) == ranks.world_rank)
       throw ConfigError("LONGSEQ_TEST_FAIL_ON_RANK", "", "this rank was asked to fail at step 2 (a test of the job's failure path)");
     const uint32_t sample_seed = args.seed + static_cast<uint32_t>((step - 1) * dp + dp_rank + 1);
@@ -310,7 +336,8 @@ double model_train(const TrainLoop& loop) {
     const std::vector<int32_t> tokens = rank_values(sample.tokens), labels = rank_values(sample.labels),
                                positions = rank_values(sample.positions);
     StepResult result =
-        llama.forward_backward(tokens.data(), labels.data(), positions.data(), local_tokens, options, device, host, parallel);
+        llama.forward_backward(tokens.data(), labels.data(), positions.data(), local_tokens, step_options, device, host, parallel);
+    if (said && tty) fmt::print(stderr, "\r{:<100}\r", "");  // the progress line gives way to the step's row
     if (dp > 1) {  // the gradient is the mean over the data-parallel groups' samples
       // ZeRO-3's reduce-scatter already summed every rank's part; replicas sum across groups.
       if (!llama.partitioned()) ranks.data_group->all_reduce(llama.gradients(), llama.local_parameter_count());
@@ -587,6 +614,9 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
                  plan.ring > 1 ? fmt::format(" x ring {}", plan.ring) : "", dp, integer_with_commas(local_tokens));
   }
   double outside_arena_bytes = 0;  // measured on a GPU: what lives beside the arena
+  // The process before the model exists (binary, libraries, MPI, the data text): the part of its
+  // real memory no prediction covers, measured so that the rest can be compared.
+  const double process_baseline_bytes = process_resident_bytes();
   try {
     // Every rank starts from the same weights (same seed): small normal weights, norms at 1. They
     // are made in ordinary host memory, as a checkpoint would be read, and loaded into the model.
@@ -654,6 +684,19 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
   report["predicted_host_peak_mib"] = predicted_host_per_rank_bytes / (1 << 20);
   report["prediction_error"] = difference;
   report["prediction_worst_rank_error"] = worst;
+  // The process's real high-water memory against what the prediction says this process holds: on
+  // the CPU the arena, the host pool and the fp32 initial weights (read like a checkpoint), beside
+  // the baseline measured before the model existed. What the replay cannot see shows here.
+  const double process_high_water_bytes_measured = process_high_water_bytes();
+  const double predicted_process_bytes =
+      on_gpu ? predicted_host_per_rank_bytes + 4.0 * static_cast<double>(llama_layout(model).total)
+             : predicted_arena_bytes + predicted_host_per_rank_bytes + 4.0 * static_cast<double>(llama_layout(model).total);
+  if (process_high_water_bytes_measured > 0) {
+    report["measured_process_high_water_mib"] = process_high_water_bytes_measured / (1 << 20);
+    report["measured_process_baseline_mib"] = process_baseline_bytes / (1 << 20);
+    report["predicted_process_mib"] = predicted_process_bytes / (1 << 20);
+    report["process_unexplained_mib"] = (process_high_water_bytes_measured - process_baseline_bytes - predicted_process_bytes) / (1 << 20);
+  }
   if (ranks.world_rank != 0) return 0;
   if (json_out) output_file_write(*json_out, report.dump(2) + "\n");
   if (args.json) {
@@ -683,6 +726,19 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
     fmt::print("  host pool (offloaded states, checkpoints, FPDT chunks) of rank 0 at its peak: MEASURED {:.3f} MiB, PREDICTED {:.3f} "
                "MiB (per node / {} rank(s))\n",
                host.peak_bytes() / (1 << 20), predicted_host_per_rank_bytes / (1 << 20), cluster.ranks_per_node());
+  if (process_high_water_bytes_measured > 0) {
+    const double unexplained = process_high_water_bytes_measured - process_baseline_bytes - predicted_process_bytes;
+    fmt::print("  process memory of rank 0 (VmHWM, this machine's kernel): MEASURED {:.1f} MiB high-water = {:.1f} MiB before the model "
+               "existed (binary, libraries, MPI, data) + {:.1f} MiB; PREDICTED {:.1f} MiB ({}the host pool and the fp32 initial "
+               "weights); {:+.1f} MiB that no prediction names (allocator slack, the sample, transient buffers of the kernels)\n",
+               process_high_water_bytes_measured / (1 << 20), process_baseline_bytes / (1 << 20),
+               (process_high_water_bytes_measured - process_baseline_bytes) / (1 << 20), predicted_process_bytes / (1 << 20),
+               on_gpu ? "" : "the arena, ", unexplained / (1 << 20));
+  }
+  fmt::print("  what these prove: the arena rows hold the executor's allocations against the native replay of the same schedule "
+             "(their agreement shows the schedule is modelled, not that a framework behaves so); the process line holds this "
+             "process's real memory against the prediction with its runtime terms{}\n", on_gpu ? "; on a GPU the runtime "
+             "row is cudaMemGetInfo beside the arena" : "");
   if (std::isfinite(budget_bytes)) {
     const double highest = *std::max_element(peaks.begin(), peaks.end());
     fmt::print("  budget {:.0f} MiB per rank: measured peak {} ({:.1f}% of it); prediction {} the measurement ({:+.2f}%, bar: 3%)\n",

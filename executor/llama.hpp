@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "executor/arena.hpp"
@@ -48,6 +49,9 @@ struct TrainingOptions {
   int64_t attention_block = 64;     // tokens per attention block
   double rope_theta = 500000.0;     // Llama-3's
   float rmsnorm_eps = 1e-5f;
+  // Called after each layer's forward ("forward") and backward ("backward") with the layers done
+  // and their count, for progress inside long steps (longseq run prints it); empty: none.
+  std::function<void(const char* phase, int64_t done, int64_t layers)> progress;
 };
 
 // Ulysses sequence parallelism: this rank holds T = S / sp consecutive tokens of the sample;

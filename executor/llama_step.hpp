@@ -1088,6 +1088,7 @@ StepResult BasicLlamaModel<Ops>::forward_backward(const int32_t* host_tokens, co
     BufferOf<Act> y = layer_forward(ops, layer_params, w, x.data(), positions, d, options, device, host,
                                     options.activation_checkpointing ? nullptr : &saved[static_cast<size_t>(i)], ulysses);
     gathered.release();
+    if (options.progress) options.progress("forward", i + 1, layers);
     if (options.checkpoint_offload) {
       if (!offload_in_flight.empty()) {
         ops.copy_wait(offload_copy);
@@ -1201,6 +1202,7 @@ StepResult BasicLlamaModel<Ops>::forward_backward(const int32_t* host_tokens, co
         layer_backward(ops, layer_grads, layer_params, w, input.data(), dy.data(), positions, d, options, device, host, layer_saved, ulysses);
     dy = std::move(dx);
     scatter(1 + static_cast<size_t>(i), layer_gradient);
+    if (options.progress) options.progress("backward", layers - i, layers);
   }
   {
     Buffer table_gradient;

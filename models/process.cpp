@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -120,5 +121,26 @@ double meminfo_bytes(const std::string& wanted_key) {
 double machine_memory_available_bytes() { return meminfo_bytes("MemAvailable:"); }
 
 double machine_memory_total_bytes() { return meminfo_bytes("MemTotal:"); }
+
+namespace {
+
+double status_bytes(const std::string& wanted_key) {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind(wanted_key, 0) != 0) continue;
+    std::istringstream fields(line.substr(wanted_key.size()));
+    double kib = 0;
+    fields >> kib;
+    return kib * 1024.0;
+  }
+  return 0;
+}
+
+}  // namespace
+
+double process_resident_bytes() { return status_bytes("VmRSS:"); }
+
+double process_high_water_bytes() { return status_bytes("VmHWM:"); }
 
 }  // namespace longseq

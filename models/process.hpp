@@ -35,4 +35,9 @@ double machine_memory_available_bytes();
 // This machine's physical memory: MemTotal from /proc/meminfo, else sysconf. Bytes.
 double machine_memory_total_bytes();
 
+// This process's resident memory now (VmRSS) and its high-water mark (VmHWM), from
+// /proc/self/status; 0 where the system does not say (not Linux). Bytes.
+double process_resident_bytes();
+double process_high_water_bytes();
+
 }  // namespace longseq

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <functional>
 #include <fstream>
 #include <string>
 
@@ -133,31 +134,24 @@ TEST_CASE("hostile text never becomes a shell line: a scenario name, paths, part
     CHECK_THROWS_WITH_AS(job_layout(request), doctest::Contains(expected.c_str()), ConfigError);
     CHECK_THROWS_WITH_AS(sbatch_script(request, JobLayout{}), doctest::Contains(expected.c_str()), ConfigError);
   };
-  LaunchRequest request = request_for(2, 2, 2);
-  request.scenario_name = hostile;
-  refused(request, "/s/tiny.yaml: key 'name': the scenario's name holds a control character (byte 0x0a)");
-  request = request_for(2, 2, 2);
-  request.scenario_path = "/s/x\ntouch pwned.yaml";
-  refused(request, "the scenario's path holds a control character");
-  request = request_for(2, 2, 2);
-  request.plan_path = "/p/x\rplan.json";
-  refused(request, "the plan file's path holds a control character (byte 0x0d)");
-  request = request_for(2, 2, 2);
-  request.output_directory = "/out\n#SBATCH --wrap=id";
-  refused(request, "--output: the output directory holds a control character");
-  request = request_for(2, 2, 2);
-  request.partition = "gpu\ntouch pwned";
-  refused(request, "--partition");
-  request.partition = "gpu;id";
-  refused(request, "--partition: 'gpu;id' is not a Slurm partition name");
-  request = request_for(2, 2, 2);
-  request.time_limit = "1:00 --wrap=id";
-  refused(request, "--time: '1:00 --wrap=id' is not a Slurm time limit");
-  request = request_for(2, 2, 2);
-  request.mpirun_extra = {"--mca", "x\ny"};
-  refused(request, "--mpirun-arg: an mpirun argument holds a control character");
+  // Each field with hostile text, on an otherwise good request, and what the refusal says.
+  const std::vector<std::pair<std::function<void(LaunchRequest&)>, std::string>> hostile_fields = {
+      {[&](LaunchRequest& r) { r.scenario_name = hostile; }, "/s/tiny.yaml: key 'name': the scenario's name holds a control character (byte 0x0a)"},
+      {[](LaunchRequest& r) { r.scenario_path = "/s/x\ntouch pwned.yaml"; }, "the scenario's path holds a control character"},
+      {[](LaunchRequest& r) { r.plan_path = "/p/x\rplan.json"; }, "the plan file's path holds a control character (byte 0x0d)"},
+      {[](LaunchRequest& r) { r.output_directory = "/out\n#SBATCH --wrap=id"; }, "--output: the output directory holds a control character"},
+      {[](LaunchRequest& r) { r.partition = "gpu\ntouch pwned"; }, "--partition"},
+      {[](LaunchRequest& r) { r.partition = "gpu;id"; }, "--partition: 'gpu;id' is not a Slurm partition name"},
+      {[](LaunchRequest& r) { r.time_limit = "1:00 --wrap=id"; }, "--time: '1:00 --wrap=id' is not a Slurm time limit"},
+      {[](LaunchRequest& r) { r.mpirun_extra = {"--mca", "x\ny"}; }, "--mpirun-arg: an mpirun argument holds a control character"},
+  };
+  for (const auto& [make_hostile, expected] : hostile_fields) {
+    LaunchRequest request = request_for(2, 2, 2);
+    make_hostile(request);
+    refused(request, expected);
+  }
   // Slurm reads #SBATCH --output without a shell and expands '%': such a directory is refused for Slurm only.
-  request = request_for(2, 2, 2);
+  LaunchRequest request = request_for(2, 2, 2);
   request.output_directory = "/out dir/%u";
   const JobLayout layout = job_layout(request);  // mpirun quotes it
   CHECK(test::launch_script_problem(request_for(2, 2, 2), layout).empty());
