@@ -25,8 +25,8 @@
 
 namespace {
 
-// The built-in cards by family, each with its exact parameter count (total; every parameter is
-// active in these dense models) and its shape.
+// The built-in cards by family, each with its exact parameter count (total, and what one token uses:
+// all of a dense model, its routed experts' share of a mixture of experts) and its shape.
 int models_list() {
   std::map<std::string, std::vector<longseq::ModelSpec>> families;
   for (const auto& name : longseq::builtin_model_names()) {
@@ -42,10 +42,14 @@ int models_list() {
     fmt::print("{}\n", family);
     for (const auto& model : models) {
       const int64_t total = longseq::parameter_count(model).total;
-      fmt::print("  {:<18} {:>17} total {:>17} active  L={} h={} q/kv heads={}/{} d={} f={} V={} {}{}\n", model.name,
-                 longseq::integer_with_commas(total), longseq::integer_with_commas(total), model.num_layers, model.hidden_size,
+      const int64_t active = longseq::parameter_count(model).active;
+      fmt::print("  {:<18} {:>17} total {:>17} active  L={} h={} q/kv heads={}/{} d={} f={} V={} {}{}{}\n", model.name,
+                 longseq::integer_with_commas(total), longseq::integer_with_commas(active), model.num_layers, model.hidden_size,
                  model.num_q_heads, model.num_kv_heads, model.head_dim, model.intermediate_size, model.vocab_size,
-                 longseq::mlp_kind_name(model.mlp_kind), model.tied_embeddings ? " tied" : "");
+                 longseq::mlp_kind_name(model.mlp_kind), model.tied_embeddings ? " tied" : "",
+                 model.is_moe() ? fmt::format(" MoE {} experts x {} ({} a token; not planned yet)", model.experts,
+                                              model.expert_intermediate_size, model.experts_per_token)
+                                : "");
       ++cards;
     }
   }

@@ -613,6 +613,12 @@ void plan_out_write(const PlanCommandArgs& args, const OutputFileTarget& target,
 
 int plan_command_run(const PlanCommandArgs& args) {
   const ModelSpec model = model_with_layers(model_load(args.model), args.layers);
+  if (model.is_moe())
+    throw ConfigError("--model", "", fmt::format("{} is a mixture-of-experts model ({:.1f}B parameters, {:.1f}B active): `longseq models` "
+                                                 "counts it, but its experts' weights, router and dispatch buffers are not in the "
+                                                 "memory model yet, so longseq does not plan it", model.name,
+                                                 static_cast<double>(parameter_count(model).total) / 1e9,
+                                                 static_cast<double>(parameter_count(model).active) / 1e9));
   // This machine (--ranks, --budget-mib) or a GPU cluster (--gpu, --gpus, --nodes, ...).
   const bool machine = args.ranks || args.budget_mib;
   MachineTarget target;

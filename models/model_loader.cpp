@@ -102,6 +102,11 @@ ModelSpec model_from_card_text(const std::string& yaml_text, const std::string& 
   model.sliding_window = reader.get_int("sliding_window", 1, kModelDimensionLimit, 0);
   model.norms_per_layer = reader.get_int("norms_per_layer", 2, 4, 2);
   model.final_logit_softcapping = reader.get_double("final_logit_softcapping", 0, 1e6, 0);
+  model.experts = reader.get_int("experts", 0, 1 << 16, 0);
+  model.experts_per_token = reader.get_int("experts_per_token", 0, 1 << 16, 0);
+  model.expert_intermediate_size = reader.get_int("expert_intermediate_size", 0, kModelDimensionLimit, 0);
+  model.shared_expert_intermediate_size = reader.get_int("shared_expert_intermediate_size", 0, kModelDimensionLimit, 0);
+  model.shared_expert_gate = reader.get_bool("shared_expert_gate", false);
   reader.reject_unknown_keys();
   model.validate(source_name);
   return model;

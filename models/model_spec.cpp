@@ -20,6 +20,8 @@ void ModelSpec::validate(const std::string& source) const {
   require_positive(head_dim, "head_dim");
   require_positive(intermediate_size, "intermediate_size");
   require_positive(vocab_size, "vocab_size");
+  if (experts > 0 && (experts_per_token < 1 || experts_per_token > experts || expert_intermediate_size < 1))
+    throw ConfigError(source, "experts_per_token", fmt::format("{} experts need 1 to {} per token and a positive expert width", experts, experts));
   if (num_q_heads % num_kv_heads != 0)
     throw ConfigError(source, "num_key_value_heads",
                       fmt::format("{} query heads are not a multiple of {} key/value heads", num_q_heads, num_kv_heads));
@@ -58,8 +60,18 @@ ParameterCount parameter_count(const ModelSpec& model) {
   if (model.mlp_bias) count.per_layer_mlp += (mlp_matrices - 1) * f + h;
 
   count.per_layer_norms = model.norms_per_layer * norm_params;  // before attention and the MLP (and after them: Gemma)
+  // Mixture of experts (Reference §12 item 4.11): the router h x E, E gated experts, the shared
+  // experts and their gate replace the dense MLP; a token uses k of the E experts.
+  int64_t unused_expert_parameters = 0;
+  if (model.is_moe()) {
+    const int64_t expert = 3 * h * model.expert_intermediate_size;
+    count.per_layer_mlp = h * model.experts + model.experts * expert + 3 * h * model.shared_expert_intermediate_size +
+                          (model.shared_expert_gate ? h : 0);
+    unused_expert_parameters = (model.experts - model.experts_per_token) * expert;
+  }
   count.per_layer = count.per_layer_attention + count.per_layer_mlp + count.per_layer_norms;
   count.total = count.embedding + model.num_layers * count.per_layer + count.final_norm + count.lm_head;
+  count.active = count.total - model.num_layers * unused_expert_parameters;
   count.largest_layer_matrix = std::max(h * f, h * model.q_width());
   return count;
 }

@@ -57,6 +57,14 @@ struct ModelSpec {
   // Gemma 2's tanh cap on the final logits (0: none): the loss holds further logits-sized tensors
   // the inventory does not price yet (said in plans).
   double final_logit_softcapping = 0;
+  // Mixture of experts on every decoder layer (Mixtral, Qwen2-MoE, Qwen3-MoE; Reference §12 part B):
+  // `experts` routed experts of width `expert_intermediate_size` (gated, three matrices each), of
+  // which a token uses `experts_per_token`, beside shared experts of total width
+  // `shared_expert_intermediate_size` on every token (with a sigmoid gate: Qwen2-MoE). 0 experts: a
+  // dense model. Counted in parameters (total and active); the planner refuses to price them yet.
+  int64_t experts = 0, experts_per_token = 0, expert_intermediate_size = 0, shared_expert_intermediate_size = 0;
+  bool shared_expert_gate = false;
+  bool is_moe() const { return experts > 0; }
 
   // Throws ConfigError(source, key, reason) on an impossible shape.
   void validate(const std::string& source) const;
@@ -76,6 +84,7 @@ struct ParameterCount {
   int64_t lm_head = 0;            // 0 when tied
   int64_t largest_layer_matrix = 0;  // largest weight tensor in a decoder layer (its gradient is produced whole)
   int64_t total = 0;
+  int64_t active = 0;  // what one token uses: the total less the experts it is not routed to (= total, dense)
 };
 
 ParameterCount parameter_count(const ModelSpec& model);

@@ -204,3 +204,24 @@ TEST_CASE("config.json of Gemma 2, Gemma 3 (its text_config) and Phi-3 is read, 
   CHECK_THROWS_WITH_AS(model_load(bad + "deepseek-v2-lite.config.json"),
                        doctest::Contains("key 'kv_lora_rank': DeepseekV2ForCausalLM uses multi-head latent attention"), ConfigError);
 }
+
+TEST_CASE("mixture-of-experts cards: total and active parameters as published, hand-derived for one") {
+  // Reference §12 items 51, 53, 55 derive these totals and actives from each config.json.
+  CHECK(parameter_count(model_load("mixtral-8x7b")).total == 46'702'792'704);   // 46.7B
+  CHECK(parameter_count(model_load("mixtral-8x7b")).active == 12'879'925'248);  // 12.9B
+  CHECK(parameter_count(model_load("qwen1.5-moe-a2.7b")).total == 14'315'784'192);
+  CHECK(parameter_count(model_load("qwen1.5-moe-a2.7b")).active == 2'689'173'504);
+  CHECK(parameter_count(model_load("qwen3-235b-a22b")).total == 235'093'634'560);
+  // Qwen3-30B-A3B by hand: per layer the router 2048 x 128 and 128 experts of 3 x 2048 x 768, of
+  // which a token uses 8; attention 2048 x (4096 + 2 x 512) + 4096 x 2048 with q/k norms 2 x 128.
+  const ModelSpec moe = model_load("qwen3-30b-a3b");
+  const int64_t expert = 3 * 2048 * 768;
+  const int64_t attention = 2048 * (4096 + 2 * 512) + 4096 * 2048 + 2 * 128;
+  const int64_t per_layer = attention + 2048 * 128 + 128 * expert + 2 * 2048;
+  const ParameterCount count = parameter_count(moe);
+  CHECK(count.per_layer == per_layer);
+  CHECK(count.total == 2 * 151936 * 2048 + 48 * per_layer + 2048);
+  CHECK(count.total == 30'532'122'624);                       // 30.5B
+  CHECK(count.active == count.total - 48 * 120 * expert);     // 3.35B
+  CHECK(parameter_count(model_load("llama-3.1-8b")).active == parameter_count(model_load("llama-3.1-8b")).total);
+}
