@@ -47,8 +47,11 @@ int models_list() {
                  longseq::integer_with_commas(total), longseq::integer_with_commas(active), model.num_layers, model.hidden_size,
                  model.num_q_heads, model.num_kv_heads, model.head_dim, model.intermediate_size, model.vocab_size,
                  longseq::mlp_kind_name(model.mlp_kind), model.tied_embeddings ? " tied" : "",
-                 model.is_moe() ? fmt::format(" MoE {} experts x {} ({} a token; not planned yet)", model.experts,
-                                              model.expert_intermediate_size, model.experts_per_token)
+                 model.is_moe() ? fmt::format(" MoE {} experts x {} ({} a token{})", model.experts, model.expert_intermediate_size,
+                                              model.experts_per_token,
+                                              model.shared_expert_intermediate_size > 0
+                                                  ? fmt::format(", shared {}", model.shared_expert_intermediate_size)
+                                                  : "")
                                 : "");
       ++cards;
     }

@@ -415,6 +415,13 @@ std::vector<std::string> plan_caveats(const ModelSpec& model, const ClusterSpec&
     caveats.push_back(fmt::format("{} attends over a sliding window of {} tokens; planned as full causal attention (a kernel that "
                                   "honours the window does less work; the saved tensors are the same)",
                                   model.name, integer_with_commas(model.sliding_window)));
+  if (model.is_moe())
+    caveats.push_back(fmt::format(
+        "mixture of experts: no published long-sequence MoE run in the record; its block is priced from code reading ({}, Reference "
+        "§12 4.9) with routing taken as balanced (a skewed router gives its busiest expert more tokens), without the auxiliary "
+        "loss's router logits (output_router_logits must stay false) and without expert parallelism (every rank holds every expert)",
+        profile.moe_experts == MoeExperts::moe_grouped_gemm ? "one grouped GEMM over the experts: ArcticMoE"
+                                                            : "transformers' loop over the experts"));
   return caveats;
 }
 
@@ -613,12 +620,6 @@ void plan_out_write(const PlanCommandArgs& args, const OutputFileTarget& target,
 
 int plan_command_run(const PlanCommandArgs& args) {
   const ModelSpec model = model_with_layers(model_load(args.model), args.layers);
-  if (model.is_moe())
-    throw ConfigError("--model", "", fmt::format("{} is a mixture-of-experts model ({:.1f}B parameters, {:.1f}B active): `longseq models` "
-                                                 "counts it, but its experts' weights, router and dispatch buffers are not in the "
-                                                 "memory model yet, so longseq does not plan it", model.name,
-                                                 static_cast<double>(parameter_count(model).total) / 1e9,
-                                                 static_cast<double>(parameter_count(model).active) / 1e9));
   // This machine (--ranks, --budget-mib) or a GPU cluster (--gpu, --gpus, --nodes, ...).
   const bool machine = args.ranks || args.budget_mib;
   MachineTarget target;
@@ -658,7 +659,11 @@ int plan_command_run(const PlanCommandArgs& args) {
   const bool framework_checked = framework_given || emitting;
   const FrameworkFacts& facts = framework_facts(framework);
   const std::string profile_name = !args.profile.empty() ? args.profile : facts.runtime_profile;
-  RuntimeProfile profile = machine ? machine_profile(target) : runtime_profile_load(profile_name);
+  if (machine && model.is_moe())
+    throw ConfigError("--model", "", fmt::format("{} is a mixture-of-experts model: longseq's executor trains dense models only (no MoE "
+                                                 "block yet), so there is no plan for this machine; plan it for a GPU cluster (--gpus)",
+                                                 model.name));
+  RuntimeProfile profile = machine ? machine_profile(target) : framework_profile(framework, runtime_profile_load(profile_name));
   if (!args.attention.empty()) {
     if (machine) throw ConfigError("--attention", "", "planning for this machine (--ranks) plans for longseq's own attention kernel");
     profile.attention_kernel = args.attention;

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "models/model_spec.hpp"
 #include "models/tensor_trace.hpp"
@@ -38,7 +39,31 @@ struct LayerShape {
   bool qk_norm = false;        // per-head RMSNorm on q and k before RoPE (Qwen3)
   int64_t num_kv_heads = 0;    // n_kv (for k_norm's statistics)
   int64_t sequences = 1;       // sequences the attention kernel sees in one call (its batch)
+  // Mixture of experts in place of the MLP (experts 0: the dense MLP above). E routed experts of
+  // width I_e, k per token, shared experts of total width I_s on every token (with a sigmoid gate:
+  // Qwen2-MoE). Routing is taken as balanced: each expert sees T*k/E tokens (a skewed router makes
+  // the busiest expert's share larger, and with it the per-expert transients of the expert loop).
+  int64_t experts = 0;                     // E
+  int64_t experts_per_token = 0;           // k
+  int64_t expert_intermediate = 0;         // I_e
+  int64_t shared_expert_intermediate = 0;  // I_s (0: none)
+  bool shared_expert_gate = false;
 };
+
+// How the experts of a mixture-of-experts block run (Reference §12 items 45-47, 80):
+enum class MoeExperts {
+  // transformers v4's Python loop over an nn.ModuleList of expert MLPs (Mixtral, Qwen2/3-MoE
+  // SparseMoeBlock): per expert a gathered copy of its tokens, its MLP, the weighted output
+  // index_add_'ed into the block's output; backward runs expert by expert.
+  moe_hf_expert_loop,
+  // All experts in one grouped GEMM over the T*k token-expert pairs sorted by expert (ArcticMoE's
+  // GroupGeMM, transformers v5's grouped_mm): the same saved tensors, but every transient is the
+  // whole T*k at once.
+  moe_grouped_gemm,
+};
+const char* moe_experts_name(MoeExperts experts);  // "hf_expert_loop", "grouped_gemm" (as profiles spell them)
+// Throws ConfigError(source, key, ...) for any other spelling.
+MoeExperts moe_experts_parse(const std::string& text, const std::string& source, const std::string& key);
 
 // What the runtime's kernels allocate beyond the tensors themselves (see runtime profiles).
 struct LayerImplementation {
@@ -60,6 +85,7 @@ struct LayerImplementation {
   // ZeRO-3 with TiledMLP: the MLP's weight gradients of every shard held until the last shard's
   // backward is done (bytes; 0: none beyond the ZeRO buffers' one matrix in flight).
   double mlp_tile_weight_grads_bytes = 0;
+  MoeExperts moe_experts = MoeExperts::moe_hf_expert_loop;
 };
 
 // Category names of traces and breakdowns, shared by the planner's predictions and the executor's

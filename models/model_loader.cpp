@@ -112,6 +112,43 @@ ModelSpec model_from_card_text(const std::string& yaml_text, const std::string& 
   return model;
 }
 
+namespace {
+
+// The experts of Mixtral (MixtralSparseMoeBlock), Qwen2-MoE and Qwen3-MoE (SparseMoeBlock), from
+// their config.json keys (Reference §12 items 50, 52, 54).
+void moe_read(const JsonView& config, const std::string& source_name, const std::string& architecture, bool is_mixtral, bool is_qwen2_moe,
+              ModelSpec& model) {
+  const char* experts_key = is_mixtral ? "num_local_experts" : "num_experts";
+  model.experts = config[experts_key].integer();
+  model.experts_per_token = config["num_experts_per_tok"].integer();
+  // Mixtral's intermediate_size is each expert's width; Qwen's is the dense width of layers that
+  // are not MoE, moe_intermediate_size the expert's.
+  model.expert_intermediate_size = config[is_mixtral ? "intermediate_size" : "moe_intermediate_size"].integer();
+  if (is_qwen2_moe) {
+    model.shared_expert_intermediate_size = config["shared_expert_intermediate_size"].integer();
+    model.shared_expert_gate = model.shared_expert_intermediate_size > 0;  // Qwen2MoeSparseMoeBlock's shared_expert_gate
+  }
+  if (!is_mixtral) {
+    // Every decoder layer is taken as MoE: a layer i is one iff i is not in mlp_only_layers and
+    // (i + 1) % decoder_sparse_step == 0 (Qwen3MoeDecoderLayer.__init__, §12 item 54).
+    if (config.has("decoder_sparse_step") && config["decoder_sparse_step"].integer() != 1)
+      throw ConfigError(source_name, "decoder_sparse_step",
+                        fmt::format("{}: one layer in {} is MoE, the others dense; longseq prices every decoder layer alike (MoE on each)",
+                                    architecture, config["decoder_sparse_step"].integer()));
+    if (config.has("mlp_only_layers") && config["mlp_only_layers"].raw().is_array() && !config["mlp_only_layers"].raw().empty())
+      throw ConfigError(source_name, "mlp_only_layers",
+                        fmt::format("{}: some layers are dense; longseq prices every decoder layer alike (MoE on each)", architecture));
+  }
+  // The auxiliary loss concatenates every layer's router logits and one_hot masks outside any
+  // checkpoint (§12 item 67): tens of GiB at long context, and not in the plan.
+  if (config.has("output_router_logits") && config["output_router_logits"].raw().is_boolean() && config["output_router_logits"].boolean())
+    throw ConfigError(source_name, "output_router_logits",
+                      "true builds the auxiliary loss from every layer's router logits (L x T x E, and an int64 one_hot of L x T x k x E), "
+                      "which the plan does not price: set it false for long sequences");
+}
+
+}  // namespace
+
 ModelSpec model_from_hf_config_text(const std::string& json_text, const std::string& source_name) {
   const nlohmann::json document = json_parse(json_text, source_name);
   const JsonView config(document, source_name);
@@ -125,13 +162,19 @@ ModelSpec model_from_hf_config_text(const std::string& json_text, const std::str
   if (!config.has("architectures") || config["architectures"].size() == 0)
     throw ConfigError(source_name, "architectures", "required list of architecture names is missing");
   const std::string architecture = config["architectures"][0].string();
-  // Architectures whose layers longseq cannot price yet are refused by what they hold (Reference
-  // §12 part B): mixture-of-experts blocks (expert weights, router and dispatch buffers) and
-  // DeepSeek's multi-head latent attention (Ulysses' shape asserts fail on it, §12 item 74).
-  for (const char* key : {"num_local_experts", "num_experts", "n_routed_experts"})
-    if (config.has(key) && config[key].raw().is_number_integer() && config[key].integer() > 1)
-      throw ConfigError(source_name, key, fmt::format("{} is a mixture-of-experts model ({} experts): its expert weights and dispatch "
-                                                      "buffers are not modelled yet", architecture, config[key].integer()));
+  const bool is_mixtral = architecture == "MixtralForCausalLM";
+  const bool is_qwen2_moe = architecture == "Qwen2MoeForCausalLM";
+  const bool is_qwen3_moe = architecture == "Qwen3MoeForCausalLM";
+  const bool is_moe = is_mixtral || is_qwen2_moe || is_qwen3_moe;
+  // Architectures whose layers longseq cannot price are refused by what they hold (Reference §12
+  // part B): other mixture-of-experts blocks (gpt-oss's biased experts and sinks, DeepSeek's
+  // group-limited fp32 router, Llama 4's dense bmm over all experts) and DeepSeek's multi-head
+  // latent attention (Ulysses' shape asserts fail on it, §12 item 74).
+  if (!is_moe)
+    for (const char* key : {"num_local_experts", "num_experts", "n_routed_experts"})
+      if (config.has(key) && config[key].raw().is_number_integer() && config[key].integer() > 1)
+        throw ConfigError(source_name, key, fmt::format("{} is a mixture-of-experts model ({} experts) whose block longseq does not model "
+                                                        "(it models Mixtral, Qwen2-MoE and Qwen3-MoE)", architecture, config[key].integer()));
   if (config.has("kv_lora_rank") && !config["kv_lora_rank"].raw().is_null())
     throw ConfigError(source_name, "kv_lora_rank", fmt::format("{} uses multi-head latent attention: not modelled, and DeepSpeed's Ulysses "
                                                                "refuses it (its q/k/v shapes fail UlyssesSPAttentionHF's asserts)", architecture));
@@ -143,16 +186,17 @@ ModelSpec model_from_hf_config_text(const std::string& json_text, const std::str
     if (!text.contains("_name_or_path") && config.has("_name_or_path")) text["_name_or_path"] = config["_name_or_path"].string();
     return model_from_hf_config_text(text.dump(), source_name + " (text_config)");
   }
-  const bool is_llama = architecture == "LlamaForCausalLM" || architecture == "MistralForCausalLM";
-  const bool is_qwen2 = architecture == "Qwen2ForCausalLM";
-  const bool is_qwen3 = architecture == "Qwen3ForCausalLM";
+  // Mixtral's attention is Mistral's; Qwen2-MoE's and Qwen3-MoE's are Qwen2's and Qwen3's.
+  const bool is_llama = architecture == "LlamaForCausalLM" || architecture == "MistralForCausalLM" || is_mixtral;
+  const bool is_qwen2 = architecture == "Qwen2ForCausalLM" || is_qwen2_moe;
+  const bool is_qwen3 = architecture == "Qwen3ForCausalLM" || is_qwen3_moe;
   const bool is_gemma2 = architecture == "Gemma2ForCausalLM";
   const bool is_gemma3 = architecture == "Gemma3ForCausalLM";
   const bool is_phi3 = architecture == "Phi3ForCausalLM";
   if (!is_llama && !is_qwen2 && !is_qwen3 && !is_gemma2 && !is_gemma3 && !is_phi3)
     throw ConfigError(source_name, "architectures",
                       fmt::format("unsupported architecture '{}' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-                                  "Qwen3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM (and Gemma3ForConditionalGeneration's "
+                                  "Qwen3ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM (and Gemma3ForConditionalGeneration's "
                                   "text_config), Phi3ForCausalLM)", architecture));
   // Gemma's gated MLP runs GELU-tanh where Llama's runs SiLU: the same three matrices and saved tensors.
   const char* activation = is_gemma2 || is_gemma3 ? "gelu_pytorch_tanh" : "silu";
@@ -222,6 +266,7 @@ ModelSpec model_from_hf_config_text(const std::string& json_text, const std::str
     const JsonView scaling = config["rope_scaling"];
     model.rope_scaling = scaling.string_or("rope_type", scaling.string_or("type", "unknown"));
   }
+  if (is_moe) moe_read(config, source_name, architecture, is_mixtral, is_qwen2_moe, model);
   model.validate(source_name);
   return model;
 }

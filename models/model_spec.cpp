@@ -72,7 +72,11 @@ ParameterCount parameter_count(const ModelSpec& model) {
   count.per_layer = count.per_layer_attention + count.per_layer_mlp + count.per_layer_norms;
   count.total = count.embedding + model.num_layers * count.per_layer + count.final_norm + count.lm_head;
   count.active = count.total - model.num_layers * unused_expert_parameters;
-  count.largest_layer_matrix = std::max(h * f, h * model.q_width());
+  // Dense: the MLP's or q_proj's; MoE (an expert loop's nn.Linear each): an expert's, the router's
+  // or a shared expert's (a grouped-GEMM implementation's stacked [E, ...] weights: memory_model).
+  count.largest_layer_matrix = model.is_moe() ? std::max({h * model.expert_intermediate_size, h * model.experts,
+                                                          h * model.shared_expert_intermediate_size, h * model.q_width()})
+                                              : std::max(h * f, h * model.q_width());
   return count;
 }
 

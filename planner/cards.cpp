@@ -147,6 +147,7 @@ RuntimeProfile runtime_profile_from_text(const std::string& yaml_text, const std
   if (tiling == "liger") profile.loss_tiling = LossTiling::loss_tiling_liger;
   else if (tiling == "shards") profile.loss_tiling = LossTiling::loss_tiling_shards;
   else throw ConfigError(source_name, "loss_tiling", fmt::format("expected liger or shards, got '{}'", tiling));
+  profile.moe_experts = moe_experts_parse(reader.get_string("moe_experts", "hf_expert_loop"), source_name, "moe_experts");
   profile.dataloader_host_bytes_per_token = reader.get_double("dataloader_host_bytes_per_token", 0, 1 << 20);
   profile.zero3_offload_gradient_buffer_bytes = reader.get_int("zero3_offload_gradient_buffer_bytes", 0, 8, 0);
   profile.host_process_runtime_gb = estimate_read(reader, "host_process_runtime_gb", 0, 1024, 0);

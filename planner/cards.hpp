@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "models/layer_inventory.hpp"
+
 namespace longseq {
 
 // One GPU type and the node it usually sits in. Sources are in the card files.
@@ -99,6 +101,9 @@ struct RuntimeProfile {
   // counts them, and the reduce-scatter's flat copy of the bucket (coalesced_collectives.py).
   int64_t zero3_max_live_parameters = 0;
   LossTiling loss_tiling = LossTiling::loss_tiling_shards;
+  // How the model code runs a mixture-of-experts block's experts (layer_inventory.hpp MoeExperts);
+  // a framework with a MoE implementation of its own overrides it (FrameworkFacts::moe_experts).
+  MoeExperts moe_experts = MoeExperts::moe_hf_expert_loop;
   double dataloader_host_bytes_per_token = 0;
   // Host memory DeepSpeed and the training process take beside the offloaded tensors, per rank
   // (REFERENCE §7.5; 0 / false where a runtime has none):

@@ -14,6 +14,14 @@ LayerForwardFlops layer_forward_flops(const ModelSpec& model, int64_t micro_batc
   flops.projections = 2.0 * tokens * h * qkv_width + 2.0 * tokens * as_double(model.q_width()) * h;
   const double mlp_matrices = model.mlp_kind == MlpKind::mlp_kind_swiglu ? 3.0 : 2.0;
   flops.mlp = mlp_matrices * 2.0 * tokens * h * as_double(model.intermediate_size);
+  if (model.is_moe()) {
+    // Active FLOPs (Reference §12 item 4.11): each token through the router (h x E), its k experts
+    // and the shared experts (gated, three matrices each), and the shared expert's gate (h x 1).
+    const double per_token_width = 3.0 * (as_double(model.experts_per_token) * as_double(model.expert_intermediate_size) +
+                                          as_double(model.shared_expert_intermediate_size)) +
+                                   as_double(model.experts) + (model.shared_expert_gate ? 1.0 : 0.0);
+    flops.mlp = 2.0 * tokens * h * per_token_width;
+  }
   // 4 * S^2 * d per head, halved by the causal mask, over this rank's n_q/sp heads.
   const double s = as_double(seqlen);
   flops.attention = as_double(micro_batch) * 2.0 * s * s * as_double(model.head_dim) * as_double(model.num_q_heads) / as_double(sp);
@@ -52,7 +60,8 @@ StepFlops step_flops_model(const ModelSpec& model, const PlanOptions& plan, int6
 
 double megatron_flos_per_sample(const ModelSpec& model, int64_t seqlen) {
   const double s = as_double(seqlen);
-  return 8.0 * as_double(parameter_count(model).total) * s +
+  // Megatron's 24 L h^2 + 4 L h V terms as 8 P s; for a MoE model the parameters a token uses.
+  return 8.0 * as_double(parameter_count(model).active) * s +
          16.0 * as_double(model.num_layers) * as_double(model.hidden_size) * s * s;
 }
 

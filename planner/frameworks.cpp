@@ -10,14 +10,16 @@ namespace longseq {
 
 namespace {
 
+constexpr MoeExperts kArcticMoe = MoeExperts::moe_grouped_gemm;
+
 const std::vector<FrameworkFacts>& framework_table() {
   static const std::vector<FrameworkFacts> table = {
-      {Framework::framework_arctic_training, "arctic-training", "deepspeed-hf", "arctic-training", 256},
-      {Framework::framework_hf_accelerate, "hf-accelerate", "deepspeed-hf", "accelerate", 1},
-      {Framework::framework_megatron_deepspeed, "megatron-deepspeed", "megatron-deepspeed", "megatron-deepspeed", 1},
-      {Framework::framework_deepspeed, "deepspeed", "deepspeed-hf", "deepspeed", 1},
-      {Framework::framework_usp, "usp", "deepspeed-hf", "usp", 1},
-      {Framework::framework_longseq, "longseq", "native-cuda", "", 1},
+      {Framework::framework_arctic_training, "arctic-training", "deepspeed-hf", "arctic-training", 256, &kArcticMoe},
+      {Framework::framework_hf_accelerate, "hf-accelerate", "deepspeed-hf", "accelerate", 1, nullptr},
+      {Framework::framework_megatron_deepspeed, "megatron-deepspeed", "megatron-deepspeed", "megatron-deepspeed", 1, nullptr},
+      {Framework::framework_deepspeed, "deepspeed", "deepspeed-hf", "deepspeed", 1, nullptr},
+      {Framework::framework_usp, "usp", "deepspeed-hf", "usp", 1, nullptr},
+      {Framework::framework_longseq, "longseq", "native-cuda", "", 1, nullptr},
   };
   return table;
 }
@@ -31,6 +33,11 @@ const FrameworkFacts& framework_facts(Framework framework) {
 }
 
 const char* framework_name(Framework framework) { return framework_facts(framework).name; }
+
+RuntimeProfile framework_profile(Framework framework, RuntimeProfile profile) {
+  if (const MoeExperts* experts = framework_facts(framework).moe_experts) profile.moe_experts = *experts;
+  return profile;
+}
 
 std::vector<Framework> frameworks_all() {
   std::vector<Framework> all;
@@ -65,6 +72,12 @@ namespace {
 // only a GPT-shaped model (GeLU MLP with biases, biased attention) runs through it.
 bool gpt_shaped(const ModelSpec& model) { return model.mlp_kind == MlpKind::mlp_kind_gelu && model.mlp_bias && model.qkv_bias; }
 
+// ArcticMoE remaps Qwen3-MoE's parameters fully (and gpt-oss's partly, which longseq does not
+// read): AT arctic_training/model/moe/utils.py remap_orig_moe_mlp_params_to_arctic_moe (Reference
+// §12 item 79). Among the MoE shapes longseq reads, Qwen3-MoE is the one with q/k norms and no
+// shared expert (Mixtral has neither norm; Qwen2-MoE has a shared expert).
+bool qwen3_moe_shaped(const ModelSpec& model) { return model.is_moe() && model.qk_norm && model.shared_expert_intermediate_size == 0; }
+
 }  // namespace
 
 std::string framework_unsupported(Framework framework, const ModelSpec& model, const PlanOptions& plan) {
@@ -82,6 +95,12 @@ std::string framework_unsupported(Framework framework, const ModelSpec& model, c
       // With sp > 1 ArcticTraining always tiles the logits+loss (Liger's fused CE, or DeepSpeed's
       // TiledFusedLogitsLoss) (AT trainer/sft_trainer.py L79-156; FRAMEWORKS §1.9).
       if (plan.sp > 1 && !plan.tiled_loss) return fmt::format("{}: with sp > 1 the logits+loss are always tiled", name);
+      if (model.is_moe() && !qwen3_moe_shaped(model))
+        return fmt::format("{}: its MoE path (ArcticMoE, turned on for any model with experts) remaps Qwen3-MoE only; {} is not one "
+                           "(Reference §12 item 79)", name, model.name);
+      // DeepSpeed's MoE under ArcticMoE: "Deepspeed supports only ZeRO stage 2 with MoE" (AT
+      // trainer/trainer.py L259-264).
+      if (model.is_moe() && plan.zero_stage > 2) return fmt::format("{}: MoE trains with ZeRO stage 2 at most (trainer.py L259-264)", name);
       return "";
     case Framework::framework_hf_accelerate:
       if (plan.fpdt) return fmt::format("{}: no FPDT (it exists only in Megatron-DeepSpeed)", name);
@@ -101,6 +120,8 @@ std::string framework_unsupported(Framework framework, const ModelSpec& model, c
         return fmt::format("{}: its Ulysses attention asserts as many kv heads as query heads (transformer.py L728-729); {} has "
                            "{}/{} (grouped-query): sp=1 only, or FPDT for a GPT-shaped model",
                            name, model.name, model.num_q_heads, model.num_kv_heads);
+      // Megatron's MoE is its own model code (deepspeed.moe layers), not a Hugging Face checkpoint's block.
+      if (model.is_moe()) return fmt::format("{}: trains its own MoE model code, not {}'s Hugging Face experts", name, model.name);
       // Megatron's ParallelAttention has no per-head q/k RMSNorm: a Qwen3 model would train without it.
       if (model.qk_norm) return fmt::format("{}: no q/k norm (Qwen3's per-head RMSNorm); {} would train without it", name, model.name);
       if (plan.fpdt && !gpt_shaped(model))
@@ -112,6 +133,7 @@ std::string framework_unsupported(Framework framework, const ModelSpec& model, c
       if (plan.fpdt) return fmt::format("{}: no FPDT outside Megatron-DeepSpeed's model code", name);
       return "";
     case Framework::framework_longseq:
+      if (model.is_moe()) return fmt::format("{}: the executor trains dense models only (no MoE block yet)", name);
       return "";
   }
   return "";

@@ -38,8 +38,15 @@ struct FrameworkFacts {
   // (FRAMEWORKS §1.5, AT-main data/sft_factory.py L163-174), so a length off that grid would run
   // longer than planned.
   int64_t length_multiple;
+  // How it runs a mixture-of-experts block when that is its own code rather than the model's:
+  // ArcticTraining swaps Qwen3-MoE's block for ArcticMoE, one grouped GEMM over the experts
+  // (Reference §12 items 79-80). Null: the runtime profile's (the model code's own block).
+  const MoeExperts* moe_experts;
 };
 const FrameworkFacts& framework_facts(Framework framework);
+
+// `profile` as `framework` runs it: with the framework's own MoE implementation where it has one.
+RuntimeProfile framework_profile(Framework framework, RuntimeProfile profile);
 
 // The framework whose files `--emit target` writes (hf-accelerate is accepted for accelerate).
 // Throws ConfigError(--emit) for an unknown target, naming the known ones.

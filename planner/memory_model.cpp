@@ -56,6 +56,11 @@ Setup setup_make(const ModelSpec& model, const HardwareCard& card, const PlanOpt
   shape.mlp_kind = model.mlp_kind;
   shape.qk_norm = model.qk_norm;
   shape.num_kv_heads = model.num_kv_heads;
+  shape.experts = model.experts;
+  shape.experts_per_token = model.experts_per_token;
+  shape.expert_intermediate = model.expert_intermediate_size;
+  shape.shared_expert_intermediate = model.shared_expert_intermediate_size;
+  shape.shared_expert_gate = model.shared_expert_gate;
   // One sequence per sample: the ALST runs measured unpacked samples (paper §5.4), so the kernel
   // sees micro_batch sequences.
   shape.sequences = plan.micro_batch;
@@ -74,6 +79,7 @@ Setup setup_make(const ModelSpec& model, const HardwareCard& card, const PlanOpt
 
   LayerImplementation& impl = setup.impl;
   impl.activation_bytes = profile.activation_bytes;
+  impl.moe_experts = profile.moe_experts;
   impl.ulysses_staging_copies = profile.ulysses_staging_copies;
   impl.flash_attention_dq_accumulator = profile.flash_attention_dq_accumulator;
   impl.flash_attention_expands_gqa_grads = profile.flash_attention_expands_gqa_grads;
@@ -192,8 +198,14 @@ void zero_layer_buffers_place(TensorTrace& trace, const PlanOptions& plan, const
   }
   if (backward && plan.zero_stage >= 2) {
     gradient_reduce_bucket_place(trace, plan, profile, setup);
-    trace.alloc(kCategoryZero, "weight_gradient_in_flight",
-                as_double(setup.params.largest_layer_matrix) * as_double(profile.working_gradient_bytes));
+    // One weight's gradient, produced whole before ZeRO reduces it. A grouped-GEMM MoE keeps each
+    // projection of all experts as one parameter (ArcticMoE expert_gate_up [E, h, 2 I_e], moe.py
+    // L99-115): its gradient spans every expert.
+    double largest_matrix = as_double(setup.params.largest_layer_matrix);
+    if (setup.shape.experts > 0 && setup.impl.moe_experts == MoeExperts::moe_grouped_gemm)
+      largest_matrix = std::max(largest_matrix, 2.0 * as_double(setup.shape.experts) * as_double(setup.shape.hidden) *
+                                                    as_double(setup.shape.expert_intermediate));
+    trace.alloc(kCategoryZero, "weight_gradient_in_flight", largest_matrix * as_double(profile.working_gradient_bytes));
     // The band's high end: the reduce-scatter's flat torch.cat copy of a full bucket, if it falls
     // on the peak (DeepSpeed ZeRO-3 only; comm/coalesced_collectives.py).
     if (high_end && plan.zero_stage == 3 && profile.zero3_max_live_parameters > 0) {
@@ -228,6 +240,8 @@ MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& clust
                                 const RuntimeProfile& profile, int64_t seqlen, bool with_breakdown) {
   if (!plan_problems(model, cluster, plan).empty() || !seqlen_problems(plan, seqlen).empty())
     throw std::invalid_argument("memory_predict: invalid plan or sequence length (check plan_problems first)");
+  if (model.is_moe() && profile.step_schedule == "executor")
+    throw std::invalid_argument("memory_predict: longseq's executor has no MoE block (framework_unsupported says so first)");
   const Setup setup = setup_make(model, cluster.hardware, plan, profile, seqlen);
   const double layers = as_double(model.num_layers);
   const double x_bytes = as_double(setup.shape.tokens) * as_double(model.hidden_size) * as_double(profile.activation_bytes);

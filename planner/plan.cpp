@@ -70,10 +70,14 @@ int64_t kv_replication_factor(const ModelSpec& model, int64_t sp) {
 
 std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan) {
   std::vector<std::string> problems;
-  if (model.is_moe())
-    problems.push_back(fmt::format("{} is a mixture-of-experts model ({} experts, {} per token): its experts' weights, router and "
-                                   "dispatch buffers are not in the memory model yet, so no plan of it is priced",
-                                   model.name, model.experts, model.experts_per_token));
+  // A MoE block is priced untiled and outside FPDT: ALST's TiledMLP patches dense {Prefix}MLP
+  // classes only (AT model/tiled_compute.py L97-100; Reference §12 item 77), and FPDT's layer
+  // has a dense FFN (DeepSpeed fpdt_layer.py).
+  if (model.is_moe() && plan.tiled_mlp)
+    problems.push_back(fmt::format("{} is a mixture-of-experts model: TiledMLP tiles dense MLP classes only, not its experts "
+                                   "(Reference §12 item 77)", model.name));
+  if (model.is_moe() && plan.fpdt)
+    problems.push_back(fmt::format("{} is a mixture-of-experts model: FPDT's layer has a dense FFN", model.name));
   if (plan.sp < 1) problems.push_back(fmt::format("sp={} must be at least 1", plan.sp));
   if (plan.sp >= 1) {
     if (plan.ring < 1) problems.push_back(fmt::format("ring={} must be at least 1", plan.ring));

@@ -405,6 +405,7 @@ std::vector<SweepRow> scenario_run(const Scenario& scenario, const std::function
                                              : std::nullopt;
                       const int64_t length_multiple = framework ? framework_facts(*framework).length_multiple : 1;
                       if (framework) row.framework = framework_name(*framework);
+                      const RuntimeProfile row_profile = framework ? framework_profile(*framework, profile) : profile;
                       if (settings.search) {
                         SearchOptions options;
                         options.objective = seqlen ? SearchObjective::objective_throughput : SearchObjective::objective_max_seqlen;
@@ -412,7 +413,7 @@ std::vector<SweepRow> scenario_run(const Scenario& scenario, const std::function
                         options.explore_ring = settings.ring.value_or(0) != 1;
                         options.unsupported = [&](const PlanOptions& candidate) { return framework_unsupported(*framework, model, candidate); };
                         options.length_multiple = length_multiple;
-                        const SearchResult result = plan_search(model, cluster, profile, options);
+                        const SearchResult result = plan_search(model, cluster, row_profile, options);
                         if (!result.winner()) throw ConfigError("", "", "no plan fits");
                         plan = result.winner()->plan;
                       } else {
@@ -432,21 +433,21 @@ std::vector<SweepRow> scenario_run(const Scenario& scenario, const std::function
                       row.plan = plan;
                       MemoryPrediction memory;
                       if (seqlen) {
-                        memory = memory_predict(model, cluster, plan, profile, *seqlen);
+                        memory = memory_predict(model, cluster, plan, row_profile, *seqlen);
                         row.binding_constraint = !memory.fits_gpu() ? "GPU memory" : !memory.fits_host() ? "host memory" : "";
                       } else {
                         const int64_t grid = seqlen_grid(plan, length_multiple);
-                        const MaxSeqlenResult found = max_seqlen_find(model, cluster, plan, profile, grid);
+                        const MaxSeqlenResult found = max_seqlen_find(model, cluster, plan, row_profile, grid);
                         memory = found.at_max;
                         row.seqlen = found.max_seqlen;
-                        const SeqlenBand band = max_seqlen_band(model, cluster, plan, profile, grid);
+                        const SeqlenBand band = max_seqlen_band(model, cluster, plan, row_profile, grid);
                         row.seqlen_shortest = band.shortest;
                         row.seqlen_longest = band.longest;
                         row.binding_constraint = found.binding_constraint;
                       }
                       row_fill_prediction(row, memory);
                       if (row.seqlen > 0 && memory.fits()) {
-                        const TimePrediction time = time_predict(model, cluster, plan, profile, row.seqlen);
+                        const TimePrediction time = time_predict(model, cluster, plan, row_profile, row.seqlen);
                         row.step_s = time.time.total_s();
                         row.tflops_hardware = time.hardware_tflops_per_gpu;
                         row.tflops_megatron = time.megatron_tflops_per_gpu;

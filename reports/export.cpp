@@ -94,6 +94,19 @@ void ring_note(const ExportRequest& r, ExportedConfig& exported) {
       r.plan.sp, r.plan.ring, r.plan.ring, r.plan.ring));
 }
 
+// How the planned run trains a mixture-of-experts model, and what it must not turn on.
+void moe_note(const std::string& target, const ExportRequest& r, ExportedConfig& exported) {
+  if (!r.model.is_moe()) return;
+  if (target == "arctic-training")
+    exported.notes.push_back("MoE: ArcticTraining swaps the experts for ArcticMoE whenever the model has experts (arctic_moe \"auto\", "
+                             "arctic_training/model/moe on main) and trains it with ZeRO stage 2 at most; planned with "
+                             "expert_parallel_size 1 (every rank holds every expert: expert parallelism is not modelled)");
+  else
+    exported.notes.push_back("MoE: the model's own sparse-MoE block, a ZeRO-3 leaf module by default from DeepSpeed 0.18.0 (every "
+                             "expert of a layer gathered at once); keep output_router_logits false: the auxiliary loss's "
+                             "concatenation of every layer's router logits is not in the plan");
+}
+
 std::string model_name_or_path(const ExportRequest& r) {
   const std::filesystem::path source(r.model_source);
   if (source.extension() == ".json") return source.parent_path().empty() ? "." : source.parent_path().string();
@@ -385,6 +398,7 @@ ExportedConfig config_emit(const std::string& target, const ExportRequest& reque
   else if (target == "deepspeed" || target == "usp") exported = deepspeed_config_emit(request);
   if (!exported.files.empty()) {
     ring_note(request, exported);
+    moe_note(target, request, exported);
     return exported;
   }
   throw ConfigError("--emit", "", fmt::format("expected arctic-training, accelerate, megatron-deepspeed, deepspeed or usp, got '{}'", target));

@@ -303,3 +303,88 @@ TEST_CASE("logits and loss: untiled peaks in cross-entropy backward, Liger holds
   // 3X + one 250-token shard of the untiled loss at its backward peak (12 bytes per logit + 4T).
   CHECK(shards.peak_bytes() == 3 * X + 250.0 * 512 * 12 + 1000);
 }
+
+namespace {
+
+// The MoE block on the same shape: E = 8 experts of width I_e = 32, k = 2 a token. Per rank:
+//   pairs (T*k = 2000 token-expert pairs): [2000, h] = 256,000 B, [2000, I_e] = 128,000 B
+//   one expert's share (balanced): 32,000 B and 16,000 B
+//   router probs fp32 T*E*4 = 32,000; top-k weights fp32 T*k*4 = 8,000, indices int64 T*k*8 =
+//   16,000, weights cast to bf16 T*k*2 = 4,000; one_hot int64 T*k*E*8 = 128,000
+constexpr double PAIRS_X = 256'000, PAIRS_F = 128'000, EXPERT_X = 32'000, EXPERT_F = 16'000;
+constexpr double ROUTING_SAVED = 32'000 + 8'000 + 16'000 + 4'000, ONE_HOT = 128'000;
+
+LayerShape moe_shape(int64_t shared_intermediate = 0) {
+  LayerShape shape = shape_make();
+  shape.experts = 8;
+  shape.experts_per_token = 2;
+  shape.expert_intermediate = 32;
+  shape.shared_expert_intermediate = shared_intermediate;
+  shape.shared_expert_gate = shared_intermediate > 0;
+  return shape;
+}
+
+LayerImplementation grouped() {
+  LayerImplementation impl = eager();
+  impl.moe_experts = MoeExperts::moe_grouped_gemm;
+  return impl;
+}
+
+}  // namespace
+
+TEST_CASE("MoE block saves the router's fp32 probabilities, the routing and T*k*(2h + 4 I_e) of expert tensors") {
+  // Reference §12 4.9: saved = T*k*(2h + 4I)*a + routing; here 2000 * (128 + 128) * 2 = 1,024,000.
+  const double moe_saved = ROUTING_SAVED + 2 * PAIRS_X + 4 * PAIRS_F;
+  CHECK(moe_saved == 1'084'000);
+  const double dense_saved = decoder_layer_saved_bytes(shape_make(), eager());
+  CHECK(decoder_layer_saved_bytes(moe_shape(), eager()) == dense_saved - 4 * F + moe_saved);
+  // The grouped GEMM saves the same tensors (its transients differ).
+  CHECK(decoder_layer_saved_bytes(moe_shape(), grouped()) == dense_saved - 4 * F + moe_saved);
+  // A shared expert of width 64 (Qwen2-MoE): its gate, up, SiLU, product ([T, 64] bf16 = 128,000
+  // each), its output X and the sigmoid gate [T, 1] (2,000).
+  CHECK(decoder_layer_saved_bytes(moe_shape(64), eager()) == dense_saved - 4 * F + moe_saved + 4 * 128'000 + X + 2'000);
+}
+
+TEST_CASE("MoE forward without keeping: the expert loop holds one expert at a time, the grouped GEMM every pair") {
+  // Live at the experts: input, residual, mlp norm out, the block's output (3X + X), the routing
+  // (kept until the block returns), the one_hot mask, and the experts' working set: one expert's
+  // gathered input, gate, up, SiLU, product, output and weighted output in the loop.
+  TensorTrace loop;
+  loop.alloc(kCategoryLayer, "layer.input", X);
+  decoder_layer_forward(loop, moe_shape(), eager(), false);
+  CHECK(loop.peak_bytes() == 4 * X + ROUTING_SAVED + ONE_HOT + 3 * EXPERT_X + 4 * EXPERT_F);
+  CHECK(loop.peak_moment() == "moe experts");
+  CHECK(loop.current_bytes() == 2 * X);  // input and output: nothing of the block stays
+  TensorTrace all_pairs;
+  all_pairs.alloc(kCategoryLayer, "layer.input", X);
+  decoder_layer_forward(all_pairs, moe_shape(), grouped(), false);
+  CHECK(all_pairs.peak_bytes() == 4 * X + ROUTING_SAVED + ONE_HOT + 3 * PAIRS_X + 4 * PAIRS_F);
+  CHECK(all_pairs.current_bytes() == 2 * X);
+}
+
+TEST_CASE("MoE backward: every expert's saved tensors wait while one expert (loop) or all pairs (grouped) differentiate") {
+  // After the recompute: input, incoming gradient, output and the saved tensors (as the dense
+  // test: 6X + 2Q + 2K + lse, with the block's saved tensors in place of the MLP's 4F), then the
+  // block's input gradient X. The expert backward's largest moment: the loop's is its gathered
+  // rows' gradient scattered into a zero [T, h] (X) beside one expert's input gradient; the
+  // grouped GEMM's is d(up), d(gate) and two input gradients of all pairs (2 PAIRS_F + 2 PAIRS_X).
+  const double before = 7 * X + 2 * Q + 2 * K + LSE + ROUTING_SAVED + 2 * PAIRS_X + 4 * PAIRS_F;
+  const TensorTrace loop = layer_step_trace(moe_shape(), eager());
+  CHECK(loop.peak_bytes() == before + EXPERT_X + X);
+  CHECK(loop.peak_moment() == "moe experts");
+  const TensorTrace all_pairs = layer_step_trace(moe_shape(), grouped());
+  CHECK(all_pairs.peak_bytes() == before + 2 * PAIRS_F + 2 * PAIRS_X);
+  // Everything but the input gradient is freed, with or without a shared expert.
+  for (const TensorTrace& trace : {loop, all_pairs, layer_step_trace(moe_shape(64), eager())}) {
+    CHECK(trace.current_bytes() == X);
+    REQUIRE(trace.live_items().size() == 1);
+    CHECK(trace.live_items()[0].name == "layer.input_grad");
+  }
+}
+
+TEST_CASE("MoE implementations: spelled as profiles spell them, anything else refused naming the key") {
+  CHECK(moe_experts_parse("hf_expert_loop", "p.yaml", "moe_experts") == MoeExperts::moe_hf_expert_loop);
+  CHECK(moe_experts_parse(moe_experts_name(MoeExperts::moe_grouped_gemm), "p.yaml", "moe_experts") == MoeExperts::moe_grouped_gemm);
+  CHECK_THROWS_WITH(moe_experts_parse("batched_mm", "p.yaml", "moe_experts"),
+                    doctest::Contains("expected hf_expert_loop or grouped_gemm, got 'batched_mm'"));
+}

@@ -182,7 +182,7 @@ TEST_CASE("a model by its published name: organisation, case and variant suffixe
   CHECK_THROWS_WITH_AS(model_load("lama-3-8b"), doctest::Contains("did you mean llama-3-8b"), ConfigError);
 }
 
-TEST_CASE("config.json of Gemma 2, Gemma 3 (its text_config) and Phi-3 is read, MoE and MLA are refused by name") {
+TEST_CASE("config.json of Gemma 2, Gemma 3 (its text_config) and Phi-3 is read, MLA and unmodelled MoE refused by name") {
   const std::string hf = std::string(LONGSEQ_TEST_DATA_DIR) + "/hf/";
   const ModelSpec gemma2 = model_load(hf + "gemma-2-9b.config.json");
   CHECK(parameter_count(gemma2).total == parameter_count(model_load("gemma-2-9b")).total);
@@ -199,11 +199,37 @@ TEST_CASE("config.json of Gemma 2, Gemma 3 (its text_config) and Phi-3 is read, 
   CHECK(parameter_count(phi3).total == 3'821'079'552);
   CHECK(phi3.head_dim == 96);
   const std::string bad = std::string(LONGSEQ_TEST_DATA_DIR) + "/bad/";
-  CHECK_THROWS_WITH_AS(model_load(bad + "qwen3-30b-a3b.config.json"),
-                       doctest::Contains("key 'num_experts': Qwen3MoeForCausalLM is a mixture-of-experts model (128 experts)"), ConfigError);
+  // A trimmed gpt-oss config.json: biased experts, sinks and alternating windows are not modelled.
+  CHECK_THROWS_WITH_AS(model_load(bad + "gpt-oss-20b.config.json"),
+                       doctest::Contains("key 'num_local_experts': GptOssForCausalLM is a mixture-of-experts model (32 experts) whose "
+                                         "block longseq does not model"), ConfigError);
   // A trimmed DeepSeek-V2-Lite config.json (its MLA keys only).
   CHECK_THROWS_WITH_AS(model_load(bad + "deepseek-v2-lite.config.json"),
                        doctest::Contains("key 'kv_lora_rank': DeepseekV2ForCausalLM uses multi-head latent attention"), ConfigError);
+}
+
+TEST_CASE("config.json of Mixtral, Qwen2-MoE and Qwen3-MoE gives their cards' shapes, partly dense or aux-loss configs are refused") {
+  const std::string hf = std::string(LONGSEQ_TEST_DATA_DIR) + "/hf/";
+  for (const auto& [file, card] : {std::pair<const char*, const char*>{"qwen3-30b-a3b.config.json", "qwen3-30b-a3b"},
+                                   {"mixtral-8x7b.config.json", "mixtral-8x7b"}, {"qwen1.5-moe-a2.7b.config.json", "qwen1.5-moe-a2.7b"}}) {
+    const ModelSpec read = model_load(hf + file), built_in = model_load(card);
+    INFO(file);
+    CHECK(read.experts == built_in.experts);
+    CHECK(read.experts_per_token == built_in.experts_per_token);
+    CHECK(read.expert_intermediate_size == built_in.expert_intermediate_size);
+    CHECK(read.shared_expert_intermediate_size == built_in.shared_expert_intermediate_size);
+    CHECK(read.shared_expert_gate == built_in.shared_expert_gate);
+    CHECK(read.qk_norm == built_in.qk_norm);
+    CHECK(read.qkv_bias == built_in.qkv_bias);
+    CHECK(parameter_count(read).total == parameter_count(built_in).total);
+    CHECK(parameter_count(read).active == parameter_count(built_in).active);
+  }
+  CHECK(model_load(hf + "mixtral-8x7b.config.json").expert_intermediate_size == 14336);  // Mixtral's intermediate_size is the expert's
+  const std::string bad = std::string(LONGSEQ_TEST_DATA_DIR) + "/bad/";
+  CHECK_THROWS_WITH_AS(model_load(bad + "qwen3-moe-sparse-step.config.json"),
+                       doctest::Contains("key 'decoder_sparse_step': Qwen3MoeForCausalLM: one layer in 2 is MoE"), ConfigError);
+  CHECK_THROWS_WITH_AS(model_load(bad + "qwen3-moe-router-logits.config.json"),
+                       doctest::Contains("key 'output_router_logits': true builds the auxiliary loss"), ConfigError);
 }
 
 TEST_CASE("mixture-of-experts cards: total and active parameters as published, hand-derived for one") {

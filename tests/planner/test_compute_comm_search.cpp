@@ -160,3 +160,16 @@ TEST_CASE("search: held options, the step-time limit, and the simpler plan in a 
   alst.offload_params = true;
   CHECK(plan_complexity(alst) == 9);
 }
+
+TEST_CASE("MoE FLOPs are the active ones: the router, k experts and the shared expert a token uses") {
+  // Qwen3-30B-A3B at S = 8192, sp = 8 (1024 local tokens): router 2048 x 128, 8 experts of three
+  // 2048 x 768 GEMMs each, no shared expert.
+  const ModelSpec qwen3 = model_load("qwen3-30b-a3b");
+  CHECK(layer_forward_flops(qwen3, 1, 8192, 8).mlp == 2.0 * 1024 * 2048 * (3 * 8 * 768 + 128));
+  // Qwen1.5-MoE-A2.7B: 60 experts of 1408, 4 a token, a shared expert of 5632 with its 2048 x 1 gate.
+  const ModelSpec qwen2_moe = model_load("qwen1.5-moe-a2.7b");
+  CHECK(layer_forward_flops(qwen2_moe, 1, 1024, 1).mlp == 2.0 * 1024 * 2048 * (3 * (4 * 1408 + 5632) + 60 + 1));
+  // Megatron's formula counts the active parameters (8 P s + 16 L h s^2).
+  CHECK(megatron_flos_per_sample(qwen3, 1000) ==
+        8.0 * static_cast<double>(parameter_count(qwen3).active) * 1000 + 16.0 * 48 * 2048 * 1000.0 * 1000);
+}

@@ -694,3 +694,48 @@ TEST_CASE("RoPE tables: the rank's cos and sin in the activation dtype (HF), or 
   CHECK(runtime_profile_load("megatron-deepspeed").rope_table_whole_sequence_fp32);
   CHECK_FALSE(runtime_profile_load("deepspeed-hf").rope_table_whole_sequence_fp32);
 }
+
+TEST_CASE("Qwen3-30B-A3B under ZeRO-3 with Ulysses sp=8 at 256K: every expert of a layer gathered, the block's saved tensors by hand") {
+  const ModelSpec model = model_load("qwen3-30b-a3b");
+  const ClusterSpec cluster = cluster_make(hardware_card_load("h100-sxm-80gb"), 8, 0, 0, 0);
+  const RuntimeProfile profile = runtime_profile_load("deepspeed-hf");  // transformers' expert loop
+  PlanOptions plan = bare_plan(8, 3);
+  plan.offload_optimizer = true;
+  plan.tiled_loss = true;
+  const MemoryPrediction memory = memory_predict(model, cluster, plan, profile, 262'144);
+  // Reference §12 item 70: the MoE block is a ZeRO-3 leaf, so a layer's every expert is gathered:
+  // (E * 3 h I_e + h E) * 2 B = (128 * 3 * 2048 * 768 + 2048 * 128) * 2 = 1,208,483,840 B (1.13
+  // GiB), beside the attention (2048 * 5120 + 4096 * 2048 + 2 * 128) and the two norms (2 * 2048).
+  const double experts_and_router = (128.0 * 3 * 2048 * 768 + 2048.0 * 128) * 2;
+  CHECK(experts_and_router == 1'208'483'840);
+  CHECK(item_bytes(memory.gpu_items, "gathered_layer_weights") == experts_and_router + (2048.0 * 5120 + 4096.0 * 2048 + 256 + 4096) * 2);
+  // The peak is the last layer's recompute and backward: T = 32,768 tokens a rank keep
+  // T k (2h + 4 I_e) * 2 = 32,768 * 8 * (4096 + 3072) * 2 B = 3.5 GiB of expert tensors (§12 (ii)'s
+  // worked example) and the router's fp32 probabilities T E 4 = 16 MiB.
+  CHECK(memory.gpu_peak_phase == "backward of the last decoder layer");
+  double expert_bytes = 0;
+  for (const char* name : {"moe.expert_inputs", "moe.expert_gate", "moe.expert_up", "moe.expert_act", "moe.expert_product", "moe.expert_outputs"})
+    expert_bytes += item_bytes(memory.gpu_items, name);
+  CHECK(expert_bytes == 32'768.0 * 8 * (2 * 2048 + 4 * 768) * 2);
+  CHECK(expert_bytes / kBytesPerGib == doctest::Approx(3.5));
+  CHECK(item_bytes(memory.gpu_items, "moe.router_probs") == 32'768.0 * 128 * 4);
+  // No dense MLP tensor exists in a MoE layer.
+  CHECK(item_bytes(memory.gpu_items, "mlp.gate") == 0);
+}
+
+TEST_CASE("a grouped-GEMM MoE (ArcticMoE) produces the gradient of every expert's stacked projection at once") {
+  const ModelSpec model = model_load("qwen3-30b-a3b");
+  const ClusterSpec cluster = cluster_make(hardware_card_load("h100-sxm-80gb"), 8, 0, 0, 0);
+  RuntimeProfile profile = runtime_profile_load("deepspeed-hf");
+  PlanOptions plan = bare_plan(8, 2);
+  plan.offload_optimizer = true;
+  plan.tiled_loss = true;
+  const MemoryPrediction loop = memory_predict(model, cluster, plan, profile, 65'536);
+  // The loop's largest weight is q_proj's 2048 x 4096 (an expert's is 2048 x 768).
+  CHECK(item_bytes(loop.gpu_items, "weight_gradient_in_flight") == 2048.0 * 4096 * 2);
+  profile.moe_experts = MoeExperts::moe_grouped_gemm;
+  const MemoryPrediction grouped = memory_predict(model, cluster, plan, profile, 65'536);
+  // expert_gate_up [E, h, 2 I_e] (ArcticMoE moe.py L99-115): 128 * 2048 * 1536 * 2 B.
+  CHECK(item_bytes(grouped.gpu_items, "weight_gradient_in_flight") == 128.0 * 2048 * 1536 * 2);
+  CHECK(grouped.gpu_peak_bytes > loop.gpu_peak_bytes);
+}

@@ -529,3 +529,32 @@ TEST_CASE("durations as a person reads them, and the step report's judgement") {
   // A billion tokens at 1000 tokens/s: 277.8 h of 8 GPUs at 2.00 per GPU-hour = 4444.
   CHECK(text.find("4444 per billion tokens (8 GPUs)") != std::string::npos);
 }
+
+TEST_CASE("frameworks and mixture of experts: ArcticMoE (Qwen3-MoE, ZeRO-2 at most), the HF block elsewhere, none in Megatron or the executor") {
+  const ModelSpec qwen3_moe = model_load("qwen3-30b-a3b"), mixtral = model_load("mixtral-8x7b");
+  PlanOptions zero2;
+  zero2.zero_stage = 2;
+  zero2.tiled_loss = true;
+  PlanOptions zero3 = zero2;
+  zero3.zero_stage = 3;
+  CHECK(framework_unsupported(Framework::framework_arctic_training, qwen3_moe, zero2).empty());
+  CHECK(framework_unsupported(Framework::framework_arctic_training, qwen3_moe, zero3).find("ZeRO stage 2 at most") != std::string::npos);
+  CHECK(framework_unsupported(Framework::framework_arctic_training, mixtral, zero2).find("remaps Qwen3-MoE only") != std::string::npos);
+  CHECK(framework_unsupported(Framework::framework_deepspeed, mixtral, zero3).empty());
+  CHECK(framework_unsupported(Framework::framework_hf_accelerate, qwen3_moe, zero3).empty());
+  PlanOptions untiled = zero2;
+  untiled.tiled_loss = false;  // Megatron has no tiled loss: the MoE reason is the one left
+  CHECK(framework_unsupported(Framework::framework_megatron_deepspeed, qwen3_moe, untiled).find("its own MoE model code") != std::string::npos);
+  CHECK(framework_unsupported(Framework::framework_longseq, qwen3_moe, zero2).find("dense models only") != std::string::npos);
+  // ArcticTraining prices its own block (one grouped GEMM); the others the profile's (transformers' loop).
+  const RuntimeProfile profile = runtime_profile_load("deepspeed-hf");
+  CHECK(profile.moe_experts == MoeExperts::moe_hf_expert_loop);
+  CHECK(framework_profile(Framework::framework_arctic_training, profile).moe_experts == MoeExperts::moe_grouped_gemm);
+  CHECK(framework_profile(Framework::framework_deepspeed, profile).moe_experts == MoeExperts::moe_hf_expert_loop);
+  // TiledMLP and FPDT are dense-MLP techniques: a MoE plan with either is a problem, whatever the framework.
+  PlanOptions tiled = zero3;
+  tiled.tiled_mlp = true;
+  const ClusterSpec cluster = cluster_make(hardware_card_load("h100-sxm-80gb"), 8, 0, 0, 0);
+  CHECK(plan_problems(qwen3_moe, cluster, tiled).at(0).find("TiledMLP tiles dense MLP classes only") != std::string::npos);
+  CHECK(plan_problems(qwen3_moe, cluster, zero3).empty());
+}
