@@ -415,6 +415,10 @@ std::vector<std::string> plan_caveats(const ModelSpec& model, const ClusterSpec&
     caveats.push_back(fmt::format("{} attends over a sliding window of {} tokens; planned as full causal attention (a kernel that "
                                   "honours the window does less work; the saved tensors are the same)",
                                   model.name, integer_with_commas(model.sliding_window)));
+  if (profile.calibrated_reserve_gib == 0)
+    caveats.push_back(fmt::format("runtime profile '{}': no published run of this stack is in the record, so it carries no calibrated "
+                                  "reserve (the DeepSpeed stack's published maxima leave 8-23 GiB its sourced terms do not explain, "
+                                  "REFERENCE §7.4): this length may be optimistic by that much memory", profile.name));
   if (model.is_moe())
     caveats.push_back(fmt::format(
         "mixture of experts: no published long-sequence MoE run in the record; its block is priced from code reading ({}, Reference "
@@ -712,11 +716,14 @@ int plan_command_run(const PlanCommandArgs& args) {
                         model.tied_embeddings ? ", tied" : "");
   if (plan_flags_given(args) && !args.search && !framework_checked && !machine)
     header += "  framework not checked (a fixed plan; --framework NAME checks that it runs there)\n";
-  else
+  else {
+    std::string others;  // every other framework, from the one table that lists them
+    for (Framework other : frameworks_all())
+      if (other != kDefaultFramework) others += fmt::format("{}{}", others.empty() ? "" : ", ", framework_name(other));
     header += fmt::format("  framework {}{}\n", framework_name(framework),
                           framework_given || machine ? "" : emitting ? " (the --emit target's)"
-                                                     : " (the default; --framework hf-accelerate, megatron-deepspeed, deepspeed, usp, "
-                                                       "longseq)");
+                                                     : fmt::format(" (the default; --framework {})", others));
+  }
   header += fmt::format("  cluster  {} x {} ({:.2f} GiB each), {} node(s) of {} GPUs, {:.0f} GiB host memory per node\n",
                         cluster.gpus, hardware.name, hardware.gpu_memory_gib, cluster.nodes, cluster.gpus_per_node,
                         cluster.host_memory_gib);

@@ -128,6 +128,7 @@ RuntimeProfile runtime_profile_from_text(const std::string& yaml_text, const std
   profile.nccl_sequence_parallel_communicators = reader.get_int("nccl_sequence_parallel_communicators", 0, 8, 0);
   profile.allocator_fragmentation_gib = estimate_read(reader, "allocator_fragmentation_gib", 0, 1024, 0);
   profile.cublas_workspace_mib = reader.get_double("cublas_workspace_mib", 0, 1 << 20);
+  profile.ddp_gradient_bucket_copy = reader.get_bool("ddp_gradient_bucket_copy", false);
   profile.zero_reduce_bucket_elements = reader.get_int("zero_reduce_bucket_elements", 0, int64_t{1} << 40);
   profile.zero_prefetch_bucket_elements = reader.get_int("zero_prefetch_bucket_elements", 0, int64_t{1} << 40);
   profile.ulysses_staging_copies = reader.get_int("ulysses_staging_copies", 0, 8);

@@ -80,6 +80,10 @@ struct RuntimeProfile {
   // The caching allocator's stranded partial pages at the limit, independent of S (REFERENCE §7.3).
   EstimateRange allocator_fragmentation_gib;
   double cublas_workspace_mib = 0;
+  // DistributedDataParallel's all-reduce buckets hold a copy of every gradient (its default
+  // gradient_as_bucket_view=False): a second gradients-sized term whenever it replicates the model
+  // over more than one rank without ZeRO. False: the runtime runs no DDP (DeepSpeed, the executor).
+  bool ddp_gradient_bucket_copy = false;
   int64_t zero_reduce_bucket_elements = 0;
   int64_t zero_prefetch_bucket_elements = 0;
   int64_t ulysses_staging_copies = 2;

@@ -19,6 +19,7 @@ const std::vector<FrameworkFacts>& framework_table() {
       {Framework::framework_megatron_deepspeed, "megatron-deepspeed", "megatron-deepspeed", "megatron-deepspeed", 1, nullptr},
       {Framework::framework_deepspeed, "deepspeed", "deepspeed-hf", "deepspeed", 1, nullptr},
       {Framework::framework_usp, "usp", "deepspeed-hf", "usp", 1, nullptr},
+      {Framework::framework_hf_trainer, "hf-trainer", "hf-trainer", "", 1, nullptr},
       {Framework::framework_longseq, "longseq", "native-cuda", "", 1, nullptr},
   };
   return table;
@@ -131,6 +132,16 @@ std::string framework_unsupported(Framework framework, const ModelSpec& model, c
     case Framework::framework_deepspeed:
     case Framework::framework_usp:
       if (plan.fpdt) return fmt::format("{}: no FPDT outside Megatron-DeepSpeed's model code", name);
+      return "";
+    case Framework::framework_hf_trainer:
+      // A model on every GPU, trained by PyTorch alone: none of DeepSpeed's partitioning, offload,
+      // sequence parallelism or tiling; Liger's kernels (use_liger_kernel=True) give the tiled loss.
+      if (plan.sp > 1) return fmt::format("{}: no sequence parallelism (DeepSpeed's Ulysses: --framework hf-accelerate)", name);
+      if (plan.fpdt) return fmt::format("{}: no FPDT (it exists only in Megatron-DeepSpeed)", name);
+      if (plan.zero_stage > 0) return fmt::format("{}: no ZeRO (DeepSpeed: --framework hf-accelerate)", name);
+      if (plan.offload_optimizer || plan.offload_params) return fmt::format("{}: no optimizer or parameter offload (DeepSpeed's)", name);
+      if (plan.tiled_mlp) return fmt::format("{}: no switch for TiledMLP", name);
+      if (plan.checkpoint_offload) return fmt::format("{}: checkpoint offload not planned for it yet (transformers' gradient-checkpointing offload)", name);
       return "";
     case Framework::framework_longseq:
       if (model.is_moe()) return fmt::format("{}: the executor trains dense models only (no MoE block yet)", name);

@@ -739,3 +739,29 @@ TEST_CASE("a grouped-GEMM MoE (ArcticMoE) produces the gradient of every expert'
   CHECK(item_bytes(grouped.gpu_items, "weight_gradient_in_flight") == 128.0 * 2048 * 1536 * 2);
   CHECK(grouped.gpu_peak_bytes > loop.gpu_peak_bytes);
 }
+
+TEST_CASE("the plain HF Trainer's pure-bf16 regime: a 4B model's static memory is 8 bytes a parameter, DDP adds its gradient buckets") {
+  // Qwen3-4B loaded in bf16, torch AdamW: weights 2 B, gradients 2 B, exp_avg + exp_avg_sq 4 B a
+  // parameter, no fp32 master (Reference §11 F1.5), against DeepSpeed's 2 + 4 + 4 + 8.
+  const ModelSpec model = model_load("qwen3-4b");
+  const double P = static_cast<double>(parameter_count(model).total);
+  CHECK(P == 4'022'468'096);
+  const RuntimeProfile profile = runtime_profile_load("hf-trainer");
+  PlanOptions plan = bare_plan(1, 0);
+  plan.activation_checkpointing = true;
+  const ClusterSpec one = cluster_make(hardware_card_load("h100-sxm-80gb"), 1, 0, 0, 0);
+  const MemoryPrediction memory = memory_predict(model, one, plan, profile, 8192);
+  CHECK(item_bytes(memory.gpu_items, "weights") == 2 * P);
+  CHECK(item_bytes(memory.gpu_items, "gradients_bf16") == 2 * P);
+  CHECK(item_bytes(memory.gpu_items, "optimizer_states") == 4 * P);
+  CHECK(item_bytes(memory.gpu_items, "master_weights") == 0);
+  CHECK(item_bytes(memory.gpu_items, "gradients_fp32") == 0);
+  CHECK(category_bytes(memory.gpu_items, kCategoryModelStates) == 8 * P);  // 32.2 GB: 29.97 GiB
+  CHECK(item_bytes(memory.gpu_items, "ddp_gradient_buckets") == 0);          // one GPU: no DDP
+  CHECK(item_bytes(memory.gpu_items, "unexplained_reserve") == 0);           // no calibration for this stack
+  // On two GPUs DDP replicates the model and its buckets copy every gradient (bf16).
+  const ClusterSpec two = cluster_make(hardware_card_load("h100-sxm-80gb"), 2, 0, 0, 0);
+  const MemoryPrediction replicated = memory_predict(model, two, plan, profile, 8192);
+  CHECK(item_bytes(replicated.gpu_items, "ddp_gradient_buckets") == 2 * P);
+  CHECK(category_bytes(replicated.gpu_items, kCategoryModelStates) == 10 * P);
+}
