@@ -399,15 +399,30 @@ void ulysses_attention_forward(TensorTrace& trace, const LayerShape& shape, cons
   // Ring attention (USP's ring over r Ulysses groups; ring-flash-attention's forward): the key/
   // value block being used and the next one arriving (double buffered: 2 x (k + v)), and the fp32
   // output and softmax-statistics accumulators that each block's partial result merges into.
-  if (shape.ring > 1) {
+  const double q_fp32 = bytes.q / static_cast<double>(impl.activation_bytes) * 4.0;
+  const double ring = static_cast<double>(shape.ring);
+  const bool torch_cp = shape.ring > 1 && impl.context_parallel_allgather;
+  if (torch_cp) {
+    // PyTorch context parallelism, all-gather rotation (_context_parallel/_attention.py; Reference
+    // §11 F2.3-F2.4): next_kv = cat(k, v) copies the local blocks, all_gather_tensor gathers the
+    // whole sequence's K and V (kept until the call returns, not saved), and the blocks' outputs
+    // merge into a running fp32 output with two fp32 temporaries of its size and fp32 lse.
+    trace.alloc(L, "cp.kv_local_copy", 2.0 * bytes.kv_replicated);
+    trace.alloc(L, "cp.kv_gathered", 2.0 * ring * bytes.kv_replicated);
+    trace.alloc(L, "cp.output_fp32", q_fp32);
+    trace.alloc(L, "cp.merge_temporaries", 2.0 * q_fp32);
+    trace.alloc(L, "cp.lse_fp32", bytes.lse);
+  } else if (shape.ring > 1) {
     trace.alloc(L, "ring.kv_blocks_in_flight", 4.0 * bytes.kv_replicated);
-    trace.alloc(L, "ring.output_accumulator", bytes.q / static_cast<double>(impl.activation_bytes) * 4.0);
+    trace.alloc(L, "ring.output_accumulator", q_fp32);
     trace.alloc(L, "ring.lse_accumulator", bytes.lse);
   }
   // flash_attn forward: output in the activation dtype, softmax statistics (lse) in fp32.
   trace.alloc(L, "attention.output", bytes.q);
   trace.alloc(L, "attention.lse", bytes.lse);
-  if (shape.ring > 1)
+  if (torch_cp)
+    for (const char* name : {"cp.lse_fp32", "cp.merge_temporaries", "cp.output_fp32", "cp.kv_gathered", "cp.kv_local_copy"}) trace.free(name);
+  else if (shape.ring > 1)
     for (const char* name : {"ring.lse_accumulator", "ring.output_accumulator", "ring.kv_blocks_in_flight"}) trace.free(name);
   // Output path back to sequence shards: [S, n_q/sp*d] -> [S_l, n_q*d] (REFERENCE §3.1).
   ulysses_all_to_all(trace, "attention.output", "attention.output_local", bytes.q, shape, impl);
@@ -526,9 +541,17 @@ void ulysses_attention_backward(TensorTrace& trace, const LayerShape& shape, con
   // Ring attention backward: the key/value block in use and the next (2 x (k + v)), and the fp32
   // dk/dv accumulators that travel the ring with them (the pair being added to and the pair in
   // flight: 2 x (dk + dv)).
-  if (shape.ring > 1) {
+  const double fp32_per_element = 4.0 / static_cast<double>(impl.activation_bytes);
+  const bool torch_cp = shape.ring > 1 && impl.context_parallel_allgather;
+  if (torch_cp) {
+    // PyTorch CP backward (F2.5): the whole sequence's K/V gathered again, fp32 accumulators for
+    // dq, dk, dv, and dk/dv passed by all-to-all in fp32 (send and receive).
+    trace.alloc(L, "cp.kv_gathered", 2.0 * static_cast<double>(shape.ring) * bytes.kv_replicated);
+    trace.alloc(L, "cp.grad_accumulators_fp32", (bytes.q + 2.0 * bytes.kv_replicated) * fp32_per_element);
+    trace.alloc(L, "cp.kv_grad_all_to_all_fp32", 2.0 * 2.0 * bytes.kv_replicated * fp32_per_element);
+  } else if (shape.ring > 1) {
     trace.alloc(L, "ring.kv_blocks_in_flight", 4.0 * bytes.kv_replicated);
-    trace.alloc(L, "ring.kv_grad_accumulators_in_flight", 4.0 * bytes.kv_replicated / static_cast<double>(impl.activation_bytes) * 4.0);
+    trace.alloc(L, "ring.kv_grad_accumulators_in_flight", 4.0 * bytes.kv_replicated * fp32_per_element);
   }
   if (impl.flash_attention_3) {
     // FA3 (hopper/flash_api.cpp L1475-1546): fp32 dk/dv accumulators at kv width under GQA, the
@@ -560,7 +583,9 @@ void ulysses_attention_backward(TensorTrace& trace, const LayerShape& shape, con
       trace.free("attention.v_grad_expanded");
     }
   }
-  if (shape.ring > 1)
+  if (torch_cp)
+    for (const char* name : {"cp.kv_grad_all_to_all_fp32", "cp.grad_accumulators_fp32", "cp.kv_gathered"}) trace.free(name);
+  else if (shape.ring > 1)
     for (const char* name : {"ring.kv_grad_accumulators_in_flight", "ring.kv_blocks_in_flight"}) trace.free(name);
   trace.free("attention.output_grad");
   trace.free("attention.q");

@@ -86,6 +86,9 @@ struct LayerImplementation {
   // backward is done (bytes; 0: none beyond the ZeRO buffers' one matrix in flight).
   double mlp_tile_weight_grads_bytes = 0;
   MoeExperts moe_experts = MoeExperts::moe_hf_expert_loop;
+  // With shape.ring > 1: PyTorch context parallelism with its all-gather rotation (Reference §11
+  // F2.3-F2.5) instead of USP's ring of key/value blocks.
+  bool context_parallel_allgather = false;
 };
 
 // Category names of traces and breakdowns, shared by the planner's predictions and the executor's

@@ -129,6 +129,17 @@ RuntimeProfile runtime_profile_from_text(const std::string& yaml_text, const std
   profile.allocator_fragmentation_gib = estimate_read(reader, "allocator_fragmentation_gib", 0, 1024, 0);
   profile.cublas_workspace_mib = reader.get_double("cublas_workspace_mib", 0, 1 << 20);
   profile.ddp_gradient_bucket_copy = reader.get_bool("ddp_gradient_bucket_copy", false);
+  const std::string sharding = reader.get_string("parameter_sharding", "deepspeed_zero");
+  if (sharding == "deepspeed_zero") profile.parameter_sharding = ParameterSharding::sharding_deepspeed_zero;
+  else if (sharding == "fsdp2") profile.parameter_sharding = ParameterSharding::sharding_fsdp2;
+  else throw ConfigError(source_name, "parameter_sharding", fmt::format("expected deepspeed_zero or fsdp2, got '{}'", sharding));
+  profile.gathered_weight_bytes = reader.get_int("gathered_weight_bytes", 0, 8, 0);
+  profile.reduce_bytes = reader.get_int("reduce_bytes", 0, 8, 0);
+  const std::string ring = reader.get_string("ring_implementation", "usp_ring");
+  if (ring == "usp_ring") profile.ring_implementation = RingImplementation::ring_usp;
+  else if (ring == "torch_allgather") profile.ring_implementation = RingImplementation::ring_torch_allgather;
+  else throw ConfigError(source_name, "ring_implementation", fmt::format("expected usp_ring or torch_allgather, got '{}'", ring));
+  profile.loss_chunk_tokens = reader.get_int("loss_chunk_tokens", 0, int64_t{1} << 30, 0);
   profile.zero_reduce_bucket_elements = reader.get_int("zero_reduce_bucket_elements", 0, int64_t{1} << 40);
   profile.zero_prefetch_bucket_elements = reader.get_int("zero_prefetch_bucket_elements", 0, int64_t{1} << 40);
   profile.ulysses_staging_copies = reader.get_int("ulysses_staging_copies", 0, 8);

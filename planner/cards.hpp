@@ -40,6 +40,8 @@ struct HardwareCard {
 };
 
 enum class LossTiling { loss_tiling_liger, loss_tiling_shards };
+enum class ParameterSharding { sharding_deepspeed_zero, sharding_fsdp2 };
+enum class RingImplementation { ring_usp, ring_torch_allgather };
 
 // Which kernels replace Hugging Face's eager modules (Liger: RMSNorm, RoPE, SwiGLU, fused linear
 // cross entropy). ArcticTraining installs them as one set (`model.type: liger`) in the runs that
@@ -80,6 +82,22 @@ struct RuntimeProfile {
   // The caching allocator's stranded partial pages at the limit, independent of S (REFERENCE §7.3).
   EstimateRange allocator_fragmentation_gib;
   double cublas_workspace_mib = 0;
+  // How parameters are sharded when a plan shards them (zero_stage 3): DeepSpeed ZeRO-3's gathered
+  // layer, prefetch bucket and reduce bucket, or FSDP2's per-unit all-gather and reduce-scatter
+  // buffers (Reference §11 F1.6-F1.9, F1.16).
+  ParameterSharding parameter_sharding = ParameterSharding::sharding_deepspeed_zero;
+  // Bytes of a weight as a layer computes with it once gathered (FSDP2's param_dtype; 0: weight_bytes)
+  // and of a gradient as it is reduced (FSDP2's reduce_dtype; 0: working_gradient_bytes).
+  int64_t gathered_weight_bytes = 0;
+  int64_t reduce_bytes = 0;
+  int64_t gathered_weight_bytes_or_default() const { return gathered_weight_bytes > 0 ? gathered_weight_bytes : weight_bytes; }
+  int64_t reduce_bytes_or_default() const { return reduce_bytes > 0 ? reduce_bytes : working_gradient_bytes; }
+  // What a ring degree r > 1 runs: USP's ring of key/value blocks, or PyTorch's context
+  // parallelism with its default all-gather rotation (Reference §11 F2.2-F2.5).
+  RingImplementation ring_implementation = RingImplementation::ring_usp;
+  // The tiled loss's shard in tokens when it is a fixed size (TRL's chunked_nll: 256, Reference
+  // §11 F5.5); 0: loss_tiling's own rule.
+  int64_t loss_chunk_tokens = 0;
   // DistributedDataParallel's all-reduce buckets hold a copy of every gradient (its default
   // gradient_as_bucket_view=False): a second gradients-sized term whenever it replicates the model
   // over more than one rank without ZeRO. False: the runtime runs no DDP (DeepSpeed, the executor).

@@ -19,6 +19,7 @@ const std::vector<FrameworkFacts>& framework_table() {
       {Framework::framework_megatron_deepspeed, "megatron-deepspeed", "megatron-deepspeed", "megatron-deepspeed", 1, nullptr},
       {Framework::framework_deepspeed, "deepspeed", "deepspeed-hf", "deepspeed", 1, nullptr},
       {Framework::framework_usp, "usp", "deepspeed-hf", "usp", 1, nullptr},
+      {Framework::framework_accelerate_fsdp2, "accelerate-fsdp2", "fsdp2-accelerate", "", 1, nullptr},
       {Framework::framework_hf_trainer, "hf-trainer", "hf-trainer", "", 1, nullptr},
       {Framework::framework_longseq, "longseq", "native-cuda", "", 1, nullptr},
   };
@@ -87,8 +88,10 @@ std::string framework_unsupported(Framework framework, const ModelSpec& model, c
   // LongContextAttention composes it with Ulysses, and so does longseq's executor (unchunked).
   if (plan.ring > 1 && framework == Framework::framework_longseq && plan.fpdt)
     return "longseq: ring attention runs unchunked (no FPDT beside it)";
-  if (plan.ring > 1 && framework != Framework::framework_usp && framework != Framework::framework_longseq)
-    return fmt::format("{}: no ring attention (USP's LongContextAttention runs Ulysses x ring: --framework usp)", name);
+  if (plan.ring > 1 && framework != Framework::framework_usp && framework != Framework::framework_longseq &&
+      framework != Framework::framework_accelerate_fsdp2)
+    return fmt::format("{}: no ring attention (USP's LongContextAttention runs Ulysses x ring: --framework usp; PyTorch's context "
+                       "parallelism under FSDP2: --framework accelerate-fsdp2)", name);
   switch (framework) {
     case Framework::framework_arctic_training:
       // FPDT exists only in Megatron-DeepSpeed; the UlyssesSPAttentionHF path has none (REFERENCE §8).
@@ -132,6 +135,16 @@ std::string framework_unsupported(Framework framework, const ModelSpec& model, c
     case Framework::framework_deepspeed:
     case Framework::framework_usp:
       if (plan.fpdt) return fmt::format("{}: no FPDT outside Megatron-DeepSpeed's model code", name);
+      return "";
+    case Framework::framework_accelerate_fsdp2:
+      // Accelerate's ParallelismConfig: cp runs under FSDP2 only, sp (Ulysses) under DeepSpeed only,
+      // never both (parallelism_config.py L328-334; TRL PR #7003; Reference §11 F4.2).
+      if (plan.sp > 1) return fmt::format("{}: Ulysses (sp_size) runs only under DeepSpeed, and not beside cp (--framework hf-accelerate)", name);
+      if (plan.fpdt) return fmt::format("{}: no FPDT (it exists only in Megatron-DeepSpeed)", name);
+      if (plan.zero_stage != 3) return fmt::format("{}: planned with FSDP2's full sharding (the ZeRO-3 layout) only", name);
+      if (plan.offload_optimizer || plan.offload_params)
+        return fmt::format("{}: FSDP2's CPUOffloadPolicy (parameters, gradients and optimizer on the host) is not modelled yet", name);
+      if (plan.tiled_mlp) return fmt::format("{}: no switch for TiledMLP", name);
       return "";
     case Framework::framework_hf_trainer:
       // A model on every GPU, trained by PyTorch alone: none of DeepSpeed's partitioning, offload,

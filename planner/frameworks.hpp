@@ -18,6 +18,7 @@ enum class Framework {
   framework_megatron_deepspeed,  // Megatron-DeepSpeed: Ulysses and FPDT (launch arguments + DeepSpeed JSON)
   framework_deepspeed,           // a plain deepspeed.initialize loop (DeepSpeed JSON)
   framework_usp,                 // a DeepSpeed loop with USP's LongContextAttention: Ulysses x ring attention
+  framework_accelerate_fsdp2,    // Accelerate / HF Trainer / TRL on PyTorch FSDP2 with PyTorch context parallelism
   framework_hf_trainer,          // the plain HF Trainer / TRL SFTTrainer: no DeepSpeed, no FSDP (DDP across GPUs)
   framework_longseq,             // longseq's own executor (`longseq run`); ring attention planned, not yet executed
 };

@@ -80,6 +80,7 @@ Setup setup_make(const ModelSpec& model, const HardwareCard& card, const PlanOpt
   LayerImplementation& impl = setup.impl;
   impl.activation_bytes = profile.activation_bytes;
   impl.moe_experts = profile.moe_experts;
+  impl.context_parallel_allgather = profile.ring_implementation == RingImplementation::ring_torch_allgather;
   impl.ulysses_staging_copies = profile.ulysses_staging_copies;
   impl.flash_attention_dq_accumulator = profile.flash_attention_dq_accumulator;
   impl.flash_attention_expands_gqa_grads = profile.flash_attention_expands_gqa_grads;
@@ -107,6 +108,8 @@ Setup setup_make(const ModelSpec& model, const HardwareCard& card, const PlanOpt
       setup.loss = LossImplementation::loss_token_shards;
       const int64_t shards = plan.loss_tiles > 0 ? plan.loss_tiles : loss_shards_arctic_rule(shape.tokens, model.vocab_size);
       setup.loss_tile_tokens = (shape.tokens + shards - 1) / shards;
+      // A fixed chunk (TRL's chunked_nll: 256 tokens a chunk) unless the plan sets the tiles.
+      if (plan.loss_tiles == 0 && profile.loss_chunk_tokens > 0) setup.loss_tile_tokens = profile.loss_chunk_tokens;
     }
     setup.loss_tile_tokens = std::min(setup.loss_tile_tokens, shape.tokens);
   }
@@ -192,8 +195,31 @@ void gradient_reduce_bucket_place(TensorTrace& trace, const PlanOptions& plan, c
 // What ZeRO holds while a decoder layer runs: the layer's gathered weights and the prefetched
 // next ones (stage 3), and in backward the reduce bucket and the weight gradient being produced.
 void zero_layer_buffers_place(TensorTrace& trace, const PlanOptions& plan, const RuntimeProfile& profile,
-                              const Setup& setup, bool backward) {
+                              const Setup& setup, bool backward, double world) {
   const double layer_params = as_double(setup.params.per_layer);
+  if (plan.zero_stage == 3 && profile.parameter_sharding == ParameterSharding::sharding_fsdp2) {
+    // FSDP2, one unit a decoder layer (Reference §11 F1.6-F1.9): in forward the layer's unsharded
+    // parameters, its flat all-gather output (freed late, at the next unit's wait) and the next
+    // unit's all-gather in flight; in backward the unsharded layer, the previous unit's prefetched
+    // all-gather, the unsharded gradients (param dtype) and the reduce-scatter's input and output
+    // (reduce dtype). The [norm, lm_head] unit is never resharded after forward (F1.16).
+    const double gathered = as_double(profile.gathered_weight_bytes_or_default());
+    const double reduced = as_double(profile.reduce_bytes_or_default());
+    const double tail = (as_double(setup.params.lm_head > 0 ? setup.params.lm_head : setup.params.embedding) +
+                         as_double(setup.params.final_norm)) * gathered;
+    trace.alloc(kCategoryZero, "fsdp.unsharded_layer", layer_params * gathered);
+    trace.alloc(kCategoryZero, backward ? "fsdp.prefetched_all_gather" : "fsdp.all_gather_output", layer_params * gathered);
+    if (!backward) {
+      trace.alloc(kCategoryZero, "fsdp.next_all_gather_in_flight", layer_params * gathered);
+      return;
+    }
+    trace.alloc(kCategoryZero, "fsdp.unsharded_gradients", layer_params * as_double(profile.working_gradient_bytes));
+    trace.alloc(kCategoryZero, "fsdp.reduce_scatter_input", layer_params * reduced);
+    trace.alloc(kCategoryZero, "fsdp.reduce_scatter_output", layer_params * reduced / world);
+    // Reference §11 D counts the tail unit in the layers' backward too.
+    trace.alloc(kCategoryZero, "fsdp.unsharded_norm_and_lm_head", tail);
+    return;
+  }
   const bool high_end = profile.bound == EstimateBound::estimate_high_memory;
   if (plan.zero_stage == 3) {
     trace.alloc(kCategoryZero, "gathered_layer_weights", layer_params * as_double(profile.weight_bytes));
@@ -298,17 +324,26 @@ MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& clust
     // Forward of the last layer: the checkpoints of all layers below it are resident.
     {
       TensorTrace& trace = phase_begin(phases[0], "forward of the last decoder layer", layers - 1);
-      zero_layer_buffers_place(trace, plan, profile, setup, /*backward=*/false);
+      zero_layer_buffers_place(trace, plan, profile, setup, /*backward=*/false, as_double(cluster.gpus));
       trace.alloc(kCategoryLayer, "layer.input", x_bytes);
       decoder_layer_forward(trace, setup.shape, setup.impl, /*keep=*/!plan.activation_checkpointing);
     }
     // Logits and loss: every layer's checkpoint is resident, the LM head is gathered.
     {
       TensorTrace& trace = phase_begin(phases[1], "logits and loss", layers);
-      if (plan.zero_stage == 3)
-        trace.alloc(kCategoryZero, "gathered_lm_head", as_double(model.vocab_size) * as_double(model.hidden_size) *
-                                                           as_double(profile.weight_bytes));
-      gradient_reduce_bucket_place(trace, plan, profile, setup);
+      if (plan.zero_stage == 3 && profile.parameter_sharding == ParameterSharding::sharding_fsdp2) {
+        // The [norm, lm_head] unit kept unsharded from the end of forward (F1.16), and the last
+        // layer's unit prefetched for its backward (Reference §11 D's loss phase).
+        const double gathered = as_double(profile.gathered_weight_bytes_or_default());
+        trace.alloc(kCategoryZero, "fsdp.unsharded_norm_and_lm_head",
+                    (as_double(model.vocab_size) * as_double(model.hidden_size) + as_double(model.hidden_size)) * gathered);
+        trace.alloc(kCategoryZero, "fsdp.prefetched_all_gather", as_double(setup.params.per_layer) * gathered);
+      } else {
+        if (plan.zero_stage == 3)
+          trace.alloc(kCategoryZero, "gathered_lm_head", as_double(model.vocab_size) * as_double(model.hidden_size) *
+                                                             as_double(profile.weight_bytes));
+        gradient_reduce_bucket_place(trace, plan, profile, setup);
+      }
       trace.alloc(kCategoryLayer, "final_norm.input", x_bytes);
       lm_loss_forward_backward(trace, setup.shape, setup.impl, setup.loss, setup.loss_tile_tokens, profile.weight_bytes);
     }
@@ -316,7 +351,7 @@ MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& clust
     // checkpoints). With checkpointing the incoming gradient exists before the recompute starts.
     {
       TensorTrace& trace = phase_begin(phases[2], "backward of the last decoder layer", layers - 1);
-      zero_layer_buffers_place(trace, plan, profile, setup, /*backward=*/true);
+      zero_layer_buffers_place(trace, plan, profile, setup, /*backward=*/true, as_double(cluster.gpus));
       trace.alloc(kCategoryLayer, "layer.input", x_bytes);
       if (plan.activation_checkpointing) trace.alloc(kCategoryLayer, "layer.output_grad", x_bytes);
       decoder_layer_forward(trace, setup.shape, setup.impl, /*keep=*/true);

@@ -176,8 +176,10 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   const Link world_link = link_for_group(cluster, cluster.gpus);
   double zero_overlappable_s = 0;
   double zero_exposed_s = 0;
-  const double weight_bytes = as_double(params.total) * as_double(profile.weight_bytes);
-  const double gradient_bytes = as_double(params.total) * as_double(profile.working_gradient_bytes);
+  // What the collectives move: weights as the layers compute with them (FSDP2's param_dtype under
+  // an fp32 shard), gradients as they are reduced (its reduce_dtype).
+  const double weight_bytes = as_double(params.total) * as_double(profile.gathered_weight_bytes_or_default());
+  const double gradient_bytes = as_double(params.total) * as_double(profile.reduce_bytes_or_default());
   if (plan.zero_stage == 3) {
     // Each weight gathered for forward and once more for recompute+backward (DeepSpeed keeps it
     // between the two: its reuse distance is short), gradients reduce-scattered once.
