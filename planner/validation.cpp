@@ -283,7 +283,7 @@ PointValidation point_validate(const PublishedPoint& point, const std::string& p
   plan.zero_stage = 0;
   plan.activation_checkpointing = false;
   plan.sp = point.sp;
-  bool ulysses = false;
+  bool ulysses = false, context_parallel = false, ring = false, fsdp2 = false, hf_bf16 = false, sdpa = false;
   std::string attention_kernel = "fa2";
   std::stringstream features(point.features);
   std::string feature;
@@ -301,9 +301,28 @@ PointValidation point_validate(const PublishedPoint& point, const std::string& p
     else if (feature == "ulysses") ulysses = true;
     else if (feature == "tp") return skip("Megatron tensor parallelism (tp) is not modelled");
     else if (feature == "fpdt") plan.fpdt = true;
-    else if (feature == "sdpa") return skip("attention kernel 'sdpa' is not modelled (FlashAttention-2 and -3 are)");
+    // SDPA's flash backend is FlashAttention-2's kernel (aten flash_api.cpp; Reference §11 F3.1-F3.2).
+    else if (feature == "sdpa") sdpa = true;
+    else if (feature == "fsdp2") fsdp2 = true;
+    else if (feature == "cp") context_parallel = true;
+    else if (feature == "ring") ring = true;
+    else if (feature == "hf_bf16") hf_bf16 = true;
+    else if (feature == "moe") continue;  // the model card says it
+    else if (feature == "lora" || feature == "qlora") return skip("LoRA/QLoRA adapters (frozen base weights) are not modelled");
+    else if (feature == "adam8bit") return skip("8-bit AdamW states are not modelled");
+    else if (feature == "zero_unstated") return skip("the ZeRO stage is not stated");
     else return skip(fmt::format("unknown feature '{}'", feature));
   }
+  // The sp column is the degree of whichever sequence parallelism the row names: Ulysses, or a ring
+  // (PyTorch's context parallelism under FSDP2, USP's otherwise).
+  if (context_parallel || ring) {
+    if (ulysses) return skip("Ulysses beside a ring: the row gives one degree for both");
+    plan.ring = plan.sp;
+    plan.sp = 1;
+  }
+  if (context_parallel && !fsdp2) return skip("PyTorch context parallelism runs under FSDP2 (Accelerate, torchtitan): the row names no fsdp2");
+  // FSDP2 shards every parameter over the mesh (the ZeRO-3 layout).
+  if (fsdp2) plan.zero_stage = 3;
   if (!ulysses && plan.sp != 1) return skip(fmt::format("sp={} without the ulysses feature", plan.sp));
   // FPDT chunks the MLP and the loss itself; a listed tiled_mlp/tiled_loss adds nothing to it.
   if (plan.fpdt) plan.tiled_mlp = plan.tiled_loss = false;
@@ -318,13 +337,16 @@ PointValidation point_validate(const PublishedPoint& point, const std::string& p
   const std::vector<std::string> problems = plan_problems(model, cluster, plan);
   if (!problems.empty()) return skip(fmt::format("plan: {}", problems.front()));
   validation.plan = plan_describe(plan);
-  RuntimeProfile profile =
-      runtime_profile_load(!profile_name.empty() ? profile_name : plan.fpdt ? "megatron-deepspeed" : "deepspeed-hf");
+  // The stack the row ran: FSDP2 under Accelerate/TRL, the plain HF Trainer in bf16, Megatron for
+  // FPDT, DeepSpeed with HF otherwise.
+  const char* stack = fsdp2 ? "fsdp2-accelerate" : hf_bf16 ? "hf-trainer" : plan.fpdt ? "megatron-deepspeed" : "deepspeed-hf";
+  RuntimeProfile profile = runtime_profile_load(!profile_name.empty() ? profile_name : stack);
   profile.attention_kernel = attention_kernel;
   if (reserve_gib) profile.calibrated_reserve_gib = *reserve_gib;
   if (const std::string problem = attention_kernel_problem(profile, *hardware); !problem.empty()) return skip(problem);
   validation.profile_name = profile.name;
-  validation.profile = profile.name + (attention_kernel == "fa3" ? " with FlashAttention-3" : "");
+  validation.profile = profile.name + (attention_kernel == "fa3" ? " with FlashAttention-3" : "") +
+                       (sdpa ? " (SDPA priced as its flash backend, FlashAttention-2)" : "");
 
   const bool measured_at = point.notes.find("measured_at") != std::string::npos;
   if (point.seqlen && !measured_at) {
@@ -344,6 +366,18 @@ PointValidation point_validate(const PublishedPoint& point, const std::string& p
     } else {
       figure.relative_error = relative_error(figure.predicted, figure.published);
     }
+    validation.figures.push_back(figure);
+  } else if (!point.seqlen && point.seqlen_fail) {
+    // Only a failing length is known (the row's run ran out of memory there): the maximum lies in
+    // [0, seqlen_fail), so a prediction below it is right and one at or above it is off by as much.
+    const MaxSeqlenResult result = max_seqlen_find(model, cluster, plan, profile);
+    FigureComparison figure;
+    figure.kind = FigureKind::figure_max_seqlen;
+    figure.published = 0;
+    figure.published_fail = static_cast<double>(*point.seqlen_fail);
+    figure.predicted = static_cast<double>(result.max_seqlen);
+    figure.binding_constraint = result.binding_constraint;
+    if (figure.predicted >= figure.published_fail) figure.relative_error = relative_error(figure.predicted, figure.published_fail);
     validation.figures.push_back(figure);
   }
   if (!point.seqlen) return validation;

@@ -50,6 +50,12 @@ TensorTrace layer_step_trace(const LayerShape& shape, const LayerImplementation&
   return trace;
 }
 
+double live_bytes_of_peak(const TensorTrace& trace, std::string_view name) {
+  for (const auto& item : trace.peak_items())
+    if (item.name == name) return item.bytes;
+  return -1;
+}
+
 double live_bytes_of(const TensorTrace& trace, std::string_view name) {
   for (const auto& item : trace.live_items())
     if (item.name == name) return item.bytes;
@@ -387,4 +393,35 @@ TEST_CASE("MoE implementations: spelled as profiles spell them, anything else re
   CHECK(moe_experts_parse(moe_experts_name(MoeExperts::moe_grouped_gemm), "p.yaml", "moe_experts") == MoeExperts::moe_grouped_gemm);
   CHECK_THROWS_WITH(moe_experts_parse("batched_mm", "p.yaml", "moe_experts"),
                     doctest::Contains("expected hf_expert_loop or grouped_gemm, got 'batched_mm'"));
+}
+
+TEST_CASE("PyTorch context parallelism (all-gather rotation): the whole sequence's K/V and an fp32 merge in forward, fp32 accumulators in backward") {
+  // cp = 4 over the 1000 local tokens: the gathered K and V are 4 x (K + V) = 8K; the local
+  // cat(k, v) copy 2K; the merged output fp32 2Q (Q in bf16), two fp32 temporaries of it 4Q, fp32 lse.
+  LayerShape shape = shape_make();
+  shape.ring = 4;
+  LayerImplementation cp = eager();
+  cp.context_parallel_allgather = true;
+  TensorTrace forward;
+  forward.alloc(kCategoryLayer, "layer.input", X);
+  decoder_layer_forward(forward, shape, cp, /*keep=*/false);
+  // At attention: input, norm out, q, k, v (2X + Q + 2K), the CP buffers (2K + 8K + 2Q + 4Q + lse),
+  // then the output and lse (Q + lse): 2X + 8Q + 12K + 2 lse = 1,728,000, above the MLP's 3X + 4F.
+  CHECK(forward.peak_bytes() == 2 * X + 8 * Q + 12 * K + 2 * LSE);
+  CHECK(forward.peak_moment() == "attention");
+  // Nothing of it is saved: the layer keeps the same tensors as without CP.
+  CHECK(decoder_layer_saved_bytes(shape, cp) == decoder_layer_saved_bytes(shape_make(), eager()));
+  // Backward (a small MLP, so that attention sets the peak): beside the layer's saved tensors and
+  // the dq/dk/dv being written, the gather again (8K), fp32 dq/dk/dv accumulators 2(Q + 2K), and
+  // the fp32 dk/dv all-to-all's send and receive 2 x 2 x 2K. Live then: input, incoming gradient,
+  // norm out, output and the residual's gradient (5X); q, output, its gradient, dq and the fp32
+  // accumulator (6Q); k, v, dk, dv, the gather, the accumulators' and the all-to-all's (24K); lse.
+  LayerShape small_mlp = shape;
+  small_mlp.intermediate = 8;
+  const TensorTrace backward = layer_step_trace(small_mlp, cp);
+  CHECK(backward.peak_moment() == "attention");
+  CHECK(live_bytes_of_peak(backward, "cp.kv_gathered") == 8 * K);
+  CHECK(live_bytes_of_peak(backward, "cp.grad_accumulators_fp32") == 2 * (Q + 2 * K));
+  CHECK(live_bytes_of_peak(backward, "cp.kv_grad_all_to_all_fp32") == 8 * K);
+  CHECK(backward.peak_bytes() == 5 * X + 6 * Q + 24 * K + LSE);
 }

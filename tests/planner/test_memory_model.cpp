@@ -765,3 +765,43 @@ TEST_CASE("the plain HF Trainer's pure-bf16 regime: a 4B model's static memory i
   CHECK(item_bytes(replicated.gpu_items, "ddp_gradient_buckets") == 2 * P);
   CHECK(category_bytes(replicated.gpu_items, kCategoryModelStates) == 10 * P);
 }
+
+TEST_CASE("FSDP2 under Accelerate with context parallelism: its states, unit buffers and TRL's published 1M-token run") {
+  // TRL's example (Reference §11 F5.7): Qwen3-8B, 1,048,576 tokens, 8 H100s, cp=8, checkpoint
+  // offload, 256-token loss chunks.
+  const ModelSpec model = model_load("qwen3-8b");
+  const ClusterSpec cluster = cluster_make(hardware_card_load("h100-sxm-80gb"), 8, 0, 0, 0);
+  const RuntimeProfile profile = runtime_profile_load("fsdp2-accelerate");
+  PlanOptions plan = bare_plan(1, 3);
+  plan.ring = 8;
+  plan.activation_checkpointing = true;
+  plan.checkpoint_offload = true;
+  plan.tiled_loss = true;
+  const MemoryPrediction memory = memory_predict(model, cluster, plan, profile, 1'048'576);
+  const double P = static_cast<double>(parameter_count(model).total);
+  // Accelerate's fp32 upcast: 4 + 4 + 8 bytes a parameter over the 8 ranks (F1.14, F1.1-F1.5).
+  CHECK(category_bytes(memory.gpu_items, kCategoryModelStates) == 16 * P / 8);
+  // A decoder layer (a unit): q, k, v, o 4096 x (4096 + 1024 + 1024) + 4096 x 4096, the SwiGLU
+  // 3 x 4096 x 12288, two norms and the q/k norms: 192,946,432 parameters, gathered in bf16.
+  const double unit = 4096.0 * 6144 + 4096.0 * 4096 + 3 * 4096.0 * 12288 + 2 * 4096 + 2 * 128;
+  CHECK(unit == static_cast<double>(parameter_count(model).per_layer));
+  CHECK(memory.gpu_peak_phase == "backward of the last decoder layer");
+  CHECK(item_bytes(memory.gpu_items, "fsdp.unsharded_layer") == 2 * unit);
+  CHECK(item_bytes(memory.gpu_items, "fsdp.prefetched_all_gather") == 2 * unit);
+  CHECK(item_bytes(memory.gpu_items, "fsdp.unsharded_gradients") == 2 * unit);
+  CHECK(item_bytes(memory.gpu_items, "fsdp.reduce_scatter_input") == 2 * unit);       // bf16 reduce (F1.15)
+  CHECK(item_bytes(memory.gpu_items, "fsdp.reduce_scatter_output") == 2 * unit / 8);
+  CHECK(item_bytes(memory.gpu_items, "fsdp.unsharded_norm_and_lm_head") == 2 * (151936.0 * 4096 + 4096));  // F1.16
+  // No DeepSpeed buffer and no fp32 master beside the fp32 shard.
+  CHECK(item_bytes(memory.gpu_items, "gradient_reduce_bucket") == 0);
+  CHECK(item_bytes(memory.gpu_items, "master_weights") == 0);
+  // Published: 56.2 per GPU (the record's peak_mem_gib column). The sources alone, no reserve: within 10%.
+  const double predicted_gib = memory.gpu_peak_bytes / kBytesPerGib;
+  MESSAGE("TRL Qwen3-8B 1M cp=8: predicted " << predicted_gib << " GiB against 56.2 published");
+  CHECK(predicted_gib == doctest::Approx(56.2).epsilon(0.10));
+  // Checkpoints on the host (transformers' offload): L x S/cp x h x 2 B = 36 GiB a rank, 8 a node.
+  CHECK(item_bytes(memory.host_items, "hidden_states_checkpoints") == 8 * 36.0 * 131'072 * 4096 * 2);
+  // Without the offload the same run does not fit (published: out of memory at 1M).
+  plan.checkpoint_offload = false;
+  CHECK_FALSE(memory_predict(model, cluster, plan, profile, 1'048'576).fits_gpu());
+}

@@ -1,6 +1,8 @@
 // Reading published points and scoring predictions against them.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include <string>
 
 #include "models/config_error.hpp"
@@ -18,7 +20,7 @@ const std::string kHeader =
 
 TEST_CASE("the project's copy of published_points.csv parses completely") {
   const auto points = published_points_parse(file_read_text(std::string(LONGSEQ_TEST_DATA_DIR) + "/published_points.csv"), "p.csv");
-  CHECK(points.size() == 36);
+  CHECK(points.size() == 38);
   CHECK(points.front().model == "Llama-3.1-8B-Instruct");
   CHECK(points.front().iter_time_s.value() == 26);
   CHECK(points.front().line > 1);  // after the comment header
@@ -197,12 +199,15 @@ TEST_CASE("the reserve fit: a row host memory holds too long bounds the GPU rese
 TEST_CASE("the profiles' calibrated reserves are what the fit to the seed set gives (fitted once, not tuned by hand)") {
   const auto points = published_points_parse(file_read_text(std::string(LONGSEQ_TEST_DATA_DIR) + "/published_points.csv"), "p.csv");
   const std::vector<ReserveFit> fits = reserve_fit(points, 40.0, 0.5);
-  REQUIRE(fits.size() == 2);
+  REQUIRE(fits.size() == 3);  // deepspeed-hf, megatron-deepspeed, fsdp2-accelerate
   for (const ReserveFit& fit : fits) {
     CAPTURE(fit.profile);
-    CHECK(fit.reserve_gib == runtime_profile_load(fit.profile).calibrated_reserve_gib);
     int informative = 0;
     for (const ReserveEvidence& evidence : fit.evidence) informative += evidence.informative ? 1 : 0;
-    CHECK(informative >= 10);  // a fit to many rows, not one
+    // A fit to many rows sets the profile's reserve; a stack with a row or two (FSDP2's one TRL
+    // run) carries none, whatever a fit to them would say.
+    if (informative >= 10) CHECK(fit.reserve_gib == runtime_profile_load(fit.profile).calibrated_reserve_gib);
+    else CHECK(runtime_profile_load(fit.profile).calibrated_reserve_gib == 0);
   }
+  CHECK(std::count_if(fits.begin(), fits.end(), [](const ReserveFit& fit) { return fit.reserve_gib > 0; }) == 2);
 }
