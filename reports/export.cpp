@@ -287,6 +287,72 @@ ExportedConfig accelerate_config_emit(const ExportRequest& r) {
   return exported;
 }
 
+// Accelerate's FSDP2 + context parallelism YAML (Reference §11 F4.6, F1.16-F1.19), with the
+// Trainer/TRL arguments it needs beside it (F5.1-F5.7).
+ExportedConfig accelerate_fsdp2_config_emit(const ExportRequest& r) {
+  const PlanOptions& p = r.plan;
+  ExportedConfig exported;
+  const int64_t cp = p.ring;
+  if (p.sp > 1) exported.notes.push_back("Ulysses: not expressed (Accelerate runs sp_size under DeepSpeed only; --emit accelerate)");
+  if (p.zero_stage != 3) exported.notes.push_back(fmt::format("ZeRO-{}: not expressed (this file shards fully, FSDP2's only planned layout)", p.zero_stage));
+  if (p.offload_optimizer || p.offload_params)
+    exported.notes.push_back("optimizer/parameter offload: not expressed (fsdp_offload_params moves parameters, gradients and optimizer together)");
+  if (p.tiled_mlp) exported.notes.push_back("tiled MLP: no Trainer/TRL switch; not expressed");
+  if (p.fpdt) exported.notes.push_back("FPDT: exists only in Megatron-DeepSpeed; not expressed");
+  // Checkpoint offload is transformers' gradient-checkpointing offload, which runs under the
+  // Trainer's own checkpointing: FSDP's wrapper is then off (both cannot be on, F5.6).
+  const bool trainer_checkpointing = p.activation_checkpointing && p.checkpoint_offload;
+  exported.notes.push_back(fmt::format(
+      "Trainer/TRL arguments: per_device_train_batch_size={} gradient_accumulation_steps=1 bf16=True gradient_checkpointing={}{}; "
+      "TRL: max_length={} pad_to_multiple_of={} packing=False (refused under CP){}; load the model with attn_implementation=\"sdpa\" "
+      "(the Trainer refuses CP with another)",
+      p.micro_batch, trainer_checkpointing ? "True" : "False",
+      trainer_checkpointing ? " gradient_checkpointing_kwargs={\"offload\": True} (transformers' checkpoint offload to pinned host memory)" : "",
+      r.seqlen, 2 * cp, p.tiled_loss ? " loss_type=\"chunked_nll\" (TRL's default, 256-token chunks)" : " loss_type=\"nll\""));
+  exported.notes.push_back(std::string("versions: Accelerate >= 1.11 (parallelism_config with cp), PyTorch >= 2.6 (context parallelism), TRL >= ") +
+                           (p.tiled_loss ? "1.13 (chunked_nll without the fp32 lm_head copy)" : "1.9") +
+                           (trainer_checkpointing ? ", transformers >= 5.16 (gradient_checkpointing_kwargs offload)" : ""));
+  exported.notes.push_back(fmt::format("launch: accelerate launch --config_file {} train.py", main_file(r, "accelerate-fsdp2.yaml")));
+  if (r.cluster.nodes > 1)
+    exported.notes.push_back(fmt::format("{} nodes: run accelerate launch on every node with --machine_rank set to its index, and "
+                                         "MAIN_NODE_ADDRESS (main_process_ip) the first node's address", r.cluster.nodes));
+  YAML::Emitter out;
+  std::vector<std::string> header = record_lines(r, "Accelerate with FSDP2 and context parallelism (accelerate launch --config_file)");
+  for (const auto& note : exported.notes) header.push_back(note);
+  yaml_comments(out, header);
+  out << YAML::BeginMap;
+  out << YAML::Key << "compute_environment" << YAML::Value << "LOCAL_MACHINE";
+  out << YAML::Key << "distributed_type" << YAML::Value << "FSDP";
+  out << YAML::Key << "mixed_precision" << YAML::Value << "bf16";
+  out << YAML::Key << "num_processes" << YAML::Value << r.cluster.gpus;
+  out << YAML::Key << "num_machines" << YAML::Value << r.cluster.nodes;
+  if (r.cluster.nodes > 1) {
+    out << YAML::Key << "machine_rank" << YAML::Value << 0;
+    out << YAML::Key << "main_process_ip" << YAML::Value << "MAIN_NODE_ADDRESS";
+    out << YAML::Key << "main_process_port" << YAML::Value << 29500;
+  }
+  out << YAML::Key << "fsdp_config" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "fsdp_version" << YAML::Value << 2;
+  out << YAML::Key << "fsdp_auto_wrap_policy" << YAML::Value << "TRANSFORMER_BASED_WRAP";
+  out << YAML::Key << "fsdp_activation_checkpointing" << YAML::Value << (p.activation_checkpointing && !trainer_checkpointing);
+  out << YAML::Key << "fsdp_reshard_after_forward" << YAML::Value << true;
+  out << YAML::Key << "fsdp_offload_params" << YAML::Value << false;
+  out << YAML::Key << "fsdp_cpu_ram_efficient_loading" << YAML::Value << true;
+  out << YAML::Key << "fsdp_state_dict_type" << YAML::Value << "SHARDED_STATE_DICT";
+  out << YAML::EndMap;
+  // FSDP shards over dp_shard x cp (F1.17); the product of the sizes is num_processes (F4.2).
+  out << YAML::Key << "parallelism_config" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "parallelism_config_dp_replicate_size" << YAML::Value << 1;
+  out << YAML::Key << "parallelism_config_dp_shard_size" << YAML::Value << r.cluster.gpus / cp;
+  out << YAML::Key << "parallelism_config_tp_size" << YAML::Value << 1;
+  out << YAML::Key << "parallelism_config_cp_size" << YAML::Value << cp;
+  out << YAML::Key << "parallelism_config_cp_comm_strategy" << YAML::Value << "allgather";
+  out << YAML::EndMap;
+  out << YAML::EndMap;
+  exported.files.push_back({"", std::string(out.c_str()) + "\n"});
+  return exported;
+}
+
 ExportedConfig megatron_deepspeed_emit(const ExportRequest& r) {
   const PlanOptions& p = r.plan;
   const ModelSpec& m = r.model;
@@ -394,14 +460,15 @@ ExportedConfig config_emit(const std::string& target, const ExportRequest& reque
   ExportedConfig exported;
   if (target == "arctic-training") exported = arctic_training_recipe_emit(request);
   else if (target == "accelerate" || target == "hf-accelerate") exported = accelerate_config_emit(request);
+  else if (target == "accelerate-fsdp2") exported = accelerate_fsdp2_config_emit(request);
   else if (target == "megatron-deepspeed") exported = megatron_deepspeed_emit(request);
   else if (target == "deepspeed" || target == "usp") exported = deepspeed_config_emit(request);
   if (!exported.files.empty()) {
-    ring_note(request, exported);
+    if (target != "accelerate-fsdp2") ring_note(request, exported);  // its ring is PyTorch's CP, in the file itself
     moe_note(target, request, exported);
     return exported;
   }
-  throw ConfigError("--emit", "", fmt::format("expected arctic-training, accelerate, megatron-deepspeed, deepspeed or usp, got '{}'", target));
+  throw ConfigError("--emit", "", fmt::format("expected arctic-training, accelerate, accelerate-fsdp2, megatron-deepspeed, deepspeed or usp, got '{}'", target));
 }
 
 }  // namespace longseq

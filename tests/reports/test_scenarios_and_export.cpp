@@ -558,3 +558,42 @@ TEST_CASE("frameworks and mixture of experts: ArcticMoE (Qwen3-MoE, ZeRO-2 at mo
   CHECK(plan_problems(qwen3_moe, cluster, tiled).at(0).find("TiledMLP tiles dense MLP classes only") != std::string::npos);
   CHECK(plan_problems(qwen3_moe, cluster, zero3).empty());
 }
+
+TEST_CASE("Accelerate FSDP2 + context parallelism export: the YAML's keys as Reference §11 F4.6 lists them, the TRL arguments beside it") {
+  PlanOptions plan;
+  plan.ring = 4;
+  plan.zero_stage = 3;
+  plan.activation_checkpointing = true;
+  plan.tiled_loss = true;
+  // 8 GPUs, cp=4: FSDP shards over dp_shard x cp = 2 x 4 (F1.17); the sizes multiply to the processes.
+  const ExportedConfig without_offload = config_emit("accelerate-fsdp2", export_request("qwen3-8b", 8, plan, 262'144));
+  const YAML::Node yaml = YAML::Load(without_offload.text());
+  yaml_keys_within(yaml, {"compute_environment", "distributed_type", "mixed_precision", "num_processes", "num_machines", "fsdp_config",
+                          "parallelism_config"}, "accelerate-fsdp2 YAML");
+  CHECK(yaml["distributed_type"].as<std::string>() == "FSDP");
+  CHECK(yaml["mixed_precision"].as<std::string>() == "bf16");
+  CHECK(yaml["fsdp_config"]["fsdp_version"].as<int>() == 2);
+  CHECK(yaml["fsdp_config"]["fsdp_auto_wrap_policy"].as<std::string>() == "TRANSFORMER_BASED_WRAP");
+  CHECK(yaml["fsdp_config"]["fsdp_reshard_after_forward"].as<bool>());  // a bool for FSDP2 (F1.16)
+  CHECK(yaml["fsdp_config"]["fsdp_activation_checkpointing"].as<bool>());
+  CHECK_FALSE(yaml["fsdp_config"]["fsdp_offload_params"].as<bool>());
+  const YAML::Node mesh = yaml["parallelism_config"];
+  CHECK(mesh["parallelism_config_cp_size"].as<int>() == 4);
+  CHECK(mesh["parallelism_config_dp_shard_size"].as<int>() == 2);
+  CHECK(mesh["parallelism_config_dp_replicate_size"].as<int>() * mesh["parallelism_config_dp_shard_size"].as<int>() *
+            mesh["parallelism_config_tp_size"].as<int>() * mesh["parallelism_config_cp_size"].as<int>() ==
+        yaml["num_processes"].as<int>());
+  CHECK(mesh["parallelism_config_cp_comm_strategy"].as<std::string>() == "allgather");  // what the plan priced
+  CHECK(any_note_contains(without_offload, "max_length=262144 pad_to_multiple_of=8"));    // S divisible by 2 x cp (F2.6)
+  CHECK(any_note_contains(without_offload, "attn_implementation=\"sdpa\""));
+  CHECK(any_note_contains(without_offload, "gradient_checkpointing=False"));  // FSDP's wrapper checkpoints (F1.18)
+  CHECK_FALSE(any_note_contains(without_offload, "USP"));                     // its ring is PyTorch's, not USP's
+  // Checkpoint offload is transformers' own (F5.7): the Trainer checkpoints, FSDP's wrapper is off.
+  plan.checkpoint_offload = true;
+  const ExportedConfig with_offload = config_emit("accelerate-fsdp2", export_request("qwen3-8b", 8, plan, 262'144));
+  CHECK_FALSE(YAML::Load(with_offload.text())["fsdp_config"]["fsdp_activation_checkpointing"].as<bool>());
+  CHECK(any_note_contains(with_offload, "gradient_checkpointing=True gradient_checkpointing_kwargs={\"offload\": True}"));
+  CHECK(any_note_contains(with_offload, "transformers >= 5.16"));
+  // The framework's facts name this export.
+  CHECK(framework_of_export_target("accelerate-fsdp2") == Framework::framework_accelerate_fsdp2);
+}
