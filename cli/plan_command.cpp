@@ -811,11 +811,13 @@ int plan_command_run(const PlanCommandArgs& args) {
     if (found == reasons.end()) reasons.emplace_back(candidate.problems.front(), 1);
     else ++found->second;
   }
-  std::string out = header + fmt::format("\nsearched {} plans ({} predicted, {} invalid) in {:.1f} ms; objective: {}\n\n",
-                                         result.candidates.size(), result.evaluated, invalid, result.elapsed_ms,
+  std::string out = header + fmt::format("\nsearched {} plans ({} predicted, {}{} invalid) in {:.1f} ms; objective: {}\n\n",
+                                         result.candidates.size(), result.evaluated,
+                                         result.pruned > 0 ? fmt::format("{} shorter than the best six at one probe, ", result.pruned) : "",
+                                         invalid, result.elapsed_ms,
                                          by_length ? "the longest sequence (lengths within 0.1% tie: the faster plan, then Ulysses inside a node)" : fmt::format("tokens/s at {} tokens", integer_with_commas(options.seqlen)));
   report["search"] = {{"objective", by_length ? "max-seqlen" : "throughput"}, {"plans", result.candidates.size()},
-                      {"predicted", result.evaluated}, {"invalid", invalid}, {"elapsed_ms", result.elapsed_ms}};
+                      {"predicted", result.evaluated}, {"pruned", result.pruned}, {"invalid", invalid}, {"elapsed_ms", result.elapsed_ms}};
   const SearchCandidate* winner = result.winner();
   // Why nothing fits, for a refusal that says what to change: the closest valid plan's limit, or
   // (every plan invalid) the commonest reason, e.g. a length no chunk or degree divides.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <numeric>
 #include <cmath>
 #include <fmt/format.h>
@@ -75,6 +76,32 @@ int64_t length_resolved(int64_t tokens) {
 
 }  // namespace
 
+namespace {
+
+// Plans equal except in one field. Fields: 0 sp (and ring), 1 zero, 2 optimizer offload, 3 param
+// offload, 4 checkpointing/offload, 5 tiling/FPDT.
+constexpr int kPlanFields = 6;
+bool same_except(const PlanOptions& a, const PlanOptions& b, int field) {
+  if (field != 0 && (a.sp != b.sp || a.ring != b.ring)) return false;
+  if (field != 1 && a.zero_stage != b.zero_stage) return false;
+  if (field != 2 && a.offload_optimizer != b.offload_optimizer) return false;
+  if (field != 3 && a.offload_params != b.offload_params) return false;
+  if (field != 4 && (a.activation_checkpointing != b.activation_checkpointing || a.checkpoint_offload != b.checkpoint_offload))
+    return false;
+  if (field != 5 && (a.tiled_mlp != b.tiled_mlp || a.tiled_loss != b.tiled_loss || a.fpdt != b.fpdt ||
+                     (a.fpdt && a.fpdt_chunk_tokens != b.fpdt_chunk_tokens)))
+    return false;
+  return true;
+}
+
+bool one_field_from(const PlanOptions& a, const PlanOptions& b) {
+  for (int field = 0; field < kPlanFields; ++field)
+    if (same_except(a, b, field)) return true;
+  return false;
+}
+
+}  // namespace
+
 int64_t plan_complexity(const PlanOptions& plan) {
   return plan.zero_stage + plan.offload_optimizer + plan.offload_params + plan.activation_checkpointing + plan.checkpoint_offload +
          plan.tiled_mlp + plan.tiled_loss + plan.fpdt;
@@ -132,27 +159,31 @@ SearchResult plan_search(const ModelSpec& model, const ClusterSpec& cluster, con
                          const SearchOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   SearchResult result;
+  const bool by_length = options.objective == SearchObjective::objective_max_seqlen;
   for (const PlanOptions& plan : plans_enumerate(cluster, options)) {
     SearchCandidate candidate;
     candidate.plan = plan;
     candidate.ulysses_in_node = plan.sp <= cluster.gpus_per_node ? plan.sp : 0;
+    candidate.enumeration_index = result.candidates.size();
     candidate.problems = plan_problems(model, cluster, plan);
     if (options.unsupported && candidate.problems.empty()) {
       std::string reason = options.unsupported(plan);
       if (!reason.empty()) candidate.problems.push_back(std::move(reason));
     }
-    if (options.objective == SearchObjective::objective_throughput) {
+    if (!by_length) {
       for (auto& problem : seqlen_problems(plan, options.seqlen)) candidate.problems.push_back(problem);
       if (options.length_multiple > 1 && options.seqlen % options.length_multiple != 0)
         candidate.problems.push_back(fmt::format("sequence length {} is not a multiple of {}, the lengths the framework feeds (it "
                                                  "pads to the next one)", options.seqlen, options.length_multiple));
     }
-    if (!candidate.problems.empty()) {
-      result.candidates.push_back(std::move(candidate));
-      continue;
-    }
+    result.candidates.push_back(std::move(candidate));
+  }
+
+  auto evaluate = [&](SearchCandidate& candidate) {
+    const PlanOptions& plan = candidate.plan;
+    candidate.pruned = false;
     ++result.evaluated;
-    if (options.objective == SearchObjective::objective_max_seqlen) {
+    if (by_length) {
       const int64_t grid = seqlen_grid(plan, options.length_multiple);
       const MaxSeqlenResult found = max_seqlen_find(model, cluster, plan, profile, grid, /*with_breakdown=*/false);
       candidate.fits = found.max_seqlen > 0;
@@ -177,10 +208,54 @@ SearchResult plan_search(const ModelSpec& model, const ClusterSpec& cluster, con
         candidate.score = candidate.time.tokens_per_s;
       }
     }
-    result.candidates.push_back(std::move(candidate));
+  };
+
+  // The longest searches first (the enumeration ends with the most ranks and memory savings), so
+  // that the best lengths are known early; a plan that cannot reach the kSearchShownPlans-th best
+  // length found so far (memory only grows with the length) is ruled out by one probe.
+  std::vector<int64_t> best_lengths;  // the longest maxima found, longest first, at most kSearchShownPlans
+  for (auto candidate = result.candidates.rbegin(); candidate != result.candidates.rend(); ++candidate) {
+    if (!candidate->problems.empty()) continue;
+    if (by_length && options.prune && best_lengths.size() == kSearchShownPlans) {
+      const int64_t grid = seqlen_grid(candidate->plan, options.length_multiple);
+      const int64_t probe = static_cast<int64_t>(static_cast<double>(best_lengths.back()) * kSearchPrunedBelow) / grid * grid;
+      if (probe >= grid) {
+        MemoryPrediction at_probe = memory_predict(model, cluster, candidate->plan, profile, probe, /*with_breakdown=*/false);
+        if (!at_probe.fits()) {
+          candidate->pruned = true;
+          candidate->binding_constraint = !at_probe.fits_gpu() ? "GPU memory" : "host memory";
+          candidate->memory = std::move(at_probe);
+          ++result.pruned;
+          continue;
+        }
+      }
+    }
+    evaluate(*candidate);
+    if (by_length && candidate->fits) {
+      best_lengths.insert(std::upper_bound(best_lengths.begin(), best_lengths.end(), candidate->max_seqlen, std::greater<int64_t>()),
+                          candidate->max_seqlen);
+      if (best_lengths.size() > kSearchShownPlans) best_lengths.pop_back();
+    }
   }
-  std::stable_sort(result.candidates.begin(), result.candidates.end(),
-                   [&](const SearchCandidate& a, const SearchCandidate& b) { return better(a, b, options.objective); });
+  auto sort_candidates = [&] {
+    std::sort(result.candidates.begin(), result.candidates.end(), [&](const SearchCandidate& a, const SearchCandidate& b) {
+      if (better(a, b, options.objective)) return true;
+      return !better(b, a, options.objective) && a.enumeration_index < b.enumeration_index;
+    });
+  };
+  sort_candidates();
+  // The winner's one-field alternatives are reported ("why not"): predict the pruned ones in full.
+  if (result.pruned > 0 && result.winner()) {
+    const PlanOptions winner = result.winner()->plan;
+    bool any = false;
+    for (SearchCandidate& candidate : result.candidates)
+      if (candidate.pruned && one_field_from(candidate.plan, winner)) {
+        evaluate(candidate);
+        --result.pruned;
+        any = true;
+      }
+    if (any) sort_candidates();
+  }
   result.elapsed_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   return result;
 }
@@ -191,19 +266,6 @@ std::vector<SearchAlternative> search_notable_alternatives(const SearchResult& r
   if (!winner) return alternatives;
   const PlanOptions& w = winner->plan;
   // Candidates equal to the winner except in one field (the first of each kind, best first).
-  auto same_except = [](const PlanOptions& a, const PlanOptions& b, int field) {
-    // Fields: 0 sp, 1 zero, 2 optimizer offload, 3 param offload, 4 checkpointing/offload, 5 tiling/FPDT
-    if (field != 0 && (a.sp != b.sp || a.ring != b.ring)) return false;
-    if (field != 1 && a.zero_stage != b.zero_stage) return false;
-    if (field != 2 && a.offload_optimizer != b.offload_optimizer) return false;
-    if (field != 3 && a.offload_params != b.offload_params) return false;
-    if (field != 4 && (a.activation_checkpointing != b.activation_checkpointing || a.checkpoint_offload != b.checkpoint_offload))
-      return false;
-    if (field != 5 && (a.tiled_mlp != b.tiled_mlp || a.tiled_loss != b.tiled_loss || a.fpdt != b.fpdt ||
-                       (a.fpdt && a.fpdt_chunk_tokens != b.fpdt_chunk_tokens)))
-      return false;
-    return true;
-  };
   auto describe = [&](const PlanOptions& p, int field) -> std::string {
     switch (field) {
       case 0:
@@ -222,7 +284,7 @@ std::vector<SearchAlternative> search_notable_alternatives(const SearchResult& r
                            w.fpdt ? ", no FPDT" : "");
     }
   };
-  for (int field = 0; field <= 5; ++field) {
+  for (int field = 0; field < kPlanFields; ++field) {
     std::vector<std::string> seen;
     for (const auto& candidate : result.candidates) {
       if (&candidate == winner || !same_except(candidate.plan, w, field)) continue;

@@ -41,6 +41,9 @@ struct SearchOptions {
   // The user's constraints ("search, but ZeRO-2 only"): plans it does not admit are not searched
   // (nor listed as invalid); empty admits every plan.
   std::function<bool(const PlanOptions&)> admits;
+  // Rule out by one probe the plans that cannot reach the best shown ones (SearchCandidate::pruned);
+  // false predicts every plan in full (the tests compare the two).
+  bool prune = true;
 };
 
 // How many memory-saving features a plan turns on (offloads, checkpointing, tiling, FPDT, the ZeRO
@@ -62,6 +65,10 @@ int64_t seqlen_grid(const PlanOptions& plan, int64_t length_multiple);
 // Maximum lengths within this fraction of each other tie in the max-length search (then the faster
 // plan wins, then Ulysses inside a node): the memory model cannot tell them apart.
 inline constexpr double kSearchLengthResolution = 0.001;
+// The plans a search reports in full (the winner and five runner-ups), and the share of the last
+// one's length below which a plan is pruned: two resolutions down, so that no pruned plan can tie.
+inline constexpr size_t kSearchShownPlans = 6;
+inline constexpr double kSearchPrunedBelow = 1.0 - 2.0 * kSearchLengthResolution;
 
 struct SearchCandidate {
   PlanOptions plan;
@@ -77,11 +84,18 @@ struct SearchCandidate {
   // nodes. Between plans of equal length and indistinguishable time the higher wins (Ulysses
   // inside a node as large as fits, the ring's passing across nodes).
   int64_t ulysses_in_node = 0;
+  // Valid but not predicted in full: one probe showed it cannot reach the best few plans' length
+  // (its maximum is below kSearchPrunedBelow of the kSearchShownPlans-th best), so it can neither
+  // win nor be shown among them; `memory` is that probe. The winner's one-field alternatives are
+  // always predicted in full.
+  bool pruned = false;
+  size_t enumeration_index = 0;  // order among equals: the enumeration's (whatever order plans were predicted in)
 };
 
 struct SearchResult {
   std::vector<SearchCandidate> candidates;  // valid ones best first, then the invalid ones
   int64_t evaluated = 0;                    // valid plans predicted
+  int64_t pruned = 0;                       // valid plans one probe ruled out (SearchCandidate::pruned)
   double elapsed_ms = 0;
   const SearchCandidate* winner() const;    // nullptr when no plan fits
 };

@@ -111,7 +111,7 @@ TEST_CASE("search: the winner fits, nothing enumerated is longer, head rules are
   CHECK(winner->plan.sp != 6);
   CHECK(winner->plan.sp != 12);
   CHECK(model.num_q_heads % winner->plan.sp == 0);
-  CHECK(result.evaluated + invalid == static_cast<int64_t>(result.candidates.size()));
+  CHECK(result.evaluated + result.pruned + invalid == static_cast<int64_t>(result.candidates.size()));
   CHECK_FALSE(search_notable_alternatives(result).empty());
 }
 
@@ -172,4 +172,38 @@ TEST_CASE("MoE FLOPs are the active ones: the router, k experts and the shared e
   // Megatron's formula counts the active parameters (8 P s + 16 L h s^2).
   CHECK(megatron_flos_per_sample(qwen3, 1000) ==
         8.0 * static_cast<double>(parameter_count(qwen3).active) * 1000 + 16.0 * 48 * 2048 * 1000.0 * 1000);
+}
+
+TEST_CASE("search pruning changes no answer: the winner, the runner-ups and every why-not line equal a full search's") {
+  struct Case { const char* model; int64_t gpus; const char* profile; };
+  for (const Case& c : {Case{"llama-3.1-70b", 8, "deepspeed-hf"}, Case{"llama-3.1-70b", 64, "deepspeed-hf"},
+                        Case{"llama-3.1-8b", 256, "deepspeed-hf"}, Case{"qwen2.5-7b", 16, "deepspeed-hf"},
+                        Case{"qwen3-30b-a3b", 8, "deepspeed-hf"}}) {
+    CAPTURE(c.model);
+    CAPTURE(c.gpus);
+    const ModelSpec model = model_load(c.model);
+    const ClusterSpec cluster = cluster_make(hardware_card_load("h100-sxm-80gb"), c.gpus, 0, 0, 0);
+    const RuntimeProfile profile = runtime_profile_load(c.profile);
+    SearchOptions options;
+    const SearchResult pruned = plan_search(model, cluster, profile, options);
+    options.prune = false;
+    const SearchResult full = plan_search(model, cluster, profile, options);
+    CHECK(full.pruned == 0);
+    if (c.gpus >= 64) CHECK(pruned.pruned > 0);  // the point of it: most plans at scale are one probe
+    REQUIRE(pruned.candidates.size() == full.candidates.size());
+    for (size_t i = 0; i < kSearchShownPlans; ++i) {
+      CAPTURE(i);
+      CHECK(plan_describe(pruned.candidates[i].plan) == plan_describe(full.candidates[i].plan));
+      CHECK(pruned.candidates[i].max_seqlen == full.candidates[i].max_seqlen);
+      CHECK(pruned.candidates[i].fits == full.candidates[i].fits);
+    }
+    const auto pruned_alternatives = search_notable_alternatives(pruned), full_alternatives = search_notable_alternatives(full);
+    REQUIRE(pruned_alternatives.size() == full_alternatives.size());
+    for (size_t i = 0; i < full_alternatives.size(); ++i) {
+      CAPTURE(full_alternatives[i].change);
+      CHECK(pruned_alternatives[i].change == full_alternatives[i].change);
+      CHECK(pruned_alternatives[i].candidate->max_seqlen == full_alternatives[i].candidate->max_seqlen);
+      CHECK(pruned_alternatives[i].candidate->problems == full_alternatives[i].candidate->problems);
+    }
+  }
 }
