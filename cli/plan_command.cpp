@@ -57,6 +57,10 @@ struct PlanCommandArgs {
   bool fpdt = false;
   std::optional<std::string> fpdt_chunk;
   int64_t micro_batch = 1;
+  // LoRA / QLoRA: adapters of this rank on a frozen base, on these linears; held by a search.
+  std::optional<int64_t> lora_rank;
+  std::string lora_targets = "all-linear";
+  bool qlora = false;
   bool json = false;
   std::string emit;      // "deepspeed" or "accelerate"
   std::optional<std::string> emit_out;  // file for the emitted config (not given: stdout)
@@ -140,6 +144,13 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
   command->add_option("--mlp-tiles", args->mlp_tiles, "MLP tile count (default: DeepSpeed's ceil(S/sp / hidden))");
   command->add_option("--loss-tiles", args->loss_tiles, "loss tile count (default: the runtime profile's rule)");
   command->add_option("--micro-batch", args->micro_batch, "samples per rank per step (default 1)");
+  command->add_option("--lora", args->lora_rank,
+                      "train LoRA adapters of this rank on a frozen base (PEFT: fp32 adapters, no base gradients or optimizer "
+                      "states); plans for the HF Trainer / TRL (--framework hf-trainer) on one GPU a replica");
+  command->add_option("--lora-targets", args->lora_targets,
+                      "the linears that get adapters: all-linear (q, k, v, o, gate, up, down; the default, Unsloth's) or q,v "
+                      "(PEFT's default for Llama, Qwen, Mistral, Gemma)");
+  command->add_flag("--qlora", args->qlora, "the base's linears in 4-bit NF4 with double quantization and bf16 compute (QLoRA); needs --lora");
   command->add_flag("--fpdt", args->fpdt,
                     "FPDT chunked attention with host-resident chunks (turns tiled MLP/loss off: FPDT chunks them itself)");
   command->add_option("--fpdt-chunk", args->fpdt_chunk, "FPDT chunk of the global sequence (default 64Ki = 65536)");
@@ -196,6 +207,19 @@ struct PlanOutputs {
   std::optional<OutputFileTarget> emit_main, emit_companion, plan_out;
 };
 
+// The adapters the flags ask for (none without --lora).
+void adapters_apply(const PlanCommandArgs& args, PlanOptions& plan) {
+  if (args.qlora && !args.lora_rank) throw ConfigError("--qlora", "", "trains LoRA adapters on a 4-bit base: give --lora RANK too");
+  if (!args.lora_rank) return;
+  if (*args.lora_rank < 1 || *args.lora_rank > 4096)
+    throw ConfigError("--lora", "", fmt::format("the adapters' rank must be in [1, 4096], got {}", *args.lora_rank));
+  if (args.lora_targets != "all-linear" && args.lora_targets != "q,v")
+    throw ConfigError("--lora-targets", "", fmt::format("expected all-linear or q,v, got '{}'", args.lora_targets));
+  plan.lora_rank = *args.lora_rank;
+  plan.lora_all_linear = args.lora_targets == "all-linear";
+  plan.qlora = args.qlora;
+}
+
 bool plan_flags_given(const PlanCommandArgs& args) {
   return args.alst || args.baseline || args.sp || args.ring || args.zero_stage || args.mlp_tiles || args.loss_tiles || args.fpdt ||
          args.fpdt_chunk ||
@@ -244,6 +268,16 @@ PlanOptions plan_from_flags(const PlanCommandArgs& args, const ModelSpec& model,
     if (args.tiled_loss_on == 0) plan.tiled_loss = false;
     if (args.fpdt_chunk) plan.fpdt_chunk_tokens = seqlen_parse(*args.fpdt_chunk, "--fpdt-chunk");
   }
+  adapters_apply(args, plan);
+  if (plan.lora()) {
+    // An adapter run on one replica a GPU: the ALST set's ZeRO, offloads, Ulysses and TiledMLP
+    // leave unless asked for (plan_problems then says why they cannot stay).
+    if (!args.zero_stage) plan.zero_stage = 0;
+    if (args.offload_optimizer_on == 0) plan.offload_optimizer = false;
+    if (args.offload_params_on == 0) plan.offload_params = false;
+    if (!args.sp) plan.sp = 1;
+    if (args.tiled_mlp_on == 0) plan.tiled_mlp = false;
+  }
   return plan;
 }
 
@@ -287,6 +321,7 @@ nlohmann::json plan_to_json(const PlanOptions& plan, const ClusterSpec& cluster)
                          {"checkpoint_offload", plan.checkpoint_offload}, {"tiled_mlp", plan.tiled_mlp},
                          {"tiled_loss", plan.tiled_loss}, {"fpdt", plan.fpdt}, {"micro_batch", plan.micro_batch}};
   if (plan.fpdt) json["fpdt_chunk_tokens"] = plan.fpdt_chunk_tokens;
+  if (plan.lora()) json["lora"] = {{"rank", plan.lora_rank}, {"targets", plan.lora_all_linear ? "all-linear" : "q,v"}, {"qlora", plan.qlora}};
   json["summary"] = plan_describe(plan);
   return json;
 }
@@ -659,8 +694,14 @@ int plan_command_run(const PlanCommandArgs& args) {
                                                 "its lengths): drop --framework, or give --framework {}",
                                                 args.emit, framework_name(emit_framework), framework_name(given_framework),
                                                 framework_name(emit_framework)));
-  const Framework framework = machine ? Framework::framework_longseq : framework_given ? given_framework : emit_framework;
-  const bool framework_checked = framework_given || emitting;
+  // Adapter training is planned for the HF Trainer / TRL path (PEFT), its default target.
+  const Framework default_framework = args.lora_rank ? Framework::framework_hf_trainer : emit_framework;
+  const Framework framework = machine ? Framework::framework_longseq : framework_given ? given_framework : default_framework;
+  if (args.lora_rank && machine)
+    throw ConfigError("--lora", "", "longseq's executor trains no adapters yet: plan adapters for a GPU (--gpus, --framework hf-trainer)");
+  if (args.lora_rank && emitting) throw ConfigError("--lora", "", "no export writes adapters (a LoraConfig) yet: plan without --emit");
+  if (args.lora_rank && args.plan_out) throw ConfigError("--lora", "", "longseq's executor trains no adapters yet: no plan file to write");
+  const bool framework_checked = framework_given || emitting || args.lora_rank.has_value();
   const FrameworkFacts& facts = framework_facts(framework);
   const std::string profile_name = !args.profile.empty() ? args.profile : facts.runtime_profile;
   if (machine && model.is_moe())
@@ -722,7 +763,8 @@ int plan_command_run(const PlanCommandArgs& args) {
       if (other != kDefaultFramework) others += fmt::format("{}{}", others.empty() ? "" : ", ", framework_name(other));
     header += fmt::format("  framework {}{}\n", framework_name(framework),
                           framework_given || machine ? "" : emitting ? " (the --emit target's)"
-                                                     : fmt::format(" (the default; --framework {})", others));
+                          : args.lora_rank ? " (where adapters are planned: PEFT through the HF Trainer / TRL)"
+                                           : fmt::format(" (the default; --framework {})", others));
   }
   header += fmt::format("  cluster  {} x {} ({:.2f} GiB each), {} node(s) of {} GPUs, {:.0f} GiB host memory per node\n",
                         cluster.gpus, hardware.name, hardware.gpu_memory_gib, cluster.nodes, cluster.gpus_per_node,
@@ -798,6 +840,13 @@ int plan_command_run(const PlanCommandArgs& args) {
   if (context.max_step_s > 0 && options.objective != SearchObjective::objective_max_seqlen)
     throw ConfigError("--max-step-time", "", "limits the longest-sequence search; with --seqlen the step time is an answer, not a limit");
   options.max_step_s = context.max_step_s;
+  {
+    PlanOptions adapters;
+    adapters_apply(args, adapters);
+    options.lora_rank = adapters.lora_rank;
+    options.lora_all_linear = adapters.lora_all_linear;
+    options.qlora = adapters.qlora;
+  }
   if (args.search && fixed_plan) options.admits = search_constraints(args);
   const SearchResult result = machine ? machine_plan_search(model, target) : plan_search(model, cluster, profile, options);
   const bool by_length = options.objective == SearchObjective::objective_max_seqlen;

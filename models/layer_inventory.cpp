@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -337,6 +338,80 @@ void moe_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplem
   trace.free("moe.routing_weights_fp32");
 }
 
+// LoRA's tensors beside a frozen linear group's (Reference §12 items 9-10, 20-22), under bf16
+// autocast. Per adapted linear of input width `in`: lora_A saves its input in bf16, made from an
+// fp32 copy (the cast to the adapter's fp32 dtype, then autocast's cast back; the fp32 copy is
+// transient), and lora_B saves the r-wide intermediate. On a 4-bit base (QLoRA) the input is not
+// cast (autocast on: no conversion), each 4-bit linear clones its result (transient) and
+// dequantizes its weight into a [out, in] compute-dtype buffer for the matmul, one at a time.
+struct LoraGroup {
+  const char* inputs_name;
+  const char* rank_name;
+  double inputs_bytes = 0, rank_bytes = 0;    // saved
+  double largest_input_fp32 = 0;              // transient cast copy
+  double largest_output = 0, largest_weight = 0;  // QLoRA's clone and dequantized weight
+};
+
+// widths: the group's linears as (in, out, adapted by PEFT's default targets).
+LoraGroup lora_group(const LayerShape& shape, const LayerImplementation& impl, const char* inputs_name, const char* rank_name,
+                     std::initializer_list<std::tuple<int64_t, int64_t, bool>> linears) {
+  LoraGroup group{inputs_name, rank_name};
+  const double tokens = static_cast<double>(shape.tokens), a = static_cast<double>(impl.activation_bytes);
+  for (const auto& [in, out, default_target] : linears) {
+    group.largest_output = std::max(group.largest_output, tokens * static_cast<double>(out) * a);
+    group.largest_weight = std::max(group.largest_weight, static_cast<double>(in) * static_cast<double>(out) * a);
+    if (!shape.lora_all_linear && !default_target) continue;
+    group.rank_bytes += tokens * static_cast<double>(shape.lora_rank) * a;
+    if (shape.qlora) continue;
+    group.inputs_bytes += tokens * static_cast<double>(in) * a;
+    group.largest_input_fp32 = std::max(group.largest_input_fp32, tokens * static_cast<double>(in) * 4.0);
+  }
+  return group;
+}
+
+LoraGroup lora_attention_projections(const LayerShape& shape, const LayerImplementation& impl) {
+  return lora_group(shape, impl, "lora.qkv_inputs", "lora.qkv_rank",
+                    {{shape.hidden, shape.q_width, true}, {shape.hidden, shape.kv_width, false}, {shape.hidden, shape.kv_width, true}});
+}
+LoraGroup lora_output_projection(const LayerShape& shape, const LayerImplementation& impl) {
+  return lora_group(shape, impl, "lora.o_inputs", "lora.o_rank", {{shape.q_width, shape.hidden, false}});
+}
+LoraGroup lora_mlp(const LayerShape& shape, const LayerImplementation& impl) {
+  return lora_group(shape, impl, "lora.mlp_inputs", "lora.mlp_rank",
+                    {{shape.hidden, shape.intermediate, false}, {shape.hidden, shape.intermediate, false},
+                     {shape.intermediate, shape.hidden, false}});
+}
+
+// The group's forward: transients, then what it saves (kept only with keep: under no_grad nothing).
+void lora_forward(TensorTrace& trace, const LayerShape& shape, const LoraGroup& group, bool keep) {
+  if (shape.lora_rank == 0) return;
+  if (shape.qlora) {
+    trace.alloc(L, "qlora.dequantized_weight", group.largest_weight);
+    trace.alloc(L, "qlora.result_clone", group.largest_output);
+    trace.free("qlora.result_clone");
+    trace.free("qlora.dequantized_weight");
+  }
+  if (group.largest_input_fp32 > 0) {
+    trace.alloc(L, "lora.input_fp32_cast", group.largest_input_fp32);
+    trace.free("lora.input_fp32_cast");
+  }
+  if (!keep) return;
+  if (group.inputs_bytes > 0) trace.alloc(L, group.inputs_name, group.inputs_bytes);
+  if (group.rank_bytes > 0) trace.alloc(L, group.rank_name, group.rank_bytes);
+}
+
+// Its backward: the 4-bit weight dequantized again for the input gradient (item 22), then what
+// the forward saved is released.
+void lora_backward(TensorTrace& trace, const LayerShape& shape, const LoraGroup& group) {
+  if (shape.lora_rank == 0) return;
+  if (shape.qlora) {
+    trace.alloc(L, "qlora.dequantized_weight", group.largest_weight);
+    trace.free("qlora.dequantized_weight");
+  }
+  if (group.rank_bytes > 0) trace.free(group.rank_name);
+  if (group.inputs_bytes > 0) trace.free(group.inputs_name);
+}
+
 double mlp_tile_tokens(const LayerShape& shape) {
   const double tiles = static_cast<double>(std::max<int64_t>(shape.mlp_tiles, 1));
   return std::ceil(static_cast<double>(shape.tokens) / tiles);
@@ -354,6 +429,7 @@ void ulysses_attention_forward(TensorTrace& trace, const LayerShape& shape, cons
   trace.alloc(L, "attention_norm.output", bytes.x);
   eager_norm_saved_alloc(trace, L, kAttentionNormSaved, bytes.x, impl);
   if (!keep) eager_norm_saved_free(trace, kAttentionNormSaved, impl);  // under no_grad: transient
+  lora_forward(trace, shape, lora_attention_projections(shape, impl), keep);
   trace.alloc(L, "attention.q_proj", bytes.q);
   trace.alloc(L, "attention.k_proj", bytes.kv);
   trace.alloc(L, "attention.v_proj", bytes.kv);
@@ -480,6 +556,7 @@ void decoder_layer_forward(TensorTrace& trace, const LayerShape& shape, const La
   else ulysses_attention_forward(trace, shape, impl, keep);
 
   trace.set_moment("o_proj and residual");
+  lora_forward(trace, shape, lora_output_projection(shape, impl), keep);
   trace.alloc(L, "attention.o_proj_output", bytes.x);
   if (!keep) trace.free("attention.output_local");
   if (!keep) trace.free("attention_norm.output");
@@ -490,6 +567,7 @@ void decoder_layer_forward(TensorTrace& trace, const LayerShape& shape, const La
   trace.alloc(L, "mlp_norm.output", bytes.x);
   eager_norm_saved_alloc(trace, L, kMlpNormSaved, bytes.x, impl);
   if (!keep) eager_norm_saved_free(trace, kMlpNormSaved, impl);
+  lora_forward(trace, shape, lora_mlp(shape, impl), keep);  // LoRA plans run untiled MLPs (plan_problems)
   if (shape.experts > 0) {
     moe_forward(trace, shape, impl, keep);  // no tiling: ALST's TiledMLP patches dense MLP classes only (§12 item 77)
   } else if (shape.mlp_tiles == 0) {
@@ -682,6 +760,7 @@ void decoder_layer_backward(TensorTrace& trace, const LayerShape& shape, const L
     if (impl.mlp_tile_weight_grads_bytes > 0) trace.free("mlp_tile_weight_grads");
   }
   trace.free("mlp_norm.output");  // after gate/up weight gradients
+  lora_backward(trace, shape, lora_mlp(shape, impl));
 
   trace.set_moment("mlp norm");
   // RMSNorm backward, with the residual branch's gradient summed in.
@@ -693,6 +772,8 @@ void decoder_layer_backward(TensorTrace& trace, const LayerShape& shape, const L
   if (shape.fpdt_chunk_tokens > 0) fpdt_attention_backward(trace, shape, impl);
   else ulysses_attention_backward(trace, shape, impl);
 
+  lora_backward(trace, shape, lora_output_projection(shape, impl));
+  lora_backward(trace, shape, lora_attention_projections(shape, impl));
   trace.set_moment("attention norm");
   trace.alloc(L, "layer.input_grad", bytes.x);
   eager_norm_saved_free(trace, kAttentionNormSaved, impl);

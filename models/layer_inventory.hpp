@@ -48,6 +48,11 @@ struct LayerShape {
   int64_t expert_intermediate = 0;         // I_e
   int64_t shared_expert_intermediate = 0;  // I_s (0: none)
   bool shared_expert_gate = false;
+  // LoRA adapters (rank 0: none) on every linear or on q_proj/v_proj only, over a bf16 base or a
+  // 4-bit one (QLoRA), trained under bf16 autocast (the HF Trainer's bf16=True; Reference §12 item 9).
+  int64_t lora_rank = 0;
+  bool lora_all_linear = true;
+  bool qlora = false;
 };
 
 // How the experts of a mixture-of-experts block run (Reference §12 items 45-47, 80):

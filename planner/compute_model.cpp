@@ -1,5 +1,7 @@
 #include "planner/compute_model.hpp"
 
+#include "models/adapters.hpp"
+
 namespace longseq {
 
 namespace {
@@ -40,8 +42,14 @@ StepFlops step_flops(const ModelSpec& model, const PlanOptions& plan, int64_t se
   const double recompute = with_recompute && plan.activation_checkpointing ? 1.0 : 0.0;
   const double tiled_mlp_recompute = with_recompute && plan.tiled_mlp ? 1.0 : 0.0;
   StepFlops flops;
-  // forward + backward (2x) + recompute
-  flops.matmul = as_double(model.num_layers) * ((layer.projections + layer.mlp) * (3.0 + recompute) + layer.mlp * tiled_mlp_recompute);
+  // forward + backward (2x) + recompute. A frozen base (LoRA) computes no weight gradient: its
+  // backward is the input gradient alone (1x); the adapters add 2 T r (in + out) a linear, trained.
+  const double backward = plan.lora() ? 1.0 : 2.0;
+  flops.matmul = as_double(model.num_layers) * ((layer.projections + layer.mlp) * (1.0 + backward + recompute) + layer.mlp * tiled_mlp_recompute);
+  if (plan.lora()) {
+    const double tokens = as_double(plan.micro_batch) * as_double(seqlen / plan.sequence_ranks());
+    flops.matmul += 2.0 * tokens * as_double(lora_parameter_count(model, plan.lora_rank, plan.lora_all_linear)) * (3.0 + recompute);
+  }
   flops.attention = as_double(model.num_layers) * layer.attention * (1.0 + 2.5 + recompute);
   // LM head: forward and both gradients, never recomputed (fused losses compute the gradient in forward).
   flops.matmul += 3.0 * lm_head_forward_flops(model, plan.micro_batch, seqlen, plan.sequence_ranks());

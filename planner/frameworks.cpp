@@ -92,6 +92,9 @@ std::string framework_unsupported(Framework framework, const ModelSpec& model, c
       framework != Framework::framework_accelerate_fsdp2)
     return fmt::format("{}: no ring attention (USP's LongContextAttention runs Ulysses x ring: --framework usp; PyTorch's context "
                        "parallelism under FSDP2: --framework accelerate-fsdp2)", name);
+  // LoRA is planned for PEFT through the HF Trainer / TRL so far.
+  if (plan.lora() && framework != Framework::framework_hf_trainer)
+    return fmt::format("{}: LoRA is planned for the HF Trainer / TRL path (PEFT) only so far: --framework hf-trainer", name);
   switch (framework) {
     case Framework::framework_arctic_training:
       // FPDT exists only in Megatron-DeepSpeed; the UlyssesSPAttentionHF path has none (REFERENCE §8).
@@ -154,7 +157,8 @@ std::string framework_unsupported(Framework framework, const ModelSpec& model, c
       if (plan.zero_stage > 0) return fmt::format("{}: no ZeRO (DeepSpeed: --framework hf-accelerate)", name);
       if (plan.offload_optimizer || plan.offload_params) return fmt::format("{}: no optimizer or parameter offload (DeepSpeed's)", name);
       if (plan.tiled_mlp) return fmt::format("{}: no switch for TiledMLP", name);
-      if (plan.checkpoint_offload) return fmt::format("{}: checkpoint offload not planned for it yet (transformers' gradient-checkpointing offload)", name);
+      // Checkpoint offload: transformers' gradient_checkpointing_kwargs={"offload": True} (>= 5.16;
+      // Reference §11 F5.7), or Unsloth's offloaded checkpointing for adapters (§12 items 25-29).
       return "";
     case Framework::framework_longseq:
       if (model.is_moe()) return fmt::format("{}: the executor trains dense models only (no MoE block yet)", name);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "models/adapters.hpp"
 #include "models/layer_inventory.hpp"
 #include "models/tensor_trace.hpp"
 #include "planner/units.hpp"
@@ -61,6 +62,9 @@ Setup setup_make(const ModelSpec& model, const HardwareCard& card, const PlanOpt
   shape.expert_intermediate = model.expert_intermediate_size;
   shape.shared_expert_intermediate = model.shared_expert_intermediate_size;
   shape.shared_expert_gate = model.shared_expert_gate;
+  shape.lora_rank = plan.lora_rank;
+  shape.lora_all_linear = plan.lora_all_linear;
+  shape.qlora = plan.qlora;
   // One sequence per sample: the ALST runs measured unpacked samples (paper §5.4), so the kernel
   // sees micro_batch sequences.
   shape.sequences = plan.micro_batch;
@@ -146,6 +150,24 @@ void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const Clus
   const double optimizer_shards = plan.zero_stage >= 1 ? world : 1;
   const double gradient_shards = plan.zero_stage >= 2 ? world : 1;
   const double weight_shards = plan.zero_stage >= 3 ? world : 1;
+  if (plan.lora()) {
+    // A frozen base and fp32 adapters (Reference §12 (i)): the base in its storage dtype with no
+    // gradient, master or optimizer state (items 11-12); QLoRA's linears in NF4 with double
+    // quantization, and prepare_model_for_kbit_training's fp32 upcast of everything else
+    // (embedding, LM head, norms; item 13). The adapters are fp32 (item 8) with fp32 gradients and
+    // AdamW moments: 4 + 4 + 8 bytes each.
+    const double linears = as_double(layer_linear_parameter_count(model));
+    if (plan.qlora) {
+      trace.alloc(kCategoryModelStates, "base_linears_nf4", nf4_layer_linears_bytes(model, /*double_quant=*/true));
+      trace.alloc(kCategoryModelStates, "base_other_weights_fp32", (params - linears) * 4.0);
+    } else {
+      trace.alloc(kCategoryModelStates, "base_weights", params * as_double(profile.weight_bytes));
+    }
+    const double adapters = as_double(lora_parameter_count(model, plan.lora_rank, plan.lora_all_linear));
+    trace.alloc(kCategoryModelStates, "lora_adapters_fp32", adapters * 4.0);
+    trace.alloc(kCategoryModelStates, "lora_gradients_fp32", adapters * 4.0);
+    trace.alloc(kCategoryModelStates, "lora_optimizer_states", adapters * 8.0);
+  } else {
   if (!plan.offload_params)
     trace.alloc(kCategoryModelStates, "weights", params * as_double(profile.weight_bytes) / weight_shards);
   if (!plan.offload_optimizer) {
@@ -156,11 +178,14 @@ void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const Clus
     trace.alloc(kCategoryModelStates, "master_weights", params * as_double(profile.master_weight_bytes) / optimizer_shards);
     trace.alloc(kCategoryModelStates, "optimizer_states", params * as_double(profile.optimizer_state_bytes) / optimizer_shards);
   }
+  }
 
   // DDP (replicas without ZeRO): its all-reduce buckets copy every gradient (PyTorch DDP docs,
   // gradient_as_bucket_view).
   if (profile.ddp_gradient_bucket_copy && plan.zero_stage == 0 && cluster.gpus > plan.sequence_ranks())
-    trace.alloc(kCategoryModelStates, "ddp_gradient_buckets", params * as_double(profile.working_gradient_bytes));
+    trace.alloc(kCategoryModelStates, "ddp_gradient_buckets",
+                plan.lora() ? as_double(lora_parameter_count(model, plan.lora_rank, plan.lora_all_linear)) * 4.0  // fp32 adapter grads
+                            : params * as_double(profile.working_gradient_bytes));
 
   // The terms of runtime_overhead_bytes, by name.
   trace.alloc(kCategoryRuntime, "cuda_context", profile.cuda_context_gib * kBytesPerGib);

@@ -76,6 +76,18 @@ std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec
   if (model.is_moe() && plan.tiled_mlp)
     problems.push_back(fmt::format("{} is a mixture-of-experts model: TiledMLP tiles dense MLP classes only, not its experts "
                                    "(Reference §12 item 77)", model.name));
+  if (plan.qlora && !plan.lora()) problems.push_back("QLoRA trains LoRA adapters on its 4-bit base: give the adapters' rank");
+  if (plan.lora()) {
+    // Adapter training is planned on one data-parallel replica per GPU for now: no ZeRO, offload,
+    // sequence parallelism or FPDT beside it (Reference §12 (i), one GPU).
+    if (plan.lora_rank > 4096) problems.push_back(fmt::format("LoRA rank {} is beyond any published adapter (at most 4096)", plan.lora_rank));
+    if (plan.zero_stage > 0 || plan.offload_optimizer || plan.offload_params)
+      problems.push_back("LoRA is planned without ZeRO or optimizer/parameter offload so far (the adapters' states are small)");
+    if (plan.sequence_ranks() > 1 || plan.fpdt) problems.push_back("LoRA is planned without sequence parallelism or FPDT so far");
+    if (model.is_moe()) problems.push_back(fmt::format("{}: LoRA on a mixture-of-experts model is not modelled yet", model.name));
+    if (model.mlp_kind != MlpKind::mlp_kind_swiglu) problems.push_back(fmt::format("{}: LoRA is modelled on gated (SwiGLU) MLPs", model.name));
+    if (plan.tiled_mlp) problems.push_back("LoRA beside TiledMLP is not modelled yet (the adapters' saved inputs per tile)");
+  }
   if (model.is_moe() && plan.fpdt)
     problems.push_back(fmt::format("{} is a mixture-of-experts model: FPDT's layer has a dense FFN", model.name));
   if (plan.sp < 1) problems.push_back(fmt::format("sp={} must be at least 1", plan.sp));
@@ -167,6 +179,7 @@ std::string plan_describe(const PlanOptions& plan) {
   if (plan.tiled_mlp) text += plan.mlp_tiles > 0 ? fmt::format(" +tiled-mlp({})", plan.mlp_tiles) : " +tiled-mlp";
   if (plan.tiled_loss) text += plan.loss_tiles > 0 ? fmt::format(" +tiled-loss({})", plan.loss_tiles) : " +tiled-loss";
   if (plan.fpdt) text += fmt::format(" +fpdt(chunk {})", plan.fpdt_chunk_tokens);
+  if (plan.lora()) text += fmt::format(" +{}(r={}{})", plan.qlora ? "qlora" : "lora", plan.lora_rank, plan.lora_all_linear ? "" : ", q/v");
   if (plan.micro_batch != 1) text += fmt::format(" micro-batch={}", plan.micro_batch);
   return text;
 }

@@ -51,6 +51,15 @@ struct PlanOptions {
   // buffered); MLP and loss chunked too. S must be a multiple of the chunk.
   bool fpdt = false;
   int64_t fpdt_chunk_tokens = 65536;    // DeepSpeed's default ds_sequence_parallel_fpdt_chunk_size
+  // LoRA adapters on a frozen base (PEFT; Reference §12 part A): rank r (0: full fine-tuning), on
+  // every linear of a decoder layer (q, k, v, o, gate, up, down: Unsloth's default, PEFT's
+  // "all-linear") or on q_proj and v_proj only (PEFT's default for Llama, Qwen, Mistral, Gemma);
+  // with `qlora` the base's linears are 4-bit NF4 with double quantization and bf16 compute (the
+  // QLoRA recipes' BitsAndBytesConfig). A user's choice the search holds, never searches.
+  int64_t lora_rank = 0;
+  bool lora_all_linear = true;
+  bool qlora = false;
+  bool lora() const { return lora_rank > 0; }
 
   // The ALST feature set (paper §5.2): ZeRO-3, optimizer offload, checkpointing, Ulysses,
   // tiled MLP, tiled logits+loss, checkpoint offload; on one GPU also parameter offload (every

@@ -44,6 +44,10 @@ struct SearchOptions {
   // Rule out by one probe the plans that cannot reach the best shown ones (SearchCandidate::pruned);
   // false predicts every plan in full (the tests compare the two).
   bool prune = true;
+  // Adapters every plan carries (a user's choice, held, not searched): PlanOptions' LoRA fields.
+  int64_t lora_rank = 0;
+  bool lora_all_linear = true;
+  bool qlora = false;
 };
 
 // How many memory-saving features a plan turns on (offloads, checkpointing, tiling, FPDT, the ZeRO

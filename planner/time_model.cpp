@@ -1,5 +1,7 @@
 #include "planner/time_model.hpp"
 
+#include "models/adapters.hpp"
+
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -192,7 +194,9 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
     // Updated weights are all-gathered after the step, outside backward.
     zero_exposed_s += collective_seconds(Collective::collective_all_gather, weight_bytes, cluster.gpus, world_link);
   } else {
-    zero_overlappable_s += collective_seconds(Collective::collective_all_reduce, gradient_bytes, cluster.gpus, world_link);
+    // DDP all-reduces every trainable gradient (a LoRA run: the fp32 adapters' alone).
+    const double reduced_bytes = plan.lora() ? as_double(lora_parameter_count(model, plan.lora_rank, plan.lora_all_linear)) * 4.0 : gradient_bytes;
+    zero_overlappable_s += collective_seconds(Collective::collective_all_reduce, reduced_bytes, cluster.gpus, world_link);
   }
   time.zero_communication_exposed_s = std::max(0.0, zero_overlappable_s - layer_compute_s) + zero_exposed_s;
 
@@ -236,7 +240,10 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   // bandwidth (fp32 master, m, v read and written, the gradient read, the bf16 weight written).
   const double optimizer_shards = plan.zero_stage >= 1 ? world : 1.0;
   const double partition_params = as_double(params.total) / optimizer_shards;
-  if (plan.offload_optimizer) {
+  if (plan.lora()) {
+    // fp32 AdamW over the adapters alone: weight, gradient, m, v read, weight, m, v written.
+    time.optimizer_s = as_double(lora_parameter_count(model, plan.lora_rank, plan.lora_all_linear)) * 28.0 / (card.hbm_gbps * 1e9);
+  } else if (plan.offload_optimizer) {
     const OffloadedStep step = offloaded_optimizer_step(profile, plan, card, partition_params, as_double(cluster.ranks_per_node()));
     time.gradient_offload_s = step.gradient_download_s;
     time.optimizer_s = step.host_passes_s + step.weight_upload_s;

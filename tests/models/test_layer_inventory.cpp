@@ -425,3 +425,35 @@ TEST_CASE("PyTorch context parallelism (all-gather rotation): the whole sequence
   CHECK(live_bytes_of_peak(backward, "cp.kv_grad_all_to_all_fp32") == 8 * K);
   CHECK(backward.peak_bytes() == 5 * X + 6 * Q + 24 * K + LSE);
 }
+
+TEST_CASE("LoRA under bf16 autocast saves each adapter's bf16 input copy and its r-wide intermediate, QLoRA the intermediate alone") {
+  // r = 4 on the shape above (h = 64, n_q d = 64, n_kv d = 16, f = 128, T = 1000, bf16). All seven
+  // linears: q, k, v and gate, up each copy their h-wide input, o its 64-wide, down its f-wide:
+  // T (5h + 64 + f) x 2 = 1,024,000 B; seven intermediates T x r x 2 = 56,000 B (Reference §12 item 9).
+  LayerShape lora = shape_make();
+  lora.lora_rank = 4;
+  const double dense = decoder_layer_saved_bytes(shape_make(), eager());
+  CHECK(decoder_layer_saved_bytes(lora, eager()) - dense == 1'024'000 + 56'000);
+  // PEFT's default targets (q_proj, v_proj): two h-wide copies and two intermediates.
+  lora.lora_all_linear = false;
+  CHECK(decoder_layer_saved_bytes(lora, eager()) - dense == 2 * 128'000 + 2 * 8'000);
+  // QLoRA with autocast on casts no input (item 10): the intermediates only.
+  lora.lora_all_linear = true;
+  lora.qlora = true;
+  CHECK(decoder_layer_saved_bytes(lora, eager()) - dense == 56'000);
+  // Its forward dequantizes each 4-bit weight into a [out, in] bf16 buffer and clones each result
+  // (items 21, 10), one linear at a time: at the MLP, the gate's 128 x 64 x 2 = 16,384 B weight and
+  // its [T, f] clone beside the input, residual and norm output (3X).
+  // With 4 tokens the weights dominate: X = 512, the gate's clone 4 x 128 x 2 = 1,024 B.
+  LayerShape few_tokens = lora;
+  few_tokens.tokens = 4;
+  TensorTrace forward;
+  forward.alloc(kCategoryLayer, "layer.input", 512);
+  decoder_layer_forward(forward, few_tokens, eager(), /*keep=*/false);
+  CHECK(forward.peak_bytes() == 3 * 512 + 1'024 + 16'384);
+  CHECK(forward.peak_moment() == "mlp");
+  // Recompute and backward leave only the input gradient (every LoRA tensor released).
+  const TensorTrace step = layer_step_trace(lora, eager());
+  CHECK(step.current_bytes() == X);
+  REQUIRE(step.live_items().size() == 1);
+}

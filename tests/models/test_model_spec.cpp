@@ -4,6 +4,7 @@
 #include <string>
 
 #include "models/config_error.hpp"
+#include "models/adapters.hpp"
 #include "models/model_loader.hpp"
 
 using namespace longseq;
@@ -251,4 +252,26 @@ TEST_CASE("mixture-of-experts cards: total and active parameters as published, h
   CHECK(count.total == 30'532'122'624);                       // 30.5B
   CHECK(count.active == count.total - 48 * 120 * expert);     // 3.35B
   CHECK(parameter_count(model_load("llama-3.1-8b")).active == parameter_count(model_load("llama-3.1-8b")).total);
+}
+
+TEST_CASE("adapters and NF4 storage by hand: LoRA's r (in + out) per linear, bitsandbytes' packed values and absmax") {
+  // One weight of 32,768 values: 16,384 packed bytes; 512 blocks of 64. Without double quantization
+  // an fp32 absmax each (2,048) and the 16-entry fp32 code (64); with it a uint8 absmax each (512),
+  // an fp32 absmax per 256 of them (2 x 4), the 256-entry fp32 code (1,024) and the fp32 offset.
+  CHECK(nf4_weight_bytes(32'768, false) == 16'384 + 2'048 + 64);
+  CHECK(nf4_weight_bytes(32'768, true) == 16'384 + 512 + 8 + 64 + 1'024 + 4);
+  // Per parameter at scale: 0.5 + 4/64 = 0.5625 and 0.5 + 1/64 + 4/(64 x 256) = 0.51587 (item 19).
+  CHECK(nf4_weight_bytes(int64_t{1} << 30, false) / double(int64_t{1} << 30) == doctest::Approx(0.5625).epsilon(1e-6));
+  CHECK(nf4_weight_bytes(int64_t{1} << 30, true) / double(int64_t{1} << 30) == doctest::Approx(0.515869).epsilon(1e-5));
+  // Llama-3.1-8B: its seven projection types, 6.98B parameters, are 3.35 GiB with double quantization (item 19).
+  const ModelSpec llama = model_load("llama-3.1-8b");
+  CHECK(layer_linear_parameter_count(llama) == int64_t{32} * (4096 * 4096 * 2 + 2 * 4096 * 1024 + int64_t{3} * 4096 * 14336));
+  CHECK(nf4_layer_linears_bytes(llama, true) / 1073741824.0 == doctest::Approx(3.35).epsilon(0.005));
+  // LoRA at r = 16 on all seven: r (2h [q] + 2(h + n_kv d) [k, v] + 2h [o] + 3(h + I) [gate, up, down]) L
+  // = 41.9M, 83.9M at r = 32 (item 6's figures; its formula's text leaves out o_proj's 2h, its numbers include it).
+  CHECK(lora_parameter_count(llama, 16, true) == 16 * (2 * 4096 + 2 * (4096 + 1024) + 2 * 4096 + 3 * (4096 + 14336)) * 32);
+  CHECK(lora_parameter_count(llama, 16, true) == 41'943'040);
+  CHECK(lora_parameter_count(llama, 32, true) == 83'886'080);
+  // PEFT's default targets: q_proj (h -> h) and v_proj (h -> n_kv d).
+  CHECK(lora_parameter_count(llama, 8, false) == 8 * ((4096 + 4096) + (4096 + 1024)) * 32);
 }

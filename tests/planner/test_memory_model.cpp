@@ -5,7 +5,9 @@
 
 #include <string>
 
+#include "models/adapters.hpp"
 #include "models/layer_inventory.hpp"
+#include "planner/compute_model.hpp"
 #include "models/model_loader.hpp"
 #include "planner/max_seqlen.hpp"
 #include "planner/memory_model.hpp"
@@ -804,4 +806,41 @@ TEST_CASE("FSDP2 under Accelerate with context parallelism: its states, unit buf
   // Without the offload the same run does not fit (published: out of memory at 1M).
   plan.checkpoint_offload = false;
   CHECK_FALSE(memory_predict(model, cluster, plan, profile, 1'048'576).fits_gpu());
+}
+
+TEST_CASE("LoRA and QLoRA model states: a frozen base in its storage, fp32 adapters with fp32 gradients and AdamW moments") {
+  const ModelSpec model = model_load("llama-3.1-8b");
+  const ClusterSpec one = cluster_make(hardware_card_load("h100-sxm-80gb"), 1, 0, 0, 0);
+  const RuntimeProfile profile = runtime_profile_load("hf-trainer");
+  PlanOptions plan = bare_plan(1, 0);
+  plan.activation_checkpointing = true;
+  plan.lora_rank = 16;
+  const double P = static_cast<double>(parameter_count(model).total);
+  const double adapters = 41'943'040;  // r = 16 on all seven linears (Reference §12 item 6)
+  const MemoryPrediction lora = memory_predict(model, one, plan, profile, 16'384);
+  CHECK(item_bytes(lora.gpu_items, "base_weights") == 2 * P);  // bf16, no gradient or optimizer state (items 11-12)
+  CHECK(item_bytes(lora.gpu_items, "lora_adapters_fp32") == 4 * adapters);
+  CHECK(item_bytes(lora.gpu_items, "lora_gradients_fp32") == 4 * adapters);
+  CHECK(item_bytes(lora.gpu_items, "lora_optimizer_states") == 8 * adapters);
+  CHECK(category_bytes(lora.gpu_items, kCategoryModelStates) == 2 * P + 16 * adapters);
+  CHECK(item_bytes(lora.gpu_items, "optimizer_states") == 0);
+  // QLoRA: the linears in NF4 (3.35 GiB), everything else upcast to fp32 (embedding, LM head,
+  // norms: prepare_model_for_kbit_training, item 13): (P - linears) x 4 B = 3.92 GiB.
+  plan.qlora = true;
+  const MemoryPrediction qlora = memory_predict(model, one, plan, profile, 16'384);
+  const double linears = static_cast<double>(layer_linear_parameter_count(model));
+  CHECK(item_bytes(qlora.gpu_items, "base_linears_nf4") == nf4_layer_linears_bytes(model, true));
+  CHECK(item_bytes(qlora.gpu_items, "base_other_weights_fp32") == (P - linears) * 4);
+  CHECK(item_bytes(qlora.gpu_items, "base_weights") == 0);
+  CHECK(category_bytes(qlora.gpu_items, kCategoryModelStates) == nf4_layer_linears_bytes(model, true) + (P - linears) * 4 + 16 * adapters);
+  // A frozen base computes no weight gradients: the LoRA step's GEMM FLOPs are (1 + 1 + recompute)
+  // x forward plus the adapters', below full fine-tuning's (1 + 2 + recompute).
+  PlanOptions full = bare_plan(1, 0);
+  full.activation_checkpointing = true;
+  const double layers = 32, tokens = 16'384;
+  const LayerForwardFlops layer = layer_forward_flops(model, 1, 16'384, 1);
+  const double lm_head = 3 * lm_head_forward_flops(model, 1, 16'384, 1);
+  CHECK(step_flops_executed(model, full, 16'384).matmul == doctest::Approx(layers * (layer.projections + layer.mlp) * 4 + lm_head));
+  CHECK(step_flops_executed(model, plan, 16'384).matmul ==
+        doctest::Approx(layers * (layer.projections + layer.mlp) * 3 + lm_head + 2 * tokens * adapters * 4));
 }

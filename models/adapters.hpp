@@ -1,0 +1,38 @@
+// adapters.hpp: what parameter-efficient fine-tuning keeps: LoRA adapters on a decoder layer's
+// linears and a base stored as bitsandbytes NF4 (QLoRA). Sources: ../shared/REFERENCE-PEFT-MOE.md
+// (Reference §12 part A), which cites PEFT v0.20.0 and bitsandbytes 0.50.1.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "models/model_spec.hpp"
+
+namespace longseq {
+
+// One linear of a decoder layer, as nn.Linear(in, out) (a gated MLP: q, k, v, o, gate, up, down).
+struct LayerLinear {
+  const char* name;
+  int64_t in, out;
+  bool adapted_by_default;  // among PEFT's default targets for Llama/Qwen/Mistral/Gemma: q_proj, v_proj (item 1)
+};
+std::vector<LayerLinear> decoder_layer_linears(const ModelSpec& model);
+
+// Parameters of the LoRA adapters of the whole model: r x (in + out) per adapted linear (lora_A is
+// r x in, lora_B out x r; item 6), on every linear or on q_proj and v_proj only.
+int64_t lora_parameter_count(const ModelSpec& model, int64_t rank, bool all_linear);
+
+// Parameters in the decoder layers' linears (what QLoRA stores in 4 bits; the embedding, LM head
+// and norms stay in floating point, item 16).
+int64_t layer_linear_parameter_count(const ModelSpec& model);
+
+// Bytes of one weight of `elements` values in NF4 (bitsandbytes quantize_4bit, blocks of 64; items
+// 17-19): the packed values (n + 1) // 2, one fp32 absmax per block, and a 16-entry fp32 code; with
+// double quantization the absmax in uint8 with an fp32 absmax per 256 of them, their 256-entry
+// fp32 code and an fp32 offset.
+double nf4_weight_bytes(int64_t elements, bool double_quant);
+
+// The whole model's decoder-layer linears in NF4, weight by weight.
+double nf4_layer_linears_bytes(const ModelSpec& model, bool double_quant);
+
+}  // namespace longseq
