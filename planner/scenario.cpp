@@ -47,6 +47,9 @@ void PlanSettings::override_with(const PlanSettings& later) {
   take(mlp_tiles, later.mlp_tiles);
   take(loss_tiles, later.loss_tiles);
   take(fpdt_chunk_tokens, later.fpdt_chunk_tokens);
+  take(lora_rank, later.lora_rank);
+  take(lora_all_linear, later.lora_all_linear);
+  take(qlora, later.qlora);
 }
 
 namespace {
@@ -100,6 +103,16 @@ PlanSettings plan_settings_read(YamlReader& reader) {
   if (reader.has("fpdt_chunk_tokens"))
     settings.fpdt_chunk_tokens = seqlen_parse(reader.get_string("fpdt_chunk_tokens"),
                                               reader.source_name() + ": key '" + reader.key_name("fpdt_chunk_tokens") + "'");
+  if (reader.has("lora_rank")) settings.lora_rank = reader.get_int("lora_rank", 1, 4096);
+  if (reader.has("lora_targets")) {
+    const std::string targets = reader.get_string("lora_targets");
+    if (targets != "all-linear" && targets != "q,v")
+      throw ConfigError(reader.source_name(), reader.key_name("lora_targets"), fmt::format("expected all-linear or q,v, got '{}'", targets));
+    settings.lora_all_linear = targets == "all-linear";
+  }
+  optional_bool("qlora", settings.qlora);
+  if (settings.qlora.value_or(false) && !settings.lora_rank)
+    throw ConfigError(reader.source_name(), reader.key_name("qlora"), "QLoRA trains LoRA adapters on its 4-bit base: give lora_rank too");
   return settings;
 }
 
@@ -285,6 +298,9 @@ PlanOptions plan_from_settings(const PlanSettings& settings, const ModelSpec& mo
   if (settings.mlp_tiles) plan.mlp_tiles = *settings.mlp_tiles;
   if (settings.loss_tiles) plan.loss_tiles = *settings.loss_tiles;
   if (settings.fpdt_chunk_tokens) plan.fpdt_chunk_tokens = *settings.fpdt_chunk_tokens;
+  plan.lora_rank = settings.lora_rank.value_or(0);
+  plan.lora_all_linear = settings.lora_all_linear.value_or(true);
+  plan.qlora = settings.qlora.value_or(false);
   return plan;
 }
 
@@ -413,6 +429,9 @@ std::vector<SweepRow> scenario_run(const Scenario& scenario, const std::function
                         options.explore_ring = settings.ring.value_or(0) != 1;
                         options.unsupported = [&](const PlanOptions& candidate) { return framework_unsupported(*framework, model, candidate); };
                         options.length_multiple = length_multiple;
+                        options.lora_rank = settings.lora_rank.value_or(0);
+                        options.lora_all_linear = settings.lora_all_linear.value_or(true);
+                        options.qlora = settings.qlora.value_or(false);
                         const SearchResult result = plan_search(model, cluster, row_profile, options);
                         if (!result.winner()) throw ConfigError("", "", "no plan fits");
                         plan = result.winner()->plan;

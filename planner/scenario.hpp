@@ -35,6 +35,9 @@ struct PlanSettings {
   std::optional<bool> offload_optimizer, offload_params, activation_checkpointing, checkpoint_offload, tiled_mlp,
       tiled_loss, fpdt;
   std::optional<int64_t> mlp_tiles, loss_tiles, fpdt_chunk_tokens;
+  // Adapters (PlanOptions' LoRA fields): held by a search, part of a fixed plan.
+  std::optional<int64_t> lora_rank;
+  std::optional<bool> lora_all_linear, qlora;
   // Later settings win, field by field; a later preset or plan key ends a search that was only the
   // default (a ladder step "baseline" runs the baseline, not the search).
   void override_with(const PlanSettings& later);

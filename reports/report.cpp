@@ -316,12 +316,19 @@ BarRows bar_rows(const std::vector<SweepTableRow>& table) {
   for (const SweepTableRow& row : table)
     if (row.usable) usable.push_back(&row);
   BarRows bars;
+  // Rows where nothing fits draw no bar: the caption names them, since "does not fit" is an answer.
+  std::string unfit;
+  for (const SweepTableRow& row : table)
+    if (!row.usable) unfit += (unfit.empty() ? "" : ", ") + row.label;
+  const std::string unfit_note = unfit.empty() ? "" : fmt::format("No plan fits (no bar): {}.", unfit);
   if (usable.size() <= kMostBars) {
     bars.rows = usable;
+    bars.caption_note = unfit_note;
     return bars;
   }
   for (size_t i = 0; i < kMostBars; ++i) bars.rows.push_back(usable[i * usable.size() / kMostBars]);
-  bars.caption_note = fmt::format("{} of {} rows drawn, evenly spaced; every row is in the table below.", kMostBars, usable.size());
+  bars.caption_note = fmt::format("{} of {} rows drawn, evenly spaced; every row is in the table below.{}{}", kMostBars, usable.size(),
+                                  unfit_note.empty() ? "" : " ", unfit_note);
   return bars;
 }
 
@@ -463,17 +470,26 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
     if (want("ablation") && max_mode && has_steps) {
       const BarRows bars = bar_rows(table);
       std::string data;
-      for (const SweepTableRow* row : bars.rows)
-        data += fmt::format("{} {} {}\n", data_label(row->label), row->seqlen, row->published ? fmt::format("{}", *row->published) : "NaN");
+      bool any_published = false;
+      size_t longest_label = 0;
+      for (const SweepTableRow* row : bars.rows) {
+        any_published |= row->published.has_value();
+        longest_label = std::max(longest_label, row->label.size());
+        // No length fits: no bar (a zero has no place on the log axis).
+        data += fmt::format("{} {} {}\n", data_label(row->label), row->seqlen > 0 ? std::to_string(row->seqlen) : "NaN",
+                            row->published ? fmt::format("{}", *row->published) : "NaN");
+      }
       file_write_text((staging / "ablation.dat").string(), data);
       file_write_text((staging / "ablation.gp").string(),
                       script_wrap("ablation",
-                                  "set style data histograms\nset style histogram clustered gap 1\n"
-                                  "set style fill solid 0.85 border -1\nset logscale y 10\nset format y '%.0s%c'\n"
+                                  std::string("set style data histograms\nset style histogram clustered gap 1\n")
+                                  + "set style fill solid 0.85 border -1\nset logscale y 10\nset format y '%.0s%c'\n"
                                   "set ylabel 'maximum sequence length (tokens)'\nset xlabel 'step of the ladder'\n"
-                                  "set xtics rotate by -25\nset grid ytics\n"
-                                  "set key below\nset bmargin 8\nplot 'ablation.dat' using 2:xtic(1) title 'predicted (longseq)', "
-                                  "'' using 3 title 'published (source in report.md)'"));
+                                  "set xtics rotate by -25\nset grid ytics\n" +
+                                  // Tic labels slanted at 25 degrees take about a line per four characters past twelve.
+                                  fmt::format("set key below\nset bmargin {}\n", 8 + (longest_label > 12 ? (longest_label - 12) / 4 : 0)) +
+                                  "plot 'ablation.dat' using 2:xtic(1) title 'predicted (longseq)'" +
+                                      std::string(any_published ? ", '' using 3 title 'published (source in report.md)'" : "")));
       figures.push_back({"ablation", "Feature ladder: maximum sequence length per step (predicted beside published)",
                          title + ": the feature ladder", bars.caption_note});
     }

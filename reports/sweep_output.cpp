@@ -132,8 +132,8 @@ nlohmann::json sweep_results_to_json(const Scenario& scenario, const std::vector
 
 std::string sweep_markdown_table(const nlohmann::json& results, const std::string& source) {
   std::string out =
-      "| model | gpus | step | framework | plan | mode | seqlen | band | fits | GPU peak GiB | host GiB/node | step s | TFLOPS (ALST formula) | published |\n";
-  out += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+      "| model | gpu | gpus | step | framework | plan | mode | seqlen | band | fits | GPU peak GiB | host GiB/node | step s | TFLOPS (ALST formula) | published |\n";
+  out += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   const JsonView rows = JsonView(results, source)["rows"];
   for (size_t i = 0; i < rows.size(); ++i) {
     const JsonView row = rows[i];
@@ -154,7 +154,7 @@ std::string sweep_markdown_table(const nlohmann::json& results, const std::strin
     std::string band;
     if (max_mode && row.has("seqlen_longest") && row["seqlen_longest"].integer() > 0)
       band = seqlen_format(row["seqlen_shortest"].integer()) + " to " + seqlen_format(row["seqlen_longest"].integer());
-    out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", cell("model"), cell("gpus"), cell("step"),
+    out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", cell("model"), cell("gpu"), cell("gpus"), cell("step"),
                        cell("framework"), cell("plan"), max_mode ? "max" : "at", seqlen, band, cell("fits"), number("gpu_peak_gib", "{:.1f}"),
                        number("host_per_node_gib", "{:.0f}"), number("step_s", "{:.1f}"), number("tflops_megatron", "{:.1f}"),
                        published);

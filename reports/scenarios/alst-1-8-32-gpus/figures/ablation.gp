@@ -11,7 +11,7 @@ set xlabel 'step of the ladder'
 set xtics rotate by -25
 set grid ytics
 set key below
-set bmargin 8
+set bmargin 9
 plot 'ablation.dat' using 2:xtic(1) title 'predicted (longseq)', '' using 3 title 'published (source in report.md)'
 set terminal svg size 1100,680 noenhanced font ',11'
 set output 'ablation.svg'
