@@ -699,7 +699,8 @@ int plan_command_run(const PlanCommandArgs& args) {
   const Framework framework = machine ? Framework::framework_longseq : framework_given ? given_framework : default_framework;
   if (args.lora_rank && machine)
     throw ConfigError("--lora", "", "longseq's executor trains no adapters yet: plan adapters for a GPU (--gpus, --framework hf-trainer)");
-  if (args.lora_rank && emitting) throw ConfigError("--lora", "", "no export writes adapters (a LoraConfig) yet: plan without --emit");
+  if (args.lora_rank && emitting && emit_framework != Framework::framework_hf_trainer)
+    throw ConfigError("--lora", "", "adapters are planned for the HF Trainer / TRL: --emit hf-trainer writes their script");
   if (args.lora_rank && args.plan_out) throw ConfigError("--lora", "", "longseq's executor trains no adapters yet: no plan file to write");
   const bool framework_checked = framework_given || emitting || args.lora_rank.has_value();
   const FrameworkFacts& facts = framework_facts(framework);

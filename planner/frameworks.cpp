@@ -20,7 +20,7 @@ const std::vector<FrameworkFacts>& framework_table() {
       {Framework::framework_deepspeed, "deepspeed", "deepspeed-hf", "deepspeed", 1, nullptr},
       {Framework::framework_usp, "usp", "deepspeed-hf", "usp", 1, nullptr},
       {Framework::framework_accelerate_fsdp2, "accelerate-fsdp2", "fsdp2-accelerate", "accelerate-fsdp2", 1, nullptr},
-      {Framework::framework_hf_trainer, "hf-trainer", "hf-trainer", "", 1, nullptr},
+      {Framework::framework_hf_trainer, "hf-trainer", "hf-trainer", "hf-trainer", 1, nullptr},
       {Framework::framework_longseq, "longseq", "native-cuda", "", 1, nullptr},
   };
   return table;

@@ -1,5 +1,7 @@
 #include "reports/export.hpp"
 
+#include "models/adapters.hpp"
+
 #include <cmath>
 #include <filesystem>
 #include <fmt/format.h>
@@ -353,6 +355,63 @@ ExportedConfig accelerate_fsdp2_config_emit(const ExportRequest& r) {
   return exported;
 }
 
+// A TRL SFTTrainer script for the plain HF Trainer path, with PEFT's LoraConfig and bitsandbytes'
+// BitsAndBytesConfig when the plan trains adapters (Reference §12 items 5, 8, 13, 15-16; §11 F5.1-F5.7).
+ExportedConfig hf_trainer_script_emit(const ExportRequest& r) {
+  const PlanOptions& p = r.plan;
+  ExportedConfig exported;
+  const std::string attn_implementation = hf_attn_implementation(r, exported);
+  if (p.sp > 1 || p.ring > 1) exported.notes.push_back("sequence parallelism: not expressed (the plain Trainer has none; --emit accelerate or accelerate-fsdp2)");
+  if (p.zero_stage > 0 || p.offload_optimizer || p.offload_params) exported.notes.push_back("ZeRO and offload: not expressed (--emit accelerate for DeepSpeed)");
+  if (p.tiled_mlp || p.fpdt) exported.notes.push_back("tiled MLP / FPDT: not expressed");
+  exported.notes.push_back(std::string("versions: transformers >= 4.56 (from_pretrained(dtype=...)), TRL >= 0.26") +
+                           (p.lora() ? ", PEFT >= 0.17" : "") + (p.qlora ? ", bitsandbytes >= 0.45" : "") +
+                           (p.tiled_loss ? ", liger-kernel >= 0.6.1 (use_liger_kernel)" : "") +
+                           (p.checkpoint_offload ? "; transformers >= 5.16 for gradient_checkpointing_kwargs offload" : ""));
+  exported.notes.push_back(fmt::format("launch: python {}{}", main_file(r, "train.py"),
+                                       r.cluster.gpus > 1 ? fmt::format(" under torchrun --nproc_per_node {} (DDP)", r.cluster.gpus_per_node) : ""));
+  exported.notes.push_back("the dataset is a placeholder: put yours in load_dataset(...)");
+  if (model_is_card(r))
+    exported.notes.push_back(fmt::format("MODEL is the card's name ({}): put the Hugging Face id or path of the weights", r.model.name));
+  std::string text;
+  std::vector<std::string> header = record_lines(r, "the HF Trainer / TRL (python script)");
+  for (const auto& note : exported.notes) header.push_back(note);
+  for (const auto& line : header) text += "# " + line + "\n";
+  text += "import torch\nfrom datasets import load_dataset\nfrom transformers import AutoModelForCausalLM";
+  text += p.qlora ? ", BitsAndBytesConfig\n" : "\n";
+  if (p.lora()) text += "from peft import LoraConfig\n";
+  text += "from trl import SFTConfig, SFTTrainer\n\n";
+  text += fmt::format("MODEL = {}\n\n", nlohmann::json(model_name_or_path(r)).dump());
+  std::string load_arguments = fmt::format("dtype=torch.bfloat16, attn_implementation=\"{}\"", attn_implementation);
+  if (p.qlora) {
+    // The QLoRA recipes' settings, not transformers' defaults (fp4, no double quantization, fp32
+    // compute; item 16): NF4, double quantization, bf16 compute, as the plan priced.
+    text += "quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=\"nf4\", bnb_4bit_use_double_quant=True,\n"
+            "                                  bnb_4bit_compute_dtype=torch.bfloat16)\n";
+    load_arguments += ", quantization_config=quantization";
+  }
+  text += fmt::format("model = AutoModelForCausalLM.from_pretrained(MODEL, {})\n", load_arguments);
+  if (p.lora()) {
+    std::string targets;
+    for (const LayerLinear& linear : decoder_layer_linears(r.model))
+      if (p.lora_all_linear || linear.adapted_by_default) targets += fmt::format("{}\"{}\"", targets.empty() ? "" : ", ", linear.name);
+    // Adapters stay fp32 (autocast_adapter_dtype's default, item 8): what the plan priced.
+    text += fmt::format("peft_config = LoraConfig(r={}, lora_alpha={}, lora_dropout=0.0, target_modules=[{}], task_type=\"CAUSAL_LM\")\n",
+                        p.lora_rank, p.lora_rank, targets);
+  }
+  std::string config = fmt::format("output_dir=\"out\", max_length={}, per_device_train_batch_size={}, gradient_accumulation_steps=1, bf16=True",
+                                   r.seqlen, p.micro_batch);
+  config += fmt::format(",\n                 gradient_checkpointing={}", p.activation_checkpointing ? "True" : "False");
+  if (p.activation_checkpointing && p.checkpoint_offload) config += ", gradient_checkpointing_kwargs={\"offload\": True}";
+  if (p.tiled_loss) config += ", use_liger_kernel=True";
+  text += fmt::format("args = SFTConfig({})\n", config);
+  text += fmt::format("trainer = SFTTrainer(model=model, args=args, train_dataset=load_dataset(\"REPLACE-WITH-YOUR-DATASET\", split=\"train\"){})\n",
+                      p.lora() ? ", peft_config=peft_config" : "");
+  text += "trainer.train()\n";
+  exported.files.push_back({"", text});
+  return exported;
+}
+
 ExportedConfig megatron_deepspeed_emit(const ExportRequest& r) {
   const PlanOptions& p = r.plan;
   const ModelSpec& m = r.model;
@@ -461,6 +520,7 @@ ExportedConfig config_emit(const std::string& target, const ExportRequest& reque
   if (target == "arctic-training") exported = arctic_training_recipe_emit(request);
   else if (target == "accelerate" || target == "hf-accelerate") exported = accelerate_config_emit(request);
   else if (target == "accelerate-fsdp2") exported = accelerate_fsdp2_config_emit(request);
+  else if (target == "hf-trainer") exported = hf_trainer_script_emit(request);
   else if (target == "megatron-deepspeed") exported = megatron_deepspeed_emit(request);
   else if (target == "deepspeed" || target == "usp") exported = deepspeed_config_emit(request);
   if (!exported.files.empty()) {
@@ -468,7 +528,7 @@ ExportedConfig config_emit(const std::string& target, const ExportRequest& reque
     moe_note(target, request, exported);
     return exported;
   }
-  throw ConfigError("--emit", "", fmt::format("expected arctic-training, accelerate, accelerate-fsdp2, megatron-deepspeed, deepspeed or usp, got '{}'", target));
+  throw ConfigError("--emit", "", fmt::format("expected arctic-training, accelerate, accelerate-fsdp2, hf-trainer, megatron-deepspeed, deepspeed or usp, got '{}'", target));
 }
 
 }  // namespace longseq

@@ -44,7 +44,7 @@ struct ExportedConfig {
   const std::string& text() const { return files.front().text; }
 };
 
-// Targets: "arctic-training", "accelerate", "accelerate-fsdp2", "megatron-deepspeed", "deepspeed", "usp". Throws ConfigError
+// Targets: "arctic-training", "accelerate", "accelerate-fsdp2", "hf-trainer", "megatron-deepspeed", "deepspeed", "usp". Throws ConfigError
 // (--emit) for another name.
 ExportedConfig config_emit(const std::string& target, const ExportRequest& request);
 
@@ -54,6 +54,7 @@ bool export_writes_deepspeed_json(const std::string& target);
 ExportedConfig arctic_training_recipe_emit(const ExportRequest& request);
 ExportedConfig accelerate_config_emit(const ExportRequest& request);
 ExportedConfig accelerate_fsdp2_config_emit(const ExportRequest& request);
+ExportedConfig hf_trainer_script_emit(const ExportRequest& request);
 ExportedConfig megatron_deepspeed_emit(const ExportRequest& request);
 ExportedConfig deepspeed_config_emit(const ExportRequest& request);
 

@@ -597,3 +597,40 @@ TEST_CASE("Accelerate FSDP2 + context parallelism export: the YAML's keys as Ref
   // The framework's facts name this export.
   CHECK(framework_of_export_target("accelerate-fsdp2") == Framework::framework_accelerate_fsdp2);
 }
+
+TEST_CASE("HF Trainer / TRL script export: QLoRA's BitsAndBytesConfig and LoraConfig as the plan priced them (Reference §12)") {
+  PlanOptions plan;
+  plan.zero_stage = 0;
+  plan.activation_checkpointing = true;
+  plan.checkpoint_offload = true;
+  plan.tiled_loss = true;
+  plan.lora_rank = 16;
+  plan.qlora = true;
+  ExportRequest request = export_request("llama-3.1-8b", 1, plan, 262'144);
+  request.profile = runtime_profile_load("hf-trainer");
+  const ExportedConfig script = config_emit("hf-trainer", request);
+  const std::string& text = script.text();
+  // NF4 with double quantization and bf16 compute, not transformers' defaults (fp4, none, fp32; item 16).
+  CHECK(text.find("BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=\"nf4\", bnb_4bit_use_double_quant=True") != std::string::npos);
+  CHECK(text.find("bnb_4bit_compute_dtype=torch.bfloat16") != std::string::npos);
+  CHECK(text.find("quantization_config=quantization") != std::string::npos);
+  // Every linear of a decoder layer, r = alpha = 16, no dropout (Unsloth's defaults, item 40).
+  CHECK(text.find("LoraConfig(r=16, lora_alpha=16, lora_dropout=0.0, target_modules=[\"q_proj\", \"k_proj\", \"v_proj\", \"o_proj\", "
+                  "\"gate_proj\", \"up_proj\", \"down_proj\"]") != std::string::npos);
+  CHECK(text.find("max_length=262144") != std::string::npos);
+  CHECK(text.find("gradient_checkpointing=True, gradient_checkpointing_kwargs={\"offload\": True}") != std::string::npos);
+  CHECK(text.find("use_liger_kernel=True") != std::string::npos);
+  CHECK(text.find("peft_config=peft_config") != std::string::npos);
+  // PEFT's default targets, and a full fine-tuning script without PEFT or bitsandbytes.
+  plan.lora_all_linear = false;
+  plan.qlora = false;
+  request.plan = plan;
+  const std::string qv = config_emit("hf-trainer", request).text();
+  CHECK(qv.find("target_modules=[\"q_proj\", \"v_proj\"]") != std::string::npos);
+  CHECK(qv.find("BitsAndBytesConfig") == std::string::npos);
+  plan.lora_rank = 0;
+  request.plan = plan;
+  const std::string full = config_emit("hf-trainer", request).text();
+  CHECK(full.find("peft") == std::string::npos);
+  CHECK(full.find("SFTTrainer(model=model, args=args, train_dataset=") != std::string::npos);
+}
