@@ -45,7 +45,13 @@ TEST_CASE("hardware cards load with their datasheet values") {
   CHECK(h800.nvlink_gbps == 200);
   CHECK(h800.peak_bf16_tflops == h100.peak_bf16_tflops);
   CHECK(h800.nccl_intranode_busbw_gbps == doctest::Approx(h100.nccl_intranode_busbw_gbps * 200.0 / 450.0));
-  CHECK(builtin_hardware_names().size() == 6);  // five GPUs and this machine's cpu-device
+  CHECK(builtin_hardware_names().size() == 7);  // six GPUs and this machine's cpu-device
+  // A10: 24 GB GDDR6 = 22.35 GiB, 125 dense BF16 TFLOPS, 600 GB/s (datasheet); one GPU a machine.
+  const HardwareCard a10 = hardware_card_load("a10-24gb");
+  CHECK(a10.gpu_memory_gib == doctest::Approx(24e9 / 1073741824.0).epsilon(1e-3));
+  CHECK(a10.peak_bf16_tflops == 125);
+  CHECK(a10.hbm_gbps == 600);
+  CHECK(a10.gpus_per_node == 1);
   // FlashAttention-3 (Hopper only): H100's forward 616 and backward 561 TFLOPS combined at FA2's
   // 1 : 2.5 FLOP split; A100 has none, so fa3 there is a named problem.
   CHECK(h100.flash_attention3_tflops_hd128 == doctest::Approx(3.5 / (1.0 / 616 + 2.5 / 561)).epsilon(1e-4));
