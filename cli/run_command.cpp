@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.hpp"
+#include "executor/component_seconds.hpp"
 #include "executor/trainer.hpp"
 #ifdef LONGSEQ_HAVE_MPI
 #include "executor/mpi_communicator.hpp"
@@ -37,6 +38,7 @@
 #include "models/output_files.hpp"
 #include "models/process.hpp"
 #include "planner/max_seqlen.hpp"
+#include "planner/time_model.hpp"
 #include "planner/scenario.hpp"
 #include "planner/memory_model.hpp"
 #include "planner/plan_file.hpp"
@@ -260,6 +262,15 @@ struct TrainLoop {
   nlohmann::json& report;
 };
 
+template <class Model>
+constexpr bool on_gpu_model() {
+#ifdef LONGSEQ_HAVE_CUDA
+  return std::is_same_v<Model, CudaLlamaModel>;
+#else
+  return false;
+#endif
+}
+
 // Builds the model (whole, or ZeRO-3 shards), trains args.steps steps and prints each. Returns the
 // device memory outside the arena at the end (CUDA context, cuBLAS, NCCL; 0 on the CPU).
 template <class Model>
@@ -323,6 +334,7 @@ double model_train(const TrainLoop& loop) {
     const Sample sample = args.data.empty() ? sample_synthetic(seqlen, model.vocab_size, sample_seed)
                                             : sample_from_text(text, seqlen, ((step - 1) * dp + dp_rank) * seqlen);
     const auto start = std::chrono::steady_clock::now();
+    const ComponentSeconds components_before = component_seconds();
     SequenceParallel parallel{ranks.sequence_group.get(), sample.positions.data(), ranks.ring_group.get()};
     // This rank's tokens: with FPDT its piece of every chunk (FPDT's layout), otherwise its slice of
     // its ring group's two chunks (the zigzag layout; without a ring, a contiguous slice).
@@ -349,6 +361,7 @@ double model_train(const TrainLoop& loop) {
     llama.adamw_step(static_cast<float>(args.lr), 0.9f, 0.95f, 1e-8f, 0.0f);
     llama.ops().synchronize();  // a GPU step is done when its queued work is
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const ComponentSeconds spent = component_seconds() - components_before;
     double reference_loss = 0;
     if (compare) {
       reference_loss = reference->forward_backward(sample.tokens.data(), sample.labels.data(), sample.positions.data(), seqlen,
@@ -359,6 +372,12 @@ double model_train(const TrainLoop& loop) {
     report["steps"].push_back({{"step", step}, {"loss", result.loss}, {"seconds", seconds}, {"tokens_per_s", tokens_per_s},
                                {"device_peak_mib", device.peak_bytes() / (1 << 20)}, {"host_peak_mib", host.peak_bytes() / (1 << 20)}});
     if (compare) report["steps"].back()["loss_on_one_rank"] = reference_loss;
+    // Where the step's time went on this rank (the CPU kernels' and MPI's own clocks; a GPU's
+    // calls return before their work is done, so only the total is measured there).
+    if (!on_gpu_model<Model>())
+      report["steps"].back()["components_s"] = {{"matmul", spent.matmul},           {"attention", spent.attention},
+                                                {"communication", spent.communication}, {"host_copies", spent.host_copies},
+                                                {"optimizer", spent.optimizer},     {"other", seconds - spent.sum()}};
     if (speaker)
       fmt::print("{:>5} {:>9.4f} {:>9.3f} {:>10.0f} {:>16.2f} {:>14.2f}{}\n", step, result.loss, seconds, tokens_per_s,
                  device.peak_bytes() / (1 << 20), host.peak_bytes() / (1 << 20),
@@ -697,6 +716,56 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
     report["predicted_process_mib"] = predicted_process_bytes / (1 << 20);
     report["process_unexplained_mib"] = (process_high_water_bytes_measured - process_baseline_bytes - predicted_process_bytes) / (1 << 20);
   }
+  // The step's time against the time model, component by component, on the CPU: the model prices
+  // this plan with the CPU card's rates measured here now (a GEMM, an attention block, a memcpy),
+  // and the last step's measured split (the first step warms caches and allocations).
+  std::string time_table;
+  if (ranks.world_rank == 0 && !on_gpu && !report["steps"].empty() && report["steps"].back().contains("components_s")) {
+    const MeasuredCpuRates rates = cpu_rates_measure(local_tokens, model.hidden_size, model.intermediate_size, model.head_dim, args.attention_block);
+    ClusterSpec measured_cluster = cluster;
+    measured_cluster.hardware = cpu_card_with_rates(cluster.hardware, rates);
+    const StepTime predicted_time = time_predict(model, measured_cluster, plan, profile, seqlen).time;
+    const nlohmann::json& last = report["steps"].back();
+    const nlohmann::json& measured = last["components_s"];
+    struct Row { const char* name; const char* key; double predicted; };
+    const Row rows_time[] = {
+        {"matmul", "matmul", predicted_time.matmul_s},
+        {"attention", "attention", predicted_time.attention_s},
+        {"communication (MPI, waits included)", "communication",
+         predicted_time.ulysses_all_to_all_s + predicted_time.ring_exposed_s + predicted_time.ring_final_hop_s +
+             predicted_time.zero_communication_exposed_s},
+        {"host copies (offload)", "host_copies", predicted_time.checkpoint_offload_s + predicted_time.gradient_offload_s +
+                                                     predicted_time.fpdt_fetch_exposed_s},
+        {"optimizer", "optimizer", predicted_time.optimizer_s},
+        {"other (norms, element-wise, loss)", "other", 0.0},
+    };
+    nlohmann::json comparison = {{"rates_measured_here",
+                                  {{"matmul_gflops", rates.matmul_gflops}, {"gemm_shape", {rates.gemm_m, rates.gemm_k, rates.gemm_n}},
+                                   {"attention_gflops", rates.attention_gflops},
+                                   {"memcpy_gbps", rates.memcpy_gbps}}},
+                                 {"step", last["step"]}, {"measured_s", last["seconds"]}, {"predicted_s", predicted_time.total_s()},
+                                 {"components", nlohmann::json::array()}};
+    time_table = fmt::format("\nstep time of rank 0, step {}: MEASURED (the kernels' and MPI's clocks) vs PREDICTED (the time model at "
+                             "rates measured here now: GEMM {:.1f} GFLOP/s at {}x{}x{}, attention {:.1f} GFLOP/s, memcpy {:.1f} GB/s; collectives "
+                             "at the cpu-device card's)\n  {:<38} {:>11} {:>12} {:>9}\n",
+                             last["step"].get<int64_t>(), rates.matmul_gflops, rates.gemm_m, rates.gemm_k, rates.gemm_n, rates.attention_gflops,
+                             rates.memcpy_gbps, "component",
+                             "measured s", "predicted s", "error");
+    for (const Row& row : rows_time) {
+      const double measured_s = measured[row.key].get<double>();
+      const bool modelled = std::string(row.key) != "other";
+      comparison["components"].push_back({{"component", row.key}, {"measured_s", measured_s}, {"predicted_s", row.predicted}});
+      time_table += fmt::format("  {:<38} {:>11.3f} {:>12} {:>9}\n", row.name, measured_s, modelled ? fmt::format("{:.3f}", row.predicted) : "not modelled",
+                                modelled && measured_s > 0 ? fmt::format("{:+.0f}%", 100.0 * (row.predicted - measured_s) / measured_s) : "");
+    }
+    const double measured_total = last["seconds"].get<double>();
+    time_table += fmt::format("  {:<38} {:>11.3f} {:>12.3f} {:>9}\n", "total", measured_total, predicted_time.total_s(),
+                              fmt::format("{:+.0f}%", 100.0 * (predicted_time.total_s() - measured_total) / measured_total));
+    time_table += "  (the time model prices every GEMM at one rate and has no term for norms, RoPE, SwiGLU, element-wise work and the "
+                  "loss: where a model's GEMMs are small, as here on a CPU, both miss; on a GPU at long S, attention and the large GEMMs "
+                  "dominate; MPI's time includes waiting for the slowest rank)\n";
+    report["step_time_comparison"] = comparison;
+  }
   if (ranks.world_rank != 0) return 0;
   if (json_out) output_file_write(*json_out, report.dump(2) + "\n");
   if (args.json) {
@@ -745,6 +814,7 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
                budget_bytes / (1 << 20), highest <= budget_bytes ? "within" : "OVER", 100.0 * highest / budget_bytes,
                worst <= 0.03 ? "matches" : "MISSES", 100.0 * (std::fabs(difference) > worst ? difference : worst));
   }
+  fmt::print("{}", time_table);
   return 0;
 }
 

@@ -15,6 +15,7 @@
 #include <numeric>
 #include <vector>
 
+#include "executor/component_seconds.hpp"
 #include "executor/ulysses.hpp"
 #include "kernels/cpu/attention.hpp"
 #include "kernels/cpu/dense.hpp"
@@ -70,11 +71,13 @@ class HostMemoryMovement {
   struct PendingCopy {};
   template <typename T>
   PendingCopy copy_to_host_begin(T* host, const T* device, int64_t n) {
+    const ComponentTimer timer(&ComponentSeconds::host_copies);
     std::copy_n(device, n, host);
     return {};
   }
   template <typename T>
   PendingCopy copy_to_device_begin(T* device, const T* host, int64_t n) {
+    const ComponentTimer timer(&ComponentSeconds::host_copies);
     std::copy_n(host, n, device);
     return {};
   }
@@ -114,9 +117,11 @@ class CpuOps : public HostMemoryMovement {
     kernels::rope_backward(dinp, dout, positions, T, NH, HD, theta);
   }
   void linear_forward(Act* out, const Act* inp, const Act* weight, int64_t T, int64_t C, int64_t OC) {
+    const ComponentTimer timer(&ComponentSeconds::matmul);
     kernels::linear_forward(out, inp, weight, static_cast<const Act*>(nullptr), T, C, OC);
   }
   void linear_backward(Act* dinp, float* dweight, const Act* dout, const Act* inp, const Act* weight, int64_t T, int64_t C, int64_t OC) {
+    const ComponentTimer timer(&ComponentSeconds::matmul);
     kernels::linear_backward(dinp, dweight, static_cast<float*>(nullptr), dout, inp, weight, T, C, OC);
   }
   void swiglu_forward(Act* out, const Act* gate, const Act* up, int64_t N) { kernels::swiglu_forward(out, gate, up, N); }
@@ -128,11 +133,13 @@ class CpuOps : public HostMemoryMovement {
   int64_t attention_workspace_elements(int64_t /*T*/, int64_t /*NQ*/, int64_t /*NKV*/, int64_t /*HD*/, bool /*backward*/) const { return 0; }
   void attention_forward(Act* out, float* lse, const Act* q, const Act* k, const Act* v, const int32_t* positions, int64_t T,
                          int64_t NQ, int64_t NKV, int64_t HD, int64_t block, float* /*workspace*/) {
+    const ComponentTimer timer(&ComponentSeconds::attention);
     kernels::attention_forward(out, lse, q, k, v, positions, T, NQ, NKV, HD, block);
   }
   void attention_backward(Act* dq, Act* dk, Act* dv, float* delta_scratch, const Act* dout, const Act* q, const Act* k, const Act* v,
                           const Act* out, const float* lse, const int32_t* positions, int64_t T, int64_t NQ, int64_t NKV, int64_t HD,
                           int64_t block, float* /*workspace*/) {
+    const ComponentTimer timer(&ComponentSeconds::attention);
     kernels::attention_backward(dq, dk, dv, delta_scratch, dout, q, k, v, out, lse, positions, T, NQ, NKV, HD, block);
   }
   // FPDT's chunked attention (kernels/cpu/attention.hpp's range kernels), in fp32.
@@ -140,18 +147,22 @@ class CpuOps : public HostMemoryMovement {
   void attention_chunk_forward(Act* out, float* lse, const Act* q, const Act* k, const Act* v, const int32_t* positions, int64_t q_begin,
                                int64_t Tq, int64_t k_begin, int64_t Tk, int64_t NQ, int64_t NKV, int64_t HD, int64_t block,
                                float* /*workspace*/) {
+    const ComponentTimer timer(&ComponentSeconds::attention);
     kernels::attention_forward_range(out, lse, q, k, v, positions, q_begin, Tq, k_begin, Tk, NQ, NKV, HD, block);
   }
   void attention_softmax_delta(float* delta, const Act* dout, const Act* out, int64_t T, int64_t NQ, int64_t HD) {
+    const ComponentTimer timer(&ComponentSeconds::attention);
     kernels::attention_softmax_delta(delta, dout, out, T, NQ, HD);
   }
   void attention_chunk_backward(Act* dq, Act* dk, Act* dv, const float* delta, const Act* dout, const Act* q, const Act* k, const Act* v,
                                 const float* lse, const int32_t* positions, int64_t q_begin, int64_t Tq, int64_t k_begin, int64_t Tk,
                                 int64_t NQ, int64_t NKV, int64_t HD, int64_t block, float* /*workspace*/) {
+    const ComponentTimer timer(&ComponentSeconds::attention);
     kernels::attention_backward_range(dq, dk, dv, delta, dout, q, k, v, lse, positions, q_begin, Tq, k_begin, Tk, NQ, NKV, HD, block);
   }
   void attention_merge(float* accumulator, float* accumulator_lse, const Act* part, const float* part_lse, int64_t T, int64_t NQ,
                        int64_t HD) {
+    const ComponentTimer timer(&ComponentSeconds::attention);
     kernels::attention_merge(accumulator, accumulator_lse, part, part_lse, T, NQ, HD);
   }
   // An fp32 accumulator into the activation type, and a part added into an accumulator.
@@ -168,6 +179,7 @@ class CpuOps : public HostMemoryMovement {
   // storage here.
   void adamw_update(float* master, Act* /*weights*/, const float* grads, float* m, float* v, int64_t N, float lr, float beta1,
                     float beta2, float eps, float weight_decay, int64_t step) {
+    const ComponentTimer timer(&ComponentSeconds::optimizer);
     kernels::adamw_update(master, grads, m, v, N, lr, beta1, beta2, eps, weight_decay, step);
   }
 
@@ -178,7 +190,10 @@ class CpuOps : public HostMemoryMovement {
   // The weights the kernels read, from the master weights (nothing to do here: they are one).
   void weights_from_master(Act* /*weights*/, const float* /*master*/, int64_t /*n*/) {}
   // ... and from master weights in host memory (the optimizer offloaded): a copy.
-  void weights_from_host_master(Act* weights, const float* host_master, int64_t n) { std::copy_n(host_master, n, weights); }
+  void weights_from_host_master(Act* weights, const float* host_master, int64_t n) {
+    const ComponentTimer timer(&ComponentSeconds::host_copies);
+    std::copy_n(host_master, n, weights);
+  }
 };
 
 }  // namespace longseq

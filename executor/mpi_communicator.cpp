@@ -1,5 +1,7 @@
 #include "executor/mpi_communicator.hpp"
 
+#include "executor/component_seconds.hpp"
+
 #include <algorithm>
 #include <climits>
 #include <fmt/format.h>
@@ -78,6 +80,7 @@ MpiCommunicator MpiCommunicator::split(int color, int key) const {
 // timeout.
 template <class Start>
 void MpiCommunicator::collective(const char* what, Start start) const {
+  const ComponentTimer timer(&ComponentSeconds::communication);
   MPI_Request request;
   mpi_check(start(&request), what);
   request_wait(request, what, size_);
@@ -96,6 +99,7 @@ void MpiCommunicator::all_gather_bytes(const void* send, void* recv, int64_t byt
 // Both halves started at once, so every rank of a ring can send to its successor while it
 // receives from its predecessor; each is waited for with the peer timeout.
 void MpiCommunicator::send_receive_bytes(const void* send, int destination, void* recv, int source, int64_t bytes) {
+  const ComponentTimer timer(&ComponentSeconds::communication);
   const int count = mpi_count(bytes);
   constexpr int kRingTag = 17;
   MPI_Request requests[2];

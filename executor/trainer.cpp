@@ -1,4 +1,10 @@
 #include "executor/trainer.hpp"
+#include "kernels/cpu/dense.hpp"
+#include "kernels/cpu/attention.hpp"
+#include <limits>
+#include <numeric>
+#include <cstring>
+#include <chrono>
 
 #include <algorithm>
 #include <cmath>
@@ -86,6 +92,58 @@ TrainingOptions executor_training_options(const PlanOptions& plan, const MemoryP
   options.fpdt_chunk_tokens = plan.fpdt ? plan.fpdt_chunk_tokens / plan.sp : 0;
   options.attention_block = attention_block;
   return options;
+}
+
+MeasuredCpuRates cpu_rates_measure(int64_t tokens, int64_t hidden, int64_t intermediate, int64_t head_dim, int64_t attention_block) {
+  using Clock = std::chrono::steady_clock;
+  auto best_of = [](int repeats, auto&& work) {
+    double best = std::numeric_limits<double>::infinity();
+    for (int i = 0; i < repeats; ++i) {
+      const auto start = Clock::now();
+      work();
+      best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count());
+    }
+    return best;
+  };
+  MeasuredCpuRates rates;
+  {
+    const int64_t m = std::clamp<int64_t>(tokens, 1, 2048), k = std::max<int64_t>(hidden, 1), n = std::max<int64_t>(intermediate, 1);
+    std::vector<float> a(static_cast<size_t>(m * k), 0.5f), w(static_cast<size_t>(n * k), 0.25f), out(static_cast<size_t>(m * n));
+    const double seconds = best_of(3, [&] { kernels::linear_forward(out.data(), a.data(), w.data(), static_cast<const float*>(nullptr), m, k, n); });
+    rates.matmul_gflops = 2.0 * static_cast<double>(m * k * n) / seconds / 1e9;
+    rates.gemm_m = m;
+    rates.gemm_k = k;
+    rates.gemm_n = n;
+  }
+  {
+    const int64_t T = 1024, heads = 4, d = std::max<int64_t>(head_dim, 1);
+    const size_t n = static_cast<size_t>(T * heads * d);
+    std::vector<float> q(n, 0.01f), k(n, 0.02f), v(n, 0.03f), out(n), dout(n, 0.001f), dq(n), dk(n), dv(n);
+    std::vector<float> lse(static_cast<size_t>(T * heads)), delta(static_cast<size_t>(T * heads));
+    std::vector<int32_t> positions(static_cast<size_t>(T));
+    std::iota(positions.begin(), positions.end(), 0);
+    const double seconds = best_of(2, [&] {
+      kernels::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), positions.data(), T, heads, heads, d, attention_block);
+      kernels::attention_backward(dq.data(), dk.data(), dv.data(), delta.data(), dout.data(), q.data(), k.data(), v.data(), out.data(),
+                                  lse.data(), positions.data(), T, heads, heads, d, attention_block);
+    });
+    // Causal forward 2 T^2 d H FLOPs, backward 2.5 times that (the time model's split).
+    rates.attention_gflops = 3.5 * 2.0 * static_cast<double>(T * T * d * heads) / seconds / 1e9;
+  }
+  {
+    const size_t bytes = size_t{64} << 20;
+    std::vector<char> from(bytes, 1), to(bytes);
+    const double seconds = best_of(3, [&] { std::memcpy(to.data(), from.data(), bytes); });
+    rates.memcpy_gbps = static_cast<double>(bytes) / seconds / 1e9;
+  }
+  return rates;
+}
+
+HardwareCard cpu_card_with_rates(HardwareCard card, const MeasuredCpuRates& rates) {
+  card.matmul_achieved_tflops = card.peak_bf16_tflops = rates.matmul_gflops / 1000.0;
+  card.flash_attention_tflops_hd64 = card.flash_attention_tflops_hd128 = rates.attention_gflops / 1000.0;
+  card.pcie_host_to_device_gbps = card.pcie_device_to_host_gbps = card.hbm_gbps = rates.memcpy_gbps;
+  return card;
 }
 
 RuntimeProfile machine_profile(const MachineTarget& target) { return runtime_profile_load(target.device == "cuda" ? "native-cuda" : "native"); }

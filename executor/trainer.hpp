@@ -61,6 +61,19 @@ ClusterSpec machine_cluster(const MachineTarget& target);
 // lengths can use.
 SearchResult machine_plan_search(const ModelSpec& model, const MachineTarget& target);
 
+// The CPU card's rates measured now on this machine, for the time model to price a run here at its
+// real speed (the built-in cpu-device card's are one VM's, measured once): an fp32 GEMM at the
+// step's MLP shape ([tokens, hidden] x [hidden, intermediate], tokens capped at 2048: small models'
+// GEMMs run far below a large one's rate), causal attention forward and backward at 1024 tokens, 4
+// heads of `head_dim` (the run's block), and a 64 MiB memcpy for the host-pool copies. Collectives
+// keep the card's rates (not measured). About 0.1-0.5 s.
+struct MeasuredCpuRates {
+  double matmul_gflops = 0, attention_gflops = 0, memcpy_gbps = 0;
+  int64_t gemm_m = 0, gemm_k = 0, gemm_n = 0;  // the shape the GEMM rate was measured at
+};
+MeasuredCpuRates cpu_rates_measure(int64_t tokens, int64_t hidden, int64_t intermediate, int64_t head_dim, int64_t attention_block);
+HardwareCard cpu_card_with_rates(HardwareCard card, const MeasuredCpuRates& rates);
+
 // The CPU "device" as a cluster of `ranks` one-device ranks on one node (machine_cluster's).
 ClusterSpec executor_cluster(double budget_bytes, int64_t ranks = 1);
 

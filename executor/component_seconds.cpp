@@ -1,0 +1,10 @@
+#include "executor/component_seconds.hpp"
+
+namespace longseq {
+
+ComponentSeconds& component_seconds() {
+  static ComponentSeconds totals;
+  return totals;
+}
+
+}  // namespace longseq
