@@ -2,6 +2,7 @@
 // it prints figures and never fails on them.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <limits>
 #include <fmt/format.h>
@@ -14,6 +15,7 @@
 #include "models/process.hpp"
 #include "planner/plan.hpp"
 #include "executor/trainer.hpp"
+#include "executor/component_seconds.hpp"
 #include "kernels/cpu/dense.hpp"
 #include "planner/compute_model.hpp"
 #include "planner/memory_model.hpp"
@@ -153,11 +155,17 @@ int executor_bench(const BenchCommandArgs& args) {
   const double matmul_gflops = matmul_gflops_measure();
   fmt::print("executor benchmark: {} on this machine's CPU (fp32), one training step per row, MEASURED; "
              "float matmul rate here: {:.1f} GFLOP/s (Eigen, 1024^3, best of 5)\n", model.name, matmul_gflops);
-  fmt::print("{:>8} {:<26} {:>9} {:>10} {:>9} {:>10} {:>12} {:>8} {:>15} {:>8}\n", "tokens", "technique", "seconds", "tokens/s",
-             "GFLOP/s", "of matmul", "peak MiB", "vs none", "predicted MiB", "error");
+  fmt::print("{:>8} {:<26} {:>9} {:>10} {:>9} {:>10} {:>12} {:>8} {:>15} {:>8} {:>9} {:>8} {:>17} {:>17}\n", "tokens", "technique",
+             "seconds", "tokens/s", "GFLOP/s", "of matmul", "peak MiB", "vs none", "predicted MiB", "error", "pred. s", "error",
+             "matmul s (m/p)", "attention s (m/p)");
+  std::vector<double> time_errors;
   for (const int64_t seqlen : seqlens) {
     const Sample sample = sample_synthetic(seqlen, model.vocab_size, 1);
     double baseline_peak = 0;
+    // The time model at rates measured here for this length's shapes (run's comparison, per row).
+    const MeasuredCpuRates rates = cpu_rates_measure(seqlen, model.hidden_size, model.intermediate_size, model.head_dim, 64);
+    ClusterSpec timed_cluster = cluster;
+    timed_cluster.hardware = cpu_card_with_rates(cluster.hardware, rates);
     for (const auto& technique : techniques) {
       const PlanOptions plan = technique_plan(technique, seqlen);
       TrainingOptions options = technique.options;
@@ -172,21 +180,39 @@ int executor_bench(const BenchCommandArgs& args) {
       Arena device("device"), host("host");
       LlamaModel llama(model, device);
       std::fill_n(llama.parameters(), llama.parameter_count(), 0.01f);
+      const ComponentSeconds before = component_seconds();
       const auto start = std::chrono::steady_clock::now();
       llama.forward_backward(sample.tokens.data(), sample.labels.data(), sample.positions.data(), seqlen, options, device, host);
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const ComponentSeconds spent = component_seconds() - before;
+      // The step here is forward and backward without the optimizer: the prediction likewise.
+      StepTime predicted_time = time_predict(model, timed_cluster, plan, native, seqlen).time;
+      predicted_time.optimizer_s = 0;
+      const double predicted_s = predicted_time.total_s();
+      time_errors.push_back((predicted_s - seconds) / seconds);
       const double gflops = step_flops_executed(model, plan, seqlen).total() / seconds / 1e9;
       const double predicted = memory_predict(model, cluster, plan, native, seqlen, /*with_breakdown=*/false).gpu_peak_bytes;
       if (baseline_peak == 0) baseline_peak = device.peak_bytes();
-      fmt::print("{:>8} {:<26} {:>9.3f} {:>10.0f} {:>9.2f} {:>9.1f}% {:>12.2f} {:>7.1f}% {:>15.2f} {:>+7.2f}%\n", seqlen,
-                 technique.name, seconds, static_cast<double>(seqlen) / seconds, gflops, 100.0 * gflops / matmul_gflops,
+      fmt::print("{:>8} {:<26} {:>9.3f} {:>10.0f} {:>9.2f} {:>9.1f}% {:>12.2f} {:>7.1f}% {:>15.2f} {:>+7.2f}% {:>9.3f} {:>+7.0f}% {:>17} {:>17}\n",
+                 seqlen, technique.name, seconds, static_cast<double>(seqlen) / seconds, gflops, 100.0 * gflops / matmul_gflops,
                  device.peak_bytes() / (1 << 20), 100.0 * device.peak_bytes() / baseline_peak, predicted / (1 << 20),
-                 100.0 * (predicted - device.peak_bytes()) / device.peak_bytes());
+                 100.0 * (predicted - device.peak_bytes()) / device.peak_bytes(), predicted_s, 100.0 * (predicted_s - seconds) / seconds,
+                 fmt::format("{:.3f}/{:.3f}", spent.matmul, predicted_time.matmul_s),
+                 fmt::format("{:.3f}/{:.3f}", spent.attention, predicted_time.attention_s));
       std::fflush(stdout);  // a long benchmark shows each row as it is measured
     }
   }
   fmt::print("GFLOP/s counts the planner's compute model (recompute included), not a profiler; 'predicted' is the planner's\n"
-             "native PREDICTION for the same plan, 'peak' the arena's MEASUREMENT.\n");
+             "native PREDICTION for the same plan, 'peak' the arena's MEASUREMENT. 'pred. s' is the time model's step (forward and\n"
+             "backward) at rates measured here for each length (a GEMM at the MLP's shape, an attention block, a memcpy); m/p are\n"
+             "the kernels' measured seconds beside the predicted; the time model has no term for norms and element-wise work.\n");
+  if (!time_errors.empty()) {
+    std::vector<double> magnitudes;
+    for (double error : time_errors) magnitudes.push_back(std::fabs(error));
+    std::sort(magnitudes.begin(), magnitudes.end());
+    fmt::print("time model against the measured steps: median |error| {:.0f}%, worst {:.0f}% over {} rows\n",
+               100.0 * magnitudes[magnitudes.size() / 2], 100.0 * magnitudes.back(), magnitudes.size());
+  }
   return 0;
 }
 
