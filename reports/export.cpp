@@ -124,6 +124,19 @@ std::string hf_attn_implementation(const ExportRequest& r, ExportedConfig& expor
   return "flash_attention_3";
 }
 
+// An Accelerate YAML's machine keys: the processes over all machines, and on several nodes the
+// first node's address (without them DeepSpeed's runner falls back to one node's ranks, REFERENCE
+// §8; Accelerate's own launcher needs them as much).
+void accelerate_machine_keys(YAML::Emitter& out, const ExportRequest& r) {
+  out << YAML::Key << "num_processes" << YAML::Value << r.cluster.gpus;  // total over all machines
+  out << YAML::Key << "num_machines" << YAML::Value << r.cluster.nodes;
+  if (r.cluster.nodes > 1) {
+    out << YAML::Key << "machine_rank" << YAML::Value << 0;
+    out << YAML::Key << "main_process_ip" << YAML::Value << "MAIN_NODE_ADDRESS";
+    out << YAML::Key << "main_process_port" << YAML::Value << 29500;
+  }
+}
+
 }  // namespace
 
 ExportedConfig arctic_training_recipe_emit(const ExportRequest& r) {
@@ -248,14 +261,7 @@ ExportedConfig accelerate_config_emit(const ExportRequest& r) {
   out << YAML::Key << "distributed_type" << YAML::Value << "DEEPSPEED";
   // No mixed_precision key: with deepspeed_config_file Accelerate refuses any value (§2.5); HF
   // TrainingArguments(bf16=True) sets it, and the JSON's bf16 is "auto".
-  out << YAML::Key << "num_processes" << YAML::Value << r.cluster.gpus;  // total over all machines
-  out << YAML::Key << "num_machines" << YAML::Value << r.cluster.nodes;
-  if (r.cluster.nodes > 1) {
-    // Without these, DeepSpeed's runner falls back to one node's ranks (REFERENCE §8).
-    out << YAML::Key << "machine_rank" << YAML::Value << 0;
-    out << YAML::Key << "main_process_ip" << YAML::Value << "MAIN_NODE_ADDRESS";
-    out << YAML::Key << "main_process_port" << YAML::Value << 29500;
-  }
+  accelerate_machine_keys(out, r);
   out << YAML::Key << "deepspeed_config" << YAML::Value << YAML::BeginMap;
   // Every DeepSpeed key arrives only through the JSON (the launcher drops unknown keys, §2.4).
   out << YAML::Key << "deepspeed_config_file" << YAML::Value << r.deepspeed_json_name;
@@ -326,13 +332,7 @@ ExportedConfig accelerate_fsdp2_config_emit(const ExportRequest& r) {
   out << YAML::Key << "compute_environment" << YAML::Value << "LOCAL_MACHINE";
   out << YAML::Key << "distributed_type" << YAML::Value << "FSDP";
   out << YAML::Key << "mixed_precision" << YAML::Value << "bf16";
-  out << YAML::Key << "num_processes" << YAML::Value << r.cluster.gpus;
-  out << YAML::Key << "num_machines" << YAML::Value << r.cluster.nodes;
-  if (r.cluster.nodes > 1) {
-    out << YAML::Key << "machine_rank" << YAML::Value << 0;
-    out << YAML::Key << "main_process_ip" << YAML::Value << "MAIN_NODE_ADDRESS";
-    out << YAML::Key << "main_process_port" << YAML::Value << 29500;
-  }
+  accelerate_machine_keys(out, r);
   out << YAML::Key << "fsdp_config" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "fsdp_version" << YAML::Value << 2;
   out << YAML::Key << "fsdp_auto_wrap_policy" << YAML::Value << "TRANSFORMER_BASED_WRAP";
