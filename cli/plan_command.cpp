@@ -947,29 +947,44 @@ int plan_command_run(const PlanCommandArgs& args) {
     for (const auto& [why, count] : degree_pairs_refused)
       if (count > 1) out += fmt::format("  {:<44} {}\n", fmt::format("(and {} more sp x ring pairs)", count - 1), why);
     report["alternatives"] = alternatives;
-    // A better plan another framework runs (the same search over every option).
+    // A better plan another framework runs: each framework's own search, priced with its own
+    // runtime profile (its precision, its MoE block, its buffers) at the lengths it feeds. longseq's
+    // executor is left out: a research executor, not a framework to rent a cluster for.
     if (!machine) {
-      SearchOptions everything = options;
-      everything.unsupported = nullptr;
-      everything.length_multiple = 1;
-      const SearchResult open = plan_search(model, cluster, profile, everything);
-      const SearchCandidate* best = open.winner();
-      // Only a plan this framework cannot run, and longer (or faster) beyond what the memory model
-      // resolves: the same plan at a length off this framework's grid is no other framework's win.
-      const bool better = best && !framework_unsupported(framework, model, best->plan).empty() &&
-                          (by_length ? static_cast<double>(best->max_seqlen) > static_cast<double>(winner->max_seqlen) * (1 + kSearchLengthResolution)
-                                     : best->score > winner->score);
+      const SearchCandidate* best = nullptr;
+      Framework best_framework = framework;
+      std::vector<SearchResult> others;
+      others.reserve(frameworks_all().size());
+      for (Framework other : frameworks_all()) {
+        if (other == framework || other == Framework::framework_longseq) continue;
+        const FrameworkFacts& other_facts = framework_facts(other);
+        const RuntimeProfile other_profile =
+            framework_profile(other, runtime_profile_load(!args.profile.empty() ? args.profile : other_facts.runtime_profile));
+        if (!args.attention.empty() && !attention_kernel_problem(other_profile, hardware).empty()) continue;
+        SearchOptions other_options = options;
+        other_options.unsupported = [&model, other](const PlanOptions& plan) { return framework_unsupported(other, model, plan); };
+        other_options.length_multiple = other_facts.length_multiple;
+        others.push_back(plan_search(model, cluster, other_profile, other_options));
+        const SearchCandidate* candidate = others.back().winner();
+        if (!candidate) continue;
+        const bool longer = !best || (by_length ? candidate->max_seqlen > best->max_seqlen : candidate->score > best->score);
+        if (longer) {
+          best = candidate;
+          best_framework = other;
+        }
+      }
+      // Only longer (or faster) beyond what the memory model resolves.
+      const bool better = best && (by_length ? static_cast<double>(best->max_seqlen) > static_cast<double>(winner->max_seqlen) * (1 + kSearchLengthResolution)
+                                             : best->score > winner->score);
       if (better) {
-        std::string runners;
-        for (Framework other : frameworks_running(model, best->plan))
-          runners += (runners.empty() ? "" : ", ") + std::string(framework_name(other));
         const std::string reach = by_length ? fmt::format("would reach {} tokens", seqlen_format(best->max_seqlen))
                                             : fmt::format("would run {:.0f} tokens/s", best->time.tokens_per_s);
-        out += fmt::format("\nin another framework: {} {} (runs in: {}; {})\n", plan_describe(best->plan), reach, runners,
-                           framework_unsupported(framework, model, best->plan));
-        report["other_framework"] = {{"plan", plan_to_json(best->plan, cluster)}, {"max_seqlen", best->max_seqlen},
-                                     {"tokens_per_s", best->time.tokens_per_s}, {"frameworks", runners},
-                                     {"why_not_here", framework_unsupported(framework, model, best->plan)}};
+        const std::string why_not_here = framework_unsupported(framework, model, best->plan);
+        out += fmt::format("\nin another framework: --framework {}: {} {}{}\n", framework_name(best_framework), plan_describe(best->plan), reach,
+                           why_not_here.empty() ? " (priced with its own runtime profile)" : fmt::format(" ({})", why_not_here));
+        report["other_framework"] = {{"framework", framework_name(best_framework)}, {"plan", plan_to_json(best->plan, cluster)},
+                                     {"max_seqlen", best->max_seqlen}, {"tokens_per_s", best->time.tokens_per_s},
+                                     {"why_not_here", why_not_here}};
       }
       if (by_length) out += gpu_count_advice(model, cluster, profile, options, *winner, report);
     }
