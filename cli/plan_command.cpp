@@ -155,8 +155,8 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
                     "FPDT chunked attention with host-resident chunks (turns tiled MLP/loss off: FPDT chunks them itself)");
   command->add_option("--fpdt-chunk", args->fpdt_chunk, "FPDT chunk of the global sequence (default 64Ki = 65536)");
   command->add_option("--profile", args->profile,
-                      "runtime profile: deepspeed-hf (default; megatron-deepspeed with --framework megatron-deepspeed, native-cuda "
-                      "with --framework longseq), native, or a .yaml");
+                      "runtime profile (default: the framework's own: deepspeed-hf for the DeepSpeed ones, megatron-deepspeed, "
+                      "fsdp2-accelerate, hf-trainer, native-cuda for longseq), native, or a .yaml");
   command->add_option("--attention", args->attention,
                       "attention kernel: fa2 (FlashAttention-2) or fa3 (FlashAttention-3 on Hopper: its backward buffers and its "
                       "published speed); default: the profile's, else the hardware card's (fa3 on H100/H200/H800, fa2 on A100). "
@@ -166,13 +166,15 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
                       "the framework the plan is for: arctic-training (default for the search: ALST's trainer, a switch for each "
                       "of its techniques), hf-accelerate (Accelerate / HF Trainer / TRL), megatron-deepspeed (where FPDT lives), "
                       "deepspeed (a plain deepspeed.initialize loop), usp (a DeepSpeed loop with USP's Ulysses x ring attention), "
-                      "longseq (its own executor). The search explores "
+                      "accelerate-fsdp2 (Accelerate / Trainer / TRL on FSDP2 with PyTorch context parallelism), hf-trainer (the plain "
+                      "HF Trainer / TRL in bf16; where LoRA adapters are planned), longseq (its own executor). The search explores "
                       "only what it runs and says what another framework would reach");
   command->add_flag("--json", args->json, "print JSON instead of tables");
   command->add_option("--emit", args->emit,
                       "write the (chosen) plan as a framework's files instead of the report: arctic-training (recipe YAML), "
                       "accelerate (Accelerate YAML + the DeepSpeed JSON it names), megatron-deepspeed (launch arguments + "
-                      "DeepSpeed JSON) or deepspeed (DeepSpeed JSON for a plain loop)");
+                      "DeepSpeed JSON), deepspeed or usp (DeepSpeed JSON for a plain loop), accelerate-fsdp2 (Accelerate's FSDP2 + "
+                      "context-parallelism YAML) or hf-trainer (a TRL SFTTrainer script, with PEFT's LoraConfig for adapters)");
   command->add_option("--emit-length", args->emit_length,
                       "the length --emit writes when longseq finds the maximum: safe (default: the band's low end, every "
                       "estimate at its high end) or point (the point estimate, at 100% of usable memory)")
