@@ -143,6 +143,7 @@ Scenario scenario_from_text(const std::string& yaml_text, const std::string& pat
   scenario.description = reader.get_string("description", "");
   scenario.reproduces = reader.get_string("reproduces", "");
   scenario.model = resolve_relative(reader.get_string("model"), path);
+  scenario.runtime_profile_given = reader.has("runtime_profile");
   scenario.runtime_profile = reader.get_string("runtime_profile", "deepspeed-hf");
   scenario.attention_kernel = reader.get_string("attention", "");
   if (!scenario.attention_kernel.empty() && scenario.attention_kernel != "fa2" && scenario.attention_kernel != "fa3")
@@ -421,7 +422,13 @@ std::vector<SweepRow> scenario_run(const Scenario& scenario, const std::function
                                              : std::nullopt;
                       const int64_t length_multiple = framework ? framework_facts(*framework).length_multiple : 1;
                       if (framework) row.framework = framework_name(*framework);
-                      const RuntimeProfile row_profile = framework ? framework_profile(*framework, profile) : profile;
+                      // The framework's own profile unless the scenario names one (its precision, its buffers).
+                      RuntimeProfile row_profile = profile;
+                      if (framework && !scenario.runtime_profile_given) {
+                        row_profile = runtime_profile_load(framework_facts(*framework).runtime_profile);
+                        if (!scenario.attention_kernel.empty()) row_profile.attention_kernel = scenario.attention_kernel;
+                      }
+                      if (framework) row_profile = framework_profile(*framework, row_profile);
                       if (settings.search) {
                         SearchOptions options;
                         options.objective = seqlen ? SearchObjective::objective_throughput : SearchObjective::objective_max_seqlen;

@@ -64,7 +64,10 @@ struct Scenario {
   std::string gpu;
   std::optional<int64_t> gpus, nodes, gpus_per_node;
   std::optional<double> host_memory_gib;
+  // The runtime profile every point is priced with; absent from the file, each point's framework's
+  // own (as `longseq plan` does), and deepspeed-hf for a fixed plan without a framework.
   std::string runtime_profile = "deepspeed-hf";
+  bool runtime_profile_given = false;
   std::string attention_kernel;  // "fa2" or "fa3"; empty: the profile's, else the card's default
   PlanSettings plan;
   // Sweep axes, crossed in this order; an empty axis is not swept.

@@ -123,7 +123,7 @@ nlohmann::json sweep_results_to_json(const Scenario& scenario, const std::vector
   return {{"kind", "prediction"},
           {"scenario",
            {{"name", scenario.name}, {"path", scenario.path}, {"description", scenario.description},
-            {"reproduces", scenario.reproduces}, {"runtime_profile", scenario.runtime_profile},
+            {"reproduces", scenario.reproduces}, {"runtime_profile", scenario.runtime_profile_given ? scenario.runtime_profile : "each point's framework's own (deepspeed-hf without one)"},
             {"published_source", scenario.published_source}, {"published_figure", scenario.published_figure},
             {"figures", scenario.output_figures}}},
           {"columns", sweep_columns()},
@@ -180,7 +180,7 @@ void sweep_results_write(const Scenario& scenario, const std::vector<SweepRow>& 
     csv += "\n";
   }
   std::string markdown = fmt::format("# {}\n\nPREDICTIONS of longseq (runtime profile `{}`), not measurements.\n\n",
-                                     scenario.name, scenario.runtime_profile);
+                                     scenario.name, scenario.runtime_profile_given ? scenario.runtime_profile : "each point's framework's own (deepspeed-hf without one)");
   if (!scenario.description.empty()) markdown += scenario.description + "\n\n";
   if (!scenario.reproduces.empty()) markdown += "Reproduces: " + scenario.reproduces + "\n\n";
   if (!scenario.published_source.empty()) markdown += "Published values: " + scenario.published_source + "\n\n";

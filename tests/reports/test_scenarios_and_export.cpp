@@ -634,3 +634,18 @@ TEST_CASE("HF Trainer / TRL script export: QLoRA's BitsAndBytesConfig and LoraCo
   CHECK(full.find("peft") == std::string::npos);
   CHECK(full.find("SFTTrainer(model=model, args=args, train_dataset=") != std::string::npos);
 }
+
+TEST_CASE("a scenario without runtime_profile prices each point with its framework's own profile, as plan does") {
+  const std::string text = "name: x\nmodel: qwen3-4b\ncluster:\n  gpu: h100-sxm-80gb\n  gpus: 1\nplan:\n  search: max-seqlen\n"
+                           "  framework: hf-trainer\nsweep:\n  gpus: [1]\n";
+  const Scenario scenario = scenario_from_text(text, "x.yaml");
+  CHECK_FALSE(scenario.runtime_profile_given);
+  const std::vector<SweepRow> rows = scenario_run(scenario);
+  REQUIRE(rows.size() == 1);
+  REQUIRE(rows[0].error.empty());
+  // The plain Trainer's pure bf16: 8 bytes a parameter of model states (deepspeed-hf's would be 18).
+  double states_gib = 0;
+  for (const auto& [category, gib] : rows[0].gpu_category_gib)
+    if (category == "model_states") states_gib = gib;
+  CHECK(states_gib == doctest::Approx(8.0 * 4'022'468'096 / 1073741824.0).epsilon(1e-6));
+}
