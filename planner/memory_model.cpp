@@ -168,16 +168,16 @@ void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const Clus
     trace.alloc(kCategoryModelStates, "lora_gradients_fp32", adapters * 4.0);
     trace.alloc(kCategoryModelStates, "lora_optimizer_states", adapters * 8.0);
   } else {
-  if (!plan.offload_params)
-    trace.alloc(kCategoryModelStates, "weights", params * as_double(profile.weight_bytes) / weight_shards);
-  if (!plan.offload_optimizer) {
-    // Named by dtype: the optimizer's copy is fp32 beside bf16 weights (DeepSpeed, FSDP2's upcast),
-    // or the parameter's own dtype in the pure-bf16 regime (Reference §11 F1.5).
-    trace.alloc(kCategoryModelStates, profile.gradient_bytes == 2 ? "gradients_bf16" : "gradients_fp32",
-                params * as_double(profile.gradient_bytes) / gradient_shards);
-    trace.alloc(kCategoryModelStates, "master_weights", params * as_double(profile.master_weight_bytes) / optimizer_shards);
-    trace.alloc(kCategoryModelStates, "optimizer_states", params * as_double(profile.optimizer_state_bytes) / optimizer_shards);
-  }
+    if (!plan.offload_params)
+      trace.alloc(kCategoryModelStates, "weights", params * as_double(profile.weight_bytes) / weight_shards);
+    if (!plan.offload_optimizer) {
+      // Named by dtype: the optimizer's copy is fp32 beside bf16 weights (DeepSpeed, FSDP2's upcast),
+      // or the parameter's own dtype in the pure-bf16 regime (Reference §11 F1.5).
+      trace.alloc(kCategoryModelStates, profile.gradient_bytes == 2 ? "gradients_bf16" : "gradients_fp32",
+                  params * as_double(profile.gradient_bytes) / gradient_shards);
+      trace.alloc(kCategoryModelStates, "master_weights", params * as_double(profile.master_weight_bytes) / optimizer_shards);
+      trace.alloc(kCategoryModelStates, "optimizer_states", params * as_double(profile.optimizer_state_bytes) / optimizer_shards);
+    }
   }
 
   // DDP (replicas without ZeRO): its all-reduce buckets copy every gradient (PyTorch DDP docs,
