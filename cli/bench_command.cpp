@@ -63,21 +63,6 @@ std::shared_ptr<BenchCommandArgs> bench_command_register(CLI::App& app) {
 
 namespace {
 
-// This machine's float matrix-multiply rate through Eigen (the executor's GEMM path): the best
-// of five 1024^3 products.
-double matmul_gflops_measure() {
-  const int64_t n = 1024;
-  std::vector<float> a(static_cast<size_t>(n * n), 0.5f), b(static_cast<size_t>(n * n), 0.25f), c(static_cast<size_t>(n * n));
-  double best = 0;
-  for (int repeat = 0; repeat < 5; ++repeat) {
-    const auto start = std::chrono::steady_clock::now();
-    kernels::linear_forward(c.data(), a.data(), b.data(), static_cast<const float*>(nullptr), n, n, n);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    best = std::max(best, 2.0 * static_cast<double>(n * n * n) / seconds / 1e9);
-  }
-  return best;
-}
-
 // The shortest multiple of the plan's length granule, up to `longest`, at which its ring passing
 // is wholly hidden (the exposure only falls with the length); `longest` when it never is.
 int64_t ring_hidden_from(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan, const RuntimeProfile& profile,
@@ -152,7 +137,9 @@ int executor_bench(const BenchCommandArgs& args) {
                                                      "memory (the smallest needs {:.1f} GiB, PREDICTED); give shorter lengths",
                                                      seqlen, available_bytes / kBytesPerGib, smallest_bytes / kBytesPerGib));
   }
-  const double matmul_gflops = matmul_gflops_measure();
+  // This machine's float matrix-multiply rate through Eigen (the executor's GEMM path): the best
+  // of five 1024^3 products.
+  const double matmul_gflops = gemm_gflops_measure(1024, 1024, 1024, 5);
   fmt::print("executor benchmark: {} on this machine's CPU (fp32), one training step per row, MEASURED; "
              "float matmul rate here: {:.1f} GFLOP/s (Eigen, 1024^3, best of 5)\n", model.name, matmul_gflops);
   fmt::print("{:>8} {:<26} {:>9} {:>10} {:>9} {:>10} {:>12} {:>8} {:>15} {:>8} {:>9} {:>8} {:>17} {:>17}\n", "tokens", "technique",

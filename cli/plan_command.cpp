@@ -215,10 +215,8 @@ void adapters_apply(const PlanCommandArgs& args, PlanOptions& plan) {
   if (!args.lora_rank) return;
   if (*args.lora_rank < 1 || *args.lora_rank > 4096)
     throw ConfigError("--lora", "", fmt::format("the adapters' rank must be in [1, 4096], got {}", *args.lora_rank));
-  if (args.lora_targets != "all-linear" && args.lora_targets != "q,v")
-    throw ConfigError("--lora-targets", "", fmt::format("expected all-linear or q,v, got '{}'", args.lora_targets));
   plan.lora_rank = *args.lora_rank;
-  plan.lora_all_linear = args.lora_targets == "all-linear";
+  plan.lora_all_linear = PlanOptions::lora_targets_parse(args.lora_targets, "--lora-targets", "");
   plan.qlora = args.qlora;
 }
 

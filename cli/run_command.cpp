@@ -387,7 +387,7 @@ double model_train(const TrainLoop& loop) {
 #ifdef LONGSEQ_HAVE_CUDA
   // With the pool trimmed to live bytes (device_memory_outside_arena_bytes does it), what the GPU
   // holds beyond the arena's live bytes is the runtime's own.
-  if constexpr (std::is_same_v<Model, CudaLlamaModel>) outside_arena_bytes = device_memory_outside_arena_bytes(device);
+  if constexpr (on_gpu_model<Model>()) outside_arena_bytes = device_memory_outside_arena_bytes(device);
 #endif
   return outside_arena_bytes;
 }

@@ -94,6 +94,18 @@ TrainingOptions executor_training_options(const PlanOptions& plan, const MemoryP
   return options;
 }
 
+double gemm_gflops_measure(int64_t m, int64_t k, int64_t n, int repeats) {
+  std::vector<float> a(static_cast<size_t>(m * k), 0.5f), w(static_cast<size_t>(n * k), 0.25f), out(static_cast<size_t>(m * n));
+  double best = 0;
+  for (int repeat = 0; repeat < repeats; ++repeat) {
+    const auto start = std::chrono::steady_clock::now();
+    kernels::linear_forward(out.data(), a.data(), w.data(), static_cast<const float*>(nullptr), m, k, n);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    best = std::max(best, 2.0 * static_cast<double>(m * k * n) / seconds / 1e9);
+  }
+  return best;
+}
+
 MeasuredCpuRates cpu_rates_measure(int64_t tokens, int64_t hidden, int64_t intermediate, int64_t head_dim, int64_t attention_block) {
   using Clock = std::chrono::steady_clock;
   auto best_of = [](int repeats, auto&& work) {
@@ -106,15 +118,10 @@ MeasuredCpuRates cpu_rates_measure(int64_t tokens, int64_t hidden, int64_t inter
     return best;
   };
   MeasuredCpuRates rates;
-  {
-    const int64_t m = std::clamp<int64_t>(tokens, 1, 2048), k = std::max<int64_t>(hidden, 1), n = std::max<int64_t>(intermediate, 1);
-    std::vector<float> a(static_cast<size_t>(m * k), 0.5f), w(static_cast<size_t>(n * k), 0.25f), out(static_cast<size_t>(m * n));
-    const double seconds = best_of(3, [&] { kernels::linear_forward(out.data(), a.data(), w.data(), static_cast<const float*>(nullptr), m, k, n); });
-    rates.matmul_gflops = 2.0 * static_cast<double>(m * k * n) / seconds / 1e9;
-    rates.gemm_m = m;
-    rates.gemm_k = k;
-    rates.gemm_n = n;
-  }
+  rates.gemm_m = std::clamp<int64_t>(tokens, 1, 2048);
+  rates.gemm_k = std::max<int64_t>(hidden, 1);
+  rates.gemm_n = std::max<int64_t>(intermediate, 1);
+  rates.matmul_gflops = gemm_gflops_measure(rates.gemm_m, rates.gemm_k, rates.gemm_n, 3);
   {
     const int64_t T = 1024, heads = 4, d = std::max<int64_t>(head_dim, 1);
     const size_t n = static_cast<size_t>(T * heads * d);

@@ -67,6 +67,8 @@ SearchResult machine_plan_search(const ModelSpec& model, const MachineTarget& ta
 // GEMMs run far below a large one's rate), causal attention forward and backward at 1024 tokens, 4
 // heads of `head_dim` (the run's block), and a 64 MiB memcpy for the host-pool copies. Collectives
 // keep the card's rates (not measured). About 0.1-0.5 s.
+// The fp32 GEMM rate of the CPU kernels at [m, k] x [k, n], best of `repeats` (GFLOP/s).
+double gemm_gflops_measure(int64_t m, int64_t k, int64_t n, int repeats);
 struct MeasuredCpuRates {
   double matmul_gflops = 0, attention_gflops = 0, memcpy_gbps = 0;
   int64_t gemm_m = 0, gemm_k = 0, gemm_n = 0;  // the shape the GEMM rate was measured at

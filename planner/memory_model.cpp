@@ -217,6 +217,14 @@ void gradient_reduce_bucket_place(TensorTrace& trace, const PlanOptions& plan, c
   trace.alloc(kCategoryZero, "gradient_reduce_bucket", bucket * as_double(profile.working_gradient_bytes));
 }
 
+// FSDP2's [final norm, lm_head] unit, unsharded (in the gathered dtype) from the end of forward
+// to its backward (Accelerate fsdp_utils.py L751-768; Reference §11 F1.16); a tied head is the
+// embedding's weight.
+double fsdp_tail_unit_bytes(const RuntimeProfile& profile, const Setup& setup) {
+  const int64_t head = setup.params.lm_head > 0 ? setup.params.lm_head : setup.params.embedding;
+  return (as_double(head) + as_double(setup.params.final_norm)) * as_double(profile.gathered_weight_bytes_or_default());
+}
+
 // What ZeRO holds while a decoder layer runs: the layer's gathered weights and the prefetched
 // next ones (stage 3), and in backward the reduce bucket and the weight gradient being produced.
 void zero_layer_buffers_place(TensorTrace& trace, const PlanOptions& plan, const RuntimeProfile& profile,
@@ -230,8 +238,6 @@ void zero_layer_buffers_place(TensorTrace& trace, const PlanOptions& plan, const
     // (reduce dtype). The [norm, lm_head] unit is never resharded after forward (F1.16).
     const double gathered = as_double(profile.gathered_weight_bytes_or_default());
     const double reduced = as_double(profile.reduce_bytes_or_default());
-    const double tail = (as_double(setup.params.lm_head > 0 ? setup.params.lm_head : setup.params.embedding) +
-                         as_double(setup.params.final_norm)) * gathered;
     trace.alloc(kCategoryZero, "fsdp.unsharded_layer", layer_params * gathered);
     trace.alloc(kCategoryZero, backward ? "fsdp.prefetched_all_gather" : "fsdp.all_gather_output", layer_params * gathered);
     if (!backward) {
@@ -242,7 +248,7 @@ void zero_layer_buffers_place(TensorTrace& trace, const PlanOptions& plan, const
     trace.alloc(kCategoryZero, "fsdp.reduce_scatter_input", layer_params * reduced);
     trace.alloc(kCategoryZero, "fsdp.reduce_scatter_output", layer_params * reduced / world);
     // Reference §11 D counts the tail unit in the layers' backward too.
-    trace.alloc(kCategoryZero, "fsdp.unsharded_norm_and_lm_head", tail);
+    trace.alloc(kCategoryZero, "fsdp.unsharded_norm_and_lm_head", fsdp_tail_unit_bytes(profile, setup));
     return;
   }
   const bool high_end = profile.bound == EstimateBound::estimate_high_memory;
@@ -360,8 +366,7 @@ MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& clust
         // The [norm, lm_head] unit kept unsharded from the end of forward (F1.16), and the last
         // layer's unit prefetched for its backward (Reference §11 D's loss phase).
         const double gathered = as_double(profile.gathered_weight_bytes_or_default());
-        trace.alloc(kCategoryZero, "fsdp.unsharded_norm_and_lm_head",
-                    (as_double(model.vocab_size) * as_double(model.hidden_size) + as_double(model.hidden_size)) * gathered);
+        trace.alloc(kCategoryZero, "fsdp.unsharded_norm_and_lm_head", fsdp_tail_unit_bytes(profile, setup));
         trace.alloc(kCategoryZero, "fsdp.prefetched_all_gather", as_double(setup.params.per_layer) * gathered);
       } else {
         if (plan.zero_stage == 3)

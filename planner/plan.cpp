@@ -64,6 +64,11 @@ PlanOptions PlanOptions::alst(int64_t sp, int64_t gpus) {
   return plan;
 }
 
+bool PlanOptions::lora_targets_parse(const std::string& text, const std::string& source, const std::string& key) {
+  if (text != "all-linear" && text != "q,v") throw ConfigError(source, key, fmt::format("expected all-linear or q,v, got '{}'", text));
+  return text == "all-linear";
+}
+
 int64_t kv_replication_factor(const ModelSpec& model, int64_t sp) {
   return sp > model.num_kv_heads ? sp / model.num_kv_heads : 1;
 }

@@ -60,6 +60,9 @@ struct PlanOptions {
   bool lora_all_linear = true;
   bool qlora = false;
   bool lora() const { return lora_rank > 0; }
+  // Reads the adapters' targets as the CLI and scenarios spell them: "all-linear" (true) or "q,v"
+  // (false); throws ConfigError(source, key, ...) for anything else.
+  static bool lora_targets_parse(const std::string& text, const std::string& source, const std::string& key);
 
   // The ALST feature set (paper §5.2): ZeRO-3, optimizer offload, checkpointing, Ulysses,
   // tiled MLP, tiled logits+loss, checkpoint offload; on one GPU also parameter offload (every

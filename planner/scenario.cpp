@@ -104,12 +104,9 @@ PlanSettings plan_settings_read(YamlReader& reader) {
     settings.fpdt_chunk_tokens = seqlen_parse(reader.get_string("fpdt_chunk_tokens"),
                                               reader.source_name() + ": key '" + reader.key_name("fpdt_chunk_tokens") + "'");
   if (reader.has("lora_rank")) settings.lora_rank = reader.get_int("lora_rank", 1, 4096);
-  if (reader.has("lora_targets")) {
-    const std::string targets = reader.get_string("lora_targets");
-    if (targets != "all-linear" && targets != "q,v")
-      throw ConfigError(reader.source_name(), reader.key_name("lora_targets"), fmt::format("expected all-linear or q,v, got '{}'", targets));
-    settings.lora_all_linear = targets == "all-linear";
-  }
+  if (reader.has("lora_targets"))
+    settings.lora_all_linear =
+        PlanOptions::lora_targets_parse(reader.get_string("lora_targets"), reader.source_name(), reader.key_name("lora_targets"));
   optional_bool("qlora", settings.qlora);
   if (settings.qlora.value_or(false) && !settings.lora_rank)
     throw ConfigError(reader.source_name(), reader.key_name("qlora"), "QLoRA trains LoRA adapters on its 4-bit base: give lora_rank too");

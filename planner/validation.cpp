@@ -349,12 +349,14 @@ PointValidation point_validate(const PublishedPoint& point, const std::string& p
                        (sdpa ? " (SDPA priced as its flash backend, FlashAttention-2)" : "");
 
   const bool measured_at = point.notes.find("measured_at") != std::string::npos;
-  if (point.seqlen && !measured_at) {
+  // The maximum, against a published one or a [fits, fails) bracket; a row with only a failing
+  // length (its run ran out of memory there) is the bracket [0, seqlen_fail).
+  if ((point.seqlen && !measured_at) || (!point.seqlen && point.seqlen_fail)) {
     // FPDT needs S to be a multiple of its chunk (which is a multiple of sp).
     const MaxSeqlenResult result = max_seqlen_find(model, cluster, plan, profile);
     FigureComparison figure;
     figure.kind = FigureKind::figure_max_seqlen;
-    figure.published = static_cast<double>(*point.seqlen);
+    figure.published = static_cast<double>(point.seqlen.value_or(0));
     figure.predicted = static_cast<double>(result.max_seqlen);
     figure.binding_constraint = result.binding_constraint;
     if (point.seqlen_fail) {
@@ -366,18 +368,6 @@ PointValidation point_validate(const PublishedPoint& point, const std::string& p
     } else {
       figure.relative_error = relative_error(figure.predicted, figure.published);
     }
-    validation.figures.push_back(figure);
-  } else if (!point.seqlen && point.seqlen_fail) {
-    // Only a failing length is known (the row's run ran out of memory there): the maximum lies in
-    // [0, seqlen_fail), so a prediction below it is right and one at or above it is off by as much.
-    const MaxSeqlenResult result = max_seqlen_find(model, cluster, plan, profile);
-    FigureComparison figure;
-    figure.kind = FigureKind::figure_max_seqlen;
-    figure.published = 0;
-    figure.published_fail = static_cast<double>(*point.seqlen_fail);
-    figure.predicted = static_cast<double>(result.max_seqlen);
-    figure.binding_constraint = result.binding_constraint;
-    if (figure.predicted >= figure.published_fail) figure.relative_error = relative_error(figure.predicted, figure.published_fail);
     validation.figures.push_back(figure);
   }
   if (!point.seqlen) return validation;
