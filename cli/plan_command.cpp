@@ -61,6 +61,9 @@ struct PlanCommandArgs {
   std::optional<int64_t> lora_rank;
   std::string lora_targets = "all-linear";
   bool qlora = false;
+  bool adam_8bit = false;
+  std::string cp_rotate = "allgather";
+  std::optional<int64_t> dp_replicate;
   bool json = false;
   std::string emit;      // "deepspeed" or "accelerate"
   std::optional<std::string> emit_out;  // file for the emitted config (not given: stdout)
@@ -151,12 +154,19 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
                       "the linears that get adapters: all-linear (q, k, v, o, gate, up, down; the default, Unsloth's) or q,v "
                       "(PEFT's default for Llama, Qwen, Mistral, Gemma)");
   command->add_flag("--qlora", args->qlora, "the base's linears in 4-bit NF4 with double quantization and bf16 compute (QLoRA); needs --lora");
+  command->add_flag("--adam-8bit", args->adam_8bit,
+                    "bitsandbytes' 8-bit AdamW (optim=\"adamw_8bit\": uint8 moments, ~2.03 bytes a parameter); the HF Trainer / TRL");
+  command->add_option("--cp-rotate", args->cp_rotate,
+                      "PyTorch context parallelism's K/V rotation (--framework accelerate-fsdp2 or torchtitan): allgather (the "
+                      "default: the whole sequence's K/V per layer) or alltoall (one block passed per step)");
+  command->add_option("--dp-replicate", args->dp_replicate,
+                      "FSDP2's HSDP: replicate the model over this many groups, sharding it within each (default 1: shard over all)");
   command->add_flag("--fpdt", args->fpdt,
                     "FPDT chunked attention with host-resident chunks (turns tiled MLP/loss off: FPDT chunks them itself)");
   command->add_option("--fpdt-chunk", args->fpdt_chunk, "FPDT chunk of the global sequence (default 64Ki = 65536)");
   command->add_option("--profile", args->profile,
                       "runtime profile (default: the framework's own: deepspeed-hf for the DeepSpeed ones, megatron-deepspeed, "
-                      "fsdp2-accelerate, hf-trainer, native-cuda for longseq), native, or a .yaml");
+                      "fsdp2-accelerate, fsdp2-torchtitan, hf-trainer, native-cuda for longseq), native, or a .yaml");
   command->add_option("--attention", args->attention,
                       "attention kernel: fa2 (FlashAttention-2) or fa3 (FlashAttention-3 on Hopper: its backward buffers and its "
                       "published speed); default: the profile's, else the hardware card's (fa3 on H100/H200/H800, fa2 on A100). "
@@ -167,14 +177,16 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
                       "of its techniques), hf-accelerate (Accelerate / HF Trainer / TRL), megatron-deepspeed (where FPDT lives), "
                       "deepspeed (a plain deepspeed.initialize loop), usp (a DeepSpeed loop with USP's Ulysses x ring attention), "
                       "accelerate-fsdp2 (Accelerate / Trainer / TRL on FSDP2 with PyTorch context parallelism), hf-trainer (the plain "
-                      "HF Trainer / TRL in bf16; where LoRA adapters are planned), longseq (its own executor). The search explores "
+                      "HF Trainer / TRL in bf16; where LoRA adapters are planned), torchtitan (PyTorch's trainer: FSDP2 with "
+                      "context parallelism, its Llama 3 flavors), longseq (its own executor). The search explores "
                       "only what it runs and says what another framework would reach");
   command->add_flag("--json", args->json, "print JSON instead of tables");
   command->add_option("--emit", args->emit,
                       "write the (chosen) plan as a framework's files instead of the report: arctic-training (recipe YAML), "
                       "accelerate (Accelerate YAML + the DeepSpeed JSON it names), megatron-deepspeed (launch arguments + "
                       "DeepSpeed JSON), deepspeed or usp (DeepSpeed JSON for a plain loop), accelerate-fsdp2 (Accelerate's FSDP2 + "
-                      "context-parallelism YAML) or hf-trainer (a TRL SFTTrainer script, with PEFT's LoraConfig for adapters)");
+                      "context-parallelism YAML), torchtitan (its TOML job) or hf-trainer (a TRL SFTTrainer script, with PEFT's "
+                      "LoraConfig for adapters)");
   command->add_option("--emit-length", args->emit_length,
                       "the length --emit writes when longseq finds the maximum: safe (default: the band's low end, every "
                       "estimate at its high end) or point (the point estimate, at 100% of usable memory)")
@@ -209,15 +221,25 @@ struct PlanOutputs {
   std::optional<OutputFileTarget> emit_main, emit_companion, plan_out;
 };
 
-// The adapters the flags ask for (none without --lora).
-void adapters_apply(const PlanCommandArgs& args, PlanOptions& plan) {
+// The choices the flags hold in every plan: adapters (none without --lora), 8-bit Adam, the CP
+// rotation, HSDP.
+void held_choices_apply(const PlanCommandArgs& args, HeldChoices& held) {
   if (args.qlora && !args.lora_rank) throw ConfigError("--qlora", "", "trains LoRA adapters on a 4-bit base: give --lora RANK too");
-  if (!args.lora_rank) return;
-  if (*args.lora_rank < 1 || *args.lora_rank > 4096)
-    throw ConfigError("--lora", "", fmt::format("the adapters' rank must be in [1, 4096], got {}", *args.lora_rank));
-  plan.lora_rank = *args.lora_rank;
-  plan.lora_all_linear = PlanOptions::lora_targets_parse(args.lora_targets, "--lora-targets", "");
-  plan.qlora = args.qlora;
+  if (args.lora_rank) {
+    if (*args.lora_rank < 1 || *args.lora_rank > 4096)
+      throw ConfigError("--lora", "", fmt::format("the adapters' rank must be in [1, 4096], got {}", *args.lora_rank));
+    held.lora_rank = *args.lora_rank;
+    held.lora_all_linear = HeldChoices::lora_targets_parse(args.lora_targets, "--lora-targets", "");
+    held.qlora = args.qlora;
+  }
+  held.adam_8bit = args.adam_8bit;
+  if (args.cp_rotate != "allgather" && args.cp_rotate != "alltoall")
+    throw ConfigError("--cp-rotate", "", fmt::format("expected allgather or alltoall, got '{}'", args.cp_rotate));
+  held.cp_all_to_all = args.cp_rotate == "alltoall";
+  if (args.dp_replicate) {
+    if (*args.dp_replicate < 1) throw ConfigError("--dp-replicate", "", fmt::format("must be at least 1, got {}", *args.dp_replicate));
+    held.dp_replicate = *args.dp_replicate;
+  }
 }
 
 bool plan_flags_given(const PlanCommandArgs& args) {
@@ -268,7 +290,7 @@ PlanOptions plan_from_flags(const PlanCommandArgs& args, const ModelSpec& model,
     if (args.tiled_loss_on == 0) plan.tiled_loss = false;
     if (args.fpdt_chunk) plan.fpdt_chunk_tokens = seqlen_parse(*args.fpdt_chunk, "--fpdt-chunk");
   }
-  adapters_apply(args, plan);
+  held_choices_apply(args, plan);
   if (plan.lora()) {
     // An adapter run on one replica a GPU: the ALST set's ZeRO, offloads, Ulysses and TiledMLP
     // leave unless asked for (plan_problems then says why they cannot stay).
@@ -279,6 +301,32 @@ PlanOptions plan_from_flags(const PlanCommandArgs& args, const ModelSpec& model,
     if (args.tiled_mlp_on == 0) plan.tiled_mlp = false;
   }
   return plan;
+}
+
+// The fixed plan starts from the ALST set; a named framework keeps of it what it runs. An option
+// the user did not give is turned off when it is what the framework refuses (turning it off
+// changes the refusal), one at a time; what the user gave stays, and is refused by name.
+void plan_defaults_fit(const PlanCommandArgs& args, PlanOptions& plan, Framework framework, const ModelSpec& model) {
+  std::vector<std::function<bool(PlanOptions&)>> defaults;  // each turns one default off; false when it was not on
+  if (!args.sp) defaults.push_back([](PlanOptions& p) { return p.sp > 1 && (p.sp = 1, true); });
+  if (args.checkpoint_offload_on == 0) defaults.push_back([](PlanOptions& p) { return p.checkpoint_offload && !(p.checkpoint_offload = false); });
+  if (args.tiled_mlp_on == 0) defaults.push_back([](PlanOptions& p) { return p.tiled_mlp && !(p.tiled_mlp = false); });
+  if (args.tiled_loss_on == 0) defaults.push_back([](PlanOptions& p) { return p.tiled_loss && !(p.tiled_loss = false); });
+  if (args.offload_optimizer_on == 0 && args.offload_params_on == 0)
+    defaults.push_back([](PlanOptions& p) { return (p.offload_optimizer || p.offload_params) && !(p.offload_optimizer = p.offload_params = false); });
+  // Passes until nothing changes: a refusal names only the first option its checks meet.
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (const auto& turn_off : defaults) {
+      const std::string refusal = framework_unsupported(framework, model, plan);
+      if (refusal.empty()) return;
+      PlanOptions without = plan;
+      if (turn_off(without) && framework_unsupported(framework, model, without) != refusal) {
+        plan = without;
+        changed = true;
+      }
+    }
+  }
 }
 
 // --search with plan flags: each flag given holds that option fixed in every plan searched.
@@ -694,15 +742,21 @@ int plan_command_run(const PlanCommandArgs& args) {
                                                 "its lengths): drop --framework, or give --framework {}",
                                                 args.emit, framework_name(emit_framework), framework_name(given_framework),
                                                 framework_name(emit_framework)));
-  // Adapter training is planned for the HF Trainer / TRL path (PEFT), its default target.
-  const Framework default_framework = args.lora_rank ? Framework::framework_hf_trainer : emit_framework;
+  // A held choice only one stack runs picks it when no framework is named: adapters and 8-bit Adam
+  // the HF Trainer / TRL path (PEFT, bitsandbytes), CP's rotation and HSDP Accelerate's FSDP2.
+  const bool trainer_choice = args.lora_rank.has_value() || args.adam_8bit;
+  const bool fsdp2_choice = args.cp_rotate != "allgather" || args.dp_replicate.value_or(1) > 1;
+  const Framework default_framework = emitting        ? emit_framework
+                                      : trainer_choice ? Framework::framework_hf_trainer
+                                      : fsdp2_choice   ? Framework::framework_accelerate_fsdp2
+                                                       : kDefaultFramework;
   const Framework framework = machine ? Framework::framework_longseq : framework_given ? given_framework : default_framework;
   if (args.lora_rank && machine)
     throw ConfigError("--lora", "", "longseq's executor trains no adapters yet: plan adapters for a GPU (--gpus, --framework hf-trainer)");
   if (args.lora_rank && emitting && emit_framework != Framework::framework_hf_trainer)
     throw ConfigError("--lora", "", "adapters are planned for the HF Trainer / TRL: --emit hf-trainer writes their script");
   if (args.lora_rank && args.plan_out) throw ConfigError("--lora", "", "longseq's executor trains no adapters yet: no plan file to write");
-  const bool framework_checked = framework_given || emitting || args.lora_rank.has_value();
+  const bool framework_checked = framework_given || emitting || trainer_choice || fsdp2_choice;
   const FrameworkFacts& facts = framework_facts(framework);
   const std::string profile_name = !args.profile.empty() ? args.profile : facts.runtime_profile;
   if (machine && model.is_moe())
@@ -765,6 +819,8 @@ int plan_command_run(const PlanCommandArgs& args) {
     header += fmt::format("  framework {}{}\n", framework_name(framework),
                           framework_given || machine ? "" : emitting ? " (the --emit target's)"
                           : args.lora_rank ? " (where adapters are planned: PEFT through the HF Trainer / TRL)"
+                          : args.adam_8bit ? " (where 8-bit AdamW is planned: the HF Trainer / TRL)"
+                          : fsdp2_choice   ? " (PyTorch FSDP2's: --cp-rotate / --dp-replicate)"
                                            : fmt::format(" (the default; --framework {})", others));
   }
   header += fmt::format("  cluster  {} x {} ({:.2f} GiB each), {} node(s) of {} GPUs, {:.0f} GiB host memory per node\n",
@@ -787,7 +843,8 @@ int plan_command_run(const PlanCommandArgs& args) {
   if (!args.objective.empty() && fixed_plan) throw ConfigError("--objective", "", "applies to the search; drop the plan flags");
 
   if (fixed_plan && !args.search) {
-    const PlanOptions plan = plan_from_flags(args, model, cluster);
+    PlanOptions plan = plan_from_flags(args, model, cluster);
+    if (framework_checked && !machine) plan_defaults_fit(args, plan, framework, model);
     std::vector<std::string> problems = plan_problems(model, cluster, plan);
     if (framework_checked) {  // a plan for a named framework (or its files) must be one it runs
       const std::string unsupported = framework_unsupported(framework, model, plan);
@@ -841,13 +898,7 @@ int plan_command_run(const PlanCommandArgs& args) {
   if (context.max_step_s > 0 && options.objective != SearchObjective::objective_max_seqlen)
     throw ConfigError("--max-step-time", "", "limits the longest-sequence search; with --seqlen the step time is an answer, not a limit");
   options.max_step_s = context.max_step_s;
-  {
-    PlanOptions adapters;
-    adapters_apply(args, adapters);
-    options.lora_rank = adapters.lora_rank;
-    options.lora_all_linear = adapters.lora_all_linear;
-    options.qlora = adapters.qlora;
-  }
+  held_choices_apply(args, options.held);
   if (args.search && fixed_plan) options.admits = search_constraints(args);
   const SearchResult result = machine ? machine_plan_search(model, target) : plan_search(model, cluster, profile, options);
   const bool by_length = options.objective == SearchObjective::objective_max_seqlen;

@@ -1,5 +1,7 @@
 #include "models/adapters.hpp"
 
+#include <string_view>
+
 namespace longseq {
 
 std::vector<LayerLinear> decoder_layer_linears(const ModelSpec& model) {
@@ -39,6 +41,61 @@ double nf4_weight_bytes(int64_t elements, bool double_quant) {
 double nf4_layer_linears_bytes(const ModelSpec& model, bool double_quant) {
   double per_layer = 0;
   for (const LayerLinear& linear : decoder_layer_linears(model)) per_layer += nf4_weight_bytes(linear.in * linear.out, double_quant);
+  return static_cast<double>(model.num_layers) * per_layer;
+}
+
+double adam_8bit_state_bytes(int64_t elements) {
+  if (elements < 4096) return 8.0 * static_cast<double>(elements);
+  const int64_t blocks = (elements + 255) / 256;
+  return 2.0 * (static_cast<double>(elements) + 4.0 * static_cast<double>(blocks));
+}
+
+std::vector<int64_t> parameter_tensor_elements(const ModelSpec& model) {
+  const int64_t h = model.hidden_size;
+  // Every parameter tensor of a decoder layer, as the model code allocates them.
+  std::vector<int64_t> layer;
+  const int64_t norm_tensors = model.norm_kind == NormKind::norm_kind_layernorm ? 2 : 1;  // weight (+ bias)
+  for (int64_t i = 0; i < model.norms_per_layer * norm_tensors; ++i) layer.push_back(h);
+  for (const LayerLinear& linear : decoder_layer_linears(model)) {
+    const std::string_view name(linear.name);
+    const bool mlp = name == "gate_proj" || name == "up_proj" || name == "down_proj";
+    if (!(mlp && model.is_moe())) layer.push_back(linear.in * linear.out);
+  }
+  if (model.qkv_bias)
+    for (int64_t width : {model.q_width(), model.kv_width(), model.kv_width()}) layer.push_back(width);
+  if (model.o_proj_bias) layer.push_back(h);
+  if (model.mlp_bias) {
+    if (model.mlp_kind == MlpKind::mlp_kind_swiglu) layer.push_back(model.intermediate_size);
+    layer.push_back(model.intermediate_size);
+    layer.push_back(h);
+  }
+  if (model.qk_norm) layer.insert(layer.end(), {model.head_dim, model.head_dim});
+  if (model.is_moe()) {
+    // The router and each expert's gate, up and down (an expert loop's nn.Linear each), the shared
+    // expert and its gate.
+    layer.push_back(h * model.experts);
+    for (int64_t e = 0; e < 3 * model.experts; ++e) layer.push_back(h * model.expert_intermediate_size);
+    if (model.shared_expert_intermediate_size > 0)
+      for (int i = 0; i < 3; ++i) layer.push_back(h * model.shared_expert_intermediate_size);
+    if (model.shared_expert_gate) layer.push_back(h);
+  }
+  std::vector<int64_t> tensors = {model.vocab_size * h};  // the embedding
+  for (int64_t i = 0; i < model.num_layers; ++i) tensors.insert(tensors.end(), layer.begin(), layer.end());
+  for (int64_t i = 0; i < norm_tensors; ++i) tensors.push_back(h);  // the final norm
+  if (!model.tied_embeddings) tensors.push_back(model.vocab_size * h);
+  return tensors;
+}
+
+double adam_8bit_model_state_bytes(const ModelSpec& model) {
+  double bytes = 0;
+  for (int64_t elements : parameter_tensor_elements(model)) bytes += adam_8bit_state_bytes(elements);
+  return bytes;
+}
+
+double adam_8bit_lora_state_bytes(const ModelSpec& model, int64_t rank, bool all_linear) {
+  double per_layer = 0;
+  for (const LayerLinear& linear : decoder_layer_linears(model))
+    if (all_linear || linear.adapted_by_default) per_layer += adam_8bit_state_bytes(rank * linear.in) + adam_8bit_state_bytes(linear.out * rank);
   return static_cast<double>(model.num_layers) * per_layer;
 }
 

@@ -35,4 +35,17 @@ double nf4_weight_bytes(int64_t elements, bool double_quant);
 // The whole model's decoder-layer linears in NF4, weight by weight.
 double nf4_layer_linears_bytes(const ModelSpec& model, bool double_quant);
 
+// bitsandbytes' 8-bit AdamW state of one parameter tensor (Optimizer2State.init_state, item 23):
+// two uint8 moments with an fp32 absmax per block of 256 values each; a tensor of fewer than 4,096
+// values (min_8bit_size) keeps two fp32 moments, 8 bytes a value.
+double adam_8bit_state_bytes(int64_t elements);
+// Every parameter tensor of the model, by its values: the embedding, each layer's norms, linears,
+// biases, q/k norms (MoE: router, experts, shared expert), the final norm, an untied LM head.
+std::vector<int64_t> parameter_tensor_elements(const ModelSpec& model);
+// 8-bit AdamW's state over every parameter tensor of the model (full fine-tuning), tensor by
+// tensor: the norms, q/k norms and biases under 4,096 values stay fp32.
+double adam_8bit_model_state_bytes(const ModelSpec& model);
+// Its state over the LoRA adapters (lora_A r x in and lora_B out x r of each adapted linear).
+double adam_8bit_lora_state_bytes(const ModelSpec& model, int64_t rank, bool all_linear);
+
 }  // namespace longseq

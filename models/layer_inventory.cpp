@@ -483,8 +483,10 @@ void ulysses_attention_forward(TensorTrace& trace, const LayerShape& shape, cons
     // §11 F2.3-F2.4): next_kv = cat(k, v) copies the local blocks, all_gather_tensor gathers the
     // whole sequence's K and V (kept until the call returns, not saved), and the blocks' outputs
     // merge into a running fp32 output with two fp32 temporaries of its size and fp32 lse.
+    // The all-to-all rotation keeps one received block beside the cat copy instead (F2.3).
     trace.alloc(L, "cp.kv_local_copy", 2.0 * bytes.kv_replicated);
-    trace.alloc(L, "cp.kv_gathered", 2.0 * ring * bytes.kv_replicated);
+    if (impl.context_parallel_all_to_all) trace.alloc(L, "cp.kv_block_received", 2.0 * bytes.kv_replicated);
+    else trace.alloc(L, "cp.kv_gathered", 2.0 * ring * bytes.kv_replicated);
     trace.alloc(L, "cp.output_fp32", q_fp32);
     trace.alloc(L, "cp.merge_temporaries", 2.0 * q_fp32);
     trace.alloc(L, "cp.lse_fp32", bytes.lse);
@@ -497,7 +499,9 @@ void ulysses_attention_forward(TensorTrace& trace, const LayerShape& shape, cons
   trace.alloc(L, "attention.output", bytes.q);
   trace.alloc(L, "attention.lse", bytes.lse);
   if (torch_cp)
-    for (const char* name : {"cp.lse_fp32", "cp.merge_temporaries", "cp.output_fp32", "cp.kv_gathered", "cp.kv_local_copy"}) trace.free(name);
+    for (const char* name : {"cp.lse_fp32", "cp.merge_temporaries", "cp.output_fp32",
+                             impl.context_parallel_all_to_all ? "cp.kv_block_received" : "cp.kv_gathered", "cp.kv_local_copy"})
+      trace.free(name);
   else if (shape.ring > 1)
     for (const char* name : {"ring.lse_accumulator", "ring.output_accumulator", "ring.kv_blocks_in_flight"}) trace.free(name);
   // Output path back to sequence shards: [S, n_q/sp*d] -> [S_l, n_q*d] (REFERENCE §3.1).
@@ -622,9 +626,11 @@ void ulysses_attention_backward(TensorTrace& trace, const LayerShape& shape, con
   const double fp32_per_element = 4.0 / static_cast<double>(impl.activation_bytes);
   const bool torch_cp = shape.ring > 1 && impl.context_parallel_allgather;
   if (torch_cp) {
-    // PyTorch CP backward (F2.5): the whole sequence's K/V gathered again, fp32 accumulators for
-    // dq, dk, dv, and dk/dv passed by all-to-all in fp32 (send and receive).
-    trace.alloc(L, "cp.kv_gathered", 2.0 * static_cast<double>(shape.ring) * bytes.kv_replicated);
+    // PyTorch CP backward (F2.5): the whole sequence's K/V gathered again (all-to-all rotation:
+    // a block in flight beside the cat copy), fp32 accumulators for dq, dk, dv, and dk/dv passed by
+    // all-to-all in fp32 (send and receive).
+    if (impl.context_parallel_all_to_all) trace.alloc(L, "cp.kv_blocks_in_flight", 4.0 * bytes.kv_replicated);
+    else trace.alloc(L, "cp.kv_gathered", 2.0 * static_cast<double>(shape.ring) * bytes.kv_replicated);
     trace.alloc(L, "cp.grad_accumulators_fp32", (bytes.q + 2.0 * bytes.kv_replicated) * fp32_per_element);
     trace.alloc(L, "cp.kv_grad_all_to_all_fp32", 2.0 * 2.0 * bytes.kv_replicated * fp32_per_element);
   } else if (shape.ring > 1) {
@@ -662,7 +668,9 @@ void ulysses_attention_backward(TensorTrace& trace, const LayerShape& shape, con
     }
   }
   if (torch_cp)
-    for (const char* name : {"cp.kv_grad_all_to_all_fp32", "cp.grad_accumulators_fp32", "cp.kv_gathered"}) trace.free(name);
+    for (const char* name : {"cp.kv_grad_all_to_all_fp32", "cp.grad_accumulators_fp32",
+                             impl.context_parallel_all_to_all ? "cp.kv_blocks_in_flight" : "cp.kv_gathered"})
+      trace.free(name);
   else if (shape.ring > 1)
     for (const char* name : {"ring.kv_grad_accumulators_in_flight", "ring.kv_blocks_in_flight"}) trace.free(name);
   trace.free("attention.output_grad");

@@ -91,9 +91,11 @@ struct LayerImplementation {
   // backward is done (bytes; 0: none beyond the ZeRO buffers' one matrix in flight).
   double mlp_tile_weight_grads_bytes = 0;
   MoeExperts moe_experts = MoeExperts::moe_hf_expert_loop;
-  // With shape.ring > 1: PyTorch context parallelism with its all-gather rotation (Reference §11
-  // F2.3-F2.5) instead of USP's ring of key/value blocks.
+  // With shape.ring > 1: PyTorch context parallelism (Reference §11 F2.3-F2.5) instead of USP's
+  // ring of key/value blocks, rotating K/V by all-gather (its default) or, with
+  // `context_parallel_all_to_all`, by passing one block to the next rank per step.
   bool context_parallel_allgather = false;
+  bool context_parallel_all_to_all = false;
 };
 
 // Category names of traces and breakdowns, shared by the planner's predictions and the executor's

@@ -21,6 +21,7 @@ const std::vector<FrameworkFacts>& framework_table() {
       {Framework::framework_usp, "usp", "deepspeed-hf", "usp", 1, nullptr},
       {Framework::framework_accelerate_fsdp2, "accelerate-fsdp2", "fsdp2-accelerate", "accelerate-fsdp2", 1, nullptr},
       {Framework::framework_hf_trainer, "hf-trainer", "hf-trainer", "hf-trainer", 1, nullptr},
+      {Framework::framework_torchtitan, "torchtitan", "fsdp2-torchtitan", "torchtitan", 1, nullptr},
       {Framework::framework_longseq, "longseq", "native-cuda", "", 1, nullptr},
   };
   return table;
@@ -82,19 +83,47 @@ bool qwen3_moe_shaped(const ModelSpec& model) { return model.is_moe() && model.q
 
 }  // namespace
 
+std::string torchtitan_llama3_flavor(const ModelSpec& model) {
+  struct Flavor {
+    const char* name;
+    int64_t hidden, layers, q_heads, kv_heads, intermediate;
+  };
+  // dim, n_layers, n_heads, n_kv_heads and the MLP width its ffn_dim_multiplier / multiple_of give;
+  // the vocabulary is the Llama 3 tokenizer's 128,256.
+  static const Flavor flavors[] = {{"8B", 4096, 32, 32, 8, 14336}, {"70B", 8192, 80, 64, 8, 28672}, {"405B", 16384, 126, 128, 8, 53248}};
+  if (model.is_moe() || model.qk_norm || model.qkv_bias || model.mlp_bias || model.tied_embeddings || model.vocab_size != 128256 ||
+      model.mlp_kind != MlpKind::mlp_kind_swiglu || model.norm_kind != NormKind::norm_kind_rmsnorm || model.norms_per_layer != 2)
+    return "";
+  for (const Flavor& flavor : flavors)
+    if (model.hidden_size == flavor.hidden && model.num_layers == flavor.layers && model.num_q_heads == flavor.q_heads &&
+        model.num_kv_heads == flavor.kv_heads && model.intermediate_size == flavor.intermediate)
+      return flavor.name;
+  return "";
+}
+
 std::string framework_unsupported(Framework framework, const ModelSpec& model, const PlanOptions& plan) {
   const char* name = framework_name(framework);
   // Ring attention: neither DeepSpeed nor the trainers on it have one (REFERENCE §8); USP's
   // LongContextAttention composes it with Ulysses, and so does longseq's executor (unchunked).
   if (plan.ring > 1 && framework == Framework::framework_longseq && plan.fpdt)
     return "longseq: ring attention runs unchunked (no FPDT beside it)";
-  if (plan.ring > 1 && framework != Framework::framework_usp && framework != Framework::framework_longseq &&
-      framework != Framework::framework_accelerate_fsdp2)
+  const bool pytorch_cp = framework == Framework::framework_accelerate_fsdp2 || framework == Framework::framework_torchtitan;
+  if (plan.ring > 1 && framework != Framework::framework_usp && framework != Framework::framework_longseq && !pytorch_cp)
     return fmt::format("{}: no ring attention (USP's LongContextAttention runs Ulysses x ring: --framework usp; PyTorch's context "
-                       "parallelism under FSDP2: --framework accelerate-fsdp2)", name);
+                       "parallelism under FSDP2: --framework accelerate-fsdp2 or torchtitan)", name);
+  if (plan.ring > 1 && plan.cp_all_to_all && !pytorch_cp)
+    return fmt::format("{}: --cp-rotate chooses PyTorch context parallelism's rotation (accelerate-fsdp2, torchtitan); its ring has none",
+                       name);
+  // HSDP's 2-D mesh is FSDP2's (Reference §11 F1.10, F1.17, F6.2).
+  if (plan.dp_replicate > 1 && !pytorch_cp)
+    return fmt::format("{}: no replicate x shard mesh (HSDP is FSDP2's: --framework accelerate-fsdp2 or torchtitan)", name);
   // LoRA is planned for PEFT through the HF Trainer / TRL so far.
   if (plan.lora() && framework != Framework::framework_hf_trainer)
     return fmt::format("{}: LoRA is planned for the HF Trainer / TRL path (PEFT) only so far: --framework hf-trainer", name);
+  // bitsandbytes' 8-bit AdamW through the Trainer's optim argument; DeepSpeed builds its own
+  // optimizer (CPU Adam when offloading) and FSDP2's DTensor shards are not planned with it.
+  if (plan.adam_8bit && framework != Framework::framework_hf_trainer)
+    return fmt::format("{}: 8-bit AdamW is planned through the HF Trainer / TRL (optim=\"adamw_8bit\") only: --framework hf-trainer", name);
   switch (framework) {
     case Framework::framework_arctic_training:
       // FPDT exists only in Megatron-DeepSpeed; the UlyssesSPAttentionHF path has none (REFERENCE §8).
@@ -145,10 +174,30 @@ std::string framework_unsupported(Framework framework, const ModelSpec& model, c
       if (plan.sp > 1) return fmt::format("{}: Ulysses (sp_size) runs only under DeepSpeed, and not beside cp (--framework hf-accelerate)", name);
       if (plan.fpdt) return fmt::format("{}: no FPDT (it exists only in Megatron-DeepSpeed)", name);
       if (plan.zero_stage != 3) return fmt::format("{}: planned with FSDP2's full sharding (the ZeRO-3 layout) only", name);
-      if (plan.offload_optimizer || plan.offload_params)
-        return fmt::format("{}: FSDP2's CPUOffloadPolicy (parameters, gradients and optimizer on the host) is not modelled yet", name);
+      // fsdp_offload_params: true is CPUOffloadPolicy: parameters, gradients and optimizer together (F1.12, F1.19).
+      if (plan.offload_optimizer != plan.offload_params)
+        return fmt::format("{}: FSDP2 offloads parameters, gradients and optimizer together (fsdp_offload_params, CPUOffloadPolicy), "
+                           "not one without the other", name);
       if (plan.tiled_mlp) return fmt::format("{}: no switch for TiledMLP", name);
       return "";
+    case Framework::framework_torchtitan: {
+      if (plan.sp > 1) return fmt::format("{}: no Ulysses (its sequence parallelism is PyTorch's context parallelism: --ring)", name);
+      if (plan.fpdt) return fmt::format("{}: no FPDT (it exists only in Megatron-DeepSpeed)", name);
+      if (plan.zero_stage != 3) return fmt::format("{}: planned with FSDP2's full sharding (the ZeRO-3 layout) only", name);
+      // training.enable_cpu_offload is CPUOffloadPolicy (F6.4).
+      if (plan.offload_optimizer != plan.offload_params)
+        return fmt::format("{}: FSDP2 offloads parameters, gradients and optimizer together (training.enable_cpu_offload), not one "
+                           "without the other", name);
+      // Its job config has activation checkpointing modes and float8, no activation offload, tiled
+      // MLP or chunked loss (Reference §11 F6.1-F6.5).
+      if (plan.checkpoint_offload) return fmt::format("{}: no activation offload to the host in its job config (F6.3 lists its AC modes)", name);
+      if (plan.tiled_mlp) return fmt::format("{}: no TiledMLP", name);
+      if (plan.tiled_loss) return fmt::format("{}: no chunked or tiled loss in its job config", name);
+      if (torchtitan_llama3_flavor(model).empty())
+        return fmt::format("{}: trains its own model code; longseq plans its llama3 flavors 8B, 70B and 405B (Llama 3/3.1/3.3 shapes), "
+                           "which {} is not", name, model.name);
+      return "";
+    }
     case Framework::framework_hf_trainer:
       // A model on every GPU, trained by PyTorch alone: none of DeepSpeed's partitioning, offload,
       // sequence parallelism or tiling; Liger's kernels (use_liger_kernel=True) give the tiled loss.

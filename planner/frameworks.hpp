@@ -20,6 +20,7 @@ enum class Framework {
   framework_usp,                 // a DeepSpeed loop with USP's LongContextAttention: Ulysses x ring attention
   framework_accelerate_fsdp2,    // Accelerate / HF Trainer / TRL on PyTorch FSDP2 with PyTorch context parallelism
   framework_hf_trainer,          // the plain HF Trainer / TRL SFTTrainer: no DeepSpeed, no FSDP (DDP across GPUs)
+  framework_torchtitan,          // PyTorch's torchtitan: FSDP2 with context parallelism, its own Llama 3 model code (TOML job)
   framework_longseq,             // longseq's own executor (`longseq run`); ring attention planned, not yet executed
 };
 
@@ -61,6 +62,11 @@ Framework framework_parse(const std::string& name, const std::string& flag = "--
 
 // Why `framework` cannot run `plan` for `model`, naming the option and the source; empty when it can.
 std::string framework_unsupported(Framework framework, const ModelSpec& model, const PlanOptions& plan);
+// torchtitan's llama3 flavor with `model`'s shape ("8B", "70B", "405B": the flavors of
+// torchtitan/models/llama3/__init__.py, whose TransformerModelArgs give Llama 3/3.1/3.3's
+// dimensions); "" for any other model, which torchtitan's Llama 3 code does not build.
+std::string torchtitan_llama3_flavor(const ModelSpec& model);
+
 // The frameworks that run `plan` for `model` (longseq's executor always among them).
 std::vector<Framework> frameworks_running(const ModelSpec& model, const PlanOptions& plan);
 

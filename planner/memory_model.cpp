@@ -85,6 +85,7 @@ Setup setup_make(const ModelSpec& model, const HardwareCard& card, const PlanOpt
   impl.activation_bytes = profile.activation_bytes;
   impl.moe_experts = profile.moe_experts;
   impl.context_parallel_allgather = profile.ring_implementation == RingImplementation::ring_torch_allgather;
+  impl.context_parallel_all_to_all = impl.context_parallel_allgather && plan.cp_all_to_all;
   impl.ulysses_staging_copies = profile.ulysses_staging_copies;
   impl.flash_attention_dq_accumulator = profile.flash_attention_dq_accumulator;
   impl.flash_attention_expands_gqa_grads = profile.flash_attention_expands_gqa_grads;
@@ -144,12 +145,13 @@ void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const Clus
                           const PlanOptions& plan, const RuntimeProfile& profile, const Setup& setup, int64_t seqlen,
                           bool with_inputs = true) {
   const double params = as_double(setup.params.total);
-  const double world = as_double(cluster.gpus);
   // ZeRO partitions over all ranks (data x sequence parallel; REFERENCE training configuration):
-  // stage 1 the optimizer states and master weights, stage 2 also gradients, stage 3 also weights.
-  const double optimizer_shards = plan.zero_stage >= 1 ? world : 1;
-  const double gradient_shards = plan.zero_stage >= 2 ? world : 1;
-  const double weight_shards = plan.zero_stage >= 3 ? world : 1;
+  // stage 1 the optimizer states and master weights, stage 2 also gradients, stage 3 also weights;
+  // FSDP2's HSDP over one replica's ranks (Reference §11 F1.10).
+  const double shards = as_double(plan.shard_ranks(cluster.gpus));
+  const double optimizer_shards = plan.zero_stage >= 1 ? shards : 1;
+  const double gradient_shards = plan.zero_stage >= 2 ? shards : 1;
+  const double weight_shards = plan.zero_stage >= 3 ? shards : 1;
   if (plan.lora()) {
     // A frozen base and fp32 adapters (Reference §12 (i)): the base in its storage dtype with no
     // gradient, master or optimizer state (items 11-12); QLoRA's linears in NF4 with double
@@ -166,7 +168,10 @@ void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const Clus
     const double adapters = as_double(lora_parameter_count(model, plan.lora_rank, plan.lora_all_linear));
     trace.alloc(kCategoryModelStates, "lora_adapters_fp32", adapters * 4.0);
     trace.alloc(kCategoryModelStates, "lora_gradients_fp32", adapters * 4.0);
-    trace.alloc(kCategoryModelStates, "lora_optimizer_states", adapters * 8.0);
+    if (plan.adam_8bit)
+      trace.alloc(kCategoryModelStates, "lora_optimizer_states_8bit", adam_8bit_lora_state_bytes(model, plan.lora_rank, plan.lora_all_linear));
+    else
+      trace.alloc(kCategoryModelStates, "lora_optimizer_states", adapters * 8.0);
   } else {
     if (!plan.offload_params)
       trace.alloc(kCategoryModelStates, "weights", params * as_double(profile.weight_bytes) / weight_shards);
@@ -176,7 +181,10 @@ void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const Clus
       trace.alloc(kCategoryModelStates, profile.gradient_bytes == 2 ? "gradients_bf16" : "gradients_fp32",
                   params * as_double(profile.gradient_bytes) / gradient_shards);
       trace.alloc(kCategoryModelStates, "master_weights", params * as_double(profile.master_weight_bytes) / optimizer_shards);
-      trace.alloc(kCategoryModelStates, "optimizer_states", params * as_double(profile.optimizer_state_bytes) / optimizer_shards);
+      if (plan.adam_8bit)
+        trace.alloc(kCategoryModelStates, "optimizer_states_8bit", adam_8bit_model_state_bytes(model) / optimizer_shards);
+      else
+        trace.alloc(kCategoryModelStates, "optimizer_states", params * as_double(profile.optimizer_state_bytes) / optimizer_shards);
     }
   }
 
@@ -217,6 +225,13 @@ void gradient_reduce_bucket_place(TensorTrace& trace, const PlanOptions& plan, c
   trace.alloc(kCategoryZero, "gradient_reduce_bucket", bucket * as_double(profile.working_gradient_bytes));
 }
 
+// FSDP2 with CPUOffloadPolicy: parameters, gradients and optimizer on the host together (the plan
+// offloads both; framework_unsupported refuses one without the other).
+bool fsdp2_cpu_offload(const PlanOptions& plan, const RuntimeProfile& profile) {
+  return plan.zero_stage == 3 && profile.parameter_sharding == ParameterSharding::sharding_fsdp2 && plan.offload_params &&
+         plan.offload_optimizer;
+}
+
 // FSDP2's [final norm, lm_head] unit, unsharded (in the gathered dtype) from the end of forward
 // to its backward (Accelerate fsdp_utils.py L751-768; Reference §11 F1.16); a tied head is the
 // embedding's weight.
@@ -240,6 +255,9 @@ void zero_layer_buffers_place(TensorTrace& trace, const PlanOptions& plan, const
     const double reduced = as_double(profile.reduce_bytes_or_default());
     trace.alloc(kCategoryZero, "fsdp.unsharded_layer", layer_params * gathered);
     trace.alloc(kCategoryZero, backward ? "fsdp.prefetched_all_gather" : "fsdp.all_gather_output", layer_params * gathered);
+    // CPUOffloadPolicy copies the next unit's shard to the device before its all-gather (F1.12).
+    if (fsdp2_cpu_offload(plan, profile))
+      trace.alloc(kCategoryZero, "fsdp.sharded_unit_on_device", layer_params * as_double(profile.weight_bytes) / world);
     if (!backward) {
       trace.alloc(kCategoryZero, "fsdp.next_all_gather_in_flight", layer_params * gathered);
       return;
@@ -247,6 +265,9 @@ void zero_layer_buffers_place(TensorTrace& trace, const PlanOptions& plan, const
     trace.alloc(kCategoryZero, "fsdp.unsharded_gradients", layer_params * as_double(profile.working_gradient_bytes));
     trace.alloc(kCategoryZero, "fsdp.reduce_scatter_input", layer_params * reduced);
     trace.alloc(kCategoryZero, "fsdp.reduce_scatter_output", layer_params * reduced / world);
+    // HSDP: the all-reduce over the replicas keeps its buffer (the reduce dtype, the shard's size)
+    // across layers (F1.10).
+    if (plan.dp_replicate > 1) trace.alloc(kCategoryZero, "fsdp.hsdp_all_reduce_buffer", layer_params * reduced / world);
     // Reference §11 D counts the tail unit in the layers' backward too.
     trace.alloc(kCategoryZero, "fsdp.unsharded_norm_and_lm_head", fsdp_tail_unit_bytes(profile, setup));
     return;
@@ -355,7 +376,7 @@ MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& clust
     // Forward of the last layer: the checkpoints of all layers below it are resident.
     {
       TensorTrace& trace = phase_begin(phases[0], "forward of the last decoder layer", layers - 1);
-      zero_layer_buffers_place(trace, plan, profile, setup, /*backward=*/false, as_double(cluster.gpus));
+      zero_layer_buffers_place(trace, plan, profile, setup, /*backward=*/false, as_double(plan.shard_ranks(cluster.gpus)));
       trace.alloc(kCategoryLayer, "layer.input", x_bytes);
       decoder_layer_forward(trace, setup.shape, setup.impl, /*keep=*/!plan.activation_checkpointing);
     }
@@ -381,7 +402,7 @@ MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& clust
     // checkpoints). With checkpointing the incoming gradient exists before the recompute starts.
     {
       TensorTrace& trace = phase_begin(phases[2], "backward of the last decoder layer", layers - 1);
-      zero_layer_buffers_place(trace, plan, profile, setup, /*backward=*/true, as_double(cluster.gpus));
+      zero_layer_buffers_place(trace, plan, profile, setup, /*backward=*/true, as_double(plan.shard_ranks(cluster.gpus)));
       trace.alloc(kCategoryLayer, "layer.input", x_bytes);
       if (plan.activation_checkpointing) trace.alloc(kCategoryLayer, "layer.output_grad", x_bytes);
       decoder_layer_forward(trace, setup.shape, setup.impl, /*keep=*/true);
@@ -420,11 +441,25 @@ MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& clust
   // checkpoint offload copies to pageable memory (.to("cpu"), REFERENCE §3.4).
   const double ranks = as_double(cluster.ranks_per_node());
   const double params = as_double(setup.params.total);
-  const double world = as_double(cluster.gpus);
+  const double world = as_double(plan.shard_ranks(cluster.gpus));
   auto host_add = [&](const char* name, double bytes_per_rank) {
     if (bytes_per_rank > 0) prediction.host_items.push_back({kCategoryHost, name, bytes_per_rank * ranks, ranks});
   };
-  if (plan.offload_optimizer) {
+  if (fsdp2_cpu_offload(plan, profile)) {
+    // FSDP2's CPUOffloadPolicy (Reference §11 F1.12): each rank's fp32 parameter and gradient
+    // shards pinned on the host, tensor by tensor (F1.3: each parameter's shard its own pinned
+    // allocation, rounded by PyTorch's pinned allocator where the profile says so), and AdamW's
+    // moments as zeros_like of them (not pinned [inferred in F1.12]).
+    double pinned_shards = 0;
+    const int64_t shard_ranks = plan.shard_ranks(cluster.gpus);
+    for (int64_t elements : parameter_tensor_elements(model))
+      pinned_shards += pinned_host_allocation_bytes(as_double((elements + shard_ranks - 1) / shard_ranks) * as_double(profile.weight_bytes),
+                                                    profile.pinned_host_allocations_power_of_two);
+    host_add("fsdp.sharded_parameters_pinned", pinned_shards);
+    host_add("fsdp.sharded_gradients_pinned", pinned_shards);
+    host_add("optimizer_states", plan.adam_8bit ? adam_8bit_model_state_bytes(model) / world
+                                                : params * as_double(profile.optimizer_state_bytes) / world);
+  } else if (plan.offload_optimizer) {
     // DeepSpeed ZeRO-Offload keeps each rank's partition of fp32 master weights, Adam states
     // and fp32 gradients in host memory and runs the step there (cpu_adam). A runtime that trains
     // in fp32 without a master copy (native) needs one once the optimizer leaves the device.
@@ -435,7 +470,7 @@ MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& clust
     if (plan.zero_stage == 3)
       host_add("grad_partitions_flat_buffer", params * as_double(profile.zero3_offload_gradient_buffer_bytes) / world);
   }
-  if (plan.offload_params) {
+  if (plan.offload_params && !fsdp2_cpu_offload(plan, profile)) {
     const double weight_bytes = params * as_double(profile.weight_bytes) / world;
     host_add("weights", pinned_host_allocation_bytes(weight_bytes, profile.pinned_host_allocations_power_of_two));
   }

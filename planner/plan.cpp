@@ -64,7 +64,7 @@ PlanOptions PlanOptions::alst(int64_t sp, int64_t gpus) {
   return plan;
 }
 
-bool PlanOptions::lora_targets_parse(const std::string& text, const std::string& source, const std::string& key) {
+bool HeldChoices::lora_targets_parse(const std::string& text, const std::string& source, const std::string& key) {
   if (text != "all-linear" && text != "q,v") throw ConfigError(source, key, fmt::format("expected all-linear or q,v, got '{}'", text));
   return text == "all-linear";
 }
@@ -127,6 +127,18 @@ std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec
   }
   if (plan.ring > 1 && plan.fpdt) problems.push_back("ring attention with FPDT's chunking is not modelled");
   if (plan.micro_batch < 1) problems.push_back(fmt::format("micro batch {} must be at least 1", plan.micro_batch));
+  if (plan.dp_replicate < 1) {
+    problems.push_back(fmt::format("dp_replicate={} must be at least 1", plan.dp_replicate));
+  } else if (plan.dp_replicate > 1) {
+    // HSDP's mesh (Accelerate dp_replicate x dp_shard x cp = world, F4.2; torchtitan F6.2): the
+    // replicas divide the world, and each replica holds whole sequence groups.
+    if (plan.zero_stage != 3) problems.push_back("dp_replicate (HSDP) replicates a fully sharded model: it needs ZeRO-3's layout (FSDP2)");
+    if (cluster.gpus % plan.dp_replicate != 0)
+      problems.push_back(fmt::format("dp_replicate={} does not divide {} GPUs", plan.dp_replicate, cluster.gpus));
+    else if (plan.sequence_ranks() >= 1 && plan.shard_ranks(cluster.gpus) % plan.sequence_ranks() != 0)
+      problems.push_back(fmt::format("dp_replicate={} leaves {} ranks a replica, not a multiple of the {} ranks a sequence spans",
+                                     plan.dp_replicate, plan.shard_ranks(cluster.gpus), plan.sequence_ranks()));
+  }
   return problems;
 }
 
@@ -185,6 +197,9 @@ std::string plan_describe(const PlanOptions& plan) {
   if (plan.tiled_loss) text += plan.loss_tiles > 0 ? fmt::format(" +tiled-loss({})", plan.loss_tiles) : " +tiled-loss";
   if (plan.fpdt) text += fmt::format(" +fpdt(chunk {})", plan.fpdt_chunk_tokens);
   if (plan.lora()) text += fmt::format(" +{}(r={}{})", plan.qlora ? "qlora" : "lora", plan.lora_rank, plan.lora_all_linear ? "" : ", q/v");
+  if (plan.adam_8bit) text += " +adam-8bit";
+  if (plan.cp_all_to_all && plan.ring > 1) text += " cp-rotate=alltoall";
+  if (plan.dp_replicate > 1) text += fmt::format(" dp-replicate={}", plan.dp_replicate);
   if (plan.micro_batch != 1) text += fmt::format(" micro-batch={}", plan.micro_batch);
   return text;
 }

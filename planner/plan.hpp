@@ -27,7 +27,37 @@ struct ClusterSpec {
 ClusterSpec cluster_make(const HardwareCard& hardware, int64_t gpus, int64_t nodes, int64_t gpus_per_node,
                          double host_memory_gib);
 
-struct PlanOptions {
+// What the user chooses and every searched plan holds (never searched): the adapters, the
+// optimizer's state format, PyTorch CP's rotation and FSDP2's replicate x shard mesh. One struct,
+// so a new held choice is one field here (the search copies it whole: SearchOptions::held).
+struct HeldChoices {
+  // LoRA adapters on a frozen base (PEFT; Reference §12 part A): rank r (0: full fine-tuning), on
+  // every linear of a decoder layer (q, k, v, o, gate, up, down: Unsloth's default, PEFT's
+  // "all-linear") or on q_proj and v_proj only (PEFT's default for Llama, Qwen, Mistral, Gemma);
+  // with `qlora` the base's linears are 4-bit NF4 with double quantization and bf16 compute (the
+  // QLoRA recipes' BitsAndBytesConfig).
+  int64_t lora_rank = 0;
+  bool lora_all_linear = true;
+  bool qlora = false;
+  bool lora() const { return lora_rank > 0; }
+  // Reads the adapters' targets as the CLI and scenarios spell them: "all-linear" (true) or "q,v"
+  // (false); throws ConfigError(source, key, ...) for anything else.
+  static bool lora_targets_parse(const std::string& text, const std::string& source, const std::string& key);
+  // bitsandbytes' 8-bit AdamW (the Trainer's optim="adamw_8bit"): uint8 moments in blocks of 256
+  // with an fp32 absmax each, fp32 moments for tensors under 4,096 values (Reference §12 item 23).
+  bool adam_8bit = false;
+  // PyTorch context parallelism's K/V rotation: all-gather (false: its default, and Accelerate's
+  // and torchtitan's) or all-to-all, passing one block to the next rank per step (Reference §11
+  // F2.2-F2.3, F4.3, F6.1).
+  bool cp_all_to_all = false;
+  // FSDP2's HSDP: the model replicated over `dp_replicate` groups and sharded within each over the
+  // rest of the ranks (gpus / dp_replicate; Reference §11 F1.10, F1.17); 1: shard over all.
+  int64_t dp_replicate = 1;
+  // The ranks a sharded state is split over: all of them, or under HSDP one replica's.
+  int64_t shard_ranks(int64_t gpus) const { return gpus / dp_replicate; }
+};
+
+struct PlanOptions : HeldChoices {
   int64_t sp = 1;                       // Ulysses sequence-parallel degree u (heads over u ranks)
   // Ring attention (context parallelism) degree r: r Ulysses groups on one sequence pass key/value
   // blocks around a ring (USP/LoongTrain's 2D sequence parallelism); dp = gpus / (u x r). The
@@ -51,19 +81,6 @@ struct PlanOptions {
   // buffered); MLP and loss chunked too. S must be a multiple of the chunk.
   bool fpdt = false;
   int64_t fpdt_chunk_tokens = 65536;    // DeepSpeed's default ds_sequence_parallel_fpdt_chunk_size
-  // LoRA adapters on a frozen base (PEFT; Reference §12 part A): rank r (0: full fine-tuning), on
-  // every linear of a decoder layer (q, k, v, o, gate, up, down: Unsloth's default, PEFT's
-  // "all-linear") or on q_proj and v_proj only (PEFT's default for Llama, Qwen, Mistral, Gemma);
-  // with `qlora` the base's linears are 4-bit NF4 with double quantization and bf16 compute (the
-  // QLoRA recipes' BitsAndBytesConfig). A user's choice the search holds, never searches.
-  int64_t lora_rank = 0;
-  bool lora_all_linear = true;
-  bool qlora = false;
-  bool lora() const { return lora_rank > 0; }
-  // Reads the adapters' targets as the CLI and scenarios spell them: "all-linear" (true) or "q,v"
-  // (false); throws ConfigError(source, key, ...) for anything else.
-  static bool lora_targets_parse(const std::string& text, const std::string& source, const std::string& key);
-
   // The ALST feature set (paper §5.2): ZeRO-3, optimizer offload, checkpointing, Ulysses,
   // tiled MLP, tiled logits+loss, checkpoint offload; on one GPU also parameter offload (every
   // one-GPU case of the paper ran with it).

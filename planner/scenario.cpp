@@ -433,9 +433,9 @@ std::vector<SweepRow> scenario_run(const Scenario& scenario, const std::function
                         options.explore_ring = settings.ring.value_or(0) != 1;
                         options.unsupported = [&](const PlanOptions& candidate) { return framework_unsupported(*framework, model, candidate); };
                         options.length_multiple = length_multiple;
-                        options.lora_rank = settings.lora_rank.value_or(0);
-                        options.lora_all_linear = settings.lora_all_linear.value_or(true);
-                        options.qlora = settings.qlora.value_or(false);
+                        options.held.lora_rank = settings.lora_rank.value_or(0);
+                        options.held.lora_all_linear = settings.lora_all_linear.value_or(true);
+                        options.held.qlora = settings.qlora.value_or(false);
                         const SearchResult result = plan_search(model, cluster, row_profile, options);
                         if (!result.winner()) throw ConfigError("", "", "no plan fits");
                         plan = result.winner()->plan;

@@ -34,9 +34,7 @@ std::vector<PlanOptions> plans_enumerate(const ClusterSpec& cluster, const Searc
                 plan.offload_params = offload_params;
                 plan.activation_checkpointing = checkpointing;
                 plan.checkpoint_offload = checkpoint_offload;
-                plan.lora_rank = options.lora_rank;
-                plan.lora_all_linear = options.lora_all_linear;
-                plan.qlora = options.qlora;
+                static_cast<HeldChoices&>(plan) = options.held;
                 for (bool tiled_mlp : {false, true}) {
                   for (bool tiled_loss : {false, true}) {
                     plan.tiled_mlp = tiled_mlp;

@@ -44,10 +44,9 @@ struct SearchOptions {
   // Rule out by one probe the plans that cannot reach the best shown ones (SearchCandidate::pruned);
   // false predicts every plan in full (the tests compare the two).
   bool prune = true;
-  // Adapters every plan carries (a user's choice, held, not searched): PlanOptions' LoRA fields.
-  int64_t lora_rank = 0;
-  bool lora_all_linear = true;
-  bool qlora = false;
+  // What every plan carries (the user's choices, held, not searched): adapters, 8-bit Adam, the
+  // CP rotation, HSDP.
+  HeldChoices held;
 };
 
 // How many memory-saving features a plan turns on (offloads, checkpointing, tiling, FPDT, the ZeRO

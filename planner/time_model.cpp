@@ -80,13 +80,23 @@ struct RingLayerPassing {
   double forward_exposed_s = 0, backward_exposed_s = 0, final_hop_s = 0;
 };
 
+// PyTorch context parallelism passes blocks the same way with its all-to-all rotation (and its
+// fp32 dK/dV always so, Reference §11 F2.5); with its default all-gather rotation each attention
+// pass gathers the whole sequence's K/V at once (F2.3: issued before the local block's compute and
+// waited for at the next step), so only the first step's compute hides the gather.
 RingLayerPassing ring_layer_passing(const ModelSpec& model, const ClusterSpec& cluster, int64_t micro_batch, int64_t seqlen, int64_t sp,
-                                    int64_t ring, int64_t activation_bytes, double forward_attention_s) {
+                                    int64_t ring, int64_t activation_bytes, double forward_attention_s, bool all_gather_rotation) {
   const Link link = link_for_group(cluster, sp * ring);
   const double r = as_double(ring), a = as_double(activation_bytes);
   const double tokens = as_double(micro_batch) * as_double(seqlen / (sp * ring));
   const double block_bytes = 2.0 * tokens * as_double(model.kv_width() * kv_replication_factor(model, sp)) * a;
   const double accumulator_bytes = block_bytes / a * 4.0;
+  if (all_gather_rotation) {
+    const double gather_s = link.latency_us * 1e-6 + collective_seconds(Collective::collective_all_gather, r * block_bytes, ring, link);
+    return {std::max(0.0, gather_s - forward_attention_s / r),
+            std::max(0.0, gather_s - 2.5 * forward_attention_s / r) + ring_exposed_pass_s(link, r, accumulator_bytes, 2.5 * forward_attention_s),
+            ring_homecoming_s(link, accumulator_bytes)};
+  }
   return {ring_exposed_pass_s(link, r, block_bytes, forward_attention_s),
           ring_exposed_pass_s(link, r, block_bytes + accumulator_bytes, 2.5 * forward_attention_s),
           ring_homecoming_s(link, accumulator_bytes)};
@@ -168,8 +178,10 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   // Ring attention (ring-flash-attention's schedule): every forward pass (the recompute's too)
   // and the backward pass of every layer.
   if (plan.ring > 1) {
+    const bool all_gather_rotation = profile.ring_implementation == RingImplementation::ring_torch_allgather && !plan.cp_all_to_all;
     const RingLayerPassing passing = ring_layer_passing(model, cluster, plan.micro_batch, seqlen, plan.sp, plan.ring,
-                                                        profile.activation_bytes, attention_per_layer_s * attention_forward_share);
+                                                        profile.activation_bytes, attention_per_layer_s * attention_forward_share,
+                                                        all_gather_rotation);
     time.ring_exposed_s = layers * ((1.0 + recompute) * passing.forward_exposed_s + passing.backward_exposed_s);
     time.ring_final_hop_s = layers * passing.final_hop_s;
   }
@@ -182,13 +194,29 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   // an fp32 shard), gradients as they are reduced (its reduce_dtype).
   const double weight_bytes = as_double(params.total) * as_double(profile.gathered_weight_bytes_or_default());
   const double gradient_bytes = as_double(params.total) * as_double(profile.reduce_bytes_or_default());
+  const bool fsdp2 = plan.zero_stage == 3 && profile.parameter_sharding == ParameterSharding::sharding_fsdp2;
+  const bool fsdp2_cpu_offload = fsdp2 && plan.offload_params && plan.offload_optimizer;
   if (plan.zero_stage == 3) {
     // Each weight gathered for forward and once more for recompute+backward (DeepSpeed keeps it
-    // between the two: its reuse distance is short), gradients reduce-scattered once.
-    zero_overlappable_s += 2.0 * collective_seconds(Collective::collective_all_gather, weight_bytes, cluster.gpus, world_link);
-    zero_overlappable_s += collective_seconds(Collective::collective_reduce_scatter, gradient_bytes, cluster.gpus, world_link);
-    if (plan.offload_params)
+    // between the two: its reuse distance is short), gradients reduce-scattered once. Under HSDP
+    // within one replica's ranks, and the reduced shard all-reduced over the replicas (F1.10).
+    const int64_t shard_ranks = plan.shard_ranks(cluster.gpus);
+    const Link shard_link = link_for_group(cluster, shard_ranks);
+    zero_overlappable_s += 2.0 * collective_seconds(Collective::collective_all_gather, weight_bytes, shard_ranks, shard_link);
+    zero_overlappable_s += collective_seconds(Collective::collective_reduce_scatter, gradient_bytes, shard_ranks, shard_link);
+    if (plan.dp_replicate > 1)
+      zero_overlappable_s += collective_seconds(Collective::collective_all_reduce, gradient_bytes / as_double(shard_ranks),
+                                                plan.dp_replicate, world_link);
+    if (fsdp2_cpu_offload) {
+      // CPUOffloadPolicy (F1.12): each unit's shard copied up before its all-gather (forward and
+      // backward), its reduced gradient shard copied down, on FSDP2's side streams.
+      const double shard_bytes = as_double(params.total) * as_double(profile.weight_bytes) / as_double(shard_ranks);
+      zero_overlappable_s += 2.0 * pcie_seconds(shard_bytes, card.pcie_host_to_device_gbps) +
+                             pcie_seconds(as_double(params.total) * as_double(profile.gradient_bytes) / as_double(shard_ranks),
+                                          card.pcie_device_to_host_gbps);
+    } else if (plan.offload_params) {
       zero_overlappable_s += 2.0 * pcie_seconds(weight_bytes / world, card.pcie_host_to_device_gbps);
+    }
   } else if (plan.zero_stage >= 1) {
     zero_overlappable_s += collective_seconds(Collective::collective_reduce_scatter, gradient_bytes, cluster.gpus, world_link);
     // Updated weights are all-gathered after the step, outside backward.
@@ -238,17 +266,25 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
 
   // Optimizer step (offloaded: offloaded_optimizer_step); on the GPU an Adam pass bound by HBM
   // bandwidth (fp32 master, m, v read and written, the gradient read, the bf16 weight written).
-  const double optimizer_shards = plan.zero_stage >= 1 ? world : 1.0;
+  const double optimizer_shards = plan.zero_stage >= 1 ? as_double(plan.shard_ranks(cluster.gpus)) : 1.0;
   const double partition_params = as_double(params.total) / optimizer_shards;
   if (plan.lora()) {
     // fp32 AdamW over the adapters alone: weight, gradient, m, v read, weight, m, v written.
     time.optimizer_s = as_double(lora_parameter_count(model, plan.lora_rank, plan.lora_all_linear)) * 28.0 / (card.hbm_gbps * 1e9);
+  } else if (fsdp2_cpu_offload) {
+    // PyTorch's AdamW on the host's fp32 shards, foreach path, op by op (torch/optim/adam.py
+    // _multi_tensor_adam; weight decay, lerp of m, mul + addcmul of v, sqrt, div, add eps, addcdiv
+    // of the parameter): 80 bytes of DRAM traffic a parameter [derived], every rank of the node at once.
+    time.optimizer_s = as_double(params.total) / as_double(plan.shard_ranks(cluster.gpus)) * as_double(cluster.ranks_per_node()) * 80.0 /
+                       (card.host_memory_gbps * profile.cpu_adam_bandwidth_efficiency * 1e9);
   } else if (plan.offload_optimizer) {
     const OffloadedStep step = offloaded_optimizer_step(profile, plan, card, partition_params, as_double(cluster.ranks_per_node()));
     time.gradient_offload_s = step.gradient_download_s;
     time.optimizer_s = step.host_passes_s + step.weight_upload_s;
   } else {
-    const double adam_bytes_per_param = 2.0 * as_double(profile.master_weight_bytes + profile.optimizer_state_bytes) +
+    // 8-bit AdamW reads and writes uint8 moments (2 bytes a parameter, Reference §12 item 23).
+    const double state_bytes = plan.adam_8bit ? 2.0 : as_double(profile.optimizer_state_bytes);
+    const double adam_bytes_per_param = 2.0 * (as_double(profile.master_weight_bytes) + state_bytes) +
                                         as_double(profile.gradient_bytes) + as_double(profile.weight_bytes);
     time.optimizer_s = partition_params * adam_bytes_per_param / (card.hbm_gbps * 1e9);
   }
@@ -283,7 +319,7 @@ double attention_benchmark_seconds(const AttentionBenchmark& benchmark, const Cl
   }
   if (benchmark.ring > 1) {
     const RingLayerPassing passing = ring_layer_passing(heads, cluster, benchmark.batch, benchmark.seqlen, benchmark.sp, benchmark.ring,
-                                                        benchmark.activation_bytes, forward_s);
+                                                        benchmark.activation_bytes, forward_s, /*all_gather_rotation=*/false);
     seconds += passing.forward_exposed_s;
     if (benchmark.backward) seconds += passing.backward_exposed_s + passing.final_hop_s;
   }

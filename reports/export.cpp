@@ -303,7 +303,8 @@ ExportedConfig accelerate_fsdp2_config_emit(const ExportRequest& r) {
   const int64_t cp = p.ring;
   if (p.sp > 1) exported.notes.push_back("Ulysses: not expressed (Accelerate runs sp_size under DeepSpeed only; --emit accelerate)");
   if (p.zero_stage != 3) exported.notes.push_back(fmt::format("ZeRO-{}: not expressed (this file shards fully, FSDP2's only planned layout)", p.zero_stage));
-  if (p.offload_optimizer || p.offload_params)
+  const bool cpu_offload = p.offload_optimizer && p.offload_params;
+  if (p.offload_optimizer != p.offload_params)
     exported.notes.push_back("optimizer/parameter offload: not expressed (fsdp_offload_params moves parameters, gradients and optimizer together)");
   if (p.tiled_mlp) exported.notes.push_back("tiled MLP: no Trainer/TRL switch; not expressed");
   if (p.fpdt) exported.notes.push_back("FPDT: exists only in Megatron-DeepSpeed; not expressed");
@@ -338,20 +339,64 @@ ExportedConfig accelerate_fsdp2_config_emit(const ExportRequest& r) {
   out << YAML::Key << "fsdp_auto_wrap_policy" << YAML::Value << "TRANSFORMER_BASED_WRAP";
   out << YAML::Key << "fsdp_activation_checkpointing" << YAML::Value << (p.activation_checkpointing && !trainer_checkpointing);
   out << YAML::Key << "fsdp_reshard_after_forward" << YAML::Value << true;
-  out << YAML::Key << "fsdp_offload_params" << YAML::Value << false;
+  out << YAML::Key << "fsdp_offload_params" << YAML::Value << cpu_offload;
   out << YAML::Key << "fsdp_cpu_ram_efficient_loading" << YAML::Value << true;
   out << YAML::Key << "fsdp_state_dict_type" << YAML::Value << "SHARDED_STATE_DICT";
   out << YAML::EndMap;
   // FSDP shards over dp_shard x cp (F1.17); the product of the sizes is num_processes (F4.2).
   out << YAML::Key << "parallelism_config" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "parallelism_config_dp_replicate_size" << YAML::Value << 1;
-  out << YAML::Key << "parallelism_config_dp_shard_size" << YAML::Value << r.cluster.gpus / cp;
+  out << YAML::Key << "parallelism_config_dp_replicate_size" << YAML::Value << p.dp_replicate;
+  out << YAML::Key << "parallelism_config_dp_shard_size" << YAML::Value << r.cluster.gpus / (cp * p.dp_replicate);
   out << YAML::Key << "parallelism_config_tp_size" << YAML::Value << 1;
   out << YAML::Key << "parallelism_config_cp_size" << YAML::Value << cp;
-  out << YAML::Key << "parallelism_config_cp_comm_strategy" << YAML::Value << "allgather";
+  out << YAML::Key << "parallelism_config_cp_comm_strategy" << YAML::Value << (p.cp_all_to_all ? "alltoall" : "allgather");
   out << YAML::EndMap;
   out << YAML::EndMap;
   exported.files.push_back({"", std::string(out.c_str()) + "\n"});
+  return exported;
+}
+
+// A torchtitan job (its TOML; Reference §11 F6.1-F6.4): FSDP2 over dp_shard x cp (HSDP with
+// dp_replicate), PyTorch context parallelism with the plan's rotation, full activation
+// checkpointing, its default precision (fp32 shards, bf16 gather, fp32 reduce).
+ExportedConfig torchtitan_job_emit(const ExportRequest& r) {
+  const PlanOptions& p = r.plan;
+  ExportedConfig exported;
+  const std::string flavor = torchtitan_llama3_flavor(r.model);
+  if (p.sp > 1) exported.notes.push_back("Ulysses: not expressed (torchtitan's sequence parallelism is context parallelism)");
+  if (p.zero_stage != 3) exported.notes.push_back(fmt::format("ZeRO-{}: not expressed (torchtitan shards fully with FSDP2)", p.zero_stage));
+  if (p.tiled_mlp || p.tiled_loss || p.fpdt || p.checkpoint_offload)
+    exported.notes.push_back("tiled MLP / tiled loss / FPDT / checkpoint offload: not in torchtitan's job config; not expressed");
+  if (flavor.empty())
+    exported.notes.push_back(fmt::format("model: {} is none of torchtitan's llama3 flavors (8B, 70B, 405B); [model] flavor must name one", r.model.name));
+  exported.notes.push_back(fmt::format("launch: torchrun --nproc_per_node {} -m torchtitan.train --job.config_file {}{}", r.cluster.gpus_per_node,
+                                       main_file(r, "torchtitan.toml"),
+                                       r.cluster.nodes > 1 ? fmt::format(" on each of the {} nodes (--nnodes {} and a rendezvous endpoint)",
+                                                                         r.cluster.nodes, r.cluster.nodes)
+                                                           : ""));
+  exported.notes.push_back("versions: torchtitan >= 0.2.2 (the keys of Reference §11 F6), PyTorch >= 2.6 (context parallelism)");
+  exported.notes.push_back("[model] hf_assets_path and [training] dataset are placeholders: the tokenizer's folder and your dataset");
+  std::string text;
+  std::vector<std::string> header = record_lines(r, "torchtitan (torchrun -m torchtitan.train --job.config_file)");
+  for (const auto& note : exported.notes) header.push_back(note);
+  for (const auto& line : header) text += "# " + line + "\n";
+  text += "\n[job]\ndump_folder = \"./outputs\"\n";
+  text += fmt::format("description = \"longseq plan: {} at {} tokens\"\n", r.model.name, r.seqlen);
+  text += fmt::format("\n[model]\nname = \"llama3\"\nflavor = \"{}\"\nhf_assets_path = \"REPLACE-WITH-THE-TOKENIZER-FOLDER\"\n",
+                      flavor.empty() ? "REPLACE-WITH-A-FLAVOR" : flavor);
+  text += "\n[optimizer]\nname = \"AdamW\"\nlr = 8e-4\n";
+  // fp32 shards, bf16 gathers, fp32 reduce-scatters: torchtitan's defaults, written out (F6.4);
+  // enable_cpu_offload is CPUOffloadPolicy.
+  text += fmt::format("\n[training]\nlocal_batch_size = {}\nseq_len = {}\nsteps = 1000\ndataset = \"REPLACE-WITH-YOUR-DATASET\"\n"
+                      "mixed_precision_param = \"bfloat16\"\nmixed_precision_reduce = \"float32\"\nenable_cpu_offload = {}\n",
+                      p.micro_batch, r.seqlen, p.offload_params && p.offload_optimizer ? "true" : "false");
+  // FSDP shards over dp_shard x cp (F6.2); -1 takes the ranks the other degrees leave.
+  text += fmt::format("\n[parallelism]\ndata_parallel_replicate_degree = {}\ndata_parallel_shard_degree = -1\n"
+                      "fsdp_reshard_after_forward = \"default\"\ntensor_parallel_degree = 1\ncontext_parallel_degree = {}\n"
+                      "context_parallel_rotate_method = \"{}\"\n",
+                      p.dp_replicate, p.ring, p.cp_all_to_all ? "alltoall" : "allgather");
+  text += fmt::format("\n[activation_checkpoint]\nmode = \"{}\"\n", p.activation_checkpointing ? "full" : "none");
+  exported.files.push_back({"", text});
   return exported;
 }
 
@@ -521,14 +566,16 @@ ExportedConfig config_emit(const std::string& target, const ExportRequest& reque
   else if (target == "accelerate" || target == "hf-accelerate") exported = accelerate_config_emit(request);
   else if (target == "accelerate-fsdp2") exported = accelerate_fsdp2_config_emit(request);
   else if (target == "hf-trainer") exported = hf_trainer_script_emit(request);
+  else if (target == "torchtitan") exported = torchtitan_job_emit(request);
   else if (target == "megatron-deepspeed") exported = megatron_deepspeed_emit(request);
   else if (target == "deepspeed" || target == "usp") exported = deepspeed_config_emit(request);
   if (!exported.files.empty()) {
-    if (target != "accelerate-fsdp2") ring_note(request, exported);  // its ring is PyTorch's CP, in the file itself
+    if (target != "accelerate-fsdp2" && target != "torchtitan") ring_note(request, exported);  // theirs is PyTorch's CP, in the file
     moe_note(target, request, exported);
     return exported;
   }
-  throw ConfigError("--emit", "", fmt::format("expected arctic-training, accelerate, accelerate-fsdp2, hf-trainer, megatron-deepspeed, deepspeed or usp, got '{}'", target));
+  throw ConfigError("--emit", "", fmt::format("expected arctic-training, accelerate, accelerate-fsdp2, hf-trainer, torchtitan, "
+                                              "megatron-deepspeed, deepspeed or usp, got '{}'", target));
 }
 
 }  // namespace longseq

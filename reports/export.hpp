@@ -44,7 +44,8 @@ struct ExportedConfig {
   const std::string& text() const { return files.front().text; }
 };
 
-// Targets: "arctic-training", "accelerate", "accelerate-fsdp2", "hf-trainer", "megatron-deepspeed", "deepspeed", "usp". Throws ConfigError
+// Targets: "arctic-training", "accelerate", "accelerate-fsdp2", "hf-trainer", "torchtitan", "megatron-deepspeed", "deepspeed",
+// "usp". Throws ConfigError
 // (--emit) for another name.
 ExportedConfig config_emit(const std::string& target, const ExportRequest& request);
 
@@ -55,6 +56,7 @@ ExportedConfig arctic_training_recipe_emit(const ExportRequest& request);
 ExportedConfig accelerate_config_emit(const ExportRequest& request);
 ExportedConfig accelerate_fsdp2_config_emit(const ExportRequest& request);
 ExportedConfig hf_trainer_script_emit(const ExportRequest& request);
+ExportedConfig torchtitan_job_emit(const ExportRequest& request);
 ExportedConfig megatron_deepspeed_emit(const ExportRequest& request);
 ExportedConfig deepspeed_config_emit(const ExportRequest& request);
 
