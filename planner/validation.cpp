@@ -283,7 +283,8 @@ PointValidation point_validate(const PublishedPoint& point, const std::string& p
   plan.zero_stage = 0;
   plan.activation_checkpointing = false;
   plan.sp = point.sp;
-  bool ulysses = false, context_parallel = false, ring = false, fsdp2 = false, hf_bf16 = false, sdpa = false;
+  bool ulysses = false, context_parallel = false, ring = false, fsdp2 = false, hf_bf16 = false, sdpa = false, zero_unstated = false;
+  bool lora = false;
   std::string attention_kernel = "fa2";
   std::stringstream features(point.features);
   std::string feature;
@@ -308,9 +309,12 @@ PointValidation point_validate(const PublishedPoint& point, const std::string& p
     else if (feature == "ring") ring = true;
     else if (feature == "hf_bf16") hf_bf16 = true;
     else if (feature == "moe") continue;  // the model card says it
-    else if (feature == "lora" || feature == "qlora") return skip("LoRA/QLoRA adapters (frozen base weights) are not modelled");
-    else if (feature == "adam8bit") return skip("8-bit AdamW states are not modelled");
-    else if (feature == "zero_unstated") return skip("the ZeRO stage is not stated");
+    else if (feature == "lora") lora = true;
+    else if (feature == "qlora") lora = plan.qlora = true;
+    else if (feature == "adam8bit") plan.adam_8bit = true;
+    // DeepSpeed's long-sequence recipes (ALST's, the Trainer's ZeRO configs for long context) run
+    // stage 3; the row is priced so, and says it assumed it.
+    else if (feature == "zero_unstated") zero_unstated = true;
     else return skip(fmt::format("unknown feature '{}'", feature));
   }
   // The sp column is the degree of whichever sequence parallelism the row names: Ulysses, or a ring
@@ -323,6 +327,23 @@ PointValidation point_validate(const PublishedPoint& point, const std::string& p
   if (context_parallel && !fsdp2) return skip("PyTorch context parallelism runs under FSDP2 (Accelerate, torchtitan): the row names no fsdp2");
   // FSDP2 shards every parameter over the mesh (the ZeRO-3 layout).
   if (fsdp2) plan.zero_stage = 3;
+  if (zero_unstated) plan.zero_stage = 3;
+  std::vector<std::string> assumptions;
+  if (zero_unstated) assumptions.push_back("ZeRO stage 3 assumed (the row states none)");
+  if (lora) {
+    // The adapters' rank and targets as the notes give them ("r=16", "rank 64", "q_proj,v_proj");
+    // otherwise rank 16 on every linear (Unsloth's and TRL's long-context examples), said so. The
+    // adapters are a small share of memory either way (Reference §12 item 6).
+    const std::string notes = text_to_lower(point.notes);
+    std::optional<int64_t> rank;
+    for (const char* prefix : {"lora_rank=", "lora_r=", "rank=", "rank: ", "rank ", "r="})
+      if (!rank) rank = number_after(notes, prefix);
+    plan.lora_rank = rank && *rank >= 1 && *rank <= 4096 ? *rank : 16;
+    if (!rank) assumptions.push_back("LoRA rank 16 assumed (the row states none)");
+    plan.lora_all_linear = !(contains(notes, "q_proj,v_proj") || contains(notes, "q_proj, v_proj") || contains(notes, "q,v"));
+    if (plan.lora_all_linear && !contains(notes, "all-linear") && !contains(notes, "all_linear"))
+      assumptions.push_back("adapters on every linear assumed");
+  }
   if (!ulysses && plan.sp != 1) return skip(fmt::format("sp={} without the ulysses feature", plan.sp));
   // FPDT chunks the MLP and the loss itself; a listed tiled_mlp/tiled_loss adds nothing to it.
   if (plan.fpdt) plan.tiled_mlp = plan.tiled_loss = false;
@@ -339,7 +360,11 @@ PointValidation point_validate(const PublishedPoint& point, const std::string& p
   validation.plan = plan_describe(plan);
   // The stack the row ran: FSDP2 under Accelerate/TRL, the plain HF Trainer in bf16, Megatron for
   // FPDT, DeepSpeed with HF otherwise.
-  const char* stack = fsdp2 ? "fsdp2-accelerate" : hf_bf16 ? "hf-trainer" : plan.fpdt ? "megatron-deepspeed" : "deepspeed-hf";
+  // Adapters and 8-bit AdamW are planned through the HF Trainer / TRL (PEFT, bitsandbytes).
+  if ((plan.lora() || plan.adam_8bit) && (fsdp2 || plan.zero_stage > 0 || plan.sequence_ranks() > 1))
+    return skip(fmt::format("{} beside {} is not modelled yet (planned on the HF Trainer / TRL path, one replica a GPU)",
+                            plan.lora() ? "LoRA" : "8-bit AdamW", fsdp2 ? "FSDP2" : plan.zero_stage > 0 ? "ZeRO" : "sequence parallelism"));
+  const char* stack = fsdp2 ? "fsdp2-accelerate" : hf_bf16 || plan.lora() || plan.adam_8bit ? "hf-trainer" : plan.fpdt ? "megatron-deepspeed" : "deepspeed-hf";
   RuntimeProfile profile = runtime_profile_load(!profile_name.empty() ? profile_name : stack);
   profile.attention_kernel = attention_kernel;
   if (reserve_gib) profile.calibrated_reserve_gib = *reserve_gib;
@@ -347,6 +372,7 @@ PointValidation point_validate(const PublishedPoint& point, const std::string& p
   validation.profile_name = profile.name;
   validation.profile = profile.name + (attention_kernel == "fa3" ? " with FlashAttention-3" : "") +
                        (sdpa ? " (SDPA priced as its flash backend, FlashAttention-2)" : "");
+  for (const std::string& assumption : assumptions) validation.profile += "; " + assumption;
 
   const bool measured_at = point.notes.find("measured_at") != std::string::npos;
   // The maximum, against a published one or a [fits, fails) bracket; a row with only a failing

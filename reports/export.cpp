@@ -410,7 +410,7 @@ ExportedConfig hf_trainer_script_emit(const ExportRequest& r) {
   if (p.zero_stage > 0 || p.offload_optimizer || p.offload_params) exported.notes.push_back("ZeRO and offload: not expressed (--emit accelerate for DeepSpeed)");
   if (p.tiled_mlp || p.fpdt) exported.notes.push_back("tiled MLP / FPDT: not expressed");
   exported.notes.push_back(std::string("versions: transformers >= 4.56 (from_pretrained(dtype=...)), TRL >= 0.26") +
-                           (p.lora() ? ", PEFT >= 0.17" : "") + (p.qlora ? ", bitsandbytes >= 0.45" : "") +
+                           (p.lora() ? ", PEFT >= 0.17" : "") + (p.qlora || p.adam_8bit ? ", bitsandbytes >= 0.45" : "") +
                            (p.tiled_loss ? ", liger-kernel >= 0.6.1 (use_liger_kernel)" : "") +
                            (p.checkpoint_offload ? "; transformers >= 5.16 for gradient_checkpointing_kwargs offload" : ""));
   exported.notes.push_back(fmt::format("launch: python {}{}", main_file(r, "train.py"),
@@ -449,6 +449,9 @@ ExportedConfig hf_trainer_script_emit(const ExportRequest& r) {
   config += fmt::format(",\n                 gradient_checkpointing={}", p.activation_checkpointing ? "True" : "False");
   if (p.activation_checkpointing && p.checkpoint_offload) config += ", gradient_checkpointing_kwargs={\"offload\": True}";
   if (p.tiled_loss) config += ", use_liger_kernel=True";
+  // bitsandbytes' AdamW8bit (Reference §12 item 23), not its paged variant: paged state lives in
+  // CUDA managed memory outside the allocator the plan counts (item 24).
+  if (p.adam_8bit) config += ", optim=\"adamw_8bit\"";
   text += fmt::format("args = SFTConfig({})\n", config);
   text += fmt::format("trainer = SFTTrainer(model=model, args=args, train_dataset=load_dataset(\"REPLACE-WITH-YOUR-DATASET\", split=\"train\"){})\n",
                       p.lora() ? ", peft_config=peft_config" : "");

@@ -277,3 +277,30 @@ TEST_CASE("adapters and NF4 storage by hand: LoRA's r (in + out) per linear, bit
   // PEFT's default targets: q_proj (h -> h) and v_proj (h -> n_kv d).
   CHECK(lora_parameter_count(llama, 8, false) == 8 * ((4096 + 4096) + (4096 + 1024)) * 32);
 }
+
+TEST_CASE("8-bit AdamW's state by hand: uint8 moments with an fp32 absmax per 256 values, fp32 moments under 4,096 values") {
+  // bitsandbytes Optimizer2State.init_state (Reference §12 item 23): two uint8 moments and two fp32
+  // absmax per block of 256; a tensor of fewer than min_8bit_size = 4,096 values keeps fp32 moments.
+  CHECK(adam_8bit_state_bytes(4095) == 8.0 * 4095);
+  CHECK(adam_8bit_state_bytes(4096) == 2.0 * (4096 + 4 * 16));
+  CHECK(adam_8bit_state_bytes(4097) == 2.0 * (4097 + 4 * 17));  // a partial last block has its absmax too
+  // Every parameter tensor of a model, in all: the parameter count, for each family's shapes.
+  for (const char* name : {"llama-3.1-8b", "qwen3-0.6b", "qwen2.5-7b", "gpt-13b", "gemma-3-1b", "qwen3-30b-a3b", "qwen1.5-moe-a2.7b", "phi-3-mini"}) {
+    const ModelSpec model = model_load(name);
+    int64_t total = 0;
+    for (int64_t elements : parameter_tensor_elements(model)) total += elements;
+    INFO(name);
+    CHECK(total == parameter_count(model).total);
+  }
+  // Llama-3.1-8B: every tensor has >= 4,096 values, each a multiple of 256: 2 + 8/256 = 2.03125 bytes a parameter.
+  const ModelSpec llama = model_load("llama-3.1-8b");
+  CHECK(adam_8bit_model_state_bytes(llama) == 2.03125 * 8'030'261'248.0);
+  // Qwen3-0.6B (h = 1,024, d = 128): its two norms and two q/k norms a layer and the final norm stay
+  // fp32: 28 x (2 x 1,024 + 2 x 128) + 1,024 = 65,536 values at 8 bytes, the rest at 2.03125.
+  const ModelSpec qwen = model_load("qwen3-0.6b");
+  const double small = 28.0 * (2 * 1024 + 2 * 128) + 1024;
+  CHECK(small == 65'536);
+  CHECK(adam_8bit_model_state_bytes(qwen) == doctest::Approx(2.03125 * (596'049'920.0 - small) + 8.0 * small).epsilon(1e-12));
+  // LoRA r = 16 on Llama-3.1-8B: every lora_A (16 x in) and lora_B (out x 16) has >= 4,096 values.
+  CHECK(adam_8bit_lora_state_bytes(llama, 16, true) == 2.03125 * 41'943'040.0);
+}

@@ -844,3 +844,109 @@ TEST_CASE("LoRA and QLoRA model states: a frozen base in its storage, fp32 adapt
   CHECK(step_flops_executed(model, plan, 16'384).matmul ==
         doctest::Approx(layers * (layer.projections + layer.mlp) * 3 + lm_head + 2 * tokens * adapters * 4));
 }
+
+TEST_CASE("PyTorch CP's all-to-all rotation keeps one block in flight where the all-gather keeps the whole sequence's K/V") {
+  // Reference §11 F2.3, F2.5. A small model whose attention is the peak: per layer forward, the
+  // all-gather holds 2 x cp x (S/cp) x kv_width x 2 B, the all-to-all one received block
+  // 2 x (S/cp) x kv_width x 2 B; backward's rotation 2 x cp x and 4 x the block.
+  const ModelSpec model = small_model();  // kv width 4 x 8 = 32
+  const ClusterSpec cluster = cluster_of(8);
+  const RuntimeProfile profile = runtime_profile_load("fsdp2-accelerate");
+  PlanOptions plan = bare_plan(1, 3);
+  plan.ring = 8;
+  plan.activation_checkpointing = true;
+  const int64_t seqlen = 1 << 16;
+  const double kv = 8192.0 * 32 * 2;  // one of K or V for this rank's 8,192 tokens
+  const MemoryPrediction gathered = memory_predict(model, cluster, plan, profile, seqlen);
+  plan.cp_all_to_all = true;
+  const MemoryPrediction passed = memory_predict(model, cluster, plan, profile, seqlen);
+  REQUIRE(gathered.phases.size() == 3);
+  CHECK(gathered.phases[0].moment == passed.phases[0].moment);
+  CHECK(gathered.phases[0].bytes - passed.phases[0].bytes == doctest::Approx(2.0 * (8 - 1) * kv));
+  CHECK(gathered.phases[2].bytes - passed.phases[2].bytes == doctest::Approx((2.0 * 8 - 4) * kv));
+  CHECK(item_bytes(passed.gpu_items, "cp.kv_gathered") == 0);
+}
+
+TEST_CASE("FSDP2's CPUOffloadPolicy and HSDP by hand: states on the host in pinned shards, a replica's shards and its all-reduce buffer") {
+  const ModelSpec model = model_load("qwen3-8b");
+  const double P = static_cast<double>(parameter_count(model).total);
+  const double unit = static_cast<double>(parameter_count(model).per_layer);
+  RuntimeProfile profile = runtime_profile_load("fsdp2-accelerate");
+  PlanOptions plan = bare_plan(1, 3);
+  plan.ring = 8;
+  plan.activation_checkpointing = true;
+  plan.checkpoint_offload = true;
+  plan.tiled_loss = true;
+  // CPUOffloadPolicy (F1.12): nothing of the model's states on the GPU, the unit's fp32 shard copied
+  // up before its all-gather; on the host fp32 parameter and gradient shards (pinned) and AdamW's
+  // moments, for each of the node's 8 ranks.
+  plan.offload_optimizer = plan.offload_params = true;
+  const ClusterSpec node = cluster_make(hardware_card_load("h100-sxm-80gb"), 8, 0, 0, 0);
+  const MemoryPrediction offloaded = memory_predict(model, node, plan, profile, 1'048'576);
+  CHECK(category_bytes(offloaded.gpu_items, kCategoryModelStates) == 0);
+  CHECK(item_bytes(offloaded.gpu_items, "fsdp.sharded_unit_on_device") == 4 * unit / 8);
+  CHECK(item_bytes(offloaded.host_items, "optimizer_states") == 8 * (8 * P / 8));
+  // Each parameter's shard (ceil(n / 8) values, fp32) its own pinned allocation: without the pinned
+  // allocator's rounding 4 P / 8 a rank to within the padding; with it at most twice that.
+  const double pinned = item_bytes(offloaded.host_items, "fsdp.sharded_parameters_pinned");
+  CHECK(pinned > 8 * (4 * P / 8));
+  CHECK(pinned <= 2 * 8 * (4 * P / 8));
+  CHECK(item_bytes(offloaded.host_items, "fsdp.sharded_gradients_pinned") == pinned);
+  profile.pinned_host_allocations_power_of_two = false;
+  CHECK(item_bytes(memory_predict(model, node, plan, profile, 1'048'576).host_items, "fsdp.sharded_parameters_pinned") ==
+        doctest::Approx(8 * (4 * P / 8)).epsilon(1e-6));
+  // HSDP on two nodes (F1.10, F1.17): replicated over dp_replicate = 2, sharded over the 8 ranks of a
+  // replica: 16 bytes a parameter over 8, not 16; the all-reduce buffer (bf16 reduce, the shard's size).
+  plan.offload_optimizer = plan.offload_params = false;
+  plan.dp_replicate = 2;
+  const ClusterSpec two_nodes = cluster_make(hardware_card_load("h100-sxm-80gb"), 16, 0, 0, 0);
+  const MemoryPrediction hsdp = memory_predict(model, two_nodes, plan, profile, 1'048'576);
+  CHECK(category_bytes(hsdp.gpu_items, kCategoryModelStates) == 16 * P / 8);
+  CHECK(item_bytes(hsdp.gpu_items, "fsdp.hsdp_all_reduce_buffer") == 2 * unit / 8);
+  CHECK(item_bytes(hsdp.gpu_items, "fsdp.reduce_scatter_output") == 2 * unit / 8);
+  // The mesh must hold whole sequence groups: 16 / 4 replicas = 4 ranks, fewer than cp = 8.
+  plan.dp_replicate = 4;
+  CHECK_FALSE(plan_problems(model, two_nodes, plan).empty());
+}
+
+TEST_CASE("8-bit AdamW in the plain HF Trainer regime: the model's moments at ~2.03 bytes a parameter, the adapters' too") {
+  const ModelSpec model = model_load("llama-3.1-8b");
+  const ClusterSpec one = cluster_make(hardware_card_load("h100-sxm-80gb"), 1, 0, 0, 0);
+  const RuntimeProfile profile = runtime_profile_load("hf-trainer");
+  PlanOptions plan = bare_plan(1, 0);
+  plan.activation_checkpointing = true;
+  plan.adam_8bit = true;
+  const double P = static_cast<double>(parameter_count(model).total);
+  const MemoryPrediction full = memory_predict(model, one, plan, profile, 8192);
+  // bf16 weights and gradients (2 + 2) and 2.03125 bytes of moments (Reference §12 item 23).
+  CHECK(item_bytes(full.gpu_items, "optimizer_states_8bit") == 2.03125 * P);
+  CHECK(item_bytes(full.gpu_items, "optimizer_states") == 0);
+  CHECK(category_bytes(full.gpu_items, kCategoryModelStates) == doctest::Approx((2 + 2 + 2.03125) * P));
+  plan.lora_rank = 16;
+  const MemoryPrediction lora = memory_predict(model, one, plan, profile, 8192);
+  CHECK(item_bytes(lora.gpu_items, "lora_optimizer_states_8bit") == 2.03125 * 41'943'040.0);
+}
+
+TEST_CASE("PyTorch CP's rotations in time: the all-gather pays one latency, the all-to-all hides each block behind a step") {
+  // Across two nodes (cp = 16 over the network), per attention pass: the all-gather rotation's one
+  // collective is hidden only by the first step's compute (Reference §11 F2.3), the all-to-all's
+  // r - 1 transfers each by one step's (as USP's ring). Short sequences: a step's compute is below
+  // a transfer's latency, so the one collective exposes less; long ones: the steps hide the blocks.
+  const ModelSpec model = model_load("llama-3.1-8b");
+  const ClusterSpec two_nodes = cluster_make(hardware_card_load("h100-sxm-80gb"), 16, 0, 0, 0);
+  const RuntimeProfile fsdp2 = runtime_profile_load("fsdp2-accelerate");
+  PlanOptions plan = bare_plan(1, 3);
+  plan.ring = 16;
+  plan.activation_checkpointing = true;
+  auto exposed_s = [&](bool all_to_all, int64_t seqlen) {
+    PlanOptions rotated = plan;
+    rotated.cp_all_to_all = all_to_all;
+    return time_predict(model, two_nodes, rotated, fsdp2, seqlen).time.ring_exposed_s;
+  };
+  CHECK(exposed_s(false, 1 << 12) < exposed_s(true, 1 << 12));
+  CHECK(exposed_s(true, 1 << 18) < exposed_s(false, 1 << 18));
+  // The all-to-all rotation is USP's ring schedule, block for block.
+  RuntimeProfile usp = fsdp2;
+  usp.ring_implementation = RingImplementation::ring_usp;
+  CHECK(exposed_s(true, 1 << 18) == time_predict(model, two_nodes, plan, usp, 1 << 18).time.ring_exposed_s);
+}

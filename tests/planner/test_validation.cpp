@@ -211,3 +211,33 @@ TEST_CASE("the profiles' calibrated reserves are what the fit to the seed set gi
   }
   CHECK(std::count_if(fits.begin(), fits.end(), [](const ReserveFit& fit) { return fit.reserve_gib > 0; }) == 2);
 }
+
+TEST_CASE("adapter, 8-bit AdamW and unstated-ZeRO rows are predicted with the plan they name, and say what they assumed") {
+  auto validate = [](const std::string& features, const std::string& notes) {
+    const auto point = published_points_parse(kHeader + "x,Llama-3.1-8B-Instruct,1,H100-SXM,80,1,8,," + features +
+                                                  ",1,65536,,,,,," + notes + "\n",
+                                              "p.csv")
+                           .at(0);
+    return point_validate(point, "");
+  };
+  // QLoRA with its rank in the notes: the HF Trainer / TRL stack, no assumption said.
+  const PointValidation qlora = validate("qlora+ac+fa2+ckpt_offload", "r=32 all-linear");
+  CHECK(qlora.skipped_reason.empty());
+  CHECK(qlora.profile_name == "hf-trainer");
+  CHECK(qlora.plan.find("+qlora(r=32)") != std::string::npos);
+  CHECK(qlora.profile.find("assumed") == std::string::npos);
+  // LoRA with nothing stated: rank 16 on every linear, said.
+  const PointValidation lora = validate("lora+ac+fa2+hf_bf16", "");
+  CHECK(lora.plan.find("+lora(r=16)") != std::string::npos);
+  CHECK(lora.profile.find("LoRA rank 16 assumed") != std::string::npos);
+  CHECK(validate("lora+ac+fa2", "\"q_proj,v_proj rank 8\"").plan.find("+lora(r=8, q/v)") != std::string::npos);
+  // 8-bit AdamW on the pure-bf16 Trainer; with ZeRO (DeepSpeed) it is not modelled: skipped by name.
+  CHECK(validate("hf_bf16+ac+fa2+adam8bit", "").plan.find("+adam-8bit") != std::string::npos);
+  CHECK(validate("zero3+ac+fa2+adam8bit", "").skipped_reason.find("8-bit AdamW beside ZeRO") != std::string::npos);
+  CHECK(validate("zero3+ac+fa2+lora", "").skipped_reason.find("LoRA") != std::string::npos);
+  // An unstated ZeRO stage is priced as stage 3, and the row says so.
+  const PointValidation unstated = validate("zero_unstated+ac+fa2+opt_offload", "");
+  CHECK(unstated.skipped_reason.empty());
+  CHECK(unstated.plan.find("zero=3") != std::string::npos);
+  CHECK(unstated.profile.find("ZeRO stage 3 assumed") != std::string::npos);
+}

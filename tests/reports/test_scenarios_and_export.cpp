@@ -3,7 +3,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
+#include <sstream>
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
@@ -649,4 +651,104 @@ TEST_CASE("a scenario without runtime_profile prices each point with its framewo
   for (const auto& [category, gib] : rows[0].gpu_category_gib)
     if (category == "model_states") states_gib = gib;
   CHECK(states_gib == doctest::Approx(8.0 * 4'022'468'096 / 1073741824.0).epsilon(1e-6));
+}
+
+namespace {
+
+// A flat TOML reading for the tests: "section.key" -> the value's text (quotes removed); comments
+// and blank lines skipped. Enough for the tables torchtitan's job files use.
+std::map<std::string, std::string> toml_flat(const std::string& text) {
+  std::map<std::string, std::string> values;
+  std::istringstream lines(text);
+  std::string line, section;
+  while (std::getline(lines, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    if (line[0] == '[') {
+      section = line.substr(1, line.find(']') - 1);
+      continue;
+    }
+    const size_t equals = line.find(" = ");
+    REQUIRE(equals != std::string::npos);
+    std::string value = line.substr(equals + 3);
+    if (value.size() >= 2 && value.front() == '"') value = value.substr(1, value.size() - 2);
+    values[section + "." + line.substr(0, equals)] = value;
+  }
+  return values;
+}
+
+}  // namespace
+
+TEST_CASE("torchtitan: its Llama 3 flavors, what it refuses, and a TOML job with the keys of Reference §11 F6") {
+  CHECK(torchtitan_llama3_flavor(model_load("llama-3.1-8b")) == "8B");
+  CHECK(torchtitan_llama3_flavor(model_load("llama-3.3-70b")) == "70B");
+  CHECK(torchtitan_llama3_flavor(model_load("llama-3.1-405b")) == "405B");
+  CHECK(torchtitan_llama3_flavor(model_load("llama-3.2-1b")).empty());  // tied, not a flavor
+  CHECK(torchtitan_llama3_flavor(model_load("qwen3-8b")).empty());      // q/k norms
+  PlanOptions plan;
+  plan.ring = 8;
+  plan.zero_stage = 3;
+  plan.activation_checkpointing = true;
+  const ModelSpec llama = model_load("llama-3.1-8b");
+  CHECK(framework_unsupported(Framework::framework_torchtitan, llama, plan).empty());
+  CHECK(framework_unsupported(Framework::framework_torchtitan, model_load("qwen3-8b"), plan).find("llama3 flavors") != std::string::npos);
+  for (auto option : {&PlanOptions::tiled_loss, &PlanOptions::tiled_mlp, &PlanOptions::checkpoint_offload, &PlanOptions::offload_optimizer}) {
+    PlanOptions refused = plan;
+    refused.*option = true;
+    CHECK_FALSE(framework_unsupported(Framework::framework_torchtitan, llama, refused).empty());
+  }
+  PlanOptions ulysses = plan;
+  ulysses.sp = 2;
+  ulysses.ring = 4;
+  CHECK(framework_unsupported(Framework::framework_torchtitan, llama, ulysses).find("no Ulysses") != std::string::npos);
+  // HSDP and the rotation are FSDP2's and PyTorch CP's: refused by name elsewhere.
+  PlanOptions hsdp = plan;
+  hsdp.ring = 1;
+  hsdp.dp_replicate = 2;
+  CHECK(framework_unsupported(Framework::framework_hf_accelerate, llama, hsdp).find("HSDP") != std::string::npos);
+  PlanOptions rotated = plan;
+  rotated.cp_all_to_all = true;
+  CHECK(framework_unsupported(Framework::framework_usp, llama, rotated).find("--cp-rotate") != std::string::npos);
+
+  // The job: 16 GPUs on two nodes, HSDP over 2 replicas, cp = 8 with the all-to-all rotation, CPU offload.
+  plan.dp_replicate = 2;
+  plan.cp_all_to_all = true;
+  plan.offload_optimizer = plan.offload_params = true;
+  ExportRequest request = export_request("llama-3.1-8b", 16, plan, 262'144);
+  request.profile = runtime_profile_load("fsdp2-torchtitan");
+  const ExportedConfig job = config_emit("torchtitan", request);
+  const std::map<std::string, std::string> toml = toml_flat(job.text());
+  CHECK(toml.at("model.name") == "llama3");
+  CHECK(toml.at("model.flavor") == "8B");
+  CHECK(toml.at("training.seq_len") == "262144");  // the planned length
+  CHECK(toml.at("training.local_batch_size") == "1");
+  CHECK(toml.at("training.mixed_precision_param") == "bfloat16");  // F6.4's defaults, as priced
+  CHECK(toml.at("training.mixed_precision_reduce") == "float32");
+  CHECK(toml.at("training.enable_cpu_offload") == "true");  // CPUOffloadPolicy (F6.4)
+  CHECK(toml.at("parallelism.context_parallel_degree") == "8");  // F6.1
+  CHECK(toml.at("parallelism.context_parallel_rotate_method") == "alltoall");
+  CHECK(toml.at("parallelism.data_parallel_replicate_degree") == "2");  // F6.2
+  CHECK(toml.at("parallelism.data_parallel_shard_degree") == "-1");
+  CHECK(toml.at("parallelism.fsdp_reshard_after_forward") == "default");
+  CHECK(toml.at("activation_checkpoint.mode") == "full");  // F6.3
+  CHECK(any_note_contains(job, "torchrun --nproc_per_node 8 -m torchtitan.train --job.config_file"));
+  CHECK_FALSE(any_note_contains(job, "USP"));
+  CHECK(framework_of_export_target("torchtitan") == Framework::framework_torchtitan);
+
+  // Accelerate's YAML carries the same choices (F4.3, F4.6, F1.19): offload, the mesh, the rotation.
+  request.profile = runtime_profile_load("fsdp2-accelerate");
+  const YAML::Node yaml = YAML::Load(config_emit("accelerate-fsdp2", request).text());
+  CHECK(yaml["fsdp_config"]["fsdp_offload_params"].as<bool>());
+  CHECK(yaml["parallelism_config"]["parallelism_config_dp_replicate_size"].as<int>() == 2);
+  CHECK(yaml["parallelism_config"]["parallelism_config_dp_shard_size"].as<int>() == 1);
+  CHECK(yaml["parallelism_config"]["parallelism_config_cp_size"].as<int>() == 8);
+  CHECK(yaml["parallelism_config"]["parallelism_config_cp_comm_strategy"].as<std::string>() == "alltoall");
+
+  // 8-bit AdamW through the Trainer's optim (Reference §12 item 23).
+  PlanOptions trainer;
+  trainer.zero_stage = 0;
+  trainer.adam_8bit = true;
+  ExportRequest script_request = export_request("llama-3.1-8b", 1, trainer, 16'384);
+  script_request.profile = runtime_profile_load("hf-trainer");
+  CHECK(config_emit("hf-trainer", script_request).text().find("optim=\"adamw_8bit\"") != std::string::npos);
+  CHECK(framework_unsupported(Framework::framework_hf_accelerate, llama, trainer).find("8-bit AdamW") != std::string::npos);
 }
