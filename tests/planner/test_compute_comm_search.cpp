@@ -3,6 +3,7 @@
 
 #include "models/model_loader.hpp"
 #include "planner/comm_model.hpp"
+#include "planner/frameworks.hpp"
 #include "planner/compute_model.hpp"
 #include "planner/cards.hpp"
 #include "planner/search.hpp"
@@ -206,4 +207,37 @@ TEST_CASE("search pruning changes no answer: the winner, the runner-ups and ever
       CHECK(pruned_alternatives[i].candidate->problems == full_alternatives[i].candidate->problems);
     }
   }
+}
+
+TEST_CASE("Ulysses, USP's ring and PyTorch CP side by side: each wins where the sources say it should") {
+  // Heads fewer than the GPUs favour a ring (Ulysses splits heads: sp divides the query heads; HF
+  // blog, Reference §11 F4.2's comparison table). Qwen2.5-0.5B has 14 query heads: on 16 GPUs
+  // Ulysses reaches sp = 2 at most, USP's ring (or PyTorch CP) spreads the sequence over all 16.
+  const ClusterSpec sixteen = cluster_make(hardware_card_load("h100-sxm-80gb"), 16, 0, 0, 0);
+  const ModelSpec few_heads = model_load("qwen2.5-0.5b");
+  auto best = [](const ModelSpec& model, const ClusterSpec& cluster, Framework framework, SearchOptions options) {
+    options.unsupported = [&](const PlanOptions& plan) { return framework_unsupported(framework, model, plan); };
+    const RuntimeProfile profile = framework_profile(framework, runtime_profile_load(framework_facts(framework).runtime_profile));
+    const SearchResult result = plan_search(model, cluster, profile, options);
+    REQUIRE(result.winner() != nullptr);
+    return *result.winner();
+  };
+  const SearchCandidate ulysses = best(few_heads, sixteen, Framework::framework_hf_accelerate, {});
+  const SearchCandidate usp = best(few_heads, sixteen, Framework::framework_usp, {});
+  const SearchCandidate cp = best(few_heads, sixteen, Framework::framework_accelerate_fsdp2, {});
+  CHECK(ulysses.plan.sp <= 2);
+  CHECK(usp.plan.sequence_ranks() == 16);
+  CHECK(cp.plan.ring == 16);
+  CHECK(usp.max_seqlen > 2 * ulysses.max_seqlen);
+  CHECK(cp.max_seqlen > 2 * ulysses.max_seqlen);
+  // Ulysses' lower communication at high bandwidth (ALST §3.2; USP's paper): inside one node, with
+  // heads to spare, USP's search for the fastest step at a length both fit picks the all-to-all over
+  // the ring's r - 1 block passes a layer.
+  const ClusterSpec node = cluster_make(hardware_card_load("h100-sxm-80gb"), 8, 0, 0, 0);
+  SearchOptions throughput;
+  throughput.objective = SearchObjective::objective_throughput;
+  throughput.seqlen = 1 << 16;
+  const SearchCandidate fastest = best(model_load("llama-3.1-8b"), node, Framework::framework_usp, throughput);
+  CHECK(fastest.plan.sp == 8);
+  CHECK(fastest.plan.ring == 1);
 }
