@@ -498,10 +498,25 @@ std::vector<std::string> plan_caveats(const ModelSpec& model, const ClusterSpec&
     caveats.push_back(fmt::format("{} attends over a sliding window of {} tokens; planned as full causal attention (a kernel that "
                                   "honours the window does less work; the saved tensors are the same)",
                                   model.name, integer_with_commas(model.sliding_window)));
-  if (profile.calibrated_reserve_gib == 0)
+  if (profile.published_runs == 0)
     caveats.push_back(fmt::format("runtime profile '{}': no published run of this stack is in the record, so it carries no calibrated "
                                   "reserve (the DeepSpeed stack's published maxima leave 8-23 GiB its sourced terms do not explain, "
                                   "REFERENCE §7.4): this length may be optimistic by that much memory", profile.name));
+  else if (profile.published_runs == 1 && profile.calibrated_reserve_gib == 0)
+    caveats.push_back(fmt::format("runtime profile '{}': one published run of this stack is in the record (its peak predicted within "
+                                  "10%, reports/validation.md); no reserve is calibrated on one run, so lengths far from it may be "
+                                  "optimistic by memory the sourced terms do not explain", profile.name));
+  // The PyTorch-native stacks attend through SDPA (Reference §11 F3.5, F4.5, F5.4, F5.7).
+  const bool sdpa_stack = profile.parameter_sharding == ParameterSharding::sharding_fsdp2;
+  if (sdpa_stack && plan.ring > 1 && profile.ring_implementation == RingImplementation::ring_torch_allgather)
+    caveats.push_back(fmt::format("PyTorch context parallelism attends causally over the whole sequence with no mask (its SDPA ring "
+                                  "takes none, Reference §11 F2.1; Accelerate's hook drops it): packed documents attend across each "
+                                  "other (TRL >= 1.13 refuses packing under CP). Planned as one sample, padded to a multiple of 2 x "
+                                  "cp = {} (the head-tail split)", 2 * plan.ring));
+  else if (sdpa_stack && seqlen > 0)
+    caveats.push_back(fmt::format("SDPA: padding or packed samples make transformers build a dense [B, 1, S, S] bool mask ({:.1f} GiB a "
+                                  "sample at this length) and leave the flash backend; planned without either (one unpadded sample)",
+                                  static_cast<double>(seqlen) * static_cast<double>(seqlen) / kBytesPerGib));
   if (model.is_moe())
     caveats.push_back(fmt::format(
         "mixture of experts: no published long-sequence MoE run in the record; its block is priced from code reading ({}, Reference "

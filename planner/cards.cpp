@@ -173,6 +173,7 @@ RuntimeProfile runtime_profile_from_text(const std::string& yaml_text, const std
   if (!profile.attention_kernel.empty() && profile.attention_kernel != "fa2" && profile.attention_kernel != "fa3")
     throw ConfigError(source_name, "attention_kernel", fmt::format("expected fa2 or fa3, got '{}'", profile.attention_kernel));
   profile.calibrated_reserve_gib = reader.get_double("calibrated_reserve_gib", 0, 1024, 0);
+  profile.published_runs = reader.get_int("published_runs", 0, 1 << 20, 0);
   profile.usable_memory_headroom_gib = estimate_read(reader, "usable_memory_headroom_gib", 0, 1024, 0);
   profile.step_schedule = reader.get_string("step_schedule", "phases");
   if (profile.step_schedule != "phases" && profile.step_schedule != "executor")

@@ -162,6 +162,9 @@ struct RuntimeProfile {
   // CALIBRATED, not derived: GPU memory the sourced terms do not explain, constant in S (the shape
   // the evidence shows, REFERENCE §7.4), one named line of every breakdown. 0 = none.
   double calibrated_reserve_gib = 0;
+  // Published runs of this stack in the record (shared/data, reports/validation.md): 0 says its
+  // predictions rest on code reading alone.
+  int64_t published_runs = 0;
   // GPU memory a stack cannot use at its limit: a length fits when its peak stays this far below
   // the card's memory (ALST paper §5.3 footnote 17: "when trying to use the last few GiBs of GPU
   // memory the loss would go to NaN"). Not part of any peak; 0 = the whole card.
