@@ -39,9 +39,19 @@ void TensorTrace::rename_storage(int64_t storage_id, std::string_view name) {
   throw std::logic_error("TensorTrace::rename_storage: storage " + std::to_string(storage_id) + " is not live");
 }
 
+namespace {
+
+// Names are string literals of the schedule's code, so the same name is usually the same pointer:
+// compared first, before the characters.
+bool same_name(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && (a.data() == b.data() || a == b);
+}
+
+}  // namespace
+
 void TensorTrace::free(std::string_view name) {
   for (auto it = live_.rbegin(); it != live_.rend(); ++it) {
-    if (it->name != name) continue;
+    if (!same_name(it->name, name)) continue;
     // A storage outlives the name while another view of it is live: its bytes move there. Only
     // storages with views are searched for one (a step's replay frees thousands of tensors).
     bool shared = false;

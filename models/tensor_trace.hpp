@@ -25,6 +25,9 @@ struct TraceItem {
 
 class TensorTrace {
  public:
+  // A layer's replay holds a few dozen tensors at once: room for them up front (the planner's search
+  // replays thousands of steps).
+  TensorTrace() { live_.reserve(64); }
   // Returns the new tensor's storage id (for free_storage).
   int64_t alloc(std::string_view category, std::string_view name, double bytes, double count = 1);
   // Frees the most recently allocated live tensor called `name`; freeing a tensor that is not

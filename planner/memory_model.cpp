@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <stdexcept>
 
 #include "models/adapters.hpp"
@@ -322,8 +323,12 @@ struct PhaseResult {
 
 }  // namespace
 
-MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
-                                const RuntimeProfile& profile, int64_t seqlen, bool with_breakdown) {
+namespace {
+
+// With `stop_when_over`, the phases go heaviest first (backward, forward, the loss) and the first
+// one over the usable GPU memory ends the prediction (see memory_predict_until_over).
+MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
+                                       const RuntimeProfile& profile, int64_t seqlen, bool with_breakdown, bool stop_when_over) {
   if (!plan_problems(model, cluster, plan).empty() || !seqlen_problems(plan, seqlen).empty())
     throw std::invalid_argument("memory_predict: invalid plan or sequence length (check plan_problems first)");
   if (model.is_moe() && profile.step_schedule == "executor")
@@ -374,14 +379,15 @@ MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& clust
     executor_step_replay(trace, setup.shape, options, &executor_host);
   } else {
     // Forward of the last layer: the checkpoints of all layers below it are resident.
-    {
+    auto forward_phase = [&] {
       TensorTrace& trace = phase_begin(phases[0], "forward of the last decoder layer", layers - 1);
       zero_layer_buffers_place(trace, plan, profile, setup, /*backward=*/false, as_double(plan.shard_ranks(cluster.gpus)));
       trace.alloc(kCategoryLayer, "layer.input", x_bytes);
       decoder_layer_forward(trace, setup.shape, setup.impl, /*keep=*/!plan.activation_checkpointing);
-    }
+      return trace.peak_bytes();
+    };
     // Logits and loss: every layer's checkpoint is resident, the LM head is gathered.
-    {
+    auto loss_phase = [&] {
       TensorTrace& trace = phase_begin(phases[1], "logits and loss", layers);
       if (plan.zero_stage == 3 && profile.parameter_sharding == ParameterSharding::sharding_fsdp2) {
         // The [norm, lm_head] unit kept unsharded from the end of forward (F1.16), and the last
@@ -397,10 +403,11 @@ MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& clust
       }
       trace.alloc(kCategoryLayer, "final_norm.input", x_bytes);
       lm_loss_forward_backward(trace, setup.shape, setup.impl, setup.loss, setup.loss_tile_tokens, profile.weight_bytes);
-    }
+      return trace.peak_bytes();
+    };
     // Recompute + backward of the last layer: the heaviest backward step (later ones hold fewer
     // checkpoints). With checkpointing the incoming gradient exists before the recompute starts.
-    {
+    auto backward_phase = [&] {
       TensorTrace& trace = phase_begin(phases[2], "backward of the last decoder layer", layers - 1);
       zero_layer_buffers_place(trace, plan, profile, setup, /*backward=*/true, as_double(plan.shard_ranks(cluster.gpus)));
       trace.alloc(kCategoryLayer, "layer.input", x_bytes);
@@ -408,6 +415,26 @@ MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& clust
       decoder_layer_forward(trace, setup.shape, setup.impl, /*keep=*/true);
       if (!plan.activation_checkpointing) trace.alloc(kCategoryLayer, "layer.output_grad", x_bytes);
       decoder_layer_backward(trace, setup.shape, setup.impl);
+      return trace.peak_bytes();
+    };
+    if (!stop_when_over) {
+      forward_phase();
+      loss_phase();
+      backward_phase();
+    } else {
+      // A probe that only asks "does it fit?": the first phase over the usable memory answers it.
+      const double capacity = cluster.hardware.gpu_memory_gib * kBytesPerGib - profile.usable_memory_headroom_gib.at(profile.bound) * kBytesPerGib;
+      const double reserve = profile.calibrated_reserve_gib * kBytesPerGib;
+      for (const auto& phase : {std::function<double()>(backward_phase), std::function<double()>(forward_phase), std::function<double()>(loss_phase)})
+        if (const double peak = phase() + reserve; peak > capacity) {
+          MemoryPrediction over;
+          over.seqlen = seqlen;
+          over.local_tokens = setup.shape.tokens;
+          over.gpu_headroom_bytes = profile.usable_memory_headroom_gib.at(profile.bound) * kBytesPerGib;
+          over.gpu_capacity_bytes = capacity;
+          over.gpu_peak_bytes = peak;
+          return over;
+        }
     }
   }
 
@@ -495,6 +522,18 @@ MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& clust
   for (const auto& item : prediction.host_items) prediction.host_bytes_per_node += item.bytes;
   prediction.host_capacity_bytes = cluster.host_memory_gib * kBytesPerGib;
   return prediction;
+}
+
+}  // namespace
+
+MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
+                                const RuntimeProfile& profile, int64_t seqlen, bool with_breakdown) {
+  return memory_predict_phases(model, cluster, plan, profile, seqlen, with_breakdown, /*stop_when_over=*/false);
+}
+
+MemoryPrediction memory_predict_until_over(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
+                                           const RuntimeProfile& profile, int64_t seqlen) {
+  return memory_predict_phases(model, cluster, plan, profile, seqlen, /*with_breakdown=*/false, /*stop_when_over=*/true);
 }
 
 }  // namespace longseq

@@ -75,6 +75,12 @@ double runtime_overhead_bytes(const RuntimeProfile& profile, int64_t gpus, int64
 MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
                                 const RuntimeProfile& profile, int64_t seqlen, bool with_breakdown = true);
 
+// The same answer to fits() for less work where it is "no": the phases go heaviest first and the
+// first over the usable GPU memory ends it; that prediction then holds only the GPU peak of that
+// phase (no breakdown, phases or host memory). Where everything fits it is memory_predict's.
+MemoryPrediction memory_predict_until_over(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
+                                           const RuntimeProfile& profile, int64_t seqlen);
+
 // DeepSpeed TiledMLP's shard count: ceil(S_l / hidden) (REFERENCE §3.2), at least 1.
 int64_t mlp_tiles_deepspeed_rule(int64_t local_tokens, int64_t hidden);
 

@@ -161,7 +161,9 @@ SearchResult plan_search(const ModelSpec& model, const ClusterSpec& cluster, con
   const auto start = std::chrono::steady_clock::now();
   SearchResult result;
   const bool by_length = options.objective == SearchObjective::objective_max_seqlen;
-  for (const PlanOptions& plan : plans_enumerate(cluster, options)) {
+  const std::vector<PlanOptions> plans = plans_enumerate(cluster, options);
+  result.candidates.reserve(plans.size());
+  for (const PlanOptions& plan : plans) {
     SearchCandidate candidate;
     candidate.plan = plan;
     candidate.ulysses_in_node = plan.sp <= cluster.gpus_per_node ? plan.sp : 0;
@@ -221,7 +223,7 @@ SearchResult plan_search(const ModelSpec& model, const ClusterSpec& cluster, con
       const int64_t grid = seqlen_grid(candidate->plan, options.length_multiple);
       const int64_t probe = static_cast<int64_t>(static_cast<double>(best_lengths.back()) * kSearchPrunedBelow) / grid * grid;
       if (probe >= grid) {
-        MemoryPrediction at_probe = memory_predict(model, cluster, candidate->plan, profile, probe, /*with_breakdown=*/false);
+        MemoryPrediction at_probe = memory_predict_until_over(model, cluster, candidate->plan, profile, probe);
         if (!at_probe.fits()) {
           candidate->pruned = true;
           candidate->binding_constraint = !at_probe.fits_gpu() ? "GPU memory" : "host memory";
@@ -239,10 +241,42 @@ SearchResult plan_search(const ModelSpec& model, const ClusterSpec& cluster, con
     }
   }
   auto sort_candidates = [&] {
-    std::sort(result.candidates.begin(), result.candidates.end(), [&](const SearchCandidate& a, const SearchCandidate& b) {
+    // Sorted as indices, then moved once (a candidate is a large object). better() puts every
+    // invalid plan after the valid ones and ties them (enumeration order decides); a pruned plan
+    // fits nowhere near the best (it is shown nowhere, and one that could be a why-not line was
+    // predicted in full): both keep their enumeration order after the predicted ones, and only
+    // those, a hundred or so of thousands, are compared.
+    std::vector<size_t> order(result.candidates.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    const auto valid_end =
+        std::stable_partition(order.begin(), order.end(), [&](size_t index) { return result.candidates[index].problems.empty(); });
+    const auto predicted_end =
+        std::stable_partition(order.begin(), valid_end, [&](size_t index) { return !result.candidates[index].pruned; });
+    std::sort(order.begin(), predicted_end, [&](size_t a_index, size_t b_index) {
+      const SearchCandidate& a = result.candidates[a_index];
+      const SearchCandidate& b = result.candidates[b_index];
       if (better(a, b, options.objective)) return true;
       return !better(b, a, options.objective) && a.enumeration_index < b.enumeration_index;
     });
+    // The permutation applied in place, cycle by cycle (a second array of candidates would be
+    // megabytes of fresh pages every search): position i takes the candidate at order[i].
+    std::vector<bool> placed(order.size(), false);
+    for (size_t start = 0; start < order.size(); ++start) {
+      if (placed[start]) continue;
+      placed[start] = true;
+      if (order[start] == start) continue;
+      SearchCandidate held = std::move(result.candidates[start]);
+      for (size_t at = start;;) {
+        const size_t from = order[at];
+        placed[at] = true;
+        if (from == start) {
+          result.candidates[at] = std::move(held);
+          break;
+        }
+        result.candidates[at] = std::move(result.candidates[from]);
+        at = from;
+      }
+    }
   };
   sort_candidates();
   // The winner's one-field alternatives are reported ("why not"): predict the pruned ones in full.

@@ -267,7 +267,7 @@ PointValidation point_validate(const PublishedPoint& point, const std::string& p
     const std::optional<int64_t> tp = number_after(features, "tp=");
     if (tp && *tp > 1) return skip(fmt::format("tensor parallelism (tp={}) is not modelled", *tp));
     if (contains(features, "fp8") || contains(features, "float8")) return skip("FP8 training is not modelled");
-    if (contains(features, "lora")) return skip("LoRA (frozen base weights) is not modelled");
+    if (contains(features, "lora")) return skip("LoRA in free text: adapter rows are read from the + features (lora, qlora) with their rank in the notes");
     return skip("features in free text: longseq reads them for attention kernel benchmarks only");
   }
   ModelSpec model;
