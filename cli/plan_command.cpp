@@ -62,6 +62,7 @@ struct PlanCommandArgs {
   std::string lora_targets = "all-linear";
   bool qlora = false;
   bool adam_8bit = false;
+  bool moe_aux_loss = false;
   std::string cp_rotate = "allgather";
   std::optional<int64_t> dp_replicate;
   bool json = false;
@@ -156,6 +157,9 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
   command->add_flag("--qlora", args->qlora, "the base's linears in 4-bit NF4 with double quantization and bf16 compute (QLoRA); needs --lora");
   command->add_flag("--adam-8bit", args->adam_8bit,
                     "bitsandbytes' 8-bit AdamW (optim=\"adamw_8bit\": uint8 moments, ~2.03 bytes a parameter); the HF Trainer / TRL");
+  command->add_flag("--moe-aux-loss", args->moe_aux_loss,
+                    "a mixture-of-experts model trained with its auxiliary load-balancing loss (output_router_logits): every "
+                    "layer's router logits kept, concatenated and one-hot encoded at the loss");
   command->add_option("--cp-rotate", args->cp_rotate,
                       "PyTorch context parallelism's K/V rotation (--framework accelerate-fsdp2 or torchtitan): allgather (the "
                       "default: the whole sequence's K/V per layer) or alltoall (one block passed per step)");
@@ -233,6 +237,7 @@ void held_choices_apply(const PlanCommandArgs& args, HeldChoices& held) {
     held.qlora = args.qlora;
   }
   held.adam_8bit = args.adam_8bit;
+  held.moe_aux_loss = args.moe_aux_loss;
   if (args.cp_rotate != "allgather" && args.cp_rotate != "alltoall")
     throw ConfigError("--cp-rotate", "", fmt::format("expected allgather or alltoall, got '{}'", args.cp_rotate));
   held.cp_all_to_all = args.cp_rotate == "alltoall";
@@ -520,10 +525,12 @@ std::vector<std::string> plan_caveats(const ModelSpec& model, const ClusterSpec&
   if (model.is_moe())
     caveats.push_back(fmt::format(
         "mixture of experts: no published long-sequence MoE run in the record; its block is priced from code reading ({}, Reference "
-        "§12 4.9) with routing taken as balanced (a skewed router gives its busiest expert more tokens), without the auxiliary "
-        "loss's router logits (output_router_logits must stay false) and without expert parallelism (every rank holds every expert)",
+        "§12 4.9) with routing taken as balanced (a skewed router gives its busiest expert more tokens), {} and without expert "
+        "parallelism (every rank holds every expert)",
         profile.moe_experts == MoeExperts::moe_grouped_gemm ? "one grouped GEMM over the experts: ArcticMoE"
-                                                            : "transformers' loop over the experts"));
+                                                            : "transformers' loop over the experts",
+        plan.moe_aux_loss || model.output_router_logits ? "with the auxiliary loss's kept, concatenated and one-hot router logits (--moe-aux-loss)"
+                          : "without the auxiliary loss's router logits (output_router_logits must stay false; --moe-aux-loss prices them)"));
   return caveats;
 }
 
@@ -859,7 +866,8 @@ int plan_command_run(const PlanCommandArgs& args) {
 
   if (fixed_plan && !args.search) {
     PlanOptions plan = plan_from_flags(args, model, cluster);
-    if (framework_checked && !machine) plan_defaults_fit(args, plan, framework, model);
+    // --alst (or --baseline) asks for its whole set: refused by name where the framework lacks a part.
+    if (framework_checked && !machine && !args.alst && !args.baseline) plan_defaults_fit(args, plan, framework, model);
     std::vector<std::string> problems = plan_problems(model, cluster, plan);
     if (framework_checked) {  // a plan for a named framework (or its files) must be one it runs
       const std::string unsupported = framework_unsupported(framework, model, plan);

@@ -140,11 +140,9 @@ void moe_read(const JsonView& config, const std::string& source_name, const std:
                         fmt::format("{}: some layers are dense; longseq prices every decoder layer alike (MoE on each)", architecture));
   }
   // The auxiliary loss concatenates every layer's router logits and one_hot masks outside any
-  // checkpoint (§12 item 67): tens of GiB at long context, and not in the plan.
-  if (config.has("output_router_logits") && config["output_router_logits"].raw().is_boolean() && config["output_router_logits"].boolean())
-    throw ConfigError(source_name, "output_router_logits",
-                      "true builds the auxiliary loss from every layer's router logits (L x T x E, and an int64 one_hot of L x T x k x E), "
-                      "which the plan does not price: set it false for long sequences");
+  // checkpoint (§12 item 67): tens of GiB at long context; priced when the config keeps it.
+  if (config.has("output_router_logits") && config["output_router_logits"].raw().is_boolean())
+    model.output_router_logits = config["output_router_logits"].boolean();
 }
 
 }  // namespace

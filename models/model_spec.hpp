@@ -64,6 +64,9 @@ struct ModelSpec {
   // dense model. Counted in parameters (total and active); the planner refuses to price them yet.
   int64_t experts = 0, experts_per_token = 0, expert_intermediate_size = 0, shared_expert_intermediate_size = 0;
   bool shared_expert_gate = false;
+  // config.json's output_router_logits: the model trains with its auxiliary load-balancing loss
+  // (priced as PlanOptions::moe_aux_loss is; Reference §12 item 67).
+  bool output_router_logits = false;
   bool is_moe() const { return experts > 0; }
 
   // Throws ConfigError(source, key, reason) on an impossible shape.

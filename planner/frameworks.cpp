@@ -137,6 +137,8 @@ std::string framework_unsupported(Framework framework, const ModelSpec& model, c
       // DeepSpeed's MoE under ArcticMoE: "Deepspeed supports only ZeRO stage 2 with MoE" (AT
       // trainer/trainer.py L259-264).
       if (model.is_moe() && plan.zero_stage > 2) return fmt::format("{}: MoE trains with ZeRO stage 2 at most (trainer.py L259-264)", name);
+      if (plan.moe_aux_loss || model.output_router_logits) return fmt::format("{}: ArcticMoE's auxiliary loss is not in Reference §12; planned for transformers' own MoE "
+                                                "blocks (--framework deepspeed, hf-accelerate, accelerate-fsdp2, hf-trainer)", name);
       return "";
     case Framework::framework_hf_accelerate:
       if (plan.fpdt) return fmt::format("{}: no FPDT (it exists only in Megatron-DeepSpeed)", name);

@@ -337,6 +337,8 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
   const double layers = as_double(model.num_layers);
   const double x_bytes = as_double(setup.shape.tokens) * as_double(model.hidden_size) * as_double(profile.activation_bytes);
   const double saved_per_layer = plan.activation_checkpointing ? 0 : decoder_layer_saved_bytes(setup.shape, setup.impl);
+  const double router_logits_bytes = as_double(setup.shape.tokens) * as_double(model.experts) * as_double(profile.activation_bytes);
+  const bool aux_loss = model.is_moe() && (plan.moe_aux_loss || model.output_router_logits);
 
   std::vector<PhaseResult> phases(profile.step_schedule == "executor" ? 1 : 3);
   // The executor's host pool (offloaded checkpoints, FPDT's chunks), replayed with its step.
@@ -381,6 +383,8 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
     // Forward of the last layer: the checkpoints of all layers below it are resident.
     auto forward_phase = [&] {
       TensorTrace& trace = phase_begin(phases[0], "forward of the last decoder layer", layers - 1);
+      // The auxiliary loss keeps every layer's router logits (bf16 T x E) through the forward (item 67).
+      if (aux_loss) trace.alloc(kCategoryCheckpoints, "moe.router_logits_kept", (layers - 1) * router_logits_bytes, layers - 1);
       zero_layer_buffers_place(trace, plan, profile, setup, /*backward=*/false, as_double(plan.shard_ranks(cluster.gpus)));
       trace.alloc(kCategoryLayer, "layer.input", x_bytes);
       decoder_layer_forward(trace, setup.shape, setup.impl, /*keep=*/!plan.activation_checkpointing);
@@ -402,6 +406,22 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
         gradient_reduce_bucket_place(trace, plan, profile, setup);
       }
       trace.alloc(kCategoryLayer, "final_norm.input", x_bytes);
+      if (aux_loss) {
+        // load_balancing_loss_func (Reference §12 item 67): torch.cat of every layer's logits, their
+        // fp32 softmax, the int64 one_hot of the top-k choices (L T, k, E) and its fp32 copy, on top
+        // of the kept logits. Its backward runs first in backward (the later node), so its saved
+        // softmax is gone before the LM loss's backward peak; the moment is taken on its own.
+        const double routed = layers * as_double(setup.shape.tokens) * as_double(model.experts_per_token) * as_double(model.experts);
+        trace.set_moment("auxiliary loss");
+        trace.alloc(kCategoryLoss, "moe.router_logits_kept", layers * router_logits_bytes, layers);
+        trace.alloc(kCategoryLoss, "aux_loss.logits_cat", layers * router_logits_bytes);
+        trace.alloc(kCategoryLoss, "aux_loss.probs_fp32", 2.0 * layers * router_logits_bytes);
+        trace.alloc(kCategoryLoss, "aux_loss.expert_mask_int64", routed * 8.0);
+        trace.alloc(kCategoryLoss, "aux_loss.expert_mask_fp32", routed * 4.0);
+        for (const char* name : {"aux_loss.expert_mask_fp32", "aux_loss.expert_mask_int64", "aux_loss.probs_fp32", "aux_loss.logits_cat",
+                                 "moe.router_logits_kept"})
+          trace.free(name);
+      }
       lm_loss_forward_backward(trace, setup.shape, setup.impl, setup.loss, setup.loss_tile_tokens, profile.weight_bytes);
       return trace.peak_bytes();
     };

@@ -50,6 +50,10 @@ struct HeldChoices {
   // and torchtitan's) or all-to-all, passing one block to the next rank per step (Reference §11
   // F2.2-F2.3, F4.3, F6.1).
   bool cp_all_to_all = false;
+  // A mixture-of-experts model trained with its auxiliary load-balancing loss (transformers'
+  // output_router_logits): every layer's router logits kept through the forward and concatenated,
+  // one-hot encoded and upcast at the loss (Reference §12 item 67).
+  bool moe_aux_loss = false;
   // FSDP2's HSDP: the model replicated over `dp_replicate` groups and sharded within each over the
   // rest of the ranks (gpus / dp_replicate; Reference §11 F1.10, F1.17); 1: shard over all.
   int64_t dp_replicate = 1;

@@ -103,6 +103,10 @@ void moe_note(const std::string& target, const ExportRequest& r, ExportedConfig&
     exported.notes.push_back("MoE: ArcticTraining swaps the experts for ArcticMoE whenever the model has experts (arctic_moe \"auto\", "
                              "arctic_training/model/moe on main) and trains it with ZeRO stage 2 at most; planned with "
                              "expert_parallel_size 1 (every rank holds every expert: expert parallelism is not modelled)");
+  else if (r.plan.moe_aux_loss || r.model.output_router_logits)
+    exported.notes.push_back("MoE: the model's own sparse-MoE block, a ZeRO-3 leaf module by default from DeepSpeed 0.18.0 (every "
+                             "expert of a layer gathered at once); set output_router_logits true in the model's config: the plan "
+                             "priced the auxiliary loss's kept, concatenated and one-hot router logits");
   else
     exported.notes.push_back("MoE: the model's own sparse-MoE block, a ZeRO-3 leaf module by default from DeepSpeed 0.18.0 (every "
                              "expert of a layer gathered at once); keep output_router_logits false: the auxiliary loss's "

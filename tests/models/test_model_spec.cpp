@@ -231,8 +231,9 @@ TEST_CASE("config.json of Mixtral, Qwen2-MoE and Qwen3-MoE gives their cards' sh
   const std::string bad = std::string(LONGSEQ_TEST_DATA_DIR) + "/bad/";
   CHECK_THROWS_WITH_AS(model_load(bad + "qwen3-moe-sparse-step.config.json"),
                        doctest::Contains("key 'decoder_sparse_step': Qwen3MoeForCausalLM: one layer in 2 is MoE"), ConfigError);
-  CHECK_THROWS_WITH_AS(model_load(bad + "qwen3-moe-router-logits.config.json"),
-                       doctest::Contains("key 'output_router_logits': true builds the auxiliary loss"), ConfigError);
+  // output_router_logits: true trains with the auxiliary loss, which the plan then prices (§12 item 67).
+  CHECK(model_load(hf + "qwen3-moe-router-logits.config.json").output_router_logits);
+  CHECK_FALSE(model_load(hf + "qwen3-30b-a3b.config.json").output_router_logits);
 }
 
 TEST_CASE("mixture-of-experts cards: total and active parameters as published, hand-derived for one") {

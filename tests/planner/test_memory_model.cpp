@@ -950,3 +950,32 @@ TEST_CASE("PyTorch CP's rotations in time: the all-gather pays one latency, the 
   usp.ring_implementation = RingImplementation::ring_usp;
   CHECK(exposed_s(true, 1 << 18) == time_predict(model, two_nodes, plan, usp, 1 << 18).time.ring_exposed_s);
 }
+
+TEST_CASE("the MoE auxiliary loss by hand: every layer's router logits kept, then concatenated, softmaxed and one-hot encoded") {
+  // Reference §12 item 67, Qwen3-30B-A3B (L = 48, E = 128, k = 8) with T = 32,768 tokens a rank:
+  // kept logits L T E 2 = 384 MiB; at the loss their cat (384 MiB), fp32 softmax (768 MiB), the
+  // int64 one_hot (L T, k, E) 8 B = 12 GiB and its fp32 copy 6 GiB (item 67's figures).
+  const ModelSpec model = model_load("qwen3-30b-a3b");
+  const ClusterSpec cluster = cluster_make(hardware_card_load("h100-sxm-80gb"), 8, 0, 0, 0);
+  const RuntimeProfile profile = runtime_profile_load("deepspeed-hf");
+  PlanOptions plan = bare_plan(8, 3);
+  plan.offload_optimizer = true;
+  plan.tiled_loss = true;
+  const MemoryPrediction without = memory_predict(model, cluster, plan, profile, 262'144);
+  plan.moe_aux_loss = true;
+  const MemoryPrediction with = memory_predict(model, cluster, plan, profile, 262'144);
+  const double T = 32'768, logits = 48 * T * 128 * 2, one_hot = 48 * T * 8 * 128 * 8;
+  CHECK(one_hot / kBytesPerGib == doctest::Approx(12.0));
+  CHECK(with.gpu_peak_phase == "logits and loss");
+  CHECK(with.gpu_peak_moment == "auxiliary loss");
+  CHECK(item_bytes(with.gpu_items, "moe.router_logits_kept") == logits);
+  CHECK(item_bytes(with.gpu_items, "aux_loss.logits_cat") == logits);
+  CHECK(item_bytes(with.gpu_items, "aux_loss.probs_fp32") == 2 * logits);
+  CHECK(item_bytes(with.gpu_items, "aux_loss.expert_mask_int64") == one_hot);
+  CHECK(item_bytes(with.gpu_items, "aux_loss.expert_mask_fp32") == one_hot / 2);
+  CHECK(with.gpu_peak_bytes > without.gpu_peak_bytes);
+  // The forward keeps the layers' logits below the last one.
+  CHECK(with.phases[0].bytes - without.phases[0].bytes == doctest::Approx(47 * T * 128 * 2));
+  // A dense model has no auxiliary loss.
+  CHECK_FALSE(plan_problems(model_load("llama-3.1-8b"), cluster, plan).empty());
+}
