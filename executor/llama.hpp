@@ -47,6 +47,11 @@ struct TrainingOptions {
   // the i-th global chunk. Needs activation checkpointing (FPDT's recipe).
   int64_t fpdt_chunk_tokens = 0;
   int64_t attention_block = 64;     // tokens per attention block
+  // With ring attention: PyTorch context parallelism's default all-gather rotation (Reference §11
+  // F2.3, F2.5) instead of passing key/value blocks: each attention pass all-gathers every ring
+  // rank's K and V at once (forward, and again in backward); the fp32 dK/dV accumulators still
+  // pass from rank to rank (its dkv rotater is always all-to-all).
+  bool context_parallel_all_gather = false;
   double rope_theta = 500000.0;     // Llama-3's
   float rmsnorm_eps = 1e-5f;
   // Called after each layer's forward ("forward") and backward ("backward") with the layers done

@@ -393,15 +393,27 @@ void ring_attention_forward(Ops& ops, Act* output, float* lse, const Act* q, con
   BufferOf<Act> k_block, v_block;  // a received block, once there is one
   const Act* keys = k;
   const Act* values = v;
+  // PyTorch CP's all-gather rotation: every ring rank's block at once, rank-major.
+  const bool gathered = options.context_parallel_all_gather;
+  BufferOf<Act> k_gathered, v_gathered;
+  if (gathered) {
+    k_gathered = device.allocate<Act>(L, "cp.kv_gathered", g.r * block);
+    v_gathered = device.allocate<Act>(L, "cp.kv_gathered", g.r * block);
+    ulysses.ring_group->all_gather(k, k_gathered.data(), block);
+    ulysses.ring_group->all_gather(v, v_gathered.data(), block);
+  }
   for (int64_t step = 0; step < g.r; ++step) {
     BufferOf<Act> k_arriving, v_arriving;
-    if (step + 1 < g.r) {
+    const int64_t source = (g.rank + g.r - step) % g.r;  // whose block this is
+    if (gathered) {
+      keys = k_gathered.data() + source * block;
+      values = v_gathered.data() + source * block;
+    } else if (step + 1 < g.r) {
       k_arriving = device.allocate<Act>(L, "ring.kv_arriving", block);
       v_arriving = device.allocate<Act>(L, "ring.kv_arriving", block);
       ring_pass(ulysses, g, keys, k_arriving.data(), block);
       ring_pass(ulysses, g, values, v_arriving.data(), block);
     }
-    const int64_t source = (g.rank + g.r - step) % g.r;  // whose block this is
     g.visible_pairs(source, [&](int64_t q_half, int64_t k_half, int64_t q_chunk, int64_t k_chunk) {
       Buffer workspace = attention_workspace(ops, device, g.c, g.q_heads, g.kv_heads, d.HD, false);
       ops.attention_chunk_forward(part.data(), part_lse.data(), q + q_half * g.c * q_row, keys + k_half * g.c * kv_row,
@@ -411,6 +423,7 @@ void ring_attention_forward(Ops& ops, Act* output, float* lse, const Act* q, con
       ops.attention_merge(accumulator.data() + q_half * g.c * q_row, lse + q_half * g.c * g.q_heads, part.data(), part_lse.data(), g.c,
                           g.q_heads, d.HD);
     });
+    if (gathered) continue;
     k_block.release();
     v_block.release();
     if (step + 1 < g.r) {
@@ -422,6 +435,8 @@ void ring_attention_forward(Ops& ops, Act* output, float* lse, const Act* q, con
       values = v_block.data();
     }
   }
+  k_gathered.release();
+  v_gathered.release();
   part.release();
   part_lse.release();
   ops.accumulator_to_act(output, accumulator.data(), 2 * g.c * q_row);
@@ -442,6 +457,15 @@ void ring_attention_backward(Ops& ops, Act* q_grad, Act* k_grad, Act* v_grad, fl
   for (int64_t half = 0; half < 2; ++half)
     ops.attention_softmax_delta(delta + half * g.c * g.q_heads, output_grad + half * g.c * q_row, output + half * g.c * q_row, g.c,
                                 g.q_heads, d.HD);
+  // PyTorch CP gathers the whole sequence's K/V again for backward (its kv rotater; F2.5).
+  const bool gathered = options.context_parallel_all_gather;
+  BufferOf<Act> k_gathered, v_gathered;
+  if (gathered) {
+    k_gathered = device.allocate<Act>(L, "cp.kv_gathered", g.r * block);
+    v_gathered = device.allocate<Act>(L, "cp.kv_gathered", g.r * block);
+    ulysses.ring_group->all_gather(k, k_gathered.data(), block);
+    ulysses.ring_group->all_gather(v, v_gathered.data(), block);
+  }
   Buffer q_grad_accumulator = device.allocate(L, "ring.q_grad_accumulator", queries, true);
   Buffer k_grad_accumulator = device.allocate(L, "ring.kv_grad_accumulators", block, true);
   Buffer v_grad_accumulator = device.allocate(L, "ring.kv_grad_accumulators", block, true);
@@ -450,6 +474,10 @@ void ring_attention_backward(Ops& ops, Act* q_grad, Act* k_grad, Act* v_grad, fl
   const Act* values = v;
   for (int64_t step = 0; step < g.r; ++step) {
     const int64_t source = (g.rank + g.r - step) % g.r;
+    if (gathered) {
+      keys = k_gathered.data() + source * block;
+      values = v_gathered.data() + source * block;
+    }
     BufferOf<Act> q_grad_part = device.allocate<Act>(L, "ring.q_grad_part", queries, true);
     BufferOf<Act> k_grad_part = device.allocate<Act>(L, "ring.kv_grad_parts", block, true);
     BufferOf<Act> v_grad_part = device.allocate<Act>(L, "ring.kv_grad_parts", block, true);
@@ -467,6 +495,18 @@ void ring_attention_backward(Ops& ops, Act* q_grad, Act* k_grad, Act* v_grad, fl
     ops.accumulate(v_grad_accumulator.data(), v_grad_part.data(), block);
     for (BufferOf<Act>* buffer : {&v_grad_part, &k_grad_part, &q_grad_part}) buffer->release();
     if (step + 1 == g.r) break;
+    if (gathered) {
+      // Only the accumulators move on: the next block is already here.
+      Buffer k_grad_arriving = device.allocate(L, "ring.kv_grad_arriving", block);
+      Buffer v_grad_arriving = device.allocate(L, "ring.kv_grad_arriving", block);
+      ring_pass(ulysses, g, k_grad_accumulator.data(), k_grad_arriving.data(), block);
+      ring_pass(ulysses, g, v_grad_accumulator.data(), v_grad_arriving.data(), block);
+      for (Buffer* buffer : {&k_grad_accumulator, &v_grad_accumulator}) buffer->release();
+      for (Buffer* buffer : {&k_grad_arriving, &v_grad_arriving}) device.rename(*buffer, "ring.kv_grad_accumulators");
+      k_grad_accumulator = std::move(k_grad_arriving);
+      v_grad_accumulator = std::move(v_grad_arriving);
+      continue;
+    }
     // The block and its accumulators move on together.
     BufferOf<Act> k_arriving = device.allocate<Act>(L, "ring.kv_arriving", block);
     BufferOf<Act> v_arriving = device.allocate<Act>(L, "ring.kv_arriving", block);
@@ -487,7 +527,7 @@ void ring_attention_backward(Ops& ops, Act* q_grad, Act* k_grad, Act* v_grad, fl
     keys = k_block.data();
     values = v_block.data();
   }
-  for (BufferOf<Act>* buffer : {&k_block, &v_block}) buffer->release();
+  for (BufferOf<Act>* buffer : {&k_block, &v_block, &k_gathered, &v_gathered}) buffer->release();
   ops.accumulator_to_act(q_grad, q_grad_accumulator.data(), queries);
   q_grad_accumulator.release();
   // The last block held is the next rank's: its accumulators go home, this rank's arrive.

@@ -1170,11 +1170,22 @@ void ring_arrivals_held(TensorTrace& trace, const char* arriving, const char* he
   }
 }
 
-void executor_ring_forward(TensorTrace& trace, const LayerShape& shape, const ExecutorBytes& b) {
+void executor_ring_forward(TensorTrace& trace, const LayerShape& shape, const ExecutorBytes& b, bool all_gather) {
   const double kv_block = b.kv_global, q_fp32 = b.q / b.activation_bytes * 4.0;
   trace.alloc(L, "ring.output_accumulator", q_fp32);
   trace.alloc(L, "ring.output_part", b.q / 2);
   trace.alloc(L, "ring.lse_part", b.lse / 2);
+  if (all_gather) {
+    // PyTorch CP's all-gather rotation: every ring rank's K and V held for the whole pass.
+    for (int pair = 0; pair < 2; ++pair) trace.alloc(L, "cp.kv_gathered", static_cast<double>(shape.ring) * kv_block);
+    if (b.attention_forward_workspace > 0) {
+      trace.alloc(L, "attention.workspace", b.attention_forward_workspace);
+      trace.free("attention.workspace");
+    }
+    for (const char* name : {"cp.kv_gathered", "cp.kv_gathered", "ring.output_part", "ring.lse_part", "ring.output_accumulator"})
+      trace.free(name);
+    return;
+  }
   for (int64_t step : ring_replayed_steps(shape.ring)) {
     const bool more = step + 1 < shape.ring;
     if (more)
@@ -1190,8 +1201,35 @@ void executor_ring_forward(TensorTrace& trace, const LayerShape& shape, const Ex
   for (const char* name : {"ring.output_part", "ring.lse_part", "ring.output_accumulator"}) trace.free(name);
 }
 
-void executor_ring_backward(TensorTrace& trace, const LayerShape& shape, const ExecutorBytes& b) {
+void executor_ring_backward(TensorTrace& trace, const LayerShape& shape, const ExecutorBytes& b, bool all_gather) {
   const double kv_block = b.kv_global, kv_fp32 = b.kv_global / b.activation_bytes * 4.0, q_fp32 = b.q / b.activation_bytes * 4.0;
+  if (all_gather) {
+    // The whole sequence's K/V gathered again; only the fp32 dK/dV accumulators pass.
+    for (int pair = 0; pair < 2; ++pair) trace.alloc(L, "cp.kv_gathered", static_cast<double>(shape.ring) * kv_block);
+    trace.alloc(L, "ring.q_grad_accumulator", q_fp32);
+    for (int pair = 0; pair < 2; ++pair) trace.alloc(L, "ring.kv_grad_accumulators", kv_fp32);
+    for (int64_t step : ring_replayed_steps(shape.ring)) {
+      trace.alloc(L, "ring.q_grad_part", b.q);
+      for (int pair = 0; pair < 2; ++pair) trace.alloc(L, "ring.kv_grad_parts", kv_block);
+      if (b.attention_backward_workspace > 0) {
+        trace.alloc(L, "attention.workspace", b.attention_backward_workspace);
+        trace.free("attention.workspace");
+      }
+      for (const char* name : {"ring.kv_grad_parts", "ring.kv_grad_parts", "ring.q_grad_part"}) trace.free(name);
+      if (step + 1 == shape.ring) break;
+      for (int pair = 0; pair < 2; ++pair) trace.alloc(L, "ring.kv_grad_arriving", kv_fp32);
+      for (int pair = 0; pair < 2; ++pair) trace.free("ring.kv_grad_accumulators");
+      ring_arrivals_held(trace, "ring.kv_grad_arriving", "ring.kv_grad_accumulators");
+    }
+    for (int pair = 0; pair < 2; ++pair) trace.free("cp.kv_gathered");
+    trace.free("ring.q_grad_accumulator");
+    for (int pair = 0; pair < 2; ++pair) {  // dk, then dv: the accumulators go home
+      trace.alloc(L, "ring.kv_grad_arriving", kv_fp32);
+      trace.free("ring.kv_grad_accumulators");
+      trace.free("ring.kv_grad_arriving");
+    }
+    return;
+  }
   trace.alloc(L, "ring.q_grad_accumulator", q_fp32);
   trace.alloc(L, "ring.kv_grad_accumulators", kv_fp32);
   trace.alloc(L, "ring.kv_grad_accumulators", kv_fp32);
@@ -1227,7 +1265,7 @@ void executor_layer_forward(TensorTrace& trace, TensorTrace* host, const LayerSh
   const ExecutorBytes b(shape, options);
   // The attention kernel's workspace, if it takes one, lives only while it runs.
   auto attend = [&] {
-    if (shape.ring > 1) return executor_ring_forward(trace, shape, b);
+    if (shape.ring > 1) return executor_ring_forward(trace, shape, b, options.context_parallel_all_gather);
     if (b.attention_forward_workspace <= 0) return;
     trace.alloc(L, "attention.workspace", b.attention_forward_workspace);
     trace.free("attention.workspace");
@@ -1303,7 +1341,7 @@ void executor_layer_backward(TensorTrace& trace, TensorTrace* host, const LayerS
   auto delta_and_attention = [&] {
     trace.alloc(L, "attention.softmax_delta", b.lse);
     if (shape.ring > 1) {
-      executor_ring_backward(trace, shape, b);
+      executor_ring_backward(trace, shape, b, options.context_parallel_all_gather);
     } else if (b.attention_backward_workspace > 0) {
       trace.alloc(L, "attention.workspace", b.attention_backward_workspace);
       trace.free("attention.workspace");

@@ -165,6 +165,8 @@ struct ExecutorStepOptions {
   bool gather_weights = false, scatter_gradients = false, offload_params = false;
   int64_t embedding_parameters = 0, layer_parameters = 0, final_parameters = 0;
   bool tied_embeddings = false;
+  // Ring attention with PyTorch CP's all-gather rotation (TrainingOptions::context_parallel_all_gather).
+  bool context_parallel_all_gather = false;
 };
 // With `host`, the host pool's allocations too (offloaded checkpoints, FPDT's chunks), in order.
 void executor_step_replay(TensorTrace& trace, const LayerShape& shape, const ExecutorStepOptions& options, TensorTrace* host = nullptr);

@@ -371,6 +371,8 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
     options.gather_weights = plan.zero_stage == 3;
     options.scatter_gradients = plan.zero_stage >= 2 || (plan.zero_stage >= 1 && plan.offload_optimizer);
     options.offload_params = plan.offload_params;
+    // A ring run as PyTorch CP's all-gather rotation (a profile that says so, and the plan's rotation).
+    options.context_parallel_all_gather = profile.ring_implementation == RingImplementation::ring_torch_allgather && !plan.cp_all_to_all;
     if (options.gather_weights || options.scatter_gradients) {
       options.zero_ranks = cluster.gpus;
       options.embedding_parameters = setup.params.embedding;

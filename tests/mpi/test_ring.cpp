@@ -162,6 +162,40 @@ TEST_CASE("ring x Ulysses: loss and every gradient equal one unsharded rank, eve
   }
 }
 
+TEST_CASE("PyTorch CP's all-gather rotation: the whole sequence's K/V gathered, dK/dV passed; loss and gradients equal one rank, peaks as predicted") {
+  // Reference §11 F2.3, F2.5: each attention pass all-gathers every ring rank's K and V (forward
+  // and again in backward); the fp32 dK/dV accumulators pass rank to rank as the ring's do.
+  const Batch batch = batch_make(kTokens);
+  TrainingOptions checkpointed;
+  checkpointed.activation_checkpointing = true;
+  checkpointed.context_parallel_all_gather = true;
+  TrainingOptions plain;
+  plain.context_parallel_all_gather = true;
+  RuntimeProfile torch_cp = runtime_profile_load("native");
+  torch_cp.ring_implementation = RingImplementation::ring_torch_allgather;
+  for (const auto& degrees : layouts()) {
+    const int64_t u = degrees.first, r = degrees.second;  // (CAPTURE's lambda cannot capture structured bindings before C++20)
+    Layout layout(u, r);
+    for (const TrainingOptions& options : {plain, checkpointed}) {
+      CAPTURE(u);
+      CAPTURE(r);
+      CAPTURE(options.activation_checkpointing);
+      const Outcome expected = single_rank_step(batch, options);
+      const Outcome gathered = ring_step<CpuOps>(layout, batch, options);
+      CHECK(gathered.result.counted_tokens == expected.result.counted_tokens);
+      CHECK(gathered.result.loss == doctest::Approx(expected.result.loss).epsilon(1e-6));
+      gradients_close(gathered.gradients, expected.gradients);
+      const MemoryPrediction predicted = predicted_for(layout, options, torch_cp);
+      CHECK(predicted.gpu_peak_bytes == doctest::Approx(gathered.device_peak_bytes).epsilon(1e-9));
+      CHECK(predicted.gpu_peak_moment == gathered.peak_moment);
+      // The gathered K/V make the peak no lower than the ring's passing.
+      TrainingOptions passed = options;
+      passed.context_parallel_all_gather = false;
+      CHECK(ring_step<CpuOps>(layout, batch, passed).device_peak_bytes <= gathered.device_peak_bytes);
+    }
+  }
+}
+
 TEST_CASE("ring x Ulysses with ZeRO-3: the same gradients, reduce-scattered into shards, peaks as predicted") {
   const Batch batch = batch_make(kTokens);
   TrainingOptions checkpointed;
@@ -184,13 +218,18 @@ TEST_CASE("the GPU's schedule (bf16 emulation, blocked attention): ring peaks eq
   // The CPU's Bf16CpuOps allocates what CudaOps allocates (the blocked kernel's workspace per chunk
   // pair, bf16 blocks and fp32 accumulators on the ring), so the GPU's ring schedule is checked here.
   const Batch batch = batch_make(kTokens);
-  const RuntimeProfile profile = runtime_profile_load("native-cuda");
-  TrainingOptions options;
-  options.activation_checkpointing = true;
+  for (const bool all_gather : {false, true})
   for (const auto& degrees : layouts()) {
+    // The ring's passing, and PyTorch CP's all-gather rotation.
+    RuntimeProfile profile = runtime_profile_load("native-cuda");
+    if (all_gather) profile.ring_implementation = RingImplementation::ring_torch_allgather;
+    TrainingOptions options;
+    options.activation_checkpointing = true;
+    options.context_parallel_all_gather = all_gather;
     const int64_t u = degrees.first, r = degrees.second;  // (CAPTURE's lambda cannot capture structured bindings before C++20)
     CAPTURE(u);
     CAPTURE(r);
+    CAPTURE(all_gather);
     Layout layout(u, r);
     const Outcome expected = single_rank_step(batch, options);
     const Outcome sharded = ring_step<Bf16CpuOps>(layout, batch, options);
