@@ -164,6 +164,14 @@ int executor_bench(const BenchCommandArgs& args) {
                    (row_memory.gpu_peak_bytes + row_memory.host_bytes_per_node) / kBytesPerGib, available_bytes / kBytesPerGib);
         continue;
       }
+      {
+        // One untimed step first, as every benchmark warms up: the first step pays for the
+        // process's heap growing into fresh pages, which the steps after it reuse.
+        Arena warm_device("device"), warm_host("host");
+        LlamaModel warm(model, warm_device);
+        std::fill_n(warm.parameters(), warm.parameter_count(), 0.01f);
+        warm.forward_backward(sample.tokens.data(), sample.labels.data(), sample.positions.data(), seqlen, options, warm_device, warm_host);
+      }
       Arena device("device"), host("host");
       LlamaModel llama(model, device);
       std::fill_n(llama.parameters(), llama.parameter_count(), 0.01f);
@@ -192,7 +200,8 @@ int executor_bench(const BenchCommandArgs& args) {
   fmt::print("GFLOP/s counts the planner's compute model (recompute included), not a profiler; 'predicted' is the planner's\n"
              "native PREDICTION for the same plan, 'peak' the arena's MEASUREMENT. 'pred. s' is the time model's step (forward and\n"
              "backward) at rates measured here for each length (a GEMM at the MLP's shape, an attention block, a memcpy); m/p are\n"
-             "the kernels' measured seconds beside the predicted; the time model has no term for norms and element-wise work.\n");
+             "the kernels' measured seconds beside the predicted; the time model has no term for norms and element-wise work.\n"
+             "Each row's step is timed after one untimed step of the same row (the warm-up).\n");
   if (!time_errors.empty()) {
     std::vector<double> magnitudes;
     for (double error : time_errors) magnitudes.push_back(std::fabs(error));

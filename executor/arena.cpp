@@ -3,12 +3,27 @@
 #include <cstring>
 #include <new>
 #include <fmt/format.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 namespace longseq {
 
 namespace {
 class HostMemoryBackend final : public MemoryBackend {
  public:
+  HostMemoryBackend() {
+#if defined(__GLIBC__)
+    // A step allocates and frees the same activation sizes layer after layer. glibc returns a
+    // block above its mmap threshold (128 KiB by default) to the OS at every free and trims the
+    // heap's top, so each reuse page-faults its memory in again: on this project's VM that cost
+    // more than the kernels (the executor's GEMMs ran at a tenth of their measured rate). Blocks
+    // up to glibc's largest mmap threshold (32 MiB on 64-bit) stay in the heap, and the heap is
+    // not trimmed: freed memory is reused as it is (the caching a GPU's allocator does too).
+    mallopt(M_MMAP_THRESHOLD, 32 * 1024 * 1024);
+    mallopt(M_TRIM_THRESHOLD, 1024 * 1024 * 1024);
+#endif
+  }
   void* allocate(size_t bytes) override { return bytes > 0 ? ::operator new(bytes) : nullptr; }
   void release(void* data) noexcept override { ::operator delete(data); }
   void fill_zero(void* data, size_t bytes) override { std::memset(data, 0, bytes); }
