@@ -199,6 +199,7 @@ void ranks_start(Ranks& ranks) {
     ranks.world = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
     ranks.world_rank = ranks.world->rank();
     ranks.world_size = ranks.world->size();
+    rank_threads_set(ranks_on_this_node(ranks.world_size));
     return;
   }
 #endif
@@ -721,7 +722,12 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
   // and the last step's measured split (the first step warms caches and allocations).
   std::string time_table;
   if (ranks.world_rank == 0 && !on_gpu && !report["steps"].empty() && report["steps"].back().contains("components_s")) {
-    const MeasuredCpuRates rates = cpu_rates_measure(local_tokens, model.hidden_size, model.intermediate_size, model.head_dim, args.attention_block);
+    MeasuredCpuRates rates = cpu_rates_measure(local_tokens, model.hidden_size, model.intermediate_size, model.head_dim, args.attention_block);
+    // Measured by this rank alone; during the step every rank of the node ran at once, taking
+    // turns on the cores when their threads outnumber them.
+    const double core_share = rank_core_share(ranks_on_this_node(ranks.world_size));
+    rates.matmul_gflops *= core_share;
+    rates.attention_gflops *= core_share;
     ClusterSpec measured_cluster = cluster;
     measured_cluster.hardware = cpu_card_with_rates(cluster.hardware, rates);
     const StepTime predicted_time = time_predict(model, measured_cluster, plan, profile, seqlen).time;
@@ -742,14 +748,16 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
     nlohmann::json comparison = {{"rates_measured_here",
                                   {{"matmul_gflops", rates.matmul_gflops}, {"gemm_shape", {rates.gemm_m, rates.gemm_k, rates.gemm_n}},
                                    {"attention_gflops", rates.attention_gflops},
-                                   {"memcpy_gbps", rates.memcpy_gbps}}},
+                                   {"memcpy_gbps", rates.memcpy_gbps}, {"rank_core_share", core_share}}},
                                  {"step", last["step"]}, {"measured_s", last["seconds"]}, {"predicted_s", predicted_time.total_s()},
                                  {"components", nlohmann::json::array()}};
     time_table = fmt::format("\nstep time of rank 0, step {}: MEASURED (the kernels' and MPI's clocks) vs PREDICTED (the time model at "
-                             "rates measured here now: GEMM {:.1f} GFLOP/s at {}x{}x{}, attention {:.1f} GFLOP/s, memcpy {:.1f} GB/s; collectives "
+                             "rates measured here now: GEMM {:.1f} GFLOP/s at {}x{}x{}, attention {:.1f} GFLOP/s, memcpy {:.1f} GB/s{}; collectives "
                              "at the cpu-device card's)\n  {:<38} {:>11} {:>12} {:>9}\n",
                              last["step"].get<int64_t>(), rates.matmul_gflops, rates.gemm_m, rates.gemm_k, rates.gemm_n, rates.attention_gflops,
-                             rates.memcpy_gbps, "component",
+                             rates.memcpy_gbps,
+                             core_share < 1 ? fmt::format(", a rank's share of the cores: x{:.2f} of the rate measured alone", core_share) : "",
+                             "component",
                              "measured s", "predicted s", "error");
     for (const Row& row : rows_time) {
       const double measured_s = measured[row.key].get<double>();

@@ -5,6 +5,11 @@
 #include <numeric>
 #include <cstring>
 #include <chrono>
+#include <cstdlib>
+#include <thread>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -144,6 +149,37 @@ MeasuredCpuRates cpu_rates_measure(int64_t tokens, int64_t hidden, int64_t inter
     rates.memcpy_gbps = static_cast<double>(bytes) / seconds / 1e9;
   }
   return rates;
+}
+
+int64_t ranks_on_this_node(int64_t world_size) {
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  const int64_t ranks = local ? std::atoll(local) : 0;
+  return ranks > 0 ? ranks : std::max<int64_t>(world_size, 1);
+}
+
+namespace {
+int64_t cores_here() { return std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency())); }
+int64_t threads_per_rank() {
+#ifdef _OPENMP
+  return std::max(1, omp_get_max_threads());
+#else
+  return 1;
+#endif
+}
+}  // namespace
+
+void rank_threads_set(int64_t ranks_on_node) {
+#ifdef _OPENMP
+  if (std::getenv("OMP_NUM_THREADS") || ranks_on_node <= 1) return;
+  omp_set_num_threads(static_cast<int>(std::max<int64_t>(1, cores_here() / ranks_on_node)));
+#else
+  (void)ranks_on_node;
+#endif
+}
+
+double rank_core_share(int64_t ranks_on_node) {
+  const double wanted = static_cast<double>(std::max<int64_t>(ranks_on_node, 1) * threads_per_rank());
+  return std::min(1.0, static_cast<double>(cores_here()) / wanted);
 }
 
 HardwareCard cpu_card_with_rates(HardwareCard card, const MeasuredCpuRates& rates) {

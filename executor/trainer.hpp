@@ -76,6 +76,16 @@ struct MeasuredCpuRates {
 MeasuredCpuRates cpu_rates_measure(int64_t tokens, int64_t hidden, int64_t intermediate, int64_t head_dim, int64_t attention_block);
 HardwareCard cpu_card_with_rates(HardwareCard card, const MeasuredCpuRates& rates);
 
+// Ranks of this job on this machine (Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE; else `world_size`).
+int64_t ranks_on_this_node(int64_t world_size);
+// Each of `ranks_on_node` ranks runs its kernels on its share of the cores: OpenMP threads set to
+// cores / ranks (at least 1) unless OMP_NUM_THREADS says otherwise (more threads than cores spin
+// against each other; torchrun sets one thread a process for the same reason).
+void rank_threads_set(int64_t ranks_on_node);
+// The share of the rates measured with this process's threads alone that one rank gets while all
+// `ranks_on_node` run: 1 when their threads fit the cores, else cores / (ranks x threads).
+double rank_core_share(int64_t ranks_on_node);
+
 // The CPU "device" as a cluster of `ranks` one-device ranks on one node (machine_cluster's).
 ClusterSpec executor_cluster(double budget_bytes, int64_t ranks = 1);
 
