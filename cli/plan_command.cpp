@@ -170,7 +170,7 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
   command->add_option("--fpdt-chunk", args->fpdt_chunk, "FPDT chunk of the global sequence (default 64Ki = 65536)");
   command->add_option("--profile", args->profile,
                       "runtime profile (default: the framework's own: deepspeed-hf for the DeepSpeed ones, megatron-deepspeed, "
-                      "fsdp2-accelerate, fsdp2-torchtitan, hf-trainer, native-cuda for longseq), native, or a .yaml");
+                      "fsdp2-accelerate, fsdp2-torchtitan, hf-trainer, unsloth, native-cuda for longseq), native, or a .yaml");
   command->add_option("--attention", args->attention,
                       "attention kernel: fa2 (FlashAttention-2) or fa3 (FlashAttention-3 on Hopper: its backward buffers and its "
                       "published speed); default: the profile's, else the hardware card's (fa3 on H100/H200/H800, fa2 on A100). "
@@ -181,7 +181,8 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
                       "of its techniques), hf-accelerate (Accelerate / HF Trainer / TRL), megatron-deepspeed (where FPDT lives), "
                       "deepspeed (a plain deepspeed.initialize loop), usp (a DeepSpeed loop with USP's Ulysses x ring attention), "
                       "accelerate-fsdp2 (Accelerate / Trainer / TRL on FSDP2 with PyTorch context parallelism), hf-trainer (the plain "
-                      "HF Trainer / TRL in bf16; where LoRA adapters are planned), torchtitan (PyTorch's trainer: FSDP2 with "
+                      "HF Trainer / TRL in bf16; where LoRA adapters are planned), unsloth (one GPU: its offloaded checkpointing "
+                      "and fused loss, LoRA/QLoRA), torchtitan (PyTorch's trainer: FSDP2 with "
                       "context parallelism, its Llama 3 flavors), longseq (its own executor). The search explores "
                       "only what it runs and says what another framework would reach");
   command->add_flag("--json", args->json, "print JSON instead of tables");
@@ -189,8 +190,8 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
                       "write the (chosen) plan as a framework's files instead of the report: arctic-training (recipe YAML), "
                       "accelerate (Accelerate YAML + the DeepSpeed JSON it names), megatron-deepspeed (launch arguments + "
                       "DeepSpeed JSON), deepspeed or usp (DeepSpeed JSON for a plain loop), accelerate-fsdp2 (Accelerate's FSDP2 + "
-                      "context-parallelism YAML), torchtitan (its TOML job) or hf-trainer (a TRL SFTTrainer script, with PEFT's "
-                      "LoraConfig for adapters)");
+                      "context-parallelism YAML), torchtitan (its TOML job), unsloth (a FastLanguageModel script) or hf-trainer (a TRL "
+                      "SFTTrainer script, with PEFT's LoraConfig for adapters)");
   command->add_option("--emit-length", args->emit_length,
                       "the length --emit writes when longseq finds the maximum: safe (default: the band's low end, every "
                       "estimate at its high end) or point (the point estimate, at 100% of usable memory)")
@@ -775,8 +776,8 @@ int plan_command_run(const PlanCommandArgs& args) {
   const Framework framework = machine ? Framework::framework_longseq : framework_given ? given_framework : default_framework;
   if (args.lora_rank && machine)
     throw ConfigError("--lora", "", "longseq's executor trains no adapters yet: plan adapters for a GPU (--gpus, --framework hf-trainer)");
-  if (args.lora_rank && emitting && emit_framework != Framework::framework_hf_trainer)
-    throw ConfigError("--lora", "", "adapters are planned for the HF Trainer / TRL: --emit hf-trainer writes their script");
+  if (args.lora_rank && emitting && emit_framework != Framework::framework_hf_trainer && emit_framework != Framework::framework_unsloth)
+    throw ConfigError("--lora", "", "adapters are planned for the HF Trainer / TRL and Unsloth: --emit hf-trainer or unsloth writes their script");
   if (args.lora_rank && args.plan_out) throw ConfigError("--lora", "", "longseq's executor trains no adapters yet: no plan file to write");
   const bool framework_checked = framework_given || emitting || trainer_choice || fsdp2_choice;
   const FrameworkFacts& facts = framework_facts(framework);

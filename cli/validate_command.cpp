@@ -113,7 +113,7 @@ int reserve_fit_print(const ValidateCommandArgs& args, const std::vector<Publish
 
 int validate_command_run(const ValidateCommandArgs& args) {
   if (!args.profile.empty()) runtime_profile_load(args.profile);  // a bad name fails before any row
-  std::string profile_label = args.profile.empty() ? "per row: fsdp2-accelerate for fsdp2, hf-trainer for hf_bf16, lora, qlora and adam8bit, megatron-deepspeed for FPDT, deepspeed-hf otherwise" : args.profile;
+  std::string profile_label = args.profile.empty() ? "per row: fsdp2-accelerate for fsdp2, unsloth for rows from Unsloth, hf-trainer for hf_bf16, lora, qlora and adam8bit, megatron-deepspeed for FPDT, deepspeed-hf otherwise" : args.profile;
   if (args.reserve_gib) profile_label += fmt::format("; calibrated reserve replaced by {:g} GiB", *args.reserve_gib);
   const std::vector<PublishedPoint> points = published_points_parse(file_read_text(args.points), args.points);
   if (args.fit_reserve) return reserve_fit_print(args, points);

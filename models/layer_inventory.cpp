@@ -890,6 +890,16 @@ void lm_loss_forward_backward(TensorTrace& trace, const LayerShape& shape, const
       trace.free("loss.weight_grad");  // handed to the optimizer side in backward
       break;
     }
+    case LossImplementation::loss_unsloth_fused:
+      // UnslothFusedLoss (Reference §12 item 31): grad_inputs = empty_like(hidden_states) in
+      // forward, then per chunk grad_and_value of lm_head -> F.cross_entropy(logits.float()): the
+      // chunk's logits in the model dtype, their fp32 copy and its fp32 gradient (item 32).
+      trace.alloc(kCategoryLoss, "final_norm.output_grad", bytes.x);
+      trace.alloc(kCategoryLoss, "loss.logits_chunk", tile * static_cast<double>(shape.vocab) * a);
+      trace.alloc(kCategoryLoss, "loss.logits_chunk_fp32", tile * static_cast<double>(shape.vocab) * 4.0);
+      trace.alloc(kCategoryLoss, "loss.logits_chunk_grad_fp32", tile * static_cast<double>(shape.vocab) * 4.0);
+      for (const char* name : {"loss.logits_chunk_grad_fp32", "loss.logits_chunk_fp32", "loss.logits_chunk"}) trace.free(name);
+      break;
     case LossImplementation::loss_token_shards:
       // ArcticTraining TiledFusedLogitsLoss (REFERENCE §3.3b): x_grad = zeros_like(x), then per
       // shard forward and backward of the untiled loss.

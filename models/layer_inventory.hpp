@@ -175,6 +175,7 @@ enum class LossImplementation {
   loss_untiled,        // HF: logits, fp32 upcast, log-softmax; backward holds three fp32 [T, V]
   loss_liger_chunked,  // Liger fused linear cross entropy: gradients computed in forward, per chunk
   loss_token_shards,   // fixed token shards: per shard the untiled tensors, input grad accumulated
+  loss_unsloth_fused,  // Unsloth's fused CE: the input gradient up front, per chunk logits, fp32 copy and fp32 gradient
 };
 
 // Logits and loss, forward and backward, for this rank's tokens. Expects "final_norm.output"

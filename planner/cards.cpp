@@ -158,7 +158,8 @@ RuntimeProfile runtime_profile_from_text(const std::string& yaml_text, const std
   const std::string tiling = reader.get_string("loss_tiling");
   if (tiling == "liger") profile.loss_tiling = LossTiling::loss_tiling_liger;
   else if (tiling == "shards") profile.loss_tiling = LossTiling::loss_tiling_shards;
-  else throw ConfigError(source_name, "loss_tiling", fmt::format("expected liger or shards, got '{}'", tiling));
+  else if (tiling == "unsloth") profile.loss_tiling = LossTiling::loss_tiling_unsloth;
+  else throw ConfigError(source_name, "loss_tiling", fmt::format("expected liger, shards or unsloth, got '{}'", tiling));
   profile.moe_experts = moe_experts_parse(reader.get_string("moe_experts", "hf_expert_loop"), source_name, "moe_experts");
   profile.dataloader_host_bytes_per_token = reader.get_double("dataloader_host_bytes_per_token", 0, 1 << 20);
   profile.zero3_offload_gradient_buffer_bytes = reader.get_int("zero3_offload_gradient_buffer_bytes", 0, 8, 0);
@@ -167,6 +168,9 @@ RuntimeProfile runtime_profile_from_text(const std::string& yaml_text, const std
   profile.host_forked_workers_copy_bytes_per_parameter =
       estimate_read(reader, "host_forked_workers_copy_bytes_per_parameter", 0, 64, 0);
   profile.pinned_host_allocations_power_of_two = reader.get_bool("pinned_host_allocations_power_of_two", false);
+  profile.checkpoint_offload_reload_buffers = reader.get_int("checkpoint_offload_reload_buffers", 0, 2, 0);
+  profile.checkpoint_offload_keeps_last_layer = reader.get_bool("checkpoint_offload_keeps_last_layer", false);
+  profile.checkpoint_offload_pinned = reader.get_bool("checkpoint_offload_pinned", false);
   profile.rope_table_whole_sequence_fp32 = reader.get_bool("rope_table_whole_sequence_fp32", false);
   profile.cpu_adam_bandwidth_efficiency = reader.get_double("cpu_adam_bandwidth_efficiency", 0.01, 1.0, 1.0);
   profile.attention_kernel = reader.get_string("attention_kernel", "");

@@ -39,7 +39,7 @@ struct HardwareCard {
   double host_memory_gbps = 0;              // host DRAM bandwidth per node (CPU optimizer step)
 };
 
-enum class LossTiling { loss_tiling_liger, loss_tiling_shards };
+enum class LossTiling { loss_tiling_liger, loss_tiling_shards, loss_tiling_unsloth };
 enum class ParameterSharding { sharding_deepspeed_zero, sharding_fsdp2 };
 enum class RingImplementation { ring_usp, ring_torch_allgather };
 
@@ -141,6 +141,15 @@ struct RuntimeProfile {
   // allocation up to a power of two: DeepSpeed's offload_param buffer (pinned unconditionally) and
   // FPDT's host-resident chunks (models/layer_inventory.hpp pinned_host_allocation_bytes).
   bool pinned_host_allocations_power_of_two = false;
+  // Checkpoint offload that reloads into reused device buffers (Unsloth's offloaded checkpointing:
+  // one, or two for double buffering, of the largest hidden state; Reference §12 item 28) and keeps
+  // the last layer's input on the device (item 26). 0 and false: the offload of ALST (synchronous
+  // copies back into fresh tensors, every layer's input offloaded).
+  int64_t checkpoint_offload_reload_buffers = 0;
+  bool checkpoint_offload_keeps_last_layer = false;
+  // Checkpoint offload into pinned host memory, one allocation a layer (Unsloth's CPU_BUFFERS,
+  // transformers' offload): rounded as pinned_host_allocations_power_of_two says.
+  bool checkpoint_offload_pinned = false;
   // The stack builds its RoPE table for the whole sequence on every rank, one fp32 [S, head_dim]
   // tensor (Megatron-DeepSpeed's RotaryEmbedding(seq_length), issue 25's reading of MDS main
   // 4efb479d), instead of cos/sin for the rank's own tokens in the activation dtype (HF).

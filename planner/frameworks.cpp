@@ -22,6 +22,7 @@ const std::vector<FrameworkFacts>& framework_table() {
       {Framework::framework_accelerate_fsdp2, "accelerate-fsdp2", "fsdp2-accelerate", "accelerate-fsdp2", 1, nullptr},
       {Framework::framework_hf_trainer, "hf-trainer", "hf-trainer", "hf-trainer", 1, nullptr},
       {Framework::framework_torchtitan, "torchtitan", "fsdp2-torchtitan", "torchtitan", 1, nullptr},
+      {Framework::framework_unsloth, "unsloth", "unsloth", "unsloth", 1, nullptr},
       {Framework::framework_longseq, "longseq", "native-cuda", "", 1, nullptr},
   };
   return table;
@@ -117,12 +118,14 @@ std::string framework_unsupported(Framework framework, const ModelSpec& model, c
   // HSDP's 2-D mesh is FSDP2's (Reference §11 F1.10, F1.17, F6.2).
   if (plan.dp_replicate > 1 && !pytorch_cp)
     return fmt::format("{}: no replicate x shard mesh (HSDP is FSDP2's: --framework accelerate-fsdp2 or torchtitan)", name);
-  // LoRA is planned for PEFT through the HF Trainer / TRL so far.
-  if (plan.lora() && framework != Framework::framework_hf_trainer)
-    return fmt::format("{}: LoRA is planned for the HF Trainer / TRL path (PEFT) only so far: --framework hf-trainer", name);
+  // LoRA is planned for PEFT through the HF Trainer / TRL and Unsloth so far.
+  const bool trainer_path = framework == Framework::framework_hf_trainer || framework == Framework::framework_unsloth;
+  if (plan.lora() && !trainer_path)
+    return fmt::format("{}: LoRA is planned for the HF Trainer / TRL path (PEFT) and Unsloth only so far: --framework hf-trainer or unsloth",
+                       name);
   // bitsandbytes' 8-bit AdamW through the Trainer's optim argument; DeepSpeed builds its own
   // optimizer (CPU Adam when offloading) and FSDP2's DTensor shards are not planned with it.
-  if (plan.adam_8bit && framework != Framework::framework_hf_trainer)
+  if (plan.adam_8bit && !trainer_path)
     return fmt::format("{}: 8-bit AdamW is planned through the HF Trainer / TRL (optim=\"adamw_8bit\") only: --framework hf-trainer", name);
   switch (framework) {
     case Framework::framework_arctic_training:
@@ -210,6 +213,18 @@ std::string framework_unsupported(Framework framework, const ModelSpec& model, c
       if (plan.tiled_mlp) return fmt::format("{}: no switch for TiledMLP", name);
       // Checkpoint offload: transformers' gradient_checkpointing_kwargs={"offload": True} (>= 5.16;
       // Reference §11 F5.7), or Unsloth's offloaded checkpointing for adapters (§12 items 25-29).
+      return "";
+    case Framework::framework_unsloth:
+      // One GPU (its open-source trainer), its own kernels: no DeepSpeed, FSDP or sequence
+      // parallelism; its fused cross entropy runs whenever labels are given (item 31), its
+      // checkpoint offload is use_gradient_checkpointing="unsloth" (items 25-29).
+      if (plan.sequence_ranks() > 1) return fmt::format("{}: no sequence parallelism (one GPU)", name);
+      if (plan.fpdt) return fmt::format("{}: no FPDT (it exists only in Megatron-DeepSpeed)", name);
+      if (plan.zero_stage > 0 || plan.offload_optimizer || plan.offload_params)
+        return fmt::format("{}: no ZeRO or optimizer/parameter offload (DeepSpeed's)", name);
+      if (!plan.tiled_loss) return fmt::format("{}: its fused, chunked cross entropy always runs (Reference §12 item 31)", name);
+      if (plan.checkpoint_offload && !plan.activation_checkpointing)
+        return fmt::format("{}: its offload is of checkpoints (use_gradient_checkpointing=\"unsloth\")", name);
       return "";
     case Framework::framework_longseq:
       if (model.is_moe()) return fmt::format("{}: the executor trains dense models only (no MoE block yet)", name);

@@ -21,6 +21,7 @@ enum class Framework {
   framework_accelerate_fsdp2,    // Accelerate / HF Trainer / TRL on PyTorch FSDP2 with PyTorch context parallelism
   framework_hf_trainer,          // the plain HF Trainer / TRL SFTTrainer: no DeepSpeed, no FSDP (DDP across GPUs)
   framework_torchtitan,          // PyTorch's torchtitan: FSDP2 with context parallelism, its own Llama 3 model code (TOML job)
+  framework_unsloth,             // Unsloth on one GPU: its offloaded checkpointing, fused chunked loss, LoRA/QLoRA (Python script)
   framework_longseq,             // longseq's own executor (`longseq run`); ring attention planned, not yet executed
 };
 

@@ -24,6 +24,13 @@ int64_t loss_chunk_tokens_liger(int64_t tokens, int64_t vocab, int64_t hidden) {
   return chunk;
 }
 
+int64_t loss_chunks_unsloth_rule(int64_t tokens, int64_t vocab) {
+  const double logits_gib = static_cast<double>(tokens) * static_cast<double>(vocab) * 4.0 / kBytesPerGib;
+  const double target_gib = 4.0;
+  if (logits_gib <= target_gib) return 1;
+  return 4 * static_cast<int64_t>(std::ceil(logits_gib / target_gib / 4.0));
+}
+
 int64_t loss_shards_arctic_rule(int64_t tokens, int64_t vocab) {
   const double bytes = static_cast<double>(tokens) * static_cast<double>(vocab) * 4.0;
   return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(bytes / kBytesPerGib)));
@@ -106,7 +113,12 @@ Setup setup_make(const ModelSpec& model, const HardwareCard& card, const PlanOpt
   }
 
   if (plan.tiled_loss) {
-    if (profile.loss_tiling == LossTiling::loss_tiling_liger) {
+    if (profile.loss_tiling == LossTiling::loss_tiling_unsloth) {
+      setup.loss = LossImplementation::loss_unsloth_fused;
+      setup.loss_tile_tokens = plan.loss_tiles > 0 ? (shape.tokens + plan.loss_tiles - 1) / plan.loss_tiles
+                                                   : (shape.tokens + loss_chunks_unsloth_rule(shape.tokens, model.vocab_size) - 1) /
+                                                         loss_chunks_unsloth_rule(shape.tokens, model.vocab_size);
+    } else if (profile.loss_tiling == LossTiling::loss_tiling_liger) {
       setup.loss = LossImplementation::loss_liger_chunked;
       setup.loss_tile_tokens = plan.loss_tiles > 0 ? (shape.tokens + plan.loss_tiles - 1) / plan.loss_tiles
                                                    : loss_chunk_tokens_liger(shape.tokens, model.vocab_size, model.hidden_size);
@@ -303,17 +315,27 @@ void zero_layer_buffers_place(TensorTrace& trace, const PlanOptions& plan, const
 }
 
 // Checkpoints (or, without checkpointing, whole saved activation sets) of `layers` layers.
-void resident_activations_place(TensorTrace& trace, const PlanOptions& plan, const Setup& setup, double layers,
-                                double saved_bytes_per_layer) {
-  if (layers <= 0) return;
+void resident_activations_place(TensorTrace& trace, const PlanOptions& plan, const RuntimeProfile& profile, const Setup& setup,
+                                double layers, double total_layers, double saved_bytes_per_layer) {
   const double x_bytes = as_double(setup.shape.tokens) * as_double(setup.shape.hidden) * as_double(setup.impl.activation_bytes);
+  if (plan.activation_checkpointing && plan.checkpoint_offload) {
+    // Unsloth's offload reloads into reused device buffers (one or two of the largest hidden
+    // state, held all step) and never offloads the last layer's input (Reference §12 items 26, 28).
+    if (profile.checkpoint_offload_reload_buffers > 0)
+      trace.alloc(kCategoryCheckpoints, "checkpoint_reload_buffers", as_double(profile.checkpoint_offload_reload_buffers) * x_bytes,
+                  as_double(profile.checkpoint_offload_reload_buffers));
+    if (profile.checkpoint_offload_keeps_last_layer && layers >= total_layers)
+      trace.alloc(kCategoryCheckpoints, "hidden_states_last_checkpoint", x_bytes);
+    // ALST's copy to the host is synchronous (AT-code monkey_patches.py), so no checkpoint stays
+    // on the GPU beyond the layer input the schedule already holds.
+    return;
+  }
+  if (layers <= 0) return;
   if (!plan.activation_checkpointing) {
     trace.alloc(kCategoryCheckpoints, "saved_activations", saved_bytes_per_layer * layers, layers);
-  } else if (!plan.checkpoint_offload) {
+  } else {
     trace.alloc(kCategoryCheckpoints, "hidden_states_checkpoints", x_bytes * layers, layers);
   }
-  // With checkpoint offload the copy to the host is synchronous (AT-code monkey_patches.py), so
-  // no checkpoint stays on the GPU beyond the layer input the schedule already holds.
 }
 
 struct PhaseResult {
@@ -348,7 +370,7 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
     result.phase = name;
     result.trace.set_record_peak_items(with_breakdown);
     static_tensors_place(result.trace, model, cluster, plan, profile, setup, seqlen);
-    resident_activations_place(result.trace, plan, setup, resident_layers, saved_per_layer);
+    resident_activations_place(result.trace, plan, profile, setup, resident_layers, layers, saved_per_layer);
     return result.trace;
   };
 
@@ -537,7 +559,13 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
     }
     for (const auto& [name, bytes] : pooled) host_add(std::string(name).c_str(), bytes);
   } else {
-    if (plan.checkpoint_offload) host_add("hidden_states_checkpoints", layers * x_bytes);
+    if (plan.checkpoint_offload) {
+      const double offloaded = layers - (profile.checkpoint_offload_keeps_last_layer ? 1.0 : 0.0);
+      const double per_layer = profile.checkpoint_offload_pinned
+                                   ? pinned_host_allocation_bytes(x_bytes, profile.pinned_host_allocations_power_of_two)
+                                   : x_bytes;
+      host_add("hidden_states_checkpoints", offloaded * per_layer);
+    }
     host_add("fpdt_chunks_pinned", fpdt_host_bytes(setup.shape, setup.impl, profile.pinned_host_allocations_power_of_two));
   }
   host_add("dataloader_buffers", profile.dataloader_host_bytes_per_token * as_double(seqlen) * as_double(plan.micro_batch));

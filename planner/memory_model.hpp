@@ -87,6 +87,11 @@ int64_t mlp_tiles_deepspeed_rule(int64_t local_tokens, int64_t hidden);
 // Liger fused linear cross entropy chunk: next_pow2(ceil(T / ceil(V / h))) (REFERENCE §3.3a).
 int64_t loss_chunk_tokens_liger(int64_t tokens, int64_t vocab, int64_t hidden);
 
+// Unsloth's fused cross entropy's chunk count (unsloth_zoo fused_losses/cross_entropy_loss.py
+// get_chunk_size, Reference §12 item 32): each chunk's fp32 logits within target_gb, min(half the
+// free memory, 4 GiB) (taken as 4: a GPU with 8 GiB free), a multiple of 4; 1 when all fit.
+int64_t loss_chunks_unsloth_rule(int64_t tokens, int64_t vocab);
+
 // ArcticTraining's shard count: ceil(T * V * 4 / 2^30), about 1 GiB of fp32 logits per shard.
 int64_t loss_shards_arctic_rule(int64_t tokens, int64_t vocab);
 

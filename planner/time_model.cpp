@@ -237,7 +237,10 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   if (plan.checkpoint_offload) {
     const double copies_s =
         layers * (pcie_seconds(x_bytes, card.pcie_device_to_host_gbps) + pcie_seconds(x_bytes, card.pcie_host_to_device_gbps));
-    time.checkpoint_offload_s = plan.fpdt ? std::max(0.0, copies_s - layer_compute_s) : copies_s;
+    // Unsloth copies on a side stream into double-buffered reloads (Reference §12 items 27-28):
+    // overlapped, as FPDT's are.
+    const bool overlapped = plan.fpdt || profile.checkpoint_offload_reload_buffers > 0;
+    time.checkpoint_offload_s = overlapped ? std::max(0.0, copies_s - layer_compute_s) : copies_s;
   }
 
   // FPDT's chunk traffic over PCIe, per layer (REFERENCE §3.6). With u chunks, forward stores

@@ -364,7 +364,14 @@ PointValidation point_validate(const PublishedPoint& point, const std::string& p
   if ((plan.lora() || plan.adam_8bit) && (fsdp2 || plan.zero_stage > 0 || plan.sequence_ranks() > 1))
     return skip(fmt::format("{} beside {} is not modelled yet (planned on the HF Trainer / TRL path, one replica a GPU)",
                             plan.lora() ? "LoRA" : "8-bit AdamW", fsdp2 ? "FSDP2" : plan.zero_stage > 0 ? "ZeRO" : "sequence parallelism"));
-  const char* stack = fsdp2 ? "fsdp2-accelerate" : hf_bf16 || plan.lora() || plan.adam_8bit ? "hf-trainer" : plan.fpdt ? "megatron-deepspeed" : "deepspeed-hf";
+  // A row from Unsloth (its source or notes say so) ran Unsloth's stack: its offloaded checkpointing
+  // and fused, chunked loss (Reference §12 items 25-32).
+  const bool unsloth = contains(text_to_lower(point.source), "unsloth") || contains(text_to_lower(point.notes), "unsloth");
+  const char* stack = fsdp2                                            ? "fsdp2-accelerate"
+                      : unsloth && !plan.fpdt && plan.zero_stage == 0  ? "unsloth"
+                      : hf_bf16 || plan.lora() || plan.adam_8bit       ? "hf-trainer"
+                      : plan.fpdt                                      ? "megatron-deepspeed"
+                                                                       : "deepspeed-hf";
   RuntimeProfile profile = runtime_profile_load(!profile_name.empty() ? profile_name : stack);
   profile.attention_kernel = attention_kernel;
   if (reserve_gib) profile.calibrated_reserve_gib = *reserve_gib;

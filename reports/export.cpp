@@ -404,6 +404,56 @@ ExportedConfig torchtitan_job_emit(const ExportRequest& r) {
   return exported;
 }
 
+// An Unsloth script (Reference §12 items 25-40): FastLanguageModel with the planned length, a 4-bit
+// base for QLoRA, get_peft_model with the planned adapters and its offloaded checkpointing, TRL's
+// SFTTrainer (Unsloth's fused, chunked cross entropy runs by itself).
+ExportedConfig unsloth_script_emit(const ExportRequest& r) {
+  const PlanOptions& p = r.plan;
+  ExportedConfig exported;
+  if (p.sequence_ranks() > 1 || p.zero_stage > 0 || p.offload_optimizer || p.offload_params || p.fpdt)
+    exported.notes.push_back("sequence parallelism, ZeRO, offload of states, FPDT: not expressed (Unsloth trains on one GPU)");
+  exported.notes.push_back("the plan priced Unsloth's LoRA layers with PEFT's saved tensors; its fused LoRA kernels save fewer (item 37)");
+  exported.notes.push_back(std::string("versions: unsloth >= 2025.9 with unsloth_zoo (offloaded checkpointing, fused cross entropy), TRL >= 0.26") +
+                           (p.qlora || p.adam_8bit ? ", bitsandbytes >= 0.45" : ""));
+  exported.notes.push_back(fmt::format("launch: python {}", main_file(r, "train_unsloth.py")));
+  exported.notes.push_back("the dataset is a placeholder: put yours in load_dataset(...)");
+  if (model_is_card(r))
+    exported.notes.push_back(fmt::format("MODEL is the card's name ({}): put the Hugging Face id or path of the weights", r.model.name));
+  std::string text;
+  std::vector<std::string> header = record_lines(r, "Unsloth (python script)");
+  for (const auto& note : exported.notes) header.push_back(note);
+  for (const auto& line : header) text += "# " + line + "\n";
+  text += "from unsloth import FastLanguageModel  # first: it patches transformers and TRL\nimport torch\n"
+          "from datasets import load_dataset\nfrom trl import SFTConfig, SFTTrainer\n\n";
+  text += fmt::format("MODEL = {}\nMAX_SEQ_LENGTH = {}\n\n", nlohmann::json(model_name_or_path(r)).dump(), r.seqlen);
+  std::string load = fmt::format("model_name=MODEL, max_seq_length=MAX_SEQ_LENGTH, dtype=torch.bfloat16, load_in_4bit={}",
+                                 p.qlora ? "True" : "False");
+  if (!p.lora()) load += ", full_finetuning=True";
+  if (p.tiled_mlp) load += ", unsloth_tiled_mlp=True";  // item 34
+  text += fmt::format("model, tokenizer = FastLanguageModel.from_pretrained({})\n", load);
+  const std::string checkpointing = !p.activation_checkpointing ? "False" : p.checkpoint_offload ? "\"unsloth\"" : "True";
+  if (p.lora()) {
+    std::string targets;
+    for (const LayerLinear& linear : decoder_layer_linears(r.model))
+      if (p.lora_all_linear || linear.adapted_by_default) targets += fmt::format("{}\"{}\"", targets.empty() ? "" : ", ", linear.name);
+    // Its defaults (item 40) but for the planned rank and targets: dropout 0 and no bias install
+    // the fused kernels.
+    text += fmt::format("model = FastLanguageModel.get_peft_model(model, r={}, lora_alpha={}, lora_dropout=0, bias=\"none\",\n"
+                        "                                      target_modules=[{}], use_gradient_checkpointing={})\n",
+                        p.lora_rank, p.lora_rank, targets, checkpointing);
+  }
+  std::string config = fmt::format("output_dir=\"out\", max_length=MAX_SEQ_LENGTH, per_device_train_batch_size={}, "
+                                   "gradient_accumulation_steps=1, bf16=True", p.micro_batch);
+  if (!p.lora()) config += fmt::format(",\n                 gradient_checkpointing={}", p.activation_checkpointing ? "True" : "False");
+  if (p.adam_8bit) config += ", optim=\"adamw_8bit\"";
+  text += fmt::format("args = SFTConfig({})\n", config);
+  text += "trainer = SFTTrainer(model=model, processing_class=tokenizer, args=args,\n"
+          "                     train_dataset=load_dataset(\"REPLACE-WITH-YOUR-DATASET\", split=\"train\"))\n";
+  text += "trainer.train()\n";
+  exported.files.push_back({"", text});
+  return exported;
+}
+
 // A TRL SFTTrainer script for the plain HF Trainer path, with PEFT's LoraConfig and bitsandbytes'
 // BitsAndBytesConfig when the plan trains adapters (Reference §12 items 5, 8, 13, 15-16; §11 F5.1-F5.7).
 ExportedConfig hf_trainer_script_emit(const ExportRequest& r) {
@@ -574,14 +624,15 @@ ExportedConfig config_emit(const std::string& target, const ExportRequest& reque
   else if (target == "accelerate-fsdp2") exported = accelerate_fsdp2_config_emit(request);
   else if (target == "hf-trainer") exported = hf_trainer_script_emit(request);
   else if (target == "torchtitan") exported = torchtitan_job_emit(request);
+  else if (target == "unsloth") exported = unsloth_script_emit(request);
   else if (target == "megatron-deepspeed") exported = megatron_deepspeed_emit(request);
   else if (target == "deepspeed" || target == "usp") exported = deepspeed_config_emit(request);
   if (!exported.files.empty()) {
-    if (target != "accelerate-fsdp2" && target != "torchtitan") ring_note(request, exported);  // theirs is PyTorch's CP, in the file
+    if (target != "accelerate-fsdp2" && target != "torchtitan" && target != "unsloth") ring_note(request, exported);  // theirs is PyTorch's CP, in the file
     moe_note(target, request, exported);
     return exported;
   }
-  throw ConfigError("--emit", "", fmt::format("expected arctic-training, accelerate, accelerate-fsdp2, hf-trainer, torchtitan, "
+  throw ConfigError("--emit", "", fmt::format("expected arctic-training, accelerate, accelerate-fsdp2, hf-trainer, unsloth, torchtitan, "
                                               "megatron-deepspeed, deepspeed or usp, got '{}'", target));
 }
 

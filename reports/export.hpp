@@ -57,6 +57,7 @@ ExportedConfig accelerate_config_emit(const ExportRequest& request);
 ExportedConfig accelerate_fsdp2_config_emit(const ExportRequest& request);
 ExportedConfig hf_trainer_script_emit(const ExportRequest& request);
 ExportedConfig torchtitan_job_emit(const ExportRequest& request);
+ExportedConfig unsloth_script_emit(const ExportRequest& request);
 ExportedConfig megatron_deepspeed_emit(const ExportRequest& request);
 ExportedConfig deepspeed_config_emit(const ExportRequest& request);
 

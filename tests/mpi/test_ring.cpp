@@ -162,7 +162,7 @@ TEST_CASE("ring x Ulysses: loss and every gradient equal one unsharded rank, eve
   }
 }
 
-TEST_CASE("PyTorch CP's all-gather rotation: the whole sequence's K/V gathered, dK/dV passed; loss and gradients equal one rank, peaks as predicted") {
+TEST_CASE("PyTorch CP's all-gather rotation: the whole sequence's K/V gathered and dK/dV passed, loss and gradients equal one rank, peaks as predicted") {
   // Reference §11 F2.3, F2.5: each attention pass all-gathers every ring rank's K and V (forward
   // and again in backward); the fp32 dK/dV accumulators pass rank to rank as the ring's do.
   const Batch batch = batch_make(kTokens);

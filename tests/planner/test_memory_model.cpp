@@ -10,6 +10,7 @@
 #include "planner/compute_model.hpp"
 #include "models/model_loader.hpp"
 #include "planner/max_seqlen.hpp"
+#include "planner/frameworks.hpp"
 #include "planner/memory_model.hpp"
 #include "planner/time_model.hpp"
 #include "planner/units.hpp"
@@ -978,4 +979,40 @@ TEST_CASE("the MoE auxiliary loss by hand: every layer's router logits kept, the
   CHECK(with.phases[0].bytes - without.phases[0].bytes == doctest::Approx(47 * T * 128 * 2));
   // A dense model has no auxiliary loss.
   CHECK_FALSE(plan_problems(model_load("llama-3.1-8b"), cluster, plan).empty());
+}
+
+TEST_CASE("Unsloth's stack by hand: its loss chunks of 4 GiB of fp32 logits, reload buffers, the last layer's input kept, pinned host checkpoints") {
+  // Reference §12 item 32: Llama-3.1-8B at S = 131,072: fp32 logits 62.6 GiB -> 16 chunks of 8,192.
+  CHECK(loss_chunks_unsloth_rule(131'072, 128'256) == 16);
+  CHECK(loss_chunks_unsloth_rule(8'192, 128'256) == 1);  // 3.9 GiB: one chunk
+  const ModelSpec model = model_load("llama-3.1-8b");
+  const ClusterSpec one = cluster_make(hardware_card_load("h100-sxm-80gb"), 1, 0, 0, 0);
+  const RuntimeProfile profile = runtime_profile_load("unsloth");
+  PlanOptions plan = bare_plan(1, 0);
+  plan.activation_checkpointing = plan.checkpoint_offload = plan.tiled_loss = true;
+  plan.lora_rank = 16;
+  plan.qlora = true;
+  const int64_t S = 131'072;
+  const double x = double(S) * 4096 * 2;  // a layer's input, bf16: 1 GiB
+  const MemoryPrediction memory = memory_predict(model, one, plan, profile, S);
+  CHECK(memory.loss_tile_tokens == 8'192);
+  // Two reload buffers (item 28) in every phase; the last layer's input stays on the GPU (item 26).
+  CHECK(item_bytes(memory.gpu_items, "checkpoint_reload_buffers") == 2 * x);
+  // Host: 31 layers' inputs, each its own pinned buffer (1 GiB: a power of two already).
+  CHECK(item_bytes(memory.host_items, "hidden_states_checkpoints") == 31 * x);
+  // The loss phase holds per chunk its logits, their fp32 copy and fp32 gradient (8,192 x V x 10 B)
+  // beside the input gradient S x h x 2: one more chunk of tokens adds V x 10 B at its peak.
+  REQUIRE(memory.phases.size() == 3);
+  PlanOptions eight_chunks = plan;
+  eight_chunks.loss_tiles = 8;  // 16,384 tokens a chunk
+  CHECK(memory_predict(model, one, eight_chunks, profile, S).phases[1].bytes - memory.phases[1].bytes ==
+        doctest::Approx(8'192.0 * 128'256 * 10));
+  // Unsloth's stack: one GPU, no DeepSpeed, the fused loss always on.
+  PlanOptions sharded = plan;
+  sharded.sp = 2;
+  CHECK_FALSE(framework_unsupported(Framework::framework_unsloth, model, sharded).empty());
+  PlanOptions untiled = plan;
+  untiled.tiled_loss = false;
+  CHECK(framework_unsupported(Framework::framework_unsloth, model, untiled).find("fused, chunked cross entropy") != std::string::npos);
+  CHECK(framework_unsupported(Framework::framework_unsloth, model, plan).empty());
 }

@@ -752,3 +752,35 @@ TEST_CASE("torchtitan: its Llama 3 flavors, what it refuses, and a TOML job with
   CHECK(config_emit("hf-trainer", script_request).text().find("optim=\"adamw_8bit\"") != std::string::npos);
   CHECK(framework_unsupported(Framework::framework_hf_accelerate, llama, trainer).find("8-bit AdamW") != std::string::npos);
 }
+
+TEST_CASE("Unsloth script export: FastLanguageModel at the planned length, get_peft_model with its offloaded checkpointing (Reference §12)") {
+  PlanOptions plan;
+  plan.zero_stage = 0;
+  plan.activation_checkpointing = plan.checkpoint_offload = plan.tiled_loss = true;
+  plan.lora_rank = 32;
+  plan.qlora = true;
+  ExportRequest request = export_request("llama-3.1-8b", 1, plan, 342'016);
+  request.profile = runtime_profile_load("unsloth");
+  const ExportedConfig script = config_emit("unsloth", request);
+  const std::string& text = script.text();
+  CHECK(text.find("from unsloth import FastLanguageModel") < text.find("from trl import"));  // Unsloth patches first
+  CHECK(text.find("MAX_SEQ_LENGTH = 342016") != std::string::npos);
+  CHECK(text.find("load_in_4bit=True") != std::string::npos);
+  // Item 40's keys, with the planned rank and every linear.
+  CHECK(text.find("get_peft_model(model, r=32, lora_alpha=32, lora_dropout=0, bias=\"none\"") != std::string::npos);
+  CHECK(text.find("target_modules=[\"q_proj\", \"k_proj\", \"v_proj\", \"o_proj\", \"gate_proj\", \"up_proj\", \"down_proj\"]") !=
+        std::string::npos);
+  CHECK(text.find("use_gradient_checkpointing=\"unsloth\"") != std::string::npos);  // items 25-29
+  CHECK(any_note_contains(script, "PEFT's saved tensors"));
+  // Full fine-tuning with 8-bit Adam and the tiled MLP.
+  plan.lora_rank = 0;
+  plan.qlora = false;
+  plan.adam_8bit = plan.tiled_mlp = true;
+  request.plan = plan;
+  const std::string full = config_emit("unsloth", request).text();
+  CHECK(full.find("full_finetuning=True") != std::string::npos);
+  CHECK(full.find("unsloth_tiled_mlp=True") != std::string::npos);  // item 34
+  CHECK(full.find("optim=\"adamw_8bit\"") != std::string::npos);
+  CHECK(full.find("get_peft_model") == std::string::npos);
+  CHECK(framework_of_export_target("unsloth") == Framework::framework_unsloth);
+}
