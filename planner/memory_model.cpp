@@ -46,11 +46,25 @@ struct Setup {
   LossImplementation loss = LossImplementation::loss_untiled;
   int64_t loss_tile_tokens = 0;
   ParameterCount params;
+  // What backward produces gradients for: every parameter, or the LoRA adapters alone (the frozen
+  // base has none, Reference §12 item 11): in all, a decoder layer's, and the largest one tensor.
+  double trainable_total = 0, trainable_per_layer = 0, largest_trainable_matrix = 0;
 };
 
 Setup setup_make(const ModelSpec& model, const HardwareCard& card, const PlanOptions& plan, const RuntimeProfile& profile, int64_t seqlen) {
   Setup setup;
   setup.params = parameter_count(model);
+  setup.trainable_total = as_double(setup.params.total);
+  setup.trainable_per_layer = as_double(setup.params.per_layer);
+  setup.largest_trainable_matrix = as_double(setup.params.largest_layer_matrix);
+  if (plan.lora()) {
+    setup.trainable_total = as_double(lora_parameter_count(model, plan.lora_rank, plan.lora_all_linear));
+    setup.trainable_per_layer = setup.trainable_total / as_double(model.num_layers);
+    setup.largest_trainable_matrix = 0;
+    for (const LayerLinear& linear : decoder_layer_linears(model))
+      if (plan.lora_all_linear || linear.adapted_by_default)
+        setup.largest_trainable_matrix = std::max(setup.largest_trainable_matrix, as_double(plan.lora_rank * std::max(linear.in, linear.out)));
+  }
   LayerShape& shape = setup.shape;
   shape.tokens = plan.micro_batch * (seqlen / plan.sequence_ranks());
   shape.sp = plan.sp;
@@ -176,15 +190,26 @@ void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const Clus
       trace.alloc(kCategoryModelStates, "base_linears_nf4", nf4_layer_linears_bytes(model, /*double_quant=*/true));
       trace.alloc(kCategoryModelStates, "base_other_weights_fp32", (params - linears) * 4.0);
     } else {
-      trace.alloc(kCategoryModelStates, "base_weights", params * as_double(profile.weight_bytes));
+      // The frozen base in the stack's weight dtype (a frozen parameter is not upcast: Accelerate
+      // upcasts requires_grad ones, Reference §11 F1.14), sharded under ZeRO-3/FSDP2.
+      trace.alloc(kCategoryModelStates, "base_weights", params * std::min<double>(2.0, as_double(profile.weight_bytes)) / weight_shards);
     }
     const double adapters = as_double(lora_parameter_count(model, plan.lora_rank, plan.lora_all_linear));
-    trace.alloc(kCategoryModelStates, "lora_adapters_fp32", adapters * 4.0);
-    trace.alloc(kCategoryModelStates, "lora_gradients_fp32", adapters * 4.0);
+    if (profile.master_weight_bytes > 0) {
+      // DeepSpeed's mixed precision trains the adapters as any parameter: bf16 weights, fp32
+      // master, fp32 gradients and AdamW moments, each sharded by its stage.
+      trace.alloc(kCategoryModelStates, "lora_adapters", adapters * as_double(profile.weight_bytes) / weight_shards);
+      trace.alloc(kCategoryModelStates, "lora_master_weights", adapters * as_double(profile.master_weight_bytes) / optimizer_shards);
+      trace.alloc(kCategoryModelStates, "lora_gradients_fp32", adapters * as_double(profile.gradient_bytes) / gradient_shards);
+    } else {
+      // PEFT's fp32 adapters (autocast_adapter_dtype, item 8), or FSDP2's upcast of them.
+      trace.alloc(kCategoryModelStates, "lora_adapters_fp32", adapters * 4.0 / weight_shards);
+      trace.alloc(kCategoryModelStates, "lora_gradients_fp32", adapters * 4.0 / gradient_shards);
+    }
     if (plan.adam_8bit)
       trace.alloc(kCategoryModelStates, "lora_optimizer_states_8bit", adam_8bit_lora_state_bytes(model, plan.lora_rank, plan.lora_all_linear));
     else
-      trace.alloc(kCategoryModelStates, "lora_optimizer_states", adapters * 8.0);
+      trace.alloc(kCategoryModelStates, "lora_optimizer_states", adapters * 8.0 / optimizer_shards);
   } else {
     if (!plan.offload_params)
       trace.alloc(kCategoryModelStates, "weights", params * as_double(profile.weight_bytes) / weight_shards);
@@ -234,7 +259,7 @@ void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const Clus
 void gradient_reduce_bucket_place(TensorTrace& trace, const PlanOptions& plan, const RuntimeProfile& profile,
                                   const Setup& setup) {
   if (plan.zero_stage < 2) return;
-  const double bucket = std::min(as_double(profile.zero_reduce_bucket_elements), as_double(setup.params.total));
+  const double bucket = std::min(as_double(profile.zero_reduce_bucket_elements), setup.trainable_total);
   trace.alloc(kCategoryZero, "gradient_reduce_bucket", bucket * as_double(profile.working_gradient_bytes));
 }
 
@@ -275,12 +300,15 @@ void zero_layer_buffers_place(TensorTrace& trace, const PlanOptions& plan, const
       trace.alloc(kCategoryZero, "fsdp.next_all_gather_in_flight", layer_params * gathered);
       return;
     }
-    trace.alloc(kCategoryZero, "fsdp.unsharded_gradients", layer_params * as_double(profile.working_gradient_bytes));
-    trace.alloc(kCategoryZero, "fsdp.reduce_scatter_input", layer_params * reduced);
-    trace.alloc(kCategoryZero, "fsdp.reduce_scatter_output", layer_params * reduced / world);
+    // Gradients of the unit's trainable parameters (with LoRA: its adapters, fp32 after the upcast).
+    const double layer_trainable = setup.trainable_per_layer;
+    const double gradient_bytes = plan.lora() ? 4.0 : as_double(profile.working_gradient_bytes);
+    trace.alloc(kCategoryZero, "fsdp.unsharded_gradients", layer_trainable * gradient_bytes);
+    trace.alloc(kCategoryZero, "fsdp.reduce_scatter_input", layer_trainable * (plan.lora() ? 4.0 : reduced));
+    trace.alloc(kCategoryZero, "fsdp.reduce_scatter_output", layer_trainable * (plan.lora() ? 4.0 : reduced) / world);
     // HSDP: the all-reduce over the replicas keeps its buffer (the reduce dtype, the shard's size)
     // across layers (F1.10).
-    if (plan.dp_replicate > 1) trace.alloc(kCategoryZero, "fsdp.hsdp_all_reduce_buffer", layer_params * reduced / world);
+    if (plan.dp_replicate > 1) trace.alloc(kCategoryZero, "fsdp.hsdp_all_reduce_buffer", layer_trainable * reduced / world);
     // Reference §11 D counts the tail unit in the layers' backward too.
     trace.alloc(kCategoryZero, "fsdp.unsharded_norm_and_lm_head", fsdp_tail_unit_bytes(profile, setup));
     return;
@@ -300,7 +328,7 @@ void zero_layer_buffers_place(TensorTrace& trace, const PlanOptions& plan, const
     // One weight's gradient, produced whole before ZeRO reduces it. A grouped-GEMM MoE keeps each
     // projection of all experts as one parameter (ArcticMoE expert_gate_up [E, h, 2 I_e], moe.py
     // L99-115): its gradient spans every expert.
-    double largest_matrix = as_double(setup.params.largest_layer_matrix);
+    double largest_matrix = setup.largest_trainable_matrix;
     if (setup.shape.experts > 0 && setup.impl.moe_experts == MoeExperts::moe_grouped_gemm)
       largest_matrix = std::max(largest_matrix, 2.0 * as_double(setup.shape.experts) * as_double(setup.shape.hidden) *
                                                     as_double(setup.shape.expert_intermediate));
@@ -308,7 +336,7 @@ void zero_layer_buffers_place(TensorTrace& trace, const PlanOptions& plan, const
     // The band's high end: the reduce-scatter's flat torch.cat copy of a full bucket, if it falls
     // on the peak (DeepSpeed ZeRO-3 only; comm/coalesced_collectives.py).
     if (high_end && plan.zero_stage == 3 && profile.zero3_max_live_parameters > 0) {
-      const double bucket = std::min(as_double(profile.zero_reduce_bucket_elements), as_double(setup.params.total));
+      const double bucket = std::min(as_double(profile.zero_reduce_bucket_elements), setup.trainable_total);
       trace.alloc(kCategoryZero, "reduce_scatter_flat_copy", bucket * as_double(profile.working_gradient_bytes));
     }
   }

@@ -193,7 +193,11 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   // What the collectives move: weights as the layers compute with them (FSDP2's param_dtype under
   // an fp32 shard), gradients as they are reduced (its reduce_dtype).
   const double weight_bytes = as_double(params.total) * as_double(profile.gathered_weight_bytes_or_default());
-  const double gradient_bytes = as_double(params.total) * as_double(profile.reduce_bytes_or_default());
+  // With LoRA only the adapters have gradients (fp32) and change at the step; the frozen base is
+  // gathered all the same (Reference §12 item 12).
+  const double adapters = plan.lora() ? as_double(lora_parameter_count(model, plan.lora_rank, plan.lora_all_linear)) : 0.0;
+  const double gradient_bytes = plan.lora() ? adapters * 4.0 : as_double(params.total) * as_double(profile.reduce_bytes_or_default());
+  const double updated_weight_bytes = plan.lora() ? adapters * 4.0 : weight_bytes;
   const bool fsdp2 = plan.zero_stage == 3 && profile.parameter_sharding == ParameterSharding::sharding_fsdp2;
   const bool fsdp2_cpu_offload = fsdp2 && plan.offload_params && plan.offload_optimizer;
   if (plan.zero_stage == 3) {
@@ -220,11 +224,10 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   } else if (plan.zero_stage >= 1) {
     zero_overlappable_s += collective_seconds(Collective::collective_reduce_scatter, gradient_bytes, cluster.gpus, world_link);
     // Updated weights are all-gathered after the step, outside backward.
-    zero_exposed_s += collective_seconds(Collective::collective_all_gather, weight_bytes, cluster.gpus, world_link);
+    zero_exposed_s += collective_seconds(Collective::collective_all_gather, updated_weight_bytes, cluster.gpus, world_link);
   } else {
     // DDP all-reduces every trainable gradient (a LoRA run: the fp32 adapters' alone).
-    const double reduced_bytes = plan.lora() ? as_double(lora_parameter_count(model, plan.lora_rank, plan.lora_all_linear)) * 4.0 : gradient_bytes;
-    zero_overlappable_s += collective_seconds(Collective::collective_all_reduce, reduced_bytes, cluster.gpus, world_link);
+    zero_overlappable_s += collective_seconds(Collective::collective_all_reduce, gradient_bytes, cluster.gpus, world_link);
   }
   time.zero_communication_exposed_s = std::max(0.0, zero_overlappable_s - layer_compute_s) + zero_exposed_s;
 

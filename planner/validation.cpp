@@ -360,16 +360,16 @@ PointValidation point_validate(const PublishedPoint& point, const std::string& p
   validation.plan = plan_describe(plan);
   // The stack the row ran: FSDP2 under Accelerate/TRL, the plain HF Trainer in bf16, Megatron for
   // FPDT, DeepSpeed with HF otherwise.
-  // Adapters and 8-bit AdamW are planned through the HF Trainer / TRL (PEFT, bitsandbytes).
-  if ((plan.lora() || plan.adam_8bit) && (fsdp2 || plan.zero_stage > 0 || plan.sequence_ranks() > 1))
-    return skip(fmt::format("{} beside {} is not modelled yet (planned on the HF Trainer / TRL path, one replica a GPU)",
-                            plan.lora() ? "LoRA" : "8-bit AdamW", fsdp2 ? "FSDP2" : plan.zero_stage > 0 ? "ZeRO" : "sequence parallelism"));
+  // 8-bit AdamW is planned through the HF Trainer / TRL (bitsandbytes), one replica a GPU.
+  if (plan.adam_8bit && (fsdp2 || plan.zero_stage > 0 || plan.sequence_ranks() > 1))
+    return skip(fmt::format("8-bit AdamW beside {} is not modelled yet (planned on the HF Trainer / TRL path, one replica a GPU)",
+                            fsdp2 ? "FSDP2" : plan.zero_stage > 0 ? "ZeRO" : "sequence parallelism"));
   // A row from Unsloth (its source or notes say so) ran Unsloth's stack: its offloaded checkpointing
   // and fused, chunked loss (Reference §12 items 25-32).
   const bool unsloth = contains(text_to_lower(point.source), "unsloth") || contains(text_to_lower(point.notes), "unsloth");
   const char* stack = fsdp2                                            ? "fsdp2-accelerate"
                       : unsloth && !plan.fpdt && plan.zero_stage == 0  ? "unsloth"
-                      : hf_bf16 || plan.lora() || plan.adam_8bit       ? "hf-trainer"
+                      : hf_bf16 || ((plan.lora() || plan.adam_8bit) && plan.zero_stage == 0 && plan.sequence_ranks() == 1) ? "hf-trainer"
                       : plan.fpdt                                      ? "megatron-deepspeed"
                                                                        : "deepspeed-hf";
   RuntimeProfile profile = runtime_profile_load(!profile_name.empty() ? profile_name : stack);

@@ -1016,3 +1016,33 @@ TEST_CASE("Unsloth's stack by hand: its loss chunks of 4 GiB of fp32 logits, rel
   CHECK(framework_unsupported(Framework::framework_unsloth, model, untiled).find("fused, chunked cross entropy") != std::string::npos);
   CHECK(framework_unsupported(Framework::framework_unsloth, model, plan).empty());
 }
+
+TEST_CASE("LoRA across GPUs by hand: under ZeRO-3 with Ulysses the frozen base is sharded and gathered, the adapters trained as DeepSpeed trains any parameter") {
+  // Reference §12 item 12 (frozen weights without gradients, still gathered under ZeRO-3).
+  const ModelSpec model = model_load("llama-3.1-8b");
+  const ClusterSpec node = cluster_make(hardware_card_load("h100-sxm-80gb"), 8, 0, 0, 0);
+  const RuntimeProfile profile = runtime_profile_load("deepspeed-hf");
+  PlanOptions plan = bare_plan(8, 3);
+  plan.activation_checkpointing = true;
+  plan.tiled_loss = true;
+  plan.lora_rank = 16;
+  const double P = static_cast<double>(parameter_count(model).total), A = 41'943'040;
+  const MemoryPrediction memory = memory_predict(model, node, plan, profile, 262'144);
+  CHECK(item_bytes(memory.gpu_items, "base_weights") == 2 * P / 8);
+  CHECK(item_bytes(memory.gpu_items, "lora_adapters") == 2 * A / 8);
+  CHECK(item_bytes(memory.gpu_items, "lora_master_weights") == 4 * A / 8);
+  CHECK(item_bytes(memory.gpu_items, "lora_gradients_fp32") == 4 * A / 8);
+  CHECK(item_bytes(memory.gpu_items, "lora_optimizer_states") == 8 * A / 8);
+  CHECK(item_bytes(memory.gpu_items, "optimizer_states") == 0);
+  // The base layer is gathered whole (bf16); backward produces only adapter gradients: the largest
+  // one in flight is r x 14,336 (an MLP projection's lora_A or lora_B), and the reduce bucket holds
+  // at most the adapters.
+  CHECK(item_bytes(memory.gpu_items, "gathered_layer_weights") == 2.0 * static_cast<double>(parameter_count(model).per_layer));
+  CHECK(item_bytes(memory.gpu_items, "weight_gradient_in_flight") == 16.0 * 14'336 * 2);
+  CHECK(item_bytes(memory.gpu_items, "gradient_reduce_bucket") <= A * 2);
+  // The frameworks that run it: PEFT on DeepSpeed (hf-accelerate) and on FSDP2; QLoRA sharded is not modelled.
+  CHECK(framework_unsupported(Framework::framework_hf_accelerate, model, plan).empty());
+  CHECK_FALSE(framework_unsupported(Framework::framework_arctic_training, model, plan).empty());
+  plan.qlora = true;
+  CHECK_FALSE(plan_problems(model, node, plan).empty());
+}

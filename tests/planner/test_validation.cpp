@@ -234,7 +234,12 @@ TEST_CASE("adapter, 8-bit AdamW and unstated-ZeRO rows are predicted with the pl
   // 8-bit AdamW on the pure-bf16 Trainer; with ZeRO (DeepSpeed) it is not modelled: skipped by name.
   CHECK(validate("hf_bf16+ac+fa2+adam8bit", "").plan.find("+adam-8bit") != std::string::npos);
   CHECK(validate("zero3+ac+fa2+adam8bit", "").skipped_reason.find("8-bit AdamW beside ZeRO") != std::string::npos);
-  CHECK(validate("zero3+ac+fa2+lora", "").skipped_reason.find("LoRA") != std::string::npos);
+  // LoRA under ZeRO-3 is DeepSpeed's (the adapters trained as any parameter); a 4-bit base sharded
+  // by ZeRO-3 is not modelled: skipped by name.
+  const PointValidation sharded = validate("zero3+ac+fa2+lora", "");
+  CHECK(sharded.skipped_reason.empty());
+  CHECK(sharded.profile_name == "deepspeed-hf");
+  CHECK(validate("zero3+ac+fa2+qlora", "").skipped_reason.find("sharded 4-bit base") != std::string::npos);
   // An unstated ZeRO stage is priced as stage 3, and the row says so.
   const PointValidation unstated = validate("zero_unstated+ac+fa2+opt_offload", "");
   CHECK(unstated.skipped_reason.empty());
