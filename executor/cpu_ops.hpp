@@ -134,13 +134,13 @@ class CpuOps : public HostMemoryMovement {
   void attention_forward(Act* out, float* lse, const Act* q, const Act* k, const Act* v, const int32_t* positions, int64_t T,
                          int64_t NQ, int64_t NKV, int64_t HD, int64_t block, float* /*workspace*/) {
     const ComponentTimer timer(&ComponentSeconds::attention);
-    kernels::attention_forward(out, lse, q, k, v, positions, T, NQ, NKV, HD, block);
+    kernels::attention_forward(out, lse, q, k, v, positions, T, NQ, NKV, HD, kernels::cpu_attention_tile(block));
   }
   void attention_backward(Act* dq, Act* dk, Act* dv, float* delta_scratch, const Act* dout, const Act* q, const Act* k, const Act* v,
                           const Act* out, const float* lse, const int32_t* positions, int64_t T, int64_t NQ, int64_t NKV, int64_t HD,
                           int64_t block, float* /*workspace*/) {
     const ComponentTimer timer(&ComponentSeconds::attention);
-    kernels::attention_backward(dq, dk, dv, delta_scratch, dout, q, k, v, out, lse, positions, T, NQ, NKV, HD, block);
+    kernels::attention_backward(dq, dk, dv, delta_scratch, dout, q, k, v, out, lse, positions, T, NQ, NKV, HD, kernels::cpu_attention_tile(block));
   }
   // FPDT's chunked attention (kernels/cpu/attention.hpp's range kernels), in fp32.
   // (The CPU kernels tile by `block` with their own temporaries: no workspace.)
@@ -148,7 +148,7 @@ class CpuOps : public HostMemoryMovement {
                                int64_t Tq, int64_t k_begin, int64_t Tk, int64_t NQ, int64_t NKV, int64_t HD, int64_t block,
                                float* /*workspace*/) {
     const ComponentTimer timer(&ComponentSeconds::attention);
-    kernels::attention_forward_range(out, lse, q, k, v, positions, q_begin, Tq, k_begin, Tk, NQ, NKV, HD, block);
+    kernels::attention_forward_range(out, lse, q, k, v, positions, q_begin, Tq, k_begin, Tk, NQ, NKV, HD, kernels::cpu_attention_tile(block));
   }
   void attention_softmax_delta(float* delta, const Act* dout, const Act* out, int64_t T, int64_t NQ, int64_t HD) {
     const ComponentTimer timer(&ComponentSeconds::attention);
@@ -158,7 +158,7 @@ class CpuOps : public HostMemoryMovement {
                                 const float* lse, const int32_t* positions, int64_t q_begin, int64_t Tq, int64_t k_begin, int64_t Tk,
                                 int64_t NQ, int64_t NKV, int64_t HD, int64_t block, float* /*workspace*/) {
     const ComponentTimer timer(&ComponentSeconds::attention);
-    kernels::attention_backward_range(dq, dk, dv, delta, dout, q, k, v, lse, positions, q_begin, Tq, k_begin, Tk, NQ, NKV, HD, block);
+    kernels::attention_backward_range(dq, dk, dv, delta, dout, q, k, v, lse, positions, q_begin, Tq, k_begin, Tk, NQ, NKV, HD, kernels::cpu_attention_tile(block));
   }
   void attention_merge(float* accumulator, float* accumulator_lse, const Act* part, const float* part_lse, int64_t T, int64_t NQ,
                        int64_t HD) {

@@ -135,9 +135,9 @@ MeasuredCpuRates cpu_rates_measure(int64_t tokens, int64_t hidden, int64_t inter
     std::vector<int32_t> positions(static_cast<size_t>(T));
     std::iota(positions.begin(), positions.end(), 0);
     const double seconds = best_of(2, [&] {
-      kernels::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), positions.data(), T, heads, heads, d, attention_block);
+      kernels::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), positions.data(), T, heads, heads, d, kernels::cpu_attention_tile(attention_block));
       kernels::attention_backward(dq.data(), dk.data(), dv.data(), delta.data(), dout.data(), q.data(), k.data(), v.data(), out.data(),
-                                  lse.data(), positions.data(), T, heads, heads, d, attention_block);
+                                  lse.data(), positions.data(), T, heads, heads, d, kernels::cpu_attention_tile(attention_block));
     });
     // Causal forward 2 T^2 d H FLOPs, backward 2.5 times that (the time model's split).
     rates.attention_gflops = 3.5 * 2.0 * static_cast<double>(T * T * d * heads) / seconds / 1e9;

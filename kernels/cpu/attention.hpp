@@ -13,6 +13,13 @@
 
 namespace longseq::kernels {
 
+// The CPU kernels allocate no workspace, so the block they tile by is theirs to choose: at least 256
+// tokens, which amortizes each tile's online-softmax bookkeeping over more work (measured on this
+// project's machine at 16Ki tokens, d = 16: from 64 to 256 tokens the forward runs 1.3x faster,
+// the backward 1.06x). Callers pass the step's block; the kernels and the rate measurement use this.
+inline int64_t cpu_attention_tile(int64_t block) { return block > 256 ? block : 256; }
+
+
 template <typename Real>
 void attention_forward(Real* out, Real* lse, const Real* q, const Real* k, const Real* v, const int32_t* position_ids,
                        int64_t T, int64_t NQ, int64_t NKV, int64_t HD, int64_t block);
