@@ -200,7 +200,8 @@ int executor_bench(const BenchCommandArgs& args) {
   fmt::print("GFLOP/s counts the planner's compute model (recompute included), not a profiler; 'predicted' is the planner's\n"
              "native PREDICTION for the same plan, 'peak' the arena's MEASUREMENT. 'pred. s' is the time model's step (forward and\n"
              "backward) at rates measured here for each length (a GEMM at the MLP's shape, an attention block, a memcpy); m/p are\n"
-             "the kernels' measured seconds beside the predicted; the time model has no term for norms and element-wise work.\n"
+             "the kernels' measured seconds beside the predicted; element-wise work (norms, RoPE, SwiGLU, loss) is priced by\n"
+             "the bytes it moves at the rate its kernels were measured at.\n"
              "Each row's step is timed after one untimed step of the same row (the warm-up).\n");
   if (!time_errors.empty()) {
     std::vector<double> magnitudes;

@@ -491,7 +491,7 @@ std::vector<std::string> plan_caveats(const ModelSpec& model, const ClusterSpec&
     caveats.push_back("FlashAttention-3: no published long-sequence run in the record used it (all ran FlashAttention-2); its memory "
                       "and speed here come from its code and README figures, unvalidated (--attention fa2 for the validated kernel)");
   if (plan.offload_optimizer && seqlen > 0 && seqlen <= 65536)
-    caveats.push_back("step time at short lengths: validate finds the ALST paper's 32K steps 45-67% longer than predicted (the "
+    caveats.push_back("step time at short lengths: validate finds the ALST paper's 32K steps 43-66% longer than predicted (the "
                       "offloaded optimizer step costs more than its modelled passes; reports/validation.md)");
   if (model.norms_per_layer > 2)
     caveats.push_back(fmt::format("{}'s {} norms a layer are in its parameters, but its layer's activations are priced as a Llama "

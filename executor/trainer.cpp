@@ -1,6 +1,7 @@
 #include "executor/trainer.hpp"
 #include "kernels/cpu/dense.hpp"
 #include "kernels/cpu/attention.hpp"
+#include "kernels/cpu/norm_rope.hpp"
 #include <limits>
 #include <numeric>
 #include <cstring>
@@ -128,7 +129,9 @@ MeasuredCpuRates cpu_rates_measure(int64_t tokens, int64_t hidden, int64_t inter
   rates.gemm_n = std::max<int64_t>(intermediate, 1);
   rates.matmul_gflops = gemm_gflops_measure(rates.gemm_m, rates.gemm_k, rates.gemm_n, 3);
   {
-    const int64_t T = 1024, heads = 4, d = std::max<int64_t>(head_dim, 1);
+    // At the step's length up to 4Ki tokens: the causal diagonal's masked tiles are a smaller share
+    // of a longer sequence, so a short block's rate under-prices a long step's attention.
+    const int64_t T = std::clamp<int64_t>(tokens, 1024, 4096), heads = 4, d = std::max<int64_t>(head_dim, 1);
     const size_t n = static_cast<size_t>(T * heads * d);
     std::vector<float> q(n, 0.01f), k(n, 0.02f), v(n, 0.03f), out(n), dout(n, 0.001f), dq(n), dk(n), dv(n);
     std::vector<float> lse(static_cast<size_t>(T * heads)), delta(static_cast<size_t>(T * heads));
@@ -141,6 +144,24 @@ MeasuredCpuRates cpu_rates_measure(int64_t tokens, int64_t hidden, int64_t inter
     });
     // Causal forward 2 T^2 d H FLOPs, backward 2.5 times that (the time model's split).
     rates.attention_gflops = 3.5 * 2.0 * static_cast<double>(T * T * d * heads) / seconds / 1e9;
+  }
+  {
+    // The element-wise kernels of a layer at the step's widths: bytes read and written over time.
+    const int64_t T = std::clamp<int64_t>(tokens, 1024, 4096), h = std::max<int64_t>(hidden, 1), f = std::max<int64_t>(intermediate, 1);
+    const int64_t d = std::max<int64_t>(head_dim, 1), heads = std::max<int64_t>(h / d, 1);
+    std::vector<float> x(static_cast<size_t>(T * h), 0.5f), y(x.size()), weight(static_cast<size_t>(h), 1.0f), rstd(static_cast<size_t>(T));
+    std::vector<float> q(static_cast<size_t>(T * heads * d), 0.25f), q_rope(q.size());
+    std::vector<float> gate(static_cast<size_t>(T * f), 0.1f), up(gate.size(), 0.2f), product(gate.size()), dgate(gate.size()), dup(gate.size());
+    std::vector<int32_t> positions(static_cast<size_t>(T));
+    std::iota(positions.begin(), positions.end(), 0);
+    const double seconds = best_of(2, [&] {
+      kernels::rmsnorm_forward(y.data(), rstd.data(), x.data(), weight.data(), T, h, 1e-5f);
+      kernels::rope_forward(q_rope.data(), q.data(), positions.data(), T, heads, d, 500000.0);
+      kernels::swiglu_forward(product.data(), gate.data(), up.data(), T * f);
+      kernels::swiglu_backward(dgate.data(), dup.data(), product.data(), gate.data(), up.data(), T * f);
+    });
+    const double bytes = 4.0 * static_cast<double>(T) * (2.0 * static_cast<double>(h) + 2.0 * static_cast<double>(heads * d) + 8.0 * static_cast<double>(f));
+    rates.elementwise_gbps = bytes / seconds / 1e9;
   }
   {
     const size_t bytes = size_t{64} << 20;
@@ -186,6 +207,7 @@ HardwareCard cpu_card_with_rates(HardwareCard card, const MeasuredCpuRates& rate
   card.matmul_achieved_tflops = card.peak_bf16_tflops = rates.matmul_gflops / 1000.0;
   card.flash_attention_tflops_hd64 = card.flash_attention_tflops_hd128 = rates.attention_gflops / 1000.0;
   card.pcie_host_to_device_gbps = card.pcie_device_to_host_gbps = card.hbm_gbps = rates.memcpy_gbps;
+  card.elementwise_gbps = rates.elementwise_gbps;
   return card;
 }
 

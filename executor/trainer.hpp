@@ -71,6 +71,9 @@ SearchResult machine_plan_search(const ModelSpec& model, const MachineTarget& ta
 double gemm_gflops_measure(int64_t m, int64_t k, int64_t n, int repeats);
 struct MeasuredCpuRates {
   double matmul_gflops = 0, attention_gflops = 0, memcpy_gbps = 0;
+  // The element-wise kernels' bytes a second (RMSNorm, RoPE, SwiGLU forward and backward at the
+  // step's widths), counted as the time model counts them.
+  double elementwise_gbps = 0;
   int64_t gemm_m = 0, gemm_k = 0, gemm_n = 0;  // the shape the GEMM rate was measured at
 };
 MeasuredCpuRates cpu_rates_measure(int64_t tokens, int64_t hidden, int64_t intermediate, int64_t head_dim, int64_t attention_block);

@@ -34,6 +34,9 @@ struct HardwareCard {
   // "fa3" where FlashAttention-3 runs (Hopper), else "fa2".
   std::string default_attention_kernel = "fa2";
   double hbm_gbps = 0;
+  // Bytes a second the element-wise kernels achieve (0: hbm_gbps, the datasheet's); the CPU device
+  // measures its own kernels' (executor/trainer.cpp cpu_rates_measure).
+  double elementwise_gbps = 0;
   double nccl_intranode_busbw_gbps = 0;     // NCCL bus bandwidth inside a node
   double nccl_latency_us = 0;               // per collective (alpha)
   double host_memory_gbps = 0;              // host DRAM bandwidth per node (CPU optimizer step)

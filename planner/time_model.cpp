@@ -21,12 +21,22 @@ StepTime& StepTime::operator+=(const StepTime& other) {
   ring_final_hop_s += other.ring_final_hop_s;
   gradient_offload_s += other.gradient_offload_s;
   optimizer_s += other.optimizer_s;
+  elementwise_s += other.elementwise_s;
   return *this;
 }
 
 double StepTime::total_s() const {
   return matmul_s + attention_s + ulysses_all_to_all_s + zero_communication_exposed_s + checkpoint_offload_s +
-         fpdt_fetch_exposed_s + ring_exposed_s + ring_final_hop_s + gradient_offload_s + optimizer_s;
+         fpdt_fetch_exposed_s + ring_exposed_s + ring_final_hop_s + gradient_offload_s + optimizer_s + elementwise_s;
+}
+
+double layer_elementwise_bytes_per_token(const ModelSpec& model, int64_t activation_bytes) {
+  const double h = static_cast<double>(model.hidden_size), a = static_cast<double>(activation_bytes);
+  const double mlp_width = static_cast<double>(model.is_moe() ? model.experts_per_token * model.expert_intermediate_size +
+                                                                    model.shared_expert_intermediate_size
+                                                              : model.intermediate_size);
+  const double gated = model.mlp_kind == MlpKind::mlp_kind_swiglu ? 3.0 : 2.0;
+  return a * (2.0 * 2.0 * h + 2.0 * static_cast<double>(model.q_width() + model.kv_width()) + 2.0 * 3.0 * h + gated * mlp_width);
 }
 
 double flash_attention_tflops(const HardwareCard& card, int64_t head_dim, const std::string& kernel) {
@@ -293,6 +303,18 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
     const double adam_bytes_per_param = 2.0 * (as_double(profile.master_weight_bytes) + state_bytes) +
                                         as_double(profile.gradient_bytes) + as_double(profile.weight_bytes);
     time.optimizer_s = partition_params * adam_bytes_per_param / (card.hbm_gbps * 1e9);
+  }
+
+  // Element-wise work (norms, RoPE, SwiGLU, residual adds; the loss's fp32 softmax read, written and
+  // its gradient written, 12 bytes a logit), bound by memory bandwidth: the card's (HBM's datasheet
+  // rate on a GPU; on the CPU device the rate its own kernels were measured at, elementwise_gbps).
+  {
+    const double tokens = as_double(plan.micro_batch) * as_double(seqlen / plan.sequence_ranks());
+    const double layer_passes = 1.0 + recompute + 2.0;  // forward, recompute, backward at twice
+    const double bytes = tokens * (layers * layer_passes * layer_elementwise_bytes_per_token(model, profile.activation_bytes) +
+                                   12.0 * as_double(model.vocab_size));
+    const double gbps = card.elementwise_gbps > 0 ? card.elementwise_gbps : card.hbm_gbps;
+    time.elementwise_s = bytes / (gbps * 1e9);
   }
 
   const double step_s = time.total_s();

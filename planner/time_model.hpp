@@ -31,9 +31,16 @@ struct StepTime {
   double ring_final_hop_s = 0;              // backward's dk/dv accumulators going home after the last step
   double gradient_offload_s = 0;            // offloaded optimizer: gradient partitions copied to the host in backward
   double optimizer_s = 0;                   // optimizer step (host or GPU) and the updated weights' copy up
+  double elementwise_s = 0;                 // norms, RoPE, SwiGLU, residual adds and the loss's softmax, by bytes moved
   StepTime& operator+=(const StepTime& other);
   double total_s() const;
 };
+
+// Bytes the element-wise work of one decoder layer moves per token in one forward pass, in the
+// activation dtype: two RMSNorms (read x, write y), RoPE on q and k (read, write), two residual
+// adds (two reads, one write), SwiGLU (read gate and up, write the product); a backward moves about
+// twice that (it reads the saved inputs and the incoming gradient and writes the input gradient).
+double layer_elementwise_bytes_per_token(const ModelSpec& model, int64_t activation_bytes);
 
 struct TimePrediction {
   StepTime time;

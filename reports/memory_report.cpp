@@ -155,6 +155,7 @@ std::string time_table_render(const TimePrediction& prediction, const TimeContex
   line("ring dk/dv final hop", time.ring_final_hop_s);
   line("gradients to the host (in backward)", time.gradient_offload_s);
   line("optimizer step", time.optimizer_s);
+  line("element-wise (norms, RoPE, SwiGLU, loss softmax)", time.elementwise_s);
   // A CPU "device" runs at GFLOP/s: in TFLOPS every figure would read 0.0 beside a real MFU.
   const bool giga = prediction.hardware_tflops_per_gpu < 1.0;
   out += fmt::format("  {}: {:.1f} hardware (the FLOPs executed, causal attention, recompute included), {:.1f} by the "
@@ -199,7 +200,8 @@ nlohmann::json time_prediction_to_json(const TimePrediction& prediction, const T
         {"ring_exposed", time.ring_exposed_s},
         {"ring_final_hop", time.ring_final_hop_s},
         {"gradient_offload", time.gradient_offload_s},
-        {"optimizer", time.optimizer_s}}},
+        {"optimizer", time.optimizer_s},
+        {"elementwise", time.elementwise_s}}},
       {"executed_flops", prediction.executed_flops.total()},
       {"hardware_tflops_per_gpu", prediction.hardware_tflops_per_gpu},
       {"megatron_tflops_per_gpu", prediction.megatron_tflops_per_gpu},
