@@ -180,8 +180,18 @@ int executor_bench(const BenchCommandArgs& args) {
       llama.forward_backward(sample.tokens.data(), sample.labels.data(), sample.positions.data(), seqlen, options, device, host);
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       const ComponentSeconds spent = component_seconds() - before;
+      // The GEMM rate at the MLP's rows as this plan runs them (a TiledMLP tile's or an FPDT chunk's
+      // tokens, when fewer than the rows the rate was measured at): the time model prices every GEMM
+      // at one rate, and the MLP's are most of them.
+      ClusterSpec row_cluster = timed_cluster;
+      const int64_t mlp_rows = row_memory.local_tokens / std::max<int64_t>(1, row_memory.mlp_tiles);
+      if (mlp_rows < rates.gemm_m) {
+        MeasuredCpuRates row_rates = rates;
+        row_rates.matmul_gflops = gemm_gflops_measure(mlp_rows, model.hidden_size, model.intermediate_size, 3);
+        row_cluster.hardware = cpu_card_with_rates(cluster.hardware, row_rates);
+      }
       // The step here is forward and backward without the optimizer: the prediction likewise.
-      StepTime predicted_time = time_predict(model, timed_cluster, plan, native, seqlen).time;
+      StepTime predicted_time = time_predict(model, row_cluster, plan, native, seqlen).time;
       predicted_time.optimizer_s = 0;
       const double predicted_s = predicted_time.total_s();
       time_errors.push_back((predicted_s - seconds) / seconds);
@@ -199,7 +209,8 @@ int executor_bench(const BenchCommandArgs& args) {
   }
   fmt::print("GFLOP/s counts the planner's compute model (recompute included), not a profiler; 'predicted' is the planner's\n"
              "native PREDICTION for the same plan, 'peak' the arena's MEASUREMENT. 'pred. s' is the time model's step (forward and\n"
-             "backward) at rates measured here for each length (a GEMM at the MLP's shape, an attention block, a memcpy); m/p are\n"
+             "backward) at rates measured here for each length (a GEMM at the MLP's shape as the row tiles it, an attention block,\n"
+             "the element-wise kernels, a memcpy); m/p are\n"
              "the kernels' measured seconds beside the predicted; element-wise work (norms, RoPE, SwiGLU, loss) is priced by\n"
              "the bytes it moves at the rate its kernels were measured at.\n"
              "Each row's step is timed after one untimed step of the same row (the warm-up).\n");
