@@ -379,6 +379,17 @@ void ring_pass(const Ulysses& ulysses, const RingGeometry& g, const T* block, T*
   ulysses.ring_group->send_receive(block, g.next(), arriving, g.previous(), count);
 }
 
+// PyTorch CP's all-gather rotation: every ring rank's K and V block at once, rank-major, into
+// buffers of r blocks each (Reference §11 F2.3).
+template <typename Act>
+void ring_kv_all_gather(BufferOf<Act>& k_gathered, BufferOf<Act>& v_gathered, const Act* k, const Act* v, int64_t block,
+                        const RingGeometry& g, Arena& device, const Ulysses& ulysses) {
+  k_gathered = device.allocate<Act>(L, "cp.kv_gathered", g.r * block);
+  v_gathered = device.allocate<Act>(L, "cp.kv_gathered", g.r * block);
+  ulysses.ring_group->all_gather(k, k_gathered.data(), block);
+  ulysses.ring_group->all_gather(v, v_gathered.data(), block);
+}
+
 // Ring attention's forward: `output` ([2c, q heads, HD]) and `lse` ([2][q heads][c]) of this
 // rank's queries `q` over the whole sequence's keys, from this rank's own block `k`, `v`.
 template <class Ops, typename Act = typename Ops::Act>
@@ -393,15 +404,9 @@ void ring_attention_forward(Ops& ops, Act* output, float* lse, const Act* q, con
   BufferOf<Act> k_block, v_block;  // a received block, once there is one
   const Act* keys = k;
   const Act* values = v;
-  // PyTorch CP's all-gather rotation: every ring rank's block at once, rank-major.
   const bool gathered = options.context_parallel_all_gather;
   BufferOf<Act> k_gathered, v_gathered;
-  if (gathered) {
-    k_gathered = device.allocate<Act>(L, "cp.kv_gathered", g.r * block);
-    v_gathered = device.allocate<Act>(L, "cp.kv_gathered", g.r * block);
-    ulysses.ring_group->all_gather(k, k_gathered.data(), block);
-    ulysses.ring_group->all_gather(v, v_gathered.data(), block);
-  }
+  if (gathered) ring_kv_all_gather(k_gathered, v_gathered, k, v, block, g, device, ulysses);
   for (int64_t step = 0; step < g.r; ++step) {
     BufferOf<Act> k_arriving, v_arriving;
     const int64_t source = (g.rank + g.r - step) % g.r;  // whose block this is
@@ -460,12 +465,7 @@ void ring_attention_backward(Ops& ops, Act* q_grad, Act* k_grad, Act* v_grad, fl
   // PyTorch CP gathers the whole sequence's K/V again for backward (its kv rotater; F2.5).
   const bool gathered = options.context_parallel_all_gather;
   BufferOf<Act> k_gathered, v_gathered;
-  if (gathered) {
-    k_gathered = device.allocate<Act>(L, "cp.kv_gathered", g.r * block);
-    v_gathered = device.allocate<Act>(L, "cp.kv_gathered", g.r * block);
-    ulysses.ring_group->all_gather(k, k_gathered.data(), block);
-    ulysses.ring_group->all_gather(v, v_gathered.data(), block);
-  }
+  if (gathered) ring_kv_all_gather(k_gathered, v_gathered, k, v, block, g, device, ulysses);
   Buffer q_grad_accumulator = device.allocate(L, "ring.q_grad_accumulator", queries, true);
   Buffer k_grad_accumulator = device.allocate(L, "ring.kv_grad_accumulators", block, true);
   Buffer v_grad_accumulator = device.allocate(L, "ring.kv_grad_accumulators", block, true);
