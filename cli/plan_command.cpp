@@ -799,6 +799,9 @@ int plan_command_run(const PlanCommandArgs& args) {
                              positive_or_default(args.gpus_per_node, "--gpus-per-node"), args.host_memory_gib.value_or(0.0));
   const HardwareCard& hardware = cluster.hardware;
   if (const std::string problem = attention_kernel_problem(profile, hardware); !problem.empty()) throw ConfigError("--attention", "", problem);
+  // HSDP's replicas split the world: a count that does not divide it is a typo, not a plan to search.
+  if (args.dp_replicate && cluster.gpus % *args.dp_replicate != 0)
+    throw ConfigError("--dp-replicate", "", fmt::format("{} replicas do not divide {} GPUs", *args.dp_replicate, cluster.gpus));
   if (args.plan_out && !args.emit.empty()) throw ConfigError("--plan-out", "", "given with --emit; write one at a time");
   if (args.json && !args.emit.empty())
     throw ConfigError("--json", "", "given with --emit: the framework's files are the output (each DeepSpeed JSON records the plan in "
