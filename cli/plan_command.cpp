@@ -313,13 +313,27 @@ PlanOptions plan_from_flags(const PlanCommandArgs& args, const ModelSpec& model,
 // the user did not give is turned off when it is what the framework refuses (turning it off
 // changes the refusal), one at a time; what the user gave stays, and is refused by name.
 void plan_defaults_fit(const PlanCommandArgs& args, PlanOptions& plan, Framework framework, const ModelSpec& model) {
-  std::vector<std::function<bool(PlanOptions&)>> defaults;  // each turns one default off; false when it was not on
-  if (!args.sp) defaults.push_back([](PlanOptions& p) { return p.sp > 1 && (p.sp = 1, true); });
-  if (args.checkpoint_offload_on == 0) defaults.push_back([](PlanOptions& p) { return p.checkpoint_offload && !(p.checkpoint_offload = false); });
-  if (args.tiled_mlp_on == 0) defaults.push_back([](PlanOptions& p) { return p.tiled_mlp && !(p.tiled_mlp = false); });
-  if (args.tiled_loss_on == 0) defaults.push_back([](PlanOptions& p) { return p.tiled_loss && !(p.tiled_loss = false); });
+  // Each turns one default off, and says whether it was on.
+  auto turned_off = [](bool& option) {
+    const bool was_on = option;
+    option = false;
+    return was_on;
+  };
+  std::vector<std::function<bool(PlanOptions&)>> defaults;
+  if (!args.sp)
+    defaults.push_back([](PlanOptions& p) {
+      const bool was_on = p.sp > 1;
+      p.sp = 1;
+      return was_on;
+    });
+  if (args.checkpoint_offload_on == 0) defaults.push_back([=](PlanOptions& p) { return turned_off(p.checkpoint_offload); });
+  if (args.tiled_mlp_on == 0) defaults.push_back([=](PlanOptions& p) { return turned_off(p.tiled_mlp); });
+  if (args.tiled_loss_on == 0) defaults.push_back([=](PlanOptions& p) { return turned_off(p.tiled_loss); });
   if (args.offload_optimizer_on == 0 && args.offload_params_on == 0)
-    defaults.push_back([](PlanOptions& p) { return (p.offload_optimizer || p.offload_params) && !(p.offload_optimizer = p.offload_params = false); });
+    defaults.push_back([=](PlanOptions& p) {
+      const bool optimizer = turned_off(p.offload_optimizer), params = turned_off(p.offload_params);  // both, together
+      return optimizer || params;
+    });
   // Passes until nothing changes: a refusal names only the first option its checks meet.
   for (bool changed = true; changed;) {
     changed = false;
