@@ -263,13 +263,6 @@ void gradient_reduce_bucket_place(TensorTrace& trace, const PlanOptions& plan, c
   trace.alloc(kCategoryZero, "gradient_reduce_bucket", bucket * as_double(profile.working_gradient_bytes));
 }
 
-// FSDP2 with CPUOffloadPolicy: parameters, gradients and optimizer on the host together (the plan
-// offloads both; framework_unsupported refuses one without the other).
-bool fsdp2_cpu_offload(const PlanOptions& plan, const RuntimeProfile& profile) {
-  return plan.zero_stage == 3 && profile.parameter_sharding == ParameterSharding::sharding_fsdp2 && plan.offload_params &&
-         plan.offload_optimizer;
-}
-
 // FSDP2's [final norm, lm_head] unit, unsharded (in the gathered dtype) from the end of forward
 // to its backward (Accelerate fsdp_utils.py L751-768; Reference §11 F1.16); a tied head is the
 // embedding's weight.
@@ -294,7 +287,7 @@ void zero_layer_buffers_place(TensorTrace& trace, const PlanOptions& plan, const
     trace.alloc(kCategoryZero, "fsdp.unsharded_layer", layer_params * gathered);
     trace.alloc(kCategoryZero, backward ? "fsdp.prefetched_all_gather" : "fsdp.all_gather_output", layer_params * gathered);
     // CPUOffloadPolicy copies the next unit's shard to the device before its all-gather (F1.12).
-    if (fsdp2_cpu_offload(plan, profile))
+    if (fsdp2_cpu_offload(profile, plan))
       trace.alloc(kCategoryZero, "fsdp.sharded_unit_on_device", layer_params * as_double(profile.weight_bytes) / world);
     if (!backward) {
       trace.alloc(kCategoryZero, "fsdp.next_all_gather_in_flight", layer_params * gathered);
@@ -422,7 +415,7 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
     options.scatter_gradients = plan.zero_stage >= 2 || (plan.zero_stage >= 1 && plan.offload_optimizer);
     options.offload_params = plan.offload_params;
     // A ring run as PyTorch CP's all-gather rotation (a profile that says so, and the plan's rotation).
-    options.context_parallel_all_gather = profile.ring_implementation == RingImplementation::ring_torch_allgather && !plan.cp_all_to_all;
+    options.context_parallel_all_gather = context_parallel_all_gather(profile, plan);
     if (options.gather_weights || options.scatter_gradients) {
       options.zero_ranks = cluster.gpus;
       options.embedding_parameters = setup.params.embedding;
@@ -544,7 +537,7 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
   auto host_add = [&](const char* name, double bytes_per_rank) {
     if (bytes_per_rank > 0) prediction.host_items.push_back({kCategoryHost, name, bytes_per_rank * ranks, ranks});
   };
-  if (fsdp2_cpu_offload(plan, profile)) {
+  if (fsdp2_cpu_offload(profile, plan)) {
     // FSDP2's CPUOffloadPolicy (Reference §11 F1.12): each rank's fp32 parameter and gradient
     // shards pinned on the host, tensor by tensor (F1.3: each parameter's shard its own pinned
     // allocation, rounded by PyTorch's pinned allocator where the profile says so), and AdamW's
@@ -569,7 +562,7 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
     if (plan.zero_stage == 3)
       host_add("grad_partitions_flat_buffer", params * as_double(profile.zero3_offload_gradient_buffer_bytes) / world);
   }
-  if (plan.offload_params && !fsdp2_cpu_offload(plan, profile)) {
+  if (plan.offload_params && !fsdp2_cpu_offload(profile, plan)) {
     const double weight_bytes = params * as_double(profile.weight_bytes) / world;
     host_add("weights", pinned_host_allocation_bytes(weight_bytes, profile.pinned_host_allocations_power_of_two));
   }

@@ -188,6 +188,15 @@ std::string stack_attention_kernel(const RuntimeProfile& profile, const Hardware
   return profile.attention_kernel.empty() ? card.default_attention_kernel : profile.attention_kernel;
 }
 
+bool context_parallel_all_gather(const RuntimeProfile& profile, const PlanOptions& plan) {
+  return profile.ring_implementation == RingImplementation::ring_torch_allgather && !plan.cp_all_to_all;
+}
+
+bool fsdp2_cpu_offload(const RuntimeProfile& profile, const PlanOptions& plan) {
+  return plan.zero_stage == 3 && profile.parameter_sharding == ParameterSharding::sharding_fsdp2 && plan.offload_params &&
+         plan.offload_optimizer;
+}
+
 std::string attention_kernel_for(const RuntimeProfile& profile, const HardwareCard& card, const PlanOptions& plan) {
   return plan.fpdt || plan.ring > 1 ? "fa2" : stack_attention_kernel(profile, card);
 }

@@ -121,4 +121,12 @@ std::string stack_attention_kernel(const RuntimeProfile& profile, const Hardware
 // stack's kernel.
 std::string attention_kernel_for(const RuntimeProfile& profile, const HardwareCard& card, const PlanOptions& plan);
 
+// A ring degree run as PyTorch context parallelism with its all-gather rotation: the stack's ring
+// is PyTorch's (RuntimeProfile::ring_implementation) and the plan keeps its default rotation.
+bool context_parallel_all_gather(const RuntimeProfile& profile, const PlanOptions& plan);
+
+// FSDP2 with CPUOffloadPolicy: parameters, gradients and optimizer on the host together (the plan
+// offloads both; framework_unsupported refuses one without the other).
+bool fsdp2_cpu_offload(const RuntimeProfile& profile, const PlanOptions& plan);
+
 }  // namespace longseq

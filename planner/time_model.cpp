@@ -188,10 +188,9 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   // Ring attention (ring-flash-attention's schedule): every forward pass (the recompute's too)
   // and the backward pass of every layer.
   if (plan.ring > 1) {
-    const bool all_gather_rotation = profile.ring_implementation == RingImplementation::ring_torch_allgather && !plan.cp_all_to_all;
     const RingLayerPassing passing = ring_layer_passing(model, cluster, plan.micro_batch, seqlen, plan.sp, plan.ring,
                                                         profile.activation_bytes, attention_per_layer_s * attention_forward_share,
-                                                        all_gather_rotation);
+                                                        context_parallel_all_gather(profile, plan));
     time.ring_exposed_s = layers * ((1.0 + recompute) * passing.forward_exposed_s + passing.backward_exposed_s);
     time.ring_final_hop_s = layers * passing.final_hop_s;
   }
@@ -208,8 +207,7 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   const double adapters = plan.lora() ? as_double(lora_parameter_count(model, plan.lora_rank, plan.lora_all_linear)) : 0.0;
   const double gradient_bytes = plan.lora() ? adapters * 4.0 : as_double(params.total) * as_double(profile.reduce_bytes_or_default());
   const double updated_weight_bytes = plan.lora() ? adapters * 4.0 : weight_bytes;
-  const bool fsdp2 = plan.zero_stage == 3 && profile.parameter_sharding == ParameterSharding::sharding_fsdp2;
-  const bool fsdp2_cpu_offload = fsdp2 && plan.offload_params && plan.offload_optimizer;
+  const bool cpu_offload_policy = fsdp2_cpu_offload(profile, plan);
   if (plan.zero_stage == 3) {
     // Each weight gathered for forward and once more for recompute+backward (DeepSpeed keeps it
     // between the two: its reuse distance is short), gradients reduce-scattered once. Under HSDP
@@ -221,7 +219,7 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
     if (plan.dp_replicate > 1)
       zero_overlappable_s += collective_seconds(Collective::collective_all_reduce, gradient_bytes / as_double(shard_ranks),
                                                 plan.dp_replicate, world_link);
-    if (fsdp2_cpu_offload) {
+    if (cpu_offload_policy) {
       // CPUOffloadPolicy (F1.12): each unit's shard copied up before its all-gather (forward and
       // backward), its reduced gradient shard copied down, on FSDP2's side streams.
       const double shard_bytes = as_double(params.total) * as_double(profile.weight_bytes) / as_double(shard_ranks);
@@ -287,7 +285,7 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   if (plan.lora()) {
     // fp32 AdamW over the adapters alone: weight, gradient, m, v read, weight, m, v written.
     time.optimizer_s = as_double(lora_parameter_count(model, plan.lora_rank, plan.lora_all_linear)) * 28.0 / (card.hbm_gbps * 1e9);
-  } else if (fsdp2_cpu_offload) {
+  } else if (cpu_offload_policy) {
     // PyTorch's AdamW on the host's fp32 shards, foreach path, op by op (torch/optim/adam.py
     // _multi_tensor_adam; weight decay, lerp of m, mul + addcmul of v, sqrt, div, add eps, addcdiv
     // of the parameter): 80 bytes of DRAM traffic a parameter [derived], every rank of the node at once.
