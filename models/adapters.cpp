@@ -16,10 +16,16 @@ std::vector<LayerLinear> decoder_layer_linears(const ModelSpec& model) {
   return linears;
 }
 
+std::vector<LayerLinear> lora_adapted_linears(const ModelSpec& model, bool all_linear) {
+  std::vector<LayerLinear> adapted;
+  for (const LayerLinear& linear : decoder_layer_linears(model))
+    if (all_linear || linear.adapted_by_default) adapted.push_back(linear);
+  return adapted;
+}
+
 int64_t lora_parameter_count(const ModelSpec& model, int64_t rank, bool all_linear) {
   int64_t per_layer = 0;
-  for (const LayerLinear& linear : decoder_layer_linears(model))
-    if (all_linear || linear.adapted_by_default) per_layer += rank * (linear.in + linear.out);
+  for (const LayerLinear& linear : lora_adapted_linears(model, all_linear)) per_layer += rank * (linear.in + linear.out);
   return model.num_layers * per_layer;
 }
 
@@ -94,8 +100,8 @@ double adam_8bit_model_state_bytes(const ModelSpec& model) {
 
 double adam_8bit_lora_state_bytes(const ModelSpec& model, int64_t rank, bool all_linear) {
   double per_layer = 0;
-  for (const LayerLinear& linear : decoder_layer_linears(model))
-    if (all_linear || linear.adapted_by_default) per_layer += adam_8bit_state_bytes(rank * linear.in) + adam_8bit_state_bytes(linear.out * rank);
+  for (const LayerLinear& linear : lora_adapted_linears(model, all_linear))
+    per_layer += adam_8bit_state_bytes(rank * linear.in) + adam_8bit_state_bytes(linear.out * rank);
   return static_cast<double>(model.num_layers) * per_layer;
 }
 

@@ -18,6 +18,9 @@ struct LayerLinear {
 };
 std::vector<LayerLinear> decoder_layer_linears(const ModelSpec& model);
 
+// The linears that get adapters: every one, or PEFT's defaults (q_proj, v_proj).
+std::vector<LayerLinear> lora_adapted_linears(const ModelSpec& model, bool all_linear);
+
 // Parameters of the LoRA adapters of the whole model: r x (in + out) per adapted linear (lora_A is
 // r x in, lora_B out x r; item 6), on every linear or on q_proj and v_proj only.
 int64_t lora_parameter_count(const ModelSpec& model, int64_t rank, bool all_linear);

@@ -61,9 +61,8 @@ Setup setup_make(const ModelSpec& model, const HardwareCard& card, const PlanOpt
     setup.trainable_total = as_double(lora_parameter_count(model, plan.lora_rank, plan.lora_all_linear));
     setup.trainable_per_layer = setup.trainable_total / as_double(model.num_layers);
     setup.largest_trainable_matrix = 0;
-    for (const LayerLinear& linear : decoder_layer_linears(model))
-      if (plan.lora_all_linear || linear.adapted_by_default)
-        setup.largest_trainable_matrix = std::max(setup.largest_trainable_matrix, as_double(plan.lora_rank * std::max(linear.in, linear.out)));
+    for (const LayerLinear& linear : lora_adapted_linears(model, plan.lora_all_linear))
+      setup.largest_trainable_matrix = std::max(setup.largest_trainable_matrix, as_double(plan.lora_rank * std::max(linear.in, linear.out)));
   }
   LayerShape& shape = setup.shape;
   shape.tokens = plan.micro_batch * (seqlen / plan.sequence_ranks());
@@ -129,9 +128,8 @@ Setup setup_make(const ModelSpec& model, const HardwareCard& card, const PlanOpt
   if (plan.tiled_loss) {
     if (profile.loss_tiling == LossTiling::loss_tiling_unsloth) {
       setup.loss = LossImplementation::loss_unsloth_fused;
-      setup.loss_tile_tokens = plan.loss_tiles > 0 ? (shape.tokens + plan.loss_tiles - 1) / plan.loss_tiles
-                                                   : (shape.tokens + loss_chunks_unsloth_rule(shape.tokens, model.vocab_size) - 1) /
-                                                         loss_chunks_unsloth_rule(shape.tokens, model.vocab_size);
+      const int64_t chunks = plan.loss_tiles > 0 ? plan.loss_tiles : loss_chunks_unsloth_rule(shape.tokens, model.vocab_size);
+      setup.loss_tile_tokens = (shape.tokens + chunks - 1) / chunks;
     } else if (profile.loss_tiling == LossTiling::loss_tiling_liger) {
       setup.loss = LossImplementation::loss_liger_chunked;
       setup.loss_tile_tokens = plan.loss_tiles > 0 ? (shape.tokens + plan.loss_tiles - 1) / plan.loss_tiles
@@ -382,6 +380,9 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
   const double saved_per_layer = plan.activation_checkpointing ? 0 : decoder_layer_saved_bytes(setup.shape, setup.impl);
   const double router_logits_bytes = as_double(setup.shape.tokens) * as_double(model.experts) * as_double(profile.activation_bytes);
   const bool aux_loss = model.is_moe() && (plan.moe_aux_loss || model.output_router_logits);
+  // The usable GPU memory: the card's less the headroom the profile keeps free.
+  const double headroom = profile.usable_memory_headroom_gib.at(profile.bound) * kBytesPerGib;
+  const double capacity = cluster.hardware.gpu_memory_gib * kBytesPerGib - headroom;
 
   std::vector<PhaseResult> phases(profile.step_schedule == "executor" ? 1 : 3);
   // The executor's host pool (offloaded checkpoints, FPDT's chunks), replayed with its step.
@@ -488,14 +489,13 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
       backward_phase();
     } else {
       // A probe that only asks "does it fit?": the first phase over the usable memory answers it.
-      const double capacity = cluster.hardware.gpu_memory_gib * kBytesPerGib - profile.usable_memory_headroom_gib.at(profile.bound) * kBytesPerGib;
       const double reserve = profile.calibrated_reserve_gib * kBytesPerGib;
       for (const auto& phase : {std::function<double()>(backward_phase), std::function<double()>(forward_phase), std::function<double()>(loss_phase)})
         if (const double peak = phase() + reserve; peak > capacity) {
           MemoryPrediction over;
           over.seqlen = seqlen;
           over.local_tokens = setup.shape.tokens;
-          over.gpu_headroom_bytes = profile.usable_memory_headroom_gib.at(profile.bound) * kBytesPerGib;
+          over.gpu_headroom_bytes = headroom;
           over.gpu_capacity_bytes = capacity;
           over.gpu_peak_bytes = peak;
           return over;
@@ -509,8 +509,8 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
   prediction.mlp_tiles = setup.shape.mlp_tiles;
   prediction.loss_tile_tokens = setup.loss_tile_tokens;
   prediction.kv_replication = setup.shape.kv_replication;
-  prediction.gpu_headroom_bytes = profile.usable_memory_headroom_gib.at(profile.bound) * kBytesPerGib;
-  prediction.gpu_capacity_bytes = cluster.hardware.gpu_memory_gib * kBytesPerGib - prediction.gpu_headroom_bytes;
+  prediction.gpu_headroom_bytes = headroom;
+  prediction.gpu_capacity_bytes = capacity;
   // The profile's calibrated reserve is constant in S, so it moves every phase alike and never
   // changes which phase or moment is the peak.
   const double reserve_bytes = profile.calibrated_reserve_gib * kBytesPerGib;

@@ -29,6 +29,28 @@ std::vector<std::string> record_lines(const ExportRequest& r, const char* target
           fmt::format("the sequence length is {}", r.seqlen_basis.empty() ? "as planned" : r.seqlen_basis)};
 }
 
+// The header every file with comments carries: the record, then what the file cannot express.
+std::vector<std::string> header_lines(const ExportRequest& r, const char* target, const std::vector<std::string>& notes) {
+  std::vector<std::string> lines = record_lines(r, target);
+  lines.insert(lines.end(), notes.begin(), notes.end());
+  return lines;
+}
+
+// Lines as '#' comments (Python, TOML, shell).
+std::string hash_comments(const std::vector<std::string>& lines) {
+  std::string text;
+  for (const auto& line : lines) text += "# " + line + "\n";
+  return text;
+}
+
+// PEFT's target_modules as a Python list's items: the linears the plan adapts.
+std::string lora_target_modules(const ExportRequest& r) {
+  std::string targets;
+  for (const LayerLinear& linear : lora_adapted_linears(r.model, r.plan.lora_all_linear))
+    targets += fmt::format("{}\"{}\"", targets.empty() ? "" : ", ", linear.name);
+  return targets;
+}
+
 // The record a DeepSpeed JSON carries of the plan it was written from. DeepSpeed looks its
 // top-level keys up one by one and ignores any other (FRAMEWORKS §1.2, §4.2), the HF Trainer and
 // Accelerate fill only "auto" values (§2.7-2.8), so the key travels with the file harmlessly.
@@ -167,8 +189,7 @@ ExportedConfig arctic_training_recipe_emit(const ExportRequest& r) {
   if (model_is_card(r))
     exported.notes.push_back(fmt::format("model.name_or_path is the card's name ({}): put the Hugging Face id or path of the weights", r.model.name));
   YAML::Emitter out;
-  std::vector<std::string> header = record_lines(r, "ArcticTraining (arctic_training recipe.yml)");
-  for (const auto& note : exported.notes) header.push_back(note);
+  const std::vector<std::string> header = header_lines(r, "ArcticTraining (arctic_training recipe.yml)", exported.notes);
   yaml_comments(out, header);
   out << YAML::BeginMap;
   // Only TrainerConfig keys: ArcticTraining forbids any other (pydantic extra="forbid", §1.2).
@@ -257,8 +278,7 @@ ExportedConfig accelerate_config_emit(const ExportRequest& r) {
         "file system)",
         r.cluster.nodes, r.cluster.gpus_per_node));
   YAML::Emitter out;
-  std::vector<std::string> header = record_lines(r, "Accelerate (accelerate launch --config_file)");
-  for (const auto& note : exported.notes) header.push_back(note);
+  const std::vector<std::string> header = header_lines(r, "Accelerate (accelerate launch --config_file)", exported.notes);
   yaml_comments(out, header);
   out << YAML::BeginMap;
   out << YAML::Key << "compute_environment" << YAML::Value << "LOCAL_MACHINE";
@@ -330,8 +350,7 @@ ExportedConfig accelerate_fsdp2_config_emit(const ExportRequest& r) {
     exported.notes.push_back(fmt::format("{} nodes: run accelerate launch on every node with --machine_rank set to its index, and "
                                          "MAIN_NODE_ADDRESS (main_process_ip) the first node's address", r.cluster.nodes));
   YAML::Emitter out;
-  std::vector<std::string> header = record_lines(r, "Accelerate with FSDP2 and context parallelism (accelerate launch --config_file)");
-  for (const auto& note : exported.notes) header.push_back(note);
+  const std::vector<std::string> header = header_lines(r, "Accelerate with FSDP2 and context parallelism (accelerate launch --config_file)", exported.notes);
   yaml_comments(out, header);
   out << YAML::BeginMap;
   out << YAML::Key << "compute_environment" << YAML::Value << "LOCAL_MACHINE";
@@ -380,10 +399,8 @@ ExportedConfig torchtitan_job_emit(const ExportRequest& r) {
                                                            : ""));
   exported.notes.push_back("versions: torchtitan >= 0.2.2 (the keys of Reference §11 F6), PyTorch >= 2.6 (context parallelism)");
   exported.notes.push_back("[model] hf_assets_path and [training] dataset are placeholders: the tokenizer's folder and your dataset");
-  std::string text;
-  std::vector<std::string> header = record_lines(r, "torchtitan (torchrun -m torchtitan.train --job.config_file)");
-  for (const auto& note : exported.notes) header.push_back(note);
-  for (const auto& line : header) text += "# " + line + "\n";
+  const std::vector<std::string> header = header_lines(r, "torchtitan (torchrun -m torchtitan.train --job.config_file)", exported.notes);
+  std::string text = hash_comments(header);
   text += "\n[job]\ndump_folder = \"./outputs\"\n";
   text += fmt::format("description = \"longseq plan: {} at {} tokens\"\n", r.model.name, r.seqlen);
   text += fmt::format("\n[model]\nname = \"llama3\"\nflavor = \"{}\"\nhf_assets_path = \"REPLACE-WITH-THE-TOKENIZER-FOLDER\"\n",
@@ -419,10 +436,8 @@ ExportedConfig unsloth_script_emit(const ExportRequest& r) {
   exported.notes.push_back("the dataset is a placeholder: put yours in load_dataset(...)");
   if (model_is_card(r))
     exported.notes.push_back(fmt::format("MODEL is the card's name ({}): put the Hugging Face id or path of the weights", r.model.name));
-  std::string text;
-  std::vector<std::string> header = record_lines(r, "Unsloth (python script)");
-  for (const auto& note : exported.notes) header.push_back(note);
-  for (const auto& line : header) text += "# " + line + "\n";
+  const std::vector<std::string> header = header_lines(r, "Unsloth (python script)", exported.notes);
+  std::string text = hash_comments(header);
   text += "from unsloth import FastLanguageModel  # first: it patches transformers and TRL\nimport torch\n"
           "from datasets import load_dataset\nfrom trl import SFTConfig, SFTTrainer\n\n";
   text += fmt::format("MODEL = {}\nMAX_SEQ_LENGTH = {}\n\n", nlohmann::json(model_name_or_path(r)).dump(), r.seqlen);
@@ -433,9 +448,7 @@ ExportedConfig unsloth_script_emit(const ExportRequest& r) {
   text += fmt::format("model, tokenizer = FastLanguageModel.from_pretrained({})\n", load);
   const std::string checkpointing = !p.activation_checkpointing ? "False" : p.checkpoint_offload ? "\"unsloth\"" : "True";
   if (p.lora()) {
-    std::string targets;
-    for (const LayerLinear& linear : decoder_layer_linears(r.model))
-      if (p.lora_all_linear || linear.adapted_by_default) targets += fmt::format("{}\"{}\"", targets.empty() ? "" : ", ", linear.name);
+    const std::string targets = lora_target_modules(r);
     // Its defaults (item 40) but for the planned rank and targets: dropout 0 and no bias install
     // the fused kernels.
     text += fmt::format("model = FastLanguageModel.get_peft_model(model, r={}, lora_alpha={}, lora_dropout=0, bias=\"none\",\n"
@@ -472,10 +485,8 @@ ExportedConfig hf_trainer_script_emit(const ExportRequest& r) {
   exported.notes.push_back("the dataset is a placeholder: put yours in load_dataset(...)");
   if (model_is_card(r))
     exported.notes.push_back(fmt::format("MODEL is the card's name ({}): put the Hugging Face id or path of the weights", r.model.name));
-  std::string text;
-  std::vector<std::string> header = record_lines(r, "the HF Trainer / TRL (python script)");
-  for (const auto& note : exported.notes) header.push_back(note);
-  for (const auto& line : header) text += "# " + line + "\n";
+  const std::vector<std::string> header = header_lines(r, "the HF Trainer / TRL (python script)", exported.notes);
+  std::string text = hash_comments(header);
   text += "import torch\nfrom datasets import load_dataset\nfrom transformers import AutoModelForCausalLM";
   text += p.qlora ? ", BitsAndBytesConfig\n" : "\n";
   if (p.lora()) text += "from peft import LoraConfig\n";
@@ -491,9 +502,7 @@ ExportedConfig hf_trainer_script_emit(const ExportRequest& r) {
   }
   text += fmt::format("model = AutoModelForCausalLM.from_pretrained(MODEL, {})\n", load_arguments);
   if (p.lora()) {
-    std::string targets;
-    for (const LayerLinear& linear : decoder_layer_linears(r.model))
-      if (p.lora_all_linear || linear.adapted_by_default) targets += fmt::format("{}\"{}\"", targets.empty() ? "" : ", ", linear.name);
+    const std::string targets = lora_target_modules(r);
     // Adapters stay fp32 (autocast_adapter_dtype's default, item 8): what the plan priced.
     text += fmt::format("peft_config = LoraConfig(r={}, lora_alpha={}, lora_dropout=0.0, target_modules=[{}], task_type=\"CAUSAL_LM\")\n",
                         p.lora_rank, p.lora_rank, targets);
@@ -567,8 +576,7 @@ ExportedConfig megatron_deepspeed_emit(const ExportRequest& r) {
   if (p.offload_optimizer) args.push_back("--cpu-optimizer");  // DeepSpeedCPUAdam, required with offload_optimizer (§3.4)
   args.push_back("--deepspeed --deepspeed_config " + r.deepspeed_json_name);
   std::string script = "#!/usr/bin/env bash\n";
-  for (const auto& line : record_lines(r, "Megatron-DeepSpeed (pretrain_gpt.py)")) script += "# " + line + "\n";
-  for (const auto& note : exported.notes) script += "# " + note + "\n";
+  script += hash_comments(header_lines(r, "Megatron-DeepSpeed (pretrain_gpt.py)", exported.notes));
   script += fmt::format("deepspeed{} --num_gpus {} pretrain_gpt.py \\\n",
                         r.cluster.nodes > 1 ? fmt::format(" --hostfile hostfile --num_nodes {}", r.cluster.nodes) : "",
                         std::min(r.cluster.gpus, r.cluster.gpus_per_node));
