@@ -82,6 +82,18 @@ bool gpt_shaped(const ModelSpec& model) { return model.mlp_kind == MlpKind::mlp_
 // shared expert (Mixtral has neither norm; Qwen2-MoE has a shared expert).
 bool qwen3_moe_shaped(const ModelSpec& model) { return model.is_moe() && model.qk_norm && model.shared_expert_intermediate_size == 0; }
 
+// What neither FSDP2 stack (Accelerate's, torchtitan's) runs: FPDT, a layout other than full
+// sharding, and offloading the optimizer without the parameters or the reverse (CPUOffloadPolicy
+// moves parameters, gradients and optimizer together, F1.12; `offload_switch` names its switch).
+std::string fsdp2_layout_unsupported(const char* name, const PlanOptions& plan, const char* offload_switch) {
+  if (plan.fpdt) return fmt::format("{}: no FPDT (it exists only in Megatron-DeepSpeed)", name);
+  if (plan.zero_stage != 3) return fmt::format("{}: planned with FSDP2's full sharding (the ZeRO-3 layout) only", name);
+  if (plan.offload_optimizer != plan.offload_params)
+    return fmt::format("{}: FSDP2 offloads parameters, gradients and optimizer together ({}), not one without the other", name,
+                       offload_switch);
+  return "";
+}
+
 }  // namespace
 
 std::string torchtitan_llama3_flavor(const ModelSpec& model) {
@@ -177,22 +189,14 @@ std::string framework_unsupported(Framework framework, const ModelSpec& model, c
       // Accelerate's ParallelismConfig: cp runs under FSDP2 only, sp (Ulysses) under DeepSpeed only,
       // never both (parallelism_config.py L328-334; TRL PR #7003; Reference §11 F4.2).
       if (plan.sp > 1) return fmt::format("{}: Ulysses (sp_size) runs only under DeepSpeed, and not beside cp (--framework hf-accelerate)", name);
-      if (plan.fpdt) return fmt::format("{}: no FPDT (it exists only in Megatron-DeepSpeed)", name);
-      if (plan.zero_stage != 3) return fmt::format("{}: planned with FSDP2's full sharding (the ZeRO-3 layout) only", name);
-      // fsdp_offload_params: true is CPUOffloadPolicy: parameters, gradients and optimizer together (F1.12, F1.19).
-      if (plan.offload_optimizer != plan.offload_params)
-        return fmt::format("{}: FSDP2 offloads parameters, gradients and optimizer together (fsdp_offload_params, CPUOffloadPolicy), "
-                           "not one without the other", name);
+      // fsdp_offload_params: true is CPUOffloadPolicy (F1.12, F1.19).
+      if (std::string refusal = fsdp2_layout_unsupported(name, plan, "fsdp_offload_params, CPUOffloadPolicy"); !refusal.empty()) return refusal;
       if (plan.tiled_mlp) return fmt::format("{}: no switch for TiledMLP", name);
       return "";
     case Framework::framework_torchtitan: {
       if (plan.sp > 1) return fmt::format("{}: no Ulysses (its sequence parallelism is PyTorch's context parallelism: --ring)", name);
-      if (plan.fpdt) return fmt::format("{}: no FPDT (it exists only in Megatron-DeepSpeed)", name);
-      if (plan.zero_stage != 3) return fmt::format("{}: planned with FSDP2's full sharding (the ZeRO-3 layout) only", name);
       // training.enable_cpu_offload is CPUOffloadPolicy (F6.4).
-      if (plan.offload_optimizer != plan.offload_params)
-        return fmt::format("{}: FSDP2 offloads parameters, gradients and optimizer together (training.enable_cpu_offload), not one "
-                           "without the other", name);
+      if (std::string refusal = fsdp2_layout_unsupported(name, plan, "training.enable_cpu_offload"); !refusal.empty()) return refusal;
       // Its job config has activation checkpointing modes and float8, no activation offload, tiled
       // MLP or chunked loss (Reference §11 F6.1-F6.5).
       if (plan.checkpoint_offload) return fmt::format("{}: no activation offload to the host in its job config (F6.3 lists its AC modes)", name);
