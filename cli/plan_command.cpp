@@ -788,11 +788,10 @@ int plan_command_run(const PlanCommandArgs& args) {
                                       : fsdp2_choice   ? Framework::framework_accelerate_fsdp2
                                                        : kDefaultFramework;
   const Framework framework = machine ? Framework::framework_longseq : framework_given ? given_framework : default_framework;
-  if (args.lora_rank && machine)
-    throw ConfigError("--lora", "", "longseq's executor trains no adapters yet: plan adapters for a GPU (--gpus, --framework hf-trainer)");
   if (args.lora_rank && emitting && emit_framework != Framework::framework_hf_trainer && emit_framework != Framework::framework_unsloth)
     throw ConfigError("--lora", "", "adapters are planned for the HF Trainer / TRL and Unsloth: --emit hf-trainer or unsloth writes their script");
-  if (args.lora_rank && args.plan_out) throw ConfigError("--lora", "", "longseq's executor trains no adapters yet: no plan file to write");
+  if (args.lora_rank && args.plan_out && !machine)
+    throw ConfigError("--lora", "", "a plan file with adapters is for longseq's executor: plan it for this machine (--ranks, --budget-mib)");
   const bool framework_checked = framework_given || emitting || trainer_choice || fsdp2_choice;
   const FrameworkFacts& facts = framework_facts(framework);
   const std::string profile_name = !args.profile.empty() ? args.profile : facts.runtime_profile;
@@ -941,7 +940,7 @@ int plan_command_run(const PlanCommandArgs& args) {
   options.max_step_s = context.max_step_s;
   held_choices_apply(args, options.held);
   if (args.search && fixed_plan) options.admits = search_constraints(args);
-  const SearchResult result = machine ? machine_plan_search(model, target) : plan_search(model, cluster, profile, options);
+  const SearchResult result = machine ? machine_plan_search(model, target, options.held) : plan_search(model, cluster, profile, options);
   const bool by_length = options.objective == SearchObjective::objective_max_seqlen;
 
   int64_t invalid = 0;

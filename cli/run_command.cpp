@@ -67,6 +67,9 @@ struct RunCommandArgs {
   int zero_stage = 0;
   bool offload_optimizer = false, offload_params = false;
   std::string fpdt_chunk;  // empty: no FPDT
+  int64_t lora_rank = 0;   // 0: full training
+  std::string lora_targets = "all-linear";
+  double lora_alpha = 8;   // PEFT's LoraConfig default
   std::string plan_file;
   bool compare_single_rank = false;
   bool json = false;
@@ -126,6 +129,13 @@ std::shared_ptr<RunCommandArgs> run_command_register(CLI::App& app) {
   command->add_option("--fpdt-chunk", args->fpdt_chunk,
                       "FPDT: attention over chunks of this many tokens of the whole sequence, their q/k/v/output in the host pool, "
                       "k/v fetched chunk by chunk; MLP and loss chunked too (needs --checkpointing; the length a multiple of it)");
+  command->add_option("--lora", args->lora_rank,
+                      "train LoRA adapters of this rank on the frozen model (the base in the kernels' dtype with no gradient or "
+                      "optimizer state; fp32 adapters, AdamW on them alone; untiled MLP, no ZeRO)")
+      ->check(CLI::Range(1, 4096));
+  command->add_option("--lora-targets", args->lora_targets,
+                      "the linears that get adapters: all-linear (q, k, v, o, gate, up, down; the default) or q,v (PEFT's default)");
+  command->add_option("--lora-alpha", args->lora_alpha, "the adapters' lora_alpha: their product is scaled by alpha / rank (default 8, PEFT's)");
   command->add_option("--plan", args->plan_file,
                       "run exactly the plan in this file (`longseq plan ... --plan-out FILE`): model, length, ranks, budget and "
                       "every option come from it");
@@ -282,8 +292,10 @@ double model_train(const TrainLoop& loop) {
   // zero.Init does, so no rank ever holds the whole model); what is offloaded lives in the host
   // pool beside the offloaded checkpoints.
   std::optional<Model> model_storage;
+  // With LoRA the base is frozen and the adapters start as PEFT's (lora_B zero: step 1 is the base's loss).
+  const LoraConfig lora{plan.lora_rank, static_cast<float>(args.lora_alpha), plan.lora_all_linear};
   model_storage.emplace(model, device, plan.zero_stage >= 1 ? &ranks.zero_group() : nullptr,
-                        ModelStates{plan.zero_stage, plan.offload_optimizer, plan.offload_params}, &host);
+                        ModelStates{plan.zero_stage, plan.offload_optimizer, plan.offload_params, lora}, &host);
   Model& llama = *model_storage;
   llama.load_parameters(initial_weights.data());
   // --compare-single-rank: rank 0 also trains one unsharded replica on group 0's samples.
@@ -293,7 +305,7 @@ double model_train(const TrainLoop& loop) {
   if (compare) {
     reference_device.emplace("reference device");
     reference_host.emplace("reference host");
-    reference.emplace(model, *reference_device);
+    reference.emplace(model, *reference_device, nullptr, ModelStates{0, false, false, lora}, nullptr);
     reference->load_parameters(initial_weights.data());
   }
   if (speaker)
@@ -444,6 +456,9 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
                                {"--offload-optimizer", text(args.offload_optimizer)},
                                {"--offload-params", text(args.offload_params)},
                                {"--fpdt-chunk", args.fpdt_chunk},
+                               {"--lora", text(args.lora_rank)},
+                               {"--lora-targets", args.lora_targets},
+                               {"--lora-alpha", text(args.lora_alpha)},
                                {"--plan", args.plan_file},
                                {"--compare-single-rank", text(args.compare_single_rank)},
                                {"--peer-timeout-s", text(args.peer_timeout_s)},
@@ -460,7 +475,8 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
   if (!args.plan_file.empty()) {
     plan_file = plan_file_read(args.plan_file);
     for (const char* flag : {"--seqlen", "--checkpointing", "--checkpoint-offload", "--mlp-tiles", "--loss-tiles", "--budget-mib", "--auto",
-                             "--sp", "--ring", "--zero", "--offload-optimizer", "--offload-params", "--fpdt-chunk", "--device"})
+                             "--sp", "--ring", "--zero", "--offload-optimizer", "--offload-params", "--fpdt-chunk", "--device", "--lora",
+                             "--lora-targets"})
       if (given.command->count(flag) > 0)
         throw ConfigError(flag, "", "given with --plan, which decides it (" + args.plan_file + "); drop one of them");
     if (given.command->count("--model") > 0 && args.model != plan_file->model && args.model != plan_file->model_name)
@@ -508,6 +524,16 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
     throw ConfigError("--budget-mib", "", fmt::format("{:g} MiB per rank is not a plausible device (at most {:.0f} MiB, 1 TiB)", args.budget_mib,
                                                       kMostBudgetMib));
   if (args.lr <= 0 || args.lr > 1) throw ConfigError("--lr", "", fmt::format("must be in (0, 1], got {}", args.lr));
+  // The adapters (none without --lora): held by every plan the run may take.
+  HeldChoices adapters;
+  if (args.lora_rank > 0) {
+    adapters.lora_rank = args.lora_rank;
+    adapters.lora_all_linear = HeldChoices::lora_targets_parse(args.lora_targets, "--lora-targets", "");
+  } else if (given.command->count("--lora-targets") > 0) {
+    throw ConfigError("--lora-targets", "", "chooses the adapters' linears: give --lora RANK too");
+  }
+  if (!(args.lora_alpha > 0 && args.lora_alpha <= 1e6))
+    throw ConfigError("--lora-alpha", "", fmt::format("must be in (0, 1e6], got {}", args.lora_alpha));
   // Where rank 0 writes the result, checked before training rather than after it.
   std::optional<OutputFileTarget> json_out;
   if (args.json_out && ranks.world_rank == 0)
@@ -545,7 +571,7 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
       if (given.command->count(flag) > 0) throw ConfigError("--auto", "", std::string("chooses the plan and the length itself; drop ") + flag);
     // The planner's own search over what this executor runs (longseq plan --ranks --budget-mib
     // runs the same one): the longest sequence that fits, ties to the faster plan.
-    const SearchResult searched = machine_plan_search(model, target);
+    const SearchResult searched = machine_plan_search(model, target, adapters);
     const SearchCandidate* winner = searched.winner();
     if (!winner) throw ConfigError("--budget-mib", "", "no plan fits: the model states alone exceed the budget");
     plan = winner->plan;
@@ -568,6 +594,8 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
       throw ConfigError("--ring", "", fmt::format("{} does not divide the {} rank(s) of this run", args.ring, world_size));
     const int64_t sp = args.sp > 0 ? args.sp : world_size / args.ring;
     plan = executor_plan(flags, sp, args.zero_stage, args.offload_optimizer, args.offload_params, args.ring);
+    plan.lora_rank = adapters.lora_rank;
+    plan.lora_all_linear = adapters.lora_all_linear;
     if (!args.fpdt_chunk.empty()) {
       if (args.mlp_tiles > 0 || args.loss_tiles > 0)
         throw ConfigError("--fpdt-chunk", "", "FPDT chunks the MLP and the loss itself; drop --mlp-tiles and --loss-tiles");
@@ -576,6 +604,8 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
     }
   }
   if (seqlen > (int64_t{1} << 24)) throw ConfigError("--seqlen", "", "more than 16Mi tokens is beyond one run of this executor");
+  if (given.command->count("--lora-alpha") > 0 && !plan.lora())
+    throw ConfigError("--lora-alpha", "", "scales the adapters' product: this run trains no adapters (give --lora RANK)");
   std::vector<std::string> problems = plan_problems(model, cluster, plan);
   for (auto& problem : seqlen_problems(plan, seqlen)) problems.push_back(problem);
   for (auto& problem : executor_plan_problems(plan, args.device)) problems.push_back(problem);
@@ -624,11 +654,16 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
                            {"steps", nlohmann::json::array()}};
   if (std::isfinite(budget_bytes)) report["budget_mib"] = budget_bytes / (1 << 20);
   if (plan_file) report["plan_file"] = args.plan_file;
+  if (plan.lora())
+    report["lora"] = {{"rank", plan.lora_rank}, {"alpha", args.lora_alpha}, {"targets", plan.lora_all_linear ? "all-linear" : "q,v"}};
   if (speaker) {
     fmt::print("longseq run: {}{} on this machine ({}), {} tokens per step, {} data; MEASURED\n", model.name,
                args.layers > 0 ? fmt::format(" (first {} decoder layers)", model.num_layers) : "", device_description,
                integer_with_commas(seqlen),
                args.data.empty() ? "synthetic long-range copy" : args.data);
+    if (plan.lora())
+      fmt::print("adapters: LoRA r={} alpha {:g} on {}; the base frozen, AdamW on the adapters alone\n", plan.lora_rank, args.lora_alpha,
+                 plan.lora_all_linear ? "every linear (q, k, v, o, gate, up, down)" : "q_proj and v_proj");
     if (world_size > 1)
       fmt::print("ranks: {} (Ulysses sp={}{}, data parallel dp={}), {} tokens per rank\n", world_size, sp,
                  plan.ring > 1 ? fmt::format(" x ring {}", plan.ring) : "", dp, integer_with_commas(local_tokens));

@@ -120,9 +120,16 @@ class CpuOps : public HostMemoryMovement {
     const ComponentTimer timer(&ComponentSeconds::matmul);
     kernels::linear_forward(out, inp, weight, static_cast<const Act*>(nullptr), T, C, OC);
   }
-  void linear_backward(Act* dinp, float* dweight, const Act* dout, const Act* inp, const Act* weight, int64_t T, int64_t C, int64_t OC) {
+  // out += alpha * inp @ weight^T: a LoRA adapter's scaled product added to its base linear's output.
+  void linear_forward_add(Act* out, const Act* inp, const Act* weight, int64_t T, int64_t C, int64_t OC, float alpha) {
     const ComponentTimer timer(&ComponentSeconds::matmul);
-    kernels::linear_backward(dinp, dweight, static_cast<float*>(nullptr), dout, inp, weight, T, C, OC);
+    kernels::linear_forward_add(out, inp, weight, alpha, T, C, OC);
+  }
+  // dinp and dweight (either may be null: a frozen weight) gain alpha x their products.
+  void linear_backward(Act* dinp, float* dweight, const Act* dout, const Act* inp, const Act* weight, int64_t T, int64_t C, int64_t OC,
+                       float alpha = 1.0f) {
+    const ComponentTimer timer(&ComponentSeconds::matmul);
+    kernels::linear_backward(dinp, dweight, static_cast<float*>(nullptr), dout, inp, weight, T, C, OC, alpha);
   }
   void swiglu_forward(Act* out, const Act* gate, const Act* up, int64_t N) { kernels::swiglu_forward(out, gate, up, N); }
   void swiglu_backward(Act* dgate, Act* dup, const Act* dout, const Act* gate, const Act* up, int64_t N) {

@@ -84,8 +84,12 @@ class CudaOps {
   void linear_forward(Act* out, const Act* inp, const Act* weight, int64_t T, int64_t C, int64_t OC) {
     blas_.linear_forward(out, inp, weight, T, C, OC);
   }
-  void linear_backward(Act* dinp, float* dweight, const Act* dout, const Act* inp, const Act* weight, int64_t T, int64_t C, int64_t OC) {
-    blas_.linear_backward(dinp, dweight, dout, inp, weight, T, C, OC);
+  void linear_forward_add(Act* out, const Act* inp, const Act* weight, int64_t T, int64_t C, int64_t OC, float alpha) {
+    blas_.linear_forward_add(out, inp, weight, alpha, T, C, OC);
+  }
+  void linear_backward(Act* dinp, float* dweight, const Act* dout, const Act* inp, const Act* weight, int64_t T, int64_t C, int64_t OC,
+                       float alpha = 1.0f) {
+    blas_.linear_backward(dinp, dweight, dout, inp, weight, T, C, OC, alpha);
   }
   void swiglu_forward(Act* out, const Act* gate, const Act* up, int64_t N) { cuda::swiglu_forward(out, gate, up, N); }
   void swiglu_backward(Act* dgate, Act* dup, const Act* dout, const Act* gate, const Act* up, int64_t N) {

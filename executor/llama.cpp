@@ -1,6 +1,12 @@
 #include "executor/llama.hpp"
 
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string_view>
+
 #include "executor/llama_step.hpp"
+#include "models/adapters.hpp"
 #include "models/config_error.hpp"
 
 namespace longseq {
@@ -32,6 +38,45 @@ LlamaLayout llama_layout(const ModelSpec& model) {
   layout.lm_head = model.tied_embeddings ? layout.embedding : take(model.vocab_size * C);
   layout.total = offset;
   return layout;
+}
+
+LoraLayout lora_layout(const ModelSpec& model, const LoraConfig& lora) {
+  LoraLayout layout;
+  layout.rank = lora.rank;
+  layout.scale = lora.scale();
+  if (lora.rank <= 0) return layout;
+  const auto& names = kLayerLinearNames;
+  const std::vector<LayerLinear> adapted = lora_adapted_linears(model, lora.all_linear);
+  int64_t offset = 0;
+  for (int64_t i = 0; i < model.num_layers; ++i) {
+    std::array<LoraLayout::Adapter, kLayerLinears> layer{};
+    for (const LayerLinear& linear : adapted) {
+      const auto kind = static_cast<size_t>(std::find(names.begin(), names.end(), linear.name) - names.begin());
+      if (kind >= names.size()) throw std::logic_error(std::string("lora_layout: no executor linear named ") + linear.name);
+      LoraLayout::Adapter& adapter = layer[kind];
+      adapter.in = linear.in;
+      adapter.out = linear.out;
+      adapter.a = offset;
+      offset += lora.rank * linear.in;
+      adapter.b = offset;
+      offset += linear.out * lora.rank;
+    }
+    layout.layers.push_back(layer);
+  }
+  layout.total = offset;
+  return layout;
+}
+
+std::vector<float> lora_initial_adapters(const LoraLayout& layout) {
+  std::vector<float> values(static_cast<size_t>(layout.total), 0.0f);
+  for (const auto& layer : layout.layers)
+    for (const LoraLayout::Adapter& adapter : layer) {
+      if (!adapter.present()) continue;
+      const double bound = 1.0 / std::sqrt(static_cast<double>(adapter.in));
+      for (int64_t i = 0; i < layout.rank * adapter.in; ++i)
+        values[static_cast<size_t>(adapter.a + i)] = static_cast<float>(bound * std::sin(0.7 * static_cast<double>(adapter.a + i) + 0.3));
+    }
+  return values;
 }
 
 void executor_model_check(const ModelSpec& model) {

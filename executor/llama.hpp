@@ -8,8 +8,10 @@
 // changes what is live, never the arithmetic: tests hold loss and gradients equal across them.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
+#include <string_view>
 #include <vector>
 
 #include "executor/arena.hpp"
@@ -32,6 +34,41 @@ struct LlamaLayout {
 };
 
 LlamaLayout llama_layout(const ModelSpec& model);
+
+// LoRA (PEFT's LoraConfig, Reference §12 items 1-10): the base frozen, and on each adapted linear
+// y = x W^T + (alpha / r) (x A^T) B^T with lora_A [r, in] and lora_B [out, r] trained. PEFT's
+// defaults: lora_alpha 8 (LoraConfig), targets q_proj and v_proj unless all linears are asked for.
+struct LoraConfig {
+  int64_t rank = 0;  // 0: no adapters (full training)
+  float alpha = 8.0f;
+  bool all_linear = true;
+  float scale() const { return rank > 0 ? alpha / static_cast<float>(rank) : 0.0f; }
+};
+
+// The decoder layer's linears in the order the step runs them (an adapter's index).
+enum class LayerLinearKind { q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj };
+inline constexpr int kLayerLinears = 7;
+inline constexpr std::array<std::string_view, kLayerLinears> kLayerLinearNames = {"q_proj", "k_proj",  "v_proj",   "o_proj",
+                                                                                   "gate_proj", "up_proj", "down_proj"};
+
+// Offsets of every adapter in the adapters' flat buffer (its own: the base keeps its layout).
+struct LoraLayout {
+  struct Adapter {
+    int64_t a = -1, b = -1;  // lora_A [rank, in], lora_B [out, rank]; -1: this linear is not adapted
+    int64_t in = 0, out = 0;
+    bool present() const { return a >= 0; }
+  };
+  std::vector<std::array<Adapter, kLayerLinears>> layers;
+  int64_t rank = 0;
+  float scale = 0;
+  int64_t total = 0;
+};
+// The linears models/adapters.hpp's lora_adapted_linears names (the planner's count is the same).
+LoraLayout lora_layout(const ModelSpec& model, const LoraConfig& lora);
+// PEFT's initialisation (init_lora_weights=True): lora_A Kaiming-uniform (bound 1/sqrt(in)), here
+// from a fixed sine sequence rather than a random generator so every rank agrees; lora_B zero, so
+// the adapted model starts as the base.
+std::vector<float> lora_initial_adapters(const LoraLayout& layout);
 
 // Throws ConfigError naming what the executor cannot train (GELU, LayerNorm, biases, q/k norms).
 void executor_model_check(const ModelSpec& model);
@@ -75,10 +112,16 @@ struct SequenceParallel {
 // in the host pool (ZeRO-Offload; with stage 1 the gradients are then reduced into that host shard
 // as stage 2 does); offloading the parameters (stage 3) keeps the weight shards there too, each
 // brought to the device when its module is gathered (ZeRO-3 offload_param).
+//
+// With LoRA adapters (lora.rank > 0) only the adapters train: the base weights stay frozen in the
+// kernels' dtype with no gradient, master copy or moments; the adapters carry those instead (fp32
+// master and moments, and a bf16 copy on the GPU). The executor runs LoRA without ZeRO or offload
+// (executor_plan_problems says so); gradients are summed over the sequence's ranks as any.
 struct ModelStates {
   int zero_stage = 0;
   bool offload_optimizer = false;
   bool offload_params = false;
+  LoraConfig lora;
 };
 
 struct StepResult {
@@ -112,8 +155,13 @@ class BasicLlamaModel {
   // what is offloaded. Throws std::invalid_argument for a combination DeepSpeed has no stage for.
   BasicLlamaModel(const ModelSpec& model, Arena& device, Communicator* zero_group, const ModelStates& states, Arena* host);
   // Sets the weights from a full flat vector of parameter_count() values in host memory, held by
-  // every rank (a checkpoint); a partitioned model keeps its shard of it.
+  // every rank (a checkpoint); a partitioned model keeps its shard of it. With LoRA: the frozen
+  // base, whose adapters start as lora_initial_adapters (load_adapters sets others).
   void load_parameters(const float* full);
+  // LoRA: the adapters from a flat vector of lora_layout().total values in host memory.
+  void load_adapters(const float* full);
+  bool lora() const { return states_.lora.rank > 0; }
+  const LoraLayout& lora_layout() const { return lora_layout_; }
   const ModelSpec& spec() const { return spec_; }
   const LlamaLayout& layout() const { return layout_; }
   // This rank's fp32 master weights and gradients (device memory on a GPU, host memory with the
@@ -139,7 +187,8 @@ class BasicLlamaModel {
   // and checkpoints; a collective: every rank of the group must call it.
   std::vector<float> gather_full(const float* shard);
   // The whole fp32 master weights and gradients in host memory, wherever and however they are
-  // kept (collectives when sharded: every rank must call them).
+  // kept (collectives when sharded: every rank must call them). With LoRA: the adapters' (what
+  // trains), in lora_layout()'s order.
   std::vector<float> parameters_full();
   std::vector<float> gradients_full();
 
@@ -186,6 +235,8 @@ class BasicLlamaModel {
   Act* weights();
   ModelSpec spec_;
   LlamaLayout layout_;
+  LoraLayout lora_layout_;
+  BufferOf<Act> adapters_;  // LoRA: the adapters the kernels read (their fp32 master on the CPU)
   ModelStates states_;
   Communicator* zero_group_ = nullptr;
   SingleRankCommunicator own_group_;  // the ZeRO group when a stage is asked for without one

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <limits>
 #include <stdexcept>
 #include <type_traits>
@@ -40,7 +41,55 @@ struct LayerSaved {
   // With Ulysses: attention's own inputs and output over the whole sequence for this rank's heads.
   BufferOf<Act> q_global, k_global, v_global, output_global;
   FpdtSaved<Act> fpdt;  // with FPDT: the chunks in the host pool
+  // With LoRA: each adapted linear's r-wide x A^T, which lora_B's gradient reads.
+  std::array<BufferOf<Act>, kLayerLinears> lora_rank;
 };
+
+// A base weight's gradient, or null where the base is frozen (LoRA).
+inline float* gradient_at(float* gradients, int64_t offset) { return gradients ? gradients + offset : nullptr; }
+
+// One layer's LoRA adapters (none: full training).
+template <typename Act>
+struct LayerAdapters {
+  const Act* weights = nullptr;  // the adapters' buffer (lora_layout's offsets)
+  float* gradients = nullptr;
+  const std::array<LoraLayout::Adapter, kLayerLinears>* layer = nullptr;
+  int64_t rank = 0;
+  float scale = 0;
+  const LoraLayout::Adapter* of(LayerLinearKind kind) const {
+    if (!layer) return nullptr;
+    const LoraLayout::Adapter& adapter = (*layer)[static_cast<size_t>(kind)];
+    return adapter.present() ? &adapter : nullptr;
+  }
+};
+
+// An adapted linear's forward after its base product: y += scale (x A^T) B^T, the r-wide x A^T
+// kept in `kept` for the backward (null: released at once).
+template <class Ops, typename Act>
+void lora_forward(Ops& ops, Act* y, const Act* x, int64_t rows, const LayerAdapters<Act>& lora, LayerLinearKind kind, Arena& device,
+                  BufferOf<Act>* kept) {
+  const LoraLayout::Adapter* adapter = lora.of(kind);
+  if (!adapter) return;
+  BufferOf<Act> rank_values = device.allocate<Act>(L, executor_lora_rank_name(kLayerLinearNames[static_cast<size_t>(kind)]), rows * lora.rank);
+  ops.linear_forward(rank_values.data(), x, lora.weights + adapter->a, rows, adapter->in, lora.rank);
+  ops.linear_forward_add(y, rank_values.data(), lora.weights + adapter->b, rows, lora.rank, adapter->out, lora.scale);
+  if (kept) *kept = std::move(rank_values);
+}
+
+// Its backward beside the base's: with u = x A^T, dB += s dy^T u and du = s dy B, then dA += du^T x
+// and dx += du A. `rank_values` (u) is released.
+template <class Ops, typename Act>
+void lora_backward(Ops& ops, Act* dx, const Act* dy, const Act* x, int64_t rows, const LayerAdapters<Act>& lora, LayerLinearKind kind,
+                   BufferOf<Act>& rank_values, Arena& device) {
+  const LoraLayout::Adapter* adapter = lora.of(kind);
+  if (!adapter) return;
+  BufferOf<Act> rank_grad = device.allocate<Act>(L, "lora.rank_grad", rows * lora.rank, true);
+  ops.linear_backward(rank_grad.data(), lora.gradients + adapter->b, dy, rank_values.data(), lora.weights + adapter->b, rows, lora.rank,
+                      adapter->out, lora.scale);
+  ops.linear_backward(dx, lora.gradients + adapter->a, rank_grad.data(), x, lora.weights + adapter->a, rows, adapter->in, lora.rank);
+  rank_grad.release();
+  rank_values.release();
+}
 
 inline int64_t tile_size(int64_t T, int64_t tiles) { return tiles > 0 ? (T + tiles - 1) / tiles : T; }
 
@@ -578,9 +627,10 @@ void heads_attention_backward(Ops& ops, Act* q_grad, Act* k_grad, Act* v_grad, f
 template <class Ops, typename Act = typename Ops::Act>
 BufferOf<Act> layer_forward(Ops& ops, const Act* params, const LlamaLayout::Layer& w, const Act* x, const int32_t* positions,
                             const Dims& d, const TrainingOptions& options, Arena& device, Arena& host, LayerSaved<Act>* saved,
-                            const Ulysses& ulysses) {
+                            const Ulysses& ulysses, const LayerAdapters<Act>& lora = {}) {
   LayerSaved<Act> local;
   LayerSaved<Act>& s = saved ? *saved : local;
+  auto keep_rank = [&](LayerLinearKind kind) { return saved ? &s.lora_rank[static_cast<size_t>(kind)] : nullptr; };
   device.set_moment("forward: attention");
   s.attention_norm_output = device.allocate<Act>(L, "attention_norm.output", d.T * d.C);
   s.attention_norm_rstd = device.allocate(L, "attention_norm.rstd", d.T);
@@ -596,9 +646,13 @@ BufferOf<Act> layer_forward(Ops& ops, const Act* params, const LlamaLayout::Laye
     s.q = device.allocate<Act>(L, "attention.q", d.T * d.Q);
     s.k = device.allocate<Act>(L, "attention.k", d.T * d.KV);
     s.v = device.allocate<Act>(L, "attention.v", d.T * d.KV);
-    ops.linear_forward(s.q.data(), s.attention_norm_output.data(), params + w.q_proj, d.T, d.C, d.Q);
-    ops.linear_forward(s.k.data(), s.attention_norm_output.data(), params + w.k_proj, d.T, d.C, d.KV);
-    ops.linear_forward(s.v.data(), s.attention_norm_output.data(), params + w.v_proj, d.T, d.C, d.KV);
+    const Act* h1 = s.attention_norm_output.data();
+    ops.linear_forward(s.q.data(), h1, params + w.q_proj, d.T, d.C, d.Q);
+    lora_forward(ops, s.q.data(), h1, d.T, lora, LayerLinearKind::q_proj, device, keep_rank(LayerLinearKind::q_proj));
+    ops.linear_forward(s.k.data(), h1, params + w.k_proj, d.T, d.C, d.KV);
+    lora_forward(ops, s.k.data(), h1, d.T, lora, LayerLinearKind::k_proj, device, keep_rank(LayerLinearKind::k_proj));
+    ops.linear_forward(s.v.data(), h1, params + w.v_proj, d.T, d.C, d.KV);
+    lora_forward(ops, s.v.data(), h1, d.T, lora, LayerLinearKind::v_proj, device, keep_rank(LayerLinearKind::v_proj));
     ops.rope_forward(s.q.data(), s.q.data(), positions, d.T, d.NQ, d.HD, options.rope_theta);
     ops.rope_forward(s.k.data(), s.k.data(), positions, d.T, d.NKV, d.HD, options.rope_theta);
     if (!saved) s.attention_norm_output.release();
@@ -641,6 +695,8 @@ BufferOf<Act> layer_forward(Ops& ops, const Act* params, const LlamaLayout::Laye
   device.set_moment("forward: o_proj and residual");
   s.residual = device.allocate<Act>(L, "residual.attention", d.T * d.C);
   ops.linear_forward(s.residual.data(), s.attention_output.data(), params + w.o_proj, d.T, d.Q, d.C);
+  lora_forward(ops, s.residual.data(), s.attention_output.data(), d.T, lora, LayerLinearKind::o_proj, device,
+               keep_rank(LayerLinearKind::o_proj));
   ops.add(s.residual.data(), x, d.T * d.C);
   if (!saved) s.attention_output.release();
 
@@ -652,16 +708,22 @@ BufferOf<Act> layer_forward(Ops& ops, const Act* params, const LlamaLayout::Laye
   BufferOf<Act> output = device.allocate<Act>(L, "layer.output", d.T * d.C);
   const int64_t tile = options.mlp_tiles > 0 ? tile_size(d.T, options.mlp_tiles) : d.T;
   const bool keep_intermediates = saved && options.mlp_tiles == 0;
+  // (LoRA runs untiled MLPs: forward_backward refuses tiles with adapters.)
+  auto keep_mlp_rank = [&](LayerLinearKind kind) { return keep_intermediates ? &s.lora_rank[static_cast<size_t>(kind)] : nullptr; };
   for (int64_t t0 = 0; t0 < d.T; t0 += tile) {
     const int64_t rows = std::min(tile, d.T - t0);
     BufferOf<Act> gate = device.allocate<Act>(L, "mlp.gate", rows * d.F);
     BufferOf<Act> up = device.allocate<Act>(L, "mlp.up", rows * d.F);
     const Act* h = s.mlp_norm_output.data() + t0 * d.C;
     ops.linear_forward(gate.data(), h, params + w.gate_proj, rows, d.C, d.F);
+    lora_forward(ops, gate.data(), h, rows, lora, LayerLinearKind::gate_proj, device, keep_mlp_rank(LayerLinearKind::gate_proj));
     ops.linear_forward(up.data(), h, params + w.up_proj, rows, d.C, d.F);
+    lora_forward(ops, up.data(), h, rows, lora, LayerLinearKind::up_proj, device, keep_mlp_rank(LayerLinearKind::up_proj));
     BufferOf<Act> product = device.allocate<Act>(L, "mlp.product", rows * d.F);
     ops.swiglu_forward(product.data(), gate.data(), up.data(), rows * d.F);
     ops.linear_forward(output.data() + t0 * d.C, product.data(), params + w.down_proj, rows, d.F, d.C);
+    lora_forward(ops, output.data() + t0 * d.C, product.data(), rows, lora, LayerLinearKind::down_proj, device,
+                 keep_mlp_rank(LayerLinearKind::down_proj));
     if (keep_intermediates) {
       s.gate = std::move(gate);
       s.up = std::move(up);
@@ -682,7 +744,8 @@ BufferOf<Act> layer_forward(Ops& ops, const Act* params, const LlamaLayout::Laye
 template <class Ops, typename Act = typename Ops::Act>
 BufferOf<Act> layer_backward(Ops& ops, float* grads, const Act* params, const LlamaLayout::Layer& w, const Act* x, const Act* dy,
                              const int32_t* positions, const Dims& d, const TrainingOptions& options, Arena& device, Arena& host,
-                             LayerSaved<Act>& s, const Ulysses& ulysses) {
+                             LayerSaved<Act>& s, const Ulysses& ulysses, const LayerAdapters<Act>& lora = {}) {
+  auto rank_values = [&](LayerLinearKind kind) -> BufferOf<Act>& { return s.lora_rank[static_cast<size_t>(kind)]; };
   device.set_moment("backward: mlp");
   // The residual branch passes dy through; the MLP adds its input gradient through the norm.
   BufferOf<Act> mlp_input_grad = device.allocate<Act>(L, "mlp.input_grad", d.T * d.C, true);
@@ -704,21 +767,26 @@ BufferOf<Act> layer_backward(Ops& ops, float* grads, const Act* params, const Ll
       ops.swiglu_forward(product.data(), gate.data(), up.data(), rows * d.F);
     }
     BufferOf<Act> product_grad = device.allocate<Act>(L, "mlp.product_grad", rows * d.F, true);
-    ops.linear_backward(product_grad.data(), grads + w.down_proj, dy + t0 * d.C, product.data(), params + w.down_proj, rows, d.F, d.C);
+    ops.linear_backward(product_grad.data(), gradient_at(grads, w.down_proj), dy + t0 * d.C, product.data(), params + w.down_proj, rows,
+                        d.F, d.C);
+    lora_backward(ops, product_grad.data(), dy + t0 * d.C, product.data(), rows, lora, LayerLinearKind::down_proj,
+                  rank_values(LayerLinearKind::down_proj), device);
     product.release();
     BufferOf<Act> gate_grad = device.allocate<Act>(L, "mlp.gate_grad", rows * d.F, true);
     BufferOf<Act> up_grad = device.allocate<Act>(L, "mlp.up_grad", rows * d.F, true);
     ops.swiglu_backward(gate_grad.data(), up_grad.data(), product_grad.data(), gate.data(), up.data(), rows * d.F);
     product_grad.release();
     Act* dh = mlp_input_grad.data() + t0 * d.C;
-    ops.linear_backward(dh, grads + w.gate_proj, gate_grad.data(), h, params + w.gate_proj, rows, d.C, d.F);
-    ops.linear_backward(dh, grads + w.up_proj, up_grad.data(), h, params + w.up_proj, rows, d.C, d.F);
+    ops.linear_backward(dh, gradient_at(grads, w.gate_proj), gate_grad.data(), h, params + w.gate_proj, rows, d.C, d.F);
+    lora_backward(ops, dh, gate_grad.data(), h, rows, lora, LayerLinearKind::gate_proj, rank_values(LayerLinearKind::gate_proj), device);
+    ops.linear_backward(dh, gradient_at(grads, w.up_proj), up_grad.data(), h, params + w.up_proj, rows, d.C, d.F);
+    lora_backward(ops, dh, up_grad.data(), h, rows, lora, LayerLinearKind::up_proj, rank_values(LayerLinearKind::up_proj), device);
   }
   s.mlp_norm_output.release();
   device.set_moment("backward: mlp norm");
   BufferOf<Act> residual_grad = device.allocate<Act>(L, "residual.attention_grad", d.T * d.C);
   ops.copy(residual_grad.data(), dy, d.T * d.C);
-  ops.rmsnorm_backward(residual_grad.data(), grads + w.mlp_norm, mlp_input_grad.data(), s.residual.data(), params + w.mlp_norm,
+  ops.rmsnorm_backward(residual_grad.data(), gradient_at(grads, w.mlp_norm), mlp_input_grad.data(), s.residual.data(), params + w.mlp_norm,
                        s.mlp_norm_rstd.data(), d.T, d.C);
   mlp_input_grad.release();
   s.residual.release();
@@ -726,8 +794,10 @@ BufferOf<Act> layer_backward(Ops& ops, float* grads, const Act* params, const Ll
 
   device.set_moment("backward: attention");
   BufferOf<Act> output_grad = device.allocate<Act>(L, "attention.output_grad", d.T * d.Q, true);
-  ops.linear_backward(output_grad.data(), grads + w.o_proj, residual_grad.data(), s.attention_output.data(), params + w.o_proj, d.T,
-                      d.Q, d.C);
+  ops.linear_backward(output_grad.data(), gradient_at(grads, w.o_proj), residual_grad.data(), s.attention_output.data(), params + w.o_proj,
+                      d.T, d.Q, d.C);
+  lora_backward(ops, output_grad.data(), residual_grad.data(), s.attention_output.data(), d.T, lora, LayerLinearKind::o_proj,
+                rank_values(LayerLinearKind::o_proj), device);
   BufferOf<Act> q_grad = device.allocate<Act>(L, "attention.q_grad", d.T * d.Q, true);
   BufferOf<Act> k_grad = device.allocate<Act>(L, "attention.k_grad", d.T * d.KV, true);
   BufferOf<Act> v_grad = device.allocate<Act>(L, "attention.v_grad", d.T * d.KV, true);
@@ -781,9 +851,12 @@ BufferOf<Act> layer_backward(Ops& ops, float* grads, const Act* params, const Ll
   k_grad.release();
   BufferOf<Act> norm_grad = device.allocate<Act>(L, "attention_norm.output_grad", d.T * d.C, true);
   const Act* h1 = s.attention_norm_output.data();
-  ops.linear_backward(norm_grad.data(), grads + w.q_proj, q_proj_grad.data(), h1, params + w.q_proj, d.T, d.C, d.Q);
-  ops.linear_backward(norm_grad.data(), grads + w.k_proj, k_proj_grad.data(), h1, params + w.k_proj, d.T, d.C, d.KV);
-  ops.linear_backward(norm_grad.data(), grads + w.v_proj, v_grad.data(), h1, params + w.v_proj, d.T, d.C, d.KV);
+  ops.linear_backward(norm_grad.data(), gradient_at(grads, w.q_proj), q_proj_grad.data(), h1, params + w.q_proj, d.T, d.C, d.Q);
+  lora_backward(ops, norm_grad.data(), q_proj_grad.data(), h1, d.T, lora, LayerLinearKind::q_proj, rank_values(LayerLinearKind::q_proj), device);
+  ops.linear_backward(norm_grad.data(), gradient_at(grads, w.k_proj), k_proj_grad.data(), h1, params + w.k_proj, d.T, d.C, d.KV);
+  lora_backward(ops, norm_grad.data(), k_proj_grad.data(), h1, d.T, lora, LayerLinearKind::k_proj, rank_values(LayerLinearKind::k_proj), device);
+  ops.linear_backward(norm_grad.data(), gradient_at(grads, w.v_proj), v_grad.data(), h1, params + w.v_proj, d.T, d.C, d.KV);
+  lora_backward(ops, norm_grad.data(), v_grad.data(), h1, d.T, lora, LayerLinearKind::v_proj, rank_values(LayerLinearKind::v_proj), device);
   q_proj_grad.release();
   k_proj_grad.release();
   v_grad.release();
@@ -791,7 +864,7 @@ BufferOf<Act> layer_backward(Ops& ops, float* grads, const Act* params, const Ll
 
   device.set_moment("backward: attention norm");
   BufferOf<Act> input_grad = std::move(residual_grad);  // dx = residual gradient + the attention branch
-  ops.rmsnorm_backward(input_grad.data(), grads + w.attention_norm, norm_grad.data(), x, params + w.attention_norm,
+  ops.rmsnorm_backward(input_grad.data(), gradient_at(grads, w.attention_norm), norm_grad.data(), x, params + w.attention_norm,
                        s.attention_norm_rstd.data(), d.T, d.C);
   s.attention_norm_rstd.release();
   return input_grad;
@@ -806,17 +879,35 @@ BasicLlamaModel<Ops>::BasicLlamaModel(const ModelSpec& model, Arena& device) : B
 
 template <class Ops>
 BasicLlamaModel<Ops>::BasicLlamaModel(const ModelSpec& model, Arena& device, Communicator& zero_group)
-    : BasicLlamaModel(model, device, &zero_group, ModelStates{3, false, false}, nullptr) {}
+    : BasicLlamaModel(model, device, &zero_group, ModelStates{3, false, false, {}}, nullptr) {}
 
 template <class Ops>
 BasicLlamaModel<Ops>::BasicLlamaModel(const ModelSpec& model, Arena& device, Communicator& zero_group, Arena& optimizer_host)
-    : BasicLlamaModel(model, device, &zero_group, ModelStates{3, true, false}, &optimizer_host) {}
+    : BasicLlamaModel(model, device, &zero_group, ModelStates{3, true, false, {}}, &optimizer_host) {}
 
 template <class Ops>
 BasicLlamaModel<Ops>::BasicLlamaModel(const ModelSpec& model, Arena& device, Communicator* zero_group, const ModelStates& states,
                                       Arena* host)
-    : spec_(model), layout_(llama_layout(model)), states_(states) {
+    : spec_(model), layout_(llama_layout(model)), lora_layout_(longseq::lora_layout(model, states.lora)), states_(states) {
   executor_model_check(model);
+  if (lora()) {
+    if (states.zero_stage != 0 || states.offload_optimizer || states.offload_params)
+      throw std::invalid_argument("BasicLlamaModel: LoRA trains without ZeRO or offload here (executor_plan_problems reports this)");
+    // The frozen base in the kernels' dtype, alone; the adapters with what training needs: their
+    // fp32 master (the adapters themselves on the CPU), gradients and AdamW moments (the planner's
+    // names for them, planner/memory_model.cpp).
+    plan_modules(1);
+    const int64_t adapters = lora_layout_.total;
+    weights_copy_ = device.template allocate<Act>(llama_step::kStates, "base_weights", padded_total(), true);
+    adapters_ = device.template allocate<Act>(llama_step::kStates, Ops::kSeparateMasterWeights ? "lora_adapters" : "lora_adapters_fp32",
+                                             adapters, true);
+    if (Ops::kSeparateMasterWeights) master_ = device.allocate(llama_step::kStates, "lora_master_weights", adapters, true);
+    gradients_ = device.allocate(llama_step::kStates, "lora_gradients_fp32", adapters, true);
+    adam_m_ = device.allocate(llama_step::kStates, "lora_optimizer_states", adapters, true);
+    adam_v_ = device.allocate(llama_step::kStates, "lora_optimizer_states", adapters, true);
+    load_adapters(lora_initial_adapters(lora_layout_).data());
+    return;
+  }
   if (states.zero_stage < 0 || states.zero_stage > 3) throw std::invalid_argument("BasicLlamaModel: ZeRO stage must be 0..3");
   if (states.offload_optimizer && states.zero_stage < 1)
     throw std::invalid_argument("BasicLlamaModel: optimizer offload needs a ZeRO stage (plan_problems reports this)");
@@ -855,6 +946,7 @@ bool BasicLlamaModel<Ops>::master_is_weights() const {
 template <class Ops>
 float* BasicLlamaModel<Ops>::master_data() {
   if constexpr (std::is_same_v<Act, float>) {
+    if (lora() && !Ops::kSeparateMasterWeights) return adapters_.data();
     if (master_is_weights()) return weights_copy_.data();
   }
   return master_.data();
@@ -931,7 +1023,7 @@ void BasicLlamaModel<Ops>::load_parameters(const float* full) {
     }
   }
   const std::vector<float>& own_weights = weights_partitioned() ? shard : padded;
-  if (!master_is_weights()) {
+  if (!master_is_weights() && !lora()) {  // (LoRA's master is the adapters')
     const std::vector<float>& own_master = states_.zero_stage >= 1 ? shard : padded;
     if (master_on_host_)
       std::copy(own_master.begin(), own_master.end(), master_.data());
@@ -943,6 +1035,19 @@ void BasicLlamaModel<Ops>::load_parameters(const float* full) {
   } else {
     // The weights in Act, converted on the device from the fp32 values (as the GPU rounds them).
     ops_.weights_from_host_master(weights(), own_weights.data(), weights_copy_.size());
+  }
+}
+
+template <class Ops>
+void BasicLlamaModel<Ops>::load_adapters(const float* full) {
+  if (!lora()) throw std::invalid_argument("load_adapters: this model has no LoRA adapters");
+  const int64_t n = lora_layout_.total;
+  if constexpr (std::is_same_v<Act, float>) {
+    ops_.to_device(adapters_.data(), full, n);
+    if (Ops::kSeparateMasterWeights) ops_.to_device(master_.data(), full, n);
+  } else {
+    ops_.to_device(master_.data(), full, n);
+    ops_.weights_from_host_master(adapters_.data(), full, n);
   }
 }
 
@@ -973,6 +1078,11 @@ std::vector<float> BasicLlamaModel<Ops>::gather_full(const float* shard) {
 
 template <class Ops>
 std::vector<float> BasicLlamaModel<Ops>::parameters_full() {
+  if (lora()) {
+    std::vector<float> adapters(static_cast<size_t>(lora_layout_.total));
+    ops_.to_host(adapters.data(), static_cast<const float*>(master_data()), lora_layout_.total);
+    return adapters;
+  }
   if (!master_is_weights() && states_.zero_stage >= 1) return gather_full(master_.data());
   if (weights_partitioned()) return gather_full(master_data());
   // The whole (padded) vector is here: the master weights of stage 0, or the kernels' weights.
@@ -987,6 +1097,11 @@ std::vector<float> BasicLlamaModel<Ops>::parameters_full() {
 
 template <class Ops>
 std::vector<float> BasicLlamaModel<Ops>::gradients_full() {
+  if (lora()) {
+    std::vector<float> adapters(static_cast<size_t>(lora_layout_.total));
+    ops_.to_host(adapters.data(), static_cast<const float*>(gradients_.data()), lora_layout_.total);
+    return adapters;
+  }
   if (gradients_partitioned()) return gather_full(gradients_.data());
   std::vector<float> full(static_cast<size_t>(layout_.total));
   for (const Module& module : modules_) ops_.to_host(full.data() + module.start, gradients_.data() + module.padded_start, module.size);
@@ -1020,11 +1135,24 @@ StepResult BasicLlamaModel<Ops>::forward_backward(const int32_t* host_tokens, co
   // gradient is produced whole in "weight_gradient" and reduce-scattered into this rank's shard
   // (summing every rank's part); otherwise it accumulates in place in the whole gradients.
   // A module's kernels read its tensors at offsets relative to the module (rebased).
-  float* grads = gradients_.data();
   if (gradients_on_host_)
-    std::fill_n(grads, gradients_.size(), 0.0f);  // host memory
+    std::fill_n(gradients_.data(), gradients_.size(), 0.0f);  // host memory
   else
-    ops.fill_zero(grads, gradients_.size());
+    ops.fill_zero(gradients_.data(), gradients_.size());
+  // The base's gradients (null with LoRA: the base is frozen, gradients_ holds the adapters').
+  float* grads = lora() ? nullptr : gradients_.data();
+  if (lora() && (options.mlp_tiles > 0 || options.fpdt_chunk_tokens > 0))
+    throw std::invalid_argument("forward_backward: LoRA runs untiled MLPs without FPDT here (executor_plan_problems reports this)");
+  auto layer_adapters = [&](int64_t layer) {
+    LayerAdapters<Act> adapters;
+    if (!lora()) return adapters;
+    adapters.weights = adapters_.data();
+    adapters.gradients = gradients_.data();
+    adapters.layer = &lora_layout_.layers[static_cast<size_t>(layer)];
+    adapters.rank = lora_layout_.rank;
+    adapters.scale = lora_layout_.scale;
+    return adapters;
+  };
   const int64_t layers = m.num_layers;
   const bool gather_weights = weights_partitioned();
   const bool scatter_gradients = gradients_partitioned();
@@ -1051,7 +1179,7 @@ StepResult BasicLlamaModel<Ops>::forward_backward(const int32_t* host_tokens, co
     return device.allocate(kCategoryZero, name, modules_[index].chunk * zero_group_->size(), true);
   };
   auto module_gradients = [&](size_t index, Buffer& holder, const char* name = "weight_gradient") -> float* {
-    if (!scatter_gradients) return grads + modules_[index].padded_start;
+    if (!scatter_gradients) return gradient_at(grads, modules_[index].padded_start);
     holder = gradient_buffer(index, name);
     return holder.data();
   };
@@ -1126,7 +1254,7 @@ StepResult BasicLlamaModel<Ops>::forward_backward(const int32_t* host_tokens, co
     const Act* layer_params = module_weights(1 + static_cast<size_t>(i), gathered);
     const LlamaLayout::Layer w = rebased(static_cast<size_t>(i));
     BufferOf<Act> y = layer_forward(ops, layer_params, w, x.data(), positions, d, options, device, host,
-                                    options.activation_checkpointing ? nullptr : &saved[static_cast<size_t>(i)], ulysses);
+                                    options.activation_checkpointing ? nullptr : &saved[static_cast<size_t>(i)], ulysses, layer_adapters(i));
     gathered.release();
     if (options.progress) options.progress("forward", i + 1, layers);
     if (options.checkpoint_offload) {
@@ -1169,7 +1297,7 @@ StepResult BasicLlamaModel<Ops>::forward_backward(const int32_t* host_tokens, co
   const Act* final_norm_weight = module_weights(final_module, final_weights);
   float* final_norm_grad = module_gradients(final_module, final_gradient);
   const Act* lm_head_weight = final_norm_weight + (layout_.lm_head - layout_.final_norm);
-  float* lm_head_grad = final_norm_grad + (layout_.lm_head - layout_.final_norm);
+  float* lm_head_grad = gradient_at(final_norm_grad, layout_.lm_head - layout_.final_norm);
   if (m.tied_embeddings) {
     lm_head_weight = module_weights(0, tied_weights, "gathered_embedding_weights");
     lm_head_grad = module_gradients(0, tied_gradient, "embedding_weight_gradient");
@@ -1235,29 +1363,36 @@ StepResult BasicLlamaModel<Ops>::forward_backward(const int32_t* host_tokens, co
     LayerSaved<Act> recomputed;
     LayerSaved<Act>& layer_saved = options.activation_checkpointing ? recomputed : saved[static_cast<size_t>(i)];
     if (options.activation_checkpointing) {
-      BufferOf<Act> output = layer_forward(ops, layer_params, w, input.data(), positions, d, options, device, host, &recomputed, ulysses);
+      BufferOf<Act> output =
+          layer_forward(ops, layer_params, w, input.data(), positions, d, options, device, host, &recomputed, ulysses, layer_adapters(i));
       output.release();
     }
     BufferOf<Act> dx =
-        layer_backward(ops, layer_grads, layer_params, w, input.data(), dy.data(), positions, d, options, device, host, layer_saved, ulysses);
+        layer_backward(ops, layer_grads, layer_params, w, input.data(), dy.data(), positions, d, options, device, host, layer_saved, ulysses,
+                       layer_adapters(i));
     dy = std::move(dx);
     scatter(1 + static_cast<size_t>(i), layer_gradient);
     if (options.progress) options.progress("backward", layers - i, layers);
   }
   {
     Buffer table_gradient;
-    ops.embedding_backward(module_gradients(0, table_gradient), dy.data(), tokens, T, d.C);
+    if (float* table_grad = module_gradients(0, table_gradient)) ops.embedding_backward(table_grad, dy.data(), tokens, T, d.C);
     scatter(0, table_gradient);
   }
   // Every rank saw different tokens with the same weights: whole gradients are summed over the
   // sequence's ranks here (partitioned ones were summed by their reduce-scatter).
-  if (!scatter_gradients) sequence_sum(grads, gradients_.size());
+  if (!scatter_gradients) sequence_sum(gradients_.data(), gradients_.size());
   return result;
 }
 
 template <class Ops>
 void BasicLlamaModel<Ops>::adamw_step(float lr, float beta1, float beta2, float eps, float weight_decay) {
   ++step_;
+  if (lora()) {  // the adapters alone
+    ops_.adamw_update(master_data(), adapters_.data(), gradients_.data(), adam_m_.data(), adam_v_.data(), lora_layout_.total, lr, beta1,
+                      beta2, eps, weight_decay, step_);
+    return;
+  }
   if (states_.offload_optimizer) {  // on the host (DeepSpeed's cpu_adam), then the weights go back
     kernels::adamw_update(master_.data(), gradients_.data(), adam_m_.data(), adam_v_.data(), master_.size(), lr, beta1, beta2, eps,
                           weight_decay, step_);

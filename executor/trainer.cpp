@@ -86,6 +86,10 @@ std::vector<std::string> executor_plan_problems(const PlanOptions& plan, const s
     problems.push_back(fmt::format("ring={} with FPDT: the executor's ring attention runs unchunked; drop one of them", plan.ring));
   if (plan.micro_batch != 1)
     problems.push_back(fmt::format("micro batch {}: the executor trains one sample per rank per step", plan.micro_batch));
+  if (plan.lora() && plan.zero_stage > 0)
+    problems.push_back(fmt::format("LoRA with ZeRO stage {}: the executor trains adapters without ZeRO (drop --zero)", plan.zero_stage));
+  if (plan.qlora) problems.push_back("QLoRA: the executor has no 4-bit base yet (LoRA on the fp32/bf16 base runs)");
+  if (plan.adam_8bit) problems.push_back("8-bit AdamW: the executor's optimizer is fp32 AdamW");
   return problems;
 }
 
@@ -232,8 +236,9 @@ ClusterSpec machine_cluster(const MachineTarget& target) {
   return cluster_make(card, target.ranks, 1, target.ranks, 0);
 }
 
-SearchResult machine_plan_search(const ModelSpec& model, const MachineTarget& target) {
+SearchResult machine_plan_search(const ModelSpec& model, const MachineTarget& target, const HeldChoices& held) {
   SearchOptions options;
+  options.held = held;
   // FPDT chunks (global tokens) at the scale of the lengths a CPU budget reaches.
   options.fpdt_chunks = {256, 1024, 4096, 16384};
   options.unsupported = [device = target.device](const PlanOptions& plan) {

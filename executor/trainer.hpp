@@ -58,8 +58,8 @@ RuntimeProfile machine_profile(const MachineTarget& target);
 ClusterSpec machine_cluster(const MachineTarget& target);
 // The search `longseq plan --ranks/--budget-mib` and `longseq run --auto` both run: the planner's
 // search, restricted to what this executor runs on the device, with FPDT chunks this machine's
-// lengths can use.
-SearchResult machine_plan_search(const ModelSpec& model, const MachineTarget& target);
+// lengths can use; `held` as every plan's adapters (LoRA) and other held choices.
+SearchResult machine_plan_search(const ModelSpec& model, const MachineTarget& target, const HeldChoices& held = {});
 
 // The CPU card's rates measured now on this machine, for the time model to price a run here at its
 // real speed (the built-in cpu-device card's are one VM's, measured once): an fp32 GEMM at the

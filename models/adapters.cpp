@@ -6,14 +6,19 @@ namespace longseq {
 
 std::vector<LayerLinear> decoder_layer_linears(const ModelSpec& model) {
   const int64_t h = model.hidden_size, f = model.intermediate_size;
-  std::vector<LayerLinear> linears = {{"q_proj", h, model.q_width(), true},
-                                      {"k_proj", h, model.kv_width(), false},
-                                      {"v_proj", h, model.kv_width(), true},
-                                      {"o_proj", model.q_width(), h, false}};
-  if (model.mlp_kind == MlpKind::mlp_kind_swiglu) linears.push_back({"gate_proj", h, f, false});
-  linears.push_back({"up_proj", h, f, false});
-  linears.push_back({"down_proj", f, h, false});
+  std::vector<LayerLinear> linears = {{"q_proj", h, model.q_width(), lora_adapts("q_proj", false)},
+                                      {"k_proj", h, model.kv_width(), lora_adapts("k_proj", false)},
+                                      {"v_proj", h, model.kv_width(), lora_adapts("v_proj", false)},
+                                      {"o_proj", model.q_width(), h, lora_adapts("o_proj", false)}};
+  if (model.mlp_kind == MlpKind::mlp_kind_swiglu) linears.push_back({"gate_proj", h, f, lora_adapts("gate_proj", false)});
+  linears.push_back({"up_proj", h, f, lora_adapts("up_proj", false)});
+  linears.push_back({"down_proj", f, h, lora_adapts("down_proj", false)});
   return linears;
+}
+
+bool lora_adapts(std::string_view name, bool all_linear) {
+  // PEFT's default target_modules for Llama, Qwen, Mistral and Gemma (item 1).
+  return all_linear || name == "q_proj" || name == "v_proj";
 }
 
 std::vector<LayerLinear> lora_adapted_linears(const ModelSpec& model, bool all_linear) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 #include "models/model_spec.hpp"
@@ -20,6 +21,8 @@ std::vector<LayerLinear> decoder_layer_linears(const ModelSpec& model);
 
 // The linears that get adapters: every one, or PEFT's defaults (q_proj, v_proj).
 std::vector<LayerLinear> lora_adapted_linears(const ModelSpec& model, bool all_linear);
+// Whether the decoder linear `name` gets an adapter under that choice.
+bool lora_adapts(std::string_view name, bool all_linear);
 
 // Parameters of the LoRA adapters of the whole model: r x (in + out) per adapted linear (lora_A is
 // r x in, lora_B out x r; item 6), on every linear or on q_proj and v_proj only.

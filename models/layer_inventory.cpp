@@ -3,11 +3,14 @@
 #include "models/layer_inventory.hpp"
 
 #include "kernels/blocked_attention.hpp"
+#include "models/adapters.hpp"
 #include "models/config_error.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
+#include <stdexcept>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -1271,6 +1274,37 @@ void executor_ring_backward(TensorTrace& trace, const LayerShape& shape, const E
 }
 
 // executor/llama_step.hpp layer_forward. Leaves "layer.output" and, with keep, the saved tensors.
+// LoRA in executor/llama_step.hpp (lora_forward, lora_backward): an adapted linear keeps its
+// r-wide x A^T ("lora.<linear>_rank") for lora_B's gradient, or frees it at once without keep;
+// its backward holds the r-wide gradient ("lora.rank_grad") while lora_A's runs.
+}  // namespace
+
+// The name of each linear's kept x A^T (literals: the trace keeps names as views).
+const char* executor_lora_rank_name(std::string_view linear) {
+  static constexpr std::pair<std::string_view, const char*> names[] = {
+      {"q_proj", "lora.q_proj_rank"},       {"k_proj", "lora.k_proj_rank"}, {"v_proj", "lora.v_proj_rank"},
+      {"o_proj", "lora.o_proj_rank"},       {"gate_proj", "lora.gate_proj_rank"}, {"up_proj", "lora.up_proj_rank"},
+      {"down_proj", "lora.down_proj_rank"}};
+  for (const auto& [name, rank_name] : names)
+    if (name == linear) return rank_name;
+  throw std::logic_error("executor_lora_rank_name: no linear " + std::string(linear));
+}
+
+namespace {
+
+void executor_lora_forward(TensorTrace& trace, const LayerShape& shape, const ExecutorStepOptions& options, const char* linear, bool keep) {
+  if (shape.lora_rank <= 0 || !lora_adapts(linear, shape.lora_all_linear)) return;
+  const char* name = executor_lora_rank_name(linear);
+  trace.alloc(L, name, static_cast<double>(shape.tokens * shape.lora_rank * options.activation_bytes));
+  if (!keep) trace.free(name);
+}
+void executor_lora_backward(TensorTrace& trace, const LayerShape& shape, const ExecutorStepOptions& options, const char* linear) {
+  if (shape.lora_rank <= 0 || !lora_adapts(linear, shape.lora_all_linear)) return;
+  trace.alloc(L, "lora.rank_grad", static_cast<double>(shape.tokens * shape.lora_rank * options.activation_bytes));
+  trace.free("lora.rank_grad");
+  trace.free(executor_lora_rank_name(linear));
+}
+
 void executor_layer_forward(TensorTrace& trace, TensorTrace* host, const LayerShape& shape, const ExecutorStepOptions& options, bool keep) {
   const ExecutorBytes b(shape, options);
   // The attention kernel's workspace, if it takes one, lives only while it runs.
@@ -1292,6 +1326,7 @@ void executor_layer_forward(TensorTrace& trace, TensorTrace* host, const LayerSh
   trace.alloc(L, "attention.q", b.q);
   trace.alloc(L, "attention.k", b.kv);
   trace.alloc(L, "attention.v", b.kv);
+  for (const char* linear : {"q_proj", "k_proj", "v_proj"}) executor_lora_forward(trace, shape, options, linear, keep);
   if (!keep) trace.free("attention_norm.output");
   if (shape.sp == 1) {
     trace.alloc(L, "attention.output", b.q);
@@ -1323,6 +1358,7 @@ void executor_layer_forward(TensorTrace& trace, TensorTrace* host, const LayerSh
   }
   trace.set_moment("forward: o_proj and residual");
   trace.alloc(L, "residual.attention", b.x);
+  executor_lora_forward(trace, shape, options, "o_proj", keep);
   if (!keep) trace.free("attention.output");
   trace.set_moment("forward: mlp");
   trace.alloc(L, "mlp_norm.output", b.x);
@@ -1334,7 +1370,10 @@ void executor_layer_forward(TensorTrace& trace, TensorTrace* host, const LayerSh
     const double f = tile + 1 == tiles ? b.last_f_tile : b.f_tile;
     trace.alloc(L, "mlp.gate", f);
     trace.alloc(L, "mlp.up", f);
+    executor_lora_forward(trace, shape, options, "gate_proj", keep_intermediates);
+    executor_lora_forward(trace, shape, options, "up_proj", keep_intermediates);
     trace.alloc(L, "mlp.product", f);
+    executor_lora_forward(trace, shape, options, "down_proj", keep_intermediates);
     if (!keep_intermediates)
       for (const char* name : {"mlp.product", "mlp.up", "mlp.gate"}) trace.free(name);
   }
@@ -1369,10 +1408,13 @@ void executor_layer_backward(TensorTrace& trace, TensorTrace* host, const LayerS
       trace.alloc(L, "mlp.product", f);
     }
     trace.alloc(L, "mlp.product_grad", f);
+    executor_lora_backward(trace, shape, options, "down_proj");
     trace.free("mlp.product");
     trace.alloc(L, "mlp.gate_grad", f);
     trace.alloc(L, "mlp.up_grad", f);
     trace.free("mlp.product_grad");
+    executor_lora_backward(trace, shape, options, "gate_proj");
+    executor_lora_backward(trace, shape, options, "up_proj");
     for (const char* name : {"mlp.up_grad", "mlp.gate_grad", "mlp.up", "mlp.gate"}) trace.free(name);
   }
   trace.free("mlp_norm.output");
@@ -1381,6 +1423,7 @@ void executor_layer_backward(TensorTrace& trace, TensorTrace* host, const LayerS
   for (const char* name : {"mlp.input_grad", "residual.attention", "mlp_norm.rstd"}) trace.free(name);
   trace.set_moment("backward: attention");
   trace.alloc(L, "attention.output_grad", b.q);
+  executor_lora_backward(trace, shape, options, "o_proj");
   trace.alloc(L, "attention.q_grad", b.q);
   trace.alloc(L, "attention.k_grad", b.kv);
   trace.alloc(L, "attention.v_grad", b.kv);
@@ -1417,6 +1460,7 @@ void executor_layer_backward(TensorTrace& trace, TensorTrace* host, const LayerS
   trace.alloc(L, "attention.k_proj_grad", b.kv);
   trace.free("attention.k_grad");
   trace.alloc(L, "attention_norm.output_grad", b.x);
+  for (const char* linear : {"q_proj", "k_proj", "v_proj"}) executor_lora_backward(trace, shape, options, linear);
   for (const char* name : {"attention.q_proj_grad", "attention.k_proj_grad", "attention.v_grad", "attention_norm.output"}) trace.free(name);
   trace.set_moment("backward: attention norm");
   // The input gradient is the residual gradient's buffer, renamed.

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 #include <string>
 
 #include "models/model_spec.hpp"
@@ -168,6 +169,9 @@ struct ExecutorStepOptions {
   // Ring attention with PyTorch CP's all-gather rotation (TrainingOptions::context_parallel_all_gather).
   bool context_parallel_all_gather = false;
 };
+// The executor's name for what a LoRA-adapted linear keeps (its r-wide x A^T): "lora.q_proj_rank"
+// for "q_proj", and so on.
+const char* executor_lora_rank_name(std::string_view linear);
 // With `host`, the host pool's allocations too (offloaded checkpoints, FPDT's chunks), in order.
 void executor_step_replay(TensorTrace& trace, const LayerShape& shape, const ExecutorStepOptions& options, TensorTrace* host = nullptr);
 

@@ -132,9 +132,11 @@ std::string framework_unsupported(Framework framework, const ModelSpec& model, c
     return fmt::format("{}: no replicate x shard mesh (HSDP is FSDP2's: --framework accelerate-fsdp2 or torchtitan)", name);
   // LoRA is planned for PEFT through the HF Trainer / TRL (alone, on DeepSpeed, on FSDP2) and Unsloth.
   const bool trainer_path = framework == Framework::framework_hf_trainer || framework == Framework::framework_unsloth;
-  if (plan.lora() && !trainer_path && framework != Framework::framework_hf_accelerate && framework != Framework::framework_accelerate_fsdp2)
+  // longseq's executor trains adapters too (executor_plan_problems says on what).
+  if (plan.lora() && !trainer_path && framework != Framework::framework_hf_accelerate && framework != Framework::framework_accelerate_fsdp2 &&
+      framework != Framework::framework_longseq)
     return fmt::format("{}: LoRA is planned for PEFT through the HF Trainer / TRL (--framework hf-trainer, hf-accelerate, "
-                       "accelerate-fsdp2) and Unsloth only so far", name);
+                       "accelerate-fsdp2), Unsloth and longseq's executor only so far", name);
   // bitsandbytes' 8-bit AdamW through the Trainer's optim argument; DeepSpeed builds its own
   // optimizer (CPU Adam when offloading) and FSDP2's DTensor shards are not planned with it.
   if (plan.adam_8bit && !trainer_path)

@@ -189,8 +189,11 @@ void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const Clus
       trace.alloc(kCategoryModelStates, "base_other_weights_fp32", (params - linears) * 4.0);
     } else {
       // The frozen base in the stack's weight dtype (a frozen parameter is not upcast: Accelerate
-      // upcasts requires_grad ones, Reference §11 F1.14), sharded under ZeRO-3/FSDP2.
-      trace.alloc(kCategoryModelStates, "base_weights", params * std::min<double>(2.0, as_double(profile.weight_bytes)) / weight_shards);
+      // upcasts requires_grad ones, Reference §11 F1.14), sharded under ZeRO-3/FSDP2; longseq's
+      // executor keeps it in the kernels' dtype (fp32 on the CPU).
+      const double base_bytes = profile.step_schedule == "executor" ? as_double(profile.weight_bytes)
+                                                                    : std::min<double>(2.0, as_double(profile.weight_bytes));
+      trace.alloc(kCategoryModelStates, "base_weights", params * base_bytes / weight_shards);
     }
     const double adapters = as_double(lora_parameter_count(model, plan.lora_rank, plan.lora_all_linear));
     if (profile.master_weight_bytes > 0) {

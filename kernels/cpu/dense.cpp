@@ -34,12 +34,17 @@ void linear_forward(Real* out, const Real* inp, const Real* weight, const Real* 
 }
 
 template <typename Real>
+void linear_forward_add(Real* out, const Real* inp, const Real* weight, Real alpha, int64_t T, int64_t C, int64_t OC) {
+  MapMatrix<Real>(out, T, OC).noalias() += alpha * (MapConstMatrix<Real>(inp, T, C) * MapConstMatrix<Real>(weight, OC, C).transpose());
+}
+
+template <typename Real>
 void linear_backward(Real* dinp, Real* dweight, Real* dbias, const Real* dout, const Real* inp, const Real* weight, int64_t T,
-                     int64_t C, int64_t OC) {
+                     int64_t C, int64_t OC, Real alpha) {
   const MapConstMatrix<Real> gradient(dout, T, OC);
-  if (dinp) MapMatrix<Real>(dinp, T, C).noalias() += gradient * MapConstMatrix<Real>(weight, OC, C);
-  if (dweight) MapMatrix<Real>(dweight, OC, C).noalias() += gradient.transpose() * MapConstMatrix<Real>(inp, T, C);
-  if (dbias) Eigen::Map<Eigen::Matrix<Real, 1, Eigen::Dynamic>>(dbias, OC) += gradient.colwise().sum();
+  if (dinp) MapMatrix<Real>(dinp, T, C).noalias() += alpha * (gradient * MapConstMatrix<Real>(weight, OC, C));
+  if (dweight) MapMatrix<Real>(dweight, OC, C).noalias() += alpha * (gradient.transpose() * MapConstMatrix<Real>(inp, T, C));
+  if (dbias) Eigen::Map<Eigen::Matrix<Real, 1, Eigen::Dynamic>>(dbias, OC) += alpha * gradient.colwise().sum();
 }
 
 template <typename Real>
@@ -65,8 +70,9 @@ void swiglu_backward(Real* dgate, Real* dup, const Real* dout, const Real* gate,
   template void embedding_forward<Real>(Real*, const int32_t*, const Real*, int64_t, int64_t);                     \
   template void embedding_backward<Real>(Real*, const Real*, const int32_t*, int64_t, int64_t);                    \
   template void linear_forward<Real>(Real*, const Real*, const Real*, const Real*, int64_t, int64_t, int64_t);     \
+  template void linear_forward_add<Real>(Real*, const Real*, const Real*, Real, int64_t, int64_t, int64_t);         \
   template void linear_backward<Real>(Real*, Real*, Real*, const Real*, const Real*, const Real*, int64_t, int64_t, \
-                                      int64_t);                                                                    \
+                                      int64_t, Real);                                                              \
   template void swiglu_forward<Real>(Real*, const Real*, const Real*, int64_t);                                    \
   template void swiglu_backward<Real>(Real*, Real*, const Real*, const Real*, const Real*, int64_t);
 LONGSEQ_INSTANTIATE(float)

@@ -21,10 +21,15 @@ void embedding_backward(Real* dtable, const Real* dout, const int32_t* tokens, i
 // out[T, OC] = inp[T, C] @ weight[OC, C]^T (+ bias[OC] when bias is not null)
 template <typename Real>
 void linear_forward(Real* out, const Real* inp, const Real* weight, const Real* bias, int64_t T, int64_t C, int64_t OC);
-// dinp[T, C] += dout @ weight; dweight[OC, C] += dout^T @ inp; dbias[OC] += sum_t dout (each may be null)
+// out[T, OC] += alpha * inp[T, C] @ weight[OC, C]^T (a LoRA adapter's product added to its base
+// linear's output, scaled by lora_alpha / r)
+template <typename Real>
+void linear_forward_add(Real* out, const Real* inp, const Real* weight, Real alpha, int64_t T, int64_t C, int64_t OC);
+// dinp[T, C] += alpha * dout @ weight; dweight[OC, C] += alpha * dout^T @ inp; dbias[OC] += alpha *
+// sum_t dout (each may be null; alpha is 1 but for a scaled LoRA product)
 template <typename Real>
 void linear_backward(Real* dinp, Real* dweight, Real* dbias, const Real* dout, const Real* inp, const Real* weight, int64_t T,
-                     int64_t C, int64_t OC);
+                     int64_t C, int64_t OC, Real alpha = Real(1));
 
 // out[N] = silu(gate) * up, silu(x) = x * sigmoid(x)
 template <typename Real>

@@ -28,7 +28,7 @@ void rmsnorm_backward(Real* dinp, Real* dweight, const Real* dout, const Real* i
     for (int64_t c = 0; c < C; ++c) dot += weight[c] * d[c] * x[c];
     for (int64_t c = 0; c < C; ++c) {
       dinp[t * C + c] += r * weight[c] * d[c] - x[c] * r * r * r * dot / static_cast<Real>(C);
-      dweight[c] += d[c] * x[c] * r;
+      if (dweight) dweight[c] += d[c] * x[c] * r;  // null: a frozen norm (LoRA)
     }
   }
 }

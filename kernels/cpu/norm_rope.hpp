@@ -9,6 +9,7 @@ namespace longseq::kernels {
 // out[T, C] = inp * rstd * weight, rstd[T] = 1 / sqrt(mean(inp^2) + eps); rstd is saved for backward.
 template <typename Real>
 void rmsnorm_forward(Real* out, Real* rstd, const Real* inp, const Real* weight, int64_t T, int64_t C, Real eps);
+// dweight may be null (a frozen norm weight: LoRA trains the adapters only).
 template <typename Real>
 void rmsnorm_backward(Real* dinp, Real* dweight, const Real* dout, const Real* inp, const Real* weight, const Real* rstd,
                       int64_t T, int64_t C);

@@ -95,7 +95,7 @@ __global__ void rmsnorm_backward_kernel(Bf16* dinp, float* dweight, const Bf16* 
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
     const float xc = load(x, c), dc = load(d, c);
     dinp[t * C + c] = bf16(load(dinp, t * C + c) + r * load(weight, c) * dc - xc * r * r * r * dot / static_cast<float>(C));
-    atomicAdd(dweight + c, dc * xc * r);
+    if (dweight) atomicAdd(dweight + c, dc * xc * r);  // null: a frozen norm (LoRA)
   }
 }
 
@@ -504,17 +504,26 @@ void Blas::linear_forward(Bf16* out, const Bf16* inp, const Bf16* weight, int64_
              "linear_forward");
 }
 
+void Blas::linear_forward_add(Bf16* out, const Bf16* inp, const Bf16* weight, float alpha, int64_t T, int64_t C, int64_t OC) {
+  // As linear_forward with beta = 1: cuBLAS reads out, adds alpha x the product in fp32, rounds once.
+  const float one = 1.0f;
+  check_blas(cublasGemmEx(static_cast<cublasHandle_t>(handle_), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(OC), static_cast<int>(T),
+                          static_cast<int>(C), &alpha, weight, CUDA_R_16BF, static_cast<int>(C), inp, CUDA_R_16BF, static_cast<int>(C),
+                          &one, out, CUDA_R_16BF, static_cast<int>(OC), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+             "linear_forward_add");
+}
+
 void Blas::linear_backward(Bf16* dinp, float* dweight, const Bf16* dout, const Bf16* inp, const Bf16* weight, int64_t T, int64_t C,
-                           int64_t OC) {
+                           int64_t OC, float alpha) {
   const float one = 1.0f;
   auto handle = static_cast<cublasHandle_t>(handle_);
-  if (dinp)  // dinp^T [C, T] += weight^T [C, OC] x dout^T [OC, T]
-    check_blas(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(C), static_cast<int>(T), static_cast<int>(OC), &one,
+  if (dinp)  // dinp^T [C, T] += alpha weight^T [C, OC] x dout^T [OC, T]
+    check_blas(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(C), static_cast<int>(T), static_cast<int>(OC), &alpha,
                             weight, CUDA_R_16BF, static_cast<int>(C), dout, CUDA_R_16BF, static_cast<int>(OC), &one, dinp, CUDA_R_16BF,
                             static_cast<int>(C), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                "linear_backward dinp");
-  if (dweight)  // dweight^T [C, OC] += inp^T [C, T] x dout [T, OC] (fp32 output)
-    check_blas(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_T, static_cast<int>(C), static_cast<int>(OC), static_cast<int>(T), &one,
+  if (dweight)  // dweight^T [C, OC] += alpha inp^T [C, T] x dout [T, OC] (fp32 output)
+    check_blas(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_T, static_cast<int>(C), static_cast<int>(OC), static_cast<int>(T), &alpha,
                             inp, CUDA_R_16BF, static_cast<int>(C), dout, CUDA_R_16BF, static_cast<int>(OC), &one, dweight, CUDA_R_32F,
                             static_cast<int>(C), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                "linear_backward dweight");

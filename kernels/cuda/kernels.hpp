@@ -99,9 +99,11 @@ class Blas {
   Blas& operator=(const Blas&) = delete;
   // out[T, OC] = inp[T, C] @ weight[OC, C]^T
   void linear_forward(Bf16* out, const Bf16* inp, const Bf16* weight, int64_t T, int64_t C, int64_t OC);
-  // dinp[T, C] += dout @ weight (bf16); dweight[OC, C] += dout^T @ inp (fp32); either may be null.
+  // out[T, OC] += alpha * inp @ weight^T (a LoRA adapter's scaled product onto its base output)
+  void linear_forward_add(Bf16* out, const Bf16* inp, const Bf16* weight, float alpha, int64_t T, int64_t C, int64_t OC);
+  // dinp[T, C] += alpha * dout @ weight (bf16); dweight[OC, C] += alpha * dout^T @ inp (fp32); either may be null.
   void linear_backward(Bf16* dinp, float* dweight, const Bf16* dout, const Bf16* inp, const Bf16* weight, int64_t T, int64_t C,
-                       int64_t OC);
+                       int64_t OC, float alpha = 1.0f);
   // Causal attention as kernels/blocked_attention.hpp computes it (FlashAttention-2's algorithm):
   // cuBLAS products per block pair (bf16 in, fp32 scores and accumulators) and row-wise kernels,
   // with the results and conventions of attention_forward/backward above. `workspace` is device

@@ -27,29 +27,6 @@ using namespace longseq::testing;
 
 namespace {
 
-struct Golden {
-  int64_t T = 0;
-  double loss = 0;
-  std::vector<float> gradients;
-};
-
-Golden golden_read() {
-  std::ifstream stream(std::string(LONGSEQ_TEST_DATA_DIR) + "/tiny_llama_golden.bin", std::ios::binary);
-  REQUIRE(stream.good());
-  char magic[8];
-  stream.read(magic, 8);
-  REQUIRE(std::memcmp(magic, "LSGOLD01", 8) == 0);
-  Golden golden;
-  int64_t count = 0;
-  stream.read(reinterpret_cast<char*>(&golden.T), 8);
-  stream.read(reinterpret_cast<char*>(&count), 8);
-  stream.read(reinterpret_cast<char*>(&golden.loss), 8);
-  golden.gradients.resize(static_cast<size_t>(count));
-  stream.read(reinterpret_cast<char*>(golden.gradients.data()), count * 4);
-  REQUIRE(stream.good());
-  return golden;
-}
-
 struct Run {
   StepResult result;
   std::vector<float> gradients;

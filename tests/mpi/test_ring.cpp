@@ -75,7 +75,7 @@ template <class Ops>
 Outcome ring_step(Layout& layout, const Batch& batch, const TrainingOptions& options, int zero_stage = 0) {
   const ModelSpec spec = model_load("tiny-llama");
   Arena device("device"), host("host");
-  BasicLlamaModel<Ops> model(spec, device, zero_stage > 0 ? &world() : nullptr, ModelStates{zero_stage, false, false}, &host);
+  BasicLlamaModel<Ops> model(spec, device, zero_stage > 0 ? &world() : nullptr, ModelStates{zero_stage, false, false, {}}, &host);
   const std::vector<float> weights = fixture_weights();
   model.load_parameters(weights.data());
   const auto tokens = layout.rank_values(batch.tokens), labels = layout.rank_values(batch.labels),

@@ -58,10 +58,17 @@ class Bf16CpuOps : public HostMemoryMovement {
                             C, OC);
     narrow(out, result);
   }
-  void linear_backward(Act* dinp, float* dweight, const Act* dout, const Act* inp, const Act* weight, int64_t T, int64_t C, int64_t OC) {
+  // cuBLAS with beta = 1: the bf16 output read, alpha x the product added in fp32, rounded once.
+  void linear_forward_add(Act* out, const Act* inp, const Act* weight, int64_t T, int64_t C, int64_t OC, float alpha) {
+    std::vector<float> result = wide(out, T * OC);
+    kernels::linear_forward_add(result.data(), wide(inp, T * C).data(), wide(weight, OC * C).data(), alpha, T, C, OC);
+    narrow(out, result);
+  }
+  void linear_backward(Act* dinp, float* dweight, const Act* dout, const Act* inp, const Act* weight, int64_t T, int64_t C, int64_t OC,
+                       float alpha = 1.0f) {
     std::vector<float> gradient = dinp ? wide(dinp, T * C) : std::vector<float>();
     kernels::linear_backward(dinp ? gradient.data() : nullptr, dweight, static_cast<float*>(nullptr), wide(dout, T * OC).data(),
-                             wide(inp, T * C).data(), wide(weight, OC * C).data(), T, C, OC);
+                             wide(inp, T * C).data(), wide(weight, OC * C).data(), T, C, OC, alpha);
     if (dinp) narrow(dinp, gradient);
   }
   void swiglu_forward(Act* out, const Act* gate, const Act* up, int64_t N) {

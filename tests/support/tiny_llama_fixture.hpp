@@ -4,6 +4,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
+#include <fstream>
+#include <cstring>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -16,8 +19,8 @@
 namespace longseq::testing {
 
 // The tiny model's weights by the golden script's formulas (tests/golden/make_tiny_llama_golden.py),
-// as a full host vector (what load_parameters takes).
-inline std::vector<float> fixture_weights() {
+// in float64 as the script computes them.
+inline std::vector<double> fixture_weights_float64() {
   const ModelSpec spec = model_load("tiny-llama");
   const LlamaLayout layout = llama_layout(spec);
   std::vector<bool> norm(static_cast<size_t>(layout.total), false);
@@ -29,13 +32,18 @@ inline std::vector<float> fixture_weights() {
     mark(layer.mlp_norm);
   }
   mark(layout.final_norm);
-  std::vector<float> weights(static_cast<size_t>(layout.total));
+  std::vector<double> weights(static_cast<size_t>(layout.total));
   for (int64_t i = 0; i < layout.total; ++i) {
     const double index = static_cast<double>(i);
-    weights[static_cast<size_t>(i)] = static_cast<float>(norm[static_cast<size_t>(i)] ? 1.0 + 0.1 * std::sin(0.37 * index)
-                                                                                      : 0.08 * std::sin(1.3 * index + 0.1));
+    weights[static_cast<size_t>(i)] = norm[static_cast<size_t>(i)] ? 1.0 + 0.1 * std::sin(0.37 * index) : 0.08 * std::sin(1.3 * index + 0.1);
   }
   return weights;
+}
+
+// The same as a full fp32 host vector (what load_parameters takes).
+inline std::vector<float> fixture_weights() {
+  const std::vector<double> weights = fixture_weights_float64();
+  return {weights.begin(), weights.end()};
 }
 
 // The same weights into an unsharded CPU model.
@@ -56,6 +64,33 @@ inline Batch batch_make(int64_t T) {
   }
   return batch;
 }
+
+#ifdef LONGSEQ_TEST_DATA_DIR
+// The PyTorch float64 reference step of tiny-llama on batch_make(64) (tests/golden): its loss and
+// every gradient (stored as float32).
+struct Golden {
+  int64_t T = 0;
+  double loss = 0;
+  std::vector<float> gradients;
+};
+
+inline Golden golden_read() {
+  std::ifstream stream(std::string(LONGSEQ_TEST_DATA_DIR) + "/tiny_llama_golden.bin", std::ios::binary);
+  REQUIRE(stream.good());
+  char magic[8];
+  stream.read(magic, 8);
+  REQUIRE(std::memcmp(magic, "LSGOLD01", 8) == 0);
+  Golden golden;
+  int64_t count = 0;
+  stream.read(reinterpret_cast<char*>(&golden.T), 8);
+  stream.read(reinterpret_cast<char*>(&count), 8);
+  stream.read(reinterpret_cast<char*>(&golden.loss), 8);
+  golden.gradients.resize(static_cast<size_t>(count));
+  stream.read(reinterpret_cast<char*>(golden.gradients.data()), count * 4);
+  REQUIRE(stream.good());
+  return golden;
+}
+#endif
 
 // Where each parameter tensor of tiny-llama starts in the flat layout, then the total.
 inline std::vector<int64_t> tensor_starts() {
