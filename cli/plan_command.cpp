@@ -795,10 +795,7 @@ int plan_command_run(const PlanCommandArgs& args) {
   const bool framework_checked = framework_given || emitting || trainer_choice || fsdp2_choice;
   const FrameworkFacts& facts = framework_facts(framework);
   const std::string profile_name = !args.profile.empty() ? args.profile : facts.runtime_profile;
-  if (machine && model.is_moe())
-    throw ConfigError("--model", "", fmt::format("{} is a mixture-of-experts model: longseq's executor trains dense models only (no MoE "
-                                                 "block yet), so there is no plan for this machine; plan it for a GPU cluster (--gpus)",
-                                                 model.name));
+  if (machine) executor_model_check(model);  // what the executor cannot train has no plan for this machine
   RuntimeProfile profile = machine ? machine_profile(target) : framework_profile(framework, runtime_profile_load(profile_name));
   if (!args.attention.empty()) {
     if (machine) throw ConfigError("--attention", "", "planning for this machine (--ranks) plans for longseq's own attention kernel");

@@ -20,6 +20,7 @@
 #include "kernels/cpu/attention.hpp"
 #include "kernels/cpu/dense.hpp"
 #include "kernels/cpu/loss_optimizer.hpp"
+#include "kernels/cpu/moe.hpp"
 #include "kernels/cpu/norm_rope.hpp"
 
 namespace longseq {
@@ -182,6 +183,32 @@ class CpuOps : public HostMemoryMovement {
   void cross_entropy_backward(Act* dlogits, const Act* logits, const int32_t* labels, float loss_scale, int64_t T, int64_t V) {
     kernels::cross_entropy_backward(dlogits, logits, labels, loss_scale, T, V);
   }
+  // ---- mixture of experts (kernels/cpu/moe.hpp): routing in fp32, rows of the dispatch ----
+  void moe_route(float* weights, int32_t* indices, float* probs, const Act* logits, int64_t T, int64_t E, int64_t k, bool normalize) {
+    kernels::moe_route(weights, indices, probs, logits, T, E, k, normalize);
+  }
+  void moe_route_backward(Act* dlogits, const float* dweights, const float* probs, const float* weights, const int32_t* indices, int64_t T,
+                          int64_t E, int64_t k, bool normalize) {
+    kernels::moe_route_backward(dlogits, dweights, probs, weights, indices, T, E, k, normalize);
+  }
+  void moe_gather(Act* rows, const Act* x, const int32_t* order, int64_t R, int64_t C) { kernels::moe_gather(rows, x, order, R, C); }
+  void moe_gather_backward(Act* dx, const Act* drows, const int32_t* position, int64_t T, int64_t k, int64_t C) {
+    kernels::moe_gather_backward(dx, drows, position, T, k, C);
+  }
+  void moe_combine(Act* out, const Act* rows, const int32_t* position, const float* weights, int64_t T, int64_t k, int64_t C) {
+    kernels::moe_combine(out, rows, position, weights, T, k, C);
+  }
+  void moe_combine_backward(Act* drows, float* dweights, const Act* dout, const Act* rows, const int32_t* position, const float* weights,
+                            int64_t T, int64_t k, int64_t C) {
+    kernels::moe_combine_backward(drows, dweights, dout, rows, position, weights, T, k, C);
+  }
+  void moe_shared_gate_forward(Act* out, const Act* shared, const Act* gate, int64_t T, int64_t C) {
+    kernels::moe_shared_gate_forward(out, shared, gate, T, C);
+  }
+  void moe_shared_gate_backward(Act* dshared, Act* dgate, const Act* dout, const Act* shared, const Act* gate, int64_t T, int64_t C) {
+    kernels::moe_shared_gate_backward(dshared, dgate, dout, shared, gate, T, C);
+  }
+
   // AdamW on the fp32 master weights; `weights` (the Act copy the kernels read) is the same
   // storage here.
   void adamw_update(float* master, Act* /*weights*/, const float* grads, float* m, float* v, int64_t N, float lr, float beta1,

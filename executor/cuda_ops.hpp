@@ -84,6 +84,31 @@ class CudaOps {
   void linear_forward(Act* out, const Act* inp, const Act* weight, int64_t T, int64_t C, int64_t OC) {
     blas_.linear_forward(out, inp, weight, T, C, OC);
   }
+  // Mixture of experts (kernels/cuda/kernels.hpp).
+  void moe_route(float* weights, int32_t* indices, float* probs, const Act* logits, int64_t T, int64_t E, int64_t k, bool normalize) {
+    cuda::moe_route(weights, indices, probs, logits, T, E, k, normalize);
+  }
+  void moe_route_backward(Act* dlogits, const float* dweights, const float* probs, const float* weights, const int32_t* indices, int64_t T,
+                          int64_t E, int64_t k, bool normalize) {
+    cuda::moe_route_backward(dlogits, dweights, probs, weights, indices, T, E, k, normalize);
+  }
+  void moe_gather(Act* rows, const Act* x, const int32_t* order, int64_t R, int64_t C) { cuda::moe_gather(rows, x, order, R, C); }
+  void moe_gather_backward(Act* dx, const Act* drows, const int32_t* position, int64_t T, int64_t k, int64_t C) {
+    cuda::moe_gather_backward(dx, drows, position, T, k, C);
+  }
+  void moe_combine(Act* out, const Act* rows, const int32_t* position, const float* weights, int64_t T, int64_t k, int64_t C) {
+    cuda::moe_combine(out, rows, position, weights, T, k, C);
+  }
+  void moe_combine_backward(Act* drows, float* dweights, const Act* dout, const Act* rows, const int32_t* position, const float* weights,
+                            int64_t T, int64_t k, int64_t C) {
+    cuda::moe_combine_backward(drows, dweights, dout, rows, position, weights, T, k, C);
+  }
+  void moe_shared_gate_forward(Act* out, const Act* shared, const Act* gate, int64_t T, int64_t C) {
+    cuda::moe_shared_gate_forward(out, shared, gate, T, C);
+  }
+  void moe_shared_gate_backward(Act* dshared, Act* dgate, const Act* dout, const Act* shared, const Act* gate, int64_t T, int64_t C) {
+    cuda::moe_shared_gate_backward(dshared, dgate, dout, shared, gate, T, C);
+  }
   void linear_forward_add(Act* out, const Act* inp, const Act* weight, int64_t T, int64_t C, int64_t OC, float alpha) {
     blas_.linear_forward_add(out, inp, weight, alpha, T, C, OC);
   }

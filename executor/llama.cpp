@@ -29,9 +29,19 @@ LlamaLayout llama_layout(const ModelSpec& model) {
     layer.v_proj = take(KV * C);
     layer.o_proj = take(C * Q);
     layer.mlp_norm = take(C);
-    layer.gate_proj = take(F * C);
-    layer.up_proj = take(F * C);
-    layer.down_proj = take(C * F);
+    if (model.is_moe()) {
+      layer.router = take(model.experts * C);
+      layer.experts = take(model.experts * 3 * model.expert_intermediate_size * C);
+      const int64_t S = model.shared_expert_intermediate_size;
+      layer.gate_proj = take(S * C);
+      layer.up_proj = take(S * C);
+      layer.down_proj = take(C * S);
+      layer.shared_expert_gate = model.shared_expert_gate ? take(C) : -1;
+    } else {
+      layer.gate_proj = take(F * C);
+      layer.up_proj = take(F * C);
+      layer.down_proj = take(C * F);
+    }
     layout.layers.push_back(layer);
   }
   layout.final_norm = take(C);
@@ -86,9 +96,10 @@ void executor_model_check(const ModelSpec& model) {
   if (model.norm_kind != NormKind::norm_kind_rmsnorm) unsupported += " LayerNorm";
   if (model.qkv_bias || model.o_proj_bias || model.mlp_bias) unsupported += " biases";
   if (model.qk_norm) unsupported += " q/k norms";
+  if (model.output_router_logits) unsupported += " the auxiliary router loss (output_router_logits)";
   if (!unsupported.empty())
-    throw ConfigError(model.name, "", "the executor trains Llama-style models (SwiGLU, RMSNorm, no biases, no q/k norms); this one has" +
-                                          unsupported);
+    throw ConfigError(model.name, "", "the executor trains Llama-style models (SwiGLU, RMSNorm, no biases, no q/k norms; dense or "
+                                      "with routed and shared experts); this one has" + unsupported);
 }
 
 template class BasicLlamaModel<CpuOps>;

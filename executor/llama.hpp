@@ -23,8 +23,14 @@ namespace longseq {
 
 // Offsets of every parameter tensor in the flat buffer.
 struct LlamaLayout {
+  // A mixture-of-experts layer (ModelSpec::is_moe) keeps, after mlp_norm, the router [E, C], the
+  // experts (expert e's gate [F_e, C], up [F_e, C] and down [C, F_e] at experts + e x 3 F_e C),
+  // its shared expert as gate_proj/up_proj/down_proj (width shared_expert_intermediate_size; none:
+  // empty) and the shared expert's gate [1, C]; a dense layer has router = experts =
+  // shared_expert_gate = -1.
   struct Layer {
     int64_t attention_norm, q_proj, k_proj, v_proj, o_proj, mlp_norm, gate_proj, up_proj, down_proj;
+    int64_t router = -1, experts = -1, shared_expert_gate = -1;
   };
   int64_t embedding = 0;
   std::vector<Layer> layers;

@@ -1305,6 +1305,99 @@ void executor_lora_backward(TensorTrace& trace, const LayerShape& shape, const E
   trace.free(executor_lora_rank_name(linear));
 }
 
+// executor/llama_step.hpp's moe_forward and moe_backward: the router's fp32 probabilities and
+// int32 choices, the dispatch's int32 order and positions, the experts over one [T k, ...] buffer
+// each (a size the routing does not change), the shared expert and its gate.
+struct ExecutorMoeBytes {
+  double logits, probs, choices, rows, expert, shared, shared_output, shared_logit;
+  ExecutorMoeBytes(const LayerShape& shape, const ExecutorStepOptions& options) {
+    const double a = static_cast<double>(options.activation_bytes), t = static_cast<double>(shape.tokens);
+    const double r = t * static_cast<double>(shape.experts_per_token);
+    logits = t * static_cast<double>(shape.experts) * a;
+    probs = t * static_cast<double>(shape.experts) * 4;
+    choices = r * 4;  // fp32 weights, int32 indices, order, positions
+    rows = r * static_cast<double>(shape.hidden) * a;
+    expert = r * static_cast<double>(shape.expert_intermediate) * a;
+    shared = t * static_cast<double>(shape.shared_expert_intermediate) * a;
+    shared_output = t * static_cast<double>(shape.hidden) * a;
+    shared_logit = t * a;
+  }
+};
+
+void executor_moe_forward(TensorTrace& trace, const LayerShape& shape, const ExecutorStepOptions& options, bool keep) {
+  const ExecutorMoeBytes b(shape, options);
+  trace.set_moment("forward: moe router");
+  trace.alloc(L, "moe.router_logits", b.logits);
+  trace.alloc(L, "moe.router_probs", b.probs);
+  trace.alloc(L, "moe.routing_weights", b.choices);
+  trace.alloc(L, "moe.routing_indices", b.choices);
+  trace.free("moe.router_logits");
+  trace.alloc(L, "moe.dispatch_order", b.choices);
+  trace.alloc(L, "moe.dispatch_positions", b.choices);
+  trace.set_moment("forward: moe experts");
+  trace.alloc(L, "moe.expert_inputs", b.rows);
+  trace.alloc(L, "moe.expert_gate", b.expert);
+  trace.alloc(L, "moe.expert_up", b.expert);
+  trace.alloc(L, "moe.expert_product", b.expert);
+  trace.alloc(L, "moe.expert_outputs", b.rows);
+  if (!keep)
+    for (const char* name : {"moe.expert_outputs", "moe.expert_product", "moe.expert_up", "moe.expert_gate", "moe.expert_inputs",
+                             "moe.dispatch_positions", "moe.dispatch_order", "moe.routing_indices", "moe.routing_weights", "moe.router_probs"})
+      trace.free(name);
+  if (shape.shared_expert_intermediate == 0) return;
+  trace.set_moment("forward: moe shared expert");
+  trace.alloc(L, "moe.shared_gate", b.shared);
+  trace.alloc(L, "moe.shared_up", b.shared);
+  trace.alloc(L, "moe.shared_product", b.shared);
+  if (shape.shared_expert_gate) {
+    trace.alloc(L, "moe.shared_output", b.shared_output);
+    trace.alloc(L, "moe.shared_gate_logit", b.shared_logit);
+  }
+  if (keep) return;
+  if (shape.shared_expert_gate) {
+    trace.free("moe.shared_gate_logit");
+    trace.free("moe.shared_output");
+  }
+  for (const char* name : {"moe.shared_product", "moe.shared_up", "moe.shared_gate"}) trace.free(name);
+}
+
+void executor_moe_backward(TensorTrace& trace, const LayerShape& shape, const ExecutorStepOptions& options) {
+  const ExecutorMoeBytes b(shape, options);
+  if (shape.shared_expert_intermediate > 0) {
+    trace.set_moment("backward: moe shared expert");
+    trace.alloc(L, "moe.shared_product_grad", b.shared);
+    if (shape.shared_expert_gate) {
+      trace.alloc(L, "moe.shared_output_grad", b.shared_output);
+      trace.alloc(L, "moe.shared_gate_logit_grad", b.shared_logit);
+      for (const char* name : {"moe.shared_gate_logit_grad", "moe.shared_gate_logit", "moe.shared_output", "moe.shared_output_grad"})
+        trace.free(name);
+    }
+    trace.free("moe.shared_product");
+    trace.alloc(L, "moe.shared_gate_grad", b.shared);
+    trace.alloc(L, "moe.shared_up_grad", b.shared);
+    trace.free("moe.shared_product_grad");
+    for (const char* name : {"moe.shared_up_grad", "moe.shared_gate_grad", "moe.shared_up", "moe.shared_gate"}) trace.free(name);
+  }
+  trace.set_moment("backward: moe experts");
+  trace.alloc(L, "moe.expert_outputs_grad", b.rows);
+  trace.alloc(L, "moe.routing_weights_grad", b.choices);
+  trace.free("moe.expert_outputs");
+  trace.alloc(L, "moe.expert_product_grad", b.expert);
+  trace.free("moe.expert_outputs_grad");
+  trace.free("moe.expert_product");
+  trace.alloc(L, "moe.expert_gate_grad", b.expert);
+  trace.alloc(L, "moe.expert_up_grad", b.expert);
+  trace.free("moe.expert_product_grad");
+  trace.alloc(L, "moe.expert_inputs_grad", b.rows);
+  for (const char* name : {"moe.expert_up_grad", "moe.expert_gate_grad", "moe.expert_up", "moe.expert_gate", "moe.expert_inputs_grad",
+                           "moe.expert_inputs", "moe.dispatch_positions", "moe.dispatch_order"})
+    trace.free(name);
+  trace.set_moment("backward: moe router");
+  trace.alloc(L, "moe.router_logits_grad", b.logits);
+  for (const char* name : {"moe.routing_weights_grad", "moe.routing_indices", "moe.routing_weights", "moe.router_probs", "moe.router_logits_grad"})
+    trace.free(name);
+}
+
 void executor_layer_forward(TensorTrace& trace, TensorTrace* host, const LayerShape& shape, const ExecutorStepOptions& options, bool keep) {
   const ExecutorBytes b(shape, options);
   // The attention kernel's workspace, if it takes one, lives only while it runs.
@@ -1364,9 +1457,10 @@ void executor_layer_forward(TensorTrace& trace, TensorTrace* host, const LayerSh
   trace.alloc(L, "mlp_norm.output", b.x);
   trace.alloc(L, "mlp_norm.rstd", b.rstd);
   trace.alloc(L, "layer.output", b.x);
+  if (shape.experts > 0) executor_moe_forward(trace, shape, options, keep);
   const int64_t tiles = executor_tile_count(shape);
   const bool keep_intermediates = keep && shape.mlp_tiles == 0;
-  for (int64_t tile : replayed_tiles(tiles)) {
+  for (int64_t tile : shape.experts > 0 ? std::vector<int64_t>{} : replayed_tiles(tiles)) {
     const double f = tile + 1 == tiles ? b.last_f_tile : b.f_tile;
     trace.alloc(L, "mlp.gate", f);
     trace.alloc(L, "mlp.up", f);
@@ -1399,8 +1493,9 @@ void executor_layer_backward(TensorTrace& trace, TensorTrace* host, const LayerS
   };
   trace.set_moment("backward: mlp");
   trace.alloc(L, "mlp.input_grad", b.x);
+  if (shape.experts > 0) executor_moe_backward(trace, shape, options);
   const int64_t tiles = executor_tile_count(shape);
-  for (int64_t tile : replayed_tiles(tiles)) {
+  for (int64_t tile : shape.experts > 0 ? std::vector<int64_t>{} : replayed_tiles(tiles)) {
     const double f = tile + 1 == tiles ? b.last_f_tile : b.f_tile;
     if (shape.mlp_tiles > 0) {
       trace.alloc(L, "mlp.gate", f);

@@ -107,6 +107,7 @@ ModelSpec model_from_card_text(const std::string& yaml_text, const std::string& 
   model.expert_intermediate_size = reader.get_int("expert_intermediate_size", 0, kModelDimensionLimit, 0);
   model.shared_expert_intermediate_size = reader.get_int("shared_expert_intermediate_size", 0, kModelDimensionLimit, 0);
   model.shared_expert_gate = reader.get_bool("shared_expert_gate", false);
+  model.moe_normalize_topk = reader.get_bool("normalize_topk", true);
   reader.reject_unknown_keys();
   model.validate(source_name);
   return model;
@@ -124,6 +125,9 @@ void moe_read(const JsonView& config, const std::string& source_name, const std:
   // Mixtral's intermediate_size is each expert's width; Qwen's is the dense width of layers that
   // are not MoE, moe_intermediate_size the expert's.
   model.expert_intermediate_size = config[is_mixtral ? "intermediate_size" : "moe_intermediate_size"].integer();
+  // Mixtral renormalizes always (softmax over the top-k logits); the Qwen MoE blocks when
+  // norm_topk_prob (its default false: Qwen2MoeConfig, Qwen3MoeConfig).
+  if (!is_mixtral) model.moe_normalize_topk = config.has("norm_topk_prob") && config["norm_topk_prob"].boolean();
   if (is_qwen2_moe) {
     model.shared_expert_intermediate_size = config["shared_expert_intermediate_size"].integer();
     model.shared_expert_gate = model.shared_expert_intermediate_size > 0;  // Qwen2MoeSparseMoeBlock's shared_expert_gate

@@ -64,6 +64,9 @@ struct ModelSpec {
   // dense model. Counted in parameters (total and active); the planner refuses to price them yet.
   int64_t experts = 0, experts_per_token = 0, expert_intermediate_size = 0, shared_expert_intermediate_size = 0;
   bool shared_expert_gate = false;
+  // The chosen experts' probabilities divided by their sum (Mixtral always; Qwen3-MoE's and
+  // Qwen2-MoE's norm_topk_prob, false for Qwen2-MoE's releases). Changes the arithmetic, not memory.
+  bool moe_normalize_topk = true;
   // config.json's output_router_logits: the model trains with its auxiliary load-balancing loss
   // (priced as PlanOptions::moe_aux_loss is; Reference §12 item 67).
   bool output_router_logits = false;

@@ -233,7 +233,9 @@ std::string framework_unsupported(Framework framework, const ModelSpec& model, c
         return fmt::format("{}: its offload is of checkpoints (use_gradient_checkpointing=\"unsloth\")", name);
       return "";
     case Framework::framework_longseq:
-      if (model.is_moe()) return fmt::format("{}: the executor trains dense models only (no MoE block yet)", name);
+      // Its MoE block (executor/llama_step.hpp moe_forward) keeps no router logits for a loss.
+      if (model.is_moe() && (plan.moe_aux_loss || model.output_router_logits))
+        return fmt::format("{}: the executor's MoE block trains without the auxiliary load-balancing loss", name);
       return "";
   }
   return "";

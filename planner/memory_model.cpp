@@ -375,8 +375,6 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
                                        const RuntimeProfile& profile, int64_t seqlen, bool with_breakdown, bool stop_when_over) {
   if (!plan_problems(model, cluster, plan).empty() || !seqlen_problems(plan, seqlen).empty())
     throw std::invalid_argument("memory_predict: invalid plan or sequence length (check plan_problems first)");
-  if (model.is_moe() && profile.step_schedule == "executor")
-    throw std::invalid_argument("memory_predict: longseq's executor has no MoE block (framework_unsupported says so first)");
   const Setup setup = setup_make(model, cluster.hardware, plan, profile, seqlen);
   const double layers = as_double(model.num_layers);
   const double x_bytes = as_double(setup.shape.tokens) * as_double(model.hidden_size) * as_double(profile.activation_bytes);

@@ -417,6 +417,135 @@ void rmsnorm_forward(Bf16* out, float* rstd, const Bf16* inp, const Bf16* weight
   rmsnorm_forward_kernel<<<static_cast<unsigned>(T), kThreads>>>(out, rstd, inp, weight, C, eps);
   check_launch("rmsnorm_forward");
 }
+namespace {
+// ---- mixture of experts: one thread per token (routing, combine's dot products) or per element ----
+__global__ void moe_route_kernel(float* weights, int32_t* indices, float* probs, const Bf16* logits, int64_t T, int64_t E, int64_t k,
+                                 bool normalize) {
+  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (t >= T) return;
+  float largest = -INFINITY, sum = 0;
+  for (int64_t e = 0; e < E; ++e) largest = fmaxf(largest, load(logits, t * E + e));
+  for (int64_t e = 0; e < E; ++e) sum += (probs[t * E + e] = expf(load(logits, t * E + e) - largest));
+  for (int64_t e = 0; e < E; ++e) probs[t * E + e] /= sum;
+  // Top-k by repeated selection: the largest not yet chosen, ties to the lower expert.
+  float chosen = 0;
+  for (int64_t j = 0; j < k; ++j) {
+    int32_t best = -1;
+    for (int64_t e = 0; e < E; ++e) {
+      bool taken = false;
+      for (int64_t i = 0; i < j; ++i) taken = taken || indices[t * k + i] == e;
+      if (!taken && (best < 0 || probs[t * E + e] > probs[t * E + best])) best = static_cast<int32_t>(e);
+    }
+    indices[t * k + j] = best;
+    chosen += probs[t * E + best];
+  }
+  for (int64_t j = 0; j < k; ++j) weights[t * k + j] = normalize ? probs[t * E + indices[t * k + j]] / chosen : probs[t * E + indices[t * k + j]];
+}
+__global__ void moe_route_backward_kernel(Bf16* dlogits, const float* dweights, const float* probs, const float* weights, const int32_t* indices,
+                                          int64_t T, int64_t E, int64_t k, bool normalize) {
+  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (t >= T) return;
+  float chosen = 0, dot = 0;
+  for (int64_t j = 0; j < k; ++j) {
+    chosen += probs[t * E + indices[t * k + j]];
+    dot += dweights[t * k + j] * weights[t * k + j];
+  }
+  auto dp = [&](int64_t e) {
+    for (int64_t j = 0; j < k; ++j)
+      if (indices[t * k + j] == e) return normalize ? (dweights[t * k + j] - dot) / chosen : dweights[t * k + j];
+    return 0.0f;
+  };
+  float inner = 0;
+  for (int64_t e = 0; e < E; ++e) inner += dp(e) * probs[t * E + e];
+  for (int64_t e = 0; e < E; ++e) dlogits[t * E + e] = bf16(probs[t * E + e] * (dp(e) - inner));
+}
+__global__ void moe_gather_kernel(Bf16* rows, const Bf16* x, const int32_t* order, int64_t R, int64_t C) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < R * C) rows[i] = x[int64_t{order[i / C]} * C + i % C];
+}
+__global__ void moe_gather_backward_kernel(Bf16* dx, const Bf16* drows, const int32_t* position, int64_t T, int64_t k, int64_t C) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= T * C) return;
+  const int64_t t = i / C, c = i % C;
+  float sum = load(dx, i);
+  for (int64_t j = 0; j < k; ++j) sum += load(drows, int64_t{position[t * k + j]} * C + c);
+  dx[i] = bf16(sum);
+}
+__global__ void moe_combine_kernel(Bf16* out, const Bf16* rows, const int32_t* position, const float* weights, int64_t T, int64_t k, int64_t C) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= T * C) return;
+  const int64_t t = i / C, c = i % C;
+  float sum = load(out, i);
+  for (int64_t j = 0; j < k; ++j) sum += weights[t * k + j] * load(rows, int64_t{position[t * k + j]} * C + c);
+  out[i] = bf16(sum);
+}
+__global__ void moe_combine_backward_kernel(Bf16* drows, float* dweights, const Bf16* dout, const Bf16* rows, const int32_t* position,
+                                            const float* weights, int64_t T, int64_t k, int64_t C) {
+  const int64_t pair = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (pair >= T * k) return;
+  const int64_t t = pair / k, row = position[pair];
+  float dot = 0;
+  for (int64_t c = 0; c < C; ++c) {
+    drows[row * C + c] = bf16(weights[pair] * load(dout, t * C + c));
+    dot += load(dout, t * C + c) * load(rows, row * C + c);
+  }
+  dweights[pair] += dot;
+}
+__global__ void moe_shared_gate_forward_kernel(Bf16* out, const Bf16* shared, const Bf16* gate, int64_t T, int64_t C) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= T * C) return;
+  const float g = 1.0f / (1.0f + expf(-load(gate, i / C)));
+  out[i] = bf16(load(out, i) + g * load(shared, i));
+}
+__global__ void moe_shared_gate_backward_kernel(Bf16* dshared, Bf16* dgate, const Bf16* dout, const Bf16* shared, const Bf16* gate, int64_t T,
+                                                int64_t C) {
+  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (t >= T) return;
+  const float g = 1.0f / (1.0f + expf(-load(gate, t)));
+  float dot = 0;
+  for (int64_t c = 0; c < C; ++c) {
+    dshared[t * C + c] = bf16(g * load(dout, t * C + c));
+    dot += load(dout, t * C + c) * load(shared, t * C + c);
+  }
+  dgate[t] = bf16(dot * g * (1.0f - g));
+}
+}  // namespace
+
+void moe_route(float* weights, int32_t* indices, float* probs, const Bf16* logits, int64_t T, int64_t E, int64_t k, bool normalize) {
+  moe_route_kernel<<<blocks_for(T), kThreads>>>(weights, indices, probs, logits, T, E, k, normalize);
+  check_launch("moe_route");
+}
+void moe_route_backward(Bf16* dlogits, const float* dweights, const float* probs, const float* weights, const int32_t* indices, int64_t T,
+                        int64_t E, int64_t k, bool normalize) {
+  moe_route_backward_kernel<<<blocks_for(T), kThreads>>>(dlogits, dweights, probs, weights, indices, T, E, k, normalize);
+  check_launch("moe_route_backward");
+}
+void moe_gather(Bf16* rows, const Bf16* x, const int32_t* order, int64_t R, int64_t C) {
+  moe_gather_kernel<<<blocks_for(R * C), kThreads>>>(rows, x, order, R, C);
+  check_launch("moe_gather");
+}
+void moe_gather_backward(Bf16* dx, const Bf16* drows, const int32_t* position, int64_t T, int64_t k, int64_t C) {
+  moe_gather_backward_kernel<<<blocks_for(T * C), kThreads>>>(dx, drows, position, T, k, C);
+  check_launch("moe_gather_backward");
+}
+void moe_combine(Bf16* out, const Bf16* rows, const int32_t* position, const float* weights, int64_t T, int64_t k, int64_t C) {
+  moe_combine_kernel<<<blocks_for(T * C), kThreads>>>(out, rows, position, weights, T, k, C);
+  check_launch("moe_combine");
+}
+void moe_combine_backward(Bf16* drows, float* dweights, const Bf16* dout, const Bf16* rows, const int32_t* position, const float* weights,
+                          int64_t T, int64_t k, int64_t C) {
+  moe_combine_backward_kernel<<<blocks_for(T * k), kThreads>>>(drows, dweights, dout, rows, position, weights, T, k, C);
+  check_launch("moe_combine_backward");
+}
+void moe_shared_gate_forward(Bf16* out, const Bf16* shared, const Bf16* gate, int64_t T, int64_t C) {
+  moe_shared_gate_forward_kernel<<<blocks_for(T * C), kThreads>>>(out, shared, gate, T, C);
+  check_launch("moe_shared_gate_forward");
+}
+void moe_shared_gate_backward(Bf16* dshared, Bf16* dgate, const Bf16* dout, const Bf16* shared, const Bf16* gate, int64_t T, int64_t C) {
+  moe_shared_gate_backward_kernel<<<blocks_for(T), kThreads>>>(dshared, dgate, dout, shared, gate, T, C);
+  check_launch("moe_shared_gate_backward");
+}
+
 void rmsnorm_backward(Bf16* dinp, float* dweight, const Bf16* dout, const Bf16* inp, const Bf16* weight, const float* rstd,
                       int64_t T, int64_t C) {
   rmsnorm_backward_kernel<<<static_cast<unsigned>(T), kThreads>>>(dinp, dweight, dout, inp, weight, rstd, C);

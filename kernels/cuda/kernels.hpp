@@ -65,6 +65,19 @@ void attention_backward(Bf16* dq, Bf16* dk, Bf16* dv, float* delta_scratch, cons
 void adamw_update(float* params, Bf16* weights_bf16, const float* grads, float* m, float* v, int64_t N, float lr, float beta1,
                   float beta2, float eps, float weight_decay, int64_t step);
 
+// ---- mixture of experts (kernels/cpu/moe.hpp's conventions and results; one thread per token or
+// per element: simple, for the executor's small expert counts) ----
+void moe_route(float* weights, int32_t* indices, float* probs, const Bf16* logits, int64_t T, int64_t E, int64_t k, bool normalize);
+void moe_route_backward(Bf16* dlogits, const float* dweights, const float* probs, const float* weights, const int32_t* indices, int64_t T,
+                        int64_t E, int64_t k, bool normalize);
+void moe_gather(Bf16* rows, const Bf16* x, const int32_t* order, int64_t R, int64_t C);
+void moe_gather_backward(Bf16* dx, const Bf16* drows, const int32_t* position, int64_t T, int64_t k, int64_t C);
+void moe_combine(Bf16* out, const Bf16* rows, const int32_t* position, const float* weights, int64_t T, int64_t k, int64_t C);
+void moe_combine_backward(Bf16* drows, float* dweights, const Bf16* dout, const Bf16* rows, const int32_t* position, const float* weights,
+                          int64_t T, int64_t k, int64_t C);
+void moe_shared_gate_forward(Bf16* out, const Bf16* shared, const Bf16* gate, int64_t T, int64_t C);
+void moe_shared_gate_backward(Bf16* dshared, Bf16* dgate, const Bf16* dout, const Bf16* shared, const Bf16* gate, int64_t T, int64_t C);
+
 // ---- element-wise data movement (the step's residual adds, copies and Ulysses regrouping) ----
 // inout[N] += addend (bf16 storage, the sum rounded once; fp32 for gradient shards)
 void add(Bf16* inout, const Bf16* addend, int64_t N);

@@ -533,7 +533,7 @@ TEST_CASE("durations as a person reads them, and the step report's judgement") {
   CHECK(text.find("4444 per billion tokens (8 GPUs)") != std::string::npos);
 }
 
-TEST_CASE("frameworks and mixture of experts: ArcticMoE (Qwen3-MoE, ZeRO-2 at most), the HF block elsewhere, none in Megatron or the executor") {
+TEST_CASE("frameworks and mixture of experts: ArcticMoE (Qwen3-MoE, ZeRO-2 at most), the HF block elsewhere, none in Megatron, the executor's without the aux loss") {
   const ModelSpec qwen3_moe = model_load("qwen3-30b-a3b"), mixtral = model_load("mixtral-8x7b");
   PlanOptions zero2;
   zero2.zero_stage = 2;
@@ -548,7 +548,11 @@ TEST_CASE("frameworks and mixture of experts: ArcticMoE (Qwen3-MoE, ZeRO-2 at mo
   PlanOptions untiled = zero2;
   untiled.tiled_loss = false;  // Megatron has no tiled loss: the MoE reason is the one left
   CHECK(framework_unsupported(Framework::framework_megatron_deepspeed, qwen3_moe, untiled).find("its own MoE model code") != std::string::npos);
-  CHECK(framework_unsupported(Framework::framework_longseq, qwen3_moe, zero2).find("dense models only") != std::string::npos);
+  CHECK(framework_unsupported(Framework::framework_longseq, qwen3_moe, zero2).empty());
+  PlanOptions aux_loss = zero2;
+  aux_loss.moe_aux_loss = true;
+  CHECK(framework_unsupported(Framework::framework_longseq, qwen3_moe, aux_loss).find("without the auxiliary load-balancing loss") !=
+        std::string::npos);
   // ArcticTraining prices its own block (one grouped GEMM); the others the profile's (transformers' loop).
   const RuntimeProfile profile = runtime_profile_load("deepspeed-hf");
   CHECK(profile.moe_experts == MoeExperts::moe_hf_expert_loop);

@@ -135,6 +135,49 @@ class Bf16CpuOps : public HostMemoryMovement {
     kernels::cross_entropy_backward(gradient.data(), wide(logits, T * V).data(), labels, loss_scale, T, V);
     narrow(dlogits, gradient);
   }
+  // Mixture of experts as the GPU's kernels run it: fp32 routing from bf16 logits, each kernel's
+  // bf16 outputs rounded once.
+  void moe_route(float* weights, int32_t* indices, float* probs, const Act* logits, int64_t T, int64_t E, int64_t k, bool normalize) {
+    kernels::moe_route(weights, indices, probs, wide(logits, T * E).data(), T, E, k, normalize);
+  }
+  void moe_route_backward(Act* dlogits, const float* dweights, const float* probs, const float* weights, const int32_t* indices, int64_t T,
+                          int64_t E, int64_t k, bool normalize) {
+    std::vector<float> gradient(static_cast<size_t>(T * E));
+    kernels::moe_route_backward(gradient.data(), dweights, probs, weights, indices, T, E, k, normalize);
+    narrow(dlogits, gradient);
+  }
+  void moe_gather(Act* rows, const Act* x, const int32_t* order, int64_t R, int64_t C) {
+    for (int64_t r = 0; r < R; ++r) std::copy_n(x + int64_t{order[r]} * C, C, rows + r * C);  // a copy: no rounding
+  }
+  void moe_gather_backward(Act* dx, const Act* drows, const int32_t* position, int64_t T, int64_t k, int64_t C) {
+    std::vector<float> gradient = wide(dx, T * C);
+    kernels::moe_gather_backward(gradient.data(), wide(drows, T * k * C).data(), position, T, k, C);
+    narrow(dx, gradient);
+  }
+  void moe_combine(Act* out, const Act* rows, const int32_t* position, const float* weights, int64_t T, int64_t k, int64_t C) {
+    std::vector<float> result = wide(out, T * C);
+    kernels::moe_combine(result.data(), wide(rows, T * k * C).data(), position, weights, T, k, C);
+    narrow(out, result);
+  }
+  void moe_combine_backward(Act* drows, float* dweights, const Act* dout, const Act* rows, const int32_t* position, const float* weights,
+                            int64_t T, int64_t k, int64_t C) {
+    std::vector<float> gradient(static_cast<size_t>(T * k * C));
+    kernels::moe_combine_backward(gradient.data(), dweights, wide(dout, T * C).data(), wide(rows, T * k * C).data(), position, weights, T, k,
+                                  C);
+    narrow(drows, gradient);
+  }
+  void moe_shared_gate_forward(Act* out, const Act* shared, const Act* gate, int64_t T, int64_t C) {
+    std::vector<float> result = wide(out, T * C);
+    kernels::moe_shared_gate_forward(result.data(), wide(shared, T * C).data(), wide(gate, T).data(), T, C);
+    narrow(out, result);
+  }
+  void moe_shared_gate_backward(Act* dshared, Act* dgate, const Act* dout, const Act* shared, const Act* gate, int64_t T, int64_t C) {
+    std::vector<float> shared_gradient(static_cast<size_t>(T * C)), gate_gradient(static_cast<size_t>(T));
+    kernels::moe_shared_gate_backward(shared_gradient.data(), gate_gradient.data(), wide(dout, T * C).data(), wide(shared, T * C).data(),
+                                      wide(gate, T).data(), T, C);
+    narrow(dshared, shared_gradient);
+    narrow(dgate, gate_gradient);
+  }
   void adamw_update(float* master, Act* weights, const float* grads, float* m, float* v, int64_t N, float lr, float beta1, float beta2,
                     float eps, float weight_decay, int64_t step) {
     kernels::adamw_update(master, grads, m, v, N, lr, beta1, beta2, eps, weight_decay, step);

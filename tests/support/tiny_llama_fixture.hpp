@@ -20,8 +20,8 @@ namespace longseq::testing {
 
 // The tiny model's weights by the golden script's formulas (tests/golden/make_tiny_llama_golden.py),
 // in float64 as the script computes them.
-inline std::vector<double> fixture_weights_float64() {
-  const ModelSpec spec = model_load("tiny-llama");
+// (Another model of the executor's, e.g. tiny-moe: the same formulas over its layout.)
+inline std::vector<double> fixture_weights_float64(const ModelSpec& spec = model_load("tiny-llama")) {
   const LlamaLayout layout = llama_layout(spec);
   std::vector<bool> norm(static_cast<size_t>(layout.total), false);
   auto mark = [&](int64_t offset) {
@@ -41,8 +41,8 @@ inline std::vector<double> fixture_weights_float64() {
 }
 
 // The same as a full fp32 host vector (what load_parameters takes).
-inline std::vector<float> fixture_weights() {
-  const std::vector<double> weights = fixture_weights_float64();
+inline std::vector<float> fixture_weights(const ModelSpec& spec = model_load("tiny-llama")) {
+  const std::vector<double> weights = fixture_weights_float64(spec);
   return {weights.begin(), weights.end()};
 }
 
