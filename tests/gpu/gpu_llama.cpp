@@ -43,17 +43,17 @@ struct StepRun {
 
 template <class Model>
 StepRun step_run(const TrainingOptions& options, const Sample& sample, MemoryBackend& device_memory, MemoryBackend& host_memory,
-                 const ModelStates& states = {}) {
+                 const ModelStates& states = {}, const ModelSpec& spec = model_load("tiny-llama")) {
   Arena device("device", std::numeric_limits<double>::infinity(), device_memory);
   Arena host("host", std::numeric_limits<double>::infinity(), host_memory);
-  Model model(model_load("tiny-llama"), device, nullptr, states, nullptr);
-  const std::vector<float> weights = fixture_weights();
+  Model model(spec, device, nullptr, states, nullptr);
+  const std::vector<float> weights = fixture_weights(spec);
   model.load_parameters(weights.data());
   if (model.lora()) model.load_adapters(test_adapters(model.lora_layout()).data());
   StepRun out;
   const auto T = static_cast<int64_t>(sample.tokens.size());
   out.result = model.forward_backward(sample.tokens.data(), sample.labels.data(), sample.positions.data(), T, options, device, host);
-  out.gradients = model.lora() ? model.gradients_full() : model.gather_full(model.gradients());
+  out.gradients = model.gradients_full();
   model.ops().synchronize();
   out.device_peak_bytes = device.peak_bytes();
   out.host_peak_bytes = host.peak_bytes();
@@ -66,10 +66,21 @@ Sample fixture_sample() {
   return Sample{batch.tokens, batch.labels, batch.positions};
 }
 
-StepRun gpu_run(const TrainingOptions& options, const Sample& sample, const ModelStates& states = {}) {
+StepRun gpu_run(const TrainingOptions& options, const Sample& sample, const ModelStates& states = {},
+                const ModelSpec& spec = model_load("tiny-llama")) {
   CudaDeviceMemoryBackend device_memory;
   PinnedHostMemoryBackend host_memory;
-  return step_run<CudaLlamaModel>(options, sample, device_memory, host_memory, states);
+  return step_run<CudaLlamaModel>(options, sample, device_memory, host_memory, states, spec);
+}
+
+// ||actual - expected|| / ||expected|| over the whole vector.
+double relative_l2(const std::vector<float>& actual, const std::vector<float>& expected) {
+  double difference = 0, norm = 0;
+  for (size_t i = 0; i < actual.size(); ++i) {
+    difference += (static_cast<double>(actual[i]) - expected[i]) * (static_cast<double>(actual[i]) - expected[i]);
+    norm += static_cast<double>(expected[i]) * expected[i];
+  }
+  return std::sqrt(difference / norm);
 }
 
 }  // namespace
@@ -136,20 +147,32 @@ TEST_CASE("LoRA on the GPU: adapter gradients against the bf16 emulation and fp3
   const StepRun emulated = step_run<BasicLlamaModel<Bf16CpuOps>>(options, sample, host_memory_backend(), host_memory_backend(), states);
   const StepRun fp32 = step_run<LlamaModel>(options, sample, host_memory_backend(), host_memory_backend(), states);
   CHECK(gpu.result.loss == doctest::Approx(emulated.result.loss).epsilon(1e-3));
-  auto relative_l2 = [](const std::vector<float>& actual, const std::vector<float>& expected) {
-    double difference = 0, norm = 0;
-    for (size_t i = 0; i < actual.size(); ++i) {
-      difference += (static_cast<double>(actual[i]) - expected[i]) * (static_cast<double>(actual[i]) - expected[i]);
-      norm += static_cast<double>(expected[i]) * expected[i];
-    }
-    return std::sqrt(difference / norm);
-  };
   CHECK(relative_l2(gpu.gradients, emulated.gradients) <= 0.1);
   CHECK(relative_l2(gpu.gradients, fp32.gradients) <= 0.1);
   PlanOptions plan = executor_plan(options);
   plan.lora_rank = 8;
   const RuntimeProfile profile = runtime_profile_load("native-cuda");
   const MemoryPrediction predicted = memory_predict(model_load("tiny-llama"), executor_cluster(std::numeric_limits<double>::infinity()), plan,
+                                                    profile, static_cast<int64_t>(sample.tokens.size()));
+  CHECK(predicted.gpu_peak_bytes - runtime_overhead_bytes(profile, 1) == doctest::Approx(gpu.device_peak_bytes).epsilon(1e-9));
+  CHECK(predicted.gpu_peak_moment == gpu.peak_moment);
+}
+
+TEST_CASE("MoE on the GPU: tiny-moe against the bf16 emulation and fp32, its peak equal to the native-cuda prediction") {
+  // The emulation's bounds (test_moe.cpp: 0.1 relative L2 of fp32, measured 0.021 there); the GPU
+  // against the emulation 0.1 as above. Stated, not yet measured on a GPU.
+  const ModelSpec spec = model_load("tiny-moe");
+  const Sample sample = fixture_sample();
+  TrainingOptions options;
+  options.activation_checkpointing = options.checkpoint_offload = true;
+  const StepRun gpu = gpu_run(options, sample, {}, spec);
+  const StepRun emulated =
+      step_run<BasicLlamaModel<Bf16CpuOps>>(options, sample, host_memory_backend(), host_memory_backend(), {}, spec);
+  const StepRun fp32 = step_run<LlamaModel>(options, sample, host_memory_backend(), host_memory_backend(), {}, spec);
+  CHECK(gpu.result.loss == doctest::Approx(emulated.result.loss).epsilon(1e-3));
+  for (double error : {relative_l2(gpu.gradients, emulated.gradients), relative_l2(gpu.gradients, fp32.gradients)}) CHECK(error <= 0.1);
+  const RuntimeProfile profile = runtime_profile_load("native-cuda");
+  const MemoryPrediction predicted = memory_predict(spec, executor_cluster(std::numeric_limits<double>::infinity()), executor_plan(options),
                                                     profile, static_cast<int64_t>(sample.tokens.size()));
   CHECK(predicted.gpu_peak_bytes - runtime_overhead_bytes(profile, 1) == doctest::Approx(gpu.device_peak_bytes).epsilon(1e-9));
   CHECK(predicted.gpu_peak_moment == gpu.peak_moment);

@@ -221,6 +221,41 @@ TEST_CASE("LoRA under Ulysses: loss and every adapter gradient equal one unshard
     }
 }
 
+TEST_CASE("MoE under Ulysses, alone and with ZeRO-3: loss and every gradient equal one unsharded rank, peaks as predicted") {
+  // tiny-moe: every rank routes its own tokens (the block is per token); ZeRO-3 gathers a layer's
+  // experts with the rest of it (one module), as DeepSpeed gathers a leaf MoE block.
+  const ModelSpec spec = model_load("tiny-moe");
+  const Batch batch = batch_make(64);
+  const int64_t sp = world().size(), T = 64 / sp, first = world().rank() * T;
+  const std::vector<float> weights = fixture_weights(spec);
+  Arena reference_device("reference"), reference_host("reference host");
+  LlamaModel single(spec, reference_device);
+  single.load_parameters(weights.data());
+  const StepResult reference = single.forward_backward(batch.tokens.data(), batch.labels.data(), batch.positions.data(), 64, {},
+                                                       reference_device, reference_host);
+  const std::vector<float> reference_gradients = single.gradients_full();
+  for (int zero_stage : {0, 3})
+    for (bool checkpointing : {false, true}) {
+      CAPTURE(zero_stage);
+      CAPTURE(checkpointing);
+      TrainingOptions options;
+      options.activation_checkpointing = checkpointing;
+      Arena device("device"), host("host");
+      LlamaModel sharded(spec, device, zero_stage > 0 ? &world() : nullptr, ModelStates{zero_stage, false, false, {}}, &host);
+      sharded.load_parameters(weights.data());
+      SequenceParallel parallel{&world(), batch.positions.data()};
+      const StepResult result = sharded.forward_backward(batch.tokens.data() + first, batch.labels.data() + first,
+                                                         batch.positions.data() + first, T, options, device, host, parallel);
+      CHECK(result.counted_tokens == reference.counted_tokens);
+      CHECK(result.loss == doctest::Approx(reference.loss).epsilon(1e-6));
+      gradients_close(sharded.gradients_full(), reference_gradients);
+      const MemoryPrediction predicted = memory_predict(spec, executor_cluster(std::numeric_limits<double>::infinity(), sp),
+                                                        executor_plan(options, sp, zero_stage), runtime_profile_load("native"), 64);
+      CHECK(predicted.gpu_peak_bytes == doctest::Approx(device.peak_bytes()).epsilon(1e-9));
+      CHECK(predicted.gpu_peak_moment == device.peak_moment());
+    }
+}
+
 TEST_CASE("ZeRO-3 with Ulysses: gradients and the AdamW update equal the unsharded single-rank step") {
   const ModelSpec spec = model_load("tiny-llama");
   const Batch batch = batch_make(64);
