@@ -297,6 +297,8 @@ PlanOptions plan_from_flags(const PlanCommandArgs& args, const ModelSpec& model,
     if (args.fpdt_chunk) plan.fpdt_chunk_tokens = seqlen_parse(*args.fpdt_chunk, "--fpdt-chunk");
   }
   held_choices_apply(args, plan);
+  // ALST's set tiles dense MLPs only (Reference §12 item 77): a MoE model's plan leaves it unless asked.
+  if (model.is_moe() && args.tiled_mlp_on == 0) plan.tiled_mlp = false;
   if (plan.lora()) {
     // An adapter run on one replica a GPU: the ALST set's ZeRO, offloads, Ulysses and TiledMLP
     // leave unless asked for (plan_problems then says why they cannot stay).

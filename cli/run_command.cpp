@@ -41,6 +41,7 @@
 #include "planner/time_model.hpp"
 #include "planner/scenario.hpp"
 #include "planner/memory_model.hpp"
+#include "planner/frameworks.hpp"
 #include "planner/plan_file.hpp"
 #include "planner/units.hpp"
 #include "reports/memory_report.hpp"
@@ -609,6 +610,7 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
   std::vector<std::string> problems = plan_problems(model, cluster, plan);
   for (auto& problem : seqlen_problems(plan, seqlen)) problems.push_back(problem);
   for (auto& problem : executor_plan_problems(plan, args.device)) problems.push_back(problem);
+  if (std::string problem = framework_unsupported(Framework::framework_longseq, model, plan); !problem.empty()) problems.push_back(problem);
   if (!problems.empty()) throw ConfigError(plan_file ? args.plan_file : "plan", "", problems.front());
   if (on_gpu && plan.zero_stage >= 1 && !ranks.mpi)
     throw ConfigError(plan_file ? args.plan_file : "--zero", "", "ZeRO on the GPU shards over NCCL ranks: run it under mpirun (longseq launch)");

@@ -1,4 +1,5 @@
 #include "executor/trainer.hpp"
+#include "planner/frameworks.hpp"
 #include "kernels/cpu/dense.hpp"
 #include "kernels/cpu/attention.hpp"
 #include "kernels/cpu/norm_rope.hpp"
@@ -242,9 +243,9 @@ SearchResult machine_plan_search(const ModelSpec& model, const MachineTarget& ta
   options.held = held;
   // FPDT chunks (global tokens) at the scale of the lengths a CPU budget reaches.
   options.fpdt_chunks = {256, 1024, 4096, 16384};
-  options.unsupported = [device = target.device](const PlanOptions& plan) {
+  options.unsupported = [device = target.device, &model](const PlanOptions& plan) {
     const std::vector<std::string> problems = executor_plan_problems(plan, device);
-    return problems.empty() ? std::string() : problems.front();
+    return problems.empty() ? framework_unsupported(Framework::framework_longseq, model, plan) : problems.front();
   };
   return plan_search(model, machine_cluster(target), machine_profile(target), options);
 }

@@ -420,6 +420,13 @@ double mlp_tile_tokens(const LayerShape& shape) {
   return std::ceil(static_cast<double>(shape.tokens) / tiles);
 }
 
+// A MoE block run over one tile of the layer's tokens (every tensor of the block scales with them).
+LayerShape moe_tile_shape(const LayerShape& shape) {
+  LayerShape tile = shape;
+  tile.tokens = static_cast<int64_t>(mlp_tile_tokens(shape));
+  return tile;
+}
+
 }  // namespace
 
 // Ulysses attention forward: from the layer input to "attention.output_local" ([T, n_q*d]),
@@ -575,8 +582,18 @@ void decoder_layer_forward(TensorTrace& trace, const LayerShape& shape, const La
   eager_norm_saved_alloc(trace, L, kMlpNormSaved, bytes.x, impl);
   if (!keep) eager_norm_saved_free(trace, kMlpNormSaved, impl);
   lora_forward(trace, shape, lora_mlp(shape, impl), keep);  // LoRA plans run untiled MLPs (plan_problems)
-  if (shape.experts > 0) {
-    moe_forward(trace, shape, impl, keep);  // no tiling: ALST's TiledMLP patches dense MLP classes only (§12 item 77)
+  if (shape.experts > 0 && shape.mlp_tiles > 0) {
+    // Unsloth's TiledMLP over the whole block, router and experts (Reference §12 items 34, 78,
+    // p. 279): each tile under no_grad, the outputs gathered, only the input saved. (ALST's
+    // patches dense MLP classes only, item 77: framework_unsupported refuses it elsewhere.)
+    trace.alloc(L, "mlp.tile_outputs", bytes.x);
+    moe_forward(trace, moe_tile_shape(shape), impl, /*keep=*/false);
+    trace.set_moment("mlp");  // the tiles' outputs concatenated
+    trace.free("mlp.output");
+    trace.alloc(L, "mlp.output", bytes.x);
+    trace.free("mlp.tile_outputs");
+  } else if (shape.experts > 0) {
+    moe_forward(trace, shape, impl, keep);
   } else if (shape.mlp_tiles == 0) {
     mlp_forward(trace, shape, impl, static_cast<double>(shape.tokens), keep);
   } else if (shape.fpdt_chunk_tokens > 0) {
@@ -752,7 +769,18 @@ void decoder_layer_backward(TensorTrace& trace, const LayerShape& shape, const L
   const Bytes bytes(shape, impl);
 
   trace.set_moment("mlp");
-  if (shape.experts > 0) {
+  if (shape.experts > 0 && shape.mlp_tiles > 0) {
+    // Unsloth's tiled block backward: x_gradients for the whole input, then per tile the block
+    // recomputed with grad and its backward into the tile's slice.
+    trace.alloc(L, "mlp.input_grad", bytes.x);
+    if (impl.mlp_tile_weight_grads_bytes > 0) trace.alloc(kCategoryZero, "mlp_tile_weight_grads", impl.mlp_tile_weight_grads_bytes);
+    const LayerShape tile = moe_tile_shape(shape);
+    moe_forward(trace, tile, impl, /*keep=*/true);
+    moe_backward(trace, tile, impl, "mlp.tile_input_grad");
+    trace.free("mlp.tile_input_grad");
+    trace.free("mlp.output");
+    if (impl.mlp_tile_weight_grads_bytes > 0) trace.free("mlp_tile_weight_grads");
+  } else if (shape.experts > 0) {
     moe_backward(trace, shape, impl, "mlp.input_grad");
   } else if (shape.mlp_tiles == 0) {
     mlp_backward(trace, shape, impl, static_cast<double>(shape.tokens), "mlp.input_grad");

@@ -130,6 +130,12 @@ std::string framework_unsupported(Framework framework, const ModelSpec& model, c
   // HSDP's 2-D mesh is FSDP2's (Reference §11 F1.10, F1.17, F6.2).
   if (plan.dp_replicate > 1 && !pytorch_cp)
     return fmt::format("{}: no replicate x shard mesh (HSDP is FSDP2's: --framework accelerate-fsdp2 or torchtitan)", name);
+  // TiledMLP over a MoE block: Unsloth patches the whole block, router and experts (Reference §12
+  // items 34, 78); ALST's patch targets dense {Prefix}MLP classes only (AT model/tiled_compute.py
+  // L97-100, item 77); longseq's executor runs the block untiled.
+  if (model.is_moe() && plan.tiled_mlp && framework != Framework::framework_unsloth)
+    return fmt::format("{}: {} is a mixture-of-experts model and its TiledMLP tiles dense MLP classes only, not the experts (Reference "
+                       "§12 item 77; Unsloth tiles the whole block: --framework unsloth)", name, model.name);
   // LoRA is planned for PEFT through the HF Trainer / TRL (alone, on DeepSpeed, on FSDP2) and Unsloth.
   const bool trainer_path = framework == Framework::framework_hf_trainer || framework == Framework::framework_unsloth;
   // longseq's executor trains adapters too (executor_plan_problems says on what).

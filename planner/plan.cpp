@@ -75,12 +75,8 @@ int64_t kv_replication_factor(const ModelSpec& model, int64_t sp) {
 
 std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan) {
   std::vector<std::string> problems;
-  // A MoE block is priced untiled and outside FPDT: ALST's TiledMLP patches dense {Prefix}MLP
-  // classes only (AT model/tiled_compute.py L97-100; Reference §12 item 77), and FPDT's layer
-  // has a dense FFN (DeepSpeed fpdt_layer.py).
-  if (model.is_moe() && plan.tiled_mlp)
-    problems.push_back(fmt::format("{} is a mixture-of-experts model: TiledMLP tiles dense MLP classes only, not its experts "
-                                   "(Reference §12 item 77)", model.name));
+  // A MoE block runs outside FPDT: FPDT's layer has a dense FFN (DeepSpeed fpdt_layer.py). (Which
+  // frameworks tile a MoE block is framework_unsupported's: Unsloth's whole block, item 78.)
   if (plan.qlora && !plan.lora()) problems.push_back("QLoRA trains LoRA adapters on its 4-bit base: give the adapters' rank");
   if (plan.lora()) {
     // Adapters under ZeRO (or FSDP2) and sequence parallelism: the frozen base sharded and gathered

@@ -388,6 +388,33 @@ TEST_CASE("MoE backward: every expert's saved tensors wait while one expert (loo
   }
 }
 
+TEST_CASE("Unsloth's TiledMLP over a whole MoE block: every block tensor at the tile's tokens, the outputs gathered, x_gradients") {
+  // Reference §12 items 34, 78 and p. 279: 4 tiles of 250 tokens. Forward without keeping: while
+  // a tile's experts run, the input, residual and mlp norm output (3X), the gathered tile outputs
+  // (X), and the untiled forward's block working set (its block output X, routing, one-hot, one
+  // expert's tensors) at a quarter: 4X + 119,000 B. The peak is later, as the dense TiledMLP's:
+  // the outputs concatenated (X) beside the gathered tiles, 5X.
+  LayerShape tiled = moe_shape();
+  tiled.mlp_tiles = 4;
+  CHECK((X + ROUTING_SAVED + ONE_HOT + 3 * EXPERT_X + 4 * EXPERT_F) / 4 == 119'000);
+  TensorTrace forward;
+  forward.alloc(kCategoryLayer, "layer.input", X);
+  decoder_layer_forward(forward, tiled, eager(), false);
+  CHECK(forward.peak_bytes() == 5 * X);
+  CHECK(forward.peak_moment() == "mlp");
+  CHECK(forward.current_bytes() == 2 * X);
+  TensorTrace untiled;
+  untiled.alloc(kCategoryLayer, "layer.input", X);
+  decoder_layer_forward(untiled, moe_shape(), eager(), false);
+  CHECK(untiled.peak_bytes() == 4 * X + ROUTING_SAVED + ONE_HOT + 3 * EXPERT_X + 4 * EXPERT_F);
+  // Backward: the block saves nothing in the layer's forward, and the recomputed tile's backward
+  // peaks at a quarter of the untiled block's, beside x_gradients (X) for the whole input.
+  const TensorTrace untiled_step = layer_step_trace(moe_shape(), eager());
+  const TensorTrace tiled_step = layer_step_trace(tiled, eager());
+  CHECK(tiled_step.peak_bytes() < untiled_step.peak_bytes() - (ROUTING_SAVED + 2 * PAIRS_X + 4 * PAIRS_F) / 2);
+  CHECK(tiled_step.current_bytes() == X);
+}
+
 TEST_CASE("MoE implementations: spelled as profiles spell them, anything else refused naming the key") {
   CHECK(moe_experts_parse("hf_expert_loop", "p.yaml", "moe_experts") == MoeExperts::moe_hf_expert_loop);
   CHECK(moe_experts_parse(moe_experts_name(MoeExperts::moe_grouped_gemm), "p.yaml", "moe_experts") == MoeExperts::moe_grouped_gemm);

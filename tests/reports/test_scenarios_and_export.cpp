@@ -549,6 +549,16 @@ TEST_CASE("frameworks and mixture of experts: ArcticMoE (Qwen3-MoE, ZeRO-2 at mo
   untiled.tiled_loss = false;  // Megatron has no tiled loss: the MoE reason is the one left
   CHECK(framework_unsupported(Framework::framework_megatron_deepspeed, qwen3_moe, untiled).find("its own MoE model code") != std::string::npos);
   CHECK(framework_unsupported(Framework::framework_longseq, qwen3_moe, zero2).empty());
+  // TiledMLP over the block: Unsloth's patch takes the whole block (Reference §12 items 34, 78);
+  // ALST's dense classes only (item 77), and the executor runs it untiled.
+  PlanOptions one_gpu_tiled;
+  one_gpu_tiled.sp = 1;
+  one_gpu_tiled.zero_stage = 0;
+  one_gpu_tiled.offload_optimizer = one_gpu_tiled.offload_params = false;
+  one_gpu_tiled.tiled_mlp = one_gpu_tiled.tiled_loss = true;
+  CHECK(framework_unsupported(Framework::framework_unsloth, qwen3_moe, one_gpu_tiled).empty());
+  for (Framework framework : {Framework::framework_hf_trainer, Framework::framework_longseq, Framework::framework_arctic_training})
+    CHECK(framework_unsupported(framework, qwen3_moe, one_gpu_tiled).find("tiles dense MLP classes only") != std::string::npos);
   PlanOptions aux_loss = zero2;
   aux_loss.moe_aux_loss = true;
   CHECK(framework_unsupported(Framework::framework_longseq, qwen3_moe, aux_loss).find("without the auxiliary load-balancing loss") !=
@@ -558,11 +568,16 @@ TEST_CASE("frameworks and mixture of experts: ArcticMoE (Qwen3-MoE, ZeRO-2 at mo
   CHECK(profile.moe_experts == MoeExperts::moe_hf_expert_loop);
   CHECK(framework_profile(Framework::framework_arctic_training, profile).moe_experts == MoeExperts::moe_grouped_gemm);
   CHECK(framework_profile(Framework::framework_deepspeed, profile).moe_experts == MoeExperts::moe_hf_expert_loop);
-  // TiledMLP and FPDT are dense-MLP techniques: a MoE plan with either is a problem, whatever the framework.
+  // FPDT's layer is dense whatever the framework (a plan problem); TiledMLP over the block is the
+  // framework's question (above), so the plan itself is valid and priced as Unsloth tiles it.
   PlanOptions tiled = zero3;
   tiled.tiled_mlp = true;
   const ClusterSpec cluster = cluster_make(hardware_card_load("h100-sxm-80gb"), 8, 0, 0, 0);
-  CHECK(plan_problems(qwen3_moe, cluster, tiled).at(0).find("TiledMLP tiles dense MLP classes only") != std::string::npos);
+  CHECK(plan_problems(qwen3_moe, cluster, tiled).empty());
+  CHECK(framework_unsupported(Framework::framework_deepspeed, qwen3_moe, tiled).find("tiles dense MLP classes only") != std::string::npos);
+  PlanOptions fpdt = zero3;
+  fpdt.fpdt = true;
+  CHECK(plan_problems(qwen3_moe, cluster, fpdt).at(0).find("FPDT's layer has a dense FFN") != std::string::npos);
   CHECK(plan_problems(qwen3_moe, cluster, zero3).empty());
 }
 
