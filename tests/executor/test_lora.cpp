@@ -30,27 +30,12 @@ using namespace longseq::testing;
 
 namespace {
 
-struct LoraRun {
-  StepResult result;
-  std::vector<float> gradients;
-  double device_peak_bytes = 0, host_peak_bytes = 0;
-  std::string peak_moment;
-};
-
-LoraRun lora_run(const ModelStates& states, const TrainingOptions& options, const Batch& batch) {
-  const ModelSpec spec = model_load("tiny-llama");
+StepOutcome lora_run(const ModelStates& states, const TrainingOptions& options, const Batch& batch) {
   Arena device("device"), host("host");
-  LlamaModel model(spec, device, nullptr, states, nullptr);
+  LlamaModel model(model_load("tiny-llama"), device, nullptr, states, nullptr);
   parameters_fill(model);
   model.load_adapters(test_adapters(model.lora_layout()).data());
-  LoraRun out;
-  const auto T = static_cast<int64_t>(batch.tokens.size());
-  out.result = model.forward_backward(batch.tokens.data(), batch.labels.data(), batch.positions.data(), T, options, device, host);
-  out.gradients = model.gradients_full();
-  out.device_peak_bytes = device.peak_bytes();
-  out.host_peak_bytes = host.peak_bytes();
-  out.peak_moment = std::string(device.peak_moment());
-  return out;
+  return step_outcome(model, batch, options, device, host);
 }
 
 std::vector<double> widen(const std::vector<float>& values) { return {values.begin(), values.end()}; }
@@ -97,7 +82,7 @@ TEST_CASE("LoRA: loss and every adapter gradient equal the float64 reference (me
     CAPTURE(c.all_linear);
     const ModelStates states = lora_states(c.rank, c.all_linear, c.alpha);
     const LoraLayout layout = lora_layout(spec, states.lora);
-    const LoraRun run = lora_run(states, {}, batch);
+    const StepOutcome run = lora_run(states, {}, batch);
     const Float64Step reference = float64_lora_step(spec, fixture_weights(), test_adapters(layout), layout, batch);
     CHECK(run.result.counted_tokens == 53);
     CHECK(run.result.loss == doctest::Approx(reference.loss).epsilon(1e-6));
@@ -113,7 +98,7 @@ TEST_CASE("LoRA: adapter gradients equal central finite differences of the float
   const Batch batch = batch_make(64);
   const ModelStates states = lora_states(4, true);
   const LoraLayout layout = lora_layout(spec, states.lora);
-  const LoraRun run = lora_run(states, {}, batch);
+  const StepOutcome run = lora_run(states, {}, batch);
   const std::vector<float> base = fixture_weights(), adapters = test_adapters(layout);
   double largest = 0;
   for (float g : run.gradients) largest = std::max(largest, std::fabs(static_cast<double>(g)));
@@ -124,28 +109,11 @@ TEST_CASE("LoRA: adapter gradients equal central finite differences of the float
     for (size_t kind = 0; kind < kLayerLinears; ++kind) {
       const LoraLayout::Adapter& adapter = layout.layers[layer][kind];
       for (int64_t index : {adapter.a + 5, adapter.b + 3}) {
-        // The adapters in float64 (the reference reads float inputs: perturb in a double copy).
+        // The adapters in float64: the perturbation is not rounded away.
         auto loss_at = [&](double delta) {
           std::vector<double> shifted(adapters.begin(), adapters.end());
           shifted[static_cast<size_t>(index)] += delta;
-          // Merge in float64 without rounding the perturbation away: a float64 variant of the merge.
-          const LlamaLayout base_layout = llama_layout(spec);
-          std::vector<double> merged(base.begin(), base.end());
-          for (size_t i = 0; i < layout.layers.size(); ++i) {
-            const LlamaLayout::Layer& l = base_layout.layers[i];
-            const int64_t offsets[kLayerLinears] = {l.q_proj, l.k_proj, l.v_proj, l.o_proj, l.gate_proj, l.up_proj, l.down_proj};
-            for (size_t k = 0; k < kLayerLinears; ++k) {
-              const LoraLayout::Adapter& a = layout.layers[i][k];
-              for (int64_t o = 0; o < a.out; ++o)
-                for (int64_t col = 0; col < a.in; ++col) {
-                  double product = 0;
-                  for (int64_t j = 0; j < layout.rank; ++j)
-                    product += shifted[static_cast<size_t>(a.b + o * layout.rank + j)] * shifted[static_cast<size_t>(a.a + j * a.in + col)];
-                  merged[static_cast<size_t>(offsets[k] + o * a.in + col)] += layout.scale * product;
-                }
-            }
-          }
-          return float64_forward_backward(spec, merged, batch).loss;
+          return float64_forward_backward(spec, float64_lora_merge(spec, {base.begin(), base.end()}, shifted, layout), batch).loss;
         };
         const double finite_difference = (loss_at(h) - loss_at(-h)) / (2 * h);
         CAPTURE(layer);
@@ -163,7 +131,7 @@ TEST_CASE("LoRA: every memory option leaves loss and adapter gradients unchanged
   const Batch batch = batch_make(64);
   const ModelStates states = lora_states(4, true);
   const LoraLayout layout = lora_layout(spec, states.lora);
-  const LoraRun plain = lora_run(states, {}, batch);
+  const StepOutcome plain = lora_run(states, {}, batch);
   TrainingOptions checkpointing;
   checkpointing.activation_checkpointing = true;
   TrainingOptions offload = checkpointing;
@@ -174,7 +142,7 @@ TEST_CASE("LoRA: every memory option leaves loss and adapter gradients unchanged
   for (const TrainingOptions& options : {checkpointing, offload, everything}) {
     CAPTURE(options.checkpoint_offload);
     CAPTURE(options.loss_tiles);
-    const LoraRun other = lora_run(states, options, batch);
+    const StepOutcome other = lora_run(states, options, batch);
     CHECK(other.result.loss == doctest::Approx(plain.result.loss).epsilon(1e-6));
     adapter_gradients_compare(other.gradients, widen(plain.gradients), layout, 3e-5);
   }
@@ -219,7 +187,7 @@ TEST_CASE("LoRA: measured peak device and host memory equal the planner's native
         options.loss_tiles = c.loss_tiles;
         const Sample sample = sample_synthetic(seqlen, spec.vocab_size, 3);
         const Batch batch{sample.tokens, sample.labels, sample.positions};
-        const LoraRun run = lora_run(lora_states(16, all_linear), options, batch);
+        const StepOutcome run = lora_run(lora_states(16, all_linear), options, batch);
         PlanOptions plan = executor_plan(options);
         plan.lora_rank = 16;
         plan.lora_all_linear = all_linear;
@@ -270,7 +238,7 @@ TEST_CASE("LoRA on the GPU's schedule (bf16 emulation): adapter gradients track 
   const ModelStates states = lora_states(8, true);
   const LoraLayout layout = lora_layout(spec, states.lora);
   const Batch batch = batch_make(64);
-  const LoraRun fp32 = lora_run(states, {}, batch);
+  const StepOutcome fp32 = lora_run(states, {}, batch);
   for (bool checkpointing : {false, true}) {
     CAPTURE(checkpointing);
     Arena device("device"), host("host");

@@ -32,26 +32,12 @@ using namespace longseq::testing;
 
 namespace {
 
-struct MoeRun {
-  StepResult result;
-  std::vector<float> gradients;
-  double device_peak_bytes = 0, host_peak_bytes = 0;
-  std::string peak_moment;
-};
-
 template <class Model = LlamaModel>
-MoeRun moe_run(const ModelSpec& spec, const TrainingOptions& options, const Batch& batch) {
+StepOutcome moe_run(const ModelSpec& spec, const TrainingOptions& options, const Batch& batch) {
   Arena device("device"), host("host");
   Model model(spec, device);
   model.load_parameters(fixture_weights(spec).data());
-  MoeRun out;
-  const auto T = static_cast<int64_t>(batch.tokens.size());
-  out.result = model.forward_backward(batch.tokens.data(), batch.labels.data(), batch.positions.data(), T, options, device, host);
-  out.gradients = model.gradients_full();
-  out.device_peak_bytes = device.peak_bytes();
-  out.host_peak_bytes = host.peak_bytes();
-  out.peak_moment = std::string(device.peak_moment());
-  return out;
+  return step_outcome(model, batch, options, device, host);
 }
 
 // The variants the tests cover: tiny-moe's card (shared expert behind a sigmoid gate, renormalized
@@ -163,7 +149,7 @@ TEST_CASE("MoE: loss and every gradient (router, each expert, shared expert and 
   const Batch batch = batch_make(64);
   for (const auto& [name, spec] : moe_variants()) {
     CAPTURE(name);
-    const MoeRun run = moe_run(spec, {}, batch);
+    const StepOutcome run = moe_run(spec, {}, batch);
     const Float64Step reference = float64_forward_backward(spec, fixture_weights_float64(spec), batch);
     CHECK(run.result.loss == doctest::Approx(reference.loss).epsilon(1e-6));
     tensors_compare(spec, run.gradients, reference.gradients, 5e-4);
@@ -175,7 +161,7 @@ TEST_CASE("MoE: router and shared-gate gradients equal central finite difference
   // (the batch has no near-tie at that scale, else the difference would jump).
   const ModelSpec spec = model_load("tiny-moe");
   const Batch batch = batch_make(64);
-  const MoeRun run = moe_run(spec, {}, batch);
+  const StepOutcome run = moe_run(spec, {}, batch);
   const std::vector<double> weights = fixture_weights_float64(spec);
   const Float64Step reference = float64_forward_backward(spec, weights, batch);
   const LlamaLayout layout = llama_layout(spec);
@@ -202,7 +188,7 @@ TEST_CASE("MoE: router and shared-gate gradients equal central finite difference
 TEST_CASE("MoE: checkpointing, its offload and a tiled loss leave loss and gradients unchanged, tiles and FPDT are refused") {
   const ModelSpec spec = model_load("tiny-moe");
   const Batch batch = batch_make(64);
-  const MoeRun plain = moe_run(spec, {}, batch);
+  const StepOutcome plain = moe_run(spec, {}, batch);
   TrainingOptions offload;
   offload.activation_checkpointing = offload.checkpoint_offload = true;
   TrainingOptions everything = offload;
@@ -210,7 +196,7 @@ TEST_CASE("MoE: checkpointing, its offload and a tiled loss leave loss and gradi
   everything.attention_block = 5;
   for (const TrainingOptions& options : {offload, everything}) {
     CAPTURE(options.loss_tiles);
-    const MoeRun other = moe_run(spec, options, batch);
+    const StepOutcome other = moe_run(spec, options, batch);
     CHECK(other.result.loss == doctest::Approx(plain.result.loss).epsilon(1e-6));
     tensors_compare(spec, other.gradients, plain.gradients, 3e-5);
   }
@@ -233,7 +219,7 @@ TEST_CASE("MoE: measured peak device and host memory equal the planner's native 
         options.checkpoint_offload = option >= 2;
         options.loss_tiles = option == 3 ? 4 : 0;
         const Sample sample = sample_synthetic(seqlen, spec.vocab_size, 3);
-        const MoeRun run = moe_run(spec, options, Batch{sample.tokens, sample.labels, sample.positions});
+        const StepOutcome run = moe_run(spec, options, Batch{sample.tokens, sample.labels, sample.positions});
         const MemoryPrediction predicted = memory_predict(spec, cluster, executor_plan(options), native, seqlen);
         CHECK(predicted.gpu_peak_bytes == doctest::Approx(run.device_peak_bytes).epsilon(1e-9));
         CHECK(predicted.gpu_peak_moment == run.peak_moment);
@@ -246,12 +232,12 @@ TEST_CASE("MoE on the GPU's schedule (bf16 emulation): gradients track fp32, the
   const Batch batch = batch_make(64);
   const ClusterSpec cluster = executor_cluster(std::numeric_limits<double>::infinity());
   const RuntimeProfile profile = runtime_profile_load("native-cuda");
-  const MoeRun fp32 = moe_run(spec, {}, batch);
+  const StepOutcome fp32 = moe_run(spec, {}, batch);
   for (bool checkpointing : {false, true}) {
     CAPTURE(checkpointing);
     TrainingOptions options;
     options.activation_checkpointing = checkpointing;
-    const MoeRun bf16 = moe_run<BasicLlamaModel<Bf16CpuOps>>(spec, options, batch);
+    const StepOutcome bf16 = moe_run<BasicLlamaModel<Bf16CpuOps>>(spec, options, batch);
     CHECK(bf16.result.loss == doctest::Approx(fp32.result.loss).epsilon(2e-4));
     double difference = 0, norm = 0;
     for (size_t i = 0; i < fp32.gradients.size(); ++i) {

@@ -34,15 +34,8 @@ using namespace longseq::testing;
 
 namespace {
 
-struct StepRun {
-  StepResult result;
-  std::vector<float> gradients;
-  double device_peak_bytes = 0, host_peak_bytes = 0;
-  std::string peak_moment;
-};
-
 template <class Model>
-StepRun step_run(const TrainingOptions& options, const Sample& sample, MemoryBackend& device_memory, MemoryBackend& host_memory,
+StepOutcome step_run(const TrainingOptions& options, const Sample& sample, MemoryBackend& device_memory, MemoryBackend& host_memory,
                  const ModelStates& states = {}, const ModelSpec& spec = model_load("tiny-llama")) {
   Arena device("device", std::numeric_limits<double>::infinity(), device_memory);
   Arena host("host", std::numeric_limits<double>::infinity(), host_memory);
@@ -50,15 +43,7 @@ StepRun step_run(const TrainingOptions& options, const Sample& sample, MemoryBac
   const std::vector<float> weights = fixture_weights(spec);
   model.load_parameters(weights.data());
   if (model.lora()) model.load_adapters(test_adapters(model.lora_layout()).data());
-  StepRun out;
-  const auto T = static_cast<int64_t>(sample.tokens.size());
-  out.result = model.forward_backward(sample.tokens.data(), sample.labels.data(), sample.positions.data(), T, options, device, host);
-  out.gradients = model.gradients_full();
-  model.ops().synchronize();
-  out.device_peak_bytes = device.peak_bytes();
-  out.host_peak_bytes = host.peak_bytes();
-  out.peak_moment = std::string(device.peak_moment());
-  return out;
+  return step_outcome(model, sample, options, device, host);
 }
 
 Sample fixture_sample() {
@@ -66,7 +51,7 @@ Sample fixture_sample() {
   return Sample{batch.tokens, batch.labels, batch.positions};
 }
 
-StepRun gpu_run(const TrainingOptions& options, const Sample& sample, const ModelStates& states = {},
+StepOutcome gpu_run(const TrainingOptions& options, const Sample& sample, const ModelStates& states = {},
                 const ModelSpec& spec = model_load("tiny-llama")) {
   CudaDeviceMemoryBackend device_memory;
   PinnedHostMemoryBackend host_memory;
@@ -87,9 +72,9 @@ double relative_l2(const std::vector<float>& actual, const std::vector<float>& e
 
 TEST_CASE("the GPU step against the bf16 emulation and the fp32 model") {
   const Sample sample = fixture_sample();
-  const StepRun gpu = gpu_run({}, sample);
-  const StepRun emulated = step_run<BasicLlamaModel<Bf16CpuOps>>({}, sample, host_memory_backend(), host_memory_backend());
-  const StepRun fp32 = step_run<LlamaModel>({}, sample, host_memory_backend(), host_memory_backend());
+  const StepOutcome gpu = gpu_run({}, sample);
+  const StepOutcome emulated = step_run<BasicLlamaModel<Bf16CpuOps>>({}, sample, host_memory_backend(), host_memory_backend());
+  const StepOutcome fp32 = step_run<LlamaModel>({}, sample, host_memory_backend(), host_memory_backend());
   CHECK(gpu.result.counted_tokens == fp32.result.counted_tokens);
   CHECK(gpu.result.loss == doctest::Approx(emulated.result.loss).epsilon(1e-3));
   CHECK(gpu.result.loss == doctest::Approx(fp32.result.loss).epsilon(2e-3));
@@ -99,7 +84,7 @@ TEST_CASE("the GPU step against the bf16 emulation and the fp32 model") {
 
 TEST_CASE("every memory option on the GPU leaves loss and gradients unchanged (asynchronous offload included)") {
   const Sample sample = fixture_sample();
-  const StepRun plain = gpu_run({}, sample);
+  const StepOutcome plain = gpu_run({}, sample);
   TrainingOptions offload;
   offload.activation_checkpointing = offload.checkpoint_offload = true;
   TrainingOptions everything = offload;
@@ -107,7 +92,7 @@ TEST_CASE("every memory option on the GPU leaves loss and gradients unchanged (a
   everything.loss_tiles = 5;
   for (const TrainingOptions& options : {offload, everything}) {
     CAPTURE(options.mlp_tiles);
-    const StepRun other = gpu_run(options, sample);
+    const StepOutcome other = gpu_run(options, sample);
     CHECK(other.result.loss == doctest::Approx(plain.result.loss).epsilon(1e-3));
     for (double error : relative_l2_per_tensor(other.gradients, plain.gradients)) CHECK(error <= 0.05);
   }
@@ -121,7 +106,7 @@ TEST_CASE("the GPU arena's measured peak equals the native-cuda prediction, the 
   TrainingOptions options;
   options.activation_checkpointing = options.checkpoint_offload = true;
   options.mlp_tiles = 4;
-  const StepRun run = gpu_run(options, sample);
+  const StepOutcome run = gpu_run(options, sample);
   const MemoryPrediction predicted = memory_predict(spec, cluster, executor_plan(options), profile, 2048);
   const double runtime = runtime_overhead_bytes(profile, 1);
   CHECK(predicted.gpu_peak_bytes - runtime == doctest::Approx(run.device_peak_bytes).epsilon(1e-9));
@@ -143,9 +128,9 @@ TEST_CASE("LoRA on the GPU: adapter gradients against the bf16 emulation and fp3
   const ModelStates states = lora_states(8, true);
   TrainingOptions options;
   options.activation_checkpointing = options.checkpoint_offload = true;
-  const StepRun gpu = gpu_run(options, sample, states);
-  const StepRun emulated = step_run<BasicLlamaModel<Bf16CpuOps>>(options, sample, host_memory_backend(), host_memory_backend(), states);
-  const StepRun fp32 = step_run<LlamaModel>(options, sample, host_memory_backend(), host_memory_backend(), states);
+  const StepOutcome gpu = gpu_run(options, sample, states);
+  const StepOutcome emulated = step_run<BasicLlamaModel<Bf16CpuOps>>(options, sample, host_memory_backend(), host_memory_backend(), states);
+  const StepOutcome fp32 = step_run<LlamaModel>(options, sample, host_memory_backend(), host_memory_backend(), states);
   CHECK(gpu.result.loss == doctest::Approx(emulated.result.loss).epsilon(1e-3));
   CHECK(relative_l2(gpu.gradients, emulated.gradients) <= 0.1);
   CHECK(relative_l2(gpu.gradients, fp32.gradients) <= 0.1);
@@ -165,10 +150,10 @@ TEST_CASE("MoE on the GPU: tiny-moe against the bf16 emulation and fp32, its pea
   const Sample sample = fixture_sample();
   TrainingOptions options;
   options.activation_checkpointing = options.checkpoint_offload = true;
-  const StepRun gpu = gpu_run(options, sample, {}, spec);
-  const StepRun emulated =
+  const StepOutcome gpu = gpu_run(options, sample, {}, spec);
+  const StepOutcome emulated =
       step_run<BasicLlamaModel<Bf16CpuOps>>(options, sample, host_memory_backend(), host_memory_backend(), {}, spec);
-  const StepRun fp32 = step_run<LlamaModel>(options, sample, host_memory_backend(), host_memory_backend(), {}, spec);
+  const StepOutcome fp32 = step_run<LlamaModel>(options, sample, host_memory_backend(), host_memory_backend(), {}, spec);
   CHECK(gpu.result.loss == doctest::Approx(emulated.result.loss).epsilon(1e-3));
   for (double error : {relative_l2(gpu.gradients, emulated.gradients), relative_l2(gpu.gradients, fp32.gradients)}) CHECK(error <= 0.1);
   const RuntimeProfile profile = runtime_profile_load("native-cuda");

@@ -258,35 +258,46 @@ inline Float64Step float64_forward_backward(const ModelSpec& spec, const std::ve
   return step;
 }
 
-// LoRA's reference: the adapted model is the base with W + s B A in each adapted linear (PEFT's
-// merge_and_unload), so its loss is the merged model's and, with G the merged weight's gradient,
-// dA = s B^T G and dB = s G A^T. Returns the loss and the adapters' gradients (lora_layout's order).
-inline Float64Step float64_lora_step(const ModelSpec& spec, const std::vector<float>& base, const std::vector<float>& adapters,
-                                     const LoraLayout& lora, const Batch& batch) {
+// Each adapted linear's base weight offset (llama_layout's), by LayerLinearKind.
+inline int64_t base_linear_offset(const LlamaLayout& layout, size_t layer, size_t kind) {
+  const LlamaLayout::Layer& l = layout.layers[layer];
+  const int64_t offsets[kLayerLinears] = {l.q_proj, l.k_proj, l.v_proj, l.o_proj, l.gate_proj, l.up_proj, l.down_proj};
+  return offsets[kind];
+}
+
+// The adapted model as one set of weights: W + s B A in each adapted linear (PEFT's
+// merge_and_unload), in float64.
+inline std::vector<double> float64_lora_merge(const ModelSpec& spec, const std::vector<double>& base, const std::vector<double>& adapters,
+                                              const LoraLayout& lora) {
   const LlamaLayout layout = llama_layout(spec);
-  auto base_offset = [&](size_t layer, size_t kind) {
-    const LlamaLayout::Layer& l = layout.layers[layer];
-    const int64_t offsets[kLayerLinears] = {l.q_proj, l.k_proj, l.v_proj, l.o_proj, l.gate_proj, l.up_proj, l.down_proj};
-    return offsets[kind];
-  };
-  const double s = lora.scale;
   const int64_t r = lora.rank;
-  std::vector<double> merged(base.begin(), base.end());
+  std::vector<double> merged = base;
   for (size_t i = 0; i < lora.layers.size(); ++i)
     for (size_t kind = 0; kind < kLayerLinears; ++kind) {
       const LoraLayout::Adapter& adapter = lora.layers[i][kind];
       if (!adapter.present()) continue;
-      const int64_t offset = base_offset(i, kind);
+      const int64_t offset = base_linear_offset(layout, i, kind);
       for (int64_t o = 0; o < adapter.out; ++o)
         for (int64_t c = 0; c < adapter.in; ++c) {
           double product = 0;
           for (int64_t j = 0; j < r; ++j)
-            product += static_cast<double>(adapters[static_cast<size_t>(adapter.b + o * r + j)]) *
-                       static_cast<double>(adapters[static_cast<size_t>(adapter.a + j * adapter.in + c)]);
-          merged[static_cast<size_t>(offset + o * adapter.in + c)] += s * product;
+            product += adapters[static_cast<size_t>(adapter.b + o * r + j)] * adapters[static_cast<size_t>(adapter.a + j * adapter.in + c)];
+          merged[static_cast<size_t>(offset + o * adapter.in + c)] += static_cast<double>(lora.scale) * product;
         }
     }
-  const Float64Step full = float64_forward_backward(spec, merged, batch);
+  return merged;
+}
+
+// LoRA's reference: the adapted model's loss is the merged model's and, with G the merged
+// weight's gradient, dA = s B^T G and dB = s G A^T. Returns the loss and the adapters' gradients
+// (lora_layout's order).
+inline Float64Step float64_lora_step(const ModelSpec& spec, const std::vector<float>& base, const std::vector<float>& adapters,
+                                     const LoraLayout& lora, const Batch& batch) {
+  const LlamaLayout layout = llama_layout(spec);
+  const double s = lora.scale;
+  const int64_t r = lora.rank;
+  const Float64Step full = float64_forward_backward(
+      spec, float64_lora_merge(spec, {base.begin(), base.end()}, {adapters.begin(), adapters.end()}, lora), batch);
   Float64Step step;
   step.loss = full.loss;
   step.gradients.assign(static_cast<size_t>(lora.total), 0.0);
@@ -294,7 +305,7 @@ inline Float64Step float64_lora_step(const ModelSpec& spec, const std::vector<fl
     for (size_t kind = 0; kind < kLayerLinears; ++kind) {
       const LoraLayout::Adapter& adapter = lora.layers[i][kind];
       if (!adapter.present()) continue;
-      const double* G = full.gradients.data() + base_offset(i, kind);  // [out, in]
+      const double* G = full.gradients.data() + base_linear_offset(layout, i, kind);  // [out, in]
       for (int64_t o = 0; o < adapter.out; ++o)
         for (int64_t c = 0; c < adapter.in; ++c) {
           const double gradient = s * G[o * adapter.in + c];

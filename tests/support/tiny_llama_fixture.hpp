@@ -46,6 +46,28 @@ inline std::vector<float> fixture_weights(const ModelSpec& spec = model_load("ti
   return {weights.begin(), weights.end()};
 }
 
+// One training step's outcome for the tests: loss, the trained parameters' gradients
+// (gradients_full: every weight, or the adapters with LoRA) and the arenas' peaks.
+struct StepOutcome {
+  StepResult result;
+  std::vector<float> gradients;
+  double device_peak_bytes = 0, host_peak_bytes = 0;
+  std::string peak_moment;
+};
+// `batch`: anything with tokens, labels and positions (a Batch, a trainer Sample).
+template <class Model, class Tokens>
+StepOutcome step_outcome(Model& model, const Tokens& batch, const TrainingOptions& options, Arena& device, Arena& host) {
+  StepOutcome out;
+  const auto T = static_cast<int64_t>(batch.tokens.size());
+  out.result = model.forward_backward(batch.tokens.data(), batch.labels.data(), batch.positions.data(), T, options, device, host);
+  out.gradients = model.gradients_full();
+  model.ops().synchronize();
+  out.device_peak_bytes = device.peak_bytes();
+  out.host_peak_bytes = host.peak_bytes();
+  out.peak_moment = std::string(device.peak_moment());
+  return out;
+}
+
 // The same weights into an unsharded CPU model.
 inline void parameters_fill(LlamaModel& model) { model.load_parameters(fixture_weights().data()); }
 
