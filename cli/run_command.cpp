@@ -71,6 +71,7 @@ struct RunCommandArgs {
   int64_t lora_rank = 0;   // 0: full training
   std::string lora_targets = "all-linear";
   double lora_alpha = 8;   // PEFT's LoraConfig default
+  std::string precision = "mixed";  // the bf16 schedule's regime: mixed (DeepSpeed's) or fsdp2
   std::string plan_file;
   bool compare_single_rank = false;
   bool json = false;
@@ -137,6 +138,11 @@ std::shared_ptr<RunCommandArgs> run_command_register(CLI::App& app) {
   command->add_option("--lora-targets", args->lora_targets,
                       "the linears that get adapters: all-linear (q, k, v, o, gate, up, down; the default) or q,v (PEFT's default)");
   command->add_option("--lora-alpha", args->lora_alpha, "the adapters' lora_alpha: their product is scaled by alpha / rank (default 8, PEFT's)");
+  command->add_option("--precision", args->precision,
+                      "the GPU's bf16 regime: mixed (DeepSpeed's: bf16 weights beside fp32 master weights; the default) or fsdp2 "
+                      "(FSDP2's: the fp32 shards alone, each module cast to bf16 as it is gathered; needs --zero 3). On the CPU "
+                      "(fp32) both are the same step")
+      ->check(CLI::IsMember({"mixed", "fsdp2"}));
   command->add_option("--plan", args->plan_file,
                       "run exactly the plan in this file (`longseq plan ... --plan-out FILE`): model, length, ranks, budget and "
                       "every option come from it");
@@ -296,7 +302,9 @@ double model_train(const TrainLoop& loop) {
   // With LoRA the base is frozen and the adapters start as PEFT's (lora_B zero: step 1 is the base's loss).
   const LoraConfig lora{plan.lora_rank, static_cast<float>(args.lora_alpha), plan.lora_all_linear};
   model_storage.emplace(model, device, plan.zero_stage >= 1 ? &ranks.zero_group() : nullptr,
-                        ModelStates{plan.zero_stage, plan.offload_optimizer, plan.offload_params, lora}, &host);
+                        ModelStates{plan.zero_stage, plan.offload_optimizer, plan.offload_params, lora,
+                                    args.precision == "fsdp2" ? PrecisionRegime::fsdp2 : PrecisionRegime::mixed_master},
+                        &host);
   Model& llama = *model_storage;
   llama.load_parameters(initial_weights.data());
   // --compare-single-rank: rank 0 also trains one unsharded replica on group 0's samples.
@@ -306,7 +314,7 @@ double model_train(const TrainLoop& loop) {
   if (compare) {
     reference_device.emplace("reference device");
     reference_host.emplace("reference host");
-    reference.emplace(model, *reference_device, nullptr, ModelStates{0, false, false, lora}, nullptr);
+    reference.emplace(model, *reference_device, nullptr, ModelStates{0, false, false, lora, PrecisionRegime::mixed_master}, nullptr);
     reference->load_parameters(initial_weights.data());
   }
   if (speaker)
@@ -460,6 +468,7 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
                                {"--lora", text(args.lora_rank)},
                                {"--lora-targets", args.lora_targets},
                                {"--lora-alpha", text(args.lora_alpha)},
+                               {"--precision", args.precision},
                                {"--plan", args.plan_file},
                                {"--compare-single-rank", text(args.compare_single_rank)},
                                {"--peer-timeout-s", text(args.peer_timeout_s)},
@@ -551,7 +560,14 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
   if (plan_file) target.budget_bytes = plan_file->device_budget_bytes;
   const double budget_bytes = target.budget_bytes;
   // The prediction for the device that runs: fp32 on the CPU, bf16 with the GPU's runtime terms.
-  const RuntimeProfile profile = machine_profile(target);
+  const PrecisionRegime precision = args.precision == "fsdp2" ? PrecisionRegime::fsdp2 : PrecisionRegime::mixed_master;
+  if (precision == PrecisionRegime::fsdp2 && (plan_file || args.auto_plan))
+    throw ConfigError("--precision", "", "fsdp2 goes with a plan given by flags (--zero 3); plan files and --auto plan DeepSpeed's mixed regime");
+  if (precision == PrecisionRegime::fsdp2 && args.zero_stage != 3)
+    throw ConfigError("--precision", "", "fsdp2 shards every module fully: add --zero 3");
+  if (precision == PrecisionRegime::fsdp2 && (args.offload_optimizer || args.offload_params || args.lora_rank > 0))
+    throw ConfigError("--precision", "", "fsdp2 runs here without offload or adapters (CPUOffloadPolicy and PEFT under FSDP2 are planned, not run)");
+  const RuntimeProfile profile = machine_profile(target, precision);
   // --budget-mib bounds the arena (which enforces it); on a GPU the planner's per-GPU memory also
   // holds the runtime's context, workspace and NCCL buffers beside it.
   const ClusterSpec cluster = machine_cluster(target);

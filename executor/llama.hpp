@@ -123,11 +123,21 @@ struct SequenceParallel {
 // kernels' dtype with no gradient, master copy or moments; the adapters carry those instead (fp32
 // master and moments, and a bf16 copy on the GPU). The executor runs LoRA without ZeRO or offload
 // (executor_plan_problems says so); gradients are summed over the sequence's ranks as any.
+//
+// The precision regime says what the GPU's bf16 schedule keeps (on the CPU, fp32 throughout, they
+// coincide): DeepSpeed's mixed precision keeps bf16 weights (sharded by ZeRO-3) beside fp32 master
+// weights (sharded with the optimizer); FSDP2 (Accelerate's upcast, torchtitan; Reference §11 F1.1,
+// F1.14, F6.4) keeps only the fp32 sharded parameters, the optimizer's own, and casts each module's
+// shard to bf16 as it is all-gathered (a one-chunk "fsdp.cast_shard"), reducing in fp32 (torchtitan's
+// reduce_dtype; Accelerate's default bf16 reduction is not run here). FSDP2 needs ZeRO stage 3 (it
+// always shards) without offload or adapters.
+enum class PrecisionRegime { mixed_master, fsdp2 };
 struct ModelStates {
   int zero_stage = 0;
   bool offload_optimizer = false;
   bool offload_params = false;
   LoraConfig lora;
+  PrecisionRegime precision = PrecisionRegime::mixed_master;
 };
 
 struct StepResult {
@@ -251,6 +261,7 @@ class BasicLlamaModel {
   Buffer master_, gradients_, adam_m_, adam_v_;
   BufferOf<Act> weights_copy_;  // where Act is not float (Ops::kSeparateMasterWeights), or offloaded
   bool master_on_host_ = false;     // master_ is in the host pool
+  bool cast_at_gather_ = false;     // FSDP2's regime with bf16 kernels: no bf16 shard, master_ cast per gather
   bool gradients_on_host_ = false;  // gradients_ is in the host pool
   int64_t step_ = 0;
 };

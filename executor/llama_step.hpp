@@ -1091,6 +1091,10 @@ BasicLlamaModel<Ops>::BasicLlamaModel(const ModelSpec& model, Arena& device, Com
   if (states.offload_params && states.zero_stage != 3)
     throw std::invalid_argument("BasicLlamaModel: parameter offload needs ZeRO-3 (plan_problems reports this)");
   if ((states.offload_optimizer || states.offload_params) && !host) throw std::invalid_argument("BasicLlamaModel: offload needs a host pool");
+  if (states.precision == PrecisionRegime::fsdp2 &&
+      (states.zero_stage != 3 || states.offload_optimizer || states.offload_params || lora()))
+    throw std::invalid_argument("BasicLlamaModel: FSDP2's regime shards fully (ZeRO stage 3) without offload or adapters here");
+  cast_at_gather_ = states.precision == PrecisionRegime::fsdp2 && Ops::kSeparateMasterWeights;
   if (states.zero_stage >= 1 && !zero_group) zero_group = &own_group_;  // ZeRO over one rank
   zero_group_ = states.zero_stage >= 1 ? zero_group : nullptr;
   const int64_t shard = plan_modules(zero_ranks());
@@ -1100,6 +1104,14 @@ BasicLlamaModel<Ops>::BasicLlamaModel(const ModelSpec& model, Arena& device, Com
   Arena& weight_arena = states.offload_params ? *host : device;
   Arena& optimizer_arena = states.offload_optimizer ? *host : device;
   const int64_t optimizer_elements = states.zero_stage >= 1 ? shard : whole;
+  if (cast_at_gather_) {
+    // The fp32 shards are the parameters (the planner's "weights" at 4 bytes), and the optimizer's.
+    master_ = device.allocate(llama_step::kStates, "weights", shard, true);
+    gradients_ = device.allocate(llama_step::kStates, "gradients_fp32", shard, true);
+    adam_m_ = device.allocate(llama_step::kStates, "optimizer_states", shard, true);
+    adam_v_ = device.allocate(llama_step::kStates, "optimizer_states", shard, true);
+    return;
+  }
   weights_copy_ = weight_arena.template allocate<Act>(llama_step::kStates, "weights", weights_partitioned() ? shard : whole, true);
   // Mixed precision (DeepSpeed's bf16 mode), or an optimizer on the host: AdamW updates separate
   // fp32 master weights (sharded with the optimizer states) and the weights are written back.
@@ -1207,6 +1219,7 @@ void BasicLlamaModel<Ops>::load_parameters(const float* full) {
     else
       ops_.to_device(master_.data(), own_master.data(), master_.size());
   }
+  if (cast_at_gather_) return;  // no bf16 copy to keep
   if constexpr (std::is_same_v<Act, float>) {
     weights_store(weights(), own_weights.data(), weights_copy_.size());
   } else {
@@ -1348,7 +1361,11 @@ StepResult BasicLlamaModel<Ops>::forward_backward(const int32_t* host_tokens, co
     BufferOf<Act> gathered = device.allocate<Act>(kCategoryZero, name, module.chunk * zero_group_->size());
     const Act* shard = weights() + module.shard_offset;
     BufferOf<Act> staged;
-    if (states_.offload_params) {
+    if (cast_at_gather_) {  // FSDP2: the fp32 shard cast to bf16 for its all-gather
+      staged = device.allocate<Act>(kCategoryZero, "fsdp.cast_shard", module.chunk);
+      ops.weights_from_master(staged.data(), master_.data() + module.shard_offset, module.chunk);
+      shard = staged.data();
+    } else if (states_.offload_params) {
       staged = device.allocate<Act>(kCategoryZero, "offloaded_weights_in_flight", module.chunk);
       ops.to_device(staged.data(), shard, module.chunk);
       shard = staged.data();

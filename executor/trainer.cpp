@@ -217,7 +217,21 @@ HardwareCard cpu_card_with_rates(HardwareCard card, const MeasuredCpuRates& rate
   return card;
 }
 
-RuntimeProfile machine_profile(const MachineTarget& target) { return runtime_profile_load(target.device == "cuda" ? "native-cuda" : "native"); }
+RuntimeProfile machine_profile(const MachineTarget& target, PrecisionRegime precision) {
+  RuntimeProfile profile = runtime_profile_load(target.device == "cuda" ? "native-cuda" : "native");
+  if (precision == PrecisionRegime::fsdp2 && profile.weight_bytes != 4) {
+    // FSDP2's regime (ModelStates::precision; Reference §11 F1.1, F1.14, F6.4): the fp32 shards are
+    // the only copy of the weights, the optimizer's master too; gathers in the kernels' dtype,
+    // reduction in fp32 (torchtitan's reduce_dtype). On the CPU (fp32) it is the mixed regime.
+    profile.name += "-fsdp2";
+    profile.weight_bytes = 4;
+    profile.master_weight_bytes = 0;
+    profile.parameter_sharding = ParameterSharding::sharding_fsdp2;
+    profile.gathered_weight_bytes = profile.activation_bytes;
+    profile.reduce_bytes = 4;
+  }
+  return profile;
+}
 
 ClusterSpec machine_cluster(const MachineTarget& target) {
   // The rates of the CPU card order plans of equal length; on a GPU the H100 card's do (the

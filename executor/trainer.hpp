@@ -54,7 +54,8 @@ struct MachineTarget {
   int64_t ranks = 1;
   double budget_bytes = std::numeric_limits<double>::infinity();
 };
-RuntimeProfile machine_profile(const MachineTarget& target);
+// The executor's runtime profile: native (CPU, fp32) or native-cuda (bf16), in a precision regime.
+RuntimeProfile machine_profile(const MachineTarget& target, PrecisionRegime precision = PrecisionRegime::mixed_master);
 ClusterSpec machine_cluster(const MachineTarget& target);
 // The search `longseq plan --ranks/--budget-mib` and `longseq run --auto` both run: the planner's
 // search, restricted to what this executor runs on the device, with FPDT chunks this machine's

@@ -1611,6 +1611,11 @@ void executor_step_replay(TensorTrace& trace, const LayerShape& shape, const Exe
   auto gather = [&](int64_t parameters, const char* name = "gathered_layer_weights") {
     if (!gather_weights) return;
     trace.alloc(kCategoryZero, name, module_bytes(parameters).first * static_cast<double>(act));
+    if (options.cast_shards) {
+      trace.alloc(kCategoryZero, "fsdp.cast_shard", module_bytes(parameters).second * static_cast<double>(act));
+      trace.free("fsdp.cast_shard");
+      return;
+    }
     if (!options.offload_params) return;
     trace.alloc(kCategoryZero, "offloaded_weights_in_flight", module_bytes(parameters).second * static_cast<double>(act));
     trace.free("offloaded_weights_in_flight");

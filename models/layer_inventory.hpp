@@ -164,6 +164,9 @@ struct ExecutorStepOptions {
   // norm with the LM head (just the norm when tied).
   int64_t zero_ranks = 0;
   bool gather_weights = false, scatter_gradients = false, offload_params = false;
+  // FSDP2's regime with bf16 kernels (PrecisionRegime::fsdp2): each module's fp32 shard is cast
+  // into a one-chunk "fsdp.cast_shard" for its all-gather (no bf16 shard is kept).
+  bool cast_shards = false;
   int64_t embedding_parameters = 0, layer_parameters = 0, final_parameters = 0;
   bool tied_embeddings = false;
   // Ring attention with PyTorch CP's all-gather rotation (TrainingOptions::context_parallel_all_gather).

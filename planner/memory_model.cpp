@@ -416,6 +416,9 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
     options.gather_weights = plan.zero_stage == 3;
     options.scatter_gradients = plan.zero_stage >= 2 || (plan.zero_stage >= 1 && plan.offload_optimizer);
     options.offload_params = plan.offload_params;
+    // FSDP2's regime (a profile whose sharded parameters are wider than its kernels' dtype).
+    options.cast_shards = options.gather_weights && profile.parameter_sharding == ParameterSharding::sharding_fsdp2 &&
+                          profile.weight_bytes != profile.activation_bytes;
     // A ring run as PyTorch CP's all-gather rotation (a profile that says so, and the plan's rotation).
     options.context_parallel_all_gather = context_parallel_all_gather(profile, plan);
     if (options.gather_weights || options.scatter_gradients) {

@@ -20,6 +20,7 @@
 
 #include <cmath>
 #include <limits>
+#include <stdexcept>
 #include <vector>
 
 #include "executor/llama_step.hpp"
@@ -193,3 +194,59 @@ TEST_CASE("bf16 FPDT (the GPU's chunked schedule on the CPU): loss and gradients
     CHECK(predicted.host_bytes_per_node == doctest::Approx(host.peak_bytes()).epsilon(1e-9));
   }
 }
+
+TEST_CASE("FSDP2's precision regime on the GPU's schedule: fp32 shards only, a cast per gather, the same training as DeepSpeed's, peaks as predicted") {
+  // ZeRO-3 over one rank both ways. DeepSpeed's mixed regime keeps a bf16 weight shard beside the
+  // fp32 master (2 + 4 bytes); FSDP2's the fp32 shard alone (4), cast to bf16 as each module is
+  // gathered: the gathered weights are bf16(master) either way, so loss, gradients and the updated
+  // parameters agree exactly, and FSDP2 holds 2 bytes a parameter less.
+  const ModelSpec spec = model_load("tiny-llama");
+  const std::vector<float> weights = fixture_weights();
+  const Sample sample = sample_synthetic(512, spec.vocab_size, 3);
+  const ClusterSpec cluster = executor_cluster(std::numeric_limits<double>::infinity());
+  MachineTarget gpu;
+  gpu.device = "cuda";
+  struct Regime {
+    PrecisionRegime precision;
+    StepResult result;
+    std::vector<float> gradients, parameters;
+    double states_bytes = 0;
+  };
+  std::vector<Regime> regimes = {{PrecisionRegime::mixed_master, {}, {}, {}, 0}, {PrecisionRegime::fsdp2, {}, {}, {}, 0}};
+  for (Regime& regime : regimes) {
+    for (bool checkpointing : {false, true}) {
+      CAPTURE(checkpointing);
+      Arena device("device"), host("host");
+      SingleRankCommunicator one_rank;
+      ModelStates states;
+      states.zero_stage = 3;
+      states.precision = regime.precision;
+      Bf16Model model(spec, device, &one_rank, states, &host);
+      model.load_parameters(weights.data());
+      regime.states_bytes = device.current_bytes();
+      TrainingOptions options;
+      options.activation_checkpointing = checkpointing;
+      regime.result = model.forward_backward(sample.tokens.data(), sample.labels.data(), sample.positions.data(), 512, options, device, host);
+      regime.gradients = model.gradients_full();
+      const RuntimeProfile profile = machine_profile(gpu, regime.precision);
+      const MemoryPrediction predicted = memory_predict(spec, cluster, executor_plan(options, 1, 3), profile, 512);
+      CHECK(predicted.gpu_peak_bytes - runtime_bytes(predicted) == doctest::Approx(device.peak_bytes()).epsilon(1e-9));
+      CHECK(predicted.gpu_peak_moment == device.peak_moment());
+      model.adamw_step(1e-3f, 0.9f, 0.95f, 1e-8f, 0.0f);
+      regime.parameters = model.parameters_full();
+    }
+  }
+  CHECK(regimes[1].result.loss == regimes[0].result.loss);
+  CHECK(regimes[1].gradients == regimes[0].gradients);
+  CHECK(regimes[1].parameters == regimes[0].parameters);
+  // tiny-llama's 217,664 parameters (one rank: no padding): 2 + 4 + 4 + 8 = 18 bytes against 4 + 4 + 8 = 16.
+  CHECK(regimes[0].states_bytes == 18.0 * 217664);
+  CHECK(regimes[1].states_bytes == 16.0 * 217664);
+  CHECK(machine_profile(gpu, PrecisionRegime::fsdp2).name == "native-cuda-fsdp2");
+  // FSDP2 shards fully: a regime asked for without ZeRO-3 is refused.
+  Arena device("device");
+  ModelStates unsharded;
+  unsharded.precision = PrecisionRegime::fsdp2;
+  CHECK_THROWS_AS(Bf16Model(spec, device, nullptr, unsharded, nullptr), std::invalid_argument);
+}
+

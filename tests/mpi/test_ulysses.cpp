@@ -412,6 +412,43 @@ TEST_CASE("the GPU's schedule across ranks (bf16 emulation): Ulysses, ZeRO-3, FP
   CHECK(predicted.host_bytes_per_node == doctest::Approx(host.peak_bytes() * static_cast<double>(sp)).epsilon(1e-9));
 }
 
+TEST_CASE("FSDP2's precision regime across ranks (bf16 emulation): the same step as DeepSpeed's ZeRO-3 under Ulysses, peaks as predicted") {
+  // The fp32 shards cast per gather give the gathered weights DeepSpeed's bf16 shards give:
+  // loss and every gradient equal bit for bit; each rank's peak is the FSDP2 profile's.
+  const ModelSpec spec = model_load("tiny-llama");
+  const Batch batch = batch_make(64);
+  const int64_t sp = world().size(), T = 64 / sp, first = world().rank() * T;
+  const std::vector<float> full = fixture_weights();
+  MachineTarget gpu;
+  gpu.device = "cuda";
+  gpu.ranks = sp;
+  std::vector<float> gradients[2];
+  double losses[2] = {0, 0};
+  for (PrecisionRegime precision : {PrecisionRegime::mixed_master, PrecisionRegime::fsdp2}) {
+    const auto which = static_cast<size_t>(precision == PrecisionRegime::fsdp2);
+    CAPTURE(which);
+    Arena device("device"), host("host");
+    ModelStates states;
+    states.zero_stage = 3;
+    states.precision = precision;
+    BasicLlamaModel<Bf16CpuOps> model(spec, device, &world(), states, &host);
+    model.load_parameters(full.data());
+    TrainingOptions options;
+    options.activation_checkpointing = true;
+    SequenceParallel parallel{&world(), batch.positions.data()};
+    losses[which] = model.forward_backward(batch.tokens.data() + first, batch.labels.data() + first, batch.positions.data() + first, T,
+                                           options, device, host, parallel).loss;
+    gradients[which] = model.gradients_full();
+    const RuntimeProfile profile = machine_profile(gpu, precision);
+    const MemoryPrediction predicted =
+        memory_predict(spec, executor_cluster(std::numeric_limits<double>::infinity(), sp), executor_plan(options, sp, 3), profile, 64);
+    CHECK(predicted.gpu_peak_bytes - runtime_overhead_bytes(profile, sp) == doctest::Approx(device.peak_bytes()).epsilon(1e-9));
+    CHECK(predicted.gpu_peak_moment == device.peak_moment());
+  }
+  CHECK(losses[1] == losses[0]);
+  CHECK(gradients[1] == gradients[0]);
+}
+
 int main(int argc, char** argv) { return mpi_doctest_main(argc, argv); }
 
 // ZeRO-1, ZeRO-2 and parameter offload change where states live and how gradients are summed

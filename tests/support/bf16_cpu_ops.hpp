@@ -181,7 +181,7 @@ class Bf16CpuOps : public HostMemoryMovement {
   void adamw_update(float* master, Act* weights, const float* grads, float* m, float* v, int64_t N, float lr, float beta1, float beta2,
                     float eps, float weight_decay, int64_t step) {
     kernels::adamw_update(master, grads, m, v, N, lr, beta1, beta2, eps, weight_decay, step);
-    weights_from_master(weights, master, N);
+    if (weights) weights_from_master(weights, master, N);  // (none kept: FSDP2's regime casts at each gather)
   }
 
   // ---- element-wise and data movement (the rest is HostMemoryMovement's) ----
