@@ -48,6 +48,11 @@
 
 namespace longseq {
 
+// --precision's spellings.
+static PrecisionRegime precision_regime(const std::string& text) {
+  return text == "fsdp2" ? PrecisionRegime::fsdp2 : text == "pure-bf16" ? PrecisionRegime::pure_bf16 : PrecisionRegime::mixed_master;
+}
+
 struct RunCommandArgs {
   std::string scenario;
   CLI::App* command = nullptr;  // to tell flags given from defaults when a scenario supplies values
@@ -139,10 +144,11 @@ std::shared_ptr<RunCommandArgs> run_command_register(CLI::App& app) {
                       "the linears that get adapters: all-linear (q, k, v, o, gate, up, down; the default) or q,v (PEFT's default)");
   command->add_option("--lora-alpha", args->lora_alpha, "the adapters' lora_alpha: their product is scaled by alpha / rank (default 8, PEFT's)");
   command->add_option("--precision", args->precision,
-                      "the GPU's bf16 regime: mixed (DeepSpeed's: bf16 weights beside fp32 master weights; the default) or fsdp2 "
-                      "(FSDP2's: the fp32 shards alone, each module cast to bf16 as it is gathered; needs --zero 3). On the CPU "
-                      "(fp32) both are the same step")
-      ->check(CLI::IsMember({"mixed", "fsdp2"}));
+                      "the GPU's bf16 regime: mixed (DeepSpeed's: bf16 weights beside fp32 master weights; the default), fsdp2 "
+                      "(FSDP2's: the fp32 shards alone, each module cast to bf16 as it is gathered; needs --zero 3) or pure-bf16 (the "
+                      "plain HF Trainer with a bf16 model: bf16 weights, gradients and AdamW moments; one rank). On the CPU (fp32) "
+                      "they are the same step")
+      ->check(CLI::IsMember({"mixed", "fsdp2", "pure-bf16"}));
   command->add_option("--plan", args->plan_file,
                       "run exactly the plan in this file (`longseq plan ... --plan-out FILE`): model, length, ranks, budget and "
                       "every option come from it");
@@ -302,8 +308,7 @@ double model_train(const TrainLoop& loop) {
   // With LoRA the base is frozen and the adapters start as PEFT's (lora_B zero: step 1 is the base's loss).
   const LoraConfig lora{plan.lora_rank, static_cast<float>(args.lora_alpha), plan.lora_all_linear};
   model_storage.emplace(model, device, plan.zero_stage >= 1 ? &ranks.zero_group() : nullptr,
-                        ModelStates{plan.zero_stage, plan.offload_optimizer, plan.offload_params, lora,
-                                    args.precision == "fsdp2" ? PrecisionRegime::fsdp2 : PrecisionRegime::mixed_master},
+                        ModelStates{plan.zero_stage, plan.offload_optimizer, plan.offload_params, lora, precision_regime(args.precision)},
                         &host);
   Model& llama = *model_storage;
   llama.load_parameters(initial_weights.data());
@@ -560,9 +565,12 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
   if (plan_file) target.budget_bytes = plan_file->device_budget_bytes;
   const double budget_bytes = target.budget_bytes;
   // The prediction for the device that runs: fp32 on the CPU, bf16 with the GPU's runtime terms.
-  const PrecisionRegime precision = args.precision == "fsdp2" ? PrecisionRegime::fsdp2 : PrecisionRegime::mixed_master;
-  if (precision == PrecisionRegime::fsdp2 && (plan_file || args.auto_plan))
-    throw ConfigError("--precision", "", "fsdp2 goes with a plan given by flags (--zero 3); plan files and --auto plan DeepSpeed's mixed regime");
+  const PrecisionRegime precision = precision_regime(args.precision);
+  if (precision != PrecisionRegime::mixed_master && (plan_file || args.auto_plan))
+    throw ConfigError("--precision", "", args.precision + " goes with a plan given by flags; plan files and --auto plan DeepSpeed's mixed regime");
+  if (precision == PrecisionRegime::pure_bf16 &&
+      (args.zero_stage != 0 || args.offload_optimizer || args.offload_params || args.lora_rank > 0 || world_size > 1))
+    throw ConfigError("--precision", "", "pure-bf16 is the plain HF Trainer's regime: one rank, without ZeRO, offload or adapters");
   if (precision == PrecisionRegime::fsdp2 && args.zero_stage != 3)
     throw ConfigError("--precision", "", "fsdp2 shards every module fully: add --zero 3");
   if (precision == PrecisionRegime::fsdp2 && (args.offload_optimizer || args.offload_params || args.lora_rank > 0))

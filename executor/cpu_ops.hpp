@@ -209,6 +209,14 @@ class CpuOps : public HostMemoryMovement {
     kernels::moe_shared_gate_backward(dshared, dgate, dout, shared, gate, T, C);
   }
 
+  // The pure-bf16 regime's calls, which in fp32 are the plain ones (gradients and moments fp32).
+  void gradient_add_to_act(Act* gradients, const float* module_gradient, int64_t n) { add(gradients, module_gradient, n); }
+  void adamw_update_act(Act* params, const Act* grads, Act* m, Act* v, int64_t N, float lr, float beta1, float beta2, float eps,
+                        float weight_decay, int64_t step) {
+    const ComponentTimer timer(&ComponentSeconds::optimizer);
+    kernels::adamw_update(params, grads, m, v, N, lr, beta1, beta2, eps, weight_decay, step);
+  }
+
   // AdamW on the fp32 master weights; `weights` (the Act copy the kernels read) is the same
   // storage here.
   void adamw_update(float* master, Act* /*weights*/, const float* grads, float* m, float* v, int64_t N, float lr, float beta1,

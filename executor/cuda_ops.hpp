@@ -178,6 +178,13 @@ class CudaOps {
     cuda::copy_device(destination, source, static_cast<size_t>(n) * sizeof(T));
   }
   void fill_zero(float* data, int64_t n) { cuda::device_memset_zero(data, static_cast<size_t>(n) * sizeof(float)); }
+  void fill_zero(Act* data, int64_t n) { cuda::device_memset_zero(data, static_cast<size_t>(n) * sizeof(Act)); }
+  // The pure-bf16 regime: a module's fp32 gradient added into the bf16 gradients; AdamW on bf16.
+  void gradient_add_to_act(Act* gradients, const float* module_gradient, int64_t n) { cuda::add(gradients, module_gradient, n); }
+  void adamw_update_act(Act* params, const Act* grads, Act* m, Act* v, int64_t N, float lr, float beta1, float beta2, float eps,
+                        float weight_decay, int64_t step) {
+    cuda::adamw_update_bf16(params, grads, m, v, N, lr, beta1, beta2, eps, weight_decay, step);
+  }
   void scale(float* data, int64_t n, float factor) { cuda::scale(data, n, factor); }
   void heads_pack(Act* send, const Act* source, int64_t tokens, int64_t heads_total, HeadBlocks blocks, int64_t HD, int64_t sp) {
     cuda::heads_pack(send, source, tokens, heads_total, blocks.per_rank, blocks.replication, HD, sp);

@@ -130,8 +130,12 @@ struct SequenceParallel {
 // F1.14, F6.4) keeps only the fp32 sharded parameters, the optimizer's own, and casts each module's
 // shard to bf16 as it is all-gathered (a one-chunk "fsdp.cast_shard"), reducing in fp32 (torchtitan's
 // reduce_dtype; Accelerate's default bf16 reduction is not run here). FSDP2 needs ZeRO stage 3 (it
-// always shards) without offload or adapters.
-enum class PrecisionRegime { mixed_master, fsdp2 };
+// always shards) without offload or adapters. The pure-bf16 regime is the plain HF Trainer's with a
+// bf16-loaded model (no DeepSpeed, no FSDP; Reference §11 F1.5): bf16 weights, gradients and AdamW
+// moments, no master copy, 8 bytes a parameter; here each module's gradient is produced in fp32
+// (a module-sized "module_gradient_fp32" transient, the executor's kernels accumulate in fp32) and
+// added into the bf16 gradients. It runs on one rank without ZeRO, offload or adapters.
+enum class PrecisionRegime { mixed_master, fsdp2, pure_bf16 };
 struct ModelStates {
   int zero_stage = 0;
   bool offload_optimizer = false;
@@ -262,6 +266,10 @@ class BasicLlamaModel {
   BufferOf<Act> weights_copy_;  // where Act is not float (Ops::kSeparateMasterWeights), or offloaded
   bool master_on_host_ = false;     // master_ is in the host pool
   bool cast_at_gather_ = false;     // FSDP2's regime with bf16 kernels: no bf16 shard, master_ cast per gather
+  bool act_states_ = false;         // the pure-bf16 regime with bf16 kernels: gradients and moments below
+  BufferOf<Act> gradients_act_, adam_m_act_, adam_v_act_;
+  // The whole host vector of a buffer in the kernels' dtype (widened on the device).
+  std::vector<float> act_to_host(const Act* values, int64_t n);
   bool gradients_on_host_ = false;  // gradients_ is in the host pool
   int64_t step_ = 0;
 };

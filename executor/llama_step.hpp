@@ -1095,6 +1095,21 @@ BasicLlamaModel<Ops>::BasicLlamaModel(const ModelSpec& model, Arena& device, Com
       (states.zero_stage != 3 || states.offload_optimizer || states.offload_params || lora()))
     throw std::invalid_argument("BasicLlamaModel: FSDP2's regime shards fully (ZeRO stage 3) without offload or adapters here");
   cast_at_gather_ = states.precision == PrecisionRegime::fsdp2 && Ops::kSeparateMasterWeights;
+  if (states.precision == PrecisionRegime::pure_bf16) {
+    if (states.zero_stage != 0 || states.offload_optimizer || states.offload_params || lora())
+      throw std::invalid_argument("BasicLlamaModel: the pure-bf16 regime runs without ZeRO, offload or adapters here");
+    act_states_ = Ops::kSeparateMasterWeights;  // in fp32 it is the plain step
+  }
+  if (act_states_) {
+    // bf16 weights, gradients and moments (the planner's names: weights, gradients_bf16,
+    // optimizer_states), no master.
+    plan_modules(1);
+    weights_copy_ = device.template allocate<Act>(llama_step::kStates, "weights", layout_.total, true);
+    gradients_act_ = device.template allocate<Act>(llama_step::kStates, "gradients_bf16", layout_.total, true);
+    adam_m_act_ = device.template allocate<Act>(llama_step::kStates, "optimizer_states", layout_.total, true);
+    adam_v_act_ = device.template allocate<Act>(llama_step::kStates, "optimizer_states", layout_.total, true);
+    return;
+  }
   if (states.zero_stage >= 1 && !zero_group) zero_group = &own_group_;  // ZeRO over one rank
   zero_group_ = states.zero_stage >= 1 ? zero_group : nullptr;
   const int64_t shard = plan_modules(zero_ranks());
@@ -1212,7 +1227,7 @@ void BasicLlamaModel<Ops>::load_parameters(const float* full) {
     }
   }
   const std::vector<float>& own_weights = weights_partitioned() ? shard : padded;
-  if (!master_is_weights() && !lora()) {  // (LoRA's master is the adapters')
+  if (!master_is_weights() && !lora() && !act_states_) {  // (LoRA's master is the adapters'; pure bf16 has none)
     const std::vector<float>& own_master = states_.zero_stage >= 1 ? shard : padded;
     if (master_on_host_)
       std::copy(own_master.begin(), own_master.end(), master_.data());
@@ -1267,7 +1282,18 @@ std::vector<float> BasicLlamaModel<Ops>::gather_full(const float* shard) {
 }
 
 template <class Ops>
+std::vector<float> BasicLlamaModel<Ops>::act_to_host(const Act* values, int64_t n) {
+  auto wide = ops_.template scratch<float>(n);
+  ops_.fill_zero(wide.data(), n);
+  ops_.accumulate(wide.data(), values, n);
+  std::vector<float> host(static_cast<size_t>(n));
+  ops_.to_host(host.data(), wide.data(), n);
+  return host;
+}
+
+template <class Ops>
 std::vector<float> BasicLlamaModel<Ops>::parameters_full() {
+  if (act_states_) return act_to_host(weights(), layout_.total);
   if (lora()) {
     std::vector<float> adapters(static_cast<size_t>(lora_layout_.total));
     ops_.to_host(adapters.data(), static_cast<const float*>(master_data()), lora_layout_.total);
@@ -1287,6 +1313,7 @@ std::vector<float> BasicLlamaModel<Ops>::parameters_full() {
 
 template <class Ops>
 std::vector<float> BasicLlamaModel<Ops>::gradients_full() {
+  if (act_states_) return act_to_host(gradients_act_.data(), layout_.total);
   if (lora()) {
     std::vector<float> adapters(static_cast<size_t>(lora_layout_.total));
     ops_.to_host(adapters.data(), static_cast<const float*>(gradients_.data()), lora_layout_.total);
@@ -1339,8 +1366,10 @@ StepResult BasicLlamaModel<Ops>::forward_backward(const int32_t* host_tokens, co
     std::fill_n(gradients_.data(), gradients_.size(), 0.0f);  // host memory
   else
     ops.fill_zero(gradients_.data(), gradients_.size());
-  // The base's gradients (null with LoRA: the base is frozen, gradients_ holds the adapters').
-  float* grads = lora() ? nullptr : gradients_.data();
+  if (act_states_) ops.fill_zero(gradients_act_.data(), gradients_act_.size());
+  // The base's gradients (null with LoRA: the base is frozen, gradients_ holds the adapters'; and
+  // in the pure-bf16 regime, where each module's is produced in fp32 and added in: module_gradients).
+  float* grads = lora() || act_states_ ? nullptr : gradients_.data();
   if (lora() && (options.mlp_tiles > 0 || options.fpdt_chunk_tokens > 0))
     throw std::invalid_argument("forward_backward: LoRA runs untiled MLPs without FPDT here (executor_plan_problems reports this)");
   auto layer_adapters = [&](int64_t layer) {
@@ -1383,11 +1412,20 @@ StepResult BasicLlamaModel<Ops>::forward_backward(const int32_t* host_tokens, co
     return device.allocate(kCategoryZero, name, modules_[index].chunk * zero_group_->size(), true);
   };
   auto module_gradients = [&](size_t index, Buffer& holder, const char* name = "weight_gradient") -> float* {
+    if (act_states_) {
+      holder = device.allocate(L, "module_gradient_fp32", modules_[index].size, true);
+      return holder.data();
+    }
     if (!scatter_gradients) return gradient_at(grads, modules_[index].padded_start);
     holder = gradient_buffer(index, name);
     return holder.data();
   };
   auto scatter = [&](size_t index, Buffer& gradient) {
+    if (act_states_) {  // the pure-bf16 regime: into the bf16 gradients, rounded once
+      ops.gradient_add_to_act(gradients_act_.data() + modules_[index].start, gradient.data(), modules_[index].size);
+      gradient.release();
+      return;
+    }
     if (!scatter_gradients) return;
     const Module& module = modules_[index];
     Buffer part = device.allocate(kCategoryZero, "gradient_shard_in_flight", module.chunk);
@@ -1594,6 +1632,11 @@ StepResult BasicLlamaModel<Ops>::forward_backward(const int32_t* host_tokens, co
 template <class Ops>
 void BasicLlamaModel<Ops>::adamw_step(float lr, float beta1, float beta2, float eps, float weight_decay) {
   ++step_;
+  if (act_states_) {  // bf16 parameters, gradients and moments
+    ops_.adamw_update_act(weights(), gradients_act_.data(), adam_m_act_.data(), adam_v_act_.data(), layout_.total, lr, beta1, beta2, eps,
+                          weight_decay, step_);
+    return;
+  }
   if (lora()) {  // the adapters alone
     ops_.adamw_update(master_data(), adapters_.data(), gradients_.data(), adam_m_.data(), adam_v_.data(), lora_layout_.total, lr, beta1,
                       beta2, eps, weight_decay, step_);

@@ -230,6 +230,15 @@ RuntimeProfile machine_profile(const MachineTarget& target, PrecisionRegime prec
     profile.gathered_weight_bytes = profile.activation_bytes;
     profile.reduce_bytes = 4;
   }
+  if (precision == PrecisionRegime::pure_bf16 && profile.weight_bytes == 2) {
+    // The plain HF Trainer with a bf16-loaded model (Reference §11 F1.5): bf16 weights, gradients
+    // and AdamW moments, no master copy: 8 bytes a parameter. On the CPU (fp32) the plain step.
+    profile.name += "-pure-bf16";
+    profile.gradient_bytes = 2;
+    profile.master_weight_bytes = 0;
+    profile.optimizer_state_bytes = 4;
+    profile.working_gradient_bytes = 2;
+  }
   return profile;
 }
 

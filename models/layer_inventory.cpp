@@ -1624,9 +1624,14 @@ void executor_step_replay(TensorTrace& trace, const LayerShape& shape, const Exe
     if (gather_weights) trace.free(name);
   };
   auto gradient = [&](int64_t parameters, const char* name = "weight_gradient") {
-    if (scatter_gradients) trace.alloc(kCategoryZero, name, module_bytes(parameters).first * 4);
+    if (options.module_gradients_fp32) trace.alloc(L, "module_gradient_fp32", static_cast<double>(parameters) * 4);
+    else if (scatter_gradients) trace.alloc(kCategoryZero, name, module_bytes(parameters).first * 4);
   };
   auto scatter = [&](int64_t parameters, const char* name = "weight_gradient") {
+    if (options.module_gradients_fp32) {
+      trace.free("module_gradient_fp32");
+      return;
+    }
     if (!scatter_gradients) return;
     trace.alloc(kCategoryZero, "gradient_shard_in_flight", module_bytes(parameters).second * 4);
     trace.free(name);

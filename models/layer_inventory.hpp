@@ -167,6 +167,9 @@ struct ExecutorStepOptions {
   // FSDP2's regime with bf16 kernels (PrecisionRegime::fsdp2): each module's fp32 shard is cast
   // into a one-chunk "fsdp.cast_shard" for its all-gather (no bf16 shard is kept).
   bool cast_shards = false;
+  // The pure-bf16 regime (PrecisionRegime::pure_bf16, bf16 gradients): each module's gradient is
+  // produced in a module-sized fp32 "module_gradient_fp32" and added into the bf16 gradients.
+  bool module_gradients_fp32 = false;
   int64_t embedding_parameters = 0, layer_parameters = 0, final_parameters = 0;
   bool tied_embeddings = false;
   // Ring attention with PyTorch CP's all-gather rotation (TrainingOptions::context_parallel_all_gather).

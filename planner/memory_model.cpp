@@ -419,10 +419,12 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
     // FSDP2's regime (a profile whose sharded parameters are wider than its kernels' dtype).
     options.cast_shards = options.gather_weights && profile.parameter_sharding == ParameterSharding::sharding_fsdp2 &&
                           profile.weight_bytes != profile.activation_bytes;
+    // The pure-bf16 regime (gradients narrower than fp32): each module's produced in fp32 first.
+    options.module_gradients_fp32 = profile.gradient_bytes < 4;
     // A ring run as PyTorch CP's all-gather rotation (a profile that says so, and the plan's rotation).
     options.context_parallel_all_gather = context_parallel_all_gather(profile, plan);
-    if (options.gather_weights || options.scatter_gradients) {
-      options.zero_ranks = cluster.gpus;
+    if (options.gather_weights || options.scatter_gradients || options.module_gradients_fp32) {
+      if (options.gather_weights || options.scatter_gradients) options.zero_ranks = cluster.gpus;
       options.embedding_parameters = setup.params.embedding;
       options.layer_parameters = setup.params.per_layer;
       options.final_parameters = setup.params.final_norm + setup.params.lm_head;

@@ -279,7 +279,26 @@ __global__ void adamw_kernel(float* params, Bf16* weights_bf16, const float* gra
   if (weights_bf16) weights_bf16[i] = bf16(p);
 }
 
+// The pure-bf16 regime's AdamW: bf16 parameters, gradients and moments, each read into fp32, the
+// update computed in fp32 and every state rounded back to bf16 (PyTorch AdamW on bf16 tensors).
+__global__ void adamw_bf16_kernel(Bf16* params, const Bf16* grads, Bf16* m, Bf16* v, int64_t N, float lr, float beta1, float beta2,
+                                  float eps, float weight_decay, float bias1, float bias2) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= N) return;
+  float p = load(params, i) - lr * weight_decay * load(params, i);
+  const float g = load(grads, i);
+  const float m_new = beta1 * load(m, i) + (1.0f - beta1) * g, v_new = beta2 * load(v, i) + (1.0f - beta2) * g * g;
+  p -= lr * (m_new / bias1) / (sqrtf(v_new / bias2) + eps);
+  params[i] = bf16(p);
+  m[i] = bf16(m_new);
+  v[i] = bf16(v_new);
+}
+
 // ---- element-wise data movement ----
+__global__ void add_f32_to_bf16_kernel(Bf16* inout, const float* addend, int64_t N) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < N) inout[i] = bf16(load(inout, i) + addend[i]);
+}
 __global__ void add_bf16_kernel(Bf16* inout, const Bf16* addend, int64_t N) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i < N) inout[i] = bf16(load(inout, i) + load(addend, i));
@@ -357,6 +376,16 @@ void add(Bf16* inout, const Bf16* addend, int64_t N) {
 void add(float* inout, const float* addend, int64_t N) {
   add_f32_kernel<<<blocks_for(N), kThreads>>>(inout, addend, N);
   check_launch("add fp32");
+}
+void add(Bf16* inout, const float* addend, int64_t N) {
+  add_f32_to_bf16_kernel<<<blocks_for(N), kThreads>>>(inout, addend, N);
+  check_launch("add fp32 into bf16");
+}
+void adamw_update_bf16(Bf16* params, const Bf16* grads, Bf16* m, Bf16* v, int64_t N, float lr, float beta1, float beta2, float eps,
+                       float weight_decay, int64_t step) {
+  const float bias1 = 1.0f - powf(beta1, static_cast<float>(step)), bias2 = 1.0f - powf(beta2, static_cast<float>(step));
+  adamw_bf16_kernel<<<blocks_for(N), kThreads>>>(params, grads, m, v, N, lr, beta1, beta2, eps, weight_decay, bias1, bias2);
+  check_launch("adamw_update_bf16");
 }
 void scale(float* data, int64_t N, float factor) {
   scale_kernel<<<blocks_for(N), kThreads>>>(data, N, factor);

@@ -82,6 +82,11 @@ void moe_shared_gate_backward(Bf16* dshared, Bf16* dgate, const Bf16* dout, cons
 // inout[N] += addend (bf16 storage, the sum rounded once; fp32 for gradient shards)
 void add(Bf16* inout, const Bf16* addend, int64_t N);
 void add(float* inout, const float* addend, int64_t N);
+// inout[N] (bf16) += addend (fp32), rounded once: a module's fp32 gradient into bf16 gradients.
+void add(Bf16* inout, const float* addend, int64_t N);
+// The pure-bf16 regime's AdamW: bf16 parameters, gradients and moments, fp32 arithmetic.
+void adamw_update_bf16(Bf16* params, const Bf16* grads, Bf16* m, Bf16* v, int64_t N, float lr, float beta1, float beta2, float eps,
+                       float weight_decay, int64_t step);
 // data[N] *= factor (fp32: averaging gradients over data-parallel groups)
 void scale(float* data, int64_t N, float factor);
 // Device-to-device copy of `bytes` on the default stream.

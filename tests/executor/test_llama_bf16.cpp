@@ -250,3 +250,51 @@ TEST_CASE("FSDP2's precision regime on the GPU's schedule: fp32 shards only, a c
   CHECK_THROWS_AS(Bf16Model(spec, device, nullptr, unsharded, nullptr), std::invalid_argument);
 }
 
+TEST_CASE("the pure-bf16 regime on the GPU's schedule: bf16 weights, gradients and moments, 8 bytes a parameter, peaks as predicted") {
+  // The plain HF Trainer with a bf16-loaded model (Reference §11 F1.5). Its first step sees the
+  // same bf16 weights as the mixed regime: the same loss exactly, and gradients that are the mixed
+  // regime's fp32 gradients rounded to bf16 once (each module's produced in fp32, then added).
+  const ModelSpec spec = model_load("tiny-llama");
+  const std::vector<float> weights = fixture_weights();
+  const Sample sample = sample_synthetic(512, spec.vocab_size, 3);
+  const ClusterSpec cluster = executor_cluster(std::numeric_limits<double>::infinity());
+  MachineTarget gpu;
+  gpu.device = "cuda";
+  Arena mixed_device("device"), mixed_host("host");
+  Bf16Model mixed(spec, mixed_device);
+  mixed.load_parameters(weights.data());
+  const StepResult mixed_result =
+      mixed.forward_backward(sample.tokens.data(), sample.labels.data(), sample.positions.data(), 512, {}, mixed_device, mixed_host);
+  const std::vector<float> mixed_gradients = mixed.gradients_full();
+  for (bool checkpointing : {false, true}) {
+    CAPTURE(checkpointing);
+    Arena device("device"), host("host");
+    ModelStates states;
+    states.precision = PrecisionRegime::pure_bf16;
+    Bf16Model model(spec, device, nullptr, states, nullptr);
+    model.load_parameters(weights.data());
+    CHECK(device.current_bytes() == 8.0 * 217664);  // weights, gradients and two moments, bf16 each
+    TrainingOptions options;
+    options.activation_checkpointing = checkpointing;
+    std::vector<double> losses;
+    for (int step = 0; step < 3; ++step) {
+      const StepResult result = model.forward_backward(sample.tokens.data(), sample.labels.data(), sample.positions.data(), 512, options,
+                                                       device, host);
+      losses.push_back(result.loss);
+      if (step == 0) {
+        CHECK(result.loss == doctest::Approx(mixed_result.loss).epsilon(1e-6));
+        const std::vector<float> gradients = model.gradients_full();
+        REQUIRE(gradients.size() == mixed_gradients.size());
+        size_t differing = 0;
+        for (size_t i = 0; i < gradients.size(); ++i) differing += gradients[i] != bf16_to_float(bf16_from_float(mixed_gradients[i]));
+        CHECK(differing == 0);
+        const MemoryPrediction predicted = memory_predict(spec, cluster, executor_plan(options), machine_profile(gpu, states.precision), 512);
+        CHECK(predicted.gpu_peak_bytes - runtime_bytes(predicted) == doctest::Approx(device.peak_bytes()).epsilon(1e-9));
+        CHECK(predicted.gpu_peak_moment == device.peak_moment());
+      }
+      model.adamw_step(1e-2f, 0.9f, 0.95f, 1e-8f, 0.0f);
+    }
+    CHECK(losses[2] < losses[0]);  // bf16 AdamW still trains
+  }
+}
+

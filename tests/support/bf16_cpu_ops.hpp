@@ -178,6 +178,21 @@ class Bf16CpuOps : public HostMemoryMovement {
     narrow(dshared, shared_gradient);
     narrow(dgate, gate_gradient);
   }
+  // The pure-bf16 regime, as the GPU's kernels: a module's fp32 gradient into bf16 (rounded once),
+  // AdamW computed in fp32 from bf16 states and every state rounded back.
+  void fill_zero(Act* data, int64_t n) { std::fill_n(data, n, Act{0}); }
+  using HostMemoryMovement::fill_zero;
+  void gradient_add_to_act(Act* gradients, const float* module_gradient, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) gradients[i] = bf16_from_float(bf16_to_float(gradients[i]) + module_gradient[i]);
+  }
+  void adamw_update_act(Act* params, const Act* grads, Act* m, Act* v, int64_t N, float lr, float beta1, float beta2, float eps,
+                        float weight_decay, int64_t step) {
+    std::vector<float> p = wide(params, N), mm = wide(m, N), vv = wide(v, N);
+    kernels::adamw_update(p.data(), wide(grads, N).data(), mm.data(), vv.data(), N, lr, beta1, beta2, eps, weight_decay, step);
+    narrow(params, p);
+    narrow(m, mm);
+    narrow(v, vv);
+  }
   void adamw_update(float* master, Act* weights, const float* grads, float* m, float* v, int64_t N, float lr, float beta1, float beta2,
                     float eps, float weight_decay, int64_t step) {
     kernels::adamw_update(master, grads, m, v, N, lr, beta1, beta2, eps, weight_decay, step);
