@@ -84,7 +84,8 @@ template <typename Expected>
 double tensors_compare(const ModelSpec& spec, const std::vector<float>& actual, const std::vector<Expected>& expected, double tolerance) {
   REQUIRE(actual.size() == expected.size());
   double worst_ratio = 0;
-  for (auto [start, end] : tensor_ranges(spec)) {
+  for (const std::pair<int64_t, int64_t>& range : tensor_ranges(spec)) {
+    const int64_t start = range.first, end = range.second;  // (not a structured binding: CAPTURE takes it)
     double largest = 0, worst = 0;
     for (int64_t i = start; i < end; ++i) {
       const double e = static_cast<double>(expected[static_cast<size_t>(i)]);
@@ -147,7 +148,9 @@ TEST_CASE("the float64 reference with experts still equals the PyTorch golden on
 
 TEST_CASE("MoE: loss and every gradient (router, each expert, shared expert and its gate) equal the float64 reference") {
   const Batch batch = batch_make(64);
-  for (const auto& [name, spec] : moe_variants()) {
+  for (const auto& variant : moe_variants()) {
+    const char* name = variant.first;
+    const ModelSpec& spec = variant.second;
     CAPTURE(name);
     const StepOutcome run = moe_run(spec, {}, batch);
     const Float64Step reference = float64_forward_backward(spec, fixture_weights_float64(spec), batch);
@@ -208,9 +211,11 @@ TEST_CASE("MoE: checkpointing, its offload and a tiled loss leave loss and gradi
 TEST_CASE("MoE: measured peak device and host memory equal the planner's native prediction, every variant and option") {
   const ClusterSpec cluster = executor_cluster(std::numeric_limits<double>::infinity());
   const RuntimeProfile native = runtime_profile_load("native");
-  for (const auto& [name, spec] : moe_variants())
+  for (const auto& variant : moe_variants())
     for (int64_t seqlen : {256, 1024})
       for (int option = 0; option < 4; ++option) {
+        const char* name = variant.first;
+        const ModelSpec& spec = variant.second;
         CAPTURE(name);
         CAPTURE(seqlen);
         CAPTURE(option);

@@ -469,10 +469,10 @@ TEST_CASE("ZeRO-1, ZeRO-2 and parameter offload: the same weights after three Ad
   checkpointed.activation_checkpointing = true;
   std::vector<float> expected_weights;
   std::vector<double> expected_losses;
-  for (const Case& c : {Case{"ZeRO-0", {0, false, false}}, Case{"ZeRO-1", {1, false, false}}, Case{"ZeRO-2", {2, false, false}},
-                        Case{"ZeRO-3", {3, false, false}}, Case{"ZeRO-1 + optimizer offload", {1, true, false}},
-                        Case{"ZeRO-2 + optimizer offload", {2, true, false}}, Case{"ZeRO-3 + parameter offload", {3, false, true}},
-                        Case{"ZeRO-3 + both offloads", {3, true, true}}}) {
+  for (const Case& c : {Case{"ZeRO-0", {0, false, false, {}, {}}}, Case{"ZeRO-1", {1, false, false, {}, {}}}, Case{"ZeRO-2", {2, false, false, {}, {}}},
+                        Case{"ZeRO-3", {3, false, false, {}, {}}}, Case{"ZeRO-1 + optimizer offload", {1, true, false, {}, {}}},
+                        Case{"ZeRO-2 + optimizer offload", {2, true, false, {}, {}}}, Case{"ZeRO-3 + parameter offload", {3, false, true, {}, {}}},
+                        Case{"ZeRO-3 + both offloads", {3, true, true, {}, {}}}}) {
     CAPTURE(c.name);
     Arena device("device"), host("host");
     BasicLlamaModel<CpuOps> model(spec, device, &world(), c.states, &host);

@@ -43,7 +43,8 @@ void adapter_gradients_compare(const std::vector<float>& actual, const std::vect
     for (size_t kind = 0; kind < kLayerLinears; ++kind) {
       const LoraLayout::Adapter& adapter = layout.layers[layer][kind];
       if (!adapter.present()) continue;
-      for (auto [start, size] : {std::pair{adapter.a, layout.rank * adapter.in}, std::pair{adapter.b, adapter.out * layout.rank}}) {
+      for (const std::pair<int64_t, int64_t>& tensor : {std::pair{adapter.a, layout.rank * adapter.in}, std::pair{adapter.b, adapter.out * layout.rank}}) {
+        const int64_t start = tensor.first, size = tensor.second;  // (not a structured binding: CAPTURE takes it)
         double largest = 0, worst = 0;
         for (int64_t i = start; i < start + size; ++i) {
           const double e = static_cast<double>(expected[static_cast<size_t>(i)]);
