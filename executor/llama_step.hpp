@@ -1070,6 +1070,7 @@ BasicLlamaModel<Ops>::BasicLlamaModel(const ModelSpec& model, Arena& device, Com
   if (lora()) {
     if (states.zero_stage != 0 || states.offload_optimizer || states.offload_params)
       throw std::invalid_argument("BasicLlamaModel: LoRA trains without ZeRO or offload here (executor_plan_problems reports this)");
+    if (model.is_moe()) throw std::invalid_argument("BasicLlamaModel: LoRA on a mixture-of-experts model is not run here (plan_problems reports this)");
     // The frozen base in the kernels' dtype, alone; the adapters with what training needs: their
     // fp32 master (the adapters themselves on the CPU), gradients and AdamW moments (the planner's
     // names for them, planner/memory_model.cpp).
