@@ -1389,7 +1389,8 @@ StepResult BasicLlamaModel<Ops>::forward_backward(const int32_t* host_tokens, co
   auto gather = [&](size_t index, const char* name = "gathered_layer_weights") {
     const Module& module = modules_[index];
     BufferOf<Act> gathered = device.allocate<Act>(kCategoryZero, name, module.chunk * zero_group_->size());
-    const Act* shard = weights() + module.shard_offset;
+    // (FSDP2's regime keeps no bf16 shard: weights() is empty there.)
+    const Act* shard = cast_at_gather_ ? nullptr : weights() + module.shard_offset;
     BufferOf<Act> staged;
     if (cast_at_gather_) {  // FSDP2: the fp32 shard cast to bf16 for its all-gather
       staged = device.allocate<Act>(kCategoryZero, "fsdp.cast_shard", module.chunk);
