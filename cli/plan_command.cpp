@@ -63,6 +63,7 @@ struct PlanCommandArgs {
   bool qlora = false;
   bool adam_8bit = false;
   bool moe_aux_loss = false;
+  bool trl_activation_offload = false;
   std::string cp_rotate = "allgather";
   std::optional<int64_t> dp_replicate;
   bool json = false;
@@ -157,6 +158,10 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
   command->add_flag("--qlora", args->qlora, "the base's linears in 4-bit NF4 with double quantization and bf16 compute (QLoRA); needs --lora");
   command->add_flag("--adam-8bit", args->adam_8bit,
                     "bitsandbytes' 8-bit AdamW (optim=\"adamw_8bit\": uint8 moments, ~2.03 bytes a parameter); the HF Trainer / TRL");
+  command->add_flag("--trl-activation-offload", args->trl_activation_offload,
+                    "TRL's activation_offloading=True in place of transformers' checkpoint offload: the same layer inputs to "
+                    "pinned host memory, and up to 5 recently offloaded GPU copies kept alive through the forward (Reference "
+                    "§11 F5.2); needs --checkpointing --checkpoint-offload");
   command->add_flag("--moe-aux-loss", args->moe_aux_loss,
                     "a mixture-of-experts model trained with its auxiliary load-balancing loss (output_router_logits): every "
                     "layer's router logits kept, concatenated and one-hot encoded at the loss");
@@ -239,6 +244,7 @@ void held_choices_apply(const PlanCommandArgs& args, HeldChoices& held) {
   }
   held.adam_8bit = args.adam_8bit;
   held.moe_aux_loss = args.moe_aux_loss;
+  held.trl_activation_offload = args.trl_activation_offload;
   if (args.cp_rotate != "allgather" && args.cp_rotate != "alltoall")
     throw ConfigError("--cp-rotate", "", fmt::format("expected allgather or alltoall, got '{}'", args.cp_rotate));
   held.cp_all_to_all = args.cp_rotate == "alltoall";
@@ -783,7 +789,7 @@ int plan_command_run(const PlanCommandArgs& args) {
                                                 framework_name(emit_framework)));
   // A held choice only one stack runs picks it when no framework is named: adapters and 8-bit Adam
   // the HF Trainer / TRL path (PEFT, bitsandbytes), CP's rotation and HSDP Accelerate's FSDP2.
-  const bool trainer_choice = args.lora_rank.has_value() || args.adam_8bit;
+  const bool trainer_choice = args.lora_rank.has_value() || args.adam_8bit || args.trl_activation_offload;
   const bool fsdp2_choice = args.cp_rotate != "allgather" || args.dp_replicate.value_or(1) > 1;
   const Framework default_framework = emitting        ? emit_framework
                                       : trainer_choice ? Framework::framework_hf_trainer

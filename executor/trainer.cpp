@@ -92,6 +92,7 @@ std::vector<std::string> executor_plan_problems(const PlanOptions& plan, const s
   if (plan.qlora) problems.push_back("QLoRA: the executor has no 4-bit base yet (LoRA on the fp32/bf16 base runs)");
   if (plan.adam_8bit) problems.push_back("8-bit AdamW: the executor's optimizer is fp32 AdamW");
   if (plan.moe_aux_loss) problems.push_back("the auxiliary load-balancing loss: the executor's MoE block trains without it");
+  if (plan.trl_activation_offload) problems.push_back("TRL's activation offloading is TRL's: the executor offloads checkpoints itself (--checkpoint-offload)");
   return problems;
 }
 

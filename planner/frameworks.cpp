@@ -143,6 +143,10 @@ std::string framework_unsupported(Framework framework, const ModelSpec& model, c
       framework != Framework::framework_longseq)
     return fmt::format("{}: LoRA is planned for PEFT through the HF Trainer / TRL (--framework hf-trainer, hf-accelerate, "
                        "accelerate-fsdp2), Unsloth and longseq's executor only so far", name);
+  // TRL's SFTConfig(activation_offloading=True): the HF Trainer / TRL path, alone or on Accelerate.
+  if (plan.trl_activation_offload && framework != Framework::framework_hf_trainer && framework != Framework::framework_hf_accelerate &&
+      framework != Framework::framework_accelerate_fsdp2)
+    return fmt::format("{}: TRL's activation offloading is TRL's (--framework hf-trainer, hf-accelerate, accelerate-fsdp2)", name);
   // bitsandbytes' 8-bit AdamW through the Trainer's optim argument; DeepSpeed builds its own
   // optimizer (CPU Adam when offloading) and FSDP2's DTensor shards are not planned with it.
   if (plan.adam_8bit && !trainer_path)

@@ -336,6 +336,15 @@ void zero_layer_buffers_place(TensorTrace& trace, const PlanOptions& plan, const
   }
 }
 
+// TRL's activation offloading keeps the last max_fwd_stash_size = 5 offloaded GPU tensors alive
+// through the forward (trl/models/activation_offloading.py; Reference §11 F5.2): under full
+// checkpointing the inputs of the last min(5, offloaded) layers.
+void trl_forward_stash_place(TensorTrace& trace, const PlanOptions& plan, double x_bytes, double offloaded_layers) {
+  if (!plan.trl_activation_offload || offloaded_layers <= 0) return;
+  const double stashed = std::min(5.0, offloaded_layers);
+  trace.alloc(kCategoryCheckpoints, "trl.offload_forward_stash", stashed * x_bytes, stashed);
+}
+
 // Checkpoints (or, without checkpointing, whole saved activation sets) of `layers` layers.
 void resident_activations_place(TensorTrace& trace, const PlanOptions& plan, const RuntimeProfile& profile, const Setup& setup,
                                 double layers, double total_layers, double saved_bytes_per_layer) {
@@ -435,6 +444,7 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
     // Forward of the last layer: the checkpoints of all layers below it are resident.
     auto forward_phase = [&] {
       TensorTrace& trace = phase_begin(phases[0], "forward of the last decoder layer", layers - 1);
+      trl_forward_stash_place(trace, plan, x_bytes, layers - 1);
       // The auxiliary loss keeps every layer's router logits (bf16 T x E) through the forward (item 67).
       if (aux_loss) trace.alloc(kCategoryCheckpoints, "moe.router_logits_kept", (layers - 1) * router_logits_bytes, layers - 1);
       zero_layer_buffers_place(trace, plan, profile, setup, /*backward=*/false, as_double(plan.shard_ranks(cluster.gpus)));
@@ -445,6 +455,7 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
     // Logits and loss: every layer's checkpoint is resident, the LM head is gathered.
     auto loss_phase = [&] {
       TensorTrace& trace = phase_begin(phases[1], "logits and loss", layers);
+      trl_forward_stash_place(trace, plan, x_bytes, layers);
       if (plan.zero_stage == 3 && profile.parameter_sharding == ParameterSharding::sharding_fsdp2) {
         // The [norm, lm_head] unit kept unsharded from the end of forward (F1.16), and the last
         // layer's unit prefetched for its backward (Reference §11 D's loss phase).

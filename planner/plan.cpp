@@ -93,6 +93,9 @@ std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec
     if (model.mlp_kind != MlpKind::mlp_kind_swiglu) problems.push_back(fmt::format("{}: LoRA is modelled on gated (SwiGLU) MLPs", model.name));
     if (plan.tiled_mlp) problems.push_back("LoRA beside TiledMLP is not modelled yet (the adapters' saved inputs per tile)");
   }
+  if (plan.trl_activation_offload && !(plan.activation_checkpointing && plan.checkpoint_offload))
+    problems.push_back("TRL's activation offloading is planned under checkpointing with its offload (without checkpointing it moves every "
+                       "saved tensor, not modelled): add --checkpointing --checkpoint-offload");
   if (plan.moe_aux_loss && !model.is_moe())
     problems.push_back(fmt::format("{} has no experts: there is no auxiliary load-balancing loss to keep", model.name));
   if (model.is_moe() && plan.fpdt)
@@ -210,6 +213,7 @@ std::string plan_describe(const PlanOptions& plan) {
   if (plan.lora()) text += fmt::format(" +{}(r={}{})", plan.qlora ? "qlora" : "lora", plan.lora_rank, plan.lora_all_linear ? "" : ", q/v");
   if (plan.adam_8bit) text += " +adam-8bit";
   if (plan.moe_aux_loss) text += " +moe-aux-loss";
+  if (plan.trl_activation_offload) text += " +trl-activation-offload";
   if (plan.cp_all_to_all && plan.ring > 1) text += " cp-rotate=alltoall";
   if (plan.dp_replicate > 1) text += fmt::format(" dp-replicate={}", plan.dp_replicate);
   if (plan.micro_batch != 1) text += fmt::format(" micro-batch={}", plan.micro_batch);

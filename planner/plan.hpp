@@ -54,6 +54,12 @@ struct HeldChoices {
   // output_router_logits): every layer's router logits kept through the forward and concatenated,
   // one-hot encoded and upcast at the loss (Reference §12 item 67).
   bool moe_aux_loss = false;
+  // TRL's activation_offloading=True (Reference §11 F5.2-F5.3): saved_tensors_hooks over the whole
+  // step; under full checkpointing exactly each layer's input goes to pinned host memory on a side
+  // stream (as checkpoint offload does), and up to max_fwd_stash_size = 5 recently offloaded GPU
+  // tensors stay alive through the forward. Planned with checkpointing and its offload (without
+  // checkpointing it would offload every saved tensor: not modelled).
+  bool trl_activation_offload = false;
   // FSDP2's HSDP: the model replicated over `dp_replicate` groups and sharded within each over the
   // rest of the ranks (gpus / dp_replicate; Reference §11 F1.10, F1.17); 1: shard over all.
   int64_t dp_replicate = 1;

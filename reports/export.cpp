@@ -340,11 +340,13 @@ ExportedConfig accelerate_fsdp2_config_emit(const ExportRequest& r) {
       "TRL: max_length={} pad_to_multiple_of={} packing=False (refused under CP){}; load the model with attn_implementation=\"sdpa\" "
       "(the Trainer refuses CP with another)",
       p.micro_batch, trainer_checkpointing ? "True" : "False",
-      trainer_checkpointing ? " gradient_checkpointing_kwargs={\"offload\": True} (transformers' checkpoint offload to pinned host memory)" : "",
+      !trainer_checkpointing ? ""
+      : p.trl_activation_offload ? " activation_offloading=True (TRL's offload of the checkpoints to pinned host memory)"
+                                 : " gradient_checkpointing_kwargs={\"offload\": True} (transformers' checkpoint offload to pinned host memory)",
       r.seqlen, 2 * cp, p.tiled_loss ? " loss_type=\"chunked_nll\" (TRL's default, 256-token chunks)" : " loss_type=\"nll\""));
   exported.notes.push_back(std::string("versions: Accelerate >= 1.11 (parallelism_config with cp), PyTorch >= 2.6 (context parallelism), TRL >= ") +
                            (p.tiled_loss ? "1.13 (chunked_nll without the fp32 lm_head copy)" : "1.9") +
-                           (trainer_checkpointing ? ", transformers >= 5.16 (gradient_checkpointing_kwargs offload)" : ""));
+                           (trainer_checkpointing && !p.trl_activation_offload ? ", transformers >= 5.16 (gradient_checkpointing_kwargs offload)" : ""));
   exported.notes.push_back(fmt::format("launch: accelerate launch --config_file {} train.py", main_file(r, "accelerate-fsdp2.yaml")));
   if (r.cluster.nodes > 1)
     exported.notes.push_back(fmt::format("{} nodes: run accelerate launch on every node with --machine_rank set to its index, and "
@@ -479,7 +481,7 @@ ExportedConfig hf_trainer_script_emit(const ExportRequest& r) {
   exported.notes.push_back(std::string("versions: transformers >= 4.56 (from_pretrained(dtype=...)), TRL >= 0.26") +
                            (p.lora() ? ", PEFT >= 0.17" : "") + (p.qlora || p.adam_8bit ? ", bitsandbytes >= 0.45" : "") +
                            (p.tiled_loss ? ", liger-kernel >= 0.6.1 (use_liger_kernel)" : "") +
-                           (p.checkpoint_offload ? "; transformers >= 5.16 for gradient_checkpointing_kwargs offload" : ""));
+                           (p.checkpoint_offload && !p.trl_activation_offload ? "; transformers >= 5.16 for gradient_checkpointing_kwargs offload" : ""));
   exported.notes.push_back(fmt::format("launch: python {}{}", main_file(r, "train.py"),
                                        r.cluster.gpus > 1 ? fmt::format(" under torchrun --nproc_per_node {} (DDP)", r.cluster.gpus_per_node) : ""));
   exported.notes.push_back("the dataset is a placeholder: put yours in load_dataset(...)");
@@ -510,7 +512,9 @@ ExportedConfig hf_trainer_script_emit(const ExportRequest& r) {
   std::string config = fmt::format("output_dir=\"out\", max_length={}, per_device_train_batch_size={}, gradient_accumulation_steps=1, bf16=True",
                                    r.seqlen, p.micro_batch);
   config += fmt::format(",\n                 gradient_checkpointing={}", p.activation_checkpointing ? "True" : "False");
-  if (p.activation_checkpointing && p.checkpoint_offload) config += ", gradient_checkpointing_kwargs={\"offload\": True}";
+  // Checkpoint offload: TRL's activation offloading when the plan holds it (F5.2), else transformers'.
+  if (p.activation_checkpointing && p.checkpoint_offload)
+    config += p.trl_activation_offload ? ", activation_offloading=True" : ", gradient_checkpointing_kwargs={\"offload\": True}";
   if (p.tiled_loss) config += ", use_liger_kernel=True";
   // bitsandbytes' AdamW8bit (Reference §12 item 23), not its paged variant: paged state lives in
   // CUDA managed memory outside the allocator the plan counts (item 24).

@@ -804,6 +804,26 @@ TEST_CASE("FSDP2 under Accelerate with context parallelism: its states, unit buf
   CHECK(predicted_gib == doctest::Approx(56.2).epsilon(0.10));
   // Checkpoints on the host (transformers' offload): L x S/cp x h x 2 B = 36 GiB a rank, 8 a node.
   CHECK(item_bytes(memory.host_items, "hidden_states_checkpoints") == 8 * 36.0 * 131'072 * 4096 * 2);
+  // TRL's activation offloading in its place (Reference §11 F5.2): the same checkpoints on the
+  // host, and the last 5 offloaded layer inputs kept on the GPU through the forward and the loss:
+  // 5 x 131,072 x 4,096 x 2 B = 5 GiB more in those phases; the backward (the peak) has none.
+  PlanOptions trl = plan;
+  trl.trl_activation_offload = true;
+  const MemoryPrediction offloaded = memory_predict(model, cluster, trl, profile, 1'048'576);
+  CHECK(offloaded.gpu_peak_bytes == memory.gpu_peak_bytes);
+  REQUIRE(offloaded.phases.size() == memory.phases.size());
+  for (size_t i = 0; i < memory.phases.size(); ++i) {
+    CAPTURE(memory.phases[i].phase);
+    const bool stashed = memory.phases[i].phase != "backward of the last decoder layer";
+    CHECK(offloaded.phases[i].bytes - memory.phases[i].bytes == doctest::Approx(stashed ? 5.0 * 131'072 * 4096 * 2 : 0.0));
+  }
+  CHECK(item_bytes(offloaded.host_items, "hidden_states_checkpoints") == item_bytes(memory.host_items, "hidden_states_checkpoints"));
+  PlanOptions ulysses = trl;  // (DeepSpeed has no ring: its Ulysses for the refusal to be about TRL's offload)
+  ulysses.ring = 1;
+  ulysses.sp = 8;
+  CHECK(framework_unsupported(Framework::framework_deepspeed, model, ulysses).find("TRL's activation offloading is TRL's") != std::string::npos);
+  trl.checkpoint_offload = false;
+  CHECK(plan_problems(model, cluster, trl).at(0).find("add --checkpointing --checkpoint-offload") != std::string::npos);
   // Without the offload the same run does not fit (published: out of memory at 1M).
   plan.checkpoint_offload = false;
   CHECK_FALSE(memory_predict(model, cluster, plan, profile, 1'048'576).fits_gpu());

@@ -616,6 +616,12 @@ TEST_CASE("Accelerate FSDP2 + context parallelism export: the YAML's keys as Ref
   CHECK_FALSE(YAML::Load(with_offload.text())["fsdp_config"]["fsdp_activation_checkpointing"].as<bool>());
   CHECK(any_note_contains(with_offload, "gradient_checkpointing=True gradient_checkpointing_kwargs={\"offload\": True}"));
   CHECK(any_note_contains(with_offload, "transformers >= 5.16"));
+  // TRL's activation offloading in its place (F5.2) when the plan holds it.
+  plan.trl_activation_offload = true;
+  const ExportedConfig trl_offload = config_emit("accelerate-fsdp2", export_request("qwen3-8b", 8, plan, 262'144));
+  CHECK(any_note_contains(trl_offload, "gradient_checkpointing=True activation_offloading=True"));
+  CHECK_FALSE(any_note_contains(trl_offload, "gradient_checkpointing_kwargs"));
+  plan.trl_activation_offload = false;
   // The framework's facts name this export.
   CHECK(framework_of_export_target("accelerate-fsdp2") == Framework::framework_accelerate_fsdp2);
 }
@@ -642,6 +648,13 @@ TEST_CASE("HF Trainer / TRL script export: QLoRA's BitsAndBytesConfig and LoraCo
   CHECK(text.find("max_length=262144") != std::string::npos);
   CHECK(text.find("gradient_checkpointing=True, gradient_checkpointing_kwargs={\"offload\": True}") != std::string::npos);
   CHECK(text.find("use_liger_kernel=True") != std::string::npos);
+  {
+    ExportRequest trl = request;
+    trl.plan.trl_activation_offload = true;  // TRL's own offload (Reference §11 F5.2) in SFTConfig
+    const std::string offloading = config_emit("hf-trainer", trl).text();
+    CHECK(offloading.find("gradient_checkpointing=True, activation_offloading=True") != std::string::npos);
+    CHECK(offloading.find("gradient_checkpointing_kwargs") == std::string::npos);
+  }
   CHECK(text.find("peft_config=peft_config") != std::string::npos);
   // PEFT's default targets, and a full fine-tuning script without PEFT or bitsandbytes.
   plan.lora_all_linear = false;
