@@ -1470,6 +1470,8 @@ StepResult BasicLlamaModel<Ops>::forward_backward(const int32_t* host_tokens, co
     ulysses.ring_rank = parallel.ring_group->rank();
     if (options.fpdt_chunk_tokens > 0) throw std::invalid_argument("forward_backward: FPDT with ring attention is not in the executor");
   }
+  if (act_states_ && (ulysses.active() || ulysses.ring_active()))
+    throw std::invalid_argument("forward_backward: the pure-bf16 regime runs on one rank here (its bf16 gradients are not summed across ranks)");
   if (ulysses.active() || ulysses.ring_active()) {
     if (!parallel.global_positions) throw std::invalid_argument("forward_backward: sequence parallelism needs the global position ids");
     global_positions_on_device = upload(parallel.global_positions, T * ulysses.sp * ulysses.ring);
