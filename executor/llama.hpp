@@ -268,7 +268,8 @@ class BasicLlamaModel {
   bool cast_at_gather_ = false;     // FSDP2's regime with bf16 kernels: no bf16 shard, master_ cast per gather
   bool act_states_ = false;         // the pure-bf16 regime with bf16 kernels: gradients and moments below
   BufferOf<Act> gradients_act_, adam_m_act_, adam_v_act_;
-  // The whole host vector of a buffer in the kernels' dtype (widened on the device).
+  // A device buffer as a host vector: fp32 as it is, the kernels' dtype widened on the device.
+  std::vector<float> fp32_to_host(const float* values, int64_t n);
   std::vector<float> act_to_host(const Act* values, int64_t n);
   bool gradients_on_host_ = false;  // gradients_ is in the host pool
   int64_t step_ = 0;

@@ -63,6 +63,17 @@ struct LayerSaved {
   MoeSaved<Act> moe;  // a mixture-of-experts block's
 };
 
+// Calls run(expert's first parameter, first row, rows) for each expert that has rows in the
+// dispatch (`offsets`: each expert's first row, then the total), expert e's parameters at
+// experts + e x expert_parameters.
+template <class Run>
+void moe_each_expert(const std::vector<int64_t>& offsets, int64_t experts, int64_t expert_parameters, Run run) {
+  for (size_t e = 0; e + 1 < offsets.size(); ++e) {
+    const int64_t first = offsets[e], rows = offsets[e + 1] - first;
+    if (rows > 0) run(experts + static_cast<int64_t>(e) * expert_parameters, first, rows);
+  }
+}
+
 // A mixture-of-experts block (HF's MixtralSparseMoeBlock / Qwen2-3MoeSparseMoeBlock, grouped as
 // transformers v5 and ArcticMoE run the experts; Reference §12 items 45-55): a linear router,
 // fp32 softmax and top-K (renormalized when normalize_topk), the T K (token, choice) pairs sorted
@@ -99,12 +110,7 @@ void moe_forward(Ops& ops, const Act* params, const LlamaLayout::Layer& w, const
   ops.moe_gather(s.rows.data(), h, s.order.data(), R, C);
   s.gate = device.allocate<Act>(L, "moe.expert_gate", R * FE);
   s.up = device.allocate<Act>(L, "moe.expert_up", R * FE);
-  auto each_expert = [&](auto run) {
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t first = s.offsets[static_cast<size_t>(e)], rows = s.offsets[static_cast<size_t>(e + 1)] - first;
-      if (rows > 0) run(w.experts + e * 3 * FE * C, first, rows);
-    }
-  };
+  auto each_expert = [&](auto run) { moe_each_expert(s.offsets, w.experts, 3 * FE * C, run); };
   each_expert([&](int64_t expert, int64_t first, int64_t rows) {
     ops.linear_forward(s.gate.data() + first * FE, s.rows.data() + first * C, params + expert, rows, C, FE);
     ops.linear_forward(s.up.data() + first * FE, s.rows.data() + first * C, params + expert + FE * C, rows, C, FE);
@@ -178,12 +184,7 @@ void moe_backward(Ops& ops, float* grads, const Act* params, const LlamaLayout::
     for (BufferOf<Act>* buffer : {&up_grad, &gate_grad, &s.shared_up, &s.shared_gate}) buffer->release();
   }
   device.set_moment("backward: moe experts");
-  auto each_expert = [&](auto run) {
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t first = s.offsets[static_cast<size_t>(e)], rows = s.offsets[static_cast<size_t>(e + 1)] - first;
-      if (rows > 0) run(w.experts + e * 3 * FE * C, first, rows);
-    }
-  };
+  auto each_expert = [&](auto run) { moe_each_expert(s.offsets, w.experts, 3 * FE * C, run); };
   BufferOf<Act> outputs_grad = device.allocate<Act>(L, "moe.expert_outputs_grad", R * C);
   Buffer weights_grad = device.allocate(L, "moe.routing_weights_grad", R, true);
   ops.moe_combine_backward(outputs_grad.data(), weights_grad.data(), dy, s.outputs.data(), s.position.data(), s.weights.data(), T, K, C);
@@ -881,29 +882,32 @@ BufferOf<Act> layer_forward(Ops& ops, const Act* params, const LlamaLayout::Laye
                       options.rmsnorm_eps);
   BufferOf<Act> output = device.allocate<Act>(L, "layer.output", d.T * d.C, /*zeroed=*/d.E > 0);
   // (A mixture-of-experts block runs untiled: forward_backward refuses tiles with experts.)
-  if (d.E > 0) moe_forward(ops, params, w, s.mlp_norm_output.data(), output.data(), d, device, saved ? &s.moe : nullptr);
-  const int64_t tile = options.mlp_tiles > 0 ? tile_size(d.T, options.mlp_tiles) : d.T;
-  const bool keep_intermediates = saved && options.mlp_tiles == 0;
-  // (LoRA runs untiled MLPs: forward_backward refuses tiles with adapters.)
-  auto keep_mlp_rank = [&](LayerLinearKind kind) { return keep_intermediates ? &s.lora_rank[static_cast<size_t>(kind)] : nullptr; };
-  for (int64_t t0 = 0; t0 < (d.E > 0 ? 0 : d.T); t0 += tile) {
-    const int64_t rows = std::min(tile, d.T - t0);
-    BufferOf<Act> gate = device.allocate<Act>(L, "mlp.gate", rows * d.F);
-    BufferOf<Act> up = device.allocate<Act>(L, "mlp.up", rows * d.F);
-    const Act* h = s.mlp_norm_output.data() + t0 * d.C;
-    ops.linear_forward(gate.data(), h, params + w.gate_proj, rows, d.C, d.F);
-    lora_forward(ops, gate.data(), h, rows, lora, LayerLinearKind::gate_proj, device, keep_mlp_rank(LayerLinearKind::gate_proj));
-    ops.linear_forward(up.data(), h, params + w.up_proj, rows, d.C, d.F);
-    lora_forward(ops, up.data(), h, rows, lora, LayerLinearKind::up_proj, device, keep_mlp_rank(LayerLinearKind::up_proj));
-    BufferOf<Act> product = device.allocate<Act>(L, "mlp.product", rows * d.F);
-    ops.swiglu_forward(product.data(), gate.data(), up.data(), rows * d.F);
-    ops.linear_forward(output.data() + t0 * d.C, product.data(), params + w.down_proj, rows, d.F, d.C);
-    lora_forward(ops, output.data() + t0 * d.C, product.data(), rows, lora, LayerLinearKind::down_proj, device,
-                 keep_mlp_rank(LayerLinearKind::down_proj));
-    if (keep_intermediates) {
-      s.gate = std::move(gate);
-      s.up = std::move(up);
-      s.product = std::move(product);
+  if (d.E > 0) {
+    moe_forward(ops, params, w, s.mlp_norm_output.data(), output.data(), d, device, saved ? &s.moe : nullptr);
+  } else {
+    const int64_t tile = options.mlp_tiles > 0 ? tile_size(d.T, options.mlp_tiles) : d.T;
+    const bool keep_intermediates = saved && options.mlp_tiles == 0;
+    // (LoRA runs untiled MLPs: forward_backward refuses tiles with adapters.)
+    auto keep_mlp_rank = [&](LayerLinearKind kind) { return keep_intermediates ? &s.lora_rank[static_cast<size_t>(kind)] : nullptr; };
+    for (int64_t t0 = 0; t0 < d.T; t0 += tile) {
+      const int64_t rows = std::min(tile, d.T - t0);
+      BufferOf<Act> gate = device.allocate<Act>(L, "mlp.gate", rows * d.F);
+      BufferOf<Act> up = device.allocate<Act>(L, "mlp.up", rows * d.F);
+      const Act* h = s.mlp_norm_output.data() + t0 * d.C;
+      ops.linear_forward(gate.data(), h, params + w.gate_proj, rows, d.C, d.F);
+      lora_forward(ops, gate.data(), h, rows, lora, LayerLinearKind::gate_proj, device, keep_mlp_rank(LayerLinearKind::gate_proj));
+      ops.linear_forward(up.data(), h, params + w.up_proj, rows, d.C, d.F);
+      lora_forward(ops, up.data(), h, rows, lora, LayerLinearKind::up_proj, device, keep_mlp_rank(LayerLinearKind::up_proj));
+      BufferOf<Act> product = device.allocate<Act>(L, "mlp.product", rows * d.F);
+      ops.swiglu_forward(product.data(), gate.data(), up.data(), rows * d.F);
+      ops.linear_forward(output.data() + t0 * d.C, product.data(), params + w.down_proj, rows, d.F, d.C);
+      lora_forward(ops, output.data() + t0 * d.C, product.data(), rows, lora, LayerLinearKind::down_proj, device,
+                   keep_mlp_rank(LayerLinearKind::down_proj));
+      if (keep_intermediates) {
+        s.gate = std::move(gate);
+        s.up = std::move(up);
+        s.product = std::move(product);
+      }
     }
   }
   ops.add(output.data(), s.residual.data(), d.T * d.C);
@@ -925,39 +929,42 @@ BufferOf<Act> layer_backward(Ops& ops, float* grads, const Act* params, const Ll
   device.set_moment("backward: mlp");
   // The residual branch passes dy through; the MLP adds its input gradient through the norm.
   BufferOf<Act> mlp_input_grad = device.allocate<Act>(L, "mlp.input_grad", d.T * d.C, true);
-  if (d.E > 0) moe_backward(ops, grads, params, w, s.mlp_norm_output.data(), dy, mlp_input_grad.data(), d, device, s.moe);
-  const int64_t tile = options.mlp_tiles > 0 ? tile_size(d.T, options.mlp_tiles) : d.T;
-  for (int64_t t0 = 0; t0 < (d.E > 0 ? 0 : d.T); t0 += tile) {
-    const int64_t rows = std::min(tile, d.T - t0);
-    const Act* h = s.mlp_norm_output.data() + t0 * d.C;
-    BufferOf<Act> gate, up, product;
-    if (options.mlp_tiles == 0) {
-      gate = std::move(s.gate);
-      up = std::move(s.up);
-      product = std::move(s.product);
-    } else {  // TiledMLP: recompute this tile
-      gate = device.allocate<Act>(L, "mlp.gate", rows * d.F);
-      up = device.allocate<Act>(L, "mlp.up", rows * d.F);
-      ops.linear_forward(gate.data(), h, params + w.gate_proj, rows, d.C, d.F);
-      ops.linear_forward(up.data(), h, params + w.up_proj, rows, d.C, d.F);
-      product = device.allocate<Act>(L, "mlp.product", rows * d.F);
-      ops.swiglu_forward(product.data(), gate.data(), up.data(), rows * d.F);
+  if (d.E > 0) {
+    moe_backward(ops, grads, params, w, s.mlp_norm_output.data(), dy, mlp_input_grad.data(), d, device, s.moe);
+  } else {
+    const int64_t tile = options.mlp_tiles > 0 ? tile_size(d.T, options.mlp_tiles) : d.T;
+    for (int64_t t0 = 0; t0 < d.T; t0 += tile) {
+      const int64_t rows = std::min(tile, d.T - t0);
+      const Act* h = s.mlp_norm_output.data() + t0 * d.C;
+      BufferOf<Act> gate, up, product;
+      if (options.mlp_tiles == 0) {
+        gate = std::move(s.gate);
+        up = std::move(s.up);
+        product = std::move(s.product);
+      } else {  // TiledMLP: recompute this tile
+        gate = device.allocate<Act>(L, "mlp.gate", rows * d.F);
+        up = device.allocate<Act>(L, "mlp.up", rows * d.F);
+        ops.linear_forward(gate.data(), h, params + w.gate_proj, rows, d.C, d.F);
+        ops.linear_forward(up.data(), h, params + w.up_proj, rows, d.C, d.F);
+        product = device.allocate<Act>(L, "mlp.product", rows * d.F);
+        ops.swiglu_forward(product.data(), gate.data(), up.data(), rows * d.F);
+      }
+      BufferOf<Act> product_grad = device.allocate<Act>(L, "mlp.product_grad", rows * d.F, true);
+      ops.linear_backward(product_grad.data(), gradient_at(grads, w.down_proj), dy + t0 * d.C, product.data(), params + w.down_proj, rows,
+                          d.F, d.C);
+      lora_backward(ops, product_grad.data(), dy + t0 * d.C, product.data(), rows, lora, LayerLinearKind::down_proj,
+                    rank_values(LayerLinearKind::down_proj), device);
+      product.release();
+      BufferOf<Act> gate_grad = device.allocate<Act>(L, "mlp.gate_grad", rows * d.F, true);
+      BufferOf<Act> up_grad = device.allocate<Act>(L, "mlp.up_grad", rows * d.F, true);
+      ops.swiglu_backward(gate_grad.data(), up_grad.data(), product_grad.data(), gate.data(), up.data(), rows * d.F);
+      product_grad.release();
+      Act* dh = mlp_input_grad.data() + t0 * d.C;
+      ops.linear_backward(dh, gradient_at(grads, w.gate_proj), gate_grad.data(), h, params + w.gate_proj, rows, d.C, d.F);
+      lora_backward(ops, dh, gate_grad.data(), h, rows, lora, LayerLinearKind::gate_proj, rank_values(LayerLinearKind::gate_proj), device);
+      ops.linear_backward(dh, gradient_at(grads, w.up_proj), up_grad.data(), h, params + w.up_proj, rows, d.C, d.F);
+      lora_backward(ops, dh, up_grad.data(), h, rows, lora, LayerLinearKind::up_proj, rank_values(LayerLinearKind::up_proj), device);
     }
-    BufferOf<Act> product_grad = device.allocate<Act>(L, "mlp.product_grad", rows * d.F, true);
-    ops.linear_backward(product_grad.data(), gradient_at(grads, w.down_proj), dy + t0 * d.C, product.data(), params + w.down_proj, rows,
-                        d.F, d.C);
-    lora_backward(ops, product_grad.data(), dy + t0 * d.C, product.data(), rows, lora, LayerLinearKind::down_proj,
-                  rank_values(LayerLinearKind::down_proj), device);
-    product.release();
-    BufferOf<Act> gate_grad = device.allocate<Act>(L, "mlp.gate_grad", rows * d.F, true);
-    BufferOf<Act> up_grad = device.allocate<Act>(L, "mlp.up_grad", rows * d.F, true);
-    ops.swiglu_backward(gate_grad.data(), up_grad.data(), product_grad.data(), gate.data(), up.data(), rows * d.F);
-    product_grad.release();
-    Act* dh = mlp_input_grad.data() + t0 * d.C;
-    ops.linear_backward(dh, gradient_at(grads, w.gate_proj), gate_grad.data(), h, params + w.gate_proj, rows, d.C, d.F);
-    lora_backward(ops, dh, gate_grad.data(), h, rows, lora, LayerLinearKind::gate_proj, rank_values(LayerLinearKind::gate_proj), device);
-    ops.linear_backward(dh, gradient_at(grads, w.up_proj), up_grad.data(), h, params + w.up_proj, rows, d.C, d.F);
-    lora_backward(ops, dh, up_grad.data(), h, rows, lora, LayerLinearKind::up_proj, rank_values(LayerLinearKind::up_proj), device);
   }
   s.mlp_norm_output.release();
   device.set_moment("backward: mlp norm");
@@ -1283,23 +1290,24 @@ std::vector<float> BasicLlamaModel<Ops>::gather_full(const float* shard) {
 }
 
 template <class Ops>
+std::vector<float> BasicLlamaModel<Ops>::fp32_to_host(const float* values, int64_t n) {
+  std::vector<float> host(static_cast<size_t>(n));
+  ops_.to_host(host.data(), values, n);
+  return host;
+}
+
+template <class Ops>
 std::vector<float> BasicLlamaModel<Ops>::act_to_host(const Act* values, int64_t n) {
   auto wide = ops_.template scratch<float>(n);
   ops_.fill_zero(wide.data(), n);
   ops_.accumulate(wide.data(), values, n);
-  std::vector<float> host(static_cast<size_t>(n));
-  ops_.to_host(host.data(), wide.data(), n);
-  return host;
+  return fp32_to_host(wide.data(), n);
 }
 
 template <class Ops>
 std::vector<float> BasicLlamaModel<Ops>::parameters_full() {
   if (act_states_) return act_to_host(weights(), layout_.total);
-  if (lora()) {
-    std::vector<float> adapters(static_cast<size_t>(lora_layout_.total));
-    ops_.to_host(adapters.data(), static_cast<const float*>(master_data()), lora_layout_.total);
-    return adapters;
-  }
+  if (lora()) return fp32_to_host(master_data(), lora_layout_.total);
   if (!master_is_weights() && states_.zero_stage >= 1) return gather_full(master_.data());
   if (weights_partitioned()) return gather_full(master_data());
   // The whole (padded) vector is here: the master weights of stage 0, or the kernels' weights.
@@ -1315,11 +1323,7 @@ std::vector<float> BasicLlamaModel<Ops>::parameters_full() {
 template <class Ops>
 std::vector<float> BasicLlamaModel<Ops>::gradients_full() {
   if (act_states_) return act_to_host(gradients_act_.data(), layout_.total);
-  if (lora()) {
-    std::vector<float> adapters(static_cast<size_t>(lora_layout_.total));
-    ops_.to_host(adapters.data(), static_cast<const float*>(gradients_.data()), lora_layout_.total);
-    return adapters;
-  }
+  if (lora()) return fp32_to_host(gradients_.data(), lora_layout_.total);
   if (gradients_partitioned()) return gather_full(gradients_.data());
   std::vector<float> full(static_cast<size_t>(layout_.total));
   for (const Module& module : modules_) ops_.to_host(full.data() + module.start, gradients_.data() + module.padded_start, module.size);

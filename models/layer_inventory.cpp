@@ -427,6 +427,12 @@ LayerShape moe_tile_shape(const LayerShape& shape) {
   return tile;
 }
 
+// One TiledMLP tile's forward: the dense MLP's, or a whole MoE block's (Unsloth's tiling).
+void mlp_tile_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep) {
+  if (shape.experts > 0) moe_forward(trace, moe_tile_shape(shape), impl, keep);
+  else mlp_forward(trace, shape, impl, mlp_tile_tokens(shape), keep);
+}
+
 }  // namespace
 
 // Ulysses attention forward: from the layer input to "attention.output_local" ([T, n_q*d]),
@@ -582,21 +588,10 @@ void decoder_layer_forward(TensorTrace& trace, const LayerShape& shape, const La
   eager_norm_saved_alloc(trace, L, kMlpNormSaved, bytes.x, impl);
   if (!keep) eager_norm_saved_free(trace, kMlpNormSaved, impl);
   lora_forward(trace, shape, lora_mlp(shape, impl), keep);  // LoRA plans run untiled MLPs (plan_problems)
-  if (shape.experts > 0 && shape.mlp_tiles > 0) {
-    // Unsloth's TiledMLP over the whole block, router and experts (Reference §12 items 34, 78,
-    // p. 279): each tile under no_grad, the outputs gathered, only the input saved. (ALST's
-    // patches dense MLP classes only, item 77: framework_unsupported refuses it elsewhere.)
-    trace.alloc(L, "mlp.tile_outputs", bytes.x);
-    moe_forward(trace, moe_tile_shape(shape), impl, /*keep=*/false);
-    trace.set_moment("mlp");  // the tiles' outputs concatenated
-    trace.free("mlp.output");
-    trace.alloc(L, "mlp.output", bytes.x);
-    trace.free("mlp.tile_outputs");
-  } else if (shape.experts > 0) {
-    moe_forward(trace, shape, impl, keep);
-  } else if (shape.mlp_tiles == 0) {
-    mlp_forward(trace, shape, impl, static_cast<double>(shape.tokens), keep);
-  } else if (shape.fpdt_chunk_tokens > 0) {
+  if (shape.mlp_tiles == 0) {
+    if (shape.experts > 0) moe_forward(trace, shape, impl, keep);
+    else mlp_forward(trace, shape, impl, static_cast<double>(shape.tokens), keep);
+  } else if (shape.fpdt_chunk_tokens > 0) {  // (a MoE block runs outside FPDT: plan_problems)
     // FPDT_FFN: each chunk's output is written into one preallocated output; only x is saved.
     trace.alloc(L, "mlp.output_full", bytes.x);
     mlp_forward(trace, shape, impl, mlp_tile_tokens(shape), /*keep=*/false);
@@ -605,9 +600,12 @@ void decoder_layer_forward(TensorTrace& trace, const LayerShape& shape, const La
     trace.free("mlp.output_full");
   } else {
     // DeepSpeed TiledMLP forward (REFERENCE §3.2): each tile runs under no_grad, outputs are
-    // collected in a list and torch.cat'ed; only the MLP input is saved.
+    // collected in a list and torch.cat'ed; only the MLP input is saved. Over a MoE block it is
+    // Unsloth's, which tiles the whole block, router and experts (Reference §12 items 34, 78,
+    // p. 279; ALST's patches dense MLP classes only, item 77: framework_unsupported says where).
     trace.alloc(L, "mlp.tile_outputs", bytes.x);
-    mlp_forward(trace, shape, impl, mlp_tile_tokens(shape), /*keep=*/false);
+    mlp_tile_forward(trace, shape, impl, /*keep=*/false);
+    trace.set_moment("mlp");  // the tiles' outputs concatenated
     trace.free("mlp.output");  // this tile's output is part of mlp.tile_outputs
     trace.alloc(L, "mlp.output", bytes.x);
     trace.free("mlp.tile_outputs");
@@ -769,31 +767,19 @@ void decoder_layer_backward(TensorTrace& trace, const LayerShape& shape, const L
   const Bytes bytes(shape, impl);
 
   trace.set_moment("mlp");
-  if (shape.experts > 0 && shape.mlp_tiles > 0) {
-    // Unsloth's tiled block backward: x_gradients for the whole input, then per tile the block
-    // recomputed with grad and its backward into the tile's slice.
-    trace.alloc(L, "mlp.input_grad", bytes.x);
-    if (impl.mlp_tile_weight_grads_bytes > 0) trace.alloc(kCategoryZero, "mlp_tile_weight_grads", impl.mlp_tile_weight_grads_bytes);
-    const LayerShape tile = moe_tile_shape(shape);
-    moe_forward(trace, tile, impl, /*keep=*/true);
-    moe_backward(trace, tile, impl, "mlp.tile_input_grad");
-    trace.free("mlp.tile_input_grad");
-    trace.free("mlp.output");
-    if (impl.mlp_tile_weight_grads_bytes > 0) trace.free("mlp_tile_weight_grads");
-  } else if (shape.experts > 0) {
-    moe_backward(trace, shape, impl, "mlp.input_grad");
-  } else if (shape.mlp_tiles == 0) {
-    mlp_backward(trace, shape, impl, static_cast<double>(shape.tokens), "mlp.input_grad");
+  if (shape.mlp_tiles == 0) {
+    if (shape.experts > 0) moe_backward(trace, shape, impl, "mlp.input_grad");
+    else mlp_backward(trace, shape, impl, static_cast<double>(shape.tokens), "mlp.input_grad");
   } else {
     // TiledMLP backward: x_grad = zeros_like(x); per tile, recompute with grad and backward; the
-    // tile's input gradient lands in a view of x_grad.
-    const double tile = mlp_tile_tokens(shape);
+    // tile's input gradient lands in a view of x_grad (a MoE block's too, Unsloth's).
     // FPDT_FFN writes each chunk's input gradient into the input's own storage (x[st:ed].copy_).
     if (shape.fpdt_chunk_tokens > 0) trace.alias("mlp_norm.output", L, "mlp.input_grad");
     else trace.alloc(L, "mlp.input_grad", bytes.x);
     if (impl.mlp_tile_weight_grads_bytes > 0) trace.alloc(kCategoryZero, "mlp_tile_weight_grads", impl.mlp_tile_weight_grads_bytes);
-    mlp_forward(trace, shape, impl, tile, /*keep=*/true);
-    mlp_backward(trace, shape, impl, tile, "mlp.tile_input_grad");
+    mlp_tile_forward(trace, shape, impl, /*keep=*/true);
+    if (shape.experts > 0) moe_backward(trace, moe_tile_shape(shape), impl, "mlp.tile_input_grad");
+    else mlp_backward(trace, shape, impl, mlp_tile_tokens(shape), "mlp.tile_input_grad");
     trace.free("mlp.tile_input_grad");
     trace.free("mlp.output");
     if (impl.mlp_tile_weight_grads_bytes > 0) trace.free("mlp_tile_weight_grads");
@@ -1485,19 +1471,22 @@ void executor_layer_forward(TensorTrace& trace, TensorTrace* host, const LayerSh
   trace.alloc(L, "mlp_norm.output", b.x);
   trace.alloc(L, "mlp_norm.rstd", b.rstd);
   trace.alloc(L, "layer.output", b.x);
-  if (shape.experts > 0) executor_moe_forward(trace, shape, options, keep);
-  const int64_t tiles = executor_tile_count(shape);
-  const bool keep_intermediates = keep && shape.mlp_tiles == 0;
-  for (int64_t tile : shape.experts > 0 ? std::vector<int64_t>{} : replayed_tiles(tiles)) {
-    const double f = tile + 1 == tiles ? b.last_f_tile : b.f_tile;
-    trace.alloc(L, "mlp.gate", f);
-    trace.alloc(L, "mlp.up", f);
-    executor_lora_forward(trace, shape, options, "gate_proj", keep_intermediates);
-    executor_lora_forward(trace, shape, options, "up_proj", keep_intermediates);
-    trace.alloc(L, "mlp.product", f);
-    executor_lora_forward(trace, shape, options, "down_proj", keep_intermediates);
-    if (!keep_intermediates)
-      for (const char* name : {"mlp.product", "mlp.up", "mlp.gate"}) trace.free(name);
+  if (shape.experts > 0) {
+    executor_moe_forward(trace, shape, options, keep);
+  } else {
+    const int64_t tiles = executor_tile_count(shape);
+    const bool keep_intermediates = keep && shape.mlp_tiles == 0;
+    for (int64_t tile : replayed_tiles(tiles)) {
+      const double f = tile + 1 == tiles ? b.last_f_tile : b.f_tile;
+      trace.alloc(L, "mlp.gate", f);
+      trace.alloc(L, "mlp.up", f);
+      executor_lora_forward(trace, shape, options, "gate_proj", keep_intermediates);
+      executor_lora_forward(trace, shape, options, "up_proj", keep_intermediates);
+      trace.alloc(L, "mlp.product", f);
+      executor_lora_forward(trace, shape, options, "down_proj", keep_intermediates);
+      if (!keep_intermediates)
+        for (const char* name : {"mlp.product", "mlp.up", "mlp.gate"}) trace.free(name);
+    }
   }
   if (!keep) {
     for (const char* name : {"mlp_norm.output", "mlp_norm.rstd", "residual.attention", "attention_norm.rstd"}) trace.free(name);
@@ -1521,24 +1510,27 @@ void executor_layer_backward(TensorTrace& trace, TensorTrace* host, const LayerS
   };
   trace.set_moment("backward: mlp");
   trace.alloc(L, "mlp.input_grad", b.x);
-  if (shape.experts > 0) executor_moe_backward(trace, shape, options);
-  const int64_t tiles = executor_tile_count(shape);
-  for (int64_t tile : shape.experts > 0 ? std::vector<int64_t>{} : replayed_tiles(tiles)) {
-    const double f = tile + 1 == tiles ? b.last_f_tile : b.f_tile;
-    if (shape.mlp_tiles > 0) {
-      trace.alloc(L, "mlp.gate", f);
-      trace.alloc(L, "mlp.up", f);
-      trace.alloc(L, "mlp.product", f);
+  if (shape.experts > 0) {
+    executor_moe_backward(trace, shape, options);
+  } else {
+    const int64_t tiles = executor_tile_count(shape);
+    for (int64_t tile : replayed_tiles(tiles)) {
+      const double f = tile + 1 == tiles ? b.last_f_tile : b.f_tile;
+      if (shape.mlp_tiles > 0) {
+        trace.alloc(L, "mlp.gate", f);
+        trace.alloc(L, "mlp.up", f);
+        trace.alloc(L, "mlp.product", f);
+      }
+      trace.alloc(L, "mlp.product_grad", f);
+      executor_lora_backward(trace, shape, options, "down_proj");
+      trace.free("mlp.product");
+      trace.alloc(L, "mlp.gate_grad", f);
+      trace.alloc(L, "mlp.up_grad", f);
+      trace.free("mlp.product_grad");
+      executor_lora_backward(trace, shape, options, "gate_proj");
+      executor_lora_backward(trace, shape, options, "up_proj");
+      for (const char* name : {"mlp.up_grad", "mlp.gate_grad", "mlp.up", "mlp.gate"}) trace.free(name);
     }
-    trace.alloc(L, "mlp.product_grad", f);
-    executor_lora_backward(trace, shape, options, "down_proj");
-    trace.free("mlp.product");
-    trace.alloc(L, "mlp.gate_grad", f);
-    trace.alloc(L, "mlp.up_grad", f);
-    trace.free("mlp.product_grad");
-    executor_lora_backward(trace, shape, options, "gate_proj");
-    executor_lora_backward(trace, shape, options, "up_proj");
-    for (const char* name : {"mlp.up_grad", "mlp.gate_grad", "mlp.up", "mlp.gate"}) trace.free(name);
   }
   trace.free("mlp_norm.output");
   trace.set_moment("backward: mlp norm");

@@ -7,6 +7,7 @@
 #include <string>
 #include <fstream>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -125,20 +126,34 @@ inline std::vector<int64_t> tensor_starts() {
   return starts;
 }
 
-// Every tensor of the layout: each gradient within `tolerance` of that tensor's largest |gradient|.
-inline void gradients_compare(const std::vector<float>& actual, const std::vector<float>& expected, double tolerance) {
+// Each tensor, a [start, end) range of the flat vectors: every gradient within `tolerance` of that
+// tensor's largest |expected| gradient, and every tensor receiving some gradient in the batch.
+template <typename Expected>
+void tensor_ranges_compare(const std::vector<float>& actual, const std::vector<Expected>& expected,
+                           const std::vector<std::pair<int64_t, int64_t>>& ranges, double tolerance) {
   REQUIRE(actual.size() == expected.size());
-  const std::vector<int64_t> starts = tensor_starts();
-  for (size_t t = 0; t + 1 < starts.size(); ++t) {
+  CHECK(!ranges.empty());
+  for (const std::pair<int64_t, int64_t>& range : ranges) {
+    const int64_t start = range.first, end = range.second;  // (not a structured binding: CAPTURE takes it)
     double largest = 0, worst = 0;
-    for (int64_t i = starts[t]; i < starts[t + 1]; ++i) {
-      largest = std::max(largest, std::fabs(static_cast<double>(expected[static_cast<size_t>(i)])));
-      worst = std::max(worst, std::fabs(static_cast<double>(actual[static_cast<size_t>(i)]) - expected[static_cast<size_t>(i)]));
+    for (int64_t i = start; i < end; ++i) {
+      const double e = static_cast<double>(expected[static_cast<size_t>(i)]);
+      largest = std::max(largest, std::fabs(e));
+      worst = std::max(worst, std::fabs(static_cast<double>(actual[static_cast<size_t>(i)]) - e));
     }
-    CAPTURE(t);
-    CHECK(largest > 0);  // every parameter receives gradient in this batch
+    CAPTURE(start);
+    CAPTURE(end);
+    CHECK(largest > 0);
     CHECK(worst <= tolerance * largest);
   }
+}
+
+// Every tensor of tiny-llama's layout.
+inline void gradients_compare(const std::vector<float>& actual, const std::vector<float>& expected, double tolerance) {
+  const std::vector<int64_t> starts = tensor_starts();
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (size_t t = 0; t + 1 < starts.size(); ++t) ranges.push_back({starts[t], starts[t + 1]});
+  tensor_ranges_compare(actual, expected, ranges, tolerance);
 }
 
 // Per tensor of the layout: ||actual - expected|| / ||expected|| (the norm bf16's error is judged
