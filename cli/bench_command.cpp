@@ -54,8 +54,9 @@ std::shared_ptr<BenchCommandArgs> bench_command_register(CLI::App& app) {
   command->add_option("--gpu", args->gpu, "hardware card (default h100-sxm-80gb)");
   command->add_option("--profile", args->profile, "runtime profile (default deepspeed-hf)");
   command->add_option("--attention", args->attention,
-                      "attention kernel fa2 or fa3 (default: the profile's, else the card's; FPDT and ring plans run fa2)")
-      ->check(CLI::IsMember({"fa2", "fa3"}));
+                      "attention kernel: " + attention_kernel_choices(true) +
+                          " (default: the profile's, else the card's; FPDT and USP's ring run fa2)")
+      ->check(CLI::IsMember(attention_kernel_ids(true)));
   command->add_option("--max-gpus", args->max_gpus, "largest GPU count, doubling from 1 (default 1024)")->check(CLI::Range(1, 1 << 20));
   command->add_option("--repeat", args->repeat, "searches per GPU count; the median is reported (default 5)")->check(CLI::Range(1, 1000));
   return args;

@@ -177,10 +177,12 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
                       "runtime profile (default: the framework's own: deepspeed-hf for the DeepSpeed ones, megatron-deepspeed, "
                       "fsdp2-accelerate, fsdp2-torchtitan, hf-trainer, unsloth, native-cuda for longseq), native, or a .yaml");
   command->add_option("--attention", args->attention,
-                      "attention kernel: fa2 (FlashAttention-2) or fa3 (FlashAttention-3 on Hopper: its backward buffers and its "
-                      "published speed); default: the profile's, else the hardware card's (fa3 on H100/H200/H800, fa2 on A100). "
-                      "FPDT and ring attention run FlashAttention-2's kernels whatever this says")
-      ->check(CLI::IsMember({"fa2", "fa3"}));
+                      "attention kernel: fa2 (FlashAttention-2, also SDPA's flash backend), fa3 (FlashAttention-3 on Hopper: its "
+                      "backward buffers and its published speed), sdpa-cudnn (SDPA's cuDNN backend) or sdpa (the backend PyTorch's "
+                      "SDPA picks on the card: sdpa-cudnn on H100/H200/H800, fa2 elsewhere); default: the profile's (sdpa for the "
+                      "FSDP2 stacks), else the hardware card's (fa3 on H100/H200/H800, fa2 on A100). FPDT and USP's ring run "
+                      "FlashAttention-2's kernels, PyTorch's context parallelism SDPA's, whatever this says")
+      ->check(CLI::IsMember(attention_kernel_ids(true)));
   command->add_option("--framework", args->framework,
                       "the framework the plan is for: arctic-training (default for the search: ALST's trainer, a switch for each "
                       "of its techniques), hf-accelerate (Accelerate / HF Trainer / TRL), megatron-deepspeed (where FPDT lives), "
@@ -512,6 +514,13 @@ std::vector<std::string> plan_caveats(const ModelSpec& model, const ClusterSpec&
   if (attention_kernel_for(profile, cluster.hardware, plan) == "fa3")
     caveats.push_back("FlashAttention-3: no published long-sequence run in the record used it (all ran FlashAttention-2); its memory "
                       "and speed here come from its code and README figures, unvalidated (--attention fa2 for the validated kernel)");
+  if (attention_kernel_for(profile, cluster.hardware, plan) == "sdpa-cudnn")
+    caveats.push_back(fmt::format(
+        "SDPA's cuDNN backend (PyTorch's default on Hopper, the hardware card's sdpa_default_backend): priced at FlashAttention-3's "
+        "measured rate, with the flash backend's buffers (no cuDNN benchmark or workspace figure is in the sources); one published "
+        "run (TRL's Qwen3-8B at 1M tokens) is in the record. --attention fa2 prices SDPA's flash backend (FlashAttention-2's code, "
+        "{:.0f} against {:.0f} TFLOPS here)",
+        attention_tflops(cluster.hardware, model.head_dim, "fa2"), attention_tflops(cluster.hardware, model.head_dim, "sdpa-cudnn")));
   if (plan.offload_optimizer && seqlen > 0 && seqlen <= 65536)
     caveats.push_back("step time at short lengths: validate finds the ALST paper's 32K steps 43-66% longer than predicted (the "
                       "offloaded optimizer step costs more than its modelled passes; reports/validation.md)");
@@ -871,11 +880,15 @@ int plan_command_run(const PlanCommandArgs& args) {
                         cluster.gpus, hardware.name, hardware.gpu_memory_gib, cluster.nodes, cluster.gpus_per_node,
                         cluster.host_memory_gib);
   if (!machine) {
-    header += fmt::format("  attention FlashAttention-{} ({}; FPDT and ring plans run FlashAttention-2)\n",
-                          stack_attention_kernel(profile, hardware) == "fa3" ? 3 : 2,
+    const std::string kernel = stack_attention_kernel(profile, hardware);
+    header += fmt::format("  attention {} ({}{}; FPDT and USP's ring run FlashAttention-2{})\n", attention_kernel_facts(kernel).label,
                           !args.attention.empty()          ? "--attention"
-                          : profile.attention_kernel.empty() ? "the card's default; --attention fa2|fa3"
-                                                             : "the runtime profile's; --attention fa2|fa3");
+                          : profile.attention_kernel.empty() ? "the card's default"
+                                                             : "the runtime profile's",
+                          profile.attention_kernel == "sdpa" ? ", SDPA's default on this GPU" : "",
+                          profile.ring_implementation == RingImplementation::ring_torch_allgather && !attention_kernel_facts(kernel).sdpa_backend
+                              ? ", PyTorch's context parallelism SDPA's default"
+                              : "");
   }
 
   const bool fixed_plan = plan_flags_given(args);

@@ -1,7 +1,9 @@
 #include "planner/cards.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <filesystem>
+#include <stdexcept>
 #include <vector>
 #include <fmt/format.h>
 
@@ -76,6 +78,54 @@ EstimateRange estimate_read(YamlReader& reader, const std::string& key, double m
 
 }  // namespace
 
+const std::vector<AttentionKernelFacts>& attention_kernels_all() {
+  static const std::vector<AttentionKernelFacts> kernels = {
+      // SDPA's flash backend is this kernel's code (aten flash_api.cpp mha_fwd/mha_bwd, Reference §11
+      // F3.1-F3.2), so it runs under SDPA as well as through flash_attn.
+      {"fa2", "FlashAttention-2", "flash_attention_2", true},
+      // flash-attention's Hopper build (hopper/, flash_attn_interface); not an SDPA backend.
+      {"fa3", "FlashAttention-3", "flash_attention_3", false},
+      // cuDNN's fused flash attention behind SDPA (aten _scaled_dot_product_cudnn_attention, F2.1).
+      {"sdpa-cudnn", "SDPA's cuDNN backend", "sdpa", true},
+  };
+  return kernels;
+}
+
+const AttentionKernelFacts& attention_kernel_facts(std::string_view id) {
+  for (const AttentionKernelFacts& kernel : attention_kernels_all())
+    if (kernel.id == id) return kernel;
+  throw std::invalid_argument(fmt::format("attention kernel '{}': expected {}", id, attention_kernel_choices(false)));
+}
+
+std::vector<std::string> attention_kernel_ids(bool with_sdpa) {
+  std::vector<std::string> ids;
+  for (const AttentionKernelFacts& kernel : attention_kernels_all()) ids.emplace_back(kernel.id);
+  if (with_sdpa) ids.emplace_back("sdpa");
+  return ids;
+}
+
+std::string attention_kernel_choices(bool with_sdpa) {
+  const std::vector<std::string> ids = attention_kernel_ids(with_sdpa);
+  std::string text;
+  for (size_t i = 0; i < ids.size(); ++i) text += (i == 0 ? "" : i + 1 == ids.size() ? " or " : ", ") + ids[i];
+  return text;
+}
+
+std::string attention_kernel_resolve(const std::string& requested, const HardwareCard& card) {
+  if (requested.empty()) return card.default_attention_kernel;
+  if (requested == "sdpa") return card.sdpa_default_backend;
+  return requested;
+}
+
+namespace {
+
+bool attention_kernel_known(const std::string& id, bool with_sdpa) {
+  const std::vector<std::string> ids = attention_kernel_ids(with_sdpa);
+  return std::find(ids.begin(), ids.end(), id) != ids.end();
+}
+
+}  // namespace
+
 RuntimeProfile runtime_profile_bounded(const RuntimeProfile& profile, EstimateBound bound) {
   RuntimeProfile bounded = profile;
   bounded.bound = bound;
@@ -100,11 +150,23 @@ HardwareCard hardware_card_from_text(const std::string& yaml_text, const std::st
   card.flash_attention_tflops_hd64 = reader.get_double("flash_attention_tflops_hd64", 0.001, 1e7);
   card.flash_attention3_tflops_hd128 = reader.get_double("flash_attention3_tflops_hd128", 0, 1e7, 0);
   card.flash_attention3_tflops_hd64 = reader.get_double("flash_attention3_tflops_hd64", 0, 1e7, 0);
+  card.sdpa_cudnn_tflops_hd128 = reader.get_double("sdpa_cudnn_tflops_hd128", 0, 1e7, 0);
+  card.sdpa_cudnn_tflops_hd64 = reader.get_double("sdpa_cudnn_tflops_hd64", 0, 1e7, 0);
+  // A default kernel must have its rate on the card: the time model prices every plan with it.
+  const auto check_default = [&](const char* key, const std::string& kernel) {
+    if (!attention_kernel_known(kernel, false))
+      throw ConfigError(source_name, key, fmt::format("expected {}, got '{}'", attention_kernel_choices(false), kernel));
+    if (kernel == "fa3" && card.flash_attention3_tflops_hd128 <= 0)
+      throw ConfigError(source_name, key, "fa3 needs the card's flash_attention3_tflops_hd128 and _hd64 (FlashAttention-3's rates)");
+    if (kernel == "sdpa-cudnn" && card.sdpa_cudnn_tflops_hd128 <= 0)
+      throw ConfigError(source_name, key, "sdpa-cudnn needs the card's sdpa_cudnn_tflops_hd128 and _hd64 (its rates)");
+  };
   card.default_attention_kernel = reader.get_string("default_attention_kernel", "fa2");
-  if (card.default_attention_kernel != "fa2" && card.default_attention_kernel != "fa3")
-    throw ConfigError(source_name, "default_attention_kernel", fmt::format("expected fa2 or fa3, got '{}'", card.default_attention_kernel));
-  if (card.default_attention_kernel == "fa3" && card.flash_attention3_tflops_hd128 <= 0)
-    throw ConfigError(source_name, "default_attention_kernel", "fa3 needs the card's flash_attention3_tflops_hd128 and _hd64 (FlashAttention-3's rates)");
+  check_default("default_attention_kernel", card.default_attention_kernel);
+  card.sdpa_default_backend = reader.get_string("sdpa_default_backend", "fa2");
+  check_default("sdpa_default_backend", card.sdpa_default_backend);
+  if (!attention_kernel_facts(card.sdpa_default_backend).sdpa_backend)
+    throw ConfigError(source_name, "sdpa_default_backend", fmt::format("{} is not one of SDPA's backends", card.sdpa_default_backend));
   card.hbm_gbps = reader.get_double("hbm_gbps", 0.001, 1e7);
   card.nccl_intranode_busbw_gbps = reader.get_double("nccl_intranode_busbw_gbps", 0.001, 1e6);
   card.nccl_latency_us = reader.get_double("nccl_latency_us", 0, 1e6);
@@ -174,8 +236,9 @@ RuntimeProfile runtime_profile_from_text(const std::string& yaml_text, const std
   profile.rope_table_whole_sequence_fp32 = reader.get_bool("rope_table_whole_sequence_fp32", false);
   profile.cpu_adam_bandwidth_efficiency = reader.get_double("cpu_adam_bandwidth_efficiency", 0.01, 1.0, 1.0);
   profile.attention_kernel = reader.get_string("attention_kernel", "");
-  if (!profile.attention_kernel.empty() && profile.attention_kernel != "fa2" && profile.attention_kernel != "fa3")
-    throw ConfigError(source_name, "attention_kernel", fmt::format("expected fa2 or fa3, got '{}'", profile.attention_kernel));
+  if (!profile.attention_kernel.empty() && !attention_kernel_known(profile.attention_kernel, true))
+    throw ConfigError(source_name, "attention_kernel",
+                      fmt::format("expected {}, got '{}'", attention_kernel_choices(true), profile.attention_kernel));
   profile.calibrated_reserve_gib = reader.get_double("calibrated_reserve_gib", 0, 1024, 0);
   profile.published_runs = reader.get_int("published_runs", 0, 1 << 20, 0);
   profile.usable_memory_headroom_gib = estimate_read(reader, "usable_memory_headroom_gib", 0, 1024, 0);

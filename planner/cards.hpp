@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "models/layer_inventory.hpp"
@@ -30,9 +31,16 @@ struct HardwareCard {
   // FlashAttention-3 (Hopper only; 0: the card cannot run it), fwd+bwd causal, same convention.
   double flash_attention3_tflops_hd128 = 0;
   double flash_attention3_tflops_hd64 = 0;
+  // SDPA's cuDNN backend (PyTorch's "cuDNN Fused Flash Attention"), fwd+bwd causal, same
+  // convention; 0: not priced on this card.
+  double sdpa_cudnn_tflops_hd128 = 0;
+  double sdpa_cudnn_tflops_hd64 = 0;
   // The attention kernel a stack runs on this card unless its profile or the plan says otherwise:
   // "fa3" where FlashAttention-3 runs (Hopper), else "fa2".
   std::string default_attention_kernel = "fa2";
+  // The backend PyTorch's SDPA picks here by default (what a profile's "sdpa" runs): "sdpa-cudnn",
+  // or "fa2" (SDPA's flash backend is FlashAttention-2's code, Reference §11 F3.1).
+  std::string sdpa_default_backend = "fa2";
   double hbm_gbps = 0;
   // Bytes a second the element-wise kernels achieve (0: hbm_gbps, the datasheet's); the CPU device
   // measures its own kernels' (executor/trainer.cpp cpu_rates_measure).
@@ -161,9 +169,9 @@ struct RuntimeProfile {
   // and the casts around it are bandwidth-bound; time_model.cpp offloaded_optimizer_step counts
   // their bytes); 1 = the theoretical bandwidth.
   double cpu_adam_bandwidth_efficiency = 1.0;
-  // The attention kernel the stack runs: "fa2" (FlashAttention-2) or "fa3" (FlashAttention-3, on
-  // cards that have its rate): its backward buffers (layer_inventory.hpp) and its speed. Empty:
-  // the card's default (attention_kernel_for resolves it).
+  // The attention kernel the stack runs (an id of attention_kernels_all, or "sdpa": whichever
+  // backend PyTorch's SDPA picks on the card): its backward buffers (layer_inventory.hpp) and its
+  // speed. Empty: the card's default (attention_kernel_for resolves it).
   std::string attention_kernel;
   // How a step's memory is predicted: "phases" replays the three heaviest phases of a framework
   // stack through the layer inventory; "executor" replays longseq's executor step, every layer.
@@ -193,6 +201,27 @@ RuntimeProfile runtime_profile_bounded(const RuntimeProfile& profile, EstimateBo
 // Throws ConfigError naming the file and key.
 HardwareCard hardware_card_load(const std::string& name_or_path);
 RuntimeProfile runtime_profile_load(const std::string& name_or_path);
+
+// The attention kernels a plan can run, each described once: the id --attention, profiles,
+// scenarios and cards name it by, how reports label it, what transformers is told to load for it,
+// and whether PyTorch's SDPA runs it (so PyTorch context parallelism can: its ring calls SDPA's
+// flash, efficient and cuDNN kernels only, Reference §11 F2.1).
+struct AttentionKernelFacts {
+  std::string_view id;
+  std::string_view label;
+  std::string_view hf_attn_implementation;
+  bool sdpa_backend = false;
+};
+const std::vector<AttentionKernelFacts>& attention_kernels_all();
+// Throws std::invalid_argument for an id not in the table.
+const AttentionKernelFacts& attention_kernel_facts(std::string_view id);
+// Every id, plus "sdpa" (SDPA's default backend on the card) where that is accepted: for --attention.
+std::vector<std::string> attention_kernel_ids(bool with_sdpa);
+// The same as text, "fa2, fa3, sdpa-cudnn or sdpa": for messages and help.
+std::string attention_kernel_choices(bool with_sdpa);
+// The kernel `requested` runs on `card`: "" is the card's default, "sdpa" SDPA's default backend
+// there; any other id is itself.
+std::string attention_kernel_resolve(const std::string& requested, const HardwareCard& card);
 
 HardwareCard hardware_card_from_text(const std::string& yaml_text, const std::string& source_name);
 RuntimeProfile runtime_profile_from_text(const std::string& yaml_text, const std::string& source_name);

@@ -184,7 +184,7 @@ int64_t seqlen_granule(const PlanOptions& plan) {
 }
 
 std::string stack_attention_kernel(const RuntimeProfile& profile, const HardwareCard& card) {
-  return profile.attention_kernel.empty() ? card.default_attention_kernel : profile.attention_kernel;
+  return attention_kernel_resolve(profile.attention_kernel, card);
 }
 
 bool context_parallel_all_gather(const RuntimeProfile& profile, const PlanOptions& plan) {
@@ -197,7 +197,14 @@ bool fsdp2_cpu_offload(const RuntimeProfile& profile, const PlanOptions& plan) {
 }
 
 std::string attention_kernel_for(const RuntimeProfile& profile, const HardwareCard& card, const PlanOptions& plan) {
-  return plan.fpdt || plan.ring > 1 ? "fa2" : stack_attention_kernel(profile, card);
+  if (plan.fpdt) return "fa2";
+  const std::string stack = stack_attention_kernel(profile, card);
+  if (plan.ring > 1) {
+    if (profile.ring_implementation != RingImplementation::ring_torch_allgather) return "fa2";
+    // PyTorch's context parallelism calls SDPA's kernels: a kernel outside SDPA is not called there.
+    return attention_kernel_facts(stack).sdpa_backend ? stack : card.sdpa_default_backend;
+  }
+  return stack;
 }
 
 std::string plan_describe(const PlanOptions& plan) {

@@ -117,14 +117,16 @@ int64_t seqlen_granule(const PlanOptions& plan);
 
 std::string plan_describe(const PlanOptions& plan);
 
-// The attention kernel a stack runs on this card, "fa2" or "fa3": the profile's, or where the
-// profile leaves it open, the card's default.
+// The attention kernel a stack runs on this card (an id of attention_kernels_all): the profile's
+// (its "sdpa": SDPA's default backend on the card), or where the profile leaves it open, the card's
+// default.
 std::string stack_attention_kernel(const RuntimeProfile& profile, const HardwareCard& card);
 
-// The attention kernel the plan runs, "fa2" or "fa3": FPDT's chunks and ring attention's blocks
-// call FlashAttention-2's internal forward and backward (DeepSpeed fpdt_layer.py; zhuzilin's
-// ring-flash-attention, REFERENCE §3.6, §10), whatever the stack picks elsewhere; otherwise the
-// stack's kernel.
+// The attention kernel the plan runs: FPDT's chunks and USP's ring blocks call FlashAttention-2's
+// internal forward and backward (DeepSpeed fpdt_layer.py; zhuzilin's ring-flash-attention,
+// REFERENCE §3.6, §10), whatever the stack picks elsewhere; PyTorch's context parallelism calls
+// SDPA's (Reference §11 F2.1): the stack's kernel where SDPA runs it, else SDPA's default backend
+// on the card; otherwise the stack's kernel.
 std::string attention_kernel_for(const RuntimeProfile& profile, const HardwareCard& card, const PlanOptions& plan);
 
 // A ring degree run as PyTorch context parallelism with its all-gather rotation: the stack's ring

@@ -143,8 +143,9 @@ Scenario scenario_from_text(const std::string& yaml_text, const std::string& pat
   scenario.runtime_profile_given = reader.has("runtime_profile");
   scenario.runtime_profile = reader.get_string("runtime_profile", "deepspeed-hf");
   scenario.attention_kernel = reader.get_string("attention", "");
-  if (!scenario.attention_kernel.empty() && scenario.attention_kernel != "fa2" && scenario.attention_kernel != "fa3")
-    throw ConfigError(path, "attention", fmt::format("expected fa2 or fa3, got '{}'", scenario.attention_kernel));
+  if (const std::vector<std::string> ids = attention_kernel_ids(true);
+      !scenario.attention_kernel.empty() && std::find(ids.begin(), ids.end(), scenario.attention_kernel) == ids.end())
+    throw ConfigError(path, "attention", fmt::format("expected {}, got '{}'", attention_kernel_choices(true), scenario.attention_kernel));
 
   if (reader.has("run")) {
     YamlReader run = reader.get_section("run");

@@ -68,7 +68,7 @@ struct Scenario {
   // own (as `longseq plan` does), and deepspeed-hf for a fixed plan without a framework.
   std::string runtime_profile = "deepspeed-hf";
   bool runtime_profile_given = false;
-  std::string attention_kernel;  // "fa2" or "fa3"; empty: the profile's, else the card's default
+  std::string attention_kernel;  // attention_kernel_ids(true); empty: the profile's, else the card's default
   PlanSettings plan;
   // Sweep axes, crossed in this order; an empty axis is not swept.
   std::vector<std::string> sweep_model, sweep_gpu;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <fmt/format.h>
 
 #include "planner/comm_model.hpp"
 
@@ -39,19 +40,24 @@ double layer_elementwise_bytes_per_token(const ModelSpec& model, int64_t activat
   return a * (2.0 * 2.0 * h + 2.0 * static_cast<double>(model.q_width() + model.kv_width()) + 2.0 * 3.0 * h + gated * mlp_width);
 }
 
-double flash_attention_tflops(const HardwareCard& card, int64_t head_dim, const std::string& kernel) {
+double attention_tflops(const HardwareCard& card, int64_t head_dim, const std::string& kernel) {
   const double d = std::clamp(static_cast<double>(head_dim), 64.0, 128.0);
-  const bool fa3 = kernel == "fa3";
-  if (fa3 && card.flash_attention3_tflops_hd128 <= 0)
-    throw std::invalid_argument("flash_attention_tflops: " + card.name + " has no FlashAttention-3 rate (attention_kernel_problem reports this)");
-  const double hd64 = fa3 ? card.flash_attention3_tflops_hd64 : card.flash_attention_tflops_hd64;
-  const double hd128 = fa3 ? card.flash_attention3_tflops_hd128 : card.flash_attention_tflops_hd128;
+  double hd64 = card.flash_attention_tflops_hd64, hd128 = card.flash_attention_tflops_hd128;
+  if (kernel == "fa3") hd64 = card.flash_attention3_tflops_hd64, hd128 = card.flash_attention3_tflops_hd128;
+  else if (kernel == "sdpa-cudnn") hd64 = card.sdpa_cudnn_tflops_hd64, hd128 = card.sdpa_cudnn_tflops_hd128;
+  else if (kernel != "fa2") throw std::invalid_argument(fmt::format("attention_tflops: unknown kernel '{}'", kernel));
+  if (hd128 <= 0)
+    throw std::invalid_argument(fmt::format("attention_tflops: {} has no rate for {} (attention_kernel_problem reports this)", card.name,
+                                            attention_kernel_facts(kernel).label));
   return hd64 + (hd128 - hd64) * (d - 64.0) / 64.0;
 }
 
 std::string attention_kernel_problem(const RuntimeProfile& profile, const HardwareCard& card) {
-  if (profile.attention_kernel == "fa3" && card.flash_attention3_tflops_hd128 <= 0)
+  const std::string kernel = attention_kernel_resolve(profile.attention_kernel, card);
+  if (kernel == "fa3" && card.flash_attention3_tflops_hd128 <= 0)
     return "attention fa3: FlashAttention-3 runs on Hopper GPUs only; " + card.name + " has no rate for it (use fa2)";
+  if (kernel == "sdpa-cudnn" && card.sdpa_cudnn_tflops_hd128 <= 0)
+    return "attention sdpa-cudnn: " + card.name + " has no rate for SDPA's cuDNN backend (use fa2, SDPA's flash backend)";
   return "";
 }
 
@@ -168,7 +174,7 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   prediction.attention_kernel = attention_kernel_for(profile, card, plan);
   StepTime& time = prediction.time;
   time.matmul_s = prediction.executed_flops.matmul / (card.matmul_achieved_tflops * 1e12);
-  time.attention_s = prediction.executed_flops.attention / (flash_attention_tflops(card, model.head_dim, prediction.attention_kernel) * 1e12);
+  time.attention_s = prediction.executed_flops.attention / (attention_tflops(card, model.head_dim, prediction.attention_kernel) * 1e12);
   const double layer_compute_s = time.matmul_s + time.attention_s;
   // A layer's attention time split into its passes: forward, the recompute's forward, and the
   // backward at 2.5 forward FLOPs (FlashAttention-2); what hides the ring's and FPDT's traffic.
@@ -335,7 +341,7 @@ double attention_benchmark_seconds(const AttentionBenchmark& benchmark, const Cl
   // Causal forward FLOPs shared equally by the ranks, or waiting for the plain ring's last rank.
   const double imbalance = benchmark.balanced || benchmark.ring == 1 ? 1.0 : 2.0 - 1.0 / as_double(benchmark.ring);
   const double forward_s = imbalance * layer_forward_flops(heads, benchmark.batch, benchmark.seqlen, ranks).attention /
-                           (flash_attention_tflops(cluster.hardware, benchmark.head_dim) * 1e12);
+                           (attention_tflops(cluster.hardware, benchmark.head_dim) * 1e12);
   double seconds = forward_s * (benchmark.backward ? 1.0 + 2.5 : 1.0);  // FlashAttention-2: backward = 2.5 forward
   if (benchmark.sp > 1) {
     // This Ulysses group's S / r tokens, in and out, for the forward (and the backward).

@@ -44,7 +44,7 @@ double layer_elementwise_bytes_per_token(const ModelSpec& model, int64_t activat
 
 struct TimePrediction {
   StepTime time;
-  std::string attention_kernel;  // "fa2" or "fa3": whose rate attention_s is at (attention_kernel_for)
+  std::string attention_kernel = "fa2";  // whose rate attention_s is at (attention_kernel_for; attention_kernels_all)
   StepFlops executed_flops;      // per rank, recompute included
   StepFlops model_flops;         // per rank, forward + backward only
   double megatron_flos = 0;      // per rank: the ALST formula's FLOs for this rank's share
@@ -74,12 +74,13 @@ struct AttentionBenchmark {
 };
 double attention_benchmark_seconds(const AttentionBenchmark& benchmark, const ClusterSpec& cluster);
 
-// FlashAttention's achieved rate for this head size: linear between the card's head_dim 64 and
-// 128 figures, held constant outside them.
-// `kernel` "fa2" or "fa3" (the card's FlashAttention-3 figures; a card without them throws).
-double flash_attention_tflops(const HardwareCard& card, int64_t head_dim, const std::string& kernel = "fa2");
+// An attention kernel's achieved rate for this head size: linear between the card's head_dim 64
+// and 128 figures, held constant outside them. `kernel` an id of attention_kernels_all (a card
+// without its figures throws).
+double attention_tflops(const HardwareCard& card, int64_t head_dim, const std::string& kernel = "fa2");
 
-// Why `profile`'s attention kernel cannot run on `card` (FlashAttention-3 off Hopper); empty when it can.
+// Why `profile`'s attention kernel cannot run on `card` (FlashAttention-3 off Hopper, a kernel the
+// card has no rate for); empty when it can.
 std::string attention_kernel_problem(const RuntimeProfile& profile, const HardwareCard& card);
 
 }  // namespace longseq

@@ -302,7 +302,7 @@ PointValidation point_validate(const PublishedPoint& point, const std::string& p
     else if (feature == "ulysses") ulysses = true;
     else if (feature == "tp") return skip("Megatron tensor parallelism (tp) is not modelled");
     else if (feature == "fpdt") plan.fpdt = true;
-    // SDPA's flash backend is FlashAttention-2's kernel (aten flash_api.cpp; Reference §11 F3.1-F3.2).
+    // SDPA: whichever backend PyTorch picks on the row's GPU (the card's sdpa_default_backend).
     else if (feature == "sdpa") sdpa = true;
     else if (feature == "fsdp2") fsdp2 = true;
     else if (feature == "cp") context_parallel = true;
@@ -373,12 +373,13 @@ PointValidation point_validate(const PublishedPoint& point, const std::string& p
                       : plan.fpdt                                      ? "megatron-deepspeed"
                                                                        : "deepspeed-hf";
   RuntimeProfile profile = runtime_profile_load(!profile_name.empty() ? profile_name : stack);
-  profile.attention_kernel = attention_kernel;
+  profile.attention_kernel = sdpa ? "sdpa" : attention_kernel;
   if (reserve_gib) profile.calibrated_reserve_gib = *reserve_gib;
   if (const std::string problem = attention_kernel_problem(profile, *hardware); !problem.empty()) return skip(problem);
   validation.profile_name = profile.name;
-  validation.profile = profile.name + (attention_kernel == "fa3" ? " with FlashAttention-3" : "") +
-                       (sdpa ? " (SDPA priced as its flash backend, FlashAttention-2)" : "");
+  const std::string kernel = attention_kernel_for(profile, *hardware, plan);
+  validation.profile = profile.name + (kernel != "fa2" || sdpa ? " with " + std::string(attention_kernel_facts(kernel).label) : "") +
+                       (sdpa ? " (SDPA's default on this GPU)" : "");
   for (const std::string& assumption : assumptions) validation.profile += "; " + assumption;
 
   const bool measured_at = point.notes.find("measured_at") != std::string::npos;

@@ -145,9 +145,10 @@ bool model_is_card(const ExportRequest& r) { return std::filesystem::path(r.mode
 // transformers' attn_implementation for the plan's kernel (attention_kernel_for): FlashAttention-3
 // needs its Hopper build installed (flash-attention hopper/, module flash_attn_interface).
 std::string hf_attn_implementation(const ExportRequest& r, ExportedConfig& exported) {
-  if (attention_kernel_for(r.profile, r.cluster.hardware, r.plan) != "fa3") return "flash_attention_2";
-  exported.notes.push_back("attention: flash_attention_3 needs FlashAttention-3's Hopper build (flash-attention hopper/, flash_attn_interface)");
-  return "flash_attention_3";
+  const std::string kernel = attention_kernel_for(r.profile, r.cluster.hardware, r.plan);
+  if (kernel == "fa3")
+    exported.notes.push_back("attention: flash_attention_3 needs FlashAttention-3's Hopper build (flash-attention hopper/, flash_attn_interface)");
+  return std::string(attention_kernel_facts(kernel).hf_attn_implementation);
 }
 
 // An Accelerate YAML's machine keys: the processes over all machines, and on several nodes the

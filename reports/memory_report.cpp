@@ -143,10 +143,10 @@ std::string time_table_render(const TimePrediction& prediction, const TimeContex
   const StepTime& time = prediction.time;
   std::string out = fmt::format("Step time per rank: {:.2f} s ({})\n", time.total_s(), duration_text(time.total_s()));
   auto line = [&](const std::string& name, double seconds) {
-    if (seconds > 0) out += fmt::format("    {:<38} {:>10.3f} s\n", name, seconds);
+    if (seconds > 0) out += fmt::format("    {:<48} {:>10.3f} s\n", name, seconds);
   };
   line("matmul (GEMMs at measured MAMF)", time.matmul_s);
-  line(fmt::format("attention (FlashAttention-{} fwd+bwd rate)", prediction.attention_kernel == "fa3" ? 3 : 2), time.attention_s);
+  line(fmt::format("attention ({} fwd+bwd rate)", attention_kernel_facts(prediction.attention_kernel).label), time.attention_s);
   line("ulysses all-to-all (exposed)", time.ulysses_all_to_all_s);
   line("zero communication (exposed)", time.zero_communication_exposed_s);
   line("checkpoint offload (exposed)", time.checkpoint_offload_s);

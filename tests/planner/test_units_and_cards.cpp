@@ -55,8 +55,8 @@ TEST_CASE("hardware cards load with their datasheet values") {
   // FlashAttention-3 (Hopper only): H100's forward 616 and backward 561 TFLOPS combined at FA2's
   // 1 : 2.5 FLOP split; A100 has none, so fa3 there is a named problem.
   CHECK(h100.flash_attention3_tflops_hd128 == doctest::Approx(3.5 / (1.0 / 616 + 2.5 / 561)).epsilon(1e-4));
-  CHECK(flash_attention_tflops(h100, 128, "fa3") == doctest::Approx(575.7));
-  CHECK(flash_attention_tflops(h100, 128) == 328);
+  CHECK(attention_tflops(h100, 128, "fa3") == doctest::Approx(575.7));
+  CHECK(attention_tflops(h100, 128) == 328);
   RuntimeProfile fa3 = runtime_profile_load("deepspeed-hf");
   fa3.attention_kernel = "fa3";
   CHECK(attention_kernel_problem(fa3, h100).empty());
@@ -97,8 +97,58 @@ TEST_CASE("the attention kernel: the profile's, else the card's default, and Fla
   CHECK(hardware_card_from_text(card, "x.yaml").default_attention_kernel == "fa2");
   CHECK_THROWS_WITH_AS(hardware_card_from_text(card + "default_attention_kernel: fa3\n", "x.yaml"),
                        doctest::Contains("flash_attention3_tflops_hd128"), ConfigError);
-  CHECK_THROWS_WITH_AS(hardware_card_from_text(card + "default_attention_kernel: sdpa\n", "x.yaml"), doctest::Contains("expected fa2 or fa3"),
-                       ConfigError);
+  CHECK_THROWS_WITH_AS(hardware_card_from_text(card + "default_attention_kernel: sdpa\n", "x.yaml"),
+                       doctest::Contains("expected fa2, fa3 or sdpa-cudnn"), ConfigError);
+  // SDPA's default backend: one of SDPA's, with its rate on the card.
+  CHECK(hardware_card_from_text(card, "x.yaml").sdpa_default_backend == "fa2");
+  CHECK_THROWS_WITH_AS(hardware_card_from_text(card + "sdpa_default_backend: sdpa-cudnn\n", "x.yaml"),
+                       doctest::Contains("sdpa_cudnn_tflops_hd128"), ConfigError);
+  CHECK_THROWS_WITH_AS(hardware_card_from_text(card + "flash_attention3_tflops_hd128: 500\nflash_attention3_tflops_hd64: 400\n"
+                                                      "sdpa_default_backend: fa3\n", "x.yaml"),
+                       doctest::Contains("not one of SDPA's backends"), ConfigError);
+  const HardwareCard cudnn_card = hardware_card_from_text(
+      card + "sdpa_cudnn_tflops_hd128: 400\nsdpa_cudnn_tflops_hd64: 300\nsdpa_default_backend: sdpa-cudnn\n", "x.yaml");
+  CHECK(attention_tflops(cudnn_card, 96, "sdpa-cudnn") == doctest::Approx(350));  // halfway between hd64 and hd128
+}
+
+TEST_CASE("SDPA: the backend PyTorch picks on the card, and the one PyTorch's context parallelism calls") {
+  const HardwareCard h100 = hardware_card_load("h100-sxm-80gb"), a100 = hardware_card_load("a100-80gb");
+  // Hopper cards: cuDNN, priced at FlashAttention-3's measured rate; A100: the flash backend (FA2).
+  for (const char* hopper : {"h100-sxm-80gb", "h200-141gb", "h800-sxm-80gb"}) {
+    CAPTURE(hopper);
+    const HardwareCard card = hardware_card_load(hopper);
+    CHECK(card.sdpa_default_backend == "sdpa-cudnn");
+    CHECK(attention_tflops(card, 128, "sdpa-cudnn") == attention_tflops(card, 128, "fa3"));
+    CHECK(attention_tflops(card, 64, "sdpa-cudnn") == attention_tflops(card, 64, "fa3"));
+  }
+  CHECK(a100.sdpa_default_backend == "fa2");
+  const RuntimeProfile accelerate = runtime_profile_load("fsdp2-accelerate");
+  CHECK(accelerate.attention_kernel == "sdpa");
+  CHECK(runtime_profile_load("fsdp2-torchtitan").attention_kernel == "sdpa");
+  PlanOptions plan;
+  plan.zero_stage = 3;
+  CHECK(attention_kernel_for(accelerate, h100, plan) == "sdpa-cudnn");
+  CHECK(attention_kernel_for(accelerate, a100, plan) == "fa2");
+  CHECK(attention_kernel_problem(accelerate, a100).empty());
+  // Context parallelism calls SDPA (Reference §11 F2.1), not FlashAttention-2 as USP's ring does.
+  plan.ring = 8;
+  CHECK(attention_kernel_for(accelerate, h100, plan) == "sdpa-cudnn");
+  CHECK(attention_kernel_for(accelerate, a100, plan) == "fa2");
+  RuntimeProfile flash = accelerate;
+  flash.attention_kernel = "fa2";  // --attention fa2: SDPA's flash backend
+  CHECK(attention_kernel_for(flash, h100, plan) == "fa2");
+  RuntimeProfile outside_sdpa = accelerate;
+  outside_sdpa.attention_kernel = "fa3";  // not an SDPA backend: the ring calls SDPA's default
+  CHECK(attention_kernel_for(outside_sdpa, h100, plan) == "sdpa-cudnn");
+  plan.ring = 1;
+  CHECK(attention_kernel_for(outside_sdpa, h100, plan) == "fa3");  // without CP the stack's kernel runs
+  // A card without a cuDNN rate names the problem.
+  RuntimeProfile cudnn = accelerate;
+  cudnn.attention_kernel = "sdpa-cudnn";
+  CHECK(attention_kernel_problem(cudnn, h100).empty());
+  CHECK(attention_kernel_problem(cudnn, a100).find("cuDNN") != std::string::npos);
+  CHECK(attention_kernel_facts("sdpa-cudnn").hf_attn_implementation == "sdpa");
+  CHECK_THROWS_AS(attention_kernel_facts("sdpa"), std::invalid_argument);  // a request, resolved per card
 }
 
 TEST_CASE("runtime profiles: deepspeed-hf is ALST's 18 bytes per parameter") {

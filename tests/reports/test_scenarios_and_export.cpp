@@ -124,8 +124,8 @@ TEST_CASE("bad scenario files name the file, the key and the reason") {
   CHECK(error_of(kData + "/scenarios/does-not-exist.yaml").find("cannot open file") != std::string::npos);
   CHECK_THROWS_WITH_AS(scenario_from_text("name: x\nmodel: m\ncluster: {gpu: g}\nsweep: {gpus: [1]}\noutput: {figures: [pie]}\n", "x.yaml"),
                        doctest::Contains("x.yaml: key 'output.figures[0]': unknown figure 'pie'"), ConfigError);
-  CHECK_THROWS_WITH_AS(scenario_from_text("name: x\nmodel: m\ncluster: {gpu: g}\nattention: sdpa\nsweep: {gpus: [1]}\n", "x.yaml"),
-                       doctest::Contains("x.yaml: key 'attention': expected fa2 or fa3"), ConfigError);
+  CHECK_THROWS_WITH_AS(scenario_from_text("name: x\nmodel: m\ncluster: {gpu: g}\nattention: fa4\nsweep: {gpus: [1]}\n", "x.yaml"),
+                       doctest::Contains("x.yaml: key 'attention': expected fa2, fa3, sdpa-cudnn or sdpa, got 'fa4'"), ConfigError);
   CHECK_THROWS_WITH_AS(
       scenario_run(scenario_from_text("name: x\nmodel: llama-3.1-8b\ncluster: {gpu: a100-80gb}\nattention: fa3\nsweep: {gpus: [8]}\n", "x.yaml")),
       doctest::Contains("x.yaml: key 'attention': attention fa3: FlashAttention-3 runs on Hopper GPUs only"), ConfigError);
