@@ -445,6 +445,58 @@ std::string tokens_text(int64_t tokens) { return tokens == 1 ? "1 token" : seqle
 // further, and the first larger one that does. The length is set by the ranks on one sequence,
 // which the heads bound (a Ulysses degree divides them): the counts tried are each valid degree
 // on whole nodes (the degree itself inside one node, else its least common multiple with a node).
+// How a plan spreads one sequence, named as the frameworks name it.
+std::string sequence_parallelism_describe(const PlanOptions& plan, const RuntimeProfile& profile) {
+  if (plan.fpdt) return fmt::format("FPDT, sp={}", plan.sp);
+  if (plan.ring > 1 && profile.ring_implementation == RingImplementation::ring_torch_allgather)
+    return fmt::format("PyTorch CP, cp={} ({})", plan.ring, context_parallel_all_gather(profile, plan) ? "all-gather" : "all-to-all");
+  if (plan.ring > 1) return plan.sp > 1 ? fmt::format("Ulysses x ring, u={} r={}", plan.sp, plan.ring) : fmt::format("ring, r={}", plan.ring);
+  if (plan.sp > 1) return fmt::format("Ulysses, sp={}", plan.sp);
+  return "none (data parallel)";
+}
+
+struct FrameworkWinner {
+  Framework framework;
+  RuntimeProfile profile;
+  const SearchCandidate* winner = nullptr;  // null: no plan of it fits
+  std::string why_none;                     // then why, when no plan was valid
+};
+
+// Every framework's best plan on this cluster, best first, each from its own search and runtime
+// profile: the side-by-side answer to "Ulysses, USP's ring or PyTorch CP?".
+std::string frameworks_compared_render(std::vector<FrameworkWinner> winners, Framework searched, bool by_length, nlohmann::json& report) {
+  const auto score = [&](const FrameworkWinner& w) {
+    if (!w.winner || !w.winner->fits) return -1.0;
+    return by_length ? static_cast<double>(w.winner->max_seqlen) : w.winner->time.tokens_per_s;
+  };
+  std::stable_sort(winners.begin(), winners.end(), [&](const FrameworkWinner& a, const FrameworkWinner& b) { return score(a) > score(b); });
+  std::string out = "\neach framework's best here (its own search, runtime profile and precision; PREDICTIONS):\n";
+  nlohmann::json compared = nlohmann::json::array();
+  for (const FrameworkWinner& w : winners) {
+    const std::string name = std::string(framework_name(w.framework)) + (w.framework == searched ? " *" : "");
+    if (score(w) < 0) {
+      out += fmt::format("  {:<20} {}{}\n", name, by_length ? "fits no length" : "does not fit",
+                         w.why_none.empty() ? "" : fmt::format(" ({})", w.why_none));
+      compared.push_back({{"framework", framework_name(w.framework)}, {"fits", false}, {"why", w.why_none}});
+      continue;
+    }
+    const SearchCandidate& c = *w.winner;
+    const std::string spread = sequence_parallelism_describe(c.plan, w.profile);
+    if (by_length)
+      out += fmt::format("  {:<20} {:<32} max {:>13} tokens, {:.1f} s/step there (limited by {})\n", name, spread,
+                         integer_with_commas(c.max_seqlen), c.time.time.total_s(), c.binding_constraint);
+    else
+      out += fmt::format("  {:<20} {:<32} {:>9.0f} tokens/s, peak {:.1f} GiB\n", name, spread, c.time.tokens_per_s,
+                         bytes_to_gib(c.memory.gpu_peak_bytes));
+    compared.push_back({{"framework", framework_name(w.framework)}, {"fits", true}, {"sequence_parallelism", spread},
+                        {"plan", plan_describe(c.plan)}, {"max_seqlen", c.max_seqlen}, {"step_s", c.time.time.total_s()},
+                        {"tokens_per_s", c.time.tokens_per_s}, {"binding_constraint", c.binding_constraint}});
+  }
+  out += "  (* this search; --framework NAME for one of the others' full report)\n";
+  report["frameworks_compared"] = compared;
+  return out;
+}
+
 std::string gpu_count_advice(const ModelSpec& model, const ClusterSpec& cluster, const RuntimeProfile& profile,
                              const SearchOptions& options, const SearchCandidate& winner, nlohmann::json& report) {
   std::set<int64_t> counts;
@@ -1063,6 +1115,8 @@ int plan_command_run(const PlanCommandArgs& args) {
       const SearchCandidate* best = nullptr;
       Framework best_framework = framework;
       std::vector<SearchResult> others;
+      // Each framework's winner beside this one's: "Ulysses or ring?" answered per stack.
+      std::vector<FrameworkWinner> winners = {{framework, profile, winner, ""}};
       others.reserve(frameworks_all().size());
       for (Framework other : frameworks_all()) {
         if (other == framework || other == Framework::framework_longseq) continue;
@@ -1075,6 +1129,10 @@ int plan_command_run(const PlanCommandArgs& args) {
         other_options.length_multiple = other_facts.length_multiple;
         others.push_back(plan_search(model, cluster, other_profile, other_options));
         const SearchCandidate* candidate = others.back().winner();
+        const std::vector<SearchCandidate>& tried = others.back().candidates;
+        const bool all_refused = std::all_of(tried.begin(), tried.end(), [](const SearchCandidate& c) { return !c.problems.empty(); });
+        winners.push_back({other, other_profile, candidate,
+                           all_refused ? fmt::format("it refuses every plan: --framework {} lists why", framework_name(other)) : ""});
         if (!candidate) continue;
         const bool longer = !best || (by_length ? candidate->max_seqlen > best->max_seqlen : candidate->score > best->score);
         if (longer) {
@@ -1095,6 +1153,7 @@ int plan_command_run(const PlanCommandArgs& args) {
                                      {"max_seqlen", best->max_seqlen}, {"tokens_per_s", best->time.tokens_per_s},
                                      {"why_not_here", why_not_here}};
       }
+      out += frameworks_compared_render(winners, framework, by_length, report);
       if (by_length) out += gpu_count_advice(model, cluster, profile, options, *winner, report);
     }
   }
