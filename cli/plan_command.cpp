@@ -606,6 +606,15 @@ std::vector<std::string> plan_caveats(const ModelSpec& model, const ClusterSpec&
     caveats.push_back(fmt::format("SDPA: padding or packed samples make transformers build a dense [B, 1, S, S] bool mask ({:.1f} GiB a "
                                   "sample at this length) and leave the flash backend; planned without either (one unpadded sample)",
                                   static_cast<double>(seqlen) * static_cast<double>(seqlen) / kBytesPerGib));
+  // SDPA's flash backend takes head_dim a multiple of 8 up to 256 (aten flash_api.cpp, Reference §11
+  // F3.1); past that SDPA falls to another backend, whose speed and buffers no source sizes.
+  const std::string kernel = attention_kernel_for(profile, cluster.hardware, plan);
+  if (attention_kernel_facts(kernel).sdpa_backend && (profile.attention_kernel == "sdpa" || sdpa_stack) &&
+      (model.head_dim > 256 || model.head_dim % 8 != 0))
+    caveats.push_back(fmt::format("head_dim {}: SDPA's flash backend takes a multiple of 8 up to 256 (Reference §11 F3.1), so SDPA runs "
+                                  "another backend here (the memory-efficient one, or cuDNN's where it takes the size); priced as {}, "
+                                  "whose speed and buffers may differ",
+                                  model.head_dim, attention_kernel_facts(kernel).label));
   if (model.is_moe())
     caveats.push_back(fmt::format(
         "mixture of experts: no published long-sequence MoE run in the record; its block is priced from code reading ({}, Reference "
