@@ -9,6 +9,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "models/config_error.hpp"
+#include "planner/time_model.hpp"
 #include "planner/units.hpp"
 #include "reports/memory_report.hpp"
 
@@ -149,6 +150,18 @@ std::string hf_attn_implementation(const ExportRequest& r, ExportedConfig& expor
   if (kernel == "fa3")
     exported.notes.push_back("attention: flash_attention_3 needs FlashAttention-3's Hopper build (flash-attention hopper/, flash_attn_interface)");
   return std::string(attention_kernel_facts(kernel).hf_attn_implementation);
+}
+
+// The SDPA backend the step was priced with, where PyTorch picks it (the FSDP2 stacks): a run whose
+// PyTorch prefers another backend takes a different time, so the export says which one to expect.
+void sdpa_backend_note(const ExportRequest& r, ExportedConfig& exported) {
+  const std::string kernel = attention_kernel_for(r.profile, r.cluster.hardware, r.plan);
+  if (kernel != "sdpa-cudnn") return;
+  exported.notes.push_back(fmt::format(
+      "attention: the step is priced for SDPA's cuDNN backend, PyTorch's default on Hopper since 2.5 "
+      "(torch.backends.cuda.cudnn_sdp_enabled()); where SDPA runs its flash backend instead, attention takes about {:.2f}x as "
+      "long (plan --attention fa2 prices it)",
+      attention_tflops(r.cluster.hardware, r.model.head_dim, "sdpa-cudnn") / attention_tflops(r.cluster.hardware, r.model.head_dim, "fa2")));
 }
 
 // An Accelerate YAML's machine keys: the processes over all machines, and on several nodes the
@@ -348,6 +361,7 @@ ExportedConfig accelerate_fsdp2_config_emit(const ExportRequest& r) {
   exported.notes.push_back(std::string("versions: Accelerate >= 1.11 (parallelism_config with cp), PyTorch >= 2.6 (context parallelism), TRL >= ") +
                            (p.tiled_loss ? "1.13 (chunked_nll without the fp32 lm_head copy)" : "1.9") +
                            (trainer_checkpointing && !p.trl_activation_offload ? ", transformers >= 5.16 (gradient_checkpointing_kwargs offload)" : ""));
+  sdpa_backend_note(r, exported);
   exported.notes.push_back(fmt::format("launch: accelerate launch --config_file {} train.py", main_file(r, "accelerate-fsdp2.yaml")));
   if (r.cluster.nodes > 1)
     exported.notes.push_back(fmt::format("{} nodes: run accelerate launch on every node with --machine_rank set to its index, and "
@@ -395,6 +409,7 @@ ExportedConfig torchtitan_job_emit(const ExportRequest& r) {
     exported.notes.push_back("tiled MLP / tiled loss / FPDT / checkpoint offload: not in torchtitan's job config; not expressed");
   if (flavor.empty())
     exported.notes.push_back(fmt::format("model: {} is none of torchtitan's llama3 flavors (8B, 70B, 405B); [model] flavor must name one", r.model.name));
+  sdpa_backend_note(r, exported);
   exported.notes.push_back(fmt::format("launch: torchrun --nproc_per_node {} -m torchtitan.train --job.config_file {}{}", r.cluster.gpus_per_node,
                                        main_file(r, "torchtitan.toml"),
                                        r.cluster.nodes > 1 ? fmt::format(" on each of the {} nodes (--nnodes {} and a rendezvous endpoint)",

@@ -622,6 +622,13 @@ TEST_CASE("Accelerate FSDP2 + context parallelism export: the YAML's keys as Ref
   CHECK(any_note_contains(trl_offload, "gradient_checkpointing=True activation_offloading=True"));
   CHECK_FALSE(any_note_contains(trl_offload, "gradient_checkpointing_kwargs"));
   plan.trl_activation_offload = false;
+  // The SDPA backend the step was priced with on Hopper (cuDNN's), and the flash backend's time beside it.
+  ExportRequest fsdp2_request = export_request("qwen3-8b", 8, plan, 262'144);
+  fsdp2_request.profile = runtime_profile_load("fsdp2-accelerate");
+  CHECK(any_note_contains(config_emit("accelerate-fsdp2", fsdp2_request), "priced for SDPA's cuDNN backend"));
+  CHECK(any_note_contains(config_emit("torchtitan", fsdp2_request), "about 1.76x as long"));  // 575.7 / 328
+  fsdp2_request.profile.attention_kernel = "fa2";  // --attention fa2: the flash backend, priced as it runs
+  CHECK_FALSE(any_note_contains(config_emit("accelerate-fsdp2", fsdp2_request), "cuDNN"));
   // The framework's facts name this export.
   CHECK(framework_of_export_target("accelerate-fsdp2") == Framework::framework_accelerate_fsdp2);
 }
