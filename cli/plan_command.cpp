@@ -330,6 +330,25 @@ void plan_defaults_fit(const PlanCommandArgs& args, PlanOptions& plan, Framework
     return was_on;
   };
   std::vector<std::function<bool(PlanOptions&)>> defaults;
+  // First (the layout the rest sits on), the ALST set's ZeRO-3: the highest lower stage the
+  // framework answers differently (ArcticMoE's ZeRO-2 at most; none in Unsloth or the plain
+  // Trainer). DeepSpeed's offloads need ZeRO (parameters ZeRO-3), so those not asked for leave
+  // with it, as plan_from_flags does.
+  if (!args.zero_stage)
+    defaults.push_back([&args, framework, &model](PlanOptions& p) {
+      const std::string refusal = framework_unsupported(framework, model, p);
+      for (int stage = p.zero_stage - 1; stage >= 0; --stage) {
+        PlanOptions lower = p;
+        lower.zero_stage = stage;
+        if (stage != 3 && args.offload_params_on == 0) lower.offload_params = false;
+        if (stage == 0 && args.offload_optimizer_on == 0) lower.offload_optimizer = false;
+        if (framework_unsupported(framework, model, lower) != refusal) {
+          p = lower;
+          return true;
+        }
+      }
+      return false;
+    });
   if (!args.sp)
     defaults.push_back([](PlanOptions& p) {
       const bool was_on = p.sp > 1;
