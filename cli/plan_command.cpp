@@ -330,25 +330,6 @@ void plan_defaults_fit(const PlanCommandArgs& args, PlanOptions& plan, Framework
     return was_on;
   };
   std::vector<std::function<bool(PlanOptions&)>> defaults;
-  // First (the layout the rest sits on), the ALST set's ZeRO-3: the highest lower stage the
-  // framework answers differently (ArcticMoE's ZeRO-2 at most; none in Unsloth or the plain
-  // Trainer). DeepSpeed's offloads need ZeRO (parameters ZeRO-3), so those not asked for leave
-  // with it, as plan_from_flags does.
-  if (!args.zero_stage)
-    defaults.push_back([&args, framework, &model](PlanOptions& p) {
-      const std::string refusal = framework_unsupported(framework, model, p);
-      for (int stage = p.zero_stage - 1; stage >= 0; --stage) {
-        PlanOptions lower = p;
-        lower.zero_stage = stage;
-        if (stage != 3 && args.offload_params_on == 0) lower.offload_params = false;
-        if (stage == 0 && args.offload_optimizer_on == 0) lower.offload_optimizer = false;
-        if (framework_unsupported(framework, model, lower) != refusal) {
-          p = lower;
-          return true;
-        }
-      }
-      return false;
-    });
   if (!args.sp)
     defaults.push_back([](PlanOptions& p) {
       const bool was_on = p.sp > 1;
@@ -363,6 +344,34 @@ void plan_defaults_fit(const PlanCommandArgs& args, PlanOptions& plan, Framework
       const bool optimizer = turned_off(p.offload_optimizer), params = turned_off(p.offload_params);  // both, together
       return optimizer || params;
     });
+  // First, the layout the rest sits on: the ALST set's ZeRO-3 lowered to the highest stage whose
+  // refusal, once the other defaults are off too, no longer names ZeRO (every stage rule does:
+  // ArcticMoE's ZeRO-2 at most, no ZeRO in Unsloth or the plain Trainer, FSDP2's ZeRO-3 layout).
+  // DeepSpeed's offloads need ZeRO (parameters ZeRO-3), so those not asked for leave with it, as
+  // plan_from_flags does.
+  if (!args.zero_stage) {
+    const std::vector<std::function<bool(PlanOptions&)>> others = defaults;
+    auto staged = [&args](PlanOptions plan_at, int stage) {
+      plan_at.zero_stage = stage;
+      if (stage != 3 && args.offload_params_on == 0) plan_at.offload_params = false;
+      if (stage == 0 && args.offload_optimizer_on == 0) plan_at.offload_optimizer = false;
+      return plan_at;
+    };
+    defaults.insert(defaults.begin(), [&, others, staged](PlanOptions& p) {
+      const auto refuses_stage = [&](int stage) {
+        PlanOptions bare = staged(p, stage);
+        for (const auto& turn_off : others) turn_off(bare);
+        return framework_unsupported(framework, model, bare).find("ZeRO") != std::string::npos;
+      };
+      if (!refuses_stage(p.zero_stage)) return false;
+      for (int stage = p.zero_stage - 1; stage >= 0; --stage)
+        if (!refuses_stage(stage)) {
+          p = staged(p, stage);
+          return true;
+        }
+      return false;
+    });
+  }
   // Passes until nothing changes: a refusal names only the first option its checks meet.
   for (bool changed = true; changed;) {
     changed = false;
