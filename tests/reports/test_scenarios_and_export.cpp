@@ -301,6 +301,13 @@ TEST_CASE("ArcticTraining export: only keys its strict config accepts, CPU Adam 
   CHECK(YAML::Load(arctic_training_recipe_emit(fa2).text())["model"]["attn_implementation"].as<std::string>() == "flash_attention_2");
   const YAML::Node accelerate = YAML::Load(accelerate_config_emit(fa2).text());
   CHECK(accelerate["parallelism_config"]["parallelism_config_sp_attn_implementation"].as<std::string>() == "flash_attention_2");
+  CHECK_FALSE(any_note_contains(accelerate_config_emit(fa2), "dense [1, 1, S, S] mask"));
+  // SDPA (its cuDNN backend on H100): loaded as "sdpa", and the packed-mask trap said with its size.
+  ExportRequest sdpa = fa2;
+  sdpa.profile.attention_kernel = "sdpa";
+  const ExportedConfig sdpa_files = accelerate_config_emit(sdpa);
+  CHECK(YAML::Load(sdpa_files.text())["parallelism_config"]["parallelism_config_sp_attn_implementation"].as<std::string>() == "sdpa");
+  CHECK(any_note_contains(sdpa_files, "dense [1, 1, S, S] mask (12750 GiB at this length)"));  // 3,700,000^2 bytes
 }
 
 TEST_CASE("Megatron-DeepSpeed export: the FPDT arguments with offloading, the model's shape, batch keys equal to the arguments") {
