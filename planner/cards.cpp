@@ -235,6 +235,9 @@ RuntimeProfile runtime_profile_from_text(const std::string& yaml_text, const std
   profile.checkpoint_offload_pinned = reader.get_bool("checkpoint_offload_pinned", false);
   profile.rope_table_whole_sequence_fp32 = reader.get_bool("rope_table_whole_sequence_fp32", false);
   profile.cpu_adam_bandwidth_efficiency = reader.get_double("cpu_adam_bandwidth_efficiency", 0.01, 1.0, 1.0);
+  profile.qlora_unquantized_weight_bytes = reader.get_double("qlora_unquantized_weight_bytes", 2, 4, 4);
+  if (profile.qlora_unquantized_weight_bytes != 2 && profile.qlora_unquantized_weight_bytes != 4)
+    throw ConfigError(source_name, "qlora_unquantized_weight_bytes", "expected 2 (bf16) or 4 (fp32)");
   profile.attention_kernel = reader.get_string("attention_kernel", "");
   if (!profile.attention_kernel.empty() && !attention_kernel_known(profile.attention_kernel, true))
     throw ConfigError(source_name, "attention_kernel",

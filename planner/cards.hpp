@@ -169,6 +169,10 @@ struct RuntimeProfile {
   // and the casts around it are bandwidth-bound; time_model.cpp offloaded_optimizer_step counts
   // their bytes); 1 = the theoretical bandwidth.
   double cpu_adam_bandwidth_efficiency = 1.0;
+  // Under QLoRA, the bytes a parameter of what stays unquantized (embedding, LM head, norms):
+  // PEFT's prepare_model_for_kbit_training upcasts it to fp32 (4), Unsloth keeps the model's bf16
+  // for frozen parameters (2; Reference §12 item 13).
+  double qlora_unquantized_weight_bytes = 4;
   // The attention kernel the stack runs (an id of attention_kernels_all, or "sdpa": whichever
   // backend PyTorch's SDPA picks on the card): its backward buffers (layer_inventory.hpp) and its
   // speed. Empty: the card's default (attention_kernel_for resolves it).

@@ -180,13 +180,15 @@ void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const Clus
   if (plan.lora()) {
     // A frozen base and fp32 adapters (Reference §12 (i)): the base in its storage dtype with no
     // gradient, master or optimizer state (items 11-12); QLoRA's linears in NF4 with double
-    // quantization, and prepare_model_for_kbit_training's fp32 upcast of everything else
-    // (embedding, LM head, norms; item 13). The adapters are fp32 (item 8) with fp32 gradients and
-    // AdamW moments: 4 + 4 + 8 bytes each.
+    // quantization, and everything else (embedding, LM head, norms) as the stack keeps it:
+    // prepare_model_for_kbit_training's fp32 upcast, or Unsloth's bf16 (item 13). The adapters are
+    // fp32 (item 8) with fp32 gradients and AdamW moments: 4 + 4 + 8 bytes each.
     const double linears = as_double(layer_linear_parameter_count(model));
     if (plan.qlora) {
       trace.alloc(kCategoryModelStates, "base_linears_nf4", nf4_layer_linears_bytes(model, /*double_quant=*/true));
-      trace.alloc(kCategoryModelStates, "base_other_weights_fp32", (params - linears) * 4.0);
+      const double unquantized_bytes = profile.qlora_unquantized_weight_bytes;
+      trace.alloc(kCategoryModelStates, unquantized_bytes == 4 ? "base_other_weights_fp32" : "base_other_weights_bf16",
+                  (params - linears) * unquantized_bytes);
     } else {
       // The frozen base in the stack's weight dtype (a frozen parameter is not upcast: Accelerate
       // upcasts requires_grad ones, Reference §11 F1.14), sharded under ZeRO-3/FSDP2; longseq's

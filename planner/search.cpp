@@ -261,15 +261,15 @@ SearchResult plan_search(const ModelSpec& model, const ClusterSpec& cluster, con
     // The permutation applied in place, cycle by cycle (a second array of candidates would be
     // megabytes of fresh pages every search): position i takes the candidate at order[i].
     std::vector<bool> placed(order.size(), false);
-    for (size_t start = 0; start < order.size(); ++start) {
-      if (placed[start]) continue;
-      placed[start] = true;
-      if (order[start] == start) continue;
-      SearchCandidate held = std::move(result.candidates[start]);
-      for (size_t at = start;;) {
+    for (size_t cycle_start = 0; cycle_start < order.size(); ++cycle_start) {
+      if (placed[cycle_start]) continue;
+      placed[cycle_start] = true;
+      if (order[cycle_start] == cycle_start) continue;
+      SearchCandidate held = std::move(result.candidates[cycle_start]);
+      for (size_t at = cycle_start;;) {
         const size_t from = order[at];
         placed[at] = true;
-        if (from == start) {
+        if (from == cycle_start) {
           result.candidates[at] = std::move(held);
           break;
         }

@@ -855,6 +855,11 @@ TEST_CASE("LoRA and QLoRA model states: a frozen base in its storage, fp32 adapt
   CHECK(item_bytes(qlora.gpu_items, "base_other_weights_fp32") == (P - linears) * 4);
   CHECK(item_bytes(qlora.gpu_items, "base_weights") == 0);
   CHECK(category_bytes(qlora.gpu_items, kCategoryModelStates) == nf4_layer_linears_bytes(model, true) + (P - linears) * 4 + 16 * adapters);
+  // Unsloth casts only trainable parameters to fp32 (item 13): the rest of its 4-bit base stays
+  // bf16, (P - linears) x 2 B = 1.96 GiB.
+  const MemoryPrediction unsloth_qlora = memory_predict(model, one, plan, runtime_profile_load("unsloth"), 16'384);
+  CHECK(item_bytes(unsloth_qlora.gpu_items, "base_other_weights_bf16") == (P - linears) * 2);
+  CHECK(item_bytes(unsloth_qlora.gpu_items, "base_other_weights_fp32") == 0);
   // A frozen base computes no weight gradients: the LoRA step's GEMM FLOPs are (1 + 1 + recompute)
   // x forward plus the adapters', below full fine-tuning's (1 + 2 + recompute).
   PlanOptions full = bare_plan(1, 0);
