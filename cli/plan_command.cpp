@@ -468,11 +468,6 @@ std::string largest_component_describe(const ModelSpec& model, const ClusterSpec
 // "1 token", "32.768K tokens": a length in a sentence.
 std::string tokens_text(int64_t tokens) { return tokens == 1 ? "1 token" : seqlen_format(tokens) + " tokens"; }
 
-// Other GPU counts than the one asked about, where they change the answer: the fewest GPUs that
-// reach the same length (the rest only add data parallelism), a count of these GPUs that reaches
-// further, and the first larger one that does. The length is set by the ranks on one sequence,
-// which the heads bound (a Ulysses degree divides them): the counts tried are each valid degree
-// on whole nodes (the degree itself inside one node, else its least common multiple with a node).
 // How a plan spreads one sequence, named as the frameworks name it.
 std::string sequence_parallelism_describe(const PlanOptions& plan, const RuntimeProfile& profile) {
   if (plan.fpdt) return fmt::format("FPDT, sp={}", plan.sp);
@@ -525,6 +520,11 @@ std::string frameworks_compared_render(std::vector<FrameworkWinner> winners, Fra
   return out;
 }
 
+// Other GPU counts than the one asked about, where they change the answer: the fewest GPUs that
+// reach the same length (the rest only add data parallelism), a count of these GPUs that reaches
+// further, and the first larger one that does. The length is set by the ranks on one sequence,
+// which the heads bound (a Ulysses degree divides them): the counts tried are each valid degree
+// on whole nodes (the degree itself inside one node, else its least common multiple with a node).
 std::string gpu_count_advice(const ModelSpec& model, const ClusterSpec& cluster, const RuntimeProfile& profile,
                              const SearchOptions& options, const SearchCandidate& winner, nlohmann::json& report) {
   std::set<int64_t> counts;
