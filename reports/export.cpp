@@ -149,6 +149,8 @@ std::string hf_attn_implementation(const ExportRequest& r, ExportedConfig& expor
   const std::string kernel = attention_kernel_for(r.profile, r.cluster.hardware, r.plan);
   if (kernel == "fa3")
     exported.notes.push_back("attention: flash_attention_3 needs FlashAttention-3's Hopper build (flash-attention hopper/, flash_attn_interface)");
+  // SDPA asked for by name stays SDPA where its backend is FlashAttention-2's code (no flash_attn install).
+  if (r.profile.attention_kernel == "sdpa" && attention_kernel_facts(kernel).sdpa_backend) return "sdpa";
   return std::string(attention_kernel_facts(kernel).hf_attn_implementation);
 }
 

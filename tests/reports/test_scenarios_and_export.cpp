@@ -308,6 +308,10 @@ TEST_CASE("ArcticTraining export: only keys its strict config accepts, CPU Adam 
   const ExportedConfig sdpa_files = accelerate_config_emit(sdpa);
   CHECK(YAML::Load(sdpa_files.text())["parallelism_config"]["parallelism_config_sp_attn_implementation"].as<std::string>() == "sdpa");
   CHECK(any_note_contains(sdpa_files, "dense [1, 1, S, S] mask (12750 GiB at this length)"));  // 3,700,000^2 bytes
+  // On A100 SDPA's backend is FlashAttention-2's code: asked for as SDPA, it stays "sdpa" (no flash_attn install).
+  sdpa.cluster = cluster_make(hardware_card_load("a100-80gb"), 8, 0, 0, 0);
+  CHECK(YAML::Load(accelerate_config_emit(sdpa).text())["parallelism_config"]["parallelism_config_sp_attn_implementation"].as<std::string>() ==
+        "sdpa");
 }
 
 TEST_CASE("Megatron-DeepSpeed export: the FPDT arguments with offloading, the model's shape, batch keys equal to the arguments") {
