@@ -85,7 +85,7 @@ PlanFile plan_file_parse(const std::string& text, const std::string& source) {
   file.model = model["source"].string();
   file.model_name = model["name"].string();
   file.layers = model.has("layers") ? model["layers"].integer(0, 1 << 20) : 0;
-  file.parameters = model["parameters"].integer(1, kModelParameterLimit);
+  file.parameters = model["parameters"].integer(1, static_cast<int64_t>(kModelParameterLimit));
   file.seqlen = root["seqlen"].integer(1, int64_t{1} << 40);
   file.ranks = root["ranks"].integer(1, 1 << 20);
   file.device = root["device"].string();
