@@ -17,6 +17,11 @@ cmake --build build-asan --parallel "$(nproc)"
 cc -shared -fPIC -o build-asan/no_dlclose.so tests/sanitizers/no_dlclose.c
 export LD_PRELOAD="$PWD/build-asan/no_dlclose.so"
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:strict_string_checks=1:fast_unwind_on_malloc=0"
-export LSAN_OPTIONS="suppressions=$PWD/tests/sanitizers/lsan.supp:print_suppressions=0"
+# use_tls=0: clang 14's LeakSanitizer crashes scanning the dynamic TLS of dlopen'ed modules (libomp's,
+# Open MPI's) in some 8-rank runs on this image ("Tracer caught signal 11" on a DTLS range of
+# 0x5028-0x40000612a). longseq's code keeps nothing in thread-local storage (no thread_local), so
+# not scanning TLS roots can only misreport what libraries keep there (glibc's dlerror buffer,
+# suppressed by name in lsan.supp).
+export LSAN_OPTIONS="suppressions=$PWD/tests/sanitizers/lsan.supp:print_suppressions=0:use_tls=0"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 ctest --test-dir build-asan --output-on-failure --parallel "$(nproc)"
