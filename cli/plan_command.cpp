@@ -591,10 +591,11 @@ std::vector<std::string> plan_caveats(const ModelSpec& model, const ClusterSpec&
                                       const RuntimeProfile& profile, int64_t seqlen) {
   std::vector<std::string> caveats;
   if (profile.step_schedule == "executor") return caveats;  // longseq's own executor: measured by `longseq run`
-  if (attention_kernel_for(profile, cluster.hardware, plan) == "fa3")
+  const std::string kernel = attention_kernel_for(profile, cluster.hardware, plan);
+  if (kernel == "fa3")
     caveats.push_back("FlashAttention-3: no published long-sequence run in the record used it (all ran FlashAttention-2); its memory "
                       "and speed here come from its code and README figures, unvalidated (--attention fa2 for the validated kernel)");
-  if (attention_kernel_for(profile, cluster.hardware, plan) == "sdpa-cudnn")
+  if (kernel == "sdpa-cudnn")
     caveats.push_back(fmt::format(
         "SDPA's cuDNN backend (PyTorch's default on Hopper, the hardware card's sdpa_default_backend): priced at FlashAttention-3's "
         "measured rate, with the flash backend's buffers (no cuDNN benchmark or workspace figure is in the sources); one published "
@@ -633,10 +634,9 @@ std::vector<std::string> plan_caveats(const ModelSpec& model, const ClusterSpec&
   else if (sdpa_stack && seqlen > 0)
     caveats.push_back(fmt::format("SDPA: padding or packed samples make transformers build a dense [B, 1, S, S] bool mask ({:.1f} GiB a "
                                   "sample at this length) and leave the flash backend; planned without either (one unpadded sample)",
-                                  static_cast<double>(seqlen) * static_cast<double>(seqlen) / kBytesPerGib));
+                                  sdpa_dense_mask_bytes(seqlen) / kBytesPerGib));
   // SDPA's flash backend takes head_dim a multiple of 8 up to 256 (aten flash_api.cpp, Reference §11
   // F3.1); past that SDPA falls to another backend, whose speed and buffers no source sizes.
-  const std::string kernel = attention_kernel_for(profile, cluster.hardware, plan);
   if (attention_kernel_facts(kernel).sdpa_backend && (profile.attention_kernel == "sdpa" || sdpa_stack) &&
       (model.head_dim > 256 || model.head_dim % 8 != 0))
     caveats.push_back(fmt::format("head_dim {}: SDPA's flash backend takes a multiple of 8 up to 256 (Reference §11 F3.1), so SDPA runs "

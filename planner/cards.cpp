@@ -82,11 +82,14 @@ const std::vector<AttentionKernelFacts>& attention_kernels_all() {
   static const std::vector<AttentionKernelFacts> kernels = {
       // SDPA's flash backend is this kernel's code (aten flash_api.cpp mha_fwd/mha_bwd, Reference §11
       // F3.1-F3.2), so it runs under SDPA as well as through flash_attn.
-      {"fa2", "FlashAttention-2", "flash_attention_2", true},
+      {"fa2", "FlashAttention-2", "flash_attention_2", true, &HardwareCard::flash_attention_tflops_hd128,
+       &HardwareCard::flash_attention_tflops_hd64, "flash_attention_tflops", "runs on every card"},
       // flash-attention's Hopper build (hopper/, flash_attn_interface); not an SDPA backend.
-      {"fa3", "FlashAttention-3", "flash_attention_3", false},
+      {"fa3", "FlashAttention-3", "flash_attention_3", false, &HardwareCard::flash_attention3_tflops_hd128,
+       &HardwareCard::flash_attention3_tflops_hd64, "flash_attention3_tflops", "runs on Hopper GPUs only"},
       // cuDNN's fused flash attention behind SDPA (aten _scaled_dot_product_cudnn_attention, F2.1).
-      {"sdpa-cudnn", "SDPA's cuDNN backend", "sdpa", true},
+      {"sdpa-cudnn", "SDPA's cuDNN backend", "sdpa", true, &HardwareCard::sdpa_cudnn_tflops_hd128, &HardwareCard::sdpa_cudnn_tflops_hd64,
+       "sdpa_cudnn_tflops", "is priced on Hopper cards only"},
   };
   return kernels;
 }
@@ -117,14 +120,10 @@ std::string attention_kernel_resolve(const std::string& requested, const Hardwar
   return requested;
 }
 
-namespace {
-
 bool attention_kernel_known(const std::string& id, bool with_sdpa) {
   const std::vector<std::string> ids = attention_kernel_ids(with_sdpa);
   return std::find(ids.begin(), ids.end(), id) != ids.end();
 }
-
-}  // namespace
 
 RuntimeProfile runtime_profile_bounded(const RuntimeProfile& profile, EstimateBound bound) {
   RuntimeProfile bounded = profile;
@@ -156,10 +155,9 @@ HardwareCard hardware_card_from_text(const std::string& yaml_text, const std::st
   const auto check_default = [&](const char* key, const std::string& kernel) {
     if (!attention_kernel_known(kernel, false))
       throw ConfigError(source_name, key, fmt::format("expected {}, got '{}'", attention_kernel_choices(false), kernel));
-    if (kernel == "fa3" && card.flash_attention3_tflops_hd128 <= 0)
-      throw ConfigError(source_name, key, "fa3 needs the card's flash_attention3_tflops_hd128 and _hd64 (FlashAttention-3's rates)");
-    if (kernel == "sdpa-cudnn" && card.sdpa_cudnn_tflops_hd128 <= 0)
-      throw ConfigError(source_name, key, "sdpa-cudnn needs the card's sdpa_cudnn_tflops_hd128 and _hd64 (its rates)");
+    if (const AttentionKernelFacts& facts = attention_kernel_facts(kernel); card.*facts.tflops_hd128 <= 0)
+      throw ConfigError(source_name, key, fmt::format("{} needs the card's {}_hd128 and _hd64 ({}'s rates)", kernel,
+                                                      facts.card_rate_prefix, facts.label));
   };
   card.default_attention_kernel = reader.get_string("default_attention_kernel", "fa2");
   check_default("default_attention_kernel", card.default_attention_kernel);

@@ -208,19 +208,25 @@ RuntimeProfile runtime_profile_load(const std::string& name_or_path);
 
 // The attention kernels a plan can run, each described once: the id --attention, profiles,
 // scenarios and cards name it by, how reports label it, what transformers is told to load for it,
-// and whether PyTorch's SDPA runs it (so PyTorch context parallelism can: its ring calls SDPA's
-// flash, efficient and cuDNN kernels only, Reference §11 F2.1).
+// whether PyTorch's SDPA runs it (so PyTorch context parallelism can: its ring calls SDPA's
+// flash, efficient and cuDNN kernels only, Reference §11 F2.1), and its rates on a card (the
+// YAML keys PREFIX_hd128 and PREFIX_hd64; 0: the card has none, for the reason `availability`).
 struct AttentionKernelFacts {
   std::string_view id;
   std::string_view label;
   std::string_view hf_attn_implementation;
   bool sdpa_backend = false;
+  double HardwareCard::*tflops_hd128 = nullptr;
+  double HardwareCard::*tflops_hd64 = nullptr;
+  std::string_view card_rate_prefix;  // "flash_attention3_tflops"
+  std::string_view availability;      // "runs on Hopper GPUs only"
 };
 const std::vector<AttentionKernelFacts>& attention_kernels_all();
 // Throws std::invalid_argument for an id not in the table.
 const AttentionKernelFacts& attention_kernel_facts(std::string_view id);
 // Every id, plus "sdpa" (SDPA's default backend on the card) where that is accepted: for --attention.
 std::vector<std::string> attention_kernel_ids(bool with_sdpa);
+bool attention_kernel_known(const std::string& id, bool with_sdpa);
 // The same as text, "fa2, fa3, sdpa-cudnn or sdpa": for messages and help.
 std::string attention_kernel_choices(bool with_sdpa);
 // The kernel `requested` runs on `card`: "" is the card's default, "sdpa" SDPA's default backend

@@ -187,6 +187,8 @@ std::string stack_attention_kernel(const RuntimeProfile& profile, const Hardware
   return attention_kernel_resolve(profile.attention_kernel, card);
 }
 
+double sdpa_dense_mask_bytes(int64_t seqlen) { return static_cast<double>(seqlen) * static_cast<double>(seqlen); }
+
 bool context_parallel_all_gather(const RuntimeProfile& profile, const PlanOptions& plan) {
   return profile.ring_implementation == RingImplementation::ring_torch_allgather && !plan.cp_all_to_all;
 }

@@ -129,6 +129,10 @@ std::string stack_attention_kernel(const RuntimeProfile& profile, const Hardware
 // on the card; otherwise the stack's kernel.
 std::string attention_kernel_for(const RuntimeProfile& profile, const HardwareCard& card, const PlanOptions& plan);
 
+// The dense [1, 1, S, S] bool mask transformers builds under SDPA for a padded or packed sample
+// (Reference §11 F3.5): S x S bytes.
+double sdpa_dense_mask_bytes(int64_t seqlen);
+
 // A ring degree run as PyTorch context parallelism with its all-gather rotation: the stack's ring
 // is PyTorch's (RuntimeProfile::ring_implementation) and the plan keeps its default rotation.
 bool context_parallel_all_gather(const RuntimeProfile& profile, const PlanOptions& plan);

@@ -143,8 +143,7 @@ Scenario scenario_from_text(const std::string& yaml_text, const std::string& pat
   scenario.runtime_profile_given = reader.has("runtime_profile");
   scenario.runtime_profile = reader.get_string("runtime_profile", "deepspeed-hf");
   scenario.attention_kernel = reader.get_string("attention", "");
-  if (const std::vector<std::string> ids = attention_kernel_ids(true);
-      !scenario.attention_kernel.empty() && std::find(ids.begin(), ids.end(), scenario.attention_kernel) == ids.end())
+  if (!scenario.attention_kernel.empty() && !attention_kernel_known(scenario.attention_kernel, true))
     throw ConfigError(path, "attention", fmt::format("expected {}, got '{}'", attention_kernel_choices(true), scenario.attention_kernel));
 
   if (reader.has("run")) {

@@ -42,23 +42,19 @@ double layer_elementwise_bytes_per_token(const ModelSpec& model, int64_t activat
 
 double attention_tflops(const HardwareCard& card, int64_t head_dim, const std::string& kernel) {
   const double d = std::clamp(static_cast<double>(head_dim), 64.0, 128.0);
-  double hd64 = card.flash_attention_tflops_hd64, hd128 = card.flash_attention_tflops_hd128;
-  if (kernel == "fa3") hd64 = card.flash_attention3_tflops_hd64, hd128 = card.flash_attention3_tflops_hd128;
-  else if (kernel == "sdpa-cudnn") hd64 = card.sdpa_cudnn_tflops_hd64, hd128 = card.sdpa_cudnn_tflops_hd128;
-  else if (kernel != "fa2") throw std::invalid_argument(fmt::format("attention_tflops: unknown kernel '{}'", kernel));
+  const AttentionKernelFacts& facts = attention_kernel_facts(kernel);
+  const double hd64 = card.*facts.tflops_hd64, hd128 = card.*facts.tflops_hd128;
   if (hd128 <= 0)
     throw std::invalid_argument(fmt::format("attention_tflops: {} has no rate for {} (attention_kernel_problem reports this)", card.name,
-                                            attention_kernel_facts(kernel).label));
+                                            facts.label));
   return hd64 + (hd128 - hd64) * (d - 64.0) / 64.0;
 }
 
 std::string attention_kernel_problem(const RuntimeProfile& profile, const HardwareCard& card) {
   const std::string kernel = attention_kernel_resolve(profile.attention_kernel, card);
-  if (kernel == "fa3" && card.flash_attention3_tflops_hd128 <= 0)
-    return "attention fa3: FlashAttention-3 runs on Hopper GPUs only; " + card.name + " has no rate for it (use fa2)";
-  if (kernel == "sdpa-cudnn" && card.sdpa_cudnn_tflops_hd128 <= 0)
-    return "attention sdpa-cudnn: " + card.name + " has no rate for SDPA's cuDNN backend (use fa2, SDPA's flash backend)";
-  return "";
+  const AttentionKernelFacts& facts = attention_kernel_facts(kernel);
+  if (card.*facts.tflops_hd128 > 0) return "";
+  return fmt::format("attention {}: {} {}; {} has no rate for it (use fa2)", kernel, facts.label, facts.availability, card.name);
 }
 
 namespace {

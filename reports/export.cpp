@@ -281,7 +281,7 @@ ExportedConfig accelerate_config_emit(const ExportRequest& r) {
         "SDPA with padding_free: keep one unpadded sample of {} tokens per batch (max_length a multiple of pad_to_multiple_of); a "
         "position_ids reset makes transformers build a dense [1, 1, S, S] mask ({:.0f} GiB at this length) and leave SDPA's flash "
         "and cuDNN kernels (Reference §11 F3.5)",
-        r.seqlen, static_cast<double>(r.seqlen) * static_cast<double>(r.seqlen) / kBytesPerGib));
+        r.seqlen, sdpa_dense_mask_bytes(r.seqlen) / kBytesPerGib));
   // The Trainer's sequence parallelism is transformers PR #41832 (transformers 5): 4.57.x runs an sp
   // config as plain data parallelism (Accelerate issue #3889), each rank training the whole length.
   exported.notes.push_back(p.sp > 1 ? "versions: Accelerate >= 1.12 (older ones ignore the SP keys), DeepSpeed >= 0.18.2, transformers >= 5.0 "
