@@ -13,6 +13,7 @@
 #include "models/config_error.hpp"
 #include "models/model_loader.hpp"
 #include "models/process.hpp"
+#include "models/yaml_reader.hpp"
 #include "planner/plan.hpp"
 #include "executor/trainer.hpp"
 #include "executor/component_seconds.hpp"
@@ -28,6 +29,7 @@ namespace longseq {
 struct BenchCommandArgs {
   bool executor = false;
   bool machine = false;
+  bool yaml_aliases = false;
   std::vector<std::string> seqlens = {"4Ki", "16Ki"};
   std::string model = "llama-3.1-70b";
   std::string gpu = "h100-sxm-80gb";
@@ -49,6 +51,9 @@ std::shared_ptr<BenchCommandArgs> bench_command_register(CLI::App& app) {
                     "time the search for this machine's executor (`plan --ranks N --budget-mib B`, `run --auto`) at its worst "
                     "case: budgets up to the largest accepted (1 TiB per rank), 1 to 8 ranks, CPU and GPU profiles (model "
                     "default: tiny-llama and llama-3.1-8b)");
+  command->add_flag("--yaml-aliases", args->yaml_aliases,
+                    "time the YAML reader (cards, profiles, scenarios) on the worst alias nesting (the billion laughs) and on "
+                    "alias-free documents of growing size: the work must stay linear in the text");
   command->add_option("--seqlens", args->seqlens, "lengths for --executor (default 4Ki 16Ki)");
   command->add_option("--model", args->model, "model (default llama-3.1-70b)");
   command->add_option("--gpu", args->gpu, "hardware card (default h100-sxm-80gb)");
@@ -260,8 +265,44 @@ int machine_search_bench(const BenchCommandArgs& args) {
   return 0;
 }
 
+// The YAML reader on documents built to be slow: `levels` of nine aliases of the level below (the
+// billion laughs: 9^levels scalars in the tree), and alias-free mappings of growing size.
+int yaml_alias_bench() {
+  fmt::print("YAML reader benchmark (this machine): each document read once; aliases are refused at the first one, so the time "
+             "follows the text's size, not its tree's\n");
+  fmt::print("{:<34} {:>10} {:>12} {:>10}  {}\n", "document", "bytes", "tree nodes", "ms", "outcome");
+  auto time_read = [](const std::string& label, const std::string& text, double tree_nodes) {
+    const auto start = std::chrono::steady_clock::now();
+    std::string outcome = "read";
+    try {
+      YamlReader reader(text, "bench.yaml");
+    } catch (const ConfigError& error) {
+      outcome = std::string(error.what()).substr(0, 60);
+    }
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    fmt::print("{:<34} {:>10} {:>12.3g} {:>10.3f}  {}\n", label, text.size(), tree_nodes, ms, outcome);
+  };
+  for (int levels : {1, 4, 8, 12}) {
+    std::string text = "l0: &l0 [x, x, x, x, x, x, x, x, x]\n";
+    for (int level = 1; level <= levels; ++level) {
+      text += fmt::format("l{}: &l{} [", level, level);
+      for (int i = 0; i < 9; ++i) text += fmt::format("{}*l{}", i ? ", " : "", level - 1);
+      text += "]\n";
+    }
+    time_read(fmt::format("billion laughs, {} levels", levels), text, std::pow(9.0, levels + 1));
+  }
+  for (int keys : {1000, 10000, 100000}) {
+    std::string text;
+    for (int i = 0; i < keys; ++i) text += fmt::format("key_{}: [1, 2, {{a: 3}}]\n", i);
+    time_read(fmt::format("{} keys, no alias", keys), text, 5.0 * keys);
+  }
+  return 0;
+}
+
 int bench_command_run(const BenchCommandArgs& args) {
-  if (args.executor && args.machine) throw ConfigError("--machine", "", "one benchmark at a time: drop --executor or --machine");
+  if (args.executor + args.machine + args.yaml_aliases > 1)
+    throw ConfigError("--machine", "", "one benchmark at a time: give one of --executor, --machine, --yaml-aliases");
+  if (args.yaml_aliases) return yaml_alias_bench();
   if (args.executor) return executor_bench(args);
   if (args.machine) return machine_search_bench(args);
   const ModelSpec model = model_load(args.model);

@@ -9,6 +9,7 @@
 #include <numeric>
 #include <optional>
 
+#include "io/text_escape.hpp"
 #include "models/checked_input.hpp"
 #include "models/config_error.hpp"
 #include "executor/trainer.hpp"
@@ -758,12 +759,12 @@ int plan_emit(const PlanCommandArgs& args, const PlanOutputs& outputs, const Mod
   if (outputs.emit_main && !outputs.emit_main->streams_to_terminal_or_pipe())
     request.main_file_name = std::filesystem::absolute(outputs.emit_main->path).lexically_normal().string();
   const ExportedConfig exported = config_emit(args.emit, request);
-  for (const auto& note : exported.notes) std::cerr << "longseq: note: " << note << "\n";
+  for (const auto& note : exported.notes) std::cerr << "longseq: note: " << one_line_text(note) << "\n";
   if (!outputs.emit_main || outputs.emit_main->streams_to_terminal_or_pipe()) {
     // Standard output, a device or a FIFO: the files one after the other, the second headed by its name.
     std::string text;
     for (const auto& file : exported.files) {
-      if (!file.suffix.empty()) text += "\n# ---- " + request.deepspeed_json_name + " (named by the file above) ----\n";
+      if (!file.suffix.empty()) text += "\n# ---- " + one_line_text(request.deepspeed_json_name) + " (named by the file above) ----\n";
       text += file.text;
     }
     if (outputs.emit_main) output_file_write(*outputs.emit_main, text);
@@ -786,6 +787,12 @@ PlanOutputs plan_outputs_check(const PlanCommandArgs& args) {
   const std::vector<std::string> inputs = {args.model};
   if (args.emit_out) {
     if (args.emit.empty()) throw ConfigError("--emit-out", "", "goes with --emit TARGET (the file the export is written to)");
+    // The files name each other (and the model's folder) inside YAML, JSON, Python and TOML
+    // strings, which hold UTF-8 text only: a path of other bytes could not be named there.
+    for (const auto& [path, flag] : {std::pair{*args.emit_out, "--emit-out"}, std::pair{args.model, "--model"}})
+      if (!utf8_valid(path))
+        throw ConfigError(flag, "", fmt::format("the path '{}' is not UTF-8 text, and the exported files name it in strings that hold UTF-8 "
+                                                "only: rename it", one_line_text(path)));
     outputs.emit_main = output_file_check(*args.emit_out, "--emit-out", args.overwrite, inputs);
     if (export_writes_deepspeed_json(args.emit) && !outputs.emit_main->streams_to_terminal_or_pipe()) {
       const std::filesystem::path main_file(*args.emit_out);
@@ -793,7 +800,13 @@ PlanOutputs plan_outputs_check(const PlanCommandArgs& args) {
       outputs.emit_companion = output_file_check(companion.string(), "--emit-out (the DeepSpeed JSON beside it)", args.overwrite, inputs);
     }
   }
-  if (args.plan_out) outputs.plan_out = output_file_check(*args.plan_out, "--plan-out", args.overwrite, inputs);
+  if (args.plan_out) {
+    // The plan file records the model's path for `run` to read back: in JSON, UTF-8 text only.
+    if (!utf8_valid(args.model))
+      throw ConfigError("--model", "", fmt::format("the path '{}' is not UTF-8 text, and the plan file (JSON) that records it holds UTF-8 "
+                                                   "only: rename it", one_line_text(args.model)));
+    outputs.plan_out = output_file_check(*args.plan_out, "--plan-out", args.overwrite, inputs);
+  }
   return outputs;
 }
 
@@ -1016,7 +1029,7 @@ int plan_command_run(const PlanCommandArgs& args) {
       plan_out_write(args, *outputs.plan_out, model, cluster, profile, plan,
                      seqlen ? *seqlen : report["max_seqlen"]["tokens"].get<int64_t>(), machine);
     if (args.json) {
-      std::cout << report.dump(2) << "\n";
+      std::cout << json_text(report) << "\n";
       return 0;
     }
     std::cout << header << fmt::format("  plan     {} (dp={})\n\n", plan_describe(plan), cluster.gpus / plan.sequence_ranks()) << body;
@@ -1203,7 +1216,7 @@ int plan_command_run(const PlanCommandArgs& args) {
     }
     report["invalid"] = invalid_json;
   }
-  if (args.json) std::cout << report.dump(2) << "\n";
+  if (args.json) std::cout << json_text(report) << "\n";
   else std::cout << out;
   return 0;
 }

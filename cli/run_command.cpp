@@ -18,6 +18,7 @@
 #include <random>
 #include <nlohmann/json.hpp>
 
+#include "io/text_escape.hpp"
 #include "cli/commands.hpp"
 #include "executor/component_seconds.hpp"
 #include "executor/trainer.hpp"
@@ -837,9 +838,9 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
     report["step_time_comparison"] = comparison;
   }
   if (ranks.world_rank != 0) return 0;
-  if (json_out) output_file_write(*json_out, report.dump(2) + "\n");
+  if (json_out) output_file_write(*json_out, json_text(report) + "\n");
   if (args.json) {
-    std::cout << report.dump(2) << "\n";
+    std::cout << json_text(report) << "\n";
     return 0;
   }
   fmt::print("\ndevice memory at the peak{}: MEASURED (this run's arena{}) vs PREDICTED (planner, runtime profile {})\n",

@@ -5,6 +5,7 @@
 #include <optional>
 #include <nlohmann/json.hpp>
 
+#include "io/text_escape.hpp"
 #include "models/model_loader.hpp"
 #include "planner/validation.hpp"
 
@@ -105,7 +106,7 @@ int reserve_fit_print(const ValidateCommandArgs& args, const std::vector<Publish
     if (!args.json) fmt::print("\n");
     json_fits.push_back({{"runtime_profile", fit.profile}, {"reserve_gib", fit.reserve_gib}, {"evidence", evidence}, {"sensitivity", sensitivity}});
   }
-  if (args.json) std::cout << nlohmann::json{{"kind", "calibrated reserve fit"}, {"points", args.points}, {"fits", json_fits}}.dump(2) << "\n";
+  if (args.json) std::cout << json_text(nlohmann::json{{"kind", "calibrated reserve fit"}, {"points", args.points}, {"fits", json_fits}}) << "\n";
   return 0;
 }
 
@@ -146,8 +147,8 @@ int validate_command_run(const ValidateCommandArgs& args) {
     for (const auto& s : summaries)
       summary.push_back({{"figure", figure_kind_name(s.kind)}, {"rows", s.count}, {"median_abs_error", s.median_abs_error},
                          {"worst_abs_error", s.worst_abs_error}, {"worst_line", s.worst_line}});
-    std::cout << nlohmann::json{{"kind", "prediction vs published"}, {"points", args.points}, {"runtime_profile", profile_label},
-                                {"rows", rows}, {"summary", summary}}.dump(2)
+    std::cout << json_text(nlohmann::json{{"kind", "prediction vs published"}, {"points", args.points}, {"runtime_profile", profile_label},
+                                {"rows", rows}, {"summary", summary}})
               << "\n";
     return 0;
   }

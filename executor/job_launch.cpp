@@ -119,20 +119,6 @@ int64_t hostfile_slots(const std::string& path) {
   return slots;
 }
 
-std::string shell_quote(const std::string& word) {
-  if (!word.empty() && word.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=:,+%@") == std::string::npos)
-    return word;
-  std::string quoted = "'";
-  for (char c : word) {
-    if (c == '\'')
-      quoted.append("'\\''");  // close the quote, an escaped quote, reopen
-    else
-      quoted.push_back(c);
-  }
-  quoted.push_back('\'');
-  return quoted;
-}
-
 std::vector<std::string> mpirun_arguments(const LaunchRequest& request, const JobLayout& layout) {
   std::vector<std::string> arguments = {"mpirun", "-np", std::to_string(layout.ranks), "--map-by",
                                         fmt::format("ppr:{}:node", layout.ranks_per_node)};

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "io/text_escape.hpp"  // shell_quote
+
 namespace longseq {
 
 struct LaunchRequest {
@@ -58,8 +60,5 @@ std::string sbatch_script(const LaunchRequest& request, const JobLayout& layout)
 // The #SBATCH --job-name: "longseq-" and the name with anything but letters, digits, '-', '_'
 // and '.' replaced by '_' (Slurm reads the line without a shell).
 std::string slurm_job_name(const std::string& name);
-
-// POSIX shell quoting: the word unchanged when it is safe, otherwise in single quotes.
-std::string shell_quote(const std::string& word);
 
 }  // namespace longseq

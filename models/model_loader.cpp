@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fmt/format.h>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -77,13 +78,20 @@ ModelSpec model_from_card_text(const std::string& yaml_text, const std::string& 
   model.name = reader.get_string("name");
   model.family = reader.get_string("family", model.name);
   for (auto& [node, key] : reader.get_sequence("aliases")) model.aliases.push_back(reader.node_to_string(node, key));
-  model.num_layers = reader.get_int("num_hidden_layers", 1, 100000);
-  model.hidden_size = reader.get_int("hidden_size", 1, kModelDimensionLimit);
-  model.num_q_heads = reader.get_int("num_attention_heads", 1, kModelDimensionLimit);
-  model.num_kv_heads = reader.get_int("num_key_value_heads", 1, kModelDimensionLimit);
-  model.head_dim = reader.get_int("head_dim", 1, kModelDimensionLimit);
-  model.intermediate_size = reader.get_int("intermediate_size", 1, kModelDimensionLimit);
-  model.vocab_size = reader.get_int("vocab_size", 1, kModelDimensionLimit);
+  // Every number is read whole and in int64 here; ModelSpec::validate holds each field's range, the
+  // same rule for a card and a config.json.
+  auto any_int = [&](const char* key) { return reader.get_int(key, INT64_MIN, INT64_MAX); };
+  auto any_int_or = [&](const char* key, int64_t default_value) { return reader.get_int(key, INT64_MIN, INT64_MAX, default_value); };
+  auto any_number_or = [&](const char* key, double default_value) {
+    return reader.get_double(key, std::numeric_limits<double>::lowest(), std::numeric_limits<double>::max(), default_value);
+  };
+  model.num_layers = any_int("num_hidden_layers");
+  model.hidden_size = any_int("hidden_size");
+  model.num_q_heads = any_int("num_attention_heads");
+  model.num_kv_heads = any_int("num_key_value_heads");
+  model.head_dim = any_int("head_dim");
+  model.intermediate_size = any_int("intermediate_size");
+  model.vocab_size = any_int("vocab_size");
   const std::string mlp = reader.get_string("mlp");
   if (mlp == "swiglu") model.mlp_kind = MlpKind::mlp_kind_swiglu;
   else if (mlp == "gelu") model.mlp_kind = MlpKind::mlp_kind_gelu;
@@ -97,15 +105,15 @@ ModelSpec model_from_card_text(const std::string& yaml_text, const std::string& 
   model.o_proj_bias = reader.get_bool("o_proj_bias", false);
   model.mlp_bias = reader.get_bool("mlp_bias", false);
   model.qk_norm = reader.get_bool("qk_norm", false);
-  model.rope_theta = reader.get_double("rope_theta", 1, 1e12, 10000);
+  model.rope_theta = any_number_or("rope_theta", 10000);
   if (reader.has("rope_scaling")) model.rope_scaling = reader.get_string("rope_scaling");
-  model.sliding_window = reader.get_int("sliding_window", 1, kModelDimensionLimit, 0);
-  model.norms_per_layer = reader.get_int("norms_per_layer", 2, 4, 2);
-  model.final_logit_softcapping = reader.get_double("final_logit_softcapping", 0, 1e6, 0);
-  model.experts = reader.get_int("experts", 0, 1 << 16, 0);
-  model.experts_per_token = reader.get_int("experts_per_token", 0, 1 << 16, 0);
-  model.expert_intermediate_size = reader.get_int("expert_intermediate_size", 0, kModelDimensionLimit, 0);
-  model.shared_expert_intermediate_size = reader.get_int("shared_expert_intermediate_size", 0, kModelDimensionLimit, 0);
+  model.sliding_window = any_int_or("sliding_window", 0);
+  model.norms_per_layer = any_int_or("norms_per_layer", 2);
+  model.final_logit_softcapping = any_number_or("final_logit_softcapping", 0);
+  model.experts = any_int_or("experts", 0);
+  model.experts_per_token = any_int_or("experts_per_token", 0);
+  model.expert_intermediate_size = any_int_or("expert_intermediate_size", 0);
+  model.shared_expert_intermediate_size = any_int_or("shared_expert_intermediate_size", 0);
   model.shared_expert_gate = reader.get_bool("shared_expert_gate", false);
   model.moe_normalize_topk = reader.get_bool("normalize_topk", true);
   reader.reject_unknown_keys();
@@ -117,14 +125,22 @@ namespace {
 
 // The experts of Mixtral (MixtralSparseMoeBlock), Qwen2-MoE and Qwen3-MoE (SparseMoeBlock), from
 // their config.json keys (Reference §12 items 50, 52, 54).
-void moe_read(const JsonView& config, const std::string& source_name, const std::string& architecture, bool is_mixtral, bool is_qwen2_moe,
-              ModelSpec& model) {
-  const char* experts_key = is_mixtral ? "num_local_experts" : "num_experts";
-  model.experts = config[experts_key].integer();
-  model.experts_per_token = config["num_experts_per_tok"].integer();
+// Returns the keys this config.json names the expert fields by (for ModelSpec::validate's messages).
+ModelSpecKeys moe_read(const JsonView& config, const std::string& source_name, const std::string& architecture, bool is_mixtral,
+                       bool is_qwen2_moe, ModelSpec& model) {
+  ModelSpecKeys keys;
+  keys.experts = is_mixtral ? "num_local_experts" : "num_experts";
+  keys.experts_per_token = "num_experts_per_tok";
+  keys.expert_intermediate_size = is_mixtral ? "intermediate_size" : "moe_intermediate_size";
+  model.experts = config[keys.experts].integer();
+  // The architecture is a MoE block: no experts would plan a dense model of another shape.
+  if (model.experts < 1)
+    throw ConfigError(source_name, keys.experts, fmt::format("{} is a mixture-of-experts architecture: it needs at least one expert, got {}",
+                                                             architecture, model.experts));
+  model.experts_per_token = config[keys.experts_per_token].integer();
   // Mixtral's intermediate_size is each expert's width; Qwen's is the dense width of layers that
   // are not MoE, moe_intermediate_size the expert's.
-  model.expert_intermediate_size = config[is_mixtral ? "intermediate_size" : "moe_intermediate_size"].integer();
+  model.expert_intermediate_size = config[keys.expert_intermediate_size].integer();
   // Mixtral renormalizes always (softmax over the top-k logits); the Qwen MoE blocks when
   // norm_topk_prob (its default false: Qwen2MoeConfig, Qwen3MoeConfig).
   if (!is_mixtral) model.moe_normalize_topk = config.has("norm_topk_prob") && config["norm_topk_prob"].boolean();
@@ -139,14 +155,16 @@ void moe_read(const JsonView& config, const std::string& source_name, const std:
       throw ConfigError(source_name, "decoder_sparse_step",
                         fmt::format("{}: one layer in {} is MoE, the others dense; longseq prices every decoder layer alike (MoE on each)",
                                     architecture, config["decoder_sparse_step"].integer()));
-    if (config.has("mlp_only_layers") && config["mlp_only_layers"].raw().is_array() && !config["mlp_only_layers"].raw().empty())
+    if (config.has("mlp_only_layers") && !config["mlp_only_layers"].raw().is_array())
+      config["mlp_only_layers"].fail("expected a list of layer indices");
+    if (config.has("mlp_only_layers") && !config["mlp_only_layers"].raw().empty())
       throw ConfigError(source_name, "mlp_only_layers",
                         fmt::format("{}: some layers are dense; longseq prices every decoder layer alike (MoE on each)", architecture));
   }
   // The auxiliary loss concatenates every layer's router logits and one_hot masks outside any
   // checkpoint (§12 item 67): tens of GiB at long context; priced when the config keeps it.
-  if (config.has("output_router_logits") && config["output_router_logits"].raw().is_boolean())
-    model.output_router_logits = config["output_router_logits"].boolean();
+  if (config.has("output_router_logits")) model.output_router_logits = config["output_router_logits"].boolean();
+  return keys;
 }
 
 }  // namespace
@@ -256,20 +274,17 @@ ModelSpec model_from_hf_config_text(const std::string& json_text, const std::str
   }
   // Phi3Attention's qkv_proj and Phi3MLP's gate_up_proj fuse Llama's projections: the same weights.
   // RoPE base and scaling (the base's default is every one of these configs' class default, 10000).
-  if (config.has("rope_theta")) {
-    model.rope_theta = config["rope_theta"].number();
-    if (!(model.rope_theta >= 1 && model.rope_theta <= 1e12))
-      throw ConfigError(source_name, "rope_theta", fmt::format("{} is out of range [1, 1e12]", model.rope_theta));
-  }
-  if (config.has("sliding_window") && config["sliding_window"].raw().is_number_integer() &&
-      !(config.has("use_sliding_window") && config["use_sliding_window"].raw().is_boolean() && !config["use_sliding_window"].boolean()))
+  if (config.has("rope_theta")) model.rope_theta = config["rope_theta"].number();
+  // A window of null is none; use_sliding_window false (Qwen2) turns a given one off. A value of
+  // another type or out of range is refused (validate), not taken as no window.
+  if (config.has("sliding_window") && !(config.has("use_sliding_window") && !config["use_sliding_window"].boolean()))
     model.sliding_window = config["sliding_window"].integer();
   if (config.has("rope_scaling") && config["rope_scaling"].raw().is_object()) {
     const JsonView scaling = config["rope_scaling"];
     model.rope_scaling = scaling.string_or("rope_type", scaling.string_or("type", "unknown"));
   }
-  if (is_moe) moe_read(config, source_name, architecture, is_mixtral, is_qwen2_moe, model);
-  model.validate(source_name);
+  const ModelSpecKeys keys = is_moe ? moe_read(config, source_name, architecture, is_mixtral, is_qwen2_moe, model) : ModelSpecKeys{};
+  model.validate(source_name, keys);
   return model;
 }
 

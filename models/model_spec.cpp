@@ -7,30 +7,48 @@
 
 namespace longseq {
 
-void ModelSpec::validate(const std::string& source) const {
+void ModelSpec::validate(const std::string& source, const ModelSpecKeys& keys) const {
+  auto require_within = [&](int64_t value, int64_t minimum, int64_t maximum, const char* key) {
+    if (value < minimum || value > maximum)
+      throw ConfigError(source, key, value < minimum && minimum == 1 ? fmt::format("must be a positive integer, got {}", value)
+                                                                     : fmt::format("{} is out of range [{}, {}]", value, minimum, maximum));
+  };
   auto require_positive = [&](int64_t value, const char* key) {
     if (value <= 0) throw ConfigError(source, key, fmt::format("must be a positive integer, got {}", value));
     if (value > kModelDimensionLimit)
       throw ConfigError(source, key, fmt::format("{} is beyond the largest dimension longseq accepts ({})", value, kModelDimensionLimit));
   };
-  require_positive(num_layers, "num_hidden_layers");
+  require_within(num_layers, 1, kModelLayerLimit, "num_hidden_layers");
   require_positive(hidden_size, "hidden_size");
   require_positive(num_q_heads, "num_attention_heads");
   require_positive(num_kv_heads, "num_key_value_heads");
   require_positive(head_dim, "head_dim");
   require_positive(intermediate_size, "intermediate_size");
   require_positive(vocab_size, "vocab_size");
-  if (experts > 0 && (experts_per_token < 1 || experts_per_token > experts || expert_intermediate_size < 1))
-    throw ConfigError(source, "experts_per_token", fmt::format("{} experts need 1 to {} per token and a positive expert width", experts, experts));
+  require_within(norms_per_layer, 2, 4, "norms_per_layer");
+  require_within(sliding_window, 0, kModelDimensionLimit, "sliding_window");  // 0: no window
+  if (!(rope_theta >= 1 && rope_theta <= 1e12)) throw ConfigError(source, "rope_theta", fmt::format("{} is out of range [1, 1e12]", rope_theta));
+  if (!(final_logit_softcapping >= 0 && final_logit_softcapping <= 1e6))
+    throw ConfigError(source, "final_logit_softcapping", fmt::format("{} is out of range [0, 1e6] (0 or null: no capping)", final_logit_softcapping));
+  require_within(experts, 0, kModelExpertLimit, keys.experts);
+  if (experts > 0) {
+    if (experts_per_token < 1 || experts_per_token > experts)
+      throw ConfigError(source, keys.experts_per_token, fmt::format("{} experts per token: {} experts need 1 to {}", experts_per_token, experts, experts));
+    require_positive(expert_intermediate_size, keys.expert_intermediate_size);
+    require_within(shared_expert_intermediate_size, 0, kModelDimensionLimit, keys.shared_expert_intermediate_size);
+  }
   if (num_q_heads % num_kv_heads != 0)
     throw ConfigError(source, "num_key_value_heads",
                       fmt::format("{} query heads are not a multiple of {} key/value heads", num_q_heads, num_kv_heads));
   // The parameter count in double (exact enough to compare with the bound) before parameter_count
   // does it in int64: each of its terms is at most the total, so within the bound none overflows.
+  // The experts are in it: 2^16 experts of width 2^31 would overflow int64 in parameter_count.
   const double h = static_cast<double>(hidden_size), f = static_cast<double>(intermediate_size);
   const double q_features = static_cast<double>(num_q_heads) * static_cast<double>(head_dim);
   const double kv_features = static_cast<double>(num_kv_heads) * static_cast<double>(head_dim);
-  const double per_layer = h * (q_features + 2 * kv_features) + q_features * h + 3 * h * f + 5 * (h + f + q_features);
+  const double e = static_cast<double>(experts);
+  const double moe = h * e + e * 3 * h * static_cast<double>(expert_intermediate_size) + 3 * h * static_cast<double>(shared_expert_intermediate_size) + h;
+  const double per_layer = h * (q_features + 2 * kv_features) + q_features * h + 3 * h * f + moe + 5 * (h + f + q_features);
   const double total = 2 * static_cast<double>(vocab_size) * h + static_cast<double>(num_layers) * per_layer + h;
   if (!(total <= kModelParameterLimit))
     throw ConfigError(source, "", fmt::format("{:.3g} parameters: beyond any model longseq plans for (at most {:.0e})", total,

@@ -23,6 +23,19 @@ constexpr int64_t kModelDimensionLimit = (int64_t{1} << 31) - 1;
 // 10^15 parameters is ~500x the largest model trained to date (~2T); a card beyond it is a typo,
 // and the bound keeps every parameter and byte count far inside int64 (x18 bytes < 2^63).
 constexpr double kModelParameterLimit = 1e15;
+// Decoder layers (the largest published model has 126: Llama 3.1 405B) and routed experts per layer
+// (DeepSeek-V3 and Kimi K2 have 256 and 384): bounds that catch a typo, far above any model.
+constexpr int64_t kModelLayerLimit = 100000;
+constexpr int64_t kModelExpertLimit = 65536;
+
+// The key each file names a checked field by, so that ModelSpec::validate's message names the key
+// the user wrote (a card's `experts` is a config.json's num_local_experts or num_experts).
+struct ModelSpecKeys {
+  const char* experts = "experts";
+  const char* experts_per_token = "experts_per_token";
+  const char* expert_intermediate_size = "expert_intermediate_size";
+  const char* shared_expert_intermediate_size = "shared_expert_intermediate_size";
+};
 
 struct ModelSpec {
   std::string name;
@@ -72,8 +85,9 @@ struct ModelSpec {
   bool output_router_logits = false;
   bool is_moe() const { return experts > 0; }
 
-  // Throws ConfigError(source, key, reason) on an impossible shape.
-  void validate(const std::string& source) const;
+  // Throws ConfigError(source, key, reason) on an impossible shape or a value out of its range: the
+  // one rule for each field, whichever file (card, config.json) it was read from.
+  void validate(const std::string& source, const ModelSpecKeys& keys = {}) const;
 
   int64_t q_width() const { return num_q_heads * head_dim; }    // q_proj output features
   int64_t kv_width() const { return num_kv_heads * head_dim; }  // k_proj / v_proj output features

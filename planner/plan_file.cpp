@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "io/text_escape.hpp"
 #include "models/checked_input.hpp"
 #include "models/model_loader.hpp"
 
@@ -67,7 +68,7 @@ std::string plan_file_to_json(const PlanFile& file) {
        {{"note", "PREDICTION of the cost model for this plan; not read back"},
         {"device_peak_mib", file.predicted_peak_bytes / kBytesPerMib},
         {"host_mib_per_node", file.predicted_host_bytes / kBytesPerMib}}}};
-  return json.dump(2) + "\n";
+  return json_text(json) + "\n";
 }
 
 PlanFile plan_file_parse(const std::string& text, const std::string& source) {

@@ -2,12 +2,14 @@
 
 #include "models/adapters.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
+#include "io/text_escape.hpp"
 #include "models/config_error.hpp"
 #include "planner/time_model.hpp"
 #include "planner/units.hpp"
@@ -37,10 +39,12 @@ std::vector<std::string> header_lines(const ExportRequest& r, const char* target
   return lines;
 }
 
-// Lines as '#' comments (Python, TOML, shell).
+// Lines as '#' comments (Python, TOML, shell). A line holds input text (a model's name, a path),
+// so each is written as one printable line: a newline in a config.json's name must not end the
+// comment and start a statement.
 std::string hash_comments(const std::vector<std::string>& lines) {
   std::string text;
-  for (const auto& line : lines) text += "# " + line + "\n";
+  for (const auto& line : lines) text += "# " + one_line_text(line) + "\n";
   return text;
 }
 
@@ -101,10 +105,19 @@ nlohmann::json deepspeed_common(const ExportRequest& r) {
   return config;
 }
 
+// A YAML value made of input text (a path): yaml-cpp writes a carriage return or a Unicode line
+// break inside a plain scalar as it is, where a YAML reader ends the line; so any text beyond
+// printable ASCII is double-quoted, where yaml-cpp escapes control characters, and the export's
+// emitter escapes every non-ASCII character (yaml_emitter).
+std::string yaml_input_text(YAML::Emitter& out, const std::string& text) {
+  if (std::any_of(text.begin(), text.end(), [](char c) { return c < 0x20 || c > 0x7E; })) out << YAML::DoubleQuoted;
+  return utf8_repaired(text);
+}
+
 void yaml_comments(YAML::Emitter& out, const std::vector<std::string>& lines) {
   for (size_t i = 0; i < lines.size(); ++i) {
     if (i > 0) out << YAML::Newline;
-    out << YAML::Comment(lines[i]);
+    out << YAML::Comment(one_line_text(lines[i]));  // a carriage return would end the comment
   }
 }
 
@@ -205,6 +218,7 @@ ExportedConfig arctic_training_recipe_emit(const ExportRequest& r) {
   if (model_is_card(r))
     exported.notes.push_back(fmt::format("model.name_or_path is the card's name ({}): put the Hugging Face id or path of the weights", r.model.name));
   YAML::Emitter out;
+  out.SetOutputCharset(YAML::EscapeNonAscii);  // values only: comments are written as they are
   const std::vector<std::string> header = header_lines(r, "ArcticTraining (arctic_training recipe.yml)", exported.notes);
   yaml_comments(out, header);
   out << YAML::BeginMap;
@@ -218,7 +232,8 @@ ExportedConfig arctic_training_recipe_emit(const ExportRequest& r) {
   out << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
   // Liger's fused linear cross entropy is the tiled loss (with sp > 1 ArcticTraining tiles anyway).
   out << YAML::Key << "type" << YAML::Value << (p.tiled_loss ? "liger" : "huggingface");
-  out << YAML::Key << "name_or_path" << YAML::Value << model_name_or_path(r);
+  out << YAML::Key << "name_or_path" << YAML::Value;
+  out << yaml_input_text(out, model_name_or_path(r));
   out << YAML::Key << "attn_implementation" << YAML::Value << attn_implementation;
   out << YAML::Key << "dtype" << YAML::Value << "bf16";
   out << YAML::Key << "disable_activation_checkpoint" << YAML::Value << !p.activation_checkpointing;
@@ -302,6 +317,7 @@ ExportedConfig accelerate_config_emit(const ExportRequest& r) {
         "file system)",
         r.cluster.nodes, r.cluster.gpus_per_node));
   YAML::Emitter out;
+  out.SetOutputCharset(YAML::EscapeNonAscii);  // values only: comments are written as they are
   const std::vector<std::string> header = header_lines(r, "Accelerate (accelerate launch --config_file)", exported.notes);
   yaml_comments(out, header);
   out << YAML::BeginMap;
@@ -312,7 +328,8 @@ ExportedConfig accelerate_config_emit(const ExportRequest& r) {
   accelerate_machine_keys(out, r);
   out << YAML::Key << "deepspeed_config" << YAML::Value << YAML::BeginMap;
   // Every DeepSpeed key arrives only through the JSON (the launcher drops unknown keys, §2.4).
-  out << YAML::Key << "deepspeed_config_file" << YAML::Value << r.deepspeed_json_name;
+  out << YAML::Key << "deepspeed_config_file" << YAML::Value;
+  out << yaml_input_text(out, r.deepspeed_json_name);
   out << YAML::Key << "zero3_init_flag" << YAML::Value << (p.zero_stage == 3);
   if (r.cluster.nodes > 1) {
     out << YAML::Key << "deepspeed_multinode_launcher" << YAML::Value << "pdsh";
@@ -339,7 +356,7 @@ ExportedConfig accelerate_config_emit(const ExportRequest& r) {
   // false without it; the HF Trainer checks it against bf16=True (the argument above).
   config["bf16"] = {{"enabled", true}};
   config["longseq_plan"] = json_record(r, "Accelerate / HF Trainer / TRL");
-  exported.files.push_back({".deepspeed.json", config.dump(2) + "\n"});
+  exported.files.push_back({".deepspeed.json", json_text(config) + "\n"});
   return exported;
 }
 
@@ -377,6 +394,7 @@ ExportedConfig accelerate_fsdp2_config_emit(const ExportRequest& r) {
     exported.notes.push_back(fmt::format("{} nodes: run accelerate launch on every node with --machine_rank set to its index, and "
                                          "MAIN_NODE_ADDRESS (main_process_ip) the first node's address", r.cluster.nodes));
   YAML::Emitter out;
+  out.SetOutputCharset(YAML::EscapeNonAscii);  // values only: comments are written as they are
   const std::vector<std::string> header = header_lines(r, "Accelerate with FSDP2 and context parallelism (accelerate launch --config_file)", exported.notes);
   yaml_comments(out, header);
   out << YAML::BeginMap;
@@ -430,7 +448,7 @@ ExportedConfig torchtitan_job_emit(const ExportRequest& r) {
   const std::vector<std::string> header = header_lines(r, "torchtitan (torchrun -m torchtitan.train --job.config_file)", exported.notes);
   std::string text = hash_comments(header);
   text += "\n[job]\ndump_folder = \"./outputs\"\n";
-  text += fmt::format("description = \"longseq plan: {} at {} tokens\"\n", r.model.name, r.seqlen);
+  text += "description = " + toml_basic_string(fmt::format("longseq plan: {} at {} tokens", r.model.name, r.seqlen)) + "\n";
   text += fmt::format("\n[model]\nname = \"llama3\"\nflavor = \"{}\"\nhf_assets_path = \"REPLACE-WITH-THE-TOKENIZER-FOLDER\"\n",
                       flavor.empty() ? "REPLACE-WITH-A-FLAVOR" : flavor);
   text += "\n[optimizer]\nname = \"AdamW\"\nlr = 8e-4\n";
@@ -468,7 +486,7 @@ ExportedConfig unsloth_script_emit(const ExportRequest& r) {
   std::string text = hash_comments(header);
   text += "from unsloth import FastLanguageModel  # first: it patches transformers and TRL\nimport torch\n"
           "from datasets import load_dataset\nfrom trl import SFTConfig, SFTTrainer\n\n";
-  text += fmt::format("MODEL = {}\nMAX_SEQ_LENGTH = {}\n\n", nlohmann::json(model_name_or_path(r)).dump(), r.seqlen);
+  text += fmt::format("MODEL = {}\nMAX_SEQ_LENGTH = {}\n\n", python_string_literal(model_name_or_path(r)), r.seqlen);
   std::string load = fmt::format("model_name=MODEL, max_seq_length=MAX_SEQ_LENGTH, dtype=torch.bfloat16, load_in_4bit={}",
                                  p.qlora ? "True" : "False");
   if (!p.lora()) load += ", full_finetuning=True";
@@ -519,7 +537,7 @@ ExportedConfig hf_trainer_script_emit(const ExportRequest& r) {
   text += p.qlora ? ", BitsAndBytesConfig\n" : "\n";
   if (p.lora()) text += "from peft import LoraConfig\n";
   text += "from trl import SFTConfig, SFTTrainer\n\n";
-  text += fmt::format("MODEL = {}\n\n", nlohmann::json(model_name_or_path(r)).dump());
+  text += fmt::format("MODEL = {}\n\n", python_string_literal(model_name_or_path(r)));
   std::string load_arguments = fmt::format("dtype=torch.bfloat16, attn_implementation=\"{}\"", attn_implementation);
   if (p.qlora) {
     // The QLoRA recipes' settings, not transformers' defaults (fp4, no double quantization, fp32
@@ -604,7 +622,7 @@ ExportedConfig megatron_deepspeed_emit(const ExportRequest& r) {
   }
   args.push_back(fmt::format("--bf16 --zero-stage {}", p.zero_stage));  // zero.Init only at 3; the JSON sets the engine's stage
   if (p.offload_optimizer) args.push_back("--cpu-optimizer");  // DeepSpeedCPUAdam, required with offload_optimizer (§3.4)
-  args.push_back("--deepspeed --deepspeed_config " + r.deepspeed_json_name);
+  args.push_back("--deepspeed --deepspeed_config " + shell_quote(r.deepspeed_json_name));
   std::string script = "#!/usr/bin/env bash\n";
   script += hash_comments(header_lines(r, "Megatron-DeepSpeed (pretrain_gpt.py)", exported.notes));
   script += fmt::format("deepspeed{} --num_gpus {} pretrain_gpt.py \\\n",
@@ -618,7 +636,7 @@ ExportedConfig megatron_deepspeed_emit(const ExportRequest& r) {
   config["train_batch_size"] = p.micro_batch * data_parallel(r);
   config["gradient_clipping"] = 1.0;
   config["longseq_plan"] = json_record(r, "Megatron-DeepSpeed");
-  exported.files.push_back({".deepspeed.json", config.dump(2) + "\n"});
+  exported.files.push_back({".deepspeed.json", json_text(config) + "\n"});
   return exported;
 }
 
@@ -647,7 +665,7 @@ ExportedConfig deepspeed_config_emit(const ExportRequest& r) {
   config["optimizer"] = {{"type", "AdamW"}, {"params", {{"lr", 1e-5}, {"betas", {0.9, 0.95}}, {"eps", 1e-8}, {"weight_decay", 0.0}}}};
   if (p.offload_optimizer) exported.notes.push_back("optimizer offload: pass no optimizer to deepspeed.initialize (the JSON's AdamW becomes CPU Adam)");
   config["longseq_plan"] = json_record(r, "a plain deepspeed.initialize loop");
-  exported.files.push_back({"", config.dump(2) + "\n"});
+  exported.files.push_back({"", json_text(config) + "\n"});
   return exported;
 }
 

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <cmath>
 
+#include "io/text_escape.hpp"
 #include "models/checked_input.hpp"
 #include "models/config_error.hpp"
 #include "models/output_files.hpp"
@@ -190,7 +191,7 @@ void sweep_results_write(const Scenario& scenario, const std::vector<SweepRow>& 
   const std::filesystem::path staging = staging_directory_create(out_dir);
   try {
     file_write_text((staging / "results.csv").string(), csv);
-    file_write_text((staging / "results.json").string(), results.dump(2) + "\n");
+    file_write_text((staging / "results.json").string(), json_text(results) + "\n");
     file_write_text((staging / "results.md").string(), markdown);
     staging_directory_commit(staging, out_dir);
   } catch (...) {

@@ -118,14 +118,6 @@ TEST_CASE("bad layouts are refused with the flag and the reason") {
   std::remove(malformed.c_str());
 }
 
-TEST_CASE("shell quoting keeps safe words and quotes the rest") {
-  CHECK(shell_quote("/a/b-c_d.yaml") == "/a/b-c_d.yaml");
-  CHECK(shell_quote("with space") == "'with space'");
-  CHECK(shell_quote("it's") == "'it'\\''s'");
-  CHECK(shell_quote("") == "''");
-  CHECK(shell_quote("$HOME") == "'$HOME'");
-}
-
 TEST_CASE("hostile text never becomes a shell line: a scenario name, paths, partition and time with newlines and shell syntax") {
   // The case: a scenario named "job\ntouch${IFS}pwned-slurm" made a line of its own in the
   // batch script. Every field that reaches the script or the command line, with a newline, is refused.

@@ -1,6 +1,7 @@
 // Model cards, Hugging Face config.json loading and exact parameter counts.
 #include <doctest/doctest.h>
 
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "models/config_error.hpp"
@@ -110,7 +111,7 @@ TEST_CASE("bad model input is a ConfigError naming the file and the key") {
   CHECK(message_of(kData + "/cards/malformed.yaml").find("malformed YAML at line") != std::string::npos);
   const std::string negative = message_of(kData + "/cards/negative-heads.yaml");
   CHECK(negative.find("num_attention_heads") != std::string::npos);
-  CHECK(negative.find("out of range") != std::string::npos);
+  CHECK(negative.find("must be a positive integer, got") != std::string::npos);
 
   const std::string unknown_model = message_of("llama-9000");
   CHECK(unknown_model.find("unknown model 'llama-9000'") != std::string::npos);
@@ -304,4 +305,74 @@ TEST_CASE("8-bit AdamW's state by hand: uint8 moments with an fp32 absmax per 25
   CHECK(adam_8bit_model_state_bytes(qwen) == doctest::Approx(2.03125 * (596'049'920.0 - small) + 8.0 * small).epsilon(1e-12));
   // LoRA r = 16 on Llama-3.1-8B: every lora_A (16 x in) and lora_B (out x 16) has >= 4,096 values.
   CHECK(adam_8bit_lora_state_bytes(llama, 16, true) == 2.03125 * 41'943'040.0);
+}
+
+namespace {
+
+// The Qwen3-30B-A3B config.json with one key replaced (raw JSON text for its value).
+std::string qwen3_moe_config_with(const std::string& key, const std::string& value) {
+  nlohmann::json config = nlohmann::json::parse(R"({"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 2048, "intermediate_size": 6144,
+      "moe_intermediate_size": 768, "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8, "num_hidden_layers": 48,
+      "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936, "hidden_act": "silu", "final_logit_softcapping": null})");
+  config[key] = nlohmann::json::parse(value);
+  return config.dump();
+}
+
+std::string config_message(const std::string& text) {
+  try {
+    model_from_hf_config_text(text, "c.json");
+  } catch (const ConfigError& error) {
+    return error.what();
+  }
+  return "(accepted)";
+}
+
+std::string card_message(const std::string& extra_line) {
+  try {
+    model_from_card_text("name: t\nnum_hidden_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\nnum_key_value_heads: 2\nhead_dim: 16\n"
+                         "intermediate_size: 128\nvocab_size: 256\nmlp: swiglu\nnorm: rmsnorm\ntie_word_embeddings: false\n" + extra_line,
+                         "t.yaml");
+  } catch (const ConfigError& error) {
+    return error.what();
+  }
+  return "(accepted)";
+}
+
+}  // namespace
+
+TEST_CASE("config.json: every count bounded and every value held to the card's rule, by the key it was read from") {
+  // An expert count past any model, which overflowed int64 in the parameter count (reliability
+  // issue, item 4), and counts a card refuses (item 5), each refused naming its config.json key.
+  CHECK(config_message(qwen3_moe_config_with("num_experts", "1099511627776")) == "c.json: key 'num_experts': 1099511627776 is out of range [0, 65536]");
+  CHECK(config_message(qwen3_moe_config_with("num_experts", "0")).find("key 'num_experts': Qwen3MoeForCausalLM is a mixture-of-experts "
+                                                                     "architecture: it needs at least one expert, got 0") != std::string::npos);
+  CHECK(config_message(qwen3_moe_config_with("num_experts", "-8")).find("key 'num_experts'") != std::string::npos);
+  CHECK(config_message(qwen3_moe_config_with("moe_intermediate_size", "0")) == "c.json: key 'moe_intermediate_size': must be a positive integer, got 0");
+  CHECK(config_message(qwen3_moe_config_with("num_experts_per_tok", "129")).find("key 'num_experts_per_tok'") != std::string::npos);
+  CHECK(config_message(qwen3_moe_config_with("sliding_window", "-1")) == "c.json: key 'sliding_window': -1 is out of range [0, 2147483647]");
+  nlohmann::json gemma = nlohmann::json::parse(file_read_text(kData + "/hf/gemma-2-9b.config.json"));
+  gemma["final_logit_softcapping"] = -30;
+  CHECK(config_message(gemma.dump()).find("key 'final_logit_softcapping': -30 is out of range") != std::string::npos);
+  // A value of the wrong type is refused, not read as absent.
+  CHECK(config_message(qwen3_moe_config_with("output_router_logits", "\"true\"")).find("key 'output_router_logits'") != std::string::npos);
+  CHECK(config_message(qwen3_moe_config_with("mlp_only_layers", "\"0,1\"")) ==
+        "c.json: key 'mlp_only_layers': expected a list of layer indices");
+  CHECK(config_message(qwen3_moe_config_with("sliding_window", "\"4096\"")).find("key 'sliding_window'") != std::string::npos);
+  // Qwen2-MoE's shared expert width.
+  nlohmann::json qwen2 = nlohmann::json::parse(qwen3_moe_config_with("shared_expert_intermediate_size", "-1"));
+  qwen2["architectures"] = {"Qwen2MoeForCausalLM"};
+  CHECK(config_message(qwen2.dump()) == "c.json: key 'shared_expert_intermediate_size': -1 is out of range [0, 2147483647]");
+  // The same rule in a card: the same words.
+  CHECK(card_message("sliding_window: -1") == "t.yaml: key 'sliding_window': -1 is out of range [0, 2147483647]");
+  CHECK(card_message("final_logit_softcapping: -30").find("key 'final_logit_softcapping': -30 is out of range") != std::string::npos);
+  CHECK(card_message("experts: 4\nexperts_per_token: 2\nexpert_intermediate_size: 0") ==
+        "t.yaml: key 'expert_intermediate_size': must be a positive integer, got 0");
+  CHECK(card_message("experts: 1099511627776") == "t.yaml: key 'experts': 1099511627776 is out of range [0, 65536]");
+  CHECK(card_message("") == "(accepted)");
+}
+
+TEST_CASE("YAML: an alias is refused before any walk of the tree, text that is not UTF-8 by its byte and line") {
+  CHECK(card_message("aliases: &a [x, *a]").find("t.yaml: an alias (*name) at line 12, column") != std::string::npos);
+  CHECK(card_message("family: \"Lla\xFFma\"") == "t.yaml: not UTF-8 text: byte 208 (line 12) is not part of a UTF-8 character; save the file as UTF-8");
+  CHECK(card_message("family: \"Llama \xE2\x80\x94 3\"") == "(accepted)");  // an em dash is UTF-8
 }
