@@ -294,9 +294,8 @@ PlanOptions plan_from_flags(const PlanCommandArgs& args, const ModelSpec& model,
   if (plan.zero_stage != 3 && args.offload_params_on == 0) plan.offload_params = false;
   plan.mlp_tiles = positive_or_default(args.mlp_tiles, "--mlp-tiles");
   plan.loss_tiles = positive_or_default(args.loss_tiles, "--loss-tiles");
-  // 2^20 tiles is more than any length a plan reaches needs; larger counts are typos.
   for (const auto& [tiles, flag] : {std::pair{plan.mlp_tiles, "--mlp-tiles"}, std::pair{plan.loss_tiles, "--loss-tiles"}})
-    if (tiles > (int64_t{1} << 20)) throw ConfigError(flag, "", fmt::format("{} tiles is not a plausible count (at most 1048576)", tiles));
+    if (tiles > kTileCountLimit) throw ConfigError(flag, "", fmt::format("{} tiles is not a plausible count (at most {})", tiles, kTileCountLimit));
   plan.micro_batch = args.micro_batch;
   if (args.fpdt_chunk && !args.fpdt) throw ConfigError("--fpdt-chunk", "", "given without --fpdt");
   if (args.fpdt) {
@@ -929,6 +928,8 @@ int plan_command_run(const PlanCommandArgs& args) {
   const HardwareCard& hardware = cluster.hardware;
   if (const std::string problem = attention_kernel_problem(profile, hardware); !problem.empty()) throw ConfigError("--attention", "", problem);
   // HSDP's replicas split the world: a count that does not divide it is a typo, not a plan to search.
+  if (args.dp_replicate && *args.dp_replicate < 1)  // before the division below (a 0 was SIGFPE)
+    throw ConfigError("--dp-replicate", "", fmt::format("must be at least 1, got {}", *args.dp_replicate));
   if (args.dp_replicate && cluster.gpus % *args.dp_replicate != 0)
     throw ConfigError("--dp-replicate", "", fmt::format("{} replicas do not divide {} GPUs", *args.dp_replicate, cluster.gpus));
   if (args.plan_out && !args.emit.empty()) throw ConfigError("--plan-out", "", "given with --emit; write one at a time");

@@ -35,9 +35,13 @@ MaxSeqlenResult max_seqlen_find(const ModelSpec& model, const ClusterSpec& clust
   auto usage = [&](int64_t granules) {
     return usage_fraction(memory_predict(model, cluster, plan, profile, granules * granularity, /*with_breakdown=*/false));
   };
+  // The shortest length the plan can take: a fixed tile count needs a token per tile on each rank
+  // (seqlen_problems), so shorter lengths are no plan at all, not lengths that fit.
+  const int64_t tiles = std::max(plan.mlp_tiles, plan.loss_tiles);
+  const int64_t shortest = std::max<int64_t>(1, (tiles * plan.sequence_ranks() + granularity - 1) / granularity);
   auto finish = [&](int64_t fit_granules, int64_t fail_granules) {
     result.max_seqlen = fit_granules * granularity;
-    result.at_max = memory_predict(model, cluster, plan, profile, std::max<int64_t>(fit_granules, 1) * granularity, with_breakdown);
+    result.at_max = memory_predict(model, cluster, plan, profile, std::max(fit_granules, shortest) * granularity, with_breakdown);
     result.first_failure = fail_granules > 0
                                ? memory_predict(model, cluster, plan, profile, fail_granules * granularity, with_breakdown)
                                : result.at_max;
@@ -53,9 +57,9 @@ MaxSeqlenResult max_seqlen_find(const ModelSpec& model, const ClusterSpec& clust
   };
 
   // Invariant from here on: `low` granules fit (usage <= 1), `high` granules do not.
-  int64_t low = 1;
-  double low_usage = usage(1);
-  if (low_usage > 1) return finish(0, 1);
+  int64_t low = shortest;
+  double low_usage = usage(low);
+  if (low_usage > 1) return finish(0, low);
   const int64_t limit = kSeqlenSearchLimit / granularity;
 
   // Bracket. Memory is close to linear in S (every activation term is), so extrapolating the
@@ -65,7 +69,7 @@ MaxSeqlenResult max_seqlen_find(const ModelSpec& model, const ClusterSpec& clust
   double previous_usage = 0;
   int64_t high = 0;
   double high_usage = 0;
-  int64_t probe = std::min<int64_t>(limit, 1024);
+  int64_t probe = std::min<int64_t>(limit, std::max<int64_t>(1024, 2 * low));
   while (true) {
     const double probe_usage = usage(probe);
     if (probe_usage > 1) {

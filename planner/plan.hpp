@@ -67,6 +67,10 @@ struct HeldChoices {
   int64_t shard_ranks(int64_t gpus) const { return gpus / dp_replicate; }
 };
 
+// 2^20 tiles is more than any length a plan reaches needs; larger counts are typos (the same bound
+// for a flag and a scenario key).
+inline constexpr int64_t kTileCountLimit = int64_t{1} << 20;
+
 struct PlanOptions : HeldChoices {
   int64_t sp = 1;                       // Ulysses sequence-parallel degree u (heads over u ranks)
   // Ring attention (context parallelism) degree r: r Ulysses groups on one sequence pass key/value

@@ -98,8 +98,8 @@ PlanSettings plan_settings_read(YamlReader& reader) {
   optional_bool("tiled_mlp", settings.tiled_mlp);
   optional_bool("tiled_loss", settings.tiled_loss);
   optional_bool("fpdt", settings.fpdt);
-  if (reader.has("mlp_tiles")) settings.mlp_tiles = reader.get_int("mlp_tiles", 1, int64_t{1} << 40);
-  if (reader.has("loss_tiles")) settings.loss_tiles = reader.get_int("loss_tiles", 1, int64_t{1} << 40);
+  if (reader.has("mlp_tiles")) settings.mlp_tiles = reader.get_int("mlp_tiles", 1, kTileCountLimit);
+  if (reader.has("loss_tiles")) settings.loss_tiles = reader.get_int("loss_tiles", 1, kTileCountLimit);
   if (reader.has("fpdt_chunk_tokens"))
     settings.fpdt_chunk_tokens = seqlen_parse(reader.get_string("fpdt_chunk_tokens"),
                                               reader.source_name() + ": key '" + reader.key_name("fpdt_chunk_tokens") + "'");
@@ -190,8 +190,8 @@ Scenario scenario_from_text(const std::string& yaml_text, const std::string& pat
   for (auto& [node, name] : sweep.get_sequence("gpus")) scenario.sweep_gpus.push_back(sweep.node_to_int(node, name, 1, kMaxGpus));
   for (auto& [node, name] : sweep.get_sequence("seqlen")) scenario.sweep_seqlen.push_back(seqlen_from_node(sweep, node, name));
   for (auto& [node, name] : sweep.get_sequence("sp")) scenario.sweep_sp.push_back(sweep.node_to_int(node, name, 1, kMaxGpus));
-  for (auto& [node, name] : sweep.get_sequence("mlp_tiles")) scenario.sweep_mlp_tiles.push_back(sweep.node_to_int(node, name, 1, int64_t{1} << 40));
-  for (auto& [node, name] : sweep.get_sequence("loss_tiles")) scenario.sweep_loss_tiles.push_back(sweep.node_to_int(node, name, 1, int64_t{1} << 40));
+  for (auto& [node, name] : sweep.get_sequence("mlp_tiles")) scenario.sweep_mlp_tiles.push_back(sweep.node_to_int(node, name, 1, kTileCountLimit));
+  for (auto& [node, name] : sweep.get_sequence("loss_tiles")) scenario.sweep_loss_tiles.push_back(sweep.node_to_int(node, name, 1, kTileCountLimit));
   for (auto& [node, name] : sweep.get_sequence("fpdt_chunk_tokens")) scenario.sweep_fpdt_chunk_tokens.push_back(seqlen_from_node(sweep, node, name));
   for (auto& [node, name] : sweep.get_sequence("ladder")) {
     if (!node.IsMap()) throw ConfigError(path, name, "expected a mapping with a name and plan settings");
