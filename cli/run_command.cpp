@@ -435,14 +435,20 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
     if (unset("--budget-mib") && run.budget_mib) args.budget_mib = *run.budget_mib;
     if (unset("--auto")) args.auto_plan = run.auto_plan;
     if (unset("--data")) args.data = run.data;
-    const PlanSettings& plan = scenario.plan;
-    if (unset("--checkpointing") && plan.activation_checkpointing) args.checkpointing = *plan.activation_checkpointing;
+    // Every plan key is either honoured here or refused by name (scenario_run_options).
+    const ScenarioRunOptions plan = scenario_run_options(scenario);
+    if (unset("--checkpointing") && plan.checkpointing) args.checkpointing = *plan.checkpointing;
     if (unset("--checkpoint-offload") && plan.checkpoint_offload) args.checkpoint_offload = *plan.checkpoint_offload;
-    if (unset("--mlp-tiles") && plan.tiled_mlp.value_or(false)) args.mlp_tiles = plan.mlp_tiles.value_or(16);
-    if (unset("--loss-tiles") && plan.tiled_loss.value_or(false)) args.loss_tiles = plan.loss_tiles.value_or(16);
+    if (unset("--mlp-tiles") && plan.mlp_tiles) args.mlp_tiles = *plan.mlp_tiles;
+    if (unset("--loss-tiles") && plan.loss_tiles) args.loss_tiles = *plan.loss_tiles;
     if (unset("--sp") && plan.sp) args.sp = *plan.sp;
+    if (unset("--ring") && plan.ring) args.ring = *plan.ring;
     if (unset("--zero") && plan.zero_stage) args.zero_stage = *plan.zero_stage;
     if (unset("--offload-optimizer") && plan.offload_optimizer) args.offload_optimizer = *plan.offload_optimizer;
+    if (unset("--offload-params") && plan.offload_params) args.offload_params = *plan.offload_params;
+    if (unset("--fpdt-chunk") && plan.fpdt_chunk_tokens) args.fpdt_chunk = std::to_string(*plan.fpdt_chunk_tokens);
+    if (unset("--lora") && plan.lora_rank) args.lora_rank = *plan.lora_rank;
+    if (unset("--lora-targets") && plan.lora_all_linear) args.lora_targets = *plan.lora_all_linear ? "all-linear" : "q,v";
     if (speaker) fmt::print("scenario {}: {}\n", scenario.name, scenario.description);
   }
   if (ranks.world_size > 1) {

@@ -493,4 +493,42 @@ std::vector<SweepRow> scenario_run(const Scenario& scenario, const std::function
   return rows;
 }
 
+ScenarioRunOptions scenario_run_options(const Scenario& scenario) {
+  const PlanSettings& plan = scenario.plan;
+  auto refuse = [&](const char* key, const std::string& why) { throw ConfigError(scenario.path, key, why); };
+  if (plan.preset) refuse("plan.preset", "a run trains the options its plan: section gives one by one (run has no presets; sweep reads them)");
+  if (plan.search) refuse("plan.search", "a run trains one fixed plan (run.auto: true lets the planner choose it for this machine)");
+  if (plan.framework) refuse("plan.framework", "a run trains with longseq's executor, not a framework's stack");
+  if (plan.qlora.value_or(false)) refuse("plan.qlora", "the executor has no 4-bit base (LoRA on the kernels' dtype: lora_rank alone)");
+  if (plan.tiled_mlp == false && plan.mlp_tiles) refuse("plan.mlp_tiles", "given with tiled_mlp: false");
+  if (plan.tiled_loss == false && plan.loss_tiles) refuse("plan.loss_tiles", "given with tiled_loss: false");
+  if (plan.fpdt_chunk_tokens && !plan.fpdt.value_or(false)) refuse("plan.fpdt_chunk_tokens", "given without fpdt: true");
+  if (plan.lora_all_linear && !plan.lora_rank) refuse("plan.lora_targets", "given without lora_rank");
+  if (scenario.runtime_profile_given && scenario.runtime_profile != "native" && scenario.runtime_profile != "native-cuda")
+    refuse("runtime_profile", fmt::format("a run's prediction is priced for longseq's executor (native, or native-cuda on a GPU), not '{}'",
+                                          scenario.runtime_profile));
+  if (!scenario.attention_kernel.empty()) refuse("attention", "the executor runs its own attention kernel");
+  if (!scenario.gpu.empty()) refuse("cluster", "a run trains on this machine, its ranks from mpirun (cluster: is for longseq sweep)");
+  const bool swept = !scenario.sweep_model.empty() || !scenario.sweep_gpu.empty() || !scenario.sweep_gpus.empty() ||
+                     !scenario.sweep_seqlen.empty() || !scenario.sweep_sp.empty() || !scenario.sweep_mlp_tiles.empty() ||
+                     !scenario.sweep_loss_tiles.empty() || !scenario.sweep_fpdt_chunk_tokens.empty() || !scenario.sweep_ladder.empty();
+  if (swept) refuse("sweep", "a run trains one plan; a sweep is for longseq sweep (one scenario file each)");
+  ScenarioRunOptions options;
+  options.checkpointing = plan.activation_checkpointing;
+  options.checkpoint_offload = plan.checkpoint_offload;
+  options.offload_optimizer = plan.offload_optimizer;
+  options.offload_params = plan.offload_params;
+  if (plan.tiled_mlp == false) options.mlp_tiles = 0;
+  else if (plan.tiled_mlp.value_or(false) || plan.mlp_tiles) options.mlp_tiles = plan.mlp_tiles.value_or(16);
+  if (plan.tiled_loss == false) options.loss_tiles = 0;
+  else if (plan.tiled_loss.value_or(false) || plan.loss_tiles) options.loss_tiles = plan.loss_tiles.value_or(16);
+  options.sp = plan.sp;
+  options.ring = plan.ring;
+  if (plan.zero_stage) options.zero_stage = *plan.zero_stage;
+  if (plan.fpdt.value_or(false)) options.fpdt_chunk_tokens = plan.fpdt_chunk_tokens.value_or(65536);
+  options.lora_rank = plan.lora_rank;
+  options.lora_all_linear = plan.lora_all_linear;
+  return options;
+}
+
 }  // namespace longseq

@@ -95,6 +95,17 @@ struct Scenario {
 // The figures `longseq report` knows how to draw.
 const std::vector<std::string>& report_figure_names();
 
+// What `longseq run` trains from a scenario's plan: section, as run's options (absent: run's own
+// default). A tile count alone tiles and tiling without one takes 16 tiles; fpdt takes its chunk
+// (DeepSpeed's 64Ki by default). A key run cannot honour (a preset, a search, a framework, QLoRA's
+// 4-bit base, a runtime profile other than native's, an attention kernel, a cluster, a sweep)
+// throws ConfigError naming it: no key of a run scenario is dropped.
+struct ScenarioRunOptions {
+  std::optional<bool> checkpointing, checkpoint_offload, offload_optimizer, offload_params, lora_all_linear;
+  std::optional<int64_t> mlp_tiles, loss_tiles, sp, ring, zero_stage, fpdt_chunk_tokens, lora_rank;
+};
+ScenarioRunOptions scenario_run_options(const Scenario& scenario);
+
 Scenario scenario_load(const std::string& path);
 Scenario scenario_from_text(const std::string& yaml_text, const std::string& path);
 

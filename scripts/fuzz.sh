@@ -13,7 +13,7 @@
 # tests/fuzz/regressions/TARGET/ once it is fixed.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-targets=(seqlen yaml_cards scenario hf_config points_csv run_json sweep_json plan_file launch_script export)
+targets=(seqlen yaml_cards scenario hf_config points_csv run_json sweep_json plan_file launch_script export run_scenario)
 
 # The project's own files that seed each target (one place for the replay and the fuzzer).
 seeds_of() {
@@ -27,6 +27,7 @@ seeds_of() {
     plan_file) echo "$root/tests/data/plans" ;;
     launch_script) echo "$root/tests/fuzz/seeds/launch_script" ;;
     export) echo "$root/tests/fuzz/seeds/export" ;;
+    run_scenario) echo "$root/scenarios/executor $root/tests/data/scenarios" ;;
     sweep_json) echo "$root/tests/data/bad/results-huge-number $root/tests/data/bad/results-missing-key $root/tests/fuzz/seeds/sweep_json" ;;
     *) echo "fuzz.sh: unknown target '$1' (targets: ${targets[*]})" >&2; exit 2 ;;
   esac
