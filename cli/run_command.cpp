@@ -420,6 +420,27 @@ double model_train(const TrainLoop& loop) {
   return outside_arena_bytes;
 }
 
+// The file `model_load` reads for a --model value: the file itself, a folder's config.json; "" for
+// a built-in card's name (it is in the binary).
+std::string model_file_path(const std::string& name_or_path) {
+  std::error_code error;
+  if (std::filesystem::is_directory(name_or_path, error)) return (std::filesystem::path(name_or_path) / "config.json").string();
+  return std::filesystem::exists(name_or_path, error) ? name_or_path : "";
+}
+
+// The contents of the model file a plan file names, which every rank reads after the agreement:
+// the same plan.json naming r/config.json with another rope_theta on one node trained with exit 0.
+// A plan file this rank cannot read fingerprints as its error, so ranks that fail alike agree and
+// stop on the same message after it.
+std::string plan_model_fingerprint(const std::string& plan_path) {
+  if (plan_path.empty()) return "";
+  try {
+    return file_fingerprint(model_file_path(plan_file_read(plan_path).model));
+  } catch (const ConfigError& error) {
+    return error.what();
+  }
+}
+
 int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
   // A scenario supplies model, plan and run settings; a flag given on the command line wins.
   RunCommandArgs args = given;
@@ -489,8 +510,9 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
                                // each sequence's parts on different data.
                                {"--plan (the file's contents)", file_fingerprint(args.plan_file)},
                                {"--data (the file's contents)", file_fingerprint(args.data)},
-                               {"--model (the file's contents)", file_fingerprint(args.model)},
-                               {"the scenario file's contents", file_fingerprint(args.scenario)}});
+                               {"--model (the file's contents)", file_fingerprint(model_file_path(args.model))},
+                               {"the scenario file's contents", file_fingerprint(args.scenario)},
+                               {"the model the plan file names (its contents)", plan_model_fingerprint(args.plan_file)}});
   }
   // --plan: the file says what to run; flags that would say otherwise are refused by name.
   std::optional<PlanFile> plan_file;
