@@ -60,7 +60,7 @@ struct PlanCommandArgs {
   int64_t micro_batch = 1;
   // LoRA / QLoRA: adapters of this rank on a frozen base, on these linears; held by a search.
   std::optional<int64_t> lora_rank;
-  std::string lora_targets = "all-linear";
+  std::optional<std::string> lora_targets;  // absent: all-linear
   bool qlora = false;
   bool adam_8bit = false;
   bool moe_aux_loss = false;
@@ -206,7 +206,8 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
       ->check(CLI::IsMember({"safe", "point"}));
   command->add_option("--emit-out", args->emit_out,
                       "file for --emit (default: standard output); a second file (the DeepSpeed JSON) goes beside it as "
-                      "STEM.deepspeed.json");
+                      "STEM.deepspeed.json. A FIFO or a device gets every file in one stream, and like a shell's `> fifo` the "
+                      "write waits until something reads the FIFO");
   command->add_option("--ranks", args->ranks,
                       "plan for this machine's executor instead of a GPU cluster: this many ranks (mpirun -np), each with "
                       "--budget-mib of device memory; the search then covers what `longseq run` executes");
@@ -238,11 +239,12 @@ struct PlanOutputs {
 // rotation, HSDP.
 void held_choices_apply(const PlanCommandArgs& args, HeldChoices& held) {
   if (args.qlora && !args.lora_rank) throw ConfigError("--qlora", "", "trains LoRA adapters on a 4-bit base: give --lora RANK too");
+  if (args.lora_targets && !args.lora_rank) throw ConfigError("--lora-targets", "", "chooses the adapters' linears: give --lora RANK too");
   if (args.lora_rank) {
     if (*args.lora_rank < 1 || *args.lora_rank > 4096)
       throw ConfigError("--lora", "", fmt::format("the adapters' rank must be in [1, 4096], got {}", *args.lora_rank));
     held.lora_rank = *args.lora_rank;
-    held.lora_all_linear = HeldChoices::lora_targets_parse(args.lora_targets, "--lora-targets", "");
+    held.lora_all_linear = HeldChoices::lora_targets_parse(args.lora_targets.value_or("all-linear"), "--lora-targets", "");
     held.qlora = args.qlora;
   }
   held.adam_8bit = args.adam_8bit;
@@ -910,6 +912,10 @@ int plan_command_run(const PlanCommandArgs& args) {
     throw ConfigError("--lora", "", "adapters are planned for the HF Trainer / TRL and Unsloth: --emit hf-trainer or unsloth writes their script");
   if (args.lora_rank && args.plan_out && !machine)
     throw ConfigError("--lora", "", "a plan file with adapters is for longseq's executor: plan it for this machine (--ranks, --budget-mib)");
+  // PyTorch CP's rotation exists only where PyTorch's context parallelism runs.
+  if (args.cp_rotate == "alltoall" && framework != Framework::framework_accelerate_fsdp2 && framework != Framework::framework_torchtitan)
+    throw ConfigError("--cp-rotate", "", fmt::format("chooses PyTorch context parallelism's rotation, which {} does not run "
+                                                     "(accelerate-fsdp2 and torchtitan do)", machine ? "longseq's executor" : framework_name(framework)));
   const bool framework_checked = framework_given || emitting || trainer_choice || fsdp2_choice;
   const FrameworkFacts& facts = framework_facts(framework);
   const std::string profile_name = !args.profile.empty() ? args.profile : facts.runtime_profile;
@@ -1083,7 +1089,22 @@ int plan_command_run(const PlanCommandArgs& args) {
   const SearchCandidate* winner = result.winner();
   // Why nothing fits, for a refusal that says what to change: the closest valid plan's limit, or
   // (every plan invalid) the commonest reason, e.g. a length no chunk or degree divides.
+  // With --max-step-time, a plan whose memory fits but whose step is over the limit at every
+  // length: the fastest of them (at its shortest length) is the closest, and the limit the reason.
+  const SearchCandidate* step_limited = nullptr;
+  double step_limited_s = 0;
+  for (const SearchCandidate& candidate : result.candidates)
+    if (candidate.problems.empty() && candidate.binding_constraint == std::string(kStepTimeLimit)) {
+      const int64_t shortest = seqlen_grid(candidate.plan, options.length_multiple);
+      const double step_s = time_predict(model, cluster, candidate.plan, profile, shortest).time.total_s();
+      if (!step_limited || step_s < step_limited_s) step_limited = &candidate, step_limited_s = step_s;
+    }
   auto no_plan_reason = [&] {
+    if (step_limited)
+      return fmt::format("no plan fits: every plan whose memory fits takes longer than --max-step-time ({:.3g} s) a step at any length; "
+                         "the fastest, {}, takes {} at its shortest length ({})", options.max_step_s,
+                         plan_describe(step_limited->plan), duration_text(step_limited_s),
+                         tokens_text(seqlen_grid(step_limited->plan, options.length_multiple)));
     const bool any_valid = !result.candidates.empty() && result.candidates.front().problems.empty();
     if (any_valid)
       return fmt::format("no plan fits{}: the closest, {}, runs out of {}", seqlen ? " at " + integer_with_commas(*seqlen) + " tokens" : "",
@@ -1097,8 +1118,9 @@ int plan_command_run(const PlanCommandArgs& args) {
   if (!winner && args.plan_out) throw ConfigError("--plan-out", "", no_plan_reason() + "; there is nothing to write");
   if (!winner) {
     const SearchCandidate* best = result.candidates.empty() || !result.candidates.front().problems.empty() ? nullptr : &result.candidates.front();
-    out += "no plan fits";
-    if (best) out += fmt::format(" (closest: {}, {})", plan_describe(best->plan), best->binding_constraint);
+    if (step_limited) out += no_plan_reason();
+    else out += "no plan fits";
+    if (best && !step_limited) out += fmt::format(" (closest: {}, {})", plan_describe(best->plan), best->binding_constraint);
     out += "\n";
     report["winner"] = nullptr;
   } else {

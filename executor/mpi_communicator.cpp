@@ -30,10 +30,24 @@ void mpi_check(int code, const char* what) {
   throw std::runtime_error(fmt::format("MPI error in {}: {}", what, std::string(text, static_cast<size_t>(length))));
 }
 
+// The world rank of `rank` of `comm`, for messages.
+int world_rank_of(MPI_Comm comm, int rank) {
+  MPI_Group group, world;
+  MPI_Comm_group(comm, &group);
+  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  int world_rank = rank;
+  MPI_Group_translate_ranks(group, 1, &rank, world, &world_rank);
+  MPI_Group_free(&group);
+  MPI_Group_free(&world);
+  return world_rank;
+}
+
 // Waits for a non-blocking collective, polling it (collective_wait); a peer that has not joined
 // after the peer timeout ends the wait with PeerTimeout, so the job stops with a message instead of
-// hanging.
-void request_wait(MPI_Request& request, const char* what, int group_size) {
+// hanging. `peer` is the rank of `comm` waited for where one is (a ring pass's partner, the other
+// rank of a pair), else -1: a collective cannot say which peer never joined, so each waiting rank
+// says so and the ranks missing from those messages are the quiet ones.
+void request_wait(MPI_Request& request, const char* what, MPI_Comm comm, int peer = -1) {
   const CollectiveState state = collective_wait(
       [&] {
         int done = 0;
@@ -41,10 +55,16 @@ void request_wait(MPI_Request& request, const char* what, int group_size) {
         return done ? CollectiveState::done : CollectiveState::pending;
       },
       steady_clock_s, CollectivePause(), peer_timeout_s());
-  if (state == CollectiveState::timed_out)
-    throw PeerTimeout(fmt::format("{} waited {:.0f} s for the other ranks of its group of {}: a rank has stopped, stalled or "
-                                  "taken another path (raise --peer-timeout-s if a step legitimately takes longer)",
-                                  what, peer_timeout_s(), group_size));
+  if (state != CollectiveState::timed_out) return;
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  if (peer < 0 && size == 2) peer = 1 - rank;
+  const std::string waited_for = peer >= 0 ? fmt::format("rank {} (it went quiet)", world_rank_of(comm, peer))
+                                           : fmt::format("the other ranks of its group of {} (the ranks that report no such wait are "
+                                                         "the ones that went quiet)", size);
+  throw PeerTimeout(fmt::format("{} waited {:.0f} s for {}: a rank has stopped, stalled or taken another path (raise "
+                                "--peer-timeout-s if a step legitimately takes longer)", what, peer_timeout_s(), waited_for));
 }
 
 }  // namespace
@@ -83,7 +103,7 @@ void MpiCommunicator::collective(const char* what, Start start) const {
   const ComponentTimer timer(&ComponentSeconds::communication);
   MPI_Request request;
   mpi_check(start(&request), what);
-  request_wait(request, what, size_);
+  request_wait(request, what, comm_);
 }
 
 void MpiCommunicator::all_to_all_bytes(const void* send, void* recv, int64_t bytes_per_rank) {
@@ -105,8 +125,8 @@ void MpiCommunicator::send_receive_bytes(const void* send, int destination, void
   MPI_Request requests[2];
   mpi_check(MPI_Irecv(recv, count, MPI_BYTE, source, kRingTag, comm_, &requests[0]), "MPI_Irecv");
   mpi_check(MPI_Isend(send, count, MPI_BYTE, destination, kRingTag, comm_, &requests[1]), "MPI_Isend");
-  request_wait(requests[1], "MPI_Isend of a ring pass", size_);
-  request_wait(requests[0], "MPI_Irecv of a ring pass", size_);
+  request_wait(requests[1], "MPI_Isend of a ring pass", comm_, destination);
+  request_wait(requests[0], "MPI_Irecv of a ring pass", comm_, source);
 }
 
 // Float sums are taken in rank order (rank 0's value, plus rank 1's, ...), after an all-to-all

@@ -80,10 +80,12 @@ void NcclCommunicator::wait(const char* what) {
     comm_ = nullptr;
   }
   if (state == CollectiveState::timed_out)
-    throw PeerTimeout(fmt::format("NCCL {} waited {:.0f} s for the other ranks of its group of {}: a rank has stopped, stalled or "
-                                  "taken another path, so the communicator was aborted (raise --peer-timeout-s if a step "
-                                  "legitimately takes longer)",
-                                  what, peer_timeout_s(), size_));
+    throw PeerTimeout(fmt::format("NCCL {} waited {:.0f} s for {}: a rank has stopped, stalled or taken another path, so the "
+                                  "communicator was aborted (raise --peer-timeout-s if a step legitimately takes longer)",
+                                  what, peer_timeout_s(),
+                                  size_ == 2 ? fmt::format("rank {} of its pair (it went quiet)", 1 - rank_)
+                                             : fmt::format("the other ranks of its group of {} (the ranks that report no such wait "
+                                                           "are the ones that went quiet)", size_)));
   if (nccl_status != ncclSuccess) throw std::runtime_error(std::string("NCCL ") + what + ": " + ncclGetErrorString(nccl_status));
   cuda_check(stream_status, what);
 }

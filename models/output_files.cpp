@@ -256,6 +256,10 @@ void output_directory_check(const std::string& path, bool overwrite, const std::
   const std::string shown = directory.string() == fs::absolute(path).string() ? path : fmt::format("{} (that is, {})", path, directory.string());
   std::error_code error;
   const fs::file_status status = fs::status(directory, error);
+  // A link whose target is missing: creating the directory through it would fail as "File exists".
+  if (!fs::exists(status) && fs::is_symlink(fs::symlink_status(directory, error)))
+    throw ConfigError(flag, "", fmt::format("{} is a symbolic link to {}, which does not exist: create that directory or give another "
+                                            "path (nothing was written)", shown, fs::read_symlink(directory, error).string()));
   if (!fs::exists(status)) return;
   if (!fs::is_directory(status)) throw ConfigError(flag, "", fmt::format("{} is a file, not a directory (nothing was written)", shown));
   if (overwrite) return;
