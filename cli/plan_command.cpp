@@ -1014,7 +1014,7 @@ int plan_command_run(const PlanCommandArgs& args) {
     if (framework_checked && !machine && !args.alst && !args.baseline) plan_defaults_fit(args, plan, framework, model);
     std::vector<std::string> problems = plan_problems(model, cluster, plan);
     if (framework_checked) {  // a plan for a named framework (or its files) must be one it runs
-      const std::string unsupported = framework_unsupported(framework, model, plan);
+      const std::string unsupported = framework_unsupported(framework, model, plan, cluster.gpus);
       if (!unsupported.empty()) problems.push_back(unsupported);
     }
     const int64_t length_multiple = context.length_multiple;
@@ -1059,7 +1059,7 @@ int plan_command_run(const PlanCommandArgs& args) {
   if (machine && options.objective != SearchObjective::objective_max_seqlen)
     throw ConfigError("--objective", "", "for this machine (--ranks) the search finds the longest sequence, as run --auto does");
   if (!machine) {
-    options.unsupported = [&](const PlanOptions& plan) { return framework_unsupported(framework, model, plan); };
+    options.unsupported = [&](const PlanOptions& plan) { return framework_unsupported(framework, model, plan, cluster.gpus); };
     options.length_multiple = facts.length_multiple;
   }
   if (context.max_step_s > 0 && options.objective != SearchObjective::objective_max_seqlen)
@@ -1198,7 +1198,7 @@ int plan_command_run(const PlanCommandArgs& args) {
             framework_profile(other, runtime_profile_load(!args.profile.empty() ? args.profile : other_facts.runtime_profile));
         if (!args.attention.empty() && !attention_kernel_problem(other_profile, hardware).empty()) continue;
         SearchOptions other_options = options;
-        other_options.unsupported = [&model, other](const PlanOptions& plan) { return framework_unsupported(other, model, plan); };
+        other_options.unsupported = [&model, &cluster, other](const PlanOptions& plan) { return framework_unsupported(other, model, plan, cluster.gpus); };
         other_options.length_multiple = other_facts.length_multiple;
         others.push_back(plan_search(model, cluster, other_profile, other_options));
         const SearchCandidate* candidate = others.back().winner();

@@ -114,7 +114,7 @@ std::string torchtitan_llama3_flavor(const ModelSpec& model) {
   return "";
 }
 
-std::string framework_unsupported(Framework framework, const ModelSpec& model, const PlanOptions& plan) {
+std::string framework_unsupported(Framework framework, const ModelSpec& model, const PlanOptions& plan, int64_t gpus) {
   const char* name = framework_name(framework);
   // Ring attention: neither DeepSpeed nor the trainers on it have one (REFERENCE §8); USP's
   // LongContextAttention composes it with Ulysses, and so does longseq's executor (unchunked).
@@ -204,6 +204,12 @@ std::string framework_unsupported(Framework framework, const ModelSpec& model, c
       // fsdp_offload_params: true is CPUOffloadPolicy (F1.12, F1.19).
       if (std::string refusal = fsdp2_layout_unsupported(name, plan, "fsdp_offload_params, CPUOffloadPolicy"); !refusal.empty()) return refusal;
       if (plan.tiled_mlp) return fmt::format("{}: no switch for TiledMLP", name);
+      // "TP/CP cannot be used with pure data parallelism (dp_replicate_size > 1 and dp_shard_size ==
+      // 1)" (parallelism_config.py L336-341; Reference §11 F4.2): replicas need a shard group.
+      if (gpus > 0 && plan.ring > 1 && plan.dp_replicate > 1 && gpus / (plan.ring * plan.dp_replicate) == 1)
+        return fmt::format("{}: context parallelism over replicas of one GPU's shard (dp_replicate {} x cp {} = {} GPUs leaves "
+                           "dp_shard 1), which Accelerate refuses (parallelism_config.py; Reference §11 F4.2)",
+                           name, plan.dp_replicate, plan.ring, gpus);
       return "";
     case Framework::framework_torchtitan: {
       if (plan.sp > 1) return fmt::format("{}: no Ulysses (its sequence parallelism is PyTorch's context parallelism: --ring)", name);

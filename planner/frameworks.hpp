@@ -61,8 +61,9 @@ std::vector<Framework> frameworks_all();
 // Throws ConfigError(flag, "", reason listing the names) for an unknown name.
 Framework framework_parse(const std::string& name, const std::string& flag = "--framework");
 
-// Why `framework` cannot run `plan` for `model`, naming the option and the source; empty when it can.
-std::string framework_unsupported(Framework framework, const ModelSpec& model, const PlanOptions& plan);
+// Why `framework` cannot run `plan` for `model` on `gpus` GPUs (0: not known, and the rules that
+// need the count are not applied), naming the option and the source; empty when it can.
+std::string framework_unsupported(Framework framework, const ModelSpec& model, const PlanOptions& plan, int64_t gpus = 0);
 // torchtitan's llama3 flavor with `model`'s shape ("8B", "70B", "405B": the flavors of
 // torchtitan/models/llama3/__init__.py, whose TransformerModelArgs give Llama 3/3.1/3.3's
 // dimensions); "" for any other model, which torchtitan's Llama 3 code does not build.

@@ -431,7 +431,7 @@ std::vector<SweepRow> scenario_run(const Scenario& scenario, const std::function
                         options.objective = seqlen ? SearchObjective::objective_throughput : SearchObjective::objective_max_seqlen;
                         options.seqlen = seqlen.value_or(0);
                         options.explore_ring = settings.ring.value_or(0) != 1;
-                        options.unsupported = [&](const PlanOptions& candidate) { return framework_unsupported(*framework, model, candidate); };
+                        options.unsupported = [&](const PlanOptions& candidate) { return framework_unsupported(*framework, model, candidate, cluster.gpus); };
                         options.length_multiple = length_multiple;
                         options.held.lora_rank = settings.lora_rank.value_or(0);
                         options.held.lora_all_linear = settings.lora_all_linear.value_or(true);
@@ -444,7 +444,7 @@ std::vector<SweepRow> scenario_run(const Scenario& scenario, const std::function
                       }
                       std::vector<std::string> problems = plan_problems(model, cluster, plan);
                       if (framework && !settings.search)
-                        if (const std::string unsupported = framework_unsupported(*framework, model, plan); !unsupported.empty())
+                        if (const std::string unsupported = framework_unsupported(*framework, model, plan, cluster.gpus); !unsupported.empty())
                           problems.push_back(unsupported);
                       if (seqlen) {
                         for (auto& problem : seqlen_problems(plan, *seqlen)) problems.push_back(problem);
