@@ -113,6 +113,11 @@ std::vector<PublishedPoint> published_points_parse(const std::string& csv_text, 
     point.gpus = required_integer("gpus");
     point.nodes = required_integer("nodes");
     point.sp = required_integer("sp");
+    // micro_batch (added to the data in 2026-11): per_device_train_batch_size; empty or absent = 1.
+    if (columns.count("micro_batch")) {
+      point.micro_batch = integer("micro_batch").value_or(1);
+      if (point.micro_batch < 1) throw ConfigError(where, "micro_batch", "at least 1 when given");
+    }
     const std::optional<double> gpu_mem = number("gpu_mem_gib");
     if (gpu_mem && *gpu_mem <= 0) throw ConfigError(where, "gpu_mem_gib", "positive when given");
     if (!gpu_mem) unstated("gpu_mem_gib");
@@ -283,6 +288,7 @@ PointValidation point_validate(const PublishedPoint& point, const std::string& p
   plan.zero_stage = 0;
   plan.activation_checkpointing = false;
   plan.sp = point.sp;
+  plan.micro_batch = point.micro_batch;
   bool ulysses = false, context_parallel = false, ring = false, fsdp2 = false, hf_bf16 = false, sdpa = false, zero_unstated = false;
   bool lora = false;
   std::string attention_kernel = "fa2";

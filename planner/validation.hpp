@@ -19,6 +19,7 @@ struct PublishedPoint {
   int64_t line = 0;  // 1-based line in the CSV file
   std::string source, model, gpu_type, features, notes;
   int64_t gpus = 0, nodes = 0, sp = 1;
+  int64_t micro_batch = 1;  // sequences per GPU per step (the column is optional; empty = 1)
   double gpu_mem_gib = 0;
   std::optional<int64_t> gpus_per_node;
   std::optional<double> host_mem_gb;  // decimal GB, as the sources print node memory

@@ -283,19 +283,23 @@ ExportedConfig accelerate_config_emit(const ExportRequest& r) {
   if (p.tiled_mlp) exported.notes.push_back("tiled MLP: no Trainer/TRL switch; patch the MLP with DeepSpeed's TiledMLP in the script");
   if (p.checkpoint_offload)
     exported.notes.push_back("checkpoint offload: no Trainer/TRL switch; ArcticTraining's CheckpointFunction CPU-offload patch in the script");
+  // TRL's sequence-parallel recipe packs with BFD, which implies padding-free (position_ids, which
+  // DeepSpeed's Ulysses requires from 0.19.0); TRL >= 1.0 refuses padding_free=True without packing
+  // ("max_length is not enforced"; Reference §11 F5.4).
   exported.notes.push_back(fmt::format(
       "Trainer/TRL arguments: per_device_train_batch_size={} gradient_accumulation_steps=1 bf16=True gradient_checkpointing={} "
-      "max_grad_norm=1.0{}; TRL: max_length={} pad_to_multiple_of={} padding_free=True (position_ids are mandatory from DeepSpeed "
-      "0.19.0); load the model with attn_implementation=\"{}\" (= sp_attn_implementation)",
+      "max_grad_norm=1.0{}; TRL: max_length={} pad_to_multiple_of={} packing=True packing_strategy=\"bfd\" (padding-free, with "
+      "position_ids: mandatory from DeepSpeed 0.19.0; TRL >= 1.0 refuses padding_free=True without packing); load the model with "
+      "attn_implementation=\"{}\" (= sp_attn_implementation)",
       p.micro_batch, p.activation_checkpointing ? "True" : "False", p.tiled_loss ? " use_liger_kernel=True" : "", r.seqlen, p.sp,
       attn_implementation));
-  // Under SDPA a position_ids reset (a second sample flattened in, padding) makes transformers
+  // Under SDPA a position_ids reset (a second sample packed in, padding) makes transformers
   // build a dense [B, 1, S, S] mask and leave the flash kernels (Reference §11 F3.5, F5.4).
   if (attn_implementation == "sdpa")
     exported.notes.push_back(fmt::format(
-        "SDPA with padding_free: keep one unpadded sample of {} tokens per batch (max_length a multiple of pad_to_multiple_of); a "
-        "position_ids reset makes transformers build a dense [1, 1, S, S] mask ({:.0f} GiB at this length) and leave SDPA's flash "
-        "and cuDNN kernels (Reference §11 F3.5)",
+        "SDPA with packing: keep one sample of at least {} tokens per packed row (max_length a multiple of pad_to_multiple_of); a "
+        "second sample's position_ids reset makes transformers build a dense [1, 1, S, S] mask ({:.0f} GiB at this length) and "
+        "leave SDPA's flash and cuDNN kernels (Reference §11 F3.5)",
         r.seqlen, sdpa_dense_mask_bytes(r.seqlen) / kBytesPerGib));
   // The Trainer's sequence parallelism is transformers PR #41832 (transformers 5): 4.57.x runs an sp
   // config as plain data parallelism (Accelerate issue #3889), each rank training the whole length.

@@ -246,3 +246,24 @@ TEST_CASE("adapter, 8-bit AdamW and unstated-ZeRO rows are predicted with the pl
   CHECK(unstated.plan.find("zero=3") != std::string::npos);
   CHECK(unstated.profile.find("ZeRO stage 3 assumed") != std::string::npos);
 }
+
+TEST_CASE("the micro_batch column: read where the header has it (empty = 1), and the row predicted with that many sequences") {
+  const std::string header = "source,model,gpus,gpu_type,gpu_mem_gib,nodes,gpus_per_node,host_mem_gb,features,sp,seqlen,seqlen_fail,"
+                             "peak_mem_gib,iter_time_s,tflops,mfu,notes,micro_batch\n";
+  const std::string row = "x,Qwen3-4B,4,H100-SXM,80,1,,,zero3+ac+fa2+opt_offload+ulysses,4,32768,,35.0,,,,n,";
+  const auto points = published_points_parse(header + row + "\n" + row + "2\n", "p.csv");
+  CHECK(points.at(0).micro_batch == 1);
+  CHECK(points.at(1).micro_batch == 2);
+  CHECK_THROWS_WITH_AS(published_points_parse(header + row + "0\n", "p.csv"), doctest::Contains("p.csv:2: key 'micro_batch'"), ConfigError);
+  const PointValidation one = point_validate(points.at(0), "deepspeed-hf"), two = point_validate(points.at(1), "deepspeed-hf");
+  auto peak = [](const PointValidation& validation) {
+    for (const FigureComparison& figure : validation.figures)
+      if (figure.kind == FigureKind::figure_peak_memory) return figure.predicted;
+    return 0.0;
+  };
+  // Two sequences a GPU hold more activations than one; the model states are the same.
+  CHECK(peak(one) > 0);
+  CHECK(peak(two) > peak(one));
+  // Without the column (the older layout), every row is one sequence a GPU.
+  CHECK(published_points_parse(kHeader + "x,Qwen3-4B,4,H100-SXM,80,1,,,zero3,4,32768,,35.0,,,,n\n", "p.csv").at(0).micro_batch == 1);
+}
