@@ -236,6 +236,9 @@ RuntimeProfile runtime_profile_from_text(const std::string& yaml_text, const std
   profile.qlora_unquantized_weight_bytes = reader.get_double("qlora_unquantized_weight_bytes", 2, 4, 4);
   if (profile.qlora_unquantized_weight_bytes != 2 && profile.qlora_unquantized_weight_bytes != 4)
     throw ConfigError(source_name, "qlora_unquantized_weight_bytes", "expected 2 (bf16) or 4 (fp32)");
+  profile.qlora_adapter_bytes = reader.get_double("qlora_adapter_bytes", 2, 4, 4);
+  if (profile.qlora_adapter_bytes != 2 && profile.qlora_adapter_bytes != 4)
+    throw ConfigError(source_name, "qlora_adapter_bytes", "expected 2 (bf16) or 4 (fp32)");
   profile.attention_kernel = reader.get_string("attention_kernel", "");
   if (!profile.attention_kernel.empty() && !attention_kernel_known(profile.attention_kernel, true))
     throw ConfigError(source_name, "attention_kernel",

@@ -173,6 +173,10 @@ struct RuntimeProfile {
   // PEFT's prepare_model_for_kbit_training upcasts it to fp32 (4), Unsloth keeps the model's bf16
   // for frozen parameters (2; Reference §12 item 13).
   double qlora_unquantized_weight_bytes = 4;
+  // Under QLoRA, the bytes an adapter parameter is trained in (its gradient and AdamW moments take
+  // its dtype): PEFT's fp32 (4; autocast_adapter_dtype, Reference §12 item 8; Unsloth too), or TRL's
+  // SFTTrainer, which casts every trainable parameter of a quantized model to bf16 (2; item 13).
+  double qlora_adapter_bytes = 4;
   // The attention kernel the stack runs (an id of attention_kernels_all, or "sdpa": whichever
   // backend PyTorch's SDPA picks on the card): its backward buffers (layer_inventory.hpp) and its
   // speed. Empty: the card's default (attention_kernel_for resolves it).

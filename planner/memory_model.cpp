@@ -205,14 +205,19 @@ void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const Clus
       trace.alloc(kCategoryModelStates, "lora_master_weights", adapters * as_double(profile.master_weight_bytes) / optimizer_shards);
       trace.alloc(kCategoryModelStates, "lora_gradients_fp32", adapters * as_double(profile.gradient_bytes) / gradient_shards);
     } else {
-      // PEFT's fp32 adapters (autocast_adapter_dtype, item 8), or FSDP2's upcast of them.
-      trace.alloc(kCategoryModelStates, "lora_adapters_fp32", adapters * 4.0 / weight_shards);
-      trace.alloc(kCategoryModelStates, "lora_gradients_fp32", adapters * 4.0 / gradient_shards);
+      // PEFT's fp32 adapters (autocast_adapter_dtype, item 8), or FSDP2's upcast of them; TRL's
+      // bf16 cast of a quantized model's trainable parameters (item 13).
+      const double adapter_bytes = lora_adapter_bytes(profile, plan);
+      const bool bf16 = adapter_bytes == 2;
+      trace.alloc(kCategoryModelStates, bf16 ? "lora_adapters_bf16" : "lora_adapters_fp32", adapters * adapter_bytes / weight_shards);
+      trace.alloc(kCategoryModelStates, bf16 ? "lora_gradients_bf16" : "lora_gradients_fp32", adapters * adapter_bytes / gradient_shards);
     }
+    // AdamW's exp_avg and exp_avg_sq take the parameter's dtype (zeros_like; Reference §11 F1.5).
+    const double moment_bytes = profile.master_weight_bytes > 0 ? 4.0 : lora_adapter_bytes(profile, plan);
     if (plan.adam_8bit)
       trace.alloc(kCategoryModelStates, "lora_optimizer_states_8bit", adam_8bit_lora_state_bytes(model, plan.lora_rank, plan.lora_all_linear));
     else
-      trace.alloc(kCategoryModelStates, "lora_optimizer_states", adapters * 8.0 / optimizer_shards);
+      trace.alloc(kCategoryModelStates, "lora_optimizer_states", adapters * 2.0 * moment_bytes / optimizer_shards);
   } else {
     if (!plan.offload_params)
       trace.alloc(kCategoryModelStates, "weights", params * as_double(profile.weight_bytes) / weight_shards);
@@ -233,7 +238,7 @@ void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const Clus
   // gradient_as_bucket_view).
   if (profile.ddp_gradient_bucket_copy && plan.zero_stage == 0 && cluster.gpus > plan.sequence_ranks())
     trace.alloc(kCategoryModelStates, "ddp_gradient_buckets",
-                plan.lora() ? as_double(lora_parameter_count(model, plan.lora_rank, plan.lora_all_linear)) * 4.0  // fp32 adapter grads
+                plan.lora() ? as_double(lora_parameter_count(model, plan.lora_rank, plan.lora_all_linear)) * lora_adapter_bytes(profile, plan)
                             : params * as_double(profile.working_gradient_bytes));
 
   // The terms of runtime_overhead_bytes, by name.

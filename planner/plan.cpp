@@ -187,6 +187,8 @@ std::string stack_attention_kernel(const RuntimeProfile& profile, const Hardware
   return attention_kernel_resolve(profile.attention_kernel, card);
 }
 
+double lora_adapter_bytes(const RuntimeProfile& profile, const PlanOptions& plan) { return plan.qlora ? profile.qlora_adapter_bytes : 4.0; }
+
 double sdpa_dense_mask_bytes(int64_t seqlen) { return static_cast<double>(seqlen) * static_cast<double>(seqlen); }
 
 bool context_parallel_all_gather(const RuntimeProfile& profile, const PlanOptions& plan) {

@@ -121,6 +121,10 @@ int64_t seqlen_granule(const PlanOptions& plan);
 
 std::string plan_describe(const PlanOptions& plan);
 
+// The bytes a LoRA adapter parameter is trained in where the stack keeps no master copy (its
+// gradient and AdamW moments take its dtype): fp32 (PEFT), or the profile's under QLoRA (TRL: bf16).
+double lora_adapter_bytes(const RuntimeProfile& profile, const PlanOptions& plan);
+
 // The attention kernel a stack runs on this card (an id of attention_kernels_all): the profile's
 // (its "sdpa": SDPA's default backend on the card), or where the profile leaves it open, the card's
 // default.

@@ -207,8 +207,8 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   // With LoRA only the adapters have gradients (fp32) and change at the step; the frozen base is
   // gathered all the same (Reference §12 item 12).
   const double adapters = plan.lora() ? as_double(lora_parameter_count(model, plan.lora_rank, plan.lora_all_linear)) : 0.0;
-  const double gradient_bytes = plan.lora() ? adapters * 4.0 : as_double(params.total) * as_double(profile.reduce_bytes_or_default());
-  const double updated_weight_bytes = plan.lora() ? adapters * 4.0 : weight_bytes;
+  const double gradient_bytes = plan.lora() ? adapters * lora_adapter_bytes(profile, plan) : as_double(params.total) * as_double(profile.reduce_bytes_or_default());
+  const double updated_weight_bytes = plan.lora() ? adapters * lora_adapter_bytes(profile, plan) : weight_bytes;
   const bool cpu_offload_policy = fsdp2_cpu_offload(profile, plan);
   if (plan.zero_stage == 3) {
     // Each weight gathered for forward and once more for recompute+backward (DeepSpeed keeps it
@@ -285,8 +285,9 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   const double optimizer_shards = plan.zero_stage >= 1 ? as_double(plan.shard_ranks(cluster.gpus)) : 1.0;
   const double partition_params = as_double(params.total) / optimizer_shards;
   if (plan.lora()) {
-    // fp32 AdamW over the adapters alone: weight, gradient, m, v read, weight, m, v written.
-    time.optimizer_s = as_double(lora_parameter_count(model, plan.lora_rank, plan.lora_all_linear)) * 28.0 / (card.hbm_gbps * 1e9);
+    // AdamW over the adapters alone, in their dtype: weight, gradient, m, v read, weight, m, v written.
+    time.optimizer_s = as_double(lora_parameter_count(model, plan.lora_rank, plan.lora_all_linear)) * 7.0 * lora_adapter_bytes(profile, plan) /
+                       (card.hbm_gbps * 1e9);
   } else if (cpu_offload_policy) {
     // PyTorch's AdamW on the host's fp32 shards, foreach path, op by op (torch/optim/adam.py
     // _multi_tensor_adam; weight decay, lerp of m, mul + addcmul of v, sqrt, div, add eps, addcdiv

@@ -553,7 +553,8 @@ ExportedConfig hf_trainer_script_emit(const ExportRequest& r) {
   text += fmt::format("model = AutoModelForCausalLM.from_pretrained(MODEL, {})\n", load_arguments);
   if (p.lora()) {
     const std::string targets = lora_target_modules(r);
-    // Adapters stay fp32 (autocast_adapter_dtype's default, item 8): what the plan priced.
+    // Adapters stay fp32 (autocast_adapter_dtype's default, item 8); with a 4-bit base TRL casts
+    // them to bf16 (item 13): what the plan priced either way (the hf-trainer profile).
     text += fmt::format("peft_config = LoraConfig(r={}, lora_alpha={}, lora_dropout=0.0, target_modules=[{}], task_type=\"CAUSAL_LM\")\n",
                         p.lora_rank, p.lora_rank, targets);
   }

@@ -830,7 +830,7 @@ TEST_CASE("FSDP2 under Accelerate with context parallelism: its states, unit buf
   CHECK_FALSE(memory_predict(model, cluster, plan, profile, 1'048'576).fits_gpu());
 }
 
-TEST_CASE("LoRA and QLoRA model states: a frozen base in its storage, fp32 adapters with fp32 gradients and AdamW moments") {
+TEST_CASE("LoRA and QLoRA model states: a frozen base in its storage, adapters with their gradients and AdamW moments in PEFT's fp32 or TRL's bf16") {
   const ModelSpec model = model_load("llama-3.1-8b");
   const ClusterSpec one = cluster_make(hardware_card_load("h100-sxm-80gb"), 1, 0, 0, 0);
   const RuntimeProfile profile = runtime_profile_load("hf-trainer");
@@ -846,15 +846,28 @@ TEST_CASE("LoRA and QLoRA model states: a frozen base in its storage, fp32 adapt
   CHECK(item_bytes(lora.gpu_items, "lora_optimizer_states") == 8 * adapters);
   CHECK(category_bytes(lora.gpu_items, kCategoryModelStates) == 2 * P + 16 * adapters);
   CHECK(item_bytes(lora.gpu_items, "optimizer_states") == 0);
-  // QLoRA: the linears in NF4 (3.35 GiB), everything else upcast to fp32 (embedding, LM head,
-  // norms: prepare_model_for_kbit_training, item 13): (P - linears) x 4 B = 3.92 GiB.
+  // QLoRA through TRL (the hf-trainer profile): the linears in NF4 (3.35 GiB); TRL never calls
+  // prepare_model_for_kbit_training, so everything else stays bf16, (P - linears) x 2 B = 1.96 GiB,
+  // and it casts the trainable adapters to bf16: 2 B weights, 2 B gradients, 2 x 2 B AdamW moments
+  // (Reference §12 item 13).
   plan.qlora = true;
   const MemoryPrediction qlora = memory_predict(model, one, plan, profile, 16'384);
   const double linears = static_cast<double>(layer_linear_parameter_count(model));
   CHECK(item_bytes(qlora.gpu_items, "base_linears_nf4") == nf4_layer_linears_bytes(model, true));
-  CHECK(item_bytes(qlora.gpu_items, "base_other_weights_fp32") == (P - linears) * 4);
+  CHECK(item_bytes(qlora.gpu_items, "base_other_weights_bf16") == (P - linears) * 2);
   CHECK(item_bytes(qlora.gpu_items, "base_weights") == 0);
-  CHECK(category_bytes(qlora.gpu_items, kCategoryModelStates) == nf4_layer_linears_bytes(model, true) + (P - linears) * 4 + 16 * adapters);
+  CHECK(item_bytes(qlora.gpu_items, "lora_adapters_bf16") == 2 * adapters);
+  CHECK(item_bytes(qlora.gpu_items, "lora_gradients_bf16") == 2 * adapters);
+  CHECK(item_bytes(qlora.gpu_items, "lora_optimizer_states") == 4 * adapters);
+  CHECK(category_bytes(qlora.gpu_items, kCategoryModelStates) == nf4_layer_linears_bytes(model, true) + (P - linears) * 2 + 8 * adapters);
+  // A PEFT script that calls prepare_model_for_kbit_training: everything else upcast to fp32
+  // (embedding, LM head, norms), (P - linears) x 4 B = 3.92 GiB, and fp32 adapters (item 8).
+  RuntimeProfile peft_kbit = profile;
+  peft_kbit.qlora_unquantized_weight_bytes = 4;
+  peft_kbit.qlora_adapter_bytes = 4;
+  const MemoryPrediction kbit = memory_predict(model, one, plan, peft_kbit, 16'384);
+  CHECK(item_bytes(kbit.gpu_items, "base_other_weights_fp32") == (P - linears) * 4);
+  CHECK(category_bytes(kbit.gpu_items, kCategoryModelStates) == nf4_layer_linears_bytes(model, true) + (P - linears) * 4 + 16 * adapters);
   // Unsloth casts only trainable parameters to fp32 (item 13): the rest of its 4-bit base stays
   // bf16, (P - linears) x 2 B = 1.96 GiB.
   const MemoryPrediction unsloth_qlora = memory_predict(model, one, plan, runtime_profile_load("unsloth"), 16'384);
