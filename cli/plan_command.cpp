@@ -1109,7 +1109,29 @@ int plan_command_run(const PlanCommandArgs& args) {
     if (any_valid)
       return fmt::format("no plan fits{}: the closest, {}, runs out of {}", seqlen ? " at " + integer_with_commas(*seqlen) + " tokens" : "",
                          plan_describe(result.candidates.front().plan), result.candidates.front().binding_constraint);
-    const auto commonest = std::max_element(reasons.begin(), reasons.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+    // Every plan invalid: a reason that only excludes a degree the framework lacks (its ring, its
+    // Ulysses, FPDT) is not why nothing fits. The reasons that remain once a plan's sequence-parallel
+    // degrees are off are the nearest plans' (a length off the framework's grid, a model it cannot
+    // build); the commonest of those is named, else the commonest of all.
+    std::vector<std::pair<std::string, int64_t>> remaining;
+    if (!machine)
+      for (const SearchCandidate& candidate : result.candidates) {
+        PlanOptions nearest = candidate.plan;
+        nearest.sp = nearest.ring = 1;
+        nearest.fpdt = false;
+        const std::vector<std::string> problems = plan_search_problems(model, cluster, nearest, options);
+        if (problems.empty()) continue;
+        auto found = std::find_if(remaining.begin(), remaining.end(), [&](const auto& r) { return r.first == problems.front(); });
+        if (found == remaining.end()) remaining.emplace_back(problems.front(), 1);
+        else ++found->second;
+      }
+    auto by_count = [](const auto& a, const auto& b) { return a.second < b.second; };
+    if (const auto decisive = std::max_element(remaining.begin(), remaining.end(), by_count); decisive != remaining.end())
+      return decisive->second == static_cast<int64_t>(result.candidates.size())
+                 ? fmt::format("no plan fits: every plan is invalid because {}", decisive->first)
+                 : fmt::format("no plan fits: every plan is invalid; {} of {} are still invalid without Ulysses, ring or FPDT, because {}",
+                               decisive->second, result.candidates.size(), decisive->first);
+    const auto commonest = std::max_element(reasons.begin(), reasons.end(), by_count);
     return commonest == reasons.end() ? std::string("no plan fits")
                                       : fmt::format("no plan fits: every plan is invalid, {} of {} because {}", commonest->second,
                                                     result.candidates.size(), commonest->first);

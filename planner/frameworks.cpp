@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "models/config_error.hpp"
+#include "models/model_loader.hpp"
 
 namespace longseq {
 
@@ -21,7 +22,8 @@ const std::vector<FrameworkFacts>& framework_table() {
       {Framework::framework_usp, "usp", "deepspeed-hf", "usp", 1, nullptr},
       {Framework::framework_accelerate_fsdp2, "accelerate-fsdp2", "fsdp2-accelerate", "accelerate-fsdp2", 1, nullptr},
       {Framework::framework_hf_trainer, "hf-trainer", "hf-trainer", "hf-trainer", 1, nullptr},
-      {Framework::framework_torchtitan, "torchtitan", "fsdp2-torchtitan", "torchtitan", 1, nullptr},
+      // parallelize_llama asserts seq_len % (tp x 2 x cp) == 0 even at cp = 1 (Reference §11, 2026-11-26).
+      {Framework::framework_torchtitan, "torchtitan", "fsdp2-torchtitan", "torchtitan", 2, nullptr},
       {Framework::framework_unsloth, "unsloth", "unsloth", "unsloth", 1, nullptr},
       {Framework::framework_longseq, "longseq", "native-cuda", "", 1, nullptr},
   };
@@ -96,26 +98,79 @@ std::string fsdp2_layout_unsupported(const char* name, const PlanOptions& plan, 
 
 }  // namespace
 
-std::string torchtitan_llama3_flavor(const ModelSpec& model) {
-  struct Flavor {
-    const char* name;
-    int64_t hidden, layers, q_heads, kv_heads, intermediate;
-  };
-  // dim, n_layers, n_heads, n_kv_heads and the MLP width its ffn_dim_multiplier / multiple_of give;
-  // the vocabulary is the Llama 3 tokenizer's 128,256.
-  static const Flavor flavors[] = {{"8B", 4096, 32, 32, 8, 14336}, {"70B", 8192, 80, 64, 8, 28672}, {"405B", 16384, 126, 128, 8, 53248}};
-  if (model.is_moe() || model.qk_norm || model.qkv_bias || model.mlp_bias || model.tied_embeddings || model.vocab_size != 128256 ||
-      model.mlp_kind != MlpKind::mlp_kind_swiglu || model.norm_kind != NormKind::norm_kind_rmsnorm || model.norms_per_layer != 2)
-    return "";
-  for (const Flavor& flavor : flavors)
-    if (model.hidden_size == flavor.hidden && model.num_layers == flavor.layers && model.num_q_heads == flavor.q_heads &&
-        model.num_kv_heads == flavor.kv_heads && model.intermediate_size == flavor.intermediate)
-      return flavor.name;
-  return "";
+namespace {
+
+// Whether two specs build the same network: every dimension and structural switch (names, RoPE
+// and the sliding window aside, which no torchtitan flavor's tensors depend on).
+bool same_network(const ModelSpec& a, const ModelSpec& b) {
+  return a.num_layers == b.num_layers && a.hidden_size == b.hidden_size && a.num_q_heads == b.num_q_heads &&
+         a.num_kv_heads == b.num_kv_heads && a.head_dim == b.head_dim && a.intermediate_size == b.intermediate_size &&
+         a.vocab_size == b.vocab_size && a.mlp_kind == b.mlp_kind && a.norm_kind == b.norm_kind && a.tied_embeddings == b.tied_embeddings &&
+         a.qkv_bias == b.qkv_bias && a.o_proj_bias == b.o_proj_bias && a.mlp_bias == b.mlp_bias && a.qk_norm == b.qk_norm &&
+         a.norms_per_layer == b.norms_per_layer && a.experts == b.experts && a.experts_per_token == b.experts_per_token &&
+         a.expert_intermediate_size == b.expert_intermediate_size && a.shared_expert_intermediate_size == b.shared_expert_intermediate_size;
 }
+
+}  // namespace
+
+TorchtitanFlavor torchtitan_flavor(const ModelSpec& model) {
+  // torchtitan v0.2.2's model registry: llama3's flavors (torchtitan/models/llama3/__init__.py,
+  // whose TransformerModelArgs give Llama 3/3.1/3.3's dimensions) and qwen3's (Reference §11, added
+  // 2026-11-26), each matched by the shape of the built-in card of the same model.
+  struct Entry {
+    const char* model_name;
+    const char* flavor;
+    const char* card;
+  };
+  static const Entry entries[] = {{"llama3", "8B", "llama-3.1-8b"}, {"llama3", "70B", "llama-3.1-70b"}, {"llama3", "405B", "llama-3.1-405b"},
+                                  {"qwen3", "8B", "qwen3-8b"},       {"qwen3", "14B", "qwen3-14b"},      {"qwen3", "32B", "qwen3-32b"},
+                                  {"qwen3", "30B-A3B", "qwen3-30b-a3b"}};
+  static const std::vector<ModelSpec> cards = [] {
+    std::vector<ModelSpec> loaded;
+    for (const Entry& entry : entries) loaded.push_back(model_load(entry.card));
+    return loaded;
+  }();
+  for (size_t i = 0; i < cards.size(); ++i)
+    if (same_network(model, cards[i])) return {entries[i].model_name, entries[i].flavor};
+  return {};
+}
+
+namespace {
+
+// Why `framework` cannot build `model` at all, whatever the plan: checked before any plan option, so
+// that a refusal of every plan names the model, not an option the framework also lacks.
+std::string model_unsupported(Framework framework, const ModelSpec& model) {
+  const char* name = framework_name(framework);
+  switch (framework) {
+    case Framework::framework_arctic_training:
+      if (model.is_moe() && !qwen3_moe_shaped(model))
+        return fmt::format("{}: its MoE path (ArcticMoE, turned on for any model with experts) remaps Qwen3-MoE only; {} is not one "
+                           "(Reference §12 item 79)", name, model.name);
+      return "";
+    case Framework::framework_megatron_deepspeed:
+      // Megatron's MoE is its own model code (deepspeed.moe layers), not a Hugging Face checkpoint's block.
+      if (model.is_moe()) return fmt::format("{}: trains its own MoE model code, not {}'s Hugging Face experts", name, model.name);
+      // Megatron's ParallelAttention has no per-head q/k RMSNorm: a Qwen3 model would train without it.
+      if (model.qk_norm) return fmt::format("{}: no q/k norm (Qwen3's per-head RMSNorm); {} would train without it", name, model.name);
+      return "";
+    case Framework::framework_torchtitan:
+      if (torchtitan_flavor(model).flavor.empty())
+        return fmt::format("{}: trains its own model code; longseq plans its llama3 flavors 8B, 70B and 405B (Llama 3/3.1/3.3 shapes) "
+                           "and qwen3 flavors 8B, 14B, 32B and 30B-A3B, which {} is not", name, model.name);
+      // Its MoE block is its own (not transformers'): no source here describes its tensors.
+      if (model.is_moe())
+        return fmt::format("{}: its own MoE block (qwen3 30B-A3B) has no tensor inventory in the sources yet; not priced", name);
+      return "";
+    default:
+      return "";
+  }
+}
+
+}  // namespace
 
 std::string framework_unsupported(Framework framework, const ModelSpec& model, const PlanOptions& plan, int64_t gpus) {
   const char* name = framework_name(framework);
+  if (std::string refusal = model_unsupported(framework, model); !refusal.empty()) return refusal;
   // Ring attention: neither DeepSpeed nor the trainers on it have one (REFERENCE §8); USP's
   // LongContextAttention composes it with Ulysses, and so does longseq's executor (unchunked).
   if (plan.ring > 1 && framework == Framework::framework_longseq && plan.fpdt)
@@ -158,9 +213,6 @@ std::string framework_unsupported(Framework framework, const ModelSpec& model, c
       // With sp > 1 ArcticTraining always tiles the logits+loss (Liger's fused CE, or DeepSpeed's
       // TiledFusedLogitsLoss) (AT trainer/sft_trainer.py L79-156; FRAMEWORKS §1.9).
       if (plan.sp > 1 && !plan.tiled_loss) return fmt::format("{}: with sp > 1 the logits+loss are always tiled", name);
-      if (model.is_moe() && !qwen3_moe_shaped(model))
-        return fmt::format("{}: its MoE path (ArcticMoE, turned on for any model with experts) remaps Qwen3-MoE only; {} is not one "
-                           "(Reference §12 item 79)", name, model.name);
       // DeepSpeed's MoE under ArcticMoE: "Deepspeed supports only ZeRO stage 2 with MoE" (AT
       // trainer/trainer.py L259-264).
       if (model.is_moe() && plan.zero_stage > 2) return fmt::format("{}: MoE trains with ZeRO stage 2 at most (trainer.py L259-264)", name);
@@ -185,10 +237,6 @@ std::string framework_unsupported(Framework framework, const ModelSpec& model, c
         return fmt::format("{}: its Ulysses attention asserts as many kv heads as query heads (transformer.py L728-729); {} has "
                            "{}/{} (grouped-query): sp=1 only, or FPDT for a GPT-shaped model",
                            name, model.name, model.num_q_heads, model.num_kv_heads);
-      // Megatron's MoE is its own model code (deepspeed.moe layers), not a Hugging Face checkpoint's block.
-      if (model.is_moe()) return fmt::format("{}: trains its own MoE model code, not {}'s Hugging Face experts", name, model.name);
-      // Megatron's ParallelAttention has no per-head q/k RMSNorm: a Qwen3 model would train without it.
-      if (model.qk_norm) return fmt::format("{}: no q/k norm (Qwen3's per-head RMSNorm); {} would train without it", name, model.name);
       if (plan.fpdt && !gpt_shaped(model))
         return fmt::format("{}: FPDT's layer is GPT-shaped (GeLU MLP with bias, biased q/k/v); {} is not (FRAMEWORKS §3.2)", name,
                            model.name);
@@ -220,9 +268,10 @@ std::string framework_unsupported(Framework framework, const ModelSpec& model, c
       if (plan.checkpoint_offload) return fmt::format("{}: no activation offload to the host in its job config (F6.3 lists its AC modes)", name);
       if (plan.tiled_mlp) return fmt::format("{}: no TiledMLP", name);
       if (plan.tiled_loss) return fmt::format("{}: no chunked or tiled loss in its job config", name);
-      if (torchtitan_llama3_flavor(model).empty())
-        return fmt::format("{}: trains its own model code; longseq plans its llama3 flavors 8B, 70B and 405B (Llama 3/3.1/3.3 shapes), "
-                           "which {} is not", name, model.name);
+      // At world size 1 FSDP is not applied (parallel_dims.py L334-335), so CPUOffloadPolicy has no
+      // module to act on (Reference §11, added 2026-11-26).
+      if (gpus == 1 && plan.offload_params)
+        return fmt::format("{}: on one GPU FSDP wraps nothing, so training.enable_cpu_offload offloads nothing (2 GPUs or more)", name);
       return "";
     }
     case Framework::framework_hf_trainer:
@@ -233,7 +282,7 @@ std::string framework_unsupported(Framework framework, const ModelSpec& model, c
       if (plan.zero_stage > 0) return fmt::format("{}: no ZeRO (DeepSpeed: --framework hf-accelerate)", name);
       if (plan.offload_optimizer || plan.offload_params) return fmt::format("{}: no optimizer or parameter offload (DeepSpeed's)", name);
       if (plan.tiled_mlp) return fmt::format("{}: no switch for TiledMLP", name);
-      // Checkpoint offload: transformers' gradient_checkpointing_kwargs={"offload": True} (>= 5.16;
+      // Checkpoint offload: transformers' gradient_checkpointing_kwargs={"offload": True} (>= 5.17;
       // Reference §11 F5.7), or Unsloth's offloaded checkpointing for adapters (§12 items 25-29).
       return "";
     case Framework::framework_unsloth:
@@ -241,6 +290,7 @@ std::string framework_unsupported(Framework framework, const ModelSpec& model, c
       // parallelism; its fused cross entropy runs whenever labels are given (item 31), its
       // checkpoint offload is use_gradient_checkpointing="unsloth" (items 25-29).
       if (plan.sequence_ranks() > 1) return fmt::format("{}: no sequence parallelism (one GPU)", name);
+      if (gpus > 1) return fmt::format("{}: trains on one GPU (its open-source trainer; no data-parallel launch is planned)", name);
       if (plan.fpdt) return fmt::format("{}: no FPDT (it exists only in Megatron-DeepSpeed)", name);
       if (plan.zero_stage > 0 || plan.offload_optimizer || plan.offload_params)
         return fmt::format("{}: no ZeRO or optimizer/parameter offload (DeepSpeed's)", name);

@@ -64,10 +64,13 @@ Framework framework_parse(const std::string& name, const std::string& flag = "--
 // Why `framework` cannot run `plan` for `model` on `gpus` GPUs (0: not known, and the rules that
 // need the count are not applied), naming the option and the source; empty when it can.
 std::string framework_unsupported(Framework framework, const ModelSpec& model, const PlanOptions& plan, int64_t gpus = 0);
-// torchtitan's llama3 flavor with `model`'s shape ("8B", "70B", "405B": the flavors of
-// torchtitan/models/llama3/__init__.py, whose TransformerModelArgs give Llama 3/3.1/3.3's
-// dimensions); "" for any other model, which torchtitan's Llama 3 code does not build.
-std::string torchtitan_llama3_flavor(const ModelSpec& model);
+// torchtitan's model and flavor with `model`'s network ({"llama3", "8B"}, {"qwen3", "14B"}, ...;
+// torchtitan v0.2.2's registry, each matched by a built-in card's shape); empty for any other model,
+// which torchtitan's own model code does not build.
+struct TorchtitanFlavor {
+  std::string model_name, flavor;
+};
+TorchtitanFlavor torchtitan_flavor(const ModelSpec& model);
 
 // The frameworks that run `plan` for `model` (longseq's executor always among them).
 std::vector<Framework> frameworks_running(const ModelSpec& model, const PlanOptions& plan);

@@ -156,6 +156,22 @@ int64_t max_seqlen_within_step_time(const ModelSpec& model, const ClusterSpec& c
   return low * grid;
 }
 
+std::vector<std::string> plan_search_problems(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
+                                              const SearchOptions& options) {
+  std::vector<std::string> problems = plan_problems(model, cluster, plan);
+  if (options.unsupported && problems.empty()) {
+    std::string reason = options.unsupported(plan);
+    if (!reason.empty()) problems.push_back(std::move(reason));
+  }
+  if (options.objective != SearchObjective::objective_max_seqlen) {
+    for (auto& problem : seqlen_problems(plan, options.seqlen)) problems.push_back(problem);
+    if (options.length_multiple > 1 && options.seqlen % options.length_multiple != 0)
+      problems.push_back(fmt::format("sequence length {} is not a multiple of {}, the lengths the framework feeds (it pads to the next "
+                                     "one)", options.seqlen, options.length_multiple));
+  }
+  return problems;
+}
+
 SearchResult plan_search(const ModelSpec& model, const ClusterSpec& cluster, const RuntimeProfile& profile,
                          const SearchOptions& options) {
   const auto start = std::chrono::steady_clock::now();
@@ -168,17 +184,7 @@ SearchResult plan_search(const ModelSpec& model, const ClusterSpec& cluster, con
     candidate.plan = plan;
     candidate.ulysses_in_node = plan.sp <= cluster.gpus_per_node ? plan.sp : 0;
     candidate.enumeration_index = result.candidates.size();
-    candidate.problems = plan_problems(model, cluster, plan);
-    if (options.unsupported && candidate.problems.empty()) {
-      std::string reason = options.unsupported(plan);
-      if (!reason.empty()) candidate.problems.push_back(std::move(reason));
-    }
-    if (!by_length) {
-      for (auto& problem : seqlen_problems(plan, options.seqlen)) candidate.problems.push_back(problem);
-      if (options.length_multiple > 1 && options.seqlen % options.length_multiple != 0)
-        candidate.problems.push_back(fmt::format("sequence length {} is not a multiple of {}, the lengths the framework feeds (it "
-                                                 "pads to the next one)", options.seqlen, options.length_multiple));
-    }
+    candidate.problems = plan_search_problems(model, cluster, plan, options);
     result.candidates.push_back(std::move(candidate));
   }
 

@@ -103,6 +103,11 @@ struct SearchResult {
   const SearchCandidate* winner() const;    // nullptr when no plan fits
 };
 
+// Why `plan` is invalid in a search with `options`, as plan_search records it: plan_problems, then
+// the framework's refusal (options.unsupported), then the given length's problems. Empty: valid.
+std::vector<std::string> plan_search_problems(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
+                                              const SearchOptions& options);
+
 SearchResult plan_search(const ModelSpec& model, const ClusterSpec& cluster, const RuntimeProfile& profile,
                          const SearchOptions& options);
 

@@ -179,6 +179,15 @@ void sdpa_backend_note(const ExportRequest& r, ExportedConfig& exported) {
       attention_tflops(r.cluster.hardware, r.model.head_dim, "sdpa-cudnn") / attention_tflops(r.cluster.hardware, r.model.head_dim, "fa2")));
 }
 
+// The torchrun command that starts one process a GPU on every node (the first node's address and
+// each node's index to fill in when there are several).
+std::string torchrun_launch(const ExportRequest& r, const char* fallback) {
+  const int64_t per_node = std::min(r.cluster.gpus, r.cluster.gpus_per_node);
+  if (r.cluster.nodes == 1) return fmt::format("torchrun --nproc_per_node {} {}", per_node, shell_quote(main_file(r, fallback)));
+  return fmt::format("torchrun --nnodes {} --node_rank NODE_INDEX --master_addr MAIN_NODE_ADDRESS --master_port 29500 --nproc_per_node {} {} "
+                     "on each node", r.cluster.nodes, per_node, shell_quote(main_file(r, fallback)));
+}
+
 // An Accelerate YAML's machine keys: the processes over all machines, and on several nodes the
 // first node's address (without them DeepSpeed's runner falls back to one node's ranks, REFERENCE
 // §8; Accelerate's own launcher needs them as much).
@@ -382,16 +391,19 @@ ExportedConfig accelerate_fsdp2_config_emit(const ExportRequest& r) {
   const bool trainer_checkpointing = p.activation_checkpointing && p.checkpoint_offload;
   exported.notes.push_back(fmt::format(
       "Trainer/TRL arguments: per_device_train_batch_size={} gradient_accumulation_steps=1 bf16=True gradient_checkpointing={}{}; "
-      "TRL: max_length={} pad_to_multiple_of={} packing=False (refused under CP){}; load the model with attn_implementation=\"sdpa\" "
+      "TRL: max_length={}{} packing=False (refused under CP){}; load the model with attn_implementation=\"sdpa\" "
       "(the Trainer refuses CP with another)",
       p.micro_batch, trainer_checkpointing ? "True" : "False",
       !trainer_checkpointing ? ""
       : p.trl_activation_offload ? " activation_offloading=True (TRL's offload of the checkpoints to pinned host memory)"
                                  : " gradient_checkpointing_kwargs={\"offload\": True} (transformers' checkpoint offload to pinned host memory)",
-      r.seqlen, 2 * cp, p.tiled_loss ? " loss_type=\"chunked_nll\" (TRL's default, 256-token chunks)" : " loss_type=\"nll\""));
+      // CP's load balancer splits each sequence in 2 x cp chunks (F2.6); without CP nothing needs padding.
+      r.seqlen, cp > 1 ? fmt::format(" pad_to_multiple_of={}", 2 * cp) : "",
+      p.tiled_loss ? " loss_type=\"chunked_nll\" (TRL's default, 256-token chunks)" : " loss_type=\"nll\""));
   exported.notes.push_back(std::string("versions: Accelerate >= 1.11 (parallelism_config with cp), PyTorch >= 2.6 (context parallelism), TRL >= ") +
                            (p.tiled_loss ? "1.13 (chunked_nll without the fp32 lm_head copy)" : "1.9") +
-                           (trainer_checkpointing && !p.trl_activation_offload ? ", transformers >= 5.16 (gradient_checkpointing_kwargs offload)" : ""));
+                           (trainer_checkpointing && !p.trl_activation_offload ? ", transformers >= 5.17 (gradient_checkpointing_kwargs offload; 5.16 "
+                                                                                  "ignores it and offloads nothing)" : ""));
   sdpa_backend_note(r, exported);
   exported.notes.push_back(fmt::format("launch: accelerate launch --config_file {} train.py", main_file(r, "accelerate-fsdp2.yaml")));
   if (r.cluster.nodes > 1)
@@ -434,33 +446,47 @@ ExportedConfig accelerate_fsdp2_config_emit(const ExportRequest& r) {
 ExportedConfig torchtitan_job_emit(const ExportRequest& r) {
   const PlanOptions& p = r.plan;
   ExportedConfig exported;
-  const std::string flavor = torchtitan_llama3_flavor(r.model);
+  const TorchtitanFlavor flavor = torchtitan_flavor(r.model);
+  // parallelize_llama asserts seq_len % (tp * 2 * cp) == 0 whatever cp is (tp = 1 here; Reference
+  // §11, added 2026-11-26): a length off that grid is written rounded down, which fits as well.
+  const int64_t seq_len_multiple = 2 * p.ring;
+  const int64_t seq_len = r.seqlen / seq_len_multiple * seq_len_multiple;
+  if (seq_len != r.seqlen)
+    exported.notes.push_back(fmt::format("seq_len {} is {} rounded down to a multiple of 2 x cp = {} (parallelize_llama asserts seq_len "
+                                         "% (tp x 2 x cp) == 0)", seq_len, r.seqlen, seq_len_multiple));
   if (p.sp > 1) exported.notes.push_back("Ulysses: not expressed (torchtitan's sequence parallelism is context parallelism)");
   if (p.zero_stage != 3) exported.notes.push_back(fmt::format("ZeRO-{}: not expressed (torchtitan shards fully with FSDP2)", p.zero_stage));
   if (p.tiled_mlp || p.tiled_loss || p.fpdt || p.checkpoint_offload)
     exported.notes.push_back("tiled MLP / tiled loss / FPDT / checkpoint offload: not in torchtitan's job config; not expressed");
-  if (flavor.empty())
-    exported.notes.push_back(fmt::format("model: {} is none of torchtitan's llama3 flavors (8B, 70B, 405B); [model] flavor must name one", r.model.name));
+  if (flavor.flavor.empty())
+    exported.notes.push_back(fmt::format("model: {} is none of torchtitan's flavors (llama3 8B, 70B, 405B; qwen3 8B, 14B, 32B, 30B-A3B); "
+                                         "[model] name and flavor must name one", r.model.name));
   sdpa_backend_note(r, exported);
   exported.notes.push_back(fmt::format("launch: torchrun --nproc_per_node {} -m torchtitan.train --job.config_file {}{}", r.cluster.gpus_per_node,
                                        main_file(r, "torchtitan.toml"),
                                        r.cluster.nodes > 1 ? fmt::format(" on each of the {} nodes (--nnodes {} and a rendezvous endpoint)",
                                                                          r.cluster.nodes, r.cluster.nodes)
                                                            : ""));
-  exported.notes.push_back("versions: torchtitan >= 0.2.2 (the keys of Reference §11 F6), PyTorch >= 2.6 (context parallelism)");
-  exported.notes.push_back("[model] hf_assets_path and [training] dataset are placeholders: the tokenizer's folder and your dataset");
+  // torchtitan main replaced TOML job files by Python config registries after v0.2.2 (9810191bbb;
+  // its --job.config_file raises "--module is required"): this file is v0.2.2's.
+  exported.notes.push_back("versions: torchtitan 0.2.2 exactly (the last release that reads a TOML job; main reads Python config "
+                           "registries and refuses --job.config_file), PyTorch >= 2.6 (context parallelism)");
+  exported.notes.push_back("[model] hf_assets_path is a placeholder: the tokenizer's folder");
+  // Its dataloader takes registered names only (c4, c4_test, c4_validation: datasets/hf_datasets.py).
+  exported.notes.push_back("[training] dataset is c4, torchtitan's registered default (streamed from the Hugging Face hub); for your "
+                           "data, add an entry to DATASETS in torchtitan/datasets/hf_datasets.py and name it here");
   const std::vector<std::string> header = header_lines(r, "torchtitan (torchrun -m torchtitan.train --job.config_file)", exported.notes);
   std::string text = hash_comments(header);
   text += "\n[job]\ndump_folder = \"./outputs\"\n";
   text += "description = " + toml_basic_string(fmt::format("longseq plan: {} at {} tokens", r.model.name, r.seqlen)) + "\n";
-  text += fmt::format("\n[model]\nname = \"llama3\"\nflavor = \"{}\"\nhf_assets_path = \"REPLACE-WITH-THE-TOKENIZER-FOLDER\"\n",
-                      flavor.empty() ? "REPLACE-WITH-A-FLAVOR" : flavor);
+  text += fmt::format("\n[model]\nname = \"{}\"\nflavor = \"{}\"\nhf_assets_path = \"REPLACE-WITH-THE-TOKENIZER-FOLDER\"\n",
+                      flavor.flavor.empty() ? "REPLACE-WITH-A-MODEL" : flavor.model_name, flavor.flavor.empty() ? "REPLACE-WITH-A-FLAVOR" : flavor.flavor);
   text += "\n[optimizer]\nname = \"AdamW\"\nlr = 8e-4\n";
   // fp32 shards, bf16 gathers, fp32 reduce-scatters: torchtitan's defaults, written out (F6.4);
   // enable_cpu_offload is CPUOffloadPolicy.
-  text += fmt::format("\n[training]\nlocal_batch_size = {}\nseq_len = {}\nsteps = 1000\ndataset = \"REPLACE-WITH-YOUR-DATASET\"\n"
+  text += fmt::format("\n[training]\nlocal_batch_size = {}\nseq_len = {}\nsteps = 1000\ndataset = \"c4\"\n"
                       "mixed_precision_param = \"bfloat16\"\nmixed_precision_reduce = \"float32\"\nenable_cpu_offload = {}\n",
-                      p.micro_batch, r.seqlen, p.offload_params && p.offload_optimizer ? "true" : "false");
+                      p.micro_batch, seq_len, p.offload_params && p.offload_optimizer ? "true" : "false");
   // FSDP shards over dp_shard x cp (F6.2); -1 takes the ranks the other degrees leave.
   text += fmt::format("\n[parallelism]\ndata_parallel_replicate_degree = {}\ndata_parallel_shard_degree = -1\n"
                       "fsdp_reshard_after_forward = \"default\"\ntensor_parallel_degree = 1\ncontext_parallel_degree = {}\n"
@@ -480,7 +506,9 @@ ExportedConfig unsloth_script_emit(const ExportRequest& r) {
   if (p.sequence_ranks() > 1 || p.zero_stage > 0 || p.offload_optimizer || p.offload_params || p.fpdt)
     exported.notes.push_back("sequence parallelism, ZeRO, offload of states, FPDT: not expressed (Unsloth trains on one GPU)");
   exported.notes.push_back("the plan priced Unsloth's LoRA layers with PEFT's saved tensors; its fused LoRA kernels save fewer (item 37)");
-  exported.notes.push_back(std::string("versions: unsloth >= 2025.9 with unsloth_zoo (offloaded checkpointing, fused cross entropy), TRL >= 0.26") +
+  // Unsloth pins trl<=0.24.0, which accepts every SFTConfig argument this script passes.
+  exported.notes.push_back(std::string("versions: unsloth >= 2025.9 with unsloth_zoo (offloaded checkpointing, fused cross entropy), TRL "
+                                       "0.24 (Unsloth pins trl<=0.24.0)") +
                            (p.qlora || p.adam_8bit ? ", bitsandbytes >= 0.45" : ""));
   exported.notes.push_back(fmt::format("launch: python {}", main_file(r, "train_unsloth.py")));
   exported.notes.push_back("the dataset is a placeholder: put yours in load_dataset(...)");
@@ -529,9 +557,10 @@ ExportedConfig hf_trainer_script_emit(const ExportRequest& r) {
   exported.notes.push_back(std::string("versions: transformers >= 4.56 (from_pretrained(dtype=...)), TRL >= 0.26") +
                            (p.lora() ? ", PEFT >= 0.17" : "") + (p.qlora || p.adam_8bit ? ", bitsandbytes >= 0.45" : "") +
                            (p.tiled_loss ? ", liger-kernel >= 0.6.1 (use_liger_kernel)" : "") +
-                           (p.checkpoint_offload && !p.trl_activation_offload ? "; transformers >= 5.16 for gradient_checkpointing_kwargs offload" : ""));
-  exported.notes.push_back(fmt::format("launch: python {}{}", main_file(r, "train.py"),
-                                       r.cluster.gpus > 1 ? fmt::format(" under torchrun --nproc_per_node {} (DDP)", r.cluster.gpus_per_node) : ""));
+                           (p.checkpoint_offload && !p.trl_activation_offload ? "; transformers >= 5.17 for gradient_checkpointing_kwargs offload (the "
+                                                                                 "script checks it)" : ""));
+  exported.notes.push_back(r.cluster.gpus > 1 ? fmt::format("launch: {} (DDP: a replica a GPU)", torchrun_launch(r, "train.py"))
+                                               : fmt::format("launch: python {}", main_file(r, "train.py")));
   exported.notes.push_back("the dataset is a placeholder: put yours in load_dataset(...)");
   if (model_is_card(r))
     exported.notes.push_back(fmt::format("MODEL is the card's name ({}): put the Hugging Face id or path of the weights", r.model.name));
@@ -539,8 +568,17 @@ ExportedConfig hf_trainer_script_emit(const ExportRequest& r) {
   std::string text = hash_comments(header);
   text += "import torch\nfrom datasets import load_dataset\nfrom transformers import AutoModelForCausalLM";
   text += p.qlora ? ", BitsAndBytesConfig\n" : "\n";
+  const bool transformers_offload = p.activation_checkpointing && p.checkpoint_offload && !p.trl_activation_offload;
+  if (transformers_offload)
+    // gradient_checkpointing_kwargs={"offload": True} shipped in transformers 5.17; 5.16 accepts the
+    // key and offloads nothing, so the planned length would not fit (TRL's 1M example checks too).
+    text += "import transformers\nfrom packaging.version import Version\n";
   if (p.lora()) text += "from peft import LoraConfig\n";
   text += "from trl import SFTConfig, SFTTrainer\n\n";
+  if (transformers_offload)
+    text += "if Version(transformers.__version__) < Version(\"5.17\"):\n"
+            "    raise SystemExit(\"the plan offloads checkpoints with gradient_checkpointing_kwargs={'offload': True}, which needs \"\n"
+            "                     \"transformers >= 5.17; this is \" + transformers.__version__)\n\n";
   text += fmt::format("MODEL = {}\n\n", python_string_literal(model_name_or_path(r)));
   std::string load_arguments = fmt::format("dtype=torch.bfloat16, attn_implementation=\"{}\"", attn_implementation);
   if (p.qlora) {
@@ -664,7 +702,17 @@ ExportedConfig deepspeed_config_emit(const ExportRequest& r) {
   // default moved from 0 to 1.0 in v0.19.3, §4.4).
   config["train_micro_batch_size_per_gpu"] = p.micro_batch;
   config["gradient_accumulation_steps"] = 1;
-  config["train_batch_size"] = p.micro_batch * data_parallel(r);
+  // DeepSpeed's mesh knows only the Ulysses group (sequence_parallel_size): the world over it is
+  // its data-parallel size, so a ring's ranks count as replicas and its batch check wants
+  // micro x world / sp ("train_batch_size 1 != 1 * 1 * 2" otherwise).
+  config["train_batch_size"] = p.micro_batch * r.cluster.gpus / p.sp;
+  if (p.ring > 1)
+    exported.notes.push_back(fmt::format(
+        "USP's groups: DeepSpeed sees sequence_parallel_size={} only and counts the {} ring ranks of a sequence as data-parallel "
+        "replicas (train_batch_size {} = micro x world / sp); build the groups with yunchang's set_seq_parallel_pg({}, {}, rank, "
+        "world_size), give the {} ranks of one ring the same sample (each keeps its zigzag chunks), and average the loss over "
+        "them as DeepSpeed averages gradients: each rank's mean over its chunk", p.sp, p.ring, p.micro_batch * r.cluster.gpus / p.sp,
+        p.sp, p.ring, p.ring));
   config["gradient_clipping"] = 1.0;
   // Optimizer offload needs DeepSpeed to build its CPU Adam from this block (no client optimizer, §4.3).
   config["optimizer"] = {{"type", "AdamW"}, {"params", {{"lr", 1e-5}, {"betas", {0.9, 0.95}}, {"eps", 1e-8}, {"weight_decay", 0.0}}}};

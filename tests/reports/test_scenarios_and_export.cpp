@@ -367,8 +367,11 @@ TEST_CASE("frameworks: what each runs, and a search for one never picks what it 
   ring_fpdt.ring = 2;
   CHECK(framework_unsupported(Framework::framework_longseq, llama, ring_fpdt).find("unchunked") != std::string::npos);
   const ExportedConfig usp = config_emit("usp", export_request("llama-3.1-8b", 16, ring, 1 << 20));
-  CHECK(nlohmann::json::parse(usp.text())["train_batch_size"] == 2);  // 16 / (4 x 2)
+  // DeepSpeed's mesh sees the Ulysses group only: its data-parallel world is 16 / 4, the ring's two
+  // ranks counted as replicas, and its batch check wants micro x 16 / 4 (exports issue, item 8).
+  CHECK(nlohmann::json::parse(usp.text())["train_batch_size"] == 4);
   CHECK(any_note_contains(usp, "LongContextAttention(ulysses_degree=4, ring_degree=2)"));
+  CHECK(any_note_contains(usp, "set_seq_parallel_pg(4, 2, rank, world_size)"));
   // ALST on one GPU offloads the parameters too (paper §5.2).
   CHECK(PlanOptions::alst(1, 1).offload_params);
   CHECK_FALSE(PlanOptions::alst(8, 8).offload_params);
@@ -626,7 +629,8 @@ TEST_CASE("Accelerate FSDP2 + context parallelism export: the YAML's keys as Ref
   const ExportedConfig with_offload = config_emit("accelerate-fsdp2", export_request("qwen3-8b", 8, plan, 262'144));
   CHECK_FALSE(YAML::Load(with_offload.text())["fsdp_config"]["fsdp_activation_checkpointing"].as<bool>());
   CHECK(any_note_contains(with_offload, "gradient_checkpointing=True gradient_checkpointing_kwargs={\"offload\": True}"));
-  CHECK(any_note_contains(with_offload, "transformers >= 5.16"));
+  // It shipped in 5.17; 5.16 accepts the key and offloads nothing (exports issue, item 6).
+  CHECK(any_note_contains(with_offload, "transformers >= 5.17"));
   // TRL's activation offloading in its place (F5.2) when the plan holds it.
   plan.trl_activation_offload = true;
   const ExportedConfig trl_offload = config_emit("accelerate-fsdp2", export_request("qwen3-8b", 8, plan, 262'144));
@@ -729,18 +733,35 @@ std::map<std::string, std::string> toml_flat(const std::string& text) {
 }  // namespace
 
 TEST_CASE("torchtitan: its Llama 3 flavors, what it refuses, and a TOML job with the keys of Reference §11 F6") {
-  CHECK(torchtitan_llama3_flavor(model_load("llama-3.1-8b")) == "8B");
-  CHECK(torchtitan_llama3_flavor(model_load("llama-3.3-70b")) == "70B");
-  CHECK(torchtitan_llama3_flavor(model_load("llama-3.1-405b")) == "405B");
-  CHECK(torchtitan_llama3_flavor(model_load("llama-3.2-1b")).empty());  // tied, not a flavor
-  CHECK(torchtitan_llama3_flavor(model_load("qwen3-8b")).empty());      // q/k norms
+  auto flavor_of = [](const char* card) {
+    const TorchtitanFlavor flavor = torchtitan_flavor(model_load(card));
+    return flavor.model_name + " " + flavor.flavor;
+  };
+  CHECK(flavor_of("llama-3.1-8b") == "llama3 8B");
+  CHECK(flavor_of("llama-3.3-70b") == "llama3 70B");
+  CHECK(flavor_of("llama-3.1-405b") == "llama3 405B");
+  CHECK(flavor_of("llama-3.2-1b") == " ");  // tied, not a flavor
+  CHECK(flavor_of("qwen3-8b") == "qwen3 8B");  // v0.2.2's qwen3 flavors
+  CHECK(flavor_of("qwen3-14b") == "qwen3 14B");
+  CHECK(flavor_of("qwen3-32b") == "qwen3 32B");
+  CHECK(flavor_of("qwen3-30b-a3b") == "qwen3 30B-A3B");
+  CHECK(flavor_of("qwen3-4b") == " ");  // no 4B flavor in the Reference's list
+  CHECK(flavor_of("qwen2.5-7b") == " ");
   PlanOptions plan;
   plan.ring = 8;
   plan.zero_stage = 3;
   plan.activation_checkpointing = true;
   const ModelSpec llama = model_load("llama-3.1-8b");
   CHECK(framework_unsupported(Framework::framework_torchtitan, llama, plan).empty());
-  CHECK(framework_unsupported(Framework::framework_torchtitan, model_load("qwen3-8b"), plan).find("llama3 flavors") != std::string::npos);
+  CHECK(framework_unsupported(Framework::framework_torchtitan, model_load("qwen3-8b"), plan).empty());
+  CHECK(framework_unsupported(Framework::framework_torchtitan, model_load("qwen2.5-7b"), plan).find("llama3 flavors") != std::string::npos);
+  CHECK(framework_unsupported(Framework::framework_torchtitan, model_load("qwen3-30b-a3b"), plan).find("own MoE block") != std::string::npos);
+  // One GPU: FSDP wraps nothing, so CPU offload offloads nothing (refused with the GPU count known).
+  PlanOptions offload = plan;
+  offload.ring = 1;
+  offload.offload_optimizer = offload.offload_params = true;
+  CHECK(framework_unsupported(Framework::framework_torchtitan, llama, offload, 2).empty());
+  CHECK(framework_unsupported(Framework::framework_torchtitan, llama, offload, 1).find("wraps nothing") != std::string::npos);
   for (auto option : {&PlanOptions::tiled_loss, &PlanOptions::tiled_mlp, &PlanOptions::checkpoint_offload, &PlanOptions::offload_optimizer}) {
     PlanOptions refused = plan;
     refused.*option = true;
@@ -759,11 +780,11 @@ TEST_CASE("torchtitan: its Llama 3 flavors, what it refuses, and a TOML job with
   rotated.cp_all_to_all = true;
   CHECK(framework_unsupported(Framework::framework_usp, llama, rotated).find("--cp-rotate") != std::string::npos);
 
-  // The job: 16 GPUs on two nodes, HSDP over 2 replicas, cp = 8 with the all-to-all rotation, CPU offload.
+  // The job: 32 GPUs on four nodes, HSDP over 2 replicas, cp = 8 with the all-to-all rotation, CPU offload.
   plan.dp_replicate = 2;
   plan.cp_all_to_all = true;
   plan.offload_optimizer = plan.offload_params = true;
-  ExportRequest request = export_request("llama-3.1-8b", 16, plan, 262'144);
+  ExportRequest request = export_request("llama-3.1-8b", 32, plan, 262'144);
   request.profile = runtime_profile_load("fsdp2-torchtitan");
   const ExportedConfig job = config_emit("torchtitan", request);
   const std::map<std::string, std::string> toml = toml_flat(job.text());
@@ -789,7 +810,7 @@ TEST_CASE("torchtitan: its Llama 3 flavors, what it refuses, and a TOML job with
   const YAML::Node yaml = YAML::Load(config_emit("accelerate-fsdp2", request).text());
   CHECK(yaml["fsdp_config"]["fsdp_offload_params"].as<bool>());
   CHECK(yaml["parallelism_config"]["parallelism_config_dp_replicate_size"].as<int>() == 2);
-  CHECK(yaml["parallelism_config"]["parallelism_config_dp_shard_size"].as<int>() == 1);
+  CHECK(yaml["parallelism_config"]["parallelism_config_dp_shard_size"].as<int>() == 2);  // replicas need a shard group (F4.2)
   CHECK(yaml["parallelism_config"]["parallelism_config_cp_size"].as<int>() == 8);
   CHECK(yaml["parallelism_config"]["parallelism_config_cp_comm_strategy"].as<std::string>() == "alltoall");
 
@@ -833,4 +854,58 @@ TEST_CASE("Unsloth script export: FastLanguageModel at the planned length, get_p
   CHECK(full.find("optim=\"adamw_8bit\"") != std::string::npos);
   CHECK(full.find("get_peft_model") == std::string::npos);
   CHECK(framework_of_export_target("unsloth") == Framework::framework_unsloth);
+}
+
+TEST_CASE("exports round 3: what each framework's own code accepts (issue 36, items 3-6, 10, 11)") {
+  // 3. The Accelerate (Ulysses) export's TRL arguments pack with BFD: TRL >= 1.0 refuses
+  // padding_free=True without packing.
+  const ExportedConfig ulysses = config_emit("accelerate", export_request("llama-3.1-8b", 8, PlanOptions::alst(8, 8), 131'072));
+  CHECK(any_note_contains(ulysses, "packing=True packing_strategy=\"bfd\""));
+  CHECK_FALSE(any_note_contains(ulysses, "padding_free=True (position_ids"));
+  // 4. torchtitan: the last release that reads TOML, exactly.
+  PlanOptions titan;
+  titan.zero_stage = 3;
+  titan.activation_checkpointing = true;
+  ExportRequest one_gpu = export_request("llama-3.1-8b", 1, titan, 41'799);
+  one_gpu.profile = runtime_profile_load("fsdp2-torchtitan");
+  const ExportedConfig job = config_emit("torchtitan", one_gpu);
+  CHECK(any_note_contains(job, "torchtitan 0.2.2 exactly"));
+  // 5. seq_len on parallelize_llama's grid (tp x 2 x cp, here 2): 41,799 written as 41,798, said.
+  const std::map<std::string, std::string> toml = toml_flat(job.text());
+  CHECK(toml.at("training.seq_len") == "41798");
+  CHECK(any_note_contains(job, "seq_len 41798 is 41799 rounded down to a multiple of 2 x cp = 2"));
+  CHECK(framework_facts(Framework::framework_torchtitan).length_multiple == 2);
+  // 11. A registered dataset name, and how a user's own goes in.
+  CHECK(toml.at("training.dataset") == "c4");
+  CHECK(any_note_contains(job, "DATASETS in torchtitan/datasets/hf_datasets.py"));
+  // Its Qwen3 flavors (v0.2.2).
+  ExportRequest qwen = export_request("qwen3-14b", 8, titan, 65'536);
+  const std::map<std::string, std::string> qwen_toml = toml_flat(config_emit("torchtitan", qwen).text());
+  CHECK(qwen_toml.at("model.name") == "qwen3");
+  CHECK(qwen_toml.at("model.flavor") == "14B");
+  // 6. transformers' checkpoint offload needs 5.17, and the script stops on an older one.
+  PlanOptions trainer;
+  trainer.zero_stage = 0;
+  trainer.activation_checkpointing = trainer.checkpoint_offload = true;
+  const ExportedConfig script = config_emit("hf-trainer", export_request("llama-3.1-8b", 1, trainer, 65'536));
+  CHECK(any_note_contains(script, "transformers >= 5.17"));
+  CHECK(script.text().find("if Version(transformers.__version__) < Version(\"5.17\"):\n    raise SystemExit(") != std::string::npos);
+  trainer.checkpoint_offload = false;
+  CHECK(config_emit("hf-trainer", export_request("llama-3.1-8b", 1, trainer, 65'536)).text().find("Version(") == std::string::npos);
+  // 11. A multi-GPU Trainer run launches with torchrun, written out.
+  const ExportedConfig ddp = config_emit("hf-trainer", export_request("llama-3.1-8b", 8, trainer, 16'384));
+  CHECK(any_note_contains(ddp, "launch: torchrun --nproc_per_node 8 train.py (DDP: a replica a GPU)"));
+  // 11. No pad_to_multiple_of without context parallelism.
+  PlanOptions no_cp = titan;
+  const ExportedConfig fsdp2 = config_emit("accelerate-fsdp2", export_request("llama-3.1-8b", 8, no_cp, 16'384));
+  CHECK_FALSE(any_note_contains(fsdp2, "pad_to_multiple_of"));
+  // 10. Unsloth: the TRL it pins, and one GPU (no data-parallel launch is planned).
+  PlanOptions adapters;
+  adapters.zero_stage = 0;
+  adapters.lora_rank = 16;
+  adapters.tiled_loss = true;
+  CHECK(any_note_contains(config_emit("unsloth", export_request("llama-3.1-8b", 1, adapters, 16'384)), "TRL 0.24 (Unsloth pins trl<=0.24.0)"));
+  const ModelSpec llama = model_load("llama-3.1-8b");
+  CHECK(framework_unsupported(Framework::framework_unsloth, llama, adapters, 1).empty());
+  CHECK(framework_unsupported(Framework::framework_unsloth, llama, adapters, 8).find("trains on one GPU") != std::string::npos);
 }
