@@ -68,6 +68,7 @@ struct PlanCommandArgs {
   std::string cp_rotate = "allgather";
   std::optional<int64_t> dp_replicate;
   bool json = false;
+  bool tensors = false;
   std::string emit;      // "deepspeed" or "accelerate"
   std::optional<std::string> emit_out;  // file for the emitted config (not given: stdout)
   std::string emit_length = "safe";     // a searched maximum: the band's low end ("safe") or the point estimate
@@ -194,6 +195,9 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
                       "context parallelism, its Llama 3 flavors), longseq (its own executor). The search explores "
                       "only what it runs and says what another framework would reach");
   command->add_flag("--json", args->json, "print JSON instead of tables");
+  command->add_flag("--tensors", args->tensors,
+                    "also list the tensors one decoder layer saves for backward, as the plan's runtime runs it (name, category, "
+                    "bytes; JSON: the \"tensors\" object, README: The tensor inventory)");
   command->add_option("--emit", args->emit,
                       "write the (chosen) plan as a framework's files instead of the report: arctic-training (recipe YAML), "
                       "accelerate (Accelerate YAML + the DeepSpeed JSON it names), megatron-deepspeed (launch arguments + "
@@ -585,7 +589,33 @@ struct ReportContext {
   int64_t length_multiple = 1;
   double max_step_s = 0;  // 0: no limit
   TimeContext time;
+  bool tensors = false;  // --tensors: the tensor inventory beside the breakdown
 };
+
+// --tensors: what one decoder layer saves for backward (as the plan's runtime runs it, without
+// checkpointing), tensor by tensor; the JSON's "tensors" object (README: "The tensor inventory").
+std::string tensor_inventory_render(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
+                                    const RuntimeProfile& profile, int64_t seqlen, nlohmann::json& report) {
+  const std::vector<MemoryItem> saved = layer_saved_tensors(model, cluster, plan, profile, seqlen);
+  std::string out = fmt::format("\ntensors one decoder layer saves for backward (PREDICTED; runtime profile {}, {} tokens a rank, no "
+                                "checkpointing; with it only layer.input is kept and the rest is recomputed)\n",
+                                profile.name, integer_with_commas(plan.micro_batch * (seqlen / plan.sequence_ranks())));
+  out += fmt::format("  {:<40} {:<20} {:>14} {:>10}\n", "tensor", "category", "bytes", "MiB");
+  nlohmann::json rows = nlohmann::json::array();
+  double total = 0;
+  for (const MemoryItem& item : saved) {
+    out += fmt::format("  {:<40} {:<20} {:>14} {:>10.2f}\n", item.name, item.category, integer_with_commas(static_cast<int64_t>(item.bytes)),
+                       item.bytes / (1024.0 * 1024.0));
+    rows.push_back({{"name", item.name}, {"category", item.category}, {"bytes", item.bytes}, {"count", item.count}});
+    total += item.bytes;
+  }
+  out += fmt::format("  {:<40} {:<20} {:>14} {:>10.2f}\n", "total", "", integer_with_commas(static_cast<int64_t>(total)), total / (1024.0 * 1024.0));
+  report["tensors"] = {{"schema", "longseq.tensors/1"},
+                       {"tokens_per_rank", plan.micro_batch * (seqlen / plan.sequence_ranks())},
+                       {"layer_saved", rows},
+                       {"layer_saved_bytes", total}};
+  return out;
+}
 
 // What an answer rests on where no published run supports it: said beside the answer, so that no
 // unvalidated figure passes for a validated one (reports/validation.md holds the record).
@@ -714,6 +744,7 @@ std::string plan_report(const ModelSpec& model, const ClusterSpec& cluster, cons
   if (prediction.loss_tile_tokens > 0) out += fmt::format("; loss tiles of {} tokens", integer_with_commas(prediction.loss_tile_tokens));
   if (prediction.kv_replication > 1) out += fmt::format("; kv heads replicated x{}", prediction.kv_replication);
   out += "\n\n" + memory_table_render(prediction, cluster.ranks_per_node());
+  if (context.tensors && prediction.seqlen > 0) out += tensor_inventory_render(model, cluster, plan, profile, prediction.seqlen, report);
   if (prediction.seqlen > 0 && prediction.fits()) {
     const TimePrediction timing = time_predict(model, cluster, plan, profile, prediction.seqlen);
     report["time"] = time_prediction_to_json(timing, context.time);
@@ -951,6 +982,7 @@ int plan_command_run(const PlanCommandArgs& args) {
   if (args.gpu_hour_cost && !(*args.gpu_hour_cost > 0 && *args.gpu_hour_cost < 1e6))
     throw ConfigError("--gpu-hour-cost", "", fmt::format("must be a positive price below 1e6, got {}", *args.gpu_hour_cost));
   context.time = {cluster.gpus, args.gpu_hour_cost.value_or(0)};
+  context.tensors = args.tensors;
   if (args.micro_batch < 1 || args.micro_batch > 1'000'000)
     throw ConfigError("--micro-batch", "", fmt::format("must be in [1, 1000000], got {}", args.micro_batch));
   std::optional<int64_t> seqlen;

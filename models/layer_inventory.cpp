@@ -36,26 +36,33 @@ struct Bytes {
 // Eager RMSNorm's saved tensors beside its output (REFERENCE §7.2): the fp32 upcast of its input
 // (read by pow's backward) and the normalized value in the activation dtype (read by the weight
 // multiply's backward). Trace names must outlive the trace, hence one literal pair per norm.
+// The fp32 rsqrt(variance + eps) [T, 1] (saved by the multiply that applies it) is the layer norms'
+// third saved tensor; a q/k norm's per-head one is its own ("attention.q_norm_rstd", sized by heads).
+// Held to PyTorch's saved-tensor hooks on transformers' Llama, Qwen and Mistral layers
+// (tests/frameworks: each eager RMSNorm saves exactly these three).
 struct EagerNormNames {
   const char* input_fp32;
   const char* normalized;
+  const char* rstd;  // nullptr: the caller allocates it (a q/k norm's)
 };
-constexpr EagerNormNames kAttentionNormSaved{"attention_norm.input_fp32", "attention_norm.normalized"};
-constexpr EagerNormNames kMlpNormSaved{"mlp_norm.input_fp32", "mlp_norm.normalized"};
-constexpr EagerNormNames kFinalNormSaved{"final_norm.input_fp32", "final_norm.normalized"};
-constexpr EagerNormNames kQNormSaved{"attention.q_norm.input_fp32", "attention.q_norm.normalized"};
-constexpr EagerNormNames kKNormSaved{"attention.k_norm.input_fp32", "attention.k_norm.normalized"};
+constexpr EagerNormNames kAttentionNormSaved{"attention_norm.input_fp32", "attention_norm.normalized", "attention_norm.rstd_fp32"};
+constexpr EagerNormNames kMlpNormSaved{"mlp_norm.input_fp32", "mlp_norm.normalized", "mlp_norm.rstd_fp32"};
+constexpr EagerNormNames kFinalNormSaved{"final_norm.input_fp32", "final_norm.normalized", "final_norm.rstd_fp32"};
+constexpr EagerNormNames kQNormSaved{"attention.q_norm.input_fp32", "attention.q_norm.normalized", nullptr};
+constexpr EagerNormNames kKNormSaved{"attention.k_norm.input_fp32", "attention.k_norm.normalized", nullptr};
 
-// `normalized_bytes`: the norm's output size in the activation dtype.
-void eager_norm_saved_alloc(TensorTrace& trace, const char* category, const EagerNormNames& names, double normalized_bytes,
+// `normalized_bytes`: the norm's output size in the activation dtype; `tokens`: its rows.
+void eager_norm_saved_alloc(TensorTrace& trace, const char* category, const EagerNormNames& names, double normalized_bytes, double tokens,
                             const LayerImplementation& impl) {
   if (!impl.eager_rms_norm) return;
   trace.alloc(category, names.input_fp32, normalized_bytes / static_cast<double>(impl.activation_bytes) * 4.0);
+  if (names.rstd) trace.alloc(category, names.rstd, tokens * 4.0);
   trace.alloc(category, names.normalized, normalized_bytes);
 }
 void eager_norm_saved_free(TensorTrace& trace, const EagerNormNames& names, const LayerImplementation& impl) {
   if (!impl.eager_rms_norm) return;
   trace.free(names.normalized);
+  if (names.rstd) trace.free(names.rstd);
   trace.free(names.input_fp32);
 }
 
@@ -443,7 +450,7 @@ void ulysses_attention_forward(TensorTrace& trace, const LayerShape& shape, cons
 
   trace.set_moment("q/k/v projections and all-to-all");
   trace.alloc(L, "attention_norm.output", bytes.x);
-  eager_norm_saved_alloc(trace, L, kAttentionNormSaved, bytes.x, impl);
+  eager_norm_saved_alloc(trace, L, kAttentionNormSaved, bytes.x, static_cast<double>(shape.tokens), impl);
   if (!keep) eager_norm_saved_free(trace, kAttentionNormSaved, impl);  // under no_grad: transient
   lora_forward(trace, shape, lora_attention_projections(shape, impl), keep);
   trace.alloc(L, "attention.q_proj", bytes.q);
@@ -454,10 +461,10 @@ void ulysses_attention_forward(TensorTrace& trace, const LayerShape& shape, cons
   if (shape.qk_norm) {
     const double kv_rstd = static_cast<double>(shape.tokens) * static_cast<double>(shape.num_kv_heads) * 4.0;
     trace.alloc(L, "attention.q_norm_rstd", bytes.lse);
-    eager_norm_saved_alloc(trace, L, kQNormSaved, bytes.q, impl);
+    eager_norm_saved_alloc(trace, L, kQNormSaved, bytes.q, static_cast<double>(shape.tokens), impl);
     trace.alloc(L, "attention.q_normed", bytes.q);
     trace.alloc(L, "attention.k_norm_rstd", kv_rstd);
-    eager_norm_saved_alloc(trace, L, kKNormSaved, bytes.kv, impl);
+    eager_norm_saved_alloc(trace, L, kKNormSaved, bytes.kv, static_cast<double>(shape.tokens), impl);
     trace.alloc(L, "attention.k_normed", bytes.kv);
     if (impl.eager_rms_norm) {  // eager saves the upcast, not the projection itself
       trace.free("attention.q_proj");
@@ -548,7 +555,7 @@ void fpdt_attention_forward(TensorTrace& trace, const LayerShape& shape, const L
   const double q_chunk = bytes.q * fraction, kv_chunk = bytes.kv_replicated * fraction, lse_chunk = bytes.lse * fraction;
   trace.set_moment("fpdt attention chunk");
   trace.alloc(L, "attention_norm.output", bytes.x);
-  eager_norm_saved_alloc(trace, L, kAttentionNormSaved, bytes.x, impl);
+  eager_norm_saved_alloc(trace, L, kAttentionNormSaved, bytes.x, static_cast<double>(shape.tokens), impl);
   if (!keep) eager_norm_saved_free(trace, kAttentionNormSaved, impl);
   trace.alloc(L, "attention.output_local", bytes.q);  // final_output, filled chunk by chunk
   trace.alloc(L, "fpdt.q_proj_chunk", q_chunk);
@@ -585,7 +592,7 @@ void decoder_layer_forward(TensorTrace& trace, const LayerShape& shape, const La
 
   trace.set_moment("mlp");
   trace.alloc(L, "mlp_norm.output", bytes.x);
-  eager_norm_saved_alloc(trace, L, kMlpNormSaved, bytes.x, impl);
+  eager_norm_saved_alloc(trace, L, kMlpNormSaved, bytes.x, static_cast<double>(shape.tokens), impl);
   if (!keep) eager_norm_saved_free(trace, kMlpNormSaved, impl);
   lora_forward(trace, shape, lora_mlp(shape, impl), keep);  // LoRA plans run untiled MLPs (plan_problems)
   if (shape.mlp_tiles == 0) {
@@ -613,7 +620,9 @@ void decoder_layer_forward(TensorTrace& trace, const LayerShape& shape, const La
   if (!keep) trace.free("mlp_norm.output");
   trace.alloc(L, "layer.output", bytes.x);
   trace.free("mlp.output");
-  if (!keep) trace.free("residual.attention");
+  // The residual is read by the MLP's norm and the last add, neither of which saves it when the norm
+  // is eager (it saves its fp32 copy); a fused norm (Liger's, the executor's) saves its input.
+  if (!keep || impl.eager_rms_norm) trace.free("residual.attention");
 }
 
 // Ulysses attention backward: from "attention.output_local" (o_proj's input) to
@@ -792,7 +801,7 @@ void decoder_layer_backward(TensorTrace& trace, const LayerShape& shape, const L
   trace.alloc(L, "residual.attention_grad", bytes.x);
   eager_norm_saved_free(trace, kMlpNormSaved, impl);
   trace.free("mlp.input_grad");
-  trace.free("residual.attention");
+  if (!impl.eager_rms_norm) trace.free("residual.attention");
 
   if (shape.fpdt_chunk_tokens > 0) fpdt_attention_backward(trace, shape, impl);
   else ulysses_attention_backward(trace, shape, impl);
@@ -806,7 +815,9 @@ void decoder_layer_backward(TensorTrace& trace, const LayerShape& shape, const L
   trace.free("residual.attention_grad");
   trace.free("layer.output_grad");
   trace.free("layer.output");
-  trace.free("layer.input");
+  // The layer's input: its checkpoint, or (no checkpointing) a fused norm's saved input; with an
+  // eager norm and no checkpoint nothing holds it, and the caller has freed it after forward.
+  if (trace.is_live("layer.input")) trace.free("layer.input");
 }
 
 const char* moe_experts_name(MoeExperts experts) {
@@ -839,7 +850,8 @@ double decoder_layer_saved_bytes(const LayerShape& shape, const LayerImplementat
   const Bytes bytes(shape, impl);
   trace.alloc(L, "layer.input", bytes.x);
   decoder_layer_forward(trace, shape, impl, /*keep=*/true);
-  return trace.current_bytes() - bytes.x;  // everything but layer.output
+  // Everything but layer.output; an eager norm saves its fp32 copy, not the layer's input.
+  return trace.current_bytes() - bytes.x - (impl.eager_rms_norm ? bytes.x : 0.0);
 }
 
 namespace {
@@ -886,7 +898,7 @@ void lm_loss_forward_backward(TensorTrace& trace, const LayerShape& shape, const
   const double tile = static_cast<double>(std::min<int64_t>(std::max<int64_t>(tile_tokens, 1), shape.tokens));
   trace.set_moment("logits and cross entropy");
   trace.alloc(kCategoryLoss, "final_norm.output", bytes.x);
-  eager_norm_saved_alloc(trace, kCategoryLoss, kFinalNormSaved, bytes.x, impl);
+  eager_norm_saved_alloc(trace, kCategoryLoss, kFinalNormSaved, bytes.x, tokens, impl);
   switch (loss) {
     case LossImplementation::loss_untiled:
       logits_and_cross_entropy(trace, shape, impl, tokens, "final_norm.output_grad");

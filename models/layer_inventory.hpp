@@ -117,12 +117,13 @@ void decoder_layer_forward(TensorTrace& trace, const LayerShape& shape, const La
                            bool keep_for_backward);
 
 // Backward of one decoder layer after decoder_layer_forward(keep_for_backward=true). Expects
-// "layer.output_grad" live; frees it, the kept tensors, "layer.input" and "layer.output", and
-// leaves "layer.input_grad" live.
+// "layer.output_grad" live; frees it, the kept tensors, "layer.input" (where the caller still holds
+// it: a checkpoint, or a fused norm's saved input) and "layer.output", and leaves "layer.input_grad" live.
 void decoder_layer_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl);
 
 // Bytes a layer keeps for backward when it runs forward with keep_for_backward, excluding its
-// output but including its input: the per-layer activation memory without checkpointing.
+// output and including its input where a fused norm saves it (an eager norm saves its fp32 copy
+// instead): the per-layer activation memory without checkpointing.
 double decoder_layer_saved_bytes(const LayerShape& shape, const LayerImplementation& impl);
 
 // What a pinned host allocation of `bytes` takes. PyTorch's pinned host allocator

@@ -503,6 +503,8 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
       trace.alloc(kCategoryLayer, "layer.input", x_bytes);
       if (plan.activation_checkpointing) trace.alloc(kCategoryLayer, "layer.output_grad", x_bytes);
       decoder_layer_forward(trace, setup.shape, setup.impl, /*keep=*/true);
+      // Without a checkpoint nothing holds the layer's input once an eager norm has copied it.
+      if (!plan.activation_checkpointing && setup.impl.eager_rms_norm) trace.free("layer.input");
       if (!plan.activation_checkpointing) trace.alloc(kCategoryLayer, "layer.output_grad", x_bytes);
       decoder_layer_backward(trace, setup.shape, setup.impl);
       return trace.peak_bytes();
@@ -620,6 +622,23 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
 }
 
 }  // namespace
+
+std::vector<MemoryItem> layer_saved_tensors(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
+                                            const RuntimeProfile& profile, int64_t seqlen) {
+  if (!plan_problems(model, cluster, plan).empty() || !seqlen_problems(plan, seqlen).empty())
+    throw std::invalid_argument("layer_saved_tensors: invalid plan or sequence length (check plan_problems first)");
+  const Setup setup = setup_make(model, cluster.hardware, plan, profile, seqlen);
+  TensorTrace trace;
+  const double x_bytes = as_double(setup.shape.tokens) * as_double(model.hidden_size) * as_double(setup.impl.activation_bytes);
+  trace.alloc(kCategoryLayer, "layer.input", x_bytes);
+  decoder_layer_forward(trace, setup.shape, setup.impl, /*keep_for_backward=*/true);
+  trace.free("layer.output");  // the next layer's input, not this layer's saved tensor
+  if (setup.impl.eager_rms_norm) trace.free("layer.input");  // an eager norm saves its fp32 copy instead
+  std::vector<MemoryItem> items;
+  for (const TraceItem& item : trace.live_items())
+    if (item.bytes > 0) items.push_back({std::string(item.category), std::string(item.name), item.bytes * item.count, item.count});
+  return items;
+}
 
 MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
                                 const RuntimeProfile& profile, int64_t seqlen, bool with_breakdown) {

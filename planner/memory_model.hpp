@@ -81,6 +81,14 @@ MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& clust
 MemoryPrediction memory_predict_until_over(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
                                            const RuntimeProfile& profile, int64_t seqlen);
 
+// What one decoder layer keeps for backward when it runs without checkpointing, as this plan's
+// runtime runs it (the inventory memory_predict replays): every tensor autograd would save, in the
+// order the forward creates them, with the layer's input (saved by its first norm's checkpoint when
+// checkpointing is on; not by the layer itself otherwise). The frameworks check
+// (tests/frameworks) holds this list to PyTorch's own saved-tensor hooks; `plan --tensors` prints it.
+std::vector<MemoryItem> layer_saved_tensors(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
+                                            const RuntimeProfile& profile, int64_t seqlen);
+
 // DeepSpeed TiledMLP's shard count: ceil(S_l / hidden) (REFERENCE §3.2), at least 1.
 int64_t mlp_tiles_deepspeed_rule(int64_t local_tokens, int64_t hidden);
 

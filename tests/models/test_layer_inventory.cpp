@@ -179,7 +179,7 @@ TEST_CASE("FlashAttention-2 varlen pads dq_accum and softmax_d by 128 rows per s
   CHECK(peak(128, 3) - peak(0, 3) == 3 * 128 * (256 + 32));
 }
 
-TEST_CASE("eager RMSNorm saves its fp32 upcast and normalized value: 3X per norm awaiting backward") {
+TEST_CASE("eager RMSNorm saves its fp32 upcast, its rsqrt and its normalized value, not its input (as PyTorch's hooks record)") {
   LayerImplementation fa2 = eager();
   fa2.flash_attention_dq_accumulator = true;
   fa2.flash_attention_expands_gqa_grads = true;
@@ -193,22 +193,28 @@ TEST_CASE("eager RMSNorm saves its fp32 upcast and normalized value: 3X per norm
     if (keep) decoder_layer_backward(trace, shape_make(1, 1000), impl);
     return trace;
   };
-  // Recompute forward (keep): both norms' saved tensors stay, 2 x (fp32 2X + X) = 6X, until the
-  // backward frees each at its norm; the layer ends as without them.
+  // Recompute forward (keep): both norms' saved tensors stay, 2 x (fp32 2X + X + fp32 rsqrt T x 4 B)
+  // = 6X + 8 kB, until the backward frees each at its norm; the residual between them is no longer
+  // kept (the MLP norm saves its fp32 copy, the add nothing: tests/frameworks holds this list to
+  // transformers' Llama layer). The layer ends as without them.
+  constexpr double RSTD = 1000 * 4.0;
   TensorTrace forward_kept;
   forward_kept.alloc(kCategoryLayer, "layer.input", X);
   decoder_layer_forward(forward_kept, shape_make(1, 1000), eager_norm, true);
   TensorTrace forward_plain;
   forward_plain.alloc(kCategoryLayer, "layer.input", X);
   decoder_layer_forward(forward_plain, shape_make(1, 1000), fa2, true);
-  CHECK(forward_kept.current_bytes() - forward_plain.current_bytes() == 6 * X);
+  CHECK(forward_kept.current_bytes() - forward_plain.current_bytes() == 6 * X + 2 * RSTD - X);
   CHECK(live_bytes_of(forward_kept, "attention_norm.input_fp32") == 2 * X);
+  CHECK(live_bytes_of(forward_kept, "attention_norm.rstd_fp32") == RSTD);
   CHECK(live_bytes_of(forward_kept, "mlp_norm.normalized") == X);
+  CHECK(live_bytes_of(forward_kept, "residual.attention") == -1);
+  CHECK(decoder_layer_saved_bytes(shape_make(1, 1000), eager_norm) == decoder_layer_saved_bytes(shape_make(1, 1000), fa2) + 6 * X + 2 * RSTD - 2 * X);
   const TensorTrace backward = run(eager_norm, true);
   CHECK(backward.current_bytes() == run(fa2, true).current_bytes());
-  // At FlashAttention's backward only the attention norm's 3X remain (the MLP norm's went at its
-  // backward): the same moment is 3X higher.
-  CHECK(backward.peak_bytes() >= run(fa2, true).peak_bytes() + 3 * X);
+  // At FlashAttention's backward only the attention norm's 3X and rsqrt remain (the MLP norm's went
+  // at its backward, and the residual with it): the same moment is 3X + rsqrt - X higher.
+  CHECK(backward.peak_bytes() >= run(fa2, true).peak_bytes() + 2 * X + RSTD);
   // Under no_grad (checkpointed forward) nothing is saved.
   TensorTrace no_grad;
   no_grad.alloc(kCategoryLayer, "layer.input", X);

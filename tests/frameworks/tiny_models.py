@@ -1,0 +1,30 @@
+"""The architectures longseq reads from a config.json, each at a reduced size that keeps its code
+paths (grouped-query attention, q/k norms, biases, sandwich norms, soft-capping, fused projections,
+experts and shared experts): the real modelling code of transformers runs them."""
+
+# Shared dimensions: 2 decoder layers (layer 1 is compared: layer 0 may hold what the model passes
+# every layer), 4 query heads of 16 over 2 key/value heads, hidden 64, MLP 176, vocabulary 256.
+_BASE = {"hidden_size": 64, "intermediate_size": 176, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "num_hidden_layers": 2, "vocab_size": 256, "head_dim": 16, "max_position_embeddings": 8192,
+         "rope_theta": 10000.0, "tie_word_embeddings": False, "use_cache": False}
+
+ARCHITECTURES = {
+    "llama": dict(_BASE, architectures=["LlamaForCausalLM"], model_type="llama", hidden_act="silu"),
+    "mistral": dict(_BASE, architectures=["MistralForCausalLM"], model_type="mistral", hidden_act="silu", sliding_window=None),
+    "qwen2": dict(_BASE, architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_act="silu", use_sliding_window=False),
+    "qwen3": dict(_BASE, architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_act="silu", use_sliding_window=False),
+    "gemma2": dict(_BASE, architectures=["Gemma2ForCausalLM"], model_type="gemma2", hidden_activation="gelu_pytorch_tanh",
+                   query_pre_attn_scalar=16, final_logit_softcapping=30.0, attn_logit_softcapping=None, sliding_window=4096,
+                   tie_word_embeddings=True),
+    "gemma3": dict(_BASE, architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", hidden_activation="gelu_pytorch_tanh",
+                   query_pre_attn_scalar=16, final_logit_softcapping=None, sliding_window=4096, tie_word_embeddings=True),
+    "phi3": dict(_BASE, architectures=["Phi3ForCausalLM"], model_type="phi3", hidden_act="silu", num_key_value_heads=4),
+    "mixtral": dict(_BASE, architectures=["MixtralForCausalLM"], model_type="mixtral", hidden_act="silu", num_local_experts=4,
+                    num_experts_per_tok=2, output_router_logits=False),
+    "qwen2_moe": dict(_BASE, architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe", hidden_act="silu", num_experts=4,
+                      num_experts_per_tok=2, moe_intermediate_size=48, shared_expert_intermediate_size=96, decoder_sparse_step=1,
+                      mlp_only_layers=[], norm_topk_prob=False, output_router_logits=False),
+    "qwen3_moe": dict(_BASE, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", hidden_act="silu", num_experts=4,
+                      num_experts_per_tok=2, moe_intermediate_size=48, decoder_sparse_step=1, mlp_only_layers=[],
+                      norm_topk_prob=True, output_router_logits=False),
+}
