@@ -112,6 +112,21 @@ void ulysses_all_to_all(TensorTrace& trace, const char* input, const char* outpu
   if (impl.ulysses_staging_copies > 0) trace.free("ulysses.staging");
 }
 
+// The outputs of projections that read the same input: one tensor each, or (Phi-3's fused
+// projections) slices of one output named `fused`, whose storage lives while any slice does.
+void projections_alloc(TensorTrace& trace, const LayerShape& shape, const char* fused,
+                       std::initializer_list<std::pair<const char*, double>> outputs) {
+  if (!shape.fused_projections) {
+    for (const auto& [name, bytes] : outputs) trace.alloc(L, name, bytes);
+    return;
+  }
+  double total = 0;
+  for (const auto& output : outputs) total += output.second;
+  trace.alloc(L, fused, total);
+  for (const auto& output : outputs) trace.alias(fused, L, output.first);
+  trace.free(fused);
+}
+
 // MLP over `tokens` tokens (the whole shard, or one TiledMLP tile). Leaves "mlp.output" live and,
 // with keep_for_backward, the tensors its backward reads.
 void mlp_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, double tokens,
@@ -123,8 +138,7 @@ void mlp_forward(TensorTrace& trace, const LayerShape& shape, const LayerImpleme
     // HF LlamaMLP: down(act(gate(x)) * up(x)). Eager SiLU saves its input (gate) and the
     // multiply saves both operands (SiLU(gate) and up); Liger's fused SiLU*mul saves gate and up
     // only and recomputes SiLU in backward (Liger ops/swiglu.py). down_proj saves the product.
-    trace.alloc(L, "mlp.gate", f);
-    trace.alloc(L, "mlp.up", f);
+    projections_alloc(trace, shape, "mlp.gate_up", {{"mlp.gate", f}, {"mlp.up", f}});
     if (!impl.fused_swiglu) trace.alloc(L, "mlp.act", f);
     trace.alloc(L, "mlp.product", f);
     if (!impl.fused_swiglu && !keep) trace.free("mlp.act");
@@ -453,9 +467,8 @@ void ulysses_attention_forward(TensorTrace& trace, const LayerShape& shape, cons
   eager_norm_saved_alloc(trace, L, kAttentionNormSaved, bytes.x, static_cast<double>(shape.tokens), impl);
   if (!keep) eager_norm_saved_free(trace, kAttentionNormSaved, impl);  // under no_grad: transient
   lora_forward(trace, shape, lora_attention_projections(shape, impl), keep);
-  trace.alloc(L, "attention.q_proj", bytes.q);
-  trace.alloc(L, "attention.k_proj", bytes.kv);
-  trace.alloc(L, "attention.v_proj", bytes.kv);
+  projections_alloc(trace, shape, "attention.qkv_proj", {{"attention.q_proj", bytes.q}, {"attention.k_proj", bytes.kv},
+                                                          {"attention.v_proj", bytes.kv}});
   const char* q_before_rope = "attention.q_proj";
   const char* k_before_rope = "attention.k_proj";
   if (shape.qk_norm) {

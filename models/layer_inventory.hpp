@@ -38,6 +38,7 @@ struct LayerShape {
   // input gradient into its input's storage (FPDT_FFN) instead of a separate buffer.
   int64_t fpdt_chunk_tokens = 0;
   bool qk_norm = false;        // per-head RMSNorm on q and k before RoPE (Qwen3)
+  bool fused_projections = false;  // q/k/v and gate/up are slices of one output each (Phi-3)
   int64_t num_kv_heads = 0;    // n_kv (for k_norm's statistics)
   int64_t sequences = 1;       // sequences the attention kernel sees in one call (its batch)
   // Mixture of experts in place of the MLP (experts 0: the dense MLP above). E routed experts of

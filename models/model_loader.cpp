@@ -105,6 +105,7 @@ ModelSpec model_from_card_text(const std::string& yaml_text, const std::string& 
   model.o_proj_bias = reader.get_bool("o_proj_bias", false);
   model.mlp_bias = reader.get_bool("mlp_bias", false);
   model.qk_norm = reader.get_bool("qk_norm", false);
+  model.fused_projections = reader.get_bool("fused_projections", false);
   model.rope_theta = any_number_or("rope_theta", 10000);
   if (reader.has("rope_scaling")) model.rope_scaling = reader.get_string("rope_scaling");
   model.sliding_window = any_int_or("sliding_window", 0);
@@ -272,7 +273,9 @@ ModelSpec model_from_hf_config_text(const std::string& json_text, const std::str
     if (config.has("final_logit_softcapping") && !config["final_logit_softcapping"].raw().is_null())
       model.final_logit_softcapping = config["final_logit_softcapping"].number();
   }
-  // Phi3Attention's qkv_proj and Phi3MLP's gate_up_proj fuse Llama's projections: the same weights.
+  // Phi3Attention's qkv_proj and Phi3MLP's gate_up_proj fuse Llama's projections: the same weights,
+  // one output each.
+  model.fused_projections = is_phi3;
   // RoPE base and scaling (the base's default is every one of these configs' class default, 10000).
   if (config.has("rope_theta")) model.rope_theta = config["rope_theta"].number();
   // A window of null is none; use_sliding_window false (Qwen2) turns a given one off. A value of

@@ -55,6 +55,10 @@ struct ModelSpec {
   bool o_proj_bias = false;       // bias on the attention output projection (GPT)
   bool mlp_bias = false;          // biases on the MLP projections (GPT)
   bool qk_norm = false;           // per-head RMSNorm on q and k (Qwen3)
+  // Phi-3's qkv_proj and gate_up_proj: Llama's weights, but one output each, q/k/v and gate/up its
+  // slices (views), so a saved slice keeps the whole output's storage alive (the frameworks check
+  // found attention saving v keep q and k's bytes too).
+  bool fused_projections = false;
   // RoPE: the base (HF's default 10000 when config.json has none) and the scaling's rope_type
   // ("llama3", "yarn", ...; "" for none). No memory or FLOP term depends on them; exports must
   // carry them (Megatron-DeepSpeed defaults the base to 10000).

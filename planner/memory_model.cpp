@@ -77,6 +77,7 @@ Setup setup_make(const ModelSpec& model, const HardwareCard& card, const PlanOpt
   shape.vocab = model.vocab_size;
   shape.mlp_kind = model.mlp_kind;
   shape.qk_norm = model.qk_norm;
+  shape.fused_projections = model.fused_projections;
   shape.num_kv_heads = model.num_kv_heads;
   shape.experts = model.experts;
   shape.experts_per_token = model.experts_per_token;

@@ -9,7 +9,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   slurmctld slurmd slurm-client munge
   gnuplot-nox
-  python3 python3-yaml
+  python3 python3-yaml python3-venv
   clang libclang-rt-dev
 )
 

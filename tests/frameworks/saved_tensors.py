@@ -9,10 +9,11 @@ import torch
 
 
 def torch_layer_saved(config: dict, tokens: int, layer: int = 1, gradient_checkpointing: bool = False,
-                      lora: dict | None = None, attn_implementation: str = "sdpa"):
+                      lora: dict | None = None, attn_implementation: str = "sdpa", autocast: bool = False):
     """One forward and backward of `config`'s model in bf16 on the CPU; returns what autograd saved
     while decoder layer `layer` ran: a list of (shape, dtype, bytes, producer) per storage, model
-    parameters and tensors every layer shares (RoPE's cos/sin) left out, and the shared ones apart."""
+    parameters and tensors every layer shares (RoPE's cos/sin) left out, and the shared ones apart.
+    `autocast`: under torch.autocast(bfloat16), as the HF Trainer runs a step with bf16=True."""
     from transformers import AutoConfig, AutoModelForCausalLM
     torch.manual_seed(0)
     hf_config = AutoConfig.for_model(**{k: v for k, v in config.items() if k != "architectures"})
@@ -42,7 +43,8 @@ def torch_layer_saved(config: dict, tokens: int, layer: int = 1, gradient_checkp
         return t
 
     input_ids = torch.randint(0, config["vocab_size"], (1, tokens))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+            torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         loss = model(input_ids=input_ids, labels=input_ids).loss
     loss.backward()
     for handle in handles:

@@ -6,7 +6,9 @@ experts and shared experts): the real modelling code of transformers runs them."
 # every layer), 4 query heads of 16 over 2 key/value heads, hidden 64, MLP 176, vocabulary 256.
 _BASE = {"hidden_size": 64, "intermediate_size": 176, "num_attention_heads": 4, "num_key_value_heads": 2,
          "num_hidden_layers": 2, "vocab_size": 256, "head_dim": 16, "max_position_embeddings": 8192,
-         "rope_theta": 10000.0, "tie_word_embeddings": False, "use_cache": False}
+         "rope_theta": 10000.0, "tie_word_embeddings": False, "use_cache": False,
+         # Token ids inside the small vocabulary (Phi-3's defaults, 32000, are not).
+         "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
 
 ARCHITECTURES = {
     "llama": dict(_BASE, architectures=["LlamaForCausalLM"], model_type="llama", hidden_act="silu"),
