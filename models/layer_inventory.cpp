@@ -51,17 +51,25 @@ constexpr EagerNormNames kFinalNormSaved{"final_norm.input_fp32", "final_norm.no
 constexpr EagerNormNames kQNormSaved{"attention.q_norm.input_fp32", "attention.q_norm.normalized", nullptr};
 constexpr EagerNormNames kKNormSaved{"attention.k_norm.input_fp32", "attention.k_norm.normalized", nullptr};
 
-// `normalized_bytes`: the norm's output size in the activation dtype; `tokens`: its rows.
-void eager_norm_saved_alloc(TensorTrace& trace, const char* category, const EagerNormNames& names, double normalized_bytes, double tokens,
-                            const LayerImplementation& impl) {
+// What a frozen base does not save (LoRA and QLoRA freeze every base parameter, Reference §12 items
+// 11-12): a linear saves its input for its weight's gradient alone, so a frozen nn.Linear (LoRA's
+// bf16 base) saves none, while bitsandbytes' 4-bit matmul saves it whenever the input needs a
+// gradient (QLoRA); a norm's weight multiply saves the normalized value for the weight's gradient
+// alone. Held to PyTorch's hooks on PEFT's adapters (tests/frameworks).
+bool base_linears_save_input(const LayerShape& shape) { return shape.lora_rank == 0 || shape.qlora; }
+bool norm_weights_trained(const LayerShape& shape) { return shape.lora_rank == 0; }
+
+// `normalized_bytes`: the norm's output size in the activation dtype; its rows are shape.tokens.
+void eager_norm_saved_alloc(TensorTrace& trace, const char* category, const EagerNormNames& names, double normalized_bytes,
+                            const LayerShape& shape, const LayerImplementation& impl) {
   if (!impl.eager_rms_norm) return;
   trace.alloc(category, names.input_fp32, normalized_bytes / static_cast<double>(impl.activation_bytes) * 4.0);
-  if (names.rstd) trace.alloc(category, names.rstd, tokens * 4.0);
-  trace.alloc(category, names.normalized, normalized_bytes);
+  if (names.rstd) trace.alloc(category, names.rstd, static_cast<double>(shape.tokens) * 4.0);
+  if (norm_weights_trained(shape)) trace.alloc(category, names.normalized, normalized_bytes);
 }
-void eager_norm_saved_free(TensorTrace& trace, const EagerNormNames& names, const LayerImplementation& impl) {
+void eager_norm_saved_free(TensorTrace& trace, const EagerNormNames& names, const LayerShape& shape, const LayerImplementation& impl) {
   if (!impl.eager_rms_norm) return;
-  trace.free(names.normalized);
+  if (norm_weights_trained(shape)) trace.free(names.normalized);
   if (names.rstd) trace.free(names.rstd);
   trace.free(names.input_fp32);
 }
@@ -85,8 +93,8 @@ void qk_norm_saved_free(TensorTrace& trace, const LayerShape& shape, const Layer
   trace.free("attention.q_norm_rstd");
   trace.free("attention.k_norm_rstd");
   if (impl.eager_rms_norm) {
-    eager_norm_saved_free(trace, kQNormSaved, impl);
-    eager_norm_saved_free(trace, kKNormSaved, impl);
+    eager_norm_saved_free(trace, kQNormSaved, shape, impl);
+    eager_norm_saved_free(trace, kKNormSaved, shape, impl);
   } else {
     trace.free("attention.q_proj");
     trace.free("attention.k_proj");
@@ -147,14 +155,14 @@ void mlp_forward(TensorTrace& trace, const LayerShape& shape, const LayerImpleme
       trace.free("mlp.up");
     }
     trace.alloc(L, "mlp.output", out);
-    if (!keep) trace.free("mlp.product");
+    if (!keep || !base_linears_save_input(shape)) trace.free("mlp.product");  // down_proj's input
   } else {
     // GELU MLP: down(gelu(up(x))); GELU saves its input, down_proj saves GELU's output.
     trace.alloc(L, "mlp.up", f);
     trace.alloc(L, "mlp.act", f);
     if (!keep) trace.free("mlp.up");
     trace.alloc(L, "mlp.output", out);
-    if (!keep) trace.free("mlp.act");
+    if (!keep || !base_linears_save_input(shape)) trace.free("mlp.act");  // down_proj's input alone
   }
 }
 
@@ -167,7 +175,7 @@ void mlp_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplem
   const double out = tokens * static_cast<double>(shape.hidden) * a;
   if (shape.mlp_kind == MlpKind::mlp_kind_swiglu) {
     trace.alloc(L, "mlp.product_grad", f);  // down_proj input gradient
-    trace.free("mlp.product");              // after down_proj's weight gradient
+    if (base_linears_save_input(shape)) trace.free("mlp.product");  // after down_proj's weight gradient
     if (impl.fused_swiglu) {
       // Liger writes d(gate) and d(up) in place into the saved gate and up buffers.
       trace.free("mlp.product_grad");
@@ -190,7 +198,7 @@ void mlp_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplem
     trace.free("mlp.up");
   } else {
     trace.alloc(L, "mlp.act_grad", f);
-    trace.free("mlp.act");
+    if (base_linears_save_input(shape)) trace.free("mlp.act");
     trace.alloc(L, "mlp.up_grad", f);
     trace.free("mlp.act_grad");
     trace.alloc(L, input_grad_name, out);
@@ -368,42 +376,74 @@ void moe_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplem
 // transient), and lora_B saves the r-wide intermediate. On a 4-bit base (QLoRA) the input is not
 // cast (autocast on: no conversion), each 4-bit linear clones its result (transient) and
 // dequantizes its weight into a [out, in] compute-dtype buffer for the matmul, one at a time.
+// One adapted linear's saved tensors, by the trace names of its base linear (literals: trace names
+// must outlive the trace).
+struct LoraNames {
+  const char* input;   // lora_A's input (bf16)
+  const char* rank;    // lora_B's input, the r-wide intermediate
+  const char* a_cast;  // autocast's bf16 copy of A, saved for lora_A's input gradient
+  const char* b_cast;  // and of B, for lora_B's
+};
+constexpr LoraNames kLoraQ{"lora.q_proj.input", "lora.q_proj.rank", "lora.q_proj.A_bf16", "lora.q_proj.B_bf16"};
+constexpr LoraNames kLoraK{"lora.k_proj.input", "lora.k_proj.rank", "lora.k_proj.A_bf16", "lora.k_proj.B_bf16"};
+constexpr LoraNames kLoraV{"lora.v_proj.input", "lora.v_proj.rank", "lora.v_proj.A_bf16", "lora.v_proj.B_bf16"};
+constexpr LoraNames kLoraO{"lora.o_proj.input", "lora.o_proj.rank", "lora.o_proj.A_bf16", "lora.o_proj.B_bf16"};
+constexpr LoraNames kLoraGate{"lora.gate_proj.input", "lora.gate_proj.rank", "lora.gate_proj.A_bf16", "lora.gate_proj.B_bf16"};
+constexpr LoraNames kLoraUp{"lora.up_proj.input", "lora.up_proj.rank", "lora.up_proj.A_bf16", "lora.up_proj.B_bf16"};
+constexpr LoraNames kLoraDown{"lora.down_proj.input", "lora.down_proj.rank", "lora.down_proj.A_bf16", "lora.down_proj.B_bf16"};
+
+struct LoraLinear {
+  LoraNames names;
+  double input_bytes = 0, rank_bytes = 0, a_cast_bytes = 0, b_cast_bytes = 0;  // saved (0: not saved)
+};
+
 struct LoraGroup {
-  const char* inputs_name;
-  const char* rank_name;
-  double inputs_bytes = 0, rank_bytes = 0;    // saved
+  std::vector<LoraLinear> adapted;
   double largest_input_fp32 = 0;              // transient cast copy
   double largest_output = 0, largest_weight = 0;  // QLoRA's clone and dequantized weight
 };
 
-// widths: the group's linears as (in, out, adapted by PEFT's default targets).
-LoraGroup lora_group(const LayerShape& shape, const LayerImplementation& impl, const char* inputs_name, const char* rank_name,
-                     std::initializer_list<std::tuple<int64_t, int64_t, bool>> linears) {
-  LoraGroup group{inputs_name, rank_name};
+struct LoraSite {
+  LoraNames names;
+  int64_t in, out;
+  bool default_target;  // adapted by PEFT's default targets (q_proj, v_proj)
+};
+
+// sites: the group's linears.
+LoraGroup lora_group(const LayerShape& shape, const LayerImplementation& impl, std::initializer_list<LoraSite> sites) {
+  LoraGroup group;
   const double tokens = static_cast<double>(shape.tokens), a = static_cast<double>(impl.activation_bytes);
-  for (const auto& [in, out, default_target] : linears) {
-    group.largest_output = std::max(group.largest_output, tokens * static_cast<double>(out) * a);
-    group.largest_weight = std::max(group.largest_weight, static_cast<double>(in) * static_cast<double>(out) * a);
-    if (!shape.lora_all_linear && !default_target) continue;
-    group.rank_bytes += tokens * static_cast<double>(shape.lora_rank) * a;
-    if (shape.qlora) continue;
-    group.inputs_bytes += tokens * static_cast<double>(in) * a;
-    group.largest_input_fp32 = std::max(group.largest_input_fp32, tokens * static_cast<double>(in) * 4.0);
+  const double r = static_cast<double>(shape.lora_rank);
+  for (const LoraSite& site : sites) {
+    const double in = static_cast<double>(site.in), out = static_cast<double>(site.out);
+    group.largest_output = std::max(group.largest_output, tokens * out * a);
+    group.largest_weight = std::max(group.largest_weight, in * out * a);
+    if (!shape.lora_all_linear && !site.default_target) continue;
+    LoraLinear linear{site.names};
+    linear.rank_bytes = tokens * r * a;
+    if (shape.lora_adapter_casts) {
+      linear.a_cast_bytes = r * in * a;
+      linear.b_cast_bytes = out * r * a;
+    }
+    if (!shape.qlora) {
+      linear.input_bytes = tokens * in * a;
+      group.largest_input_fp32 = std::max(group.largest_input_fp32, tokens * in * 4.0);
+    }
+    group.adapted.push_back(linear);
   }
   return group;
 }
 
 LoraGroup lora_attention_projections(const LayerShape& shape, const LayerImplementation& impl) {
-  return lora_group(shape, impl, "lora.qkv_inputs", "lora.qkv_rank",
-                    {{shape.hidden, shape.q_width, true}, {shape.hidden, shape.kv_width, false}, {shape.hidden, shape.kv_width, true}});
+  return lora_group(shape, impl, {{kLoraQ, shape.hidden, shape.q_width, true}, {kLoraK, shape.hidden, shape.kv_width, false},
+                                  {kLoraV, shape.hidden, shape.kv_width, true}});
 }
 LoraGroup lora_output_projection(const LayerShape& shape, const LayerImplementation& impl) {
-  return lora_group(shape, impl, "lora.o_inputs", "lora.o_rank", {{shape.q_width, shape.hidden, false}});
+  return lora_group(shape, impl, {{kLoraO, shape.q_width, shape.hidden, false}});
 }
 LoraGroup lora_mlp(const LayerShape& shape, const LayerImplementation& impl) {
-  return lora_group(shape, impl, "lora.mlp_inputs", "lora.mlp_rank",
-                    {{shape.hidden, shape.intermediate, false}, {shape.hidden, shape.intermediate, false},
-                     {shape.intermediate, shape.hidden, false}});
+  return lora_group(shape, impl, {{kLoraGate, shape.hidden, shape.intermediate, false}, {kLoraUp, shape.hidden, shape.intermediate, false},
+                                  {kLoraDown, shape.intermediate, shape.hidden, false}});
 }
 
 // The group's forward: transients, then what it saves (kept only with keep: under no_grad nothing).
@@ -420,8 +460,12 @@ void lora_forward(TensorTrace& trace, const LayerShape& shape, const LoraGroup& 
     trace.free("lora.input_fp32_cast");
   }
   if (!keep) return;
-  if (group.inputs_bytes > 0) trace.alloc(L, group.inputs_name, group.inputs_bytes);
-  if (group.rank_bytes > 0) trace.alloc(L, group.rank_name, group.rank_bytes);
+  for (const LoraLinear& linear : group.adapted) {
+    if (linear.a_cast_bytes > 0) trace.alloc(L, linear.names.a_cast, linear.a_cast_bytes);
+    if (linear.input_bytes > 0) trace.alloc(L, linear.names.input, linear.input_bytes);
+    if (linear.b_cast_bytes > 0) trace.alloc(L, linear.names.b_cast, linear.b_cast_bytes);
+    trace.alloc(L, linear.names.rank, linear.rank_bytes);
+  }
 }
 
 // Its backward: the 4-bit weight dequantized again for the input gradient (item 22), then what
@@ -432,8 +476,12 @@ void lora_backward(TensorTrace& trace, const LayerShape& shape, const LoraGroup&
     trace.alloc(L, "qlora.dequantized_weight", group.largest_weight);
     trace.free("qlora.dequantized_weight");
   }
-  if (group.rank_bytes > 0) trace.free(group.rank_name);
-  if (group.inputs_bytes > 0) trace.free(group.inputs_name);
+  for (auto linear = group.adapted.rbegin(); linear != group.adapted.rend(); ++linear) {
+    trace.free(linear->names.rank);
+    if (linear->b_cast_bytes > 0) trace.free(linear->names.b_cast);
+    if (linear->input_bytes > 0) trace.free(linear->names.input);
+    if (linear->a_cast_bytes > 0) trace.free(linear->names.a_cast);
+  }
 }
 
 double mlp_tile_tokens(const LayerShape& shape) {
@@ -464,20 +512,21 @@ void ulysses_attention_forward(TensorTrace& trace, const LayerShape& shape, cons
 
   trace.set_moment("q/k/v projections and all-to-all");
   trace.alloc(L, "attention_norm.output", bytes.x);
-  eager_norm_saved_alloc(trace, L, kAttentionNormSaved, bytes.x, static_cast<double>(shape.tokens), impl);
-  if (!keep) eager_norm_saved_free(trace, kAttentionNormSaved, impl);  // under no_grad: transient
+  eager_norm_saved_alloc(trace, L, kAttentionNormSaved, bytes.x, shape, impl);
+  if (!keep) eager_norm_saved_free(trace, kAttentionNormSaved, shape, impl);  // under no_grad: transient
   lora_forward(trace, shape, lora_attention_projections(shape, impl), keep);
   projections_alloc(trace, shape, "attention.qkv_proj", {{"attention.q_proj", bytes.q}, {"attention.k_proj", bytes.kv},
                                                           {"attention.v_proj", bytes.kv}});
+  if (keep && !base_linears_save_input(shape)) trace.free("attention_norm.output");  // read by frozen linears alone
   const char* q_before_rope = "attention.q_proj";
   const char* k_before_rope = "attention.k_proj";
   if (shape.qk_norm) {
     const double kv_rstd = static_cast<double>(shape.tokens) * static_cast<double>(shape.num_kv_heads) * 4.0;
     trace.alloc(L, "attention.q_norm_rstd", bytes.lse);
-    eager_norm_saved_alloc(trace, L, kQNormSaved, bytes.q, static_cast<double>(shape.tokens), impl);
+    eager_norm_saved_alloc(trace, L, kQNormSaved, bytes.q, shape, impl);
     trace.alloc(L, "attention.q_normed", bytes.q);
     trace.alloc(L, "attention.k_norm_rstd", kv_rstd);
-    eager_norm_saved_alloc(trace, L, kKNormSaved, bytes.kv, static_cast<double>(shape.tokens), impl);
+    eager_norm_saved_alloc(trace, L, kKNormSaved, bytes.kv, shape, impl);
     trace.alloc(L, "attention.k_normed", bytes.kv);
     if (impl.eager_rms_norm) {  // eager saves the upcast, not the projection itself
       trace.free("attention.q_proj");
@@ -568,8 +617,8 @@ void fpdt_attention_forward(TensorTrace& trace, const LayerShape& shape, const L
   const double q_chunk = bytes.q * fraction, kv_chunk = bytes.kv_replicated * fraction, lse_chunk = bytes.lse * fraction;
   trace.set_moment("fpdt attention chunk");
   trace.alloc(L, "attention_norm.output", bytes.x);
-  eager_norm_saved_alloc(trace, L, kAttentionNormSaved, bytes.x, static_cast<double>(shape.tokens), impl);
-  if (!keep) eager_norm_saved_free(trace, kAttentionNormSaved, impl);
+  eager_norm_saved_alloc(trace, L, kAttentionNormSaved, bytes.x, shape, impl);
+  if (!keep) eager_norm_saved_free(trace, kAttentionNormSaved, shape, impl);
   trace.alloc(L, "attention.output_local", bytes.q);  // final_output, filled chunk by chunk
   trace.alloc(L, "fpdt.q_proj_chunk", q_chunk);
   trace.alloc(L, "fpdt.k_proj_chunk", kv_chunk);
@@ -605,8 +654,8 @@ void decoder_layer_forward(TensorTrace& trace, const LayerShape& shape, const La
 
   trace.set_moment("mlp");
   trace.alloc(L, "mlp_norm.output", bytes.x);
-  eager_norm_saved_alloc(trace, L, kMlpNormSaved, bytes.x, static_cast<double>(shape.tokens), impl);
-  if (!keep) eager_norm_saved_free(trace, kMlpNormSaved, impl);
+  eager_norm_saved_alloc(trace, L, kMlpNormSaved, bytes.x, shape, impl);
+  if (!keep) eager_norm_saved_free(trace, kMlpNormSaved, shape, impl);
   lora_forward(trace, shape, lora_mlp(shape, impl), keep);  // LoRA plans run untiled MLPs (plan_problems)
   if (shape.mlp_tiles == 0) {
     if (shape.experts > 0) moe_forward(trace, shape, impl, keep);
@@ -630,7 +679,7 @@ void decoder_layer_forward(TensorTrace& trace, const LayerShape& shape, const La
     trace.alloc(L, "mlp.output", bytes.x);
     trace.free("mlp.tile_outputs");
   }
-  if (!keep) trace.free("mlp_norm.output");
+  if (!keep || !base_linears_save_input(shape)) trace.free("mlp_norm.output");  // frozen gate/up save no input
   trace.alloc(L, "layer.output", bytes.x);
   trace.free("mlp.output");
   // The residual is read by the MLP's norm and the last add, neither of which saves it when the norm
@@ -753,8 +802,7 @@ void ulysses_attention_backward(TensorTrace& trace, const LayerShape& shape, con
   trace.free("attention.q_proj_grad");
   trace.free("attention.k_proj_grad");
   trace.free("attention.v_proj_grad");
-  trace.free("attention_norm.output");
-
+  if (base_linears_save_input(shape)) trace.free("attention_norm.output");
 }
 
 // FPDT attention backward (REFERENCE §3.6): grad_layernorm_output is a full local buffer of zero
@@ -806,13 +854,13 @@ void decoder_layer_backward(TensorTrace& trace, const LayerShape& shape, const L
     trace.free("mlp.output");
     if (impl.mlp_tile_weight_grads_bytes > 0) trace.free("mlp_tile_weight_grads");
   }
-  trace.free("mlp_norm.output");  // after gate/up weight gradients
+  if (base_linears_save_input(shape)) trace.free("mlp_norm.output");  // after gate/up weight gradients
   lora_backward(trace, shape, lora_mlp(shape, impl));
 
   trace.set_moment("mlp norm");
   // RMSNorm backward, with the residual branch's gradient summed in.
   trace.alloc(L, "residual.attention_grad", bytes.x);
-  eager_norm_saved_free(trace, kMlpNormSaved, impl);
+  eager_norm_saved_free(trace, kMlpNormSaved, shape, impl);
   trace.free("mlp.input_grad");
   if (!impl.eager_rms_norm) trace.free("residual.attention");
 
@@ -823,7 +871,7 @@ void decoder_layer_backward(TensorTrace& trace, const LayerShape& shape, const L
   lora_backward(trace, shape, lora_attention_projections(shape, impl));
   trace.set_moment("attention norm");
   trace.alloc(L, "layer.input_grad", bytes.x);
-  eager_norm_saved_free(trace, kAttentionNormSaved, impl);
+  eager_norm_saved_free(trace, kAttentionNormSaved, shape, impl);
   trace.free("attention_norm.output_grad");
   trace.free("residual.attention_grad");
   trace.free("layer.output_grad");
@@ -911,7 +959,7 @@ void lm_loss_forward_backward(TensorTrace& trace, const LayerShape& shape, const
   const double tile = static_cast<double>(std::min<int64_t>(std::max<int64_t>(tile_tokens, 1), shape.tokens));
   trace.set_moment("logits and cross entropy");
   trace.alloc(kCategoryLoss, "final_norm.output", bytes.x);
-  eager_norm_saved_alloc(trace, kCategoryLoss, kFinalNormSaved, bytes.x, tokens, impl);
+  eager_norm_saved_alloc(trace, kCategoryLoss, kFinalNormSaved, bytes.x, shape, impl);
   switch (loss) {
     case LossImplementation::loss_untiled:
       logits_and_cross_entropy(trace, shape, impl, tokens, "final_norm.output_grad");
@@ -952,7 +1000,7 @@ void lm_loss_forward_backward(TensorTrace& trace, const LayerShape& shape, const
   }
   trace.set_moment("final norm backward");
   trace.alloc(L, "layer.output_grad", bytes.x);
-  eager_norm_saved_free(trace, kFinalNormSaved, impl);
+  eager_norm_saved_free(trace, kFinalNormSaved, shape, impl);
   trace.free("final_norm.output_grad");
   trace.free("final_norm.output");
   trace.free("final_norm.input");

@@ -55,6 +55,9 @@ struct LayerShape {
   int64_t lora_rank = 0;
   bool lora_all_linear = true;
   bool qlora = false;
+  // fp32 adapters under bf16 autocast (PEFT's dtype, the Trainer's bf16=True): autocast casts each
+  // adapter's A and B to bf16 and the adapters' matmuls save the casts for backward.
+  bool lora_adapter_casts = false;
 };
 
 // How the experts of a mixture-of-experts block run (Reference §12 items 45-47, 80):

@@ -72,3 +72,18 @@ def test_checkpointed_layer_saves_its_input_alone(longseq_binary, tmp_path):
     hidden_states_checkpoints price one [T, h] per layer."""
     own, _ = torch_layer_saved(ARCHITECTURES["llama"], TOKENS, gradient_checkpointing=True)
     assert [(shape, dtype, nbytes) for shape, dtype, nbytes, _ in own] == [((1, TOKENS, 64), "bfloat16", TOKENS * 64 * 2)]
+
+
+@pytest.mark.parametrize("targets", ["q,v", "all-linear"])
+def test_lora_layer_saved_tensors_match_the_planner(targets, longseq_binary, tmp_path):
+    """PEFT's LoRA (rank 4, fp32 adapters) on a frozen bf16 Llama, under bf16 autocast as the Trainer
+    runs it: frozen linears and norm weights save nothing for their own gradients; each adapter saves
+    its bf16 input copy, its r-wide intermediate and autocast's bf16 casts of A and B."""
+    config = ARCHITECTURES["llama"]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    peft_targets = ["q_proj", "v_proj"] if targets == "q,v" else "all-linear"
+    own, _ = torch_layer_saved(config, TOKENS, autocast=True,
+                               lora={"r": 4, "lora_alpha": 8, "target_modules": peft_targets, "lora_dropout": 0.0})
+    planned = longseq_layer_saved(longseq_binary, str(path), TOKENS, PLANNER_FLAGS + ["--lora", "4", "--lora-targets", targets])
+    assert compare(own, planned) == ([], []), f"PyTorch: {own}\nplanner: {planned}"

@@ -463,14 +463,23 @@ TEST_CASE("LoRA under bf16 autocast saves each adapter's bf16 input copy and its
   // r = 4 on the shape above (h = 64, n_q d = 64, n_kv d = 16, f = 128, T = 1000, bf16). All seven
   // linears: q, k, v and gate, up each copy their h-wide input, o its 64-wide, down its f-wide:
   // T (5h + 64 + f) x 2 = 1,024,000 B; seven intermediates T x r x 2 = 56,000 B (Reference §12 item 9).
+  // The frozen bf16 base's linears save no input for a weight gradient they do not make: the two
+  // norm outputs (2X) and down_proj's input (F) are no longer kept (PyTorch's hooks on PEFT:
+  // tests/frameworks).
   LayerShape lora = shape_make();
   lora.lora_rank = 4;
   const double dense = decoder_layer_saved_bytes(shape_make(), eager());
-  CHECK(decoder_layer_saved_bytes(lora, eager()) - dense == 1'024'000 + 56'000);
+  CHECK(decoder_layer_saved_bytes(lora, eager()) - dense == 1'024'000 + 56'000 - 2 * X - F);
   // PEFT's default targets (q_proj, v_proj): two h-wide copies and two intermediates.
   lora.lora_all_linear = false;
-  CHECK(decoder_layer_saved_bytes(lora, eager()) - dense == 2 * 128'000 + 2 * 8'000);
-  // QLoRA with autocast on casts no input (item 10): the intermediates only.
+  CHECK(decoder_layer_saved_bytes(lora, eager()) - dense == 2 * 128'000 + 2 * 8'000 - 2 * X - F);
+  // fp32 adapters under autocast also keep bf16 casts of A [r, in] and B [out, r]: q and v's
+  // 2 x 4 x (64 + 64) + 4 x (64 + 16) ... = r (in + out) x 2 B each.
+  LayerShape casts = lora;
+  casts.lora_adapter_casts = true;
+  CHECK(decoder_layer_saved_bytes(casts, eager()) - decoder_layer_saved_bytes(lora, eager()) == 4.0 * (64 + 64) * 2 + 4.0 * (64 + 16) * 2);
+  // QLoRA with autocast on casts no input (item 10): the intermediates only; bitsandbytes' 4-bit
+  // matmul saves its input whether or not the weight trains, so the norm outputs stay.
   lora.lora_all_linear = true;
   lora.qlora = true;
   CHECK(decoder_layer_saved_bytes(lora, eager()) - dense == 56'000);
