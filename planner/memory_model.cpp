@@ -89,7 +89,7 @@ Setup setup_make(const ModelSpec& model, const HardwareCard& card, const PlanOpt
   shape.qlora = plan.qlora;
   // fp32 adapters (no master copy: PEFT's dtype) in a bf16 step run under autocast, whose casts of A
   // and B are saved; DeepSpeed's mixed precision keeps bf16 adapters and TRL casts QLoRA's to bf16.
-  shape.lora_adapter_casts = plan.lora() && profile.master_weight_bytes == 0 && lora_adapter_bytes(profile, plan) > profile.activation_bytes;
+  shape.lora_adapter_casts = plan.lora() && profile.master_weight_bytes == 0 && lora_adapter_bytes(profile, plan) > as_double(profile.activation_bytes);
   // One sequence per sample: the ALST runs measured unpacked samples (paper §5.4), so the kernel
   // sees micro_batch sequences.
   shape.sequences = plan.micro_batch;

@@ -102,7 +102,8 @@ const std::vector<std::string>& report_figure_names();
 // throws ConfigError naming it: no key of a run scenario is dropped.
 struct ScenarioRunOptions {
   std::optional<bool> checkpointing, checkpoint_offload, offload_optimizer, offload_params, lora_all_linear;
-  std::optional<int64_t> mlp_tiles, loss_tiles, sp, ring, zero_stage, fpdt_chunk_tokens, lora_rank;
+  std::optional<int64_t> mlp_tiles, loss_tiles, sp, ring, fpdt_chunk_tokens, lora_rank;
+  std::optional<int> zero_stage;
 };
 ScenarioRunOptions scenario_run_options(const Scenario& scenario);
 

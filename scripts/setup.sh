@@ -10,6 +10,7 @@ packages=(
   slurmctld slurmd slurm-client munge
   gnuplot-nox
   python3 python3-yaml python3-venv
+  debootstrap
   clang libclang-rt-dev
 )
 
