@@ -19,7 +19,10 @@ cache="${LONGSEQ_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/longseq}"
 rootfs="$cache/rootfs-bookworm-minbase"
 bundle="$root/gpu-bundle"
 [ -x "$bundle/bin/longseq" ] || { echo "gpu-dry-run: no bundle at $bundle (scripts/gpu-bundle.sh)" >&2; exit 1; }
-[ "$(id -u)" = 0 ] || { echo "gpu-dry-run: needs root (chroot and bind mounts)" >&2; exit 1; }
+if [ "$(id -u)" != 0 ]; then  # chroot and bind mounts need root: as scripts/setup.sh, through sudo
+  command -v sudo >/dev/null || { echo "gpu-dry-run: needs root (chroot, bind mounts) and there is no sudo" >&2; exit 1; }
+  exec sudo --preserve-env=LONGSEQ_CACHE,XDG_CACHE_HOME,HOME "$0" "$out"
+fi
 if [ ! -f "$rootfs/.complete" ]; then
   command -v debootstrap >/dev/null || { echo "gpu-dry-run: debootstrap is missing (scripts/setup.sh installs it)" >&2; exit 1; }
   echo "gpu-dry-run: making a minimal Debian root in $rootfs (once)"
