@@ -1,0 +1,193 @@
+"""Every --emit target's files, read by the code of the framework they are for (its newest release in
+requirements.txt): DeepSpeed's DeepSpeedConfig in a world of the planned size, Accelerate's own
+launch path (its config loader, the environment `accelerate launch` builds, ParallelismConfig and the
+FSDP plugin built from it), TRL's SFTConfig, PEFT's LoraConfig and transformers' BitsAndBytesConfig
+from the scripts' arguments, torchtitan 0.2.2's ConfigManager. A key a framework refuses, or a value
+it reads otherwise than planned, fails a test.
+
+Not here: ArcticTraining (0.8.0 requires transformers < 5: an environment of its own), Megatron-
+DeepSpeed (not on PyPI), Unsloth (needs CUDA)."""
+import ast
+import json
+import os
+import subprocess
+import unittest.mock as mock
+
+import pytest
+
+
+def emit(longseq_binary, tmp_path, target, flags, suffix):
+    out = tmp_path / f"{target}{suffix}"
+    args = [longseq_binary, "plan", "--emit", target, "--emit-out", str(out), "--overwrite", *flags]
+    run = subprocess.run(args, capture_output=True, text=True)
+    assert run.returncode == 0, f"{' '.join(args)}: {run.stderr}"
+    return out, run.stderr
+
+
+def deepspeed_config(path, world_size):
+    """DeepSpeed's own reading of a JSON in a process group of `world_size` ranks."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from deepspeed.runtime.config import DeepSpeedConfig
+    with mock.patch("deepspeed.comm.get_world_size", return_value=world_size), mock.patch("deepspeed.comm.get_rank", return_value=0):
+        return DeepSpeedConfig(json.loads(path.read_text()))
+
+
+# (plan flags, GPUs): one GPU, a node, two nodes; ZeRO stages and offloads; Ulysses; Ulysses x ring.
+DEEPSPEED_PLANS = [
+    (["--model", "llama-3.1-8b", "--gpus", "1"], 1),
+    (["--model", "llama-3.1-8b", "--gpus", "8"], 8),
+    (["--model", "llama-3.1-70b", "--gpus", "16", "--nodes", "2"], 16),
+    (["--model", "qwen3-4b", "--gpus", "8", "--zero", "2", "--sp", "4", "--seqlen", "64K"], 8),
+    (["--model", "qwen3-4b", "--gpus", "8", "--zero", "1", "--no-offload-optimizer", "--sp", "2", "--seqlen", "32K"], 8),
+]
+
+
+@pytest.mark.parametrize("flags,gpus", DEEPSPEED_PLANS)
+def test_deepspeed_json_accepted_by_deepspeed(flags, gpus, longseq_binary, tmp_path):
+    path, _ = emit(longseq_binary, tmp_path, "deepspeed", flags + ["--framework", "deepspeed"], ".json")
+    config = deepspeed_config(path, gpus)
+    planned = json.loads(path.read_text())
+    assert config.zero_optimization_stage == planned["zero_optimization"]["stage"]
+    assert config.train_micro_batch_size_per_gpu == planned["train_micro_batch_size_per_gpu"]
+    assert config.bfloat16_config.enabled
+
+
+def test_usp_with_a_ring_passes_deepspeeds_batch_check(longseq_binary, tmp_path):
+    """Exports issue, item 8: DeepSpeed sees sequence_parallel_size (Ulysses) only, so a ring's
+    ranks count as data-parallel replicas in its batch check."""
+    path, notes = emit(longseq_binary, tmp_path, "usp",
+                       ["--model", "../data/hf/qwen2.5-7b.config.json", "--gpus", "8", "--framework", "usp"], ".json")
+    planned = json.loads(path.read_text())
+    assert planned["longseq_plan"]["plan"].startswith("sp=4 ring=2")
+    deepspeed_config(path, 8)
+    assert "set_seq_parallel_pg(4, 2" in notes
+
+
+def accelerate_launch_environment(path):
+    """What `accelerate launch --config_file PATH train.py` builds from the YAML: its checked
+    arguments and the environment the training process gets."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
+    args = launch_command_parser().parse_args(["--config_file", str(path), "train.py"])
+    args, defaults, mixed_precision_from_config = _validate_launch_command(args)
+    if args.use_deepspeed:  # as accelerate's launch_command does before deepspeed_launcher
+        fields = list(defaults.deepspeed_config.keys()) if defaults else []
+        args.deepspeed_fields_from_accelerate_config = ",".join(fields + (["mixed_precision"] if mixed_precision_from_config else []))
+        return args, prepare_deepspeed_cmd_env(args)[1]
+    return args, prepare_multi_gpu_env(args)
+
+
+@pytest.mark.parametrize("flags,gpus", [(["--model", "llama-3.1-8b", "--gpus", "8"], 8),
+                                        (["--model", "llama-3.1-8b", "--gpus", "16", "--nodes", "2"], 16)])
+def test_accelerate_deepspeed_yaml_and_json(flags, gpus, longseq_binary, tmp_path):
+    path, _ = emit(longseq_binary, tmp_path, "accelerate", flags + ["--framework", "hf-accelerate"], ".yaml")
+    args, environment = accelerate_launch_environment(path)
+    assert args.use_deepspeed and args.num_processes == gpus
+    from accelerate.parallelism_config import ParallelismConfig
+    with mock.patch.dict(os.environ, environment):
+        parallelism = ParallelismConfig()
+    planned = json.loads(path.with_name(path.stem + ".deepspeed.json").read_text())
+    assert parallelism.sp_size == planned["longseq_plan"]["sp"]
+    assert parallelism.dp_shard_size * parallelism.sp_size == gpus
+    # The JSON beside it, as the HF Trainer fills its "auto" values for that world (dp x micro).
+    filled = dict(planned, train_batch_size=gpus // parallelism.sp_size, train_micro_batch_size_per_gpu=1,
+                  gradient_accumulation_steps=1, gradient_clipping=1.0)
+    path.with_name("filled.json").write_text(json.dumps(filled))
+    deepspeed_config(path.with_name("filled.json"), gpus)
+
+
+FSDP2_PLANS = [
+    (["--model", "qwen3-8b", "--gpus", "8", "--seqlen", "256K"], 8),
+    (["--model", "llama-3.1-8b", "--gpus", "32", "--dp-replicate", "2"], 32),  # exports issue, item 2
+    (["--model", "qwen3-4b", "--gpus", "8", "--seqlen", "16K", "--ring", "1", "--zero", "3", "--checkpointing"], 8),
+]
+
+
+@pytest.mark.parametrize("flags,gpus", FSDP2_PLANS)
+def test_accelerate_fsdp2_yaml_builds_its_parallelism_and_plugin(flags, gpus, longseq_binary, tmp_path):
+    path, notes = emit(longseq_binary, tmp_path, "accelerate-fsdp2", flags + ["--framework", "accelerate-fsdp2"], ".yaml")
+    args, environment = accelerate_launch_environment(path)
+    assert args.num_processes == gpus
+    from accelerate.parallelism_config import ParallelismConfig
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    with mock.patch.dict(os.environ, environment):
+        parallelism = ParallelismConfig()  # its __post_init__ refuses what Accelerate refuses
+        plugin = FullyShardedDataParallelPlugin()
+    assert parallelism.total_size == gpus
+    assert plugin.fsdp_version == 2
+    if parallelism.cp_size == 1:
+        assert "pad_to_multiple_of" not in notes  # exports issue, item 11
+
+
+def script_calls(path):
+    """The keyword arguments of each call in a Python script, by the called name (literals only;
+    names the script defines, MAX_SEQ_LENGTH or MODEL, are resolved; torch.bfloat16 becomes torch's)."""
+    import torch
+    tree = ast.parse(path.read_text())
+    constants = {node.targets[0].id: ast.literal_eval(node.value) for node in tree.body
+                 if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and isinstance(node.value, ast.Constant)}
+    calls = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            kwargs = {}
+            for keyword in node.keywords:
+                value = keyword.value
+                if isinstance(value, ast.Name) and value.id in constants:
+                    kwargs[keyword.arg] = constants[value.id]
+                elif isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name) and value.value.id == "torch":
+                    kwargs[keyword.arg] = getattr(torch, value.attr)
+                else:
+                    try:
+                        kwargs[keyword.arg] = ast.literal_eval(value)
+                    except ValueError:
+                        kwargs[keyword.arg] = None  # a name bound at run time (model, quantization)
+            calls[name] = kwargs
+    return calls
+
+
+SCRIPT_PLANS = [
+    ["--model", "llama-3.1-8b", "--gpus", "1", "--lora", "16"],
+    ["--model", "llama-3.1-8b", "--gpus", "1", "--lora", "16", "--lora-targets", "q,v", "--qlora"],
+    ["--model", "qwen3-4b", "--gpus", "1", "--seqlen", "16K"],
+    ["--model", "qwen3-4b", "--gpus", "1", "--seqlen", "16K", "--adam-8bit"],
+]
+
+
+@pytest.mark.parametrize("flags", SCRIPT_PLANS)
+def test_hf_trainer_script_arguments_accepted(flags, longseq_binary, tmp_path):
+    path, _ = emit(longseq_binary, tmp_path, "hf-trainer", flags + ["--framework", "hf-trainer"], ".py")
+    calls = script_calls(path)
+    from trl import SFTConfig
+    # use_cpu: this machine has no GPU to check bf16=True against (the arguments are the script's).
+    sft = dict(calls["SFTConfig"], output_dir=str(tmp_path / "out"), use_cpu=True)
+    config = SFTConfig(**sft)
+    assert config.max_length == sft["max_length"]
+    if "LoraConfig" in calls:
+        from peft import LoraConfig
+        lora = LoraConfig(**calls["LoraConfig"])
+        assert lora.r == calls["LoraConfig"]["r"]
+    if "BitsAndBytesConfig" in calls:
+        from transformers import BitsAndBytesConfig
+        quantization = BitsAndBytesConfig(**calls["BitsAndBytesConfig"])
+        assert quantization.load_in_4bit and quantization.bnb_4bit_quant_type == "nf4"
+
+
+def test_unsloth_script_sft_arguments_accepted(longseq_binary, tmp_path):
+    path, notes = emit(longseq_binary, tmp_path, "unsloth", ["--model", "llama-3.1-8b", "--gpus", "1", "--lora", "16", "--qlora",
+                                                               "--framework", "unsloth"], ".py")
+    from trl import SFTConfig
+    SFTConfig(**dict(script_calls(path)["SFTConfig"], output_dir=str(tmp_path / "out"), use_cpu=True))
+    assert "TRL 0.24" in notes  # exports issue, item 10
+
+
+@pytest.mark.parametrize("flags", [["--model", "llama-3.1-8b", "--gpus", "8"], ["--model", "qwen3-14b", "--gpus", "8"],
+                                   ["--model", "llama-3.1-70b", "--gpus", "32", "--dp-replicate", "2"]])
+def test_torchtitan_toml_parsed_by_torchtitan(flags, longseq_binary, tmp_path):
+    path, _ = emit(longseq_binary, tmp_path, "torchtitan", flags + ["--framework", "torchtitan"], ".toml")
+    from torchtitan.config import ConfigManager
+    config = ConfigManager().parse_args(["--job.config_file", str(path)])
+    tp, cp = config.parallelism.tensor_parallel_degree, config.parallelism.context_parallel_degree
+    assert config.training.seq_len % (tp * 2 * cp) == 0  # parallelize_llama's assert (exports issue, item 5)
+    assert config.training.dataset in ("c4", "c4_test", "c4_validation")  # its registered names (item 11)
+    assert config.model.name in ("llama3", "qwen3")
