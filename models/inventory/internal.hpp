@@ -1,0 +1,196 @@
+// internal.hpp: what the decoder layer's inventory files share (models/inventory/*.cpp): the sizes of
+// its tensors, the eager RMSNorm's and a frozen base's saving rules, the projections and the
+// Ulysses all-to-all every block uses, LoRA's per-linear names, and each block's entry points.
+// Not a public header: models/layer_inventory.hpp is the inventory's interface. Each step of every
+// block cites the code whose allocations it mirrors; REFERENCE means ../shared/REFERENCE.md, which
+// names the files and versions.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <utility>
+#include <vector>
+
+#include "models/layer_inventory.hpp"
+
+namespace longseq::inventory {
+
+inline constexpr const char* L = kCategoryLayer;
+
+struct Bytes {
+  double x, q, kv, kv_replicated, lse;
+  Bytes(const LayerShape& shape, const LayerImplementation& impl) {
+    const double tokens = static_cast<double>(shape.tokens);
+    const double a = static_cast<double>(impl.activation_bytes);
+    x = tokens * static_cast<double>(shape.hidden) * a;
+    q = tokens * static_cast<double>(shape.q_width) * a;
+    kv = tokens * static_cast<double>(shape.kv_width) * a;
+    kv_replicated = kv * static_cast<double>(shape.kv_replication);
+    lse = tokens * static_cast<double>(shape.num_q_heads) * 4.0;  // fp32 [b, n_q/sp, S]
+  }
+};
+
+// Eager RMSNorm's saved tensors beside its output (REFERENCE §7.2): the fp32 upcast of its input
+// (read by pow's backward) and the normalized value in the activation dtype (read by the weight
+// multiply's backward). Trace names must outlive the trace, hence one literal pair per norm.
+// The fp32 rsqrt(variance + eps) [T, 1] (saved by the multiply that applies it) is the layer norms'
+// third saved tensor; a q/k norm's per-head one is its own ("attention.q_norm_rstd", sized by heads).
+// Held to PyTorch's saved-tensor hooks on transformers' Llama, Qwen and Mistral layers
+// (tests/frameworks: each eager RMSNorm saves exactly these three).
+struct EagerNormNames {
+  const char* input_fp32;
+  const char* normalized;
+  const char* rstd;  // nullptr: the caller allocates it (a q/k norm's)
+};
+inline constexpr EagerNormNames kAttentionNormSaved{"attention_norm.input_fp32", "attention_norm.normalized", "attention_norm.rstd_fp32"};
+inline constexpr EagerNormNames kMlpNormSaved{"mlp_norm.input_fp32", "mlp_norm.normalized", "mlp_norm.rstd_fp32"};
+inline constexpr EagerNormNames kFinalNormSaved{"final_norm.input_fp32", "final_norm.normalized", "final_norm.rstd_fp32"};
+inline constexpr EagerNormNames kQNormSaved{"attention.q_norm.input_fp32", "attention.q_norm.normalized", nullptr};
+inline constexpr EagerNormNames kKNormSaved{"attention.k_norm.input_fp32", "attention.k_norm.normalized", nullptr};
+
+// What a frozen base does not save (LoRA and QLoRA freeze every base parameter, Reference §12 items
+// 11-12): a linear saves its input for its weight's gradient alone, so a frozen nn.Linear (LoRA's
+// bf16 base) saves none, while bitsandbytes' 4-bit matmul saves it whenever the input needs a
+// gradient (QLoRA); a norm's weight multiply saves the normalized value for the weight's gradient
+// alone. Held to PyTorch's hooks on PEFT's adapters (tests/frameworks).
+inline bool base_linears_save_input(const LayerShape& shape) { return shape.lora_rank == 0 || shape.qlora; }
+inline bool norm_weights_trained(const LayerShape& shape) { return shape.lora_rank == 0; }
+
+// `normalized_bytes`: the norm's output size in the activation dtype; its rows are shape.tokens.
+inline void eager_norm_saved_alloc(TensorTrace& trace, const char* category, const EagerNormNames& names, double normalized_bytes,
+                            const LayerShape& shape, const LayerImplementation& impl) {
+  if (!impl.eager_rms_norm) return;
+  trace.alloc(category, names.input_fp32, normalized_bytes / static_cast<double>(impl.activation_bytes) * 4.0);
+  if (names.rstd) trace.alloc(category, names.rstd, static_cast<double>(shape.tokens) * 4.0);
+  if (norm_weights_trained(shape)) trace.alloc(category, names.normalized, normalized_bytes);
+}
+inline void eager_norm_saved_free(TensorTrace& trace, const EagerNormNames& names, const LayerShape& shape, const LayerImplementation& impl) {
+  if (!impl.eager_rms_norm) return;
+  if (norm_weights_trained(shape)) trace.free(names.normalized);
+  if (names.rstd) trace.free(names.rstd);
+  trace.free(names.input_fp32);
+}
+
+// Rows the attention kernel's backward pads its fp32 dq accumulator and softmax_d by: FA2 varlen
+// per sequence (the profile's rows), FA3 round_up(total_q + b * 64, 64) (hopper/flash_api.cpp).
+inline double attention_backward_pad_rows(const LayerShape& shape, const LayerImplementation& impl) {
+  const int64_t sequences = std::max<int64_t>(shape.sequences, 1);
+  if (impl.flash_attention_3) {
+    const int64_t rows = shape.tokens * shape.sp;  // the kernel's total_q: b * S / ring after the all-to-all
+    return static_cast<double>((rows + 64 * sequences + 63) / 64 * 64 - rows);
+  }
+  return static_cast<double>(impl.flash_attention_varlen_pad_rows * sequences);
+}
+
+// Qwen3's q_norm/k_norm (RMSNorm over head_dim before RoPE) keep for backward: fp32 rstd per head
+// and, under Liger, their inputs (the q/k projections); eager, the fp32 upcast and the normalized
+// value instead (REFERENCE §7.2, modeling_qwen3.py Qwen3Attention.forward).
+inline void qk_norm_saved_free(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl) {
+  if (!shape.qk_norm) return;
+  trace.free("attention.q_norm_rstd");
+  trace.free("attention.k_norm_rstd");
+  if (impl.eager_rms_norm) {
+    eager_norm_saved_free(trace, kQNormSaved, shape, impl);
+    eager_norm_saved_free(trace, kKNormSaved, shape, impl);
+  } else {
+    trace.free("attention.q_proj");
+    trace.free("attention.k_proj");
+  }
+}
+
+// One Ulysses all-to-all of `input` into a new tensor `output` of the same size (DS
+// ulysses_sp.py _DimZeroAllToAll, REFERENCE §3.1): the send side is a rearranged .contiguous()
+// copy, the receive side torch.empty_like; the result is laid out by one more .contiguous()
+// while the receive buffer is still referenced. Without sequence parallelism there is no
+// all-to-all and the output is a view of the input.
+inline void ulysses_all_to_all(TensorTrace& trace, const char* input, const char* output, double bytes,
+                        const LayerShape& shape, const LayerImplementation& impl) {
+  if (shape.sp == 1) {
+    trace.alias(input, L, output);
+    return;
+  }
+  for (int64_t copy = 0; copy < impl.ulysses_staging_copies; ++copy) trace.alloc(L, "ulysses.staging", bytes);
+  // The send copy dies when the collective returns; the last staging buffer lives until the
+  // output layout copy exists.
+  for (int64_t copy = 1; copy < impl.ulysses_staging_copies; ++copy) trace.free("ulysses.staging");
+  trace.alloc(L, output, bytes);
+  if (impl.ulysses_staging_copies > 0) trace.free("ulysses.staging");
+}
+
+// The outputs of projections that read the same input: one tensor each, or (Phi-3's fused
+// projections) slices of one output named `fused`, whose storage lives while any slice does.
+inline void projections_alloc(TensorTrace& trace, const LayerShape& shape, const char* fused,
+                       std::initializer_list<std::pair<const char*, double>> outputs) {
+  if (!shape.fused_projections) {
+    for (const auto& [name, bytes] : outputs) trace.alloc(L, name, bytes);
+    return;
+  }
+  double total = 0;
+  for (const auto& output : outputs) total += output.second;
+  trace.alloc(L, fused, total);
+  for (const auto& output : outputs) trace.alias(fused, L, output.first);
+  trace.free(fused);
+}
+
+// LoRA's tensors beside a frozen linear group's (Reference §12 items 9-10, 20-22), under bf16
+// autocast. Per adapted linear of input width `in`: lora_A saves its input in bf16, made from an
+// fp32 copy (the cast to the adapter's fp32 dtype, then autocast's cast back; the fp32 copy is
+// transient), and lora_B saves the r-wide intermediate. On a 4-bit base (QLoRA) the input is not
+// cast (autocast on: no conversion), each 4-bit linear clones its result (transient) and
+// dequantizes its weight into a [out, in] compute-dtype buffer for the matmul, one at a time.
+// One adapted linear's saved tensors, by the trace names of its base linear (literals: trace names
+// must outlive the trace).
+struct LoraNames {
+  const char* input;   // lora_A's input (bf16)
+  const char* rank;    // lora_B's input, the r-wide intermediate
+  const char* a_cast;  // autocast's bf16 copy of A, saved for lora_A's input gradient
+  const char* b_cast;  // and of B, for lora_B's
+};
+constexpr LoraNames kLoraQ{"lora.q_proj.input", "lora.q_proj.rank", "lora.q_proj.A_bf16", "lora.q_proj.B_bf16"};
+constexpr LoraNames kLoraK{"lora.k_proj.input", "lora.k_proj.rank", "lora.k_proj.A_bf16", "lora.k_proj.B_bf16"};
+constexpr LoraNames kLoraV{"lora.v_proj.input", "lora.v_proj.rank", "lora.v_proj.A_bf16", "lora.v_proj.B_bf16"};
+constexpr LoraNames kLoraO{"lora.o_proj.input", "lora.o_proj.rank", "lora.o_proj.A_bf16", "lora.o_proj.B_bf16"};
+constexpr LoraNames kLoraGate{"lora.gate_proj.input", "lora.gate_proj.rank", "lora.gate_proj.A_bf16", "lora.gate_proj.B_bf16"};
+constexpr LoraNames kLoraUp{"lora.up_proj.input", "lora.up_proj.rank", "lora.up_proj.A_bf16", "lora.up_proj.B_bf16"};
+constexpr LoraNames kLoraDown{"lora.down_proj.input", "lora.down_proj.rank", "lora.down_proj.A_bf16", "lora.down_proj.B_bf16"};
+
+struct LoraLinear {
+  LoraNames names;
+  double input_bytes = 0, rank_bytes = 0, a_cast_bytes = 0, b_cast_bytes = 0;  // saved (0: not saved)
+};
+
+struct LoraGroup {
+  std::vector<LoraLinear> adapted;
+  double largest_input_fp32 = 0;              // transient cast copy
+  double largest_output = 0, largest_weight = 0;  // QLoRA's clone and dequantized weight
+};
+
+struct LoraSite {
+  LoraNames names;
+  int64_t in, out;
+  bool default_target;  // adapted by PEFT's default targets (q_proj, v_proj)
+};
+
+// The blocks, each in its file (same names as executor/step/): mlp.cpp, moe.cpp, lora.cpp,
+// attention.cpp, loss.cpp.
+void mlp_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, double tokens, bool keep);
+void mlp_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, double tokens,
+                  const char* input_grad_name);
+double mlp_tile_tokens(const LayerShape& shape);
+LayerShape moe_tile_shape(const LayerShape& shape);
+void mlp_tile_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep);
+void moe_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep);
+void moe_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, const char* input_grad_name);
+LoraGroup lora_attention_projections(const LayerShape& shape, const LayerImplementation& impl);
+LoraGroup lora_output_projection(const LayerShape& shape, const LayerImplementation& impl);
+LoraGroup lora_mlp(const LayerShape& shape, const LayerImplementation& impl);
+void lora_forward(TensorTrace& trace, const LayerShape& shape, const LoraGroup& group, bool keep);
+void lora_backward(TensorTrace& trace, const LayerShape& shape, const LoraGroup& group);
+void ulysses_attention_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep);
+void ulysses_attention_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl);
+void fpdt_attention_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep);
+void fpdt_attention_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl);
+
+}  // namespace longseq::inventory

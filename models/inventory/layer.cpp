@@ -1,0 +1,132 @@
+// layer.cpp: one decoder layer from its blocks (attention.cpp, mlp.cpp, moe.cpp, lora.cpp), and the
+// sizes derived from it (the saved set, FPDT's host chunks, pinned allocations).
+#include "models/inventory/internal.hpp"
+
+
+namespace longseq {
+
+using namespace inventory;
+
+void decoder_layer_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep) {
+  const Bytes bytes(shape, impl);
+  if (shape.fpdt_chunk_tokens > 0) fpdt_attention_forward(trace, shape, impl, keep);
+  else ulysses_attention_forward(trace, shape, impl, keep);
+
+  trace.set_moment("o_proj and residual");
+  lora_forward(trace, shape, lora_output_projection(shape, impl), keep);
+  trace.alloc(L, "attention.o_proj_output", bytes.x);
+  if (!keep) trace.free("attention.output_local");
+  if (!keep) trace.free("attention_norm.output");
+  trace.alloc(L, "residual.attention", bytes.x);
+  trace.free("attention.o_proj_output");
+
+  trace.set_moment("mlp");
+  trace.alloc(L, "mlp_norm.output", bytes.x);
+  eager_norm_saved_alloc(trace, L, kMlpNormSaved, bytes.x, shape, impl);
+  if (!keep) eager_norm_saved_free(trace, kMlpNormSaved, shape, impl);
+  lora_forward(trace, shape, lora_mlp(shape, impl), keep);  // LoRA plans run untiled MLPs (plan_problems)
+  if (shape.mlp_tiles == 0) {
+    if (shape.experts > 0) moe_forward(trace, shape, impl, keep);
+    else mlp_forward(trace, shape, impl, static_cast<double>(shape.tokens), keep);
+  } else if (shape.fpdt_chunk_tokens > 0) {  // (a MoE block runs outside FPDT: plan_problems)
+    // FPDT_FFN: each chunk's output is written into one preallocated output; only x is saved.
+    trace.alloc(L, "mlp.output_full", bytes.x);
+    mlp_forward(trace, shape, impl, mlp_tile_tokens(shape), /*keep=*/false);
+    trace.free("mlp.output");  // this chunk's output, copied into mlp.output_full
+    trace.alias("mlp.output_full", L, "mlp.output");
+    trace.free("mlp.output_full");
+  } else {
+    // DeepSpeed TiledMLP forward (REFERENCE §3.2): each tile runs under no_grad, outputs are
+    // collected in a list and torch.cat'ed; only the MLP input is saved. Over a MoE block it is
+    // Unsloth's, which tiles the whole block, router and experts (Reference §12 items 34, 78,
+    // p. 279; ALST's patches dense MLP classes only, item 77: framework_unsupported says where).
+    trace.alloc(L, "mlp.tile_outputs", bytes.x);
+    mlp_tile_forward(trace, shape, impl, /*keep=*/false);
+    trace.set_moment("mlp");  // the tiles' outputs concatenated
+    trace.free("mlp.output");  // this tile's output is part of mlp.tile_outputs
+    trace.alloc(L, "mlp.output", bytes.x);
+    trace.free("mlp.tile_outputs");
+  }
+  if (!keep || !base_linears_save_input(shape)) trace.free("mlp_norm.output");  // frozen gate/up save no input
+  trace.alloc(L, "layer.output", bytes.x);
+  trace.free("mlp.output");
+  // The residual is read by the MLP's norm and the last add, neither of which saves it when the norm
+  // is eager (it saves its fp32 copy); a fused norm (Liger's, the executor's) saves its input.
+  if (!keep || impl.eager_rms_norm) trace.free("residual.attention");
+}
+
+
+void decoder_layer_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl) {
+  const Bytes bytes(shape, impl);
+
+  trace.set_moment("mlp");
+  if (shape.mlp_tiles == 0) {
+    if (shape.experts > 0) moe_backward(trace, shape, impl, "mlp.input_grad");
+    else mlp_backward(trace, shape, impl, static_cast<double>(shape.tokens), "mlp.input_grad");
+  } else {
+    // TiledMLP backward: x_grad = zeros_like(x); per tile, recompute with grad and backward; the
+    // tile's input gradient lands in a view of x_grad (a MoE block's too, Unsloth's).
+    // FPDT_FFN writes each chunk's input gradient into the input's own storage (x[st:ed].copy_).
+    if (shape.fpdt_chunk_tokens > 0) trace.alias("mlp_norm.output", L, "mlp.input_grad");
+    else trace.alloc(L, "mlp.input_grad", bytes.x);
+    if (impl.mlp_tile_weight_grads_bytes > 0) trace.alloc(kCategoryZero, "mlp_tile_weight_grads", impl.mlp_tile_weight_grads_bytes);
+    mlp_tile_forward(trace, shape, impl, /*keep=*/true);
+    if (shape.experts > 0) moe_backward(trace, moe_tile_shape(shape), impl, "mlp.tile_input_grad");
+    else mlp_backward(trace, shape, impl, mlp_tile_tokens(shape), "mlp.tile_input_grad");
+    trace.free("mlp.tile_input_grad");
+    trace.free("mlp.output");
+    if (impl.mlp_tile_weight_grads_bytes > 0) trace.free("mlp_tile_weight_grads");
+  }
+  if (base_linears_save_input(shape)) trace.free("mlp_norm.output");  // after gate/up weight gradients
+  lora_backward(trace, shape, lora_mlp(shape, impl));
+
+  trace.set_moment("mlp norm");
+  // RMSNorm backward, with the residual branch's gradient summed in.
+  trace.alloc(L, "residual.attention_grad", bytes.x);
+  eager_norm_saved_free(trace, kMlpNormSaved, shape, impl);
+  trace.free("mlp.input_grad");
+  if (!impl.eager_rms_norm) trace.free("residual.attention");
+
+  if (shape.fpdt_chunk_tokens > 0) fpdt_attention_backward(trace, shape, impl);
+  else ulysses_attention_backward(trace, shape, impl);
+
+  lora_backward(trace, shape, lora_output_projection(shape, impl));
+  lora_backward(trace, shape, lora_attention_projections(shape, impl));
+  trace.set_moment("attention norm");
+  trace.alloc(L, "layer.input_grad", bytes.x);
+  eager_norm_saved_free(trace, kAttentionNormSaved, shape, impl);
+  trace.free("attention_norm.output_grad");
+  trace.free("residual.attention_grad");
+  trace.free("layer.output_grad");
+  trace.free("layer.output");
+  // The layer's input: its checkpoint, or (no checkpointing) a fused norm's saved input; with an
+  // eager norm and no checkpoint nothing holds it, and the caller has freed it after forward.
+  if (trace.is_live("layer.input")) trace.free("layer.input");
+}
+
+
+double pinned_host_allocation_bytes(double bytes, bool power_of_two) {
+  return power_of_two && bytes > 0 ? std::exp2(std::ceil(std::log2(bytes))) : bytes;
+}
+
+double fpdt_host_bytes(const LayerShape& shape, const LayerImplementation& impl, bool pinned_power_of_two) {
+  if (shape.fpdt_chunk_tokens == 0) return 0;
+  const Bytes bytes(shape, impl);
+  const double chunks = static_cast<double>(shape.tokens) / static_cast<double>(shape.fpdt_chunk_tokens);
+  const double q_grad_fp32 = bytes.q / static_cast<double>(impl.activation_bytes) * 4.0;
+  double total = 0;
+  for (double layer_bytes : {bytes.q, bytes.kv_replicated, bytes.kv_replicated, /*output*/ bytes.q, bytes.lse, bytes.x, q_grad_fp32})
+    total += chunks * pinned_host_allocation_bytes(layer_bytes / chunks, pinned_power_of_two);
+  return total;
+}
+
+double decoder_layer_saved_bytes(const LayerShape& shape, const LayerImplementation& impl) {
+  TensorTrace trace;
+  const Bytes bytes(shape, impl);
+  trace.alloc(L, "layer.input", bytes.x);
+  decoder_layer_forward(trace, shape, impl, /*keep=*/true);
+  // Everything but layer.output; an eager norm saves its fp32 copy, not the layer's input.
+  return trace.current_bytes() - bytes.x - (impl.eager_rms_norm ? bytes.x : 0.0);
+}
+
+}  // namespace longseq

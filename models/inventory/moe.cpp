@@ -1,0 +1,188 @@
+// moe.cpp: the mixture-of-experts block (router, routing, experts by the loop or one grouped GEMM,
+// shared expert), forward and backward (Reference §12 part B).
+#include "models/inventory/internal.hpp"
+
+#include "models/config_error.hpp"
+
+namespace longseq::inventory {
+
+// A mixture-of-experts block's tensors (Reference §12 item 4.9; bytes of one rank's T tokens).
+struct MoeBytes {
+  double x, router_bf16, router_fp32, routing_weights_fp32, routing_indices, routing_weights, expert_mask;
+  double pairs_x, pairs_f;      // all T*k token-expert pairs: [T*k, h] and [T*k, I_e]
+  double expert_x, expert_f;    // one expert's share (T*k/E pairs), the expert loop's unit of work
+  double shared_f, shared_gate; // [T, I_s], [T, 1]
+  MoeBytes(const LayerShape& shape, const LayerImplementation& impl) {
+    const double tokens = static_cast<double>(shape.tokens), a = static_cast<double>(impl.activation_bytes);
+    const double experts = static_cast<double>(shape.experts), k = static_cast<double>(shape.experts_per_token);
+    const double h = static_cast<double>(shape.hidden), f = static_cast<double>(shape.expert_intermediate);
+    x = tokens * h * a;
+    router_bf16 = tokens * experts * a;                  // gate(x): [T, E] in the model dtype
+    router_fp32 = tokens * experts * 4.0;                // softmax(router_logits, dtype=torch.float), saved
+    routing_weights_fp32 = tokens * k * 4.0;             // topk values (renormalized)
+    routing_indices = tokens * k * 8.0;                  // topk indices, int64
+    routing_weights = tokens * k * a;                    // .to(hidden_states.dtype)
+    expert_mask = tokens * k * experts * 8.0;            // one_hot(selected_experts, E): int64
+    pairs_x = tokens * k * h * a;
+    pairs_f = tokens * k * f * a;
+    expert_x = pairs_x / experts;
+    expert_f = pairs_f / experts;
+    shared_f = tokens * static_cast<double>(shape.shared_expert_intermediate) * a;
+    shared_gate = tokens * a;
+  }
+};
+
+// The experts' tensors as one expert's (or, grouped, all experts') SwiGLU MLP runs on its
+// gathered tokens: the gathered input (saved by gate/up_proj), gate, up, SiLU(gate), the product
+// (saved by down_proj), the expert output (saved by the routing-weight multiply); the weighted
+// output (one expert's at a time in the loop: `weighted_x_bytes`) is index_add_'ed into the
+// block's output and dies.
+constexpr const char* kExpertTensors[] = {"moe.expert_inputs", "moe.expert_gate", "moe.expert_up", "moe.expert_act",
+                                          "moe.expert_product", "moe.expert_outputs"};
+void experts_forward(TensorTrace& trace, double x_bytes, double f_bytes, double weighted_x_bytes, bool keep) {
+  trace.alloc(L, kExpertTensors[0], x_bytes);
+  for (int i = 1; i <= 4; ++i) trace.alloc(L, kExpertTensors[i], f_bytes);
+  trace.alloc(L, kExpertTensors[5], x_bytes);
+  trace.alloc(L, "moe.weighted_output", weighted_x_bytes);
+  trace.free("moe.weighted_output");
+  if (!keep)
+    for (const char* name : kExpertTensors) trace.free(name);
+}
+
+// MoE block forward (HF SparseMoeBlock, Mixtral modeling L112-142; ArcticMoE moe.py L233-462).
+// Leaves "mlp.output" live and, with keep, what backward reads.
+void moe_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep) {
+  const MoeBytes b(shape, impl);
+  trace.set_moment("moe router");
+  trace.alloc(L, "moe.router_logits", b.router_bf16);
+  trace.alloc(L, "moe.router_probs", b.router_fp32);
+  // The logits are returned to the model and dropped unless output_router_logits collects them
+  // for the auxiliary loss (false by default; Reference §12 item 67: not modelled, said in plans).
+  trace.free("moe.router_logits");
+  trace.alloc(L, "moe.routing_weights_fp32", b.routing_weights_fp32);
+  trace.alloc(L, "moe.routing_indices", b.routing_indices);
+  trace.alloc(L, "moe.routing_weights", b.routing_weights);
+  trace.alloc(L, "mlp.output", b.x);  // final_hidden_states = zeros(T, h), filled by index_add_
+  trace.set_moment("moe experts");
+  trace.alloc(L, "moe.expert_mask", b.expert_mask);  // transient: the loop's torch.where reads it
+  if (impl.moe_experts == MoeExperts::moe_grouped_gemm) {
+    experts_forward(trace, b.pairs_x, b.pairs_f, b.pairs_x, keep);
+  } else if (keep) {
+    // Every expert's saved tensors stay: together they are the T*k pairs' (balanced or not).
+    experts_forward(trace, b.pairs_x, b.pairs_f, b.expert_x, true);
+  } else {
+    experts_forward(trace, b.expert_x, b.expert_f, b.expert_x, false);  // one expert at a time under no_grad
+  }
+  trace.free("moe.expert_mask");
+  if (!keep) {
+    trace.free("moe.routing_weights");
+    trace.free("moe.routing_indices");
+    trace.free("moe.routing_weights_fp32");
+    trace.free("moe.router_probs");
+  }
+  if (shape.shared_expert_intermediate > 0) {
+    // Qwen2-MoE's shared expert: a SwiGLU MLP of width I_s on every token, times
+    // sigmoid(shared_expert_gate(x)), added to the routed output.
+    trace.set_moment("moe shared expert");
+    trace.alloc(L, "moe.shared_gate", b.shared_f);
+    trace.alloc(L, "moe.shared_up", b.shared_f);
+    trace.alloc(L, "moe.shared_act", b.shared_f);
+    trace.alloc(L, "moe.shared_product", b.shared_f);
+    trace.alloc(L, "moe.shared_output", b.x);
+    if (shape.shared_expert_gate) trace.alloc(L, "moe.shared_gate_sigmoid", b.shared_gate);
+    trace.alloc(L, "moe.shared_weighted", b.x);
+    if (!keep) {
+      for (const char* name : {"moe.shared_gate", "moe.shared_up", "moe.shared_act", "moe.shared_product", "moe.shared_output"})
+        trace.free(name);
+      if (shape.shared_expert_gate) trace.free("moe.shared_gate_sigmoid");
+    }
+    trace.alloc(L, "moe.output_sum", b.x);  // routed + shared: a new tensor
+    trace.free("moe.shared_weighted");
+    trace.free("mlp.output");
+    trace.alias("moe.output_sum", L, "mlp.output");
+    trace.free("moe.output_sum");
+  }
+}
+
+// Backward of moe_forward(keep=true); the incoming gradient is the caller's. Leaves
+// `input_grad_name` ([T, h]) live: the sum of the router's, the shared expert's and every
+// expert's gathered-token gradients.
+void moe_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, const char* input_grad_name) {
+  const MoeBytes b(shape, impl);
+  trace.alloc(L, input_grad_name, b.x);
+  if (shape.shared_expert_intermediate > 0) {
+    trace.set_moment("moe shared expert");
+    trace.alloc(L, "moe.shared_output_grad", b.x);
+    trace.free("moe.shared_output");
+    if (shape.shared_expert_gate) trace.free("moe.shared_gate_sigmoid");
+    trace.alloc(L, "moe.shared_product_grad", b.shared_f);
+    trace.free("moe.shared_output_grad");
+    trace.alloc(L, "moe.shared_act_grad", b.shared_f);
+    trace.alloc(L, "moe.shared_up_grad", b.shared_f);
+    trace.free("moe.shared_product_grad");
+    trace.free("moe.shared_product");
+    trace.free("moe.shared_act");
+    trace.alloc(L, "moe.shared_gate_grad", b.shared_f);
+    trace.free("moe.shared_act_grad");
+    trace.alloc(L, "moe.shared_input_grad", b.x);  // summed into the input gradient
+    trace.free("moe.shared_input_grad");
+    for (const char* name : {"moe.shared_gate_grad", "moe.shared_up_grad", "moe.shared_gate", "moe.shared_up"}) trace.free(name);
+  }
+  // The expert loop differentiates one expert at a time while every other expert's saved tensors
+  // wait (the first one is the peak); the grouped GEMM all pairs at once.
+  trace.set_moment("moe experts");
+  const bool grouped = impl.moe_experts == MoeExperts::moe_grouped_gemm;
+  const double x_bytes = grouped ? b.pairs_x : b.expert_x, f_bytes = grouped ? b.pairs_f : b.expert_f;
+  trace.alloc(L, "moe.expert_output_grad", x_bytes);   // weighted multiply's backward
+  trace.alloc(L, "moe.expert_product_grad", f_bytes);  // down_proj's input gradient
+  trace.free("moe.expert_output_grad");
+  trace.alloc(L, "moe.expert_act_grad", f_bytes);
+  trace.alloc(L, "moe.expert_up_grad", f_bytes);
+  trace.free("moe.expert_product_grad");
+  trace.alloc(L, "moe.expert_gate_grad", f_bytes);     // SiLU backward
+  trace.free("moe.expert_act_grad");
+  trace.alloc(L, "moe.expert_input_grad", x_bytes);    // gate_proj's, then up_proj's summed in
+  trace.alloc(L, "moe.expert_input_grad_partial", x_bytes);
+  trace.free("moe.expert_input_grad_partial");
+  trace.free("moe.expert_gate_grad");
+  trace.free("moe.expert_up_grad");
+  // The gather hidden_states[top_x] differentiates into a zero [T, h] tensor with the rows put
+  // back (index backward), then summed into the input gradient.
+  trace.alloc(L, "moe.gather_grad", b.x);
+  trace.free("moe.expert_input_grad");
+  trace.free("moe.gather_grad");
+  for (const char* name : kExpertTensors) trace.free(name);
+  trace.set_moment("moe router");
+  // top-k and softmax backward in fp32 ([T, E] each), cast to the logits' dtype, the router's
+  // input gradient summed in.
+  trace.alloc(L, "moe.router_probs_grad", b.router_fp32);
+  trace.alloc(L, "moe.router_softmax_grad", b.router_fp32);
+  trace.free("moe.router_probs_grad");
+  trace.free("moe.router_probs");
+  trace.alloc(L, "moe.router_logits_grad", b.router_bf16);
+  trace.free("moe.router_softmax_grad");
+  trace.alloc(L, "moe.router_input_grad", b.x);
+  trace.free("moe.router_logits_grad");
+  trace.free("moe.router_input_grad");
+  trace.free("moe.routing_weights");
+  trace.free("moe.routing_indices");
+  trace.free("moe.routing_weights_fp32");
+}
+
+}  // namespace longseq::inventory
+
+namespace longseq {
+
+using namespace inventory;
+
+const char* moe_experts_name(MoeExperts experts) {
+  return experts == MoeExperts::moe_grouped_gemm ? "grouped_gemm" : "hf_expert_loop";
+}
+
+MoeExperts moe_experts_parse(const std::string& text, const std::string& source, const std::string& key) {
+  for (MoeExperts experts : {MoeExperts::moe_hf_expert_loop, MoeExperts::moe_grouped_gemm})
+    if (text == moe_experts_name(experts)) return experts;
+  throw ConfigError(source, key, "expected hf_expert_loop or grouped_gemm, got '" + text + "'");
+}
+
+}  // namespace longseq
