@@ -1,0 +1,89 @@
+// accelerate_fsdp2.cpp: --emit accelerate-fsdp2, Accelerate's FSDP2 + context parallelism YAML
+// (Reference §11 F4.6).
+#include "reports/exporters/common.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <fmt/format.h>
+
+#include "io/text_escape.hpp"
+#include "models/adapters.hpp"
+#include "planner/time_model.hpp"
+#include "planner/units.hpp"
+#include "models/config_error.hpp"
+#include "reports/memory_report.hpp"
+
+namespace longseq {
+
+using namespace exporters;
+
+// Accelerate's FSDP2 + context parallelism YAML (Reference §11 F4.6, F1.16-F1.19), with the
+// Trainer/TRL arguments it needs beside it (F5.1-F5.7).
+ExportedConfig accelerate_fsdp2_config_emit(const ExportRequest& r) {
+  const PlanOptions& p = r.plan;
+  ExportedConfig exported;
+  const int64_t cp = p.ring;
+  if (p.sp > 1) exported.notes.push_back("Ulysses: not expressed (Accelerate runs sp_size under DeepSpeed only; --emit accelerate)");
+  if (p.zero_stage != 3) exported.notes.push_back(fmt::format("ZeRO-{}: not expressed (this file shards fully, FSDP2's only planned layout)", p.zero_stage));
+  const bool cpu_offload = p.offload_optimizer && p.offload_params;
+  if (p.offload_optimizer != p.offload_params)
+    exported.notes.push_back("optimizer/parameter offload: not expressed (fsdp_offload_params moves parameters, gradients and optimizer together)");
+  if (p.tiled_mlp) exported.notes.push_back("tiled MLP: no Trainer/TRL switch; not expressed");
+  if (p.fpdt) exported.notes.push_back("FPDT: exists only in Megatron-DeepSpeed; not expressed");
+  // Checkpoint offload is transformers' gradient-checkpointing offload, which runs under the
+  // Trainer's own checkpointing: FSDP's wrapper is then off (both cannot be on, F5.6).
+  const bool trainer_checkpointing = p.activation_checkpointing && p.checkpoint_offload;
+  exported.notes.push_back(fmt::format(
+      "Trainer/TRL arguments: per_device_train_batch_size={} gradient_accumulation_steps=1 bf16=True gradient_checkpointing={}{}; "
+      "TRL: max_length={}{} packing=False (refused under CP){}; load the model with attn_implementation=\"sdpa\" "
+      "(the Trainer refuses CP with another)",
+      p.micro_batch, trainer_checkpointing ? "True" : "False",
+      !trainer_checkpointing ? ""
+      : p.trl_activation_offload ? " activation_offloading=True (TRL's offload of the checkpoints to pinned host memory)"
+                                 : " gradient_checkpointing_kwargs={\"offload\": True} (transformers' checkpoint offload to pinned host memory)",
+      // CP's load balancer splits each sequence in 2 x cp chunks (F2.6); without CP nothing needs padding.
+      r.seqlen, cp > 1 ? fmt::format(" pad_to_multiple_of={}", 2 * cp) : "",
+      p.tiled_loss ? " loss_type=\"chunked_nll\" (TRL's default, 256-token chunks)" : " loss_type=\"nll\""));
+  exported.notes.push_back(std::string("versions: Accelerate >= 1.11 (parallelism_config with cp), PyTorch >= 2.6 (context parallelism), TRL >= ") +
+                           (p.tiled_loss ? "1.13 (chunked_nll without the fp32 lm_head copy)" : "1.9") +
+                           (trainer_checkpointing && !p.trl_activation_offload ? ", transformers >= 5.17 (gradient_checkpointing_kwargs offload; 5.16 "
+                                                                                  "ignores it and offloads nothing)" : ""));
+  sdpa_backend_note(r, exported);
+  exported.notes.push_back(fmt::format("launch: accelerate launch --config_file {} train.py", main_file(r, "accelerate-fsdp2.yaml")));
+  if (r.cluster.nodes > 1)
+    exported.notes.push_back(fmt::format("{} nodes: run accelerate launch on every node with --machine_rank set to its index, and "
+                                         "MAIN_NODE_ADDRESS (main_process_ip) the first node's address", r.cluster.nodes));
+  YAML::Emitter out;
+  out.SetOutputCharset(YAML::EscapeNonAscii);  // values only: comments are written as they are
+  const std::vector<std::string> header = header_lines(r, "Accelerate with FSDP2 and context parallelism (accelerate launch --config_file)", exported.notes);
+  yaml_comments(out, header);
+  out << YAML::BeginMap;
+  out << YAML::Key << "compute_environment" << YAML::Value << "LOCAL_MACHINE";
+  out << YAML::Key << "distributed_type" << YAML::Value << "FSDP";
+  out << YAML::Key << "mixed_precision" << YAML::Value << "bf16";
+  accelerate_machine_keys(out, r);
+  out << YAML::Key << "fsdp_config" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "fsdp_version" << YAML::Value << 2;
+  out << YAML::Key << "fsdp_auto_wrap_policy" << YAML::Value << "TRANSFORMER_BASED_WRAP";
+  out << YAML::Key << "fsdp_activation_checkpointing" << YAML::Value << (p.activation_checkpointing && !trainer_checkpointing);
+  out << YAML::Key << "fsdp_reshard_after_forward" << YAML::Value << true;
+  out << YAML::Key << "fsdp_offload_params" << YAML::Value << cpu_offload;
+  out << YAML::Key << "fsdp_cpu_ram_efficient_loading" << YAML::Value << true;
+  out << YAML::Key << "fsdp_state_dict_type" << YAML::Value << "SHARDED_STATE_DICT";
+  out << YAML::EndMap;
+  // FSDP shards over dp_shard x cp (F1.17); the product of the sizes is num_processes (F4.2).
+  out << YAML::Key << "parallelism_config" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "parallelism_config_dp_replicate_size" << YAML::Value << p.dp_replicate;
+  out << YAML::Key << "parallelism_config_dp_shard_size" << YAML::Value << r.cluster.gpus / (cp * p.dp_replicate);
+  out << YAML::Key << "parallelism_config_tp_size" << YAML::Value << 1;
+  out << YAML::Key << "parallelism_config_cp_size" << YAML::Value << cp;
+  out << YAML::Key << "parallelism_config_cp_comm_strategy" << YAML::Value << (p.cp_all_to_all ? "alltoall" : "allgather");
+  out << YAML::EndMap;
+  out << YAML::EndMap;
+  exported.files.push_back({"", std::string(out.c_str()) + "\n"});
+  return exported;
+}
+
+// A torchtitan job (its TOML; Reference §11 F6.1-F6.4): FSDP2 over dp_shard x cp (HSDP with
+
+}  // namespace longseq

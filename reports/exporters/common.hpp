@@ -1,0 +1,87 @@
+// common.hpp: what every exporter (reports/exporters/*.cpp) shares: the record each file carries
+// of its plan, comment headers written as one printable line each, DeepSpeed's common blocks, the
+// notes every target adds (ring attention, MoE, SDPA's backend), the model's path and the launch
+// lines. Not a public header: reports/export.hpp is the exports' interface.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+#include <yaml-cpp/yaml.h>
+
+#include "reports/export.hpp"
+
+namespace longseq::exporters {
+
+int64_t data_parallel(const ExportRequest& r);
+
+// What every file records about the plan it was written from.
+std::vector<std::string> record_lines(const ExportRequest& r, const char* target);
+
+// The header every file with comments carries: the record, then what the file cannot express.
+std::vector<std::string> header_lines(const ExportRequest& r, const char* target, const std::vector<std::string>& notes);
+
+// Lines as '#' comments (Python, TOML, shell). A line holds input text (a model's name, a path),
+// so each is written as one printable line: a newline in a config.json's name must not end the
+// comment and start a statement.
+std::string hash_comments(const std::vector<std::string>& lines);
+
+// PEFT's target_modules as a Python list's items: the linears the plan adapts.
+std::string lora_target_modules(const ExportRequest& r);
+
+// The record a DeepSpeed JSON carries of the plan it was written from. DeepSpeed looks its
+// top-level keys up one by one and ignores any other (FRAMEWORKS §1.2, §4.2), the HF Trainer and
+// Accelerate fill only "auto" values (§2.7-2.8), so the key travels with the file harmlessly.
+nlohmann::json json_record(const ExportRequest& r, const char* target);
+
+// The name a launch line gives the main file: the written file, or `fallback` on stdout.
+std::string main_file(const ExportRequest& r, const char* fallback);
+
+// The ZeRO block every DeepSpeed JSON carries. pin_memory is written out: its default moved from
+// false to true in v0.19.5 (FRAMEWORKS §4.2), which changes host memory; the plan assumed pageable
+// optimizer states (planner/memory_model.cpp: no pinned staging buffers for the optimizer).
+nlohmann::json zero_block(const PlanOptions& plan);
+
+// The DeepSpeed keys common to the JSON files: bf16, ZeRO, the Ulysses all-to-all in bf16 (the
+// default fp32 doubles its volume, FRAMEWORKS §4.5), and sequence_parallel_size (the HF zero.Init
+// path needs it; no data_parallel_size beside it, or DeepSpeed builds its own mesh, §4.5).
+nlohmann::json deepspeed_common(const ExportRequest& r);
+
+// A YAML value made of input text (a path): yaml-cpp writes a carriage return or a Unicode line
+// break inside a plain scalar as it is, where a YAML reader ends the line; so any text beyond
+// printable ASCII is double-quoted, where yaml-cpp escapes control characters, and the export's
+// emitter escapes every non-ASCII character (yaml_emitter).
+std::string yaml_input_text(YAML::Emitter& out, const std::string& text);
+
+void yaml_comments(YAML::Emitter& out, const std::vector<std::string>& lines);
+
+// Ring attention is in none of these frameworks: what to run instead, with the chosen degrees.
+void ring_note(const ExportRequest& r, ExportedConfig& exported);
+
+// How the planned run trains a mixture-of-experts model, and what it must not turn on.
+void moe_note(const std::string& target, const ExportRequest& r, ExportedConfig& exported);
+
+// The weights' location for a trainer: a config.json's directory (a Hugging Face checkpoint); for
+// a built-in card its name, which the user replaces with the Hugging Face id (said in a note).
+std::string model_name_or_path(const ExportRequest& r);
+
+bool model_is_card(const ExportRequest& r);
+
+// transformers' attn_implementation for the plan's kernel (attention_kernel_for): FlashAttention-3
+// needs its Hopper build installed (flash-attention hopper/, module flash_attn_interface).
+std::string hf_attn_implementation(const ExportRequest& r, ExportedConfig& exported);
+
+// The SDPA backend the step was priced with, where PyTorch picks it (the FSDP2 stacks): a run whose
+// PyTorch prefers another backend takes a different time, so the export says which one to expect.
+void sdpa_backend_note(const ExportRequest& r, ExportedConfig& exported);
+
+// The torchrun command that starts one process a GPU on every node (the first node's address and
+// each node's index to fill in when there are several).
+std::string torchrun_launch(const ExportRequest& r, const char* fallback);
+
+// An Accelerate YAML's machine keys: the processes over all machines, and on several nodes the
+// first node's address (without them DeepSpeed's runner falls back to one node's ranks, REFERENCE
+// §8; Accelerate's own launcher needs them as much).
+void accelerate_machine_keys(YAML::Emitter& out, const ExportRequest& r);
+
+}  // namespace longseq::exporters
