@@ -939,12 +939,12 @@ int plan_command_run(const PlanCommandArgs& args) {
                                       : fsdp2_choice   ? Framework::framework_accelerate_fsdp2
                                                        : kDefaultFramework;
   const Framework framework = machine ? Framework::framework_longseq : framework_given ? given_framework : default_framework;
-  if (args.lora_rank && emitting && emit_framework != Framework::framework_hf_trainer && emit_framework != Framework::framework_unsloth)
+  if (args.lora_rank && emitting && !export_writes_adapters(args.emit))
     throw ConfigError("--lora", "", "adapters are planned for the HF Trainer / TRL and Unsloth: --emit hf-trainer or unsloth writes their script");
   if (args.lora_rank && args.plan_out && !machine)
     throw ConfigError("--lora", "", "a plan file with adapters is for longseq's executor: plan it for this machine (--ranks, --budget-mib)");
   // PyTorch CP's rotation exists only where PyTorch's context parallelism runs.
-  if (args.cp_rotate == "alltoall" && framework != Framework::framework_accelerate_fsdp2 && framework != Framework::framework_torchtitan)
+  if (args.cp_rotate == "alltoall" && !framework_description(framework).pytorch_context_parallelism)
     throw ConfigError("--cp-rotate", "", fmt::format("chooses PyTorch context parallelism's rotation, which {} does not run "
                                                      "(accelerate-fsdp2 and torchtitan do)", machine ? "longseq's executor" : framework_name(framework)));
   const bool framework_checked = framework_given || emitting || trainer_choice || fsdp2_choice;

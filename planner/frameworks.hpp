@@ -49,6 +49,27 @@ struct FrameworkFacts {
 };
 const FrameworkFacts& framework_facts(Framework framework);
 
+// A framework as one description, after torchtitan's registered TrainSpec: its facts, what it runs
+// (the rules every framework shares read these: framework_unsupported), and its own refusals. One
+// file a framework, planner/frameworks/NAME.cpp, listed once in planner/frameworks/registry.cpp;
+// its --emit writer is reports/exporters/TARGET.cpp. Nothing else names a framework by a switch.
+struct FrameworkDescription {
+  FrameworkFacts facts;
+  bool ring_attention;               // runs a ring of key/value blocks itself (USP's LongContextAttention, longseq's executor)
+  bool pytorch_context_parallelism;  // PyTorch's CP under FSDP2: its rotation (--cp-rotate) and HSDP's replicate x shard mesh
+  bool lora;                         // plans LoRA adapters (PEFT through the Trainer / TRL, Unsloth, longseq's executor)
+  bool trl_activation_offload;       // TRL's SFTConfig(activation_offloading=True)
+  bool adam_8bit;                    // bitsandbytes' 8-bit AdamW through the Trainer's optim argument
+  bool tiles_moe_blocks;             // TiledMLP over a whole mixture-of-experts block (Unsloth's)
+  // Why it cannot build `model` whatever the plan (nullptr: it builds what longseq reads), then why
+  // it cannot run `plan` on `gpus` GPUs (0: not known); "" when it can.
+  std::string (*model_refused)(const char* name, const ModelSpec& model);
+  std::string (*plan_refused)(const char* name, const ModelSpec& model, const PlanOptions& plan, int64_t gpus);
+};
+// Every framework, in the order `plan` lists them (registry.cpp).
+const std::vector<const FrameworkDescription*>& framework_descriptions();
+const FrameworkDescription& framework_description(Framework framework);
+
 // `profile` as `framework` runs it: with the framework's own MoE implementation where it has one.
 RuntimeProfile framework_profile(Framework framework, RuntimeProfile profile);
 

@@ -18,19 +18,20 @@ struct Exporter {
   // Its ring is USP's or Megatron-Core's (said in a note); false where the file runs PyTorch's
   // context parallelism itself, or the framework has no ring.
   bool ring_note;
+  bool adapters;  // its files train LoRA adapters as planned
 };
 
 constexpr Exporter kExporters[] = {
-    {"arctic-training", arctic_training_recipe_emit, false, true},
-    {"accelerate", accelerate_config_emit, true, true},
-    {"hf-accelerate", accelerate_config_emit, true, true},
-    {"accelerate-fsdp2", accelerate_fsdp2_config_emit, false, false},
-    {"hf-trainer", hf_trainer_script_emit, false, true},
-    {"unsloth", unsloth_script_emit, false, false},
-    {"torchtitan", torchtitan_job_emit, false, false},
-    {"megatron-deepspeed", megatron_deepspeed_emit, true, true},
-    {"deepspeed", deepspeed_config_emit, false, true},
-    {"usp", deepspeed_config_emit, false, true},
+    {"arctic-training", arctic_training_recipe_emit, false, true, false},
+    {"accelerate", accelerate_config_emit, true, true, false},
+    {"hf-accelerate", accelerate_config_emit, true, true, false},
+    {"accelerate-fsdp2", accelerate_fsdp2_config_emit, false, false, false},
+    {"hf-trainer", hf_trainer_script_emit, false, true, true},
+    {"unsloth", unsloth_script_emit, false, false, true},
+    {"torchtitan", torchtitan_job_emit, false, false, false},
+    {"megatron-deepspeed", megatron_deepspeed_emit, true, true, false},
+    {"deepspeed", deepspeed_config_emit, false, true, false},
+    {"usp", deepspeed_config_emit, false, true, false},
 };
 
 const Exporter* exporter_find(const std::string& target) {
@@ -44,6 +45,11 @@ const Exporter* exporter_find(const std::string& target) {
 bool export_writes_deepspeed_json(const std::string& target) {
   const Exporter* exporter = exporter_find(target);
   return exporter && exporter->deepspeed_json;
+}
+
+bool export_writes_adapters(const std::string& target) {
+  const Exporter* exporter = exporter_find(target);
+  return exporter && exporter->adapters;
 }
 
 ExportedConfig config_emit(const std::string& target, const ExportRequest& request) {

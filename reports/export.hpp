@@ -51,6 +51,8 @@ ExportedConfig config_emit(const std::string& target, const ExportRequest& reque
 
 // Whether `target` writes a DeepSpeed JSON beside its main file (Accelerate, Megatron-DeepSpeed).
 bool export_writes_deepspeed_json(const std::string& target);
+// Whether `target`'s files train LoRA adapters as planned (the HF Trainer's and Unsloth's scripts).
+bool export_writes_adapters(const std::string& target);
 
 ExportedConfig arctic_training_recipe_emit(const ExportRequest& request);
 ExportedConfig accelerate_config_emit(const ExportRequest& request);

@@ -1,0 +1,31 @@
+// deepspeed.cpp: A plain deepspeed.initialize loop over a Hugging Face model (a DeepSpeed JSON).
+// One framework's description: its facts, what it runs (read by the rules every framework shares,
+// planner/frameworks.cpp) and its own refusals. Listed once in planner/frameworks/registry.cpp.
+#include <fmt/format.h>
+
+#include "planner/frameworks.hpp"
+
+namespace longseq {
+
+namespace {
+
+std::string plan_refused(const char* name, const ModelSpec& /*model*/, const PlanOptions& plan, int64_t /*gpus*/) {
+  if (plan.fpdt) return fmt::format("{}: no FPDT outside Megatron-DeepSpeed's model code", name);
+  return "";
+}
+
+}  // namespace
+
+extern const FrameworkDescription kDeepSpeed = {
+    {Framework::framework_deepspeed, "deepspeed", "deepspeed-hf", "deepspeed", 1, nullptr},
+    /*ring_attention=*/false,
+    /*pytorch_context_parallelism=*/false,
+    /*lora=*/false,
+    /*trl_activation_offload=*/false,
+    /*adam_8bit=*/false,
+    /*tiles_moe_blocks=*/false,
+    nullptr,
+    plan_refused,
+};
+
+}  // namespace longseq
