@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "cli/commands.hpp"
-#include "models/config_error.hpp"
+#include "io/config_error.hpp"
 #include "models/model_loader.hpp"
-#include "models/process.hpp"
-#include "models/yaml_reader.hpp"
+#include "io/process.hpp"
+#include "io/yaml_reader.hpp"
 #include "planner/plan.hpp"
 #include "executor/trainer.hpp"
 #include "executor/component_seconds.hpp"

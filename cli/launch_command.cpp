@@ -10,10 +10,10 @@
 
 #include "cli/commands.hpp"
 #include "executor/job_launch.hpp"
-#include "models/config_error.hpp"
+#include "io/config_error.hpp"
 #include "models/model_loader.hpp"
-#include "models/output_files.hpp"
-#include "models/process.hpp"
+#include "io/output_files.hpp"
+#include "io/process.hpp"
 #include "planner/plan_file.hpp"
 #include "planner/scenario.hpp"
 

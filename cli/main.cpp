@@ -17,8 +17,8 @@
 #include <tuple>
 
 #include "cli/commands.hpp"
-#include "models/checked_input.hpp"
-#include "models/config_error.hpp"
+#include "io/checked_input.hpp"
+#include "io/config_error.hpp"
 #include "models/model_loader.hpp"
 #include "planner/cards.hpp"
 #include "reports/memory_report.hpp"
@@ -173,7 +173,7 @@ int main(int argc, char** argv) {
     std::cerr << "longseq: internal error (a bug in longseq; please report it with the command): " << error.what() << "\n";
     return 70;
   } catch (const std::exception& error) {
-    // Bad input is a ConfigError by the readers' contract (models/checked_input.hpp); anything
+    // Bad input is a ConfigError by the readers' contract (io/checked_input.hpp); anything
     // else is a bug, reported as one (exit 70, EX_SOFTWARE) rather than aborting the program.
     std::cerr << "longseq: internal error (a bug in longseq; please report it with the command): " << error.what() << "\n";
     return 70;

@@ -6,8 +6,8 @@
 #include <unistd.h>
 
 #include "cli/commands.hpp"
-#include "models/config_error.hpp"
-#include "models/output_files.hpp"
+#include "io/config_error.hpp"
+#include "io/output_files.hpp"
 #include "planner/scenario.hpp"
 #include "reports/report.hpp"
 #include "reports/sweep_output.hpp"

@@ -8,8 +8,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "models/checked_input.hpp"
-#include "models/config_error.hpp"
+#include "io/checked_input.hpp"
+#include "io/config_error.hpp"
 
 namespace longseq {
 

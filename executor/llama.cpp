@@ -7,7 +7,7 @@
 
 #include "executor/llama_step.hpp"
 #include "models/adapters.hpp"
-#include "models/config_error.hpp"
+#include "io/config_error.hpp"
 
 namespace longseq {
 

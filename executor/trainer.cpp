@@ -20,8 +20,8 @@
 
 #include <fmt/format.h>
 
-#include "models/config_error.hpp"
-#include "models/process.hpp"
+#include "io/config_error.hpp"
+#include "io/process.hpp"
 #include "planner/cards.hpp"
 
 namespace longseq {

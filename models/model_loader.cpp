@@ -8,10 +8,10 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "models/checked_input.hpp"
-#include "models/config_error.hpp"
-#include "models/embedded_files.hpp"
-#include "models/yaml_reader.hpp"
+#include "io/checked_input.hpp"
+#include "io/config_error.hpp"
+#include "io/embedded_files.hpp"
+#include "io/yaml_reader.hpp"
 
 namespace longseq {
 

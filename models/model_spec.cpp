@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <fmt/format.h>
 
-#include "models/config_error.hpp"
+#include "io/config_error.hpp"
 
 namespace longseq {
 

@@ -7,10 +7,10 @@
 #include <vector>
 #include <fmt/format.h>
 
-#include "models/config_error.hpp"
-#include "models/embedded_files.hpp"
+#include "io/config_error.hpp"
+#include "io/embedded_files.hpp"
 #include "models/model_loader.hpp"
-#include "models/yaml_reader.hpp"
+#include "io/yaml_reader.hpp"
 
 namespace longseq {
 

@@ -4,7 +4,7 @@
 
 #include <stdexcept>
 
-#include "models/config_error.hpp"
+#include "io/config_error.hpp"
 
 namespace longseq {
 

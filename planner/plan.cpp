@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "models/config_error.hpp"
+#include "io/config_error.hpp"
 
 namespace longseq {
 

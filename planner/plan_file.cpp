@@ -5,7 +5,7 @@
 #include <set>
 
 #include "io/text_escape.hpp"
-#include "models/checked_input.hpp"
+#include "io/checked_input.hpp"
 #include "models/model_loader.hpp"
 
 namespace longseq {

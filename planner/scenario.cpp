@@ -6,10 +6,10 @@
 #include <fmt/format.h>
 #include <map>
 
-#include "models/checked_input.hpp"
-#include "models/config_error.hpp"
+#include "io/checked_input.hpp"
+#include "io/config_error.hpp"
 #include "models/model_loader.hpp"
-#include "models/yaml_reader.hpp"
+#include "io/yaml_reader.hpp"
 #include "planner/frameworks.hpp"
 #include "planner/max_seqlen.hpp"
 #include "planner/search.hpp"

@@ -4,8 +4,8 @@
 #include <cmath>
 #include <fmt/format.h>
 
-#include "models/checked_input.hpp"
-#include "models/config_error.hpp"
+#include "io/checked_input.hpp"
+#include "io/config_error.hpp"
 
 namespace longseq {
 

@@ -8,9 +8,9 @@
 #include <map>
 #include <sstream>
 
-#include "models/checked_input.hpp"
-#include "models/config_error.hpp"
-#include "models/embedded_files.hpp"
+#include "io/checked_input.hpp"
+#include "io/config_error.hpp"
+#include "io/embedded_files.hpp"
 #include "models/model_loader.hpp"
 #include "planner/max_seqlen.hpp"
 #include "planner/memory_model.hpp"

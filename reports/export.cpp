@@ -4,7 +4,7 @@
 
 #include <fmt/format.h>
 
-#include "models/config_error.hpp"
+#include "io/config_error.hpp"
 #include "reports/exporters/common.hpp"
 
 namespace longseq {

@@ -8,11 +8,11 @@
 #include <set>
 #include <optional>
 
-#include "models/checked_input.hpp"
-#include "models/config_error.hpp"
+#include "io/checked_input.hpp"
+#include "io/config_error.hpp"
 #include "models/model_loader.hpp"
-#include "models/output_files.hpp"
-#include "models/process.hpp"
+#include "io/output_files.hpp"
+#include "io/process.hpp"
 #include "planner/units.hpp"
 #include "reports/sweep_output.hpp"
 

@@ -5,9 +5,9 @@
 #include <cmath>
 
 #include "io/text_escape.hpp"
-#include "models/checked_input.hpp"
-#include "models/config_error.hpp"
-#include "models/output_files.hpp"
+#include "io/checked_input.hpp"
+#include "io/config_error.hpp"
+#include "io/output_files.hpp"
 #include "models/layer_inventory.hpp"
 #include "models/model_loader.hpp"
 #include "planner/memory_model.hpp"

@@ -4,7 +4,7 @@
 # Run as a script: cmake -DOUTPUT=file.cpp -DSYMBOL=name -DFILES="a.yaml;b.yaml" -P embed_files.cmake
 # The generated file defines `const longseq::EmbeddedFile SYMBOL[]` and `SYMBOL_count`.
 # extern: a namespace-scope const has internal linkage otherwise, and the loaders are elsewhere.
-set(body "#include \"models/embedded_files.hpp\"\nnamespace longseq {\nextern const EmbeddedFile ${SYMBOL}[];\nextern const int ${SYMBOL}_count;\nconst EmbeddedFile ${SYMBOL}[] = {\n")
+set(body "#include \"io/embedded_files.hpp\"\nnamespace longseq {\nextern const EmbeddedFile ${SYMBOL}[];\nextern const int ${SYMBOL}_count;\nconst EmbeddedFile ${SYMBOL}[] = {\n")
 set(count 0)
 foreach(path IN LISTS FILES)
   file(READ "${path}" content)

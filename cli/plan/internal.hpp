@@ -13,12 +13,12 @@
 #include <optional>
 
 #include "io/text_escape.hpp"
-#include "models/checked_input.hpp"
-#include "models/config_error.hpp"
+#include "io/checked_input.hpp"
+#include "io/config_error.hpp"
 #include "executor/trainer.hpp"
 #include "models/model_loader.hpp"
-#include "models/output_files.hpp"
-#include "models/process.hpp"
+#include "io/output_files.hpp"
+#include "io/process.hpp"
 #include "executor/job_launch.hpp"
 #include "planner/max_seqlen.hpp"
 #include "planner/frameworks.hpp"

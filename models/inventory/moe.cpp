@@ -2,7 +2,7 @@
 // shared expert), forward and backward (Reference §12 part B).
 #include "models/inventory/internal.hpp"
 
-#include "models/config_error.hpp"
+#include "io/config_error.hpp"
 
 namespace longseq::inventory {
 

@@ -9,7 +9,7 @@
 #include "models/adapters.hpp"
 #include "planner/time_model.hpp"
 #include "planner/units.hpp"
-#include "models/config_error.hpp"
+#include "io/config_error.hpp"
 #include "reports/memory_report.hpp"
 
 namespace longseq {

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "executor/job_launch.hpp"
-#include "models/config_error.hpp"
+#include "io/config_error.hpp"
 #include "tests/support/launch_script_check.hpp"
 
 using namespace longseq;

@@ -16,7 +16,7 @@
 
 #include "executor/llama.hpp"
 #include "executor/trainer.hpp"
-#include "models/config_error.hpp"
+#include "io/config_error.hpp"
 #include "planner/scenario.hpp"
 #include "support/tiny_llama_fixture.hpp"
 #include "models/model_loader.hpp"

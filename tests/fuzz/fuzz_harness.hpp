@@ -12,7 +12,7 @@
 #include <exception>
 #include <string>
 
-#include "models/config_error.hpp"
+#include "io/config_error.hpp"
 
 // Defines LLVMFuzzerTestOneInput around BODY, which reads `text` (the input as a string).
 #define LONGSEQ_FUZZ_TARGET(BODY)                                                              \

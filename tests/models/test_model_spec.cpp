@@ -4,7 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "models/config_error.hpp"
+#include "io/config_error.hpp"
 #include "models/adapters.hpp"
 #include "models/model_loader.hpp"
 

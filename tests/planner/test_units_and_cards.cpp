@@ -3,7 +3,7 @@
 
 #include "kernels/blocked_attention.hpp"
 
-#include "models/config_error.hpp"
+#include "io/config_error.hpp"
 #include "planner/cards.hpp"
 #include "planner/time_model.hpp"
 #include "planner/units.hpp"

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "models/config_error.hpp"
+#include "io/config_error.hpp"
 #include "models/model_loader.hpp"
 #include "planner/cards.hpp"
 #include "planner/validation.hpp"

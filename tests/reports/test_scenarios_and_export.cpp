@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
-#include "models/config_error.hpp"
+#include "io/config_error.hpp"
 #include "models/model_loader.hpp"
 #include "planner/scenario.hpp"
 #include "planner/search.hpp"

@@ -1,4 +1,4 @@
-#include "models/yaml_reader.hpp"
+#include "io/yaml_reader.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,7 @@
 #include <yaml-cpp/eventhandler.h>
 
 #include "io/text_escape.hpp"
-#include "models/checked_input.hpp"
+#include "io/checked_input.hpp"
 
 namespace longseq {
 

@@ -1,4 +1,4 @@
-#include "models/process.hpp"
+#include "io/process.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -14,7 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "models/config_error.hpp"
+#include "io/config_error.hpp"
 
 namespace longseq {
 

@@ -1,5 +1,5 @@
 // process.hpp: running another program (gnuplot, mpirun, sbatch) without a shell. (Outputs are
-// written by the rules of models/output_files.hpp.)
+// written by the rules of io/output_files.hpp.)
 //
 // Why: text from the user (a directory name, a scenario's title) used to reach /bin/sh through
 // system(), so `longseq report 'x$(touch y)'` ran `touch`. Here a program gets an argument vector

@@ -1,4 +1,4 @@
-#include "models/checked_input.hpp"
+#include "io/checked_input.hpp"
 
 #include <charconv>
 #include <cmath>

@@ -1,4 +1,4 @@
-// The output rules (models/output_files.hpp): every single-file output against an existing file,
+// The output rules (io/output_files.hpp): every single-file output against an existing file,
 // a FIFO, a character device, a symlink, a dangling link, a user's FILE.partial and the input it
 // reads; every output directory against a user's files, files named like longseq's that its
 // manifest does not list, and paths through "..".
@@ -12,8 +12,8 @@
 #include <sstream>
 #include <thread>
 
-#include "models/config_error.hpp"
-#include "models/output_files.hpp"
+#include "io/config_error.hpp"
+#include "io/output_files.hpp"
 
 using namespace longseq;
 namespace fs = std::filesystem;

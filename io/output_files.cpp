@@ -1,4 +1,4 @@
-#include "models/output_files.hpp"
+#include "io/output_files.hpp"
 
 #include <fmt/format.h>
 #include <sys/stat.h>
@@ -15,7 +15,7 @@
 #include <set>
 #include <sstream>
 
-#include "models/config_error.hpp"
+#include "io/config_error.hpp"
 
 namespace longseq {
 

@@ -1,4 +1,4 @@
-#include "models/embedded_files.hpp"
+#include "io/embedded_files.hpp"
 
 #include <algorithm>
 #include <cctype>

@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "models/config_error.hpp"
+#include "io/config_error.hpp"
 
 namespace longseq {
 

@@ -14,7 +14,7 @@
 #include <string>
 #include <string_view>
 
-#include "models/config_error.hpp"
+#include "io/config_error.hpp"
 
 namespace longseq {
 

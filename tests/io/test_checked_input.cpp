@@ -1,13 +1,13 @@
-// Checked reading of numbers and JSON (models/checked_input.hpp), the shell-free process runner
-// (models/process.hpp), and sequence lengths at the edges.
+// Checked reading of numbers and JSON (io/checked_input.hpp), the shell-free process runner
+// (io/process.hpp), and sequence lengths at the edges.
 #include <doctest/doctest.h>
 
 #include <filesystem>
 #include <fstream>
 #include <random>
 
-#include "models/checked_input.hpp"
-#include "models/process.hpp"
+#include "io/checked_input.hpp"
+#include "io/process.hpp"
 #include "planner/units.hpp"
 
 using namespace longseq;
