@@ -32,4 +32,11 @@ inline std::string fsdp2_layout_unsupported(const char* name, const PlanOptions&
   return "";
 }
 
+// A plain DeepSpeed loop over a Hugging Face model (with or without USP's attention) has no FPDT:
+// it is Megatron-DeepSpeed's layer (REFERENCE §3.6).
+inline std::string deepspeed_loop_unsupported(const char* name, const PlanOptions& plan) {
+  if (plan.fpdt) return fmt::format("{}: no FPDT outside Megatron-DeepSpeed's model code", name);
+  return "";
+}
+
 }  // namespace longseq::framework_rules

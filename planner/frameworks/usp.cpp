@@ -4,14 +4,14 @@
 #include <fmt/format.h>
 
 #include "planner/frameworks.hpp"
+#include "planner/frameworks/rules.hpp"
 
 namespace longseq {
 
 namespace {
 
 std::string plan_refused(const char* name, const ModelSpec& /*model*/, const PlanOptions& plan, int64_t /*gpus*/) {
-  if (plan.fpdt) return fmt::format("{}: no FPDT outside Megatron-DeepSpeed's model code", name);
-  return "";
+  return framework_rules::deepspeed_loop_unsupported(name, plan);
 }
 
 }  // namespace
