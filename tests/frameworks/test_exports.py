@@ -3,14 +3,18 @@ requirements.txt): DeepSpeed's DeepSpeedConfig in a world of the planned size, A
 launch path (its config loader, the environment `accelerate launch` builds, ParallelismConfig and the
 FSDP plugin built from it), TRL's SFTConfig, PEFT's LoraConfig and transformers' BitsAndBytesConfig
 from the scripts' arguments, torchtitan 0.2.2's ConfigManager. A key a framework refuses, or a value
-it reads otherwise than planned, fails a test.
+it reads otherwise than planned, fails a test. Two jobs also train two steps as written: the HF
+Trainer script in one process, and the Accelerate FSDP2 YAML under `accelerate launch` on two gloo
+processes (fsdp2_on_cpu.py).
 
 Not here: ArcticTraining (0.8.0 requires transformers < 5: an environment of its own), Megatron-
 DeepSpeed (not on PyPI), Unsloth (needs CUDA)."""
 import ast
 import json
 import os
+import re
 import subprocess
+import sys
 import unittest.mock as mock
 
 import pytest
@@ -198,7 +202,6 @@ def test_hf_trainer_script_trains_two_steps(flags, longseq_binary, tmp_path):
     """The exported script run as written on a tiny Llama saved here: only the model path (the
     config.json the plan was made from), the dataset, and use_cpu/max_steps (this machine has no
     GPU) substituted. TRL's SFTTrainer, PEFT and transformers train two steps of it."""
-    import sys
     from tiny_checkpoint import tiny_checkpoint
     data = tiny_checkpoint(str(tmp_path / "tiny"))
     path, _ = emit(longseq_binary, tmp_path, "hf-trainer",
@@ -213,3 +216,39 @@ def test_hf_trainer_script_trains_two_steps(flags, longseq_binary, tmp_path):
     run = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "'train_loss'" in run.stdout + run.stderr
+
+
+def trainer_arguments(notes):
+    """The Trainer/TRL keyword arguments an Accelerate export names in its notes ("Trainer/TRL
+    arguments: name=value ...; TRL: name=value ...; load the model with ..."), as Python values."""
+    named = notes.split("Trainer/TRL arguments:", 1)[1].split("; load the model", 1)[0]
+    return {name: ast.literal_eval(value) for name, value in re.findall(r'(\w+)=("[^"]*"|\{[^}]*\}|[^\s;]+)', named)}
+
+
+def accelerate_launch(config, script, *script_args, tmp_path):
+    here = os.path.dirname(os.path.abspath(__file__))
+    run = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
+                          "--main_process_port", "0", os.path.join(here, script), *script_args],
+                         capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                         env=dict(os.environ, PYTHONPATH=here, OMP_NUM_THREADS="1"))
+    assert run.returncode == 0, run.stderr[-4000:]
+
+
+@pytest.mark.parametrize("flags", [[], ["--checkpointing", "--no-checkpoint-offload"]])
+def test_accelerate_fsdp2_job_trains_two_steps_on_two_processes(flags, longseq_binary, tmp_path):
+    """The exported YAML launched as written on 2 CPU processes (gloo), TRL's SFTTrainer with the
+    arguments the export names, on a tiny Llama saved here: FSDP2 shards every weight in fp32 over
+    the 2 ranks (Accelerate's upcast, Reference §11 F4.4) and trains two steps. Context parallelism
+    cannot run on the CPU (fsdp2_on_cpu.py says why)."""
+    from tiny_checkpoint import tiny_checkpoint
+    tiny_checkpoint(str(tmp_path / "tiny"))
+    path, notes = emit(longseq_binary, tmp_path, "accelerate-fsdp2",
+                       ["--model", str(tmp_path / "tiny" / "config.json"), "--gpu", "a100-80gb", "--gpus", "2", "--seqlen", "128",
+                        "--framework", "accelerate-fsdp2", "--attention", "sdpa", "--no-tiled-loss", *flags], ".yaml")
+    arguments = trainer_arguments(notes)
+    assert arguments["max_length"] == 128 and arguments["bf16"] is True
+    report = tmp_path / "report.json"
+    accelerate_launch(path, "fsdp2_on_cpu.py", str(tmp_path / "tiny"), str(report), json.dumps(arguments), tmp_path=tmp_path)
+    seen = json.loads(report.read_text())
+    assert seen["sharded"] and seen["mesh"] == [2] and seen["shard_dtype"] == "torch.float32"
+    assert len(seen["losses"]) == 2 and all(0 < loss < 10 for loss in seen["losses"])

@@ -1,0 +1,58 @@
+"""Trains two steps of TRL's SFTTrainer under `accelerate launch --config_file <longseq's YAML>` on
+the CPU: the exported Accelerate FSDP2 job as a user runs it, with the Trainer/TRL arguments the
+export names (argv[3], JSON), on a tiny checkpoint (argv[1]); writes what it saw to argv[2].
+
+One substitution, because this machine has no GPU: Accelerate builds FSDP only on accelerators
+(accelerate/state.py, AcceleratorState.__init__ lists the MULTI_<device> types beside FSDP) and
+makes a CPU run MULTI_CPU; the same step then turns that state into FSDP with the plugin Accelerate
+built from the YAML, so its FSDP2 path (fully_shard over gloo, its fp32 upcast, mixed precision)
+runs as on GPUs. Context parallelism cannot run here: PyTorch registers no sharding strategy for the
+CPU's SDPA kernel (aten._scaled_dot_product_flash_attention_for_cpu)."""
+import json
+import resource
+import sys
+
+import accelerate.state
+import torch
+from accelerate.utils import DistributedType
+
+_accelerator_state_init = accelerate.state.AcceleratorState.__init__
+
+
+def _fsdp_on_the_cpu(self, *args, fsdp_plugin=None, **kwargs):
+    _accelerator_state_init(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
+    if self.distributed_type == DistributedType.MULTI_CPU and fsdp_plugin is not None:
+        self.distributed_type = DistributedType.FSDP  # what the accelerator branch of __init__ does
+        if self._mixed_precision != "no":
+            fsdp_plugin.set_mixed_precision(self._mixed_precision)
+        self.fsdp_plugin = fsdp_plugin
+
+
+accelerate.state.AcceleratorState.__init__ = _fsdp_on_the_cpu
+
+
+def main():
+    from datasets import load_dataset
+    from torch.distributed.tensor import DTensor
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+    folder, report, trainer_arguments = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16, attn_implementation="sdpa")
+    # use_cpu: the Trainer refuses bf16 without a GPU otherwise (the arguments are the export's).
+    args = SFTConfig(**trainer_arguments, output_dir=report + ".out", max_steps=2, logging_steps=1, report_to=[], use_cpu=True)
+    trainer = SFTTrainer(model=model, args=args, train_dataset=load_dataset(folder + "/data", split="train"),
+                         processing_class=AutoTokenizer.from_pretrained(folder))
+    result = trainer.train()
+    weight = next(trainer.model_wrapped.parameters())
+    if torch.distributed.get_rank() == 0:
+        with open(report, "w") as f:
+            json.dump({"train_loss": result.training_loss,
+                       "losses": [entry["loss"] for entry in trainer.state.log_history if "loss" in entry],
+                       "wrapper": type(trainer.model_wrapped).__name__,
+                       "sharded": isinstance(weight, DTensor), "shard_dtype": str(weight.dtype),
+                       "mesh": list(weight.device_mesh.shape) if isinstance(weight, DTensor) else None,
+                       "max_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}, f)
+
+
+if __name__ == "__main__":
+    main()
