@@ -96,9 +96,11 @@ void executor_model_check(const ModelSpec& model) {
   if (model.norm_kind != NormKind::norm_kind_rmsnorm) unsupported += " LayerNorm";
   if (model.qkv_bias || model.o_proj_bias || model.mlp_bias) unsupported += " biases";
   if (model.qk_norm) unsupported += " q/k norms";
+  if (model.norms_per_layer != 2) unsupported += " post-attention and post-feedforward norms";
+  if (model.norm_scale_fp32) unsupported += " Gemma's (1 + w) norm scale";
   if (model.output_router_logits) unsupported += " the auxiliary router loss (output_router_logits)";
   if (!unsupported.empty())
-    throw ConfigError(model.name, "", "the executor trains Llama-style models (SwiGLU, RMSNorm, no biases, no q/k norms; dense or "
+    throw ConfigError(model.name, "", "the executor trains Llama-style models (SwiGLU, RMSNorm, two norms a layer, no biases, no q/k norms; dense or "
                                       "with routed and shared experts); this one has" + unsupported);
 }
 

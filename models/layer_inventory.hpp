@@ -38,6 +38,11 @@ struct LayerShape {
   // input gradient into its input's storage (FPDT_FFN) instead of a separate buffer.
   int64_t fpdt_chunk_tokens = 0;
   bool qk_norm = false;        // per-head RMSNorm on q and k before RoPE (Qwen3)
+  // Gemma 2/3: a norm after attention and after the MLP too (over the block's output, before the
+  // residual add), and every norm scaling by (1 + w) in fp32 (ModelSpec::norm_scale_fp32).
+  bool post_norms = false;
+  bool norm_scale_fp32 = false;
+  int64_t head_dim = 0;        // d (a q/k norm's width)
   bool fused_projections = false;  // q/k/v and gate/up are slices of one output each (Phi-3)
   int64_t num_kv_heads = 0;    // n_kv (for k_norm's statistics)
   int64_t sequences = 1;       // sequences the attention kernel sees in one call (its batch)

@@ -110,6 +110,7 @@ ModelSpec model_from_card_text(const std::string& yaml_text, const std::string& 
   if (reader.has("rope_scaling")) model.rope_scaling = reader.get_string("rope_scaling");
   model.sliding_window = any_int_or("sliding_window", 0);
   model.norms_per_layer = any_int_or("norms_per_layer", 2);
+  model.norm_scale_fp32 = reader.get_bool("norm_scale_fp32", false);
   model.final_logit_softcapping = any_number_or("final_logit_softcapping", 0);
   model.experts = any_int_or("experts", 0);
   model.experts_per_token = any_int_or("experts_per_token", 0);
@@ -267,6 +268,7 @@ ModelSpec model_from_hf_config_text(const std::string& json_text, const std::str
     // Gemma2/3DecoderLayer: input, post-attention, pre-feedforward and post-feedforward RMSNorms;
     // Gemma 3 adds q/k norms; attention_bias on q, k, v and o.
     model.norms_per_layer = 4;
+    model.norm_scale_fp32 = true;  // Gemma2RMSNorm and Gemma3RMSNorm alike: (1 + w) in fp32, cast after
     model.qk_norm = is_gemma3;
     model.qkv_bias = get_bool("attention_bias", false);
     model.o_proj_bias = model.qkv_bias;

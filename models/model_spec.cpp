@@ -25,7 +25,9 @@ void ModelSpec::validate(const std::string& source, const ModelSpecKeys& keys) c
   require_positive(head_dim, "head_dim");
   require_positive(intermediate_size, "intermediate_size");
   require_positive(vocab_size, "vocab_size");
-  require_within(norms_per_layer, 2, 4, "norms_per_layer");
+  if (norms_per_layer != 2 && norms_per_layer != 4)  // the layouts there are: Llama's, and Gemma's sandwich
+    throw ConfigError(source, "norms_per_layer", fmt::format("{}: expected 2 (before attention and the MLP) or 4 (after each too, "
+                                                             "Gemma 2/3)", norms_per_layer));
   require_within(sliding_window, 0, kModelDimensionLimit, "sliding_window");  // 0: no window
   if (!(rope_theta >= 1 && rope_theta <= 1e12)) throw ConfigError(source, "rope_theta", fmt::format("{} is out of range [1, 1e12]", rope_theta));
   if (!(final_logit_softcapping >= 0 && final_logit_softcapping <= 1e6))

@@ -68,9 +68,14 @@ struct ModelSpec {
   // Planned as full causal attention (a kernel that honours the window does less work; longseq's
   // plans say so where it applies).
   int64_t sliding_window = 0;
-  // RMSNorms per decoder layer: 2 (before attention and the MLP), 4 in Gemma 2/3 (and after each).
-  // The parameters count them; the activation inventory prices a Llama layer's two (said in plans).
+  // RMSNorms per decoder layer: 2 (before attention and the MLP), 4 in Gemma 2/3 (and after each:
+  // post-attention and post-feedforward norms over the block's output before the residual add).
   int64_t norms_per_layer = 2;
+  // Gemma's RMSNorm (modeling_gemma3.py Gemma3RMSNorm.forward: `self._norm(x.float()) * (1.0 +
+  // self.weight.float())`, then `.type_as(x)`) scales in fp32 and casts after, where Llama's casts
+  // the normalized value first and scales in the activation dtype: an eager Gemma norm saves its
+  // normalized value in fp32 and the fp32 (1 + w). Held to PyTorch's saved-tensor hooks.
+  bool norm_scale_fp32 = false;
   // Gemma 2's tanh cap on the final logits (0: none): the loss holds further logits-sized tensors
   // the inventory does not price yet (said in plans).
   double final_logit_softcapping = 0;

@@ -77,6 +77,9 @@ Setup setup_make(const ModelSpec& model, const HardwareCard& card, const PlanOpt
   shape.vocab = model.vocab_size;
   shape.mlp_kind = model.mlp_kind;
   shape.qk_norm = model.qk_norm;
+  shape.post_norms = model.norms_per_layer == 4;
+  shape.norm_scale_fp32 = model.norm_scale_fp32;
+  shape.head_dim = model.head_dim;
   shape.fused_projections = model.fused_projections;
   shape.num_kv_heads = model.num_kv_heads;
   shape.experts = model.experts;

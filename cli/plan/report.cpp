@@ -201,10 +201,6 @@ std::vector<std::string> plan_caveats(const ModelSpec& model, const ClusterSpec&
   if (plan.offload_optimizer && seqlen > 0 && seqlen <= 65536)
     caveats.push_back("step time at short lengths: validate finds the ALST paper's 32K steps 43-66% longer than predicted (the "
                       "offloaded optimizer step costs more than its modelled passes; reports/validation.md)");
-  if (model.norms_per_layer > 2)
-    caveats.push_back(fmt::format("{}'s {} norms a layer are in its parameters, but its layer's activations are priced as a Llama "
-                                  "layer's two (the post-attention and post-feedforward norms' saved inputs are not counted)",
-                                  model.name, model.norms_per_layer));
   if (model.final_logit_softcapping > 0)
     caveats.push_back(fmt::format("{} soft-caps its final logits at {:g}: the loss holds further logits-sized tensors the inventory "
                                   "does not price (tiled loss keeps them per tile)", model.name, model.final_logit_softcapping));

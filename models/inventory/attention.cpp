@@ -13,7 +13,7 @@ void ulysses_attention_forward(TensorTrace& trace, const LayerShape& shape, cons
 
   trace.set_moment("q/k/v projections and all-to-all");
   trace.alloc(L, "attention_norm.output", bytes.x);
-  eager_norm_saved_alloc(trace, L, kAttentionNormSaved, bytes.x, shape, impl);
+  eager_norm_saved_alloc(trace, L, kAttentionNormSaved, bytes.x, shape.hidden, shape, impl);
   if (!keep) eager_norm_saved_free(trace, kAttentionNormSaved, shape, impl);  // under no_grad: transient
   lora_forward(trace, shape, lora_attention_projections(shape, impl), keep);
   projections_alloc(trace, shape, "attention.qkv_proj", {{"attention.q_proj", bytes.q}, {"attention.k_proj", bytes.kv},
@@ -24,10 +24,10 @@ void ulysses_attention_forward(TensorTrace& trace, const LayerShape& shape, cons
   if (shape.qk_norm) {
     const double kv_rstd = static_cast<double>(shape.tokens) * static_cast<double>(shape.num_kv_heads) * 4.0;
     trace.alloc(L, "attention.q_norm_rstd", bytes.lse);
-    eager_norm_saved_alloc(trace, L, kQNormSaved, bytes.q, shape, impl);
+    eager_norm_saved_alloc(trace, L, kQNormSaved, bytes.q, shape.head_dim, shape, impl);
     trace.alloc(L, "attention.q_normed", bytes.q);
     trace.alloc(L, "attention.k_norm_rstd", kv_rstd);
-    eager_norm_saved_alloc(trace, L, kKNormSaved, bytes.kv, shape, impl);
+    eager_norm_saved_alloc(trace, L, kKNormSaved, bytes.kv, shape.head_dim, shape, impl);
     trace.alloc(L, "attention.k_normed", bytes.kv);
     if (impl.eager_rms_norm) {  // eager saves the upcast, not the projection itself
       trace.free("attention.q_proj");
@@ -118,7 +118,7 @@ void fpdt_attention_forward(TensorTrace& trace, const LayerShape& shape, const L
   const double q_chunk = bytes.q * fraction, kv_chunk = bytes.kv_replicated * fraction, lse_chunk = bytes.lse * fraction;
   trace.set_moment("fpdt attention chunk");
   trace.alloc(L, "attention_norm.output", bytes.x);
-  eager_norm_saved_alloc(trace, L, kAttentionNormSaved, bytes.x, shape, impl);
+  eager_norm_saved_alloc(trace, L, kAttentionNormSaved, bytes.x, shape.hidden, shape, impl);
   if (!keep) eager_norm_saved_free(trace, kAttentionNormSaved, shape, impl);
   trace.alloc(L, "attention.output_local", bytes.q);  // final_output, filled chunk by chunk
   trace.alloc(L, "fpdt.q_proj_chunk", q_chunk);
@@ -148,6 +148,7 @@ void ulysses_attention_backward(TensorTrace& trace, const LayerShape& shape, con
   const bool replicated = shape.kv_replication > 1;
   trace.set_moment("o_proj and all-to-all");
   trace.alloc(L, "attention.output_local_grad", bytes.q);
+  if (shape.post_norms) trace.free("attention.post_norm_input_grad");  // o_proj's output gradient, read by its backward
   trace.free("attention.output_local");  // after o_proj's weight gradient
   ulysses_all_to_all(trace, "attention.output_local_grad", "attention.output_grad", bytes.q, shape, impl);
   trace.free("attention.output_local_grad");
@@ -271,6 +272,7 @@ void fpdt_attention_backward(TensorTrace& trace, const LayerShape& shape, const 
   const double q_chunk = bytes.q * fraction, kv_chunk = bytes.kv_replicated * fraction, lse_chunk = bytes.lse * fraction;
   trace.set_moment("fpdt attention backward chunk");
   trace.alloc(L, "attention.output_local_grad", bytes.q);
+  if (shape.post_norms) trace.free("attention.post_norm_input_grad");  // o_proj's output gradient, read by its backward
   trace.free("attention.output_local");
   trace.alloc(L, "attention_norm.output_grad", bytes.x);  // grad_layernorm_output
   const double qkv_weights = static_cast<double>(shape.hidden) * static_cast<double>(shape.q_width + 2 * shape.kv_width);

@@ -34,21 +34,32 @@ struct Bytes {
 
 // Eager RMSNorm's saved tensors beside its output (REFERENCE §7.2): the fp32 upcast of its input
 // (read by pow's backward) and the normalized value in the activation dtype (read by the weight
-// multiply's backward). Trace names must outlive the trace, hence one literal pair per norm.
+// multiply's backward). Trace names must outlive the trace, hence one literal set per norm.
 // The fp32 rsqrt(variance + eps) [T, 1] (saved by the multiply that applies it) is the layer norms'
 // third saved tensor; a q/k norm's per-head one is its own ("attention.q_norm_rstd", sized by heads).
-// Held to PyTorch's saved-tensor hooks on transformers' Llama, Qwen and Mistral layers
-// (tests/frameworks: each eager RMSNorm saves exactly these three).
+// Gemma's norm (LayerShape::norm_scale_fp32) multiplies the fp32 normalized value by (1 + w) in fp32
+// and casts after: it saves that normalized value in fp32 (for w's gradient) and the fp32 (1 + w)
+// [width] (for the input's). Held to PyTorch's saved-tensor hooks on transformers' Llama, Qwen,
+// Mistral and Gemma 3 layers (tests/frameworks).
 struct EagerNormNames {
   const char* input_fp32;
   const char* normalized;
   const char* rstd;  // nullptr: the caller allocates it (a q/k norm's)
+  const char* scale_fp32;
 };
-inline constexpr EagerNormNames kAttentionNormSaved{"attention_norm.input_fp32", "attention_norm.normalized", "attention_norm.rstd_fp32"};
-inline constexpr EagerNormNames kMlpNormSaved{"mlp_norm.input_fp32", "mlp_norm.normalized", "mlp_norm.rstd_fp32"};
-inline constexpr EagerNormNames kFinalNormSaved{"final_norm.input_fp32", "final_norm.normalized", "final_norm.rstd_fp32"};
-inline constexpr EagerNormNames kQNormSaved{"attention.q_norm.input_fp32", "attention.q_norm.normalized", nullptr};
-inline constexpr EagerNormNames kKNormSaved{"attention.k_norm.input_fp32", "attention.k_norm.normalized", nullptr};
+inline constexpr EagerNormNames kAttentionNormSaved{"attention_norm.input_fp32", "attention_norm.normalized", "attention_norm.rstd_fp32",
+                                                    "attention_norm.scale_fp32"};
+inline constexpr EagerNormNames kPostAttentionNormSaved{"post_attention_norm.input_fp32", "post_attention_norm.normalized",
+                                                        "post_attention_norm.rstd_fp32", "post_attention_norm.scale_fp32"};
+inline constexpr EagerNormNames kMlpNormSaved{"mlp_norm.input_fp32", "mlp_norm.normalized", "mlp_norm.rstd_fp32", "mlp_norm.scale_fp32"};
+inline constexpr EagerNormNames kPostMlpNormSaved{"post_mlp_norm.input_fp32", "post_mlp_norm.normalized", "post_mlp_norm.rstd_fp32",
+                                                  "post_mlp_norm.scale_fp32"};
+inline constexpr EagerNormNames kFinalNormSaved{"final_norm.input_fp32", "final_norm.normalized", "final_norm.rstd_fp32",
+                                                "final_norm.scale_fp32"};
+inline constexpr EagerNormNames kQNormSaved{"attention.q_norm.input_fp32", "attention.q_norm.normalized", nullptr,
+                                            "attention.q_norm.scale_fp32"};
+inline constexpr EagerNormNames kKNormSaved{"attention.k_norm.input_fp32", "attention.k_norm.normalized", nullptr,
+                                            "attention.k_norm.scale_fp32"};
 
 // What a frozen base does not save (LoRA and QLoRA freeze every base parameter, Reference §12 items
 // 11-12): a linear saves its input for its weight's gradient alone, so a frozen nn.Linear (LoRA's
@@ -59,16 +70,21 @@ inline bool base_linears_save_input(const LayerShape& shape) { return shape.lora
 inline bool norm_weights_trained(const LayerShape& shape) { return shape.lora_rank == 0; }
 
 // `normalized_bytes`: the norm's output size in the activation dtype; its rows are shape.tokens.
+// `normalized_bytes`: the norm's output in the activation dtype; `width`: the elements it normalizes
+// over (h, or d for a q/k norm), the size of Gemma's (1 + w).
 inline void eager_norm_saved_alloc(TensorTrace& trace, const char* category, const EagerNormNames& names, double normalized_bytes,
-                            const LayerShape& shape, const LayerImplementation& impl) {
+                                   int64_t width, const LayerShape& shape, const LayerImplementation& impl) {
   if (!impl.eager_rms_norm) return;
-  trace.alloc(category, names.input_fp32, normalized_bytes / static_cast<double>(impl.activation_bytes) * 4.0);
+  const double fp32_bytes = normalized_bytes / static_cast<double>(impl.activation_bytes) * 4.0;
+  trace.alloc(category, names.input_fp32, fp32_bytes);
   if (names.rstd) trace.alloc(category, names.rstd, static_cast<double>(shape.tokens) * 4.0);
-  if (norm_weights_trained(shape)) trace.alloc(category, names.normalized, normalized_bytes);
+  if (shape.norm_scale_fp32) trace.alloc(category, names.scale_fp32, static_cast<double>(width) * 4.0);
+  if (norm_weights_trained(shape)) trace.alloc(category, names.normalized, shape.norm_scale_fp32 ? fp32_bytes : normalized_bytes);
 }
 inline void eager_norm_saved_free(TensorTrace& trace, const EagerNormNames& names, const LayerShape& shape, const LayerImplementation& impl) {
   if (!impl.eager_rms_norm) return;
   if (norm_weights_trained(shape)) trace.free(names.normalized);
+  if (shape.norm_scale_fp32) trace.free(names.scale_fp32);
   if (names.rstd) trace.free(names.rstd);
   trace.free(names.input_fp32);
 }

@@ -7,6 +7,36 @@ namespace longseq {
 
 using namespace inventory;
 
+namespace {
+
+// Gemma 2/3's post-attention and post-feedforward norms run over a block's output before the
+// residual add, whose output they feed (the add saves nothing). Eager, they save what every eager
+// norm saves; a fused norm (Liger's) saves its input, the block's output, instead.
+bool post_norm_saves_input(const LayerShape& shape, const LayerImplementation& impl, bool keep) {
+  return shape.post_norms && keep && !impl.eager_rms_norm;
+}
+
+void post_norm_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep,
+                       const EagerNormNames& names, const char* output) {
+  if (!shape.post_norms) return;
+  const Bytes bytes(shape, impl);
+  eager_norm_saved_alloc(trace, L, names, bytes.x, shape.hidden, shape, impl);
+  if (!keep) eager_norm_saved_free(trace, names, shape, impl);
+  trace.alloc(L, output, bytes.x);
+}
+
+// The norm's input gradient `input_grad` (a new [T, h]) from the output's; what it saved dies.
+void post_norm_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, const EagerNormNames& names,
+                        const char* input, const char* input_grad) {
+  if (!shape.post_norms) return;
+  const Bytes bytes(shape, impl);
+  trace.alloc(L, input_grad, bytes.x);
+  if (impl.eager_rms_norm) eager_norm_saved_free(trace, names, shape, impl);
+  else trace.free(input);
+}
+
+}  // namespace
+
 void decoder_layer_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep) {
   const Bytes bytes(shape, impl);
   if (shape.fpdt_chunk_tokens > 0) fpdt_attention_forward(trace, shape, impl, keep);
@@ -17,12 +47,14 @@ void decoder_layer_forward(TensorTrace& trace, const LayerShape& shape, const La
   trace.alloc(L, "attention.o_proj_output", bytes.x);
   if (!keep) trace.free("attention.output_local");
   if (!keep) trace.free("attention_norm.output");
+  post_norm_forward(trace, shape, impl, keep, kPostAttentionNormSaved, "attention.post_norm_output");
   trace.alloc(L, "residual.attention", bytes.x);
-  trace.free("attention.o_proj_output");
+  if (shape.post_norms) trace.free("attention.post_norm_output");
+  if (!post_norm_saves_input(shape, impl, keep)) trace.free("attention.o_proj_output");
 
   trace.set_moment("mlp");
   trace.alloc(L, "mlp_norm.output", bytes.x);
-  eager_norm_saved_alloc(trace, L, kMlpNormSaved, bytes.x, shape, impl);
+  eager_norm_saved_alloc(trace, L, kMlpNormSaved, bytes.x, shape.hidden, shape, impl);
   if (!keep) eager_norm_saved_free(trace, kMlpNormSaved, shape, impl);
   lora_forward(trace, shape, lora_mlp(shape, impl), keep);  // LoRA plans run untiled MLPs (plan_problems)
   if (shape.mlp_tiles == 0) {
@@ -48,8 +80,10 @@ void decoder_layer_forward(TensorTrace& trace, const LayerShape& shape, const La
     trace.free("mlp.tile_outputs");
   }
   if (!keep || !base_linears_save_input(shape)) trace.free("mlp_norm.output");  // frozen gate/up save no input
+  post_norm_forward(trace, shape, impl, keep, kPostMlpNormSaved, "mlp.post_norm_output");
   trace.alloc(L, "layer.output", bytes.x);
-  trace.free("mlp.output");
+  if (shape.post_norms) trace.free("mlp.post_norm_output");
+  if (!post_norm_saves_input(shape, impl, keep)) trace.free("mlp.output");
   // The residual is read by the MLP's norm and the last add, neither of which saves it when the norm
   // is eager (it saves its fp32 copy); a fused norm (Liger's, the executor's) saves its input.
   if (!keep || impl.eager_rms_norm) trace.free("residual.attention");
@@ -60,6 +94,9 @@ void decoder_layer_backward(TensorTrace& trace, const LayerShape& shape, const L
   const Bytes bytes(shape, impl);
 
   trace.set_moment("mlp");
+  // Gemma's post-feedforward norm first: its input gradient is the MLP output's (read by down_proj's
+  // backward, and held here through the MLP's: an upper bound by one [T, h] after down_proj).
+  post_norm_backward(trace, shape, impl, kPostMlpNormSaved, "mlp.output", "mlp.post_norm_input_grad");
   if (shape.mlp_tiles == 0) {
     if (shape.experts > 0) moe_backward(trace, shape, impl, "mlp.input_grad");
     else mlp_backward(trace, shape, impl, static_cast<double>(shape.tokens), "mlp.input_grad");
@@ -78,6 +115,7 @@ void decoder_layer_backward(TensorTrace& trace, const LayerShape& shape, const L
     if (impl.mlp_tile_weight_grads_bytes > 0) trace.free("mlp_tile_weight_grads");
   }
   if (base_linears_save_input(shape)) trace.free("mlp_norm.output");  // after gate/up weight gradients
+  if (shape.post_norms) trace.free("mlp.post_norm_input_grad");
   lora_backward(trace, shape, lora_mlp(shape, impl));
 
   trace.set_moment("mlp norm");
@@ -87,6 +125,9 @@ void decoder_layer_backward(TensorTrace& trace, const LayerShape& shape, const L
   trace.free("mlp.input_grad");
   if (!impl.eager_rms_norm) trace.free("residual.attention");
 
+  // Gemma's post-attention norm: its input gradient is o_proj's output gradient, freed by the
+  // attention backward once o_proj's has run.
+  post_norm_backward(trace, shape, impl, kPostAttentionNormSaved, "attention.o_proj_output", "attention.post_norm_input_grad");
   if (shape.fpdt_chunk_tokens > 0) fpdt_attention_backward(trace, shape, impl);
   else ulysses_attention_backward(trace, shape, impl);
 

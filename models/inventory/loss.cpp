@@ -50,7 +50,7 @@ void lm_loss_forward_backward(TensorTrace& trace, const LayerShape& shape, const
   const double tile = static_cast<double>(std::min<int64_t>(std::max<int64_t>(tile_tokens, 1), shape.tokens));
   trace.set_moment("logits and cross entropy");
   trace.alloc(kCategoryLoss, "final_norm.output", bytes.x);
-  eager_norm_saved_alloc(trace, kCategoryLoss, kFinalNormSaved, bytes.x, shape, impl);
+  eager_norm_saved_alloc(trace, kCategoryLoss, kFinalNormSaved, bytes.x, shape.hidden, shape, impl);
   switch (loss) {
     case LossImplementation::loss_untiled:
       logits_and_cross_entropy(trace, shape, impl, tokens, "final_norm.output_grad");

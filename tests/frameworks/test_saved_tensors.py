@@ -21,9 +21,7 @@ PLANNER_FLAGS = ["--framework", "hf-trainer", "--no-checkpointing", "--no-tiled-
 # Understood differences, not yet in the planner (reports/frameworks-check.md has the tensor lists).
 KNOWN = {
     "gemma2": "transformers 5.24 refuses SDPA for Gemma 2 (its eager attention saves the S x S scores); "
-              "the planner prices Gemma 2 with FlashAttention's tensors",
-    "gemma3": "Gemma's RMSNorm keeps its normalized value in fp32 (x * (1 + w) in fp32), four norms a layer "
-              "and per-head q/k norms: the planner prices a Llama layer's two bf16 norms (said in every Gemma plan)",
+              "the planner prices Gemma 2 with FlashAttention's tensors (its norms are Gemma 3's, which match)",
     "mixtral": "transformers 5 runs the experts with grouped_mm: three int64 [T k] permutation indices, int32 [E] "
                "offsets, the fused gate_up [T k, 2 I] in one storage and fp32 routing weights; the planner prices "
                "transformers 4's expert loop (profiles' moe_experts hf_expert_loop)",

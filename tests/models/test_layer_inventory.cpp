@@ -256,6 +256,54 @@ TEST_CASE("Qwen3's q/k norms keep the projections and fp32 statistics per head u
   }
 }
 
+TEST_CASE("Gemma's four norms: an eager norm saves its normalized value in fp32 and (1 + w), a fused one the block output") {
+  LayerImplementation fa2 = eager();
+  LayerImplementation eager_norm = fa2;
+  eager_norm.eager_rms_norm = true;
+  const LayerShape llama = shape_make(1, 1000);
+  LayerShape gemma = llama;
+  gemma.post_norms = true;
+  gemma.norm_scale_fp32 = true;
+  auto forward = [&](const LayerShape& s, const LayerImplementation& impl) {
+    TensorTrace trace;
+    trace.alloc(kCategoryLayer, "layer.input", X);
+    decoder_layer_forward(trace, s, impl, true);
+    return trace;
+  };
+  // Eager (Gemma3RMSNorm.forward): per norm the fp32 input 2X, rsqrt T x 4 B, (1 + w) h x 4 B and
+  // the fp32 normalized 2X, where Llama's keeps 2X + rsqrt + X: four such norms against two.
+  constexpr double RSTD = 1000 * 4.0, SCALE = 64 * 4.0;
+  const double gemma_norm = 4 * X + RSTD + SCALE, llama_norm = 3 * X + RSTD;
+  const TensorTrace eager_gemma = forward(gemma, eager_norm);
+  CHECK(eager_gemma.current_bytes() - forward(llama, eager_norm).current_bytes() == 4 * gemma_norm - 2 * llama_norm);
+  CHECK(live_bytes_of(eager_gemma, "post_attention_norm.normalized") == 2 * X);
+  CHECK(live_bytes_of(eager_gemma, "post_mlp_norm.scale_fp32") == SCALE);
+  CHECK(live_bytes_of(eager_gemma, "attention.o_proj_output") == -1);  // its fp32 copy is saved instead
+  // A fused norm (Liger's) saves its input: o_proj's output and the MLP's, X each.
+  const TensorTrace fused_gemma = forward(gemma, fa2);
+  CHECK(fused_gemma.current_bytes() - forward(llama, fa2).current_bytes() == 2 * X);
+  CHECK(live_bytes_of(fused_gemma, "mlp.output") == X);
+  // Frozen weights (LoRA): no normalized value is saved, (1 + w) still is (the input needs its gradient).
+  LayerShape gemma_lora = gemma, llama_lora = llama;
+  gemma_lora.lora_rank = llama_lora.lora_rank = 4;
+  CHECK(forward(gemma_lora, eager_norm).current_bytes() - forward(llama_lora, eager_norm).current_bytes() ==
+        4 * (2 * X + RSTD + SCALE) - 2 * (2 * X + RSTD));
+  // Backward frees all of it, and each post norm's input gradient is held one block at most.
+  for (const LayerImplementation& impl : {fa2, eager_norm}) {
+    TensorTrace trace = forward(gemma, impl);
+    trace.alloc(kCategoryLayer, "layer.output_grad", X);
+    decoder_layer_backward(trace, gemma, impl);
+    REQUIRE(trace.live_items().size() == 1);
+    CHECK(trace.live_items()[0].name == "layer.input_grad");
+  }
+  // Under no_grad (a checkpointed forward) nothing of the post norms stays.
+  TensorTrace no_grad;
+  no_grad.alloc(kCategoryLayer, "layer.input", X);
+  decoder_layer_forward(no_grad, gemma, eager_norm, false);
+  CHECK(live_bytes_of(no_grad, "post_attention_norm.input_fp32") == -1);
+  CHECK(live_bytes_of(no_grad, "mlp.post_norm_output") == -1);
+}
+
 TEST_CASE("ZeRO-3 holds every TiledMLP shard's weight gradients through the MLP backward") {
   // An MLP-heavy shape (f = 4096) so that the peak falls in a tile's backward.
   LayerShape shape = shape_make(1, 2);

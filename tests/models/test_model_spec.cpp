@@ -190,12 +190,16 @@ TEST_CASE("config.json of Gemma 2, Gemma 3 (its text_config) and Phi-3 is read, 
   CHECK(parameter_count(gemma2).total == parameter_count(model_load("gemma-2-9b")).total);
   CHECK(gemma2.tied_embeddings);  // Gemma2Config's default
   CHECK(gemma2.norms_per_layer == 4);
+  CHECK(gemma2.norm_scale_fp32);  // Gemma2RMSNorm: (1 + w) in fp32, as the card says
+  CHECK(model_load("gemma-2-9b").norm_scale_fp32);
+  CHECK_FALSE(model_load("llama-3.1-8b").norm_scale_fp32);
   CHECK(gemma2.final_logit_softcapping == 30.0);
   CHECK(gemma2.sliding_window == 4096);
   CHECK(gemma2.head_dim == 256);  // not hidden / heads (224)
   const ModelSpec gemma3 = model_load(hf + "gemma-3-4b.config.json");
   CHECK(parameter_count(gemma3).total == parameter_count(model_load("gemma-3-4b")).total);
   CHECK(gemma3.qk_norm);
+  CHECK(gemma3.norm_scale_fp32);
   CHECK(gemma3.rope_scaling == "linear");
   const ModelSpec phi3 = model_load(hf + "phi-3-mini.config.json");
   CHECK(parameter_count(phi3).total == 3'821'079'552);
