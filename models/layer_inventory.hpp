@@ -55,6 +55,8 @@ struct LayerShape {
   int64_t expert_intermediate = 0;         // I_e
   int64_t shared_expert_intermediate = 0;  // I_s (0: none)
   bool shared_expert_gate = false;
+  bool moe_normalize_topk = true;          // the chosen weights divided by their sum (ModelSpec)
+  bool moe_routing_weights_fp32 = false;   // the router's weights reach the experts in fp32 (Mixtral)
   // LoRA adapters (rank 0: none) on every linear or on q_proj/v_proj only, over a bf16 base or a
   // 4-bit one (QLoRA), trained under bf16 autocast (the HF Trainer's bf16=True; Reference §12 item 9).
   int64_t lora_rank = 0;
@@ -72,11 +74,15 @@ enum class MoeExperts {
   // index_add_'ed into the block's output; backward runs expert by expert.
   moe_hf_expert_loop,
   // All experts in one grouped GEMM over the T*k token-expert pairs sorted by expert (ArcticMoE's
-  // GroupGeMM, transformers v5's grouped_mm): the same saved tensors, but every transient is the
-  // whole T*k at once.
+  // GroupGeMM): the loop's saved tensors, but every transient is the whole T*k at once.
   moe_grouped_gemm,
+  // transformers 5's default, grouped_mm_experts_forward (integrations/moe.py): the pairs sorted by
+  // expert, one grouped_mm for the fused gate_up (one [T*k, 2 I] storage) and one for down, and
+  // the int64 sort order, gather index and inverse order, the int32 group offsets and the pairs'
+  // weights saved beside them. Held to PyTorch's saved-tensor hooks (tests/frameworks).
+  moe_hf_grouped_mm,
 };
-const char* moe_experts_name(MoeExperts experts);  // "hf_expert_loop", "grouped_gemm" (as profiles spell them)
+const char* moe_experts_name(MoeExperts experts);  // "hf_expert_loop", "grouped_gemm", "hf_grouped_mm" (as profiles spell them)
 // Throws ConfigError(source, key, ...) for any other spelling.
 MoeExperts moe_experts_parse(const std::string& text, const std::string& source, const std::string& key);
 

@@ -118,6 +118,7 @@ ModelSpec model_from_card_text(const std::string& yaml_text, const std::string& 
   model.shared_expert_intermediate_size = any_int_or("shared_expert_intermediate_size", 0);
   model.shared_expert_gate = reader.get_bool("shared_expert_gate", false);
   model.moe_normalize_topk = reader.get_bool("normalize_topk", true);
+  model.moe_routing_weights_fp32 = reader.get_bool("routing_weights_fp32", false);
   reader.reject_unknown_keys();
   model.validate(source_name);
   return model;
@@ -146,6 +147,7 @@ ModelSpecKeys moe_read(const JsonView& config, const std::string& source_name, c
   // Mixtral renormalizes always (softmax over the top-k logits); the Qwen MoE blocks when
   // norm_topk_prob (its default false: Qwen2MoeConfig, Qwen3MoeConfig).
   if (!is_mixtral) model.moe_normalize_topk = config.has("norm_topk_prob") && config["norm_topk_prob"].boolean();
+  model.moe_routing_weights_fp32 = is_mixtral;  // MixtralTopKRouter returns fp32 weights; the Qwen routers cast them
   if (is_qwen2_moe) {
     model.shared_expert_intermediate_size = config["shared_expert_intermediate_size"].integer();
     model.shared_expert_gate = model.shared_expert_intermediate_size > 0;  // Qwen2MoeSparseMoeBlock's shared_expert_gate

@@ -89,6 +89,10 @@ struct ModelSpec {
   // The chosen experts' probabilities divided by their sum (Mixtral always; Qwen3-MoE's and
   // Qwen2-MoE's norm_topk_prob, false for Qwen2-MoE's releases). Changes the arithmetic, not memory.
   bool moe_normalize_topk = true;
+  // The router hands the experts its top-k weights in fp32 (MixtralTopKRouter.forward returns them
+  // uncast; Qwen2/3-MoE's routers cast them to the logits' dtype): transformers 5's grouped experts
+  // then save the pairs' weights in fp32 and weight the expert outputs in fp32.
+  bool moe_routing_weights_fp32 = false;
   // config.json's output_router_logits: the model trains with its auxiliary load-balancing loss
   // (priced as PlanOptions::moe_aux_loss is; Reference §12 item 67).
   bool output_router_logits = false;

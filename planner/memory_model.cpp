@@ -87,6 +87,8 @@ Setup setup_make(const ModelSpec& model, const HardwareCard& card, const PlanOpt
   shape.expert_intermediate = model.expert_intermediate_size;
   shape.shared_expert_intermediate = model.shared_expert_intermediate_size;
   shape.shared_expert_gate = model.shared_expert_gate;
+  shape.moe_normalize_topk = model.moe_normalize_topk;
+  shape.moe_routing_weights_fp32 = model.moe_routing_weights_fp32;
   shape.lora_rank = plan.lora_rank;
   shape.lora_all_linear = plan.lora_all_linear;
   shape.qlora = plan.qlora;
@@ -335,9 +337,9 @@ void zero_layer_buffers_place(TensorTrace& trace, const PlanOptions& plan, const
     gradient_reduce_bucket_place(trace, plan, profile, setup);
     // One weight's gradient, produced whole before ZeRO reduces it. A grouped-GEMM MoE keeps each
     // projection of all experts as one parameter (ArcticMoE expert_gate_up [E, h, 2 I_e], moe.py
-    // L99-115): its gradient spans every expert.
+    // L99-115; transformers 5's MixtralExperts.gate_up_proj [E, 2 I, h]): its gradient spans every expert.
     double largest_matrix = setup.largest_trainable_matrix;
-    if (setup.shape.experts > 0 && setup.impl.moe_experts == MoeExperts::moe_grouped_gemm)
+    if (setup.shape.experts > 0 && setup.impl.moe_experts != MoeExperts::moe_hf_expert_loop)
       largest_matrix = std::max(largest_matrix, 2.0 * as_double(setup.shape.experts) * as_double(setup.shape.hidden) *
                                                     as_double(setup.shape.expert_intermediate));
     trace.alloc(kCategoryZero, "weight_gradient_in_flight", largest_matrix * as_double(profile.working_gradient_bytes));

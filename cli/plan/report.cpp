@@ -240,8 +240,9 @@ std::vector<std::string> plan_caveats(const ModelSpec& model, const ClusterSpec&
         "mixture of experts: no published long-sequence MoE run in the record; its block is priced from code reading ({}, Reference "
         "§12 4.9) with routing taken as balanced (a skewed router gives its busiest expert more tokens), {} and without expert "
         "parallelism (every rank holds every expert)",
-        profile.moe_experts == MoeExperts::moe_grouped_gemm ? "one grouped GEMM over the experts: ArcticMoE"
-                                                            : "transformers' loop over the experts",
+        profile.moe_experts == MoeExperts::moe_grouped_gemm    ? "one grouped GEMM over the experts: ArcticMoE"
+        : profile.moe_experts == MoeExperts::moe_hf_grouped_mm ? "transformers 5's grouped_mm over the experts"
+                                                               : "transformers 4's loop over the experts",
         plan.moe_aux_loss || model.output_router_logits ? "with the auxiliary loss's kept, concatenated and one-hot router logits (--moe-aux-loss)"
                           : "without the auxiliary loss's router logits (output_router_logits must stay false; --moe-aux-loss prices them)"));
   return caveats;

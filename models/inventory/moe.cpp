@@ -12,6 +12,9 @@ struct MoeBytes {
   double pairs_x, pairs_f;      // all T*k token-expert pairs: [T*k, h] and [T*k, I_e]
   double expert_x, expert_f;    // one expert's share (T*k/E pairs), the expert loop's unit of work
   double shared_f, shared_gate; // [T, I_s], [T, 1]
+  // transformers 5's grouped experts: an int64 per pair (sort order, gather index, inverse order),
+  // the int32 group offsets [E], the routing sum [T, 1] fp32, the pairs' weights in the router's dtype.
+  double pair_index, expert_offsets, routing_sum, pair_weights, weighted_pairs_x, weighted_x;
   MoeBytes(const LayerShape& shape, const LayerImplementation& impl) {
     const double tokens = static_cast<double>(shape.tokens), a = static_cast<double>(impl.activation_bytes);
     const double experts = static_cast<double>(shape.experts), k = static_cast<double>(shape.experts_per_token);
@@ -29,6 +32,13 @@ struct MoeBytes {
     expert_f = pairs_f / experts;
     shared_f = tokens * static_cast<double>(shape.shared_expert_intermediate) * a;
     shared_gate = tokens * a;
+    const double weight_bytes = shape.moe_routing_weights_fp32 ? 4.0 : a;  // bf16 x fp32 promotes to fp32
+    pair_index = tokens * k * 8.0;
+    expert_offsets = experts * 4.0;
+    routing_sum = tokens * 4.0;
+    pair_weights = tokens * k * weight_bytes;
+    weighted_pairs_x = tokens * k * h * weight_bytes;
+    weighted_x = tokens * h * weight_bytes;
   }
 };
 
@@ -49,9 +59,122 @@ void experts_forward(TensorTrace& trace, double x_bytes, double f_bytes, double 
     for (const char* name : kExpertTensors) trace.free(name);
 }
 
-// MoE block forward (HF SparseMoeBlock, Mixtral modeling L112-142; ArcticMoE moe.py L233-462).
-// Leaves "mlp.output" live and, with keep, what backward reads.
-void moe_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep) {
+// transformers 5's router and grouped experts (MixtralTopKRouter / Qwen3MoeTopKRouter.forward, then
+// integrations/moe.py grouped_mm_experts_forward), step by step; every tensor named "saved" is one
+// PyTorch's saved-tensor hooks record (tests/frameworks). Leaves "mlp.output" live.
+constexpr const char* kHfGroupedSaved[] = {"moe.pair_order", "moe.pair_token_index", "moe.expert_inputs", "moe.pair_weights",
+                                           "moe.expert_offsets", "moe.expert_gate_up", "moe.expert_act", "moe.expert_product",
+                                           "moe.expert_outputs", "moe.pair_inverse_order"};
+void hf_grouped_mm_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep) {
+  const MoeBytes b(shape, impl);
+  trace.set_moment("moe router");
+  trace.alloc(L, "moe.router_logits", b.router_bf16);
+  trace.alloc(L, "moe.router_probs", b.router_fp32);  // softmax(logits, dtype=float): saved
+  trace.free("moe.router_logits");                    // returned, dropped by the block
+  trace.alloc(L, "moe.routing_weights_fp32", b.routing_weights_fp32);  // topk's values
+  trace.alloc(L, "moe.routing_indices", b.routing_indices);            // topk's indices: saved
+  if (shape.moe_normalize_topk) {
+    // router_top_value /= sum(...): the in-place division saves the divisor and the values before it.
+    trace.alloc(L, "moe.routing_sum_fp32", b.routing_sum);
+    trace.alloc(L, "moe.routing_values_before_division", b.routing_weights_fp32);
+  }
+  const char* routing_weights = "moe.routing_weights_fp32";
+  if (!shape.moe_routing_weights_fp32) {  // the Qwen routers' .to(router_logits.dtype)
+    trace.alloc(L, "moe.routing_weights", b.routing_weights);
+    trace.free("moe.routing_weights_fp32");
+    routing_weights = "moe.routing_weights";
+  }
+  trace.set_moment("moe experts");
+  trace.alloc(L, "moe.pair_order", b.pair_index);        // torch.sort(expert_ids): the sorted ids and perm
+  trace.alloc(L, "moe.pair_expert_ids", b.pair_index);
+  trace.alloc(L, "moe.pair_token_index", b.pair_index);  // perm // top_k, the gather's index: saved
+  trace.alloc(L, "moe.expert_inputs", b.pairs_x);        // hidden_states[perm // top_k]: saved by grouped_mm
+  trace.alloc(L, "moe.pair_weights", b.pair_weights);    // sample_weights[perm] (perm saved): saved by the weighting
+  trace.alloc(L, "moe.expert_offsets", b.expert_offsets);  // cumsum(histc(...)), int32: saved by both grouped_mm
+  trace.free("moe.pair_expert_ids");
+  trace.alloc(L, "moe.expert_gate_up", 2.0 * b.pairs_f);  // one [T*k, 2 I] output; gate and up its halves
+  trace.alloc(L, "moe.expert_act", b.pairs_f);             // act_fn(gate): saved by the product
+  trace.alloc(L, "moe.expert_product", b.pairs_f);         // act * up: saved by the down grouped_mm
+  trace.alloc(L, "moe.expert_outputs", b.pairs_x);         // saved by the weighting
+  trace.alloc(L, "moe.weighted_output", b.weighted_pairs_x);
+  trace.alloc(L, "moe.pair_inverse_order", b.pair_index);  // inv_perm: saved by the reordering index
+  trace.alloc(L, "moe.weighted_output_reordered", b.weighted_pairs_x);
+  trace.free("moe.weighted_output");
+  // .view(T, k, h).sum(dim=1), then .to(hidden_states.dtype): a new tensor only from fp32 weights.
+  if (shape.moe_routing_weights_fp32) {
+    trace.alloc(L, "moe.output_fp32", b.weighted_x);
+    trace.free("moe.weighted_output_reordered");
+    trace.alloc(L, "mlp.output", b.x);
+    trace.free("moe.output_fp32");
+  } else {
+    trace.alloc(L, "mlp.output", b.x);
+    trace.free("moe.weighted_output_reordered");
+  }
+  trace.free(routing_weights);  // the block's local, dropped when it returns
+  if (!keep) {
+    for (const char* name : kHfGroupedSaved) trace.free(name);
+    if (shape.moe_normalize_topk) {
+      trace.free("moe.routing_values_before_division");
+      trace.free("moe.routing_sum_fp32");
+    }
+    trace.free("moe.routing_indices");
+    trace.free("moe.router_probs");
+  }
+}
+
+// Backward of hf_grouped_mm_forward(keep=true) after the shared expert's; the block's input
+// gradient `input_grad_name` is live and receives the gathered pairs' and the router's.
+void hf_grouped_mm_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl) {
+  const MoeBytes b(shape, impl);
+  trace.set_moment("moe experts");
+  // sum over k and the inverse-order index: zeros [T*k, h] with the rows put back (index backward).
+  trace.alloc(L, "moe.weighted_output_grad", b.weighted_pairs_x);
+  trace.free("moe.pair_inverse_order");
+  trace.alloc(L, "moe.expert_output_grad", b.pairs_x);  // the weighting's, in the outputs' dtype
+  trace.free("moe.weighted_output_grad");
+  trace.free("moe.pair_weights");
+  trace.alloc(L, "moe.expert_product_grad", b.pairs_f);  // down grouped_mm's input gradient
+  trace.free("moe.expert_output_grad");
+  trace.free("moe.expert_outputs");
+  trace.free("moe.expert_product");
+  trace.alloc(L, "moe.expert_act_grad", b.pairs_f);
+  trace.alloc(L, "moe.expert_up_grad", b.pairs_f);
+  trace.free("moe.expert_product_grad");
+  trace.free("moe.expert_act");
+  trace.alloc(L, "moe.expert_gate_grad", b.pairs_f);
+  trace.free("moe.expert_act_grad");
+  trace.alloc(L, "moe.expert_gate_up_grad", 2.0 * b.pairs_f);  // the halves' gradients put together
+  trace.free("moe.expert_gate_grad");
+  trace.free("moe.expert_up_grad");
+  trace.free("moe.expert_gate_up");
+  trace.alloc(L, "moe.expert_input_grad", b.pairs_x);  // gate_up grouped_mm's input gradient
+  trace.free("moe.expert_gate_up_grad");
+  trace.free("moe.expert_offsets");
+  trace.free("moe.expert_inputs");
+  trace.alloc(L, "moe.gather_grad", b.x);  // index backward: zeros [T, h] with the pairs added in
+  trace.free("moe.expert_input_grad");
+  trace.free("moe.pair_token_index");
+  trace.free("moe.gather_grad");  // summed into the block's input gradient
+  trace.free("moe.pair_order");
+  trace.set_moment("moe router");
+  if (shape.moe_normalize_topk) {
+    trace.free("moe.routing_values_before_division");
+    trace.free("moe.routing_sum_fp32");
+  }
+  trace.alloc(L, "moe.router_probs_grad", b.router_fp32);  // topk backward: zeros [T, E] with k put back
+  trace.free("moe.routing_indices");
+  trace.alloc(L, "moe.router_softmax_grad", b.router_fp32);
+  trace.free("moe.router_probs_grad");
+  trace.free("moe.router_probs");
+  trace.alloc(L, "moe.router_logits_grad", b.router_bf16);
+  trace.free("moe.router_softmax_grad");
+  trace.alloc(L, "moe.router_input_grad", b.x);
+  trace.free("moe.router_logits_grad");
+  trace.free("moe.router_input_grad");
+}
+
+// transformers 4's router and expert loop, or ArcticMoE's grouped GEMM. Leaves "mlp.output" live.
+void routed_experts_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep) {
   const MoeBytes b(shape, impl);
   trace.set_moment("moe router");
   trace.alloc(L, "moe.router_logits", b.router_bf16);
@@ -80,6 +203,10 @@ void moe_forward(TensorTrace& trace, const LayerShape& shape, const LayerImpleme
     trace.free("moe.routing_weights_fp32");
     trace.free("moe.router_probs");
   }
+}
+
+void shared_expert_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep) {
+  const MoeBytes b(shape, impl);
   if (shape.shared_expert_intermediate > 0) {
     // Qwen2-MoE's shared expert: a SwiGLU MLP of width I_s on every token, times
     // sigmoid(shared_expert_gate(x)), added to the routed output.
@@ -102,6 +229,14 @@ void moe_forward(TensorTrace& trace, const LayerShape& shape, const LayerImpleme
     trace.alias("moe.output_sum", L, "mlp.output");
     trace.free("moe.output_sum");
   }
+}
+
+// MoE block forward (HF SparseMoeBlock, Mixtral modeling L112-142; ArcticMoE moe.py L233-462).
+// Leaves "mlp.output" live and, with keep, what backward reads.
+void moe_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep) {
+  if (impl.moe_experts == MoeExperts::moe_hf_grouped_mm) hf_grouped_mm_forward(trace, shape, impl, keep);
+  else routed_experts_forward(trace, shape, impl, keep);
+  shared_expert_forward(trace, shape, impl, keep);
 }
 
 // Backward of moe_forward(keep=true); the incoming gradient is the caller's. Leaves
@@ -127,6 +262,10 @@ void moe_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplem
     trace.alloc(L, "moe.shared_input_grad", b.x);  // summed into the input gradient
     trace.free("moe.shared_input_grad");
     for (const char* name : {"moe.shared_gate_grad", "moe.shared_up_grad", "moe.shared_gate", "moe.shared_up"}) trace.free(name);
+  }
+  if (impl.moe_experts == MoeExperts::moe_hf_grouped_mm) {
+    hf_grouped_mm_backward(trace, shape, impl);
+    return;
   }
   // The expert loop differentiates one expert at a time while every other expert's saved tensors
   // wait (the first one is the peak); the grouped GEMM all pairs at once.
@@ -176,13 +315,18 @@ namespace longseq {
 using namespace inventory;
 
 const char* moe_experts_name(MoeExperts experts) {
-  return experts == MoeExperts::moe_grouped_gemm ? "grouped_gemm" : "hf_expert_loop";
+  switch (experts) {
+    case MoeExperts::moe_grouped_gemm: return "grouped_gemm";
+    case MoeExperts::moe_hf_grouped_mm: return "hf_grouped_mm";
+    case MoeExperts::moe_hf_expert_loop: break;
+  }
+  return "hf_expert_loop";
 }
 
 MoeExperts moe_experts_parse(const std::string& text, const std::string& source, const std::string& key) {
-  for (MoeExperts experts : {MoeExperts::moe_hf_expert_loop, MoeExperts::moe_grouped_gemm})
+  for (MoeExperts experts : {MoeExperts::moe_hf_expert_loop, MoeExperts::moe_grouped_gemm, MoeExperts::moe_hf_grouped_mm})
     if (text == moe_experts_name(experts)) return experts;
-  throw ConfigError(source, key, "expected hf_expert_loop or grouped_gemm, got '" + text + "'");
+  throw ConfigError(source, key, "expected hf_expert_loop, grouped_gemm or hf_grouped_mm, got '" + text + "'");
 }
 
 }  // namespace longseq

@@ -22,11 +22,6 @@ PLANNER_FLAGS = ["--framework", "hf-trainer", "--no-checkpointing", "--no-tiled-
 KNOWN = {
     "gemma2": "transformers 5.24 refuses SDPA for Gemma 2 (its eager attention saves the S x S scores); "
               "the planner prices Gemma 2 with FlashAttention's tensors (its norms are Gemma 3's, which match)",
-    "mixtral": "transformers 5 runs the experts with grouped_mm: three int64 [T k] permutation indices, int32 [E] "
-               "offsets, the fused gate_up [T k, 2 I] in one storage and fp32 routing weights; the planner prices "
-               "transformers 4's expert loop (profiles' moe_experts hf_expert_loop)",
-    "qwen2_moe": "transformers 5's grouped_mm experts (see mixtral)",
-    "qwen3_moe": "transformers 5's grouped_mm experts (see mixtral)",
 }
 
 

@@ -442,6 +442,40 @@ TEST_CASE("MoE backward: every expert's saved tensors wait while one expert (loo
   }
 }
 
+TEST_CASE("transformers 5's grouped_mm experts save the sort order, gather index, inverse order, offsets and the pairs' weights") {
+  // integrations/moe.py grouped_mm_experts_forward beside the router (tests/frameworks holds the same
+  // list to PyTorch's hooks): router probs fp32 32,000, top-k indices 16,000, and with renormalized
+  // weights the in-place division's divisor [T, 1] fp32 (4,000) and values before it (8,000); three
+  // int64 [T*k] (16,000 each), int32 offsets [E] (32), the pairs' weights [T*k] (bf16 4,000 from the
+  // Qwen routers, fp32 8,000 from Mixtral's), the gathered inputs and outputs (2 PAIRS_X), gate_up
+  // as one [T*k, 2 I_e] (2 PAIRS_F), SiLU and the product (2 PAIRS_F).
+  LayerImplementation hf5 = eager();
+  hf5.moe_experts = MoeExperts::moe_hf_grouped_mm;
+  const double dense_saved = decoder_layer_saved_bytes(shape_make(), eager());
+  const double experts_saved = 3 * 16'000 + 32 + 2 * PAIRS_X + 4 * PAIRS_F;
+  LayerShape qwen = moe_shape();
+  qwen.moe_normalize_topk = false;
+  CHECK(decoder_layer_saved_bytes(qwen, hf5) == dense_saved - 4 * F + 32'000 + 16'000 + experts_saved + 4'000);
+  LayerShape qwen3 = moe_shape();  // norm_topk_prob
+  CHECK(decoder_layer_saved_bytes(qwen3, hf5) == dense_saved - 4 * F + 32'000 + 16'000 + 4'000 + 8'000 + experts_saved + 4'000);
+  LayerShape mixtral = moe_shape();
+  mixtral.moe_routing_weights_fp32 = true;
+  CHECK(decoder_layer_saved_bytes(mixtral, hf5) == dense_saved - 4 * F + 32'000 + 16'000 + 4'000 + 8'000 + experts_saved + 8'000);
+  // Its backward frees everything but the input gradient, and its largest expert moment holds
+  // d(gate_up) whole (2 PAIRS_F) beside d(gate) and d(up) as they are put together.
+  for (const LayerShape& shape : {qwen, qwen3, mixtral, moe_shape(64)}) {
+    const TensorTrace step = layer_step_trace(shape, hf5);
+    REQUIRE(step.live_items().size() == 1);
+    CHECK(step.live_items()[0].name == "layer.input_grad");
+  }
+  // Under no_grad nothing of the block stays.
+  TensorTrace no_grad;
+  no_grad.alloc(kCategoryLayer, "layer.input", X);
+  decoder_layer_forward(no_grad, mixtral, hf5, false);
+  CHECK(no_grad.current_bytes() == 2 * X);
+  CHECK(moe_experts_parse("hf_grouped_mm", "p.yaml", "moe_experts") == MoeExperts::moe_hf_grouped_mm);
+}
+
 TEST_CASE("Unsloth's TiledMLP over a whole MoE block: every block tensor at the tile's tokens, the outputs gathered, x_gradients") {
   // Reference §12 items 34, 78 and p. 279: 4 tiles of 250 tokens. Forward without keeping: while
   // a tile's experts run, the input, residual and mlp norm output (3X), the gathered tile outputs
@@ -473,7 +507,7 @@ TEST_CASE("MoE implementations: spelled as profiles spell them, anything else re
   CHECK(moe_experts_parse("hf_expert_loop", "p.yaml", "moe_experts") == MoeExperts::moe_hf_expert_loop);
   CHECK(moe_experts_parse(moe_experts_name(MoeExperts::moe_grouped_gemm), "p.yaml", "moe_experts") == MoeExperts::moe_grouped_gemm);
   CHECK_THROWS_WITH(moe_experts_parse("batched_mm", "p.yaml", "moe_experts"),
-                    doctest::Contains("expected hf_expert_loop or grouped_gemm, got 'batched_mm'"));
+                    doctest::Contains("expected hf_expert_loop, grouped_gemm or hf_grouped_mm, got 'batched_mm'"));
 }
 
 TEST_CASE("PyTorch context parallelism (all-gather rotation): the whole sequence's K/V and an fp32 merge in forward, fp32 accumulators in backward") {
