@@ -229,10 +229,14 @@ TEST_CASE("config.json of Mixtral, Qwen2-MoE and Qwen3-MoE gives their cards' sh
     CHECK(read.shared_expert_gate == built_in.shared_expert_gate);
     CHECK(read.qk_norm == built_in.qk_norm);
     CHECK(read.qkv_bias == built_in.qkv_bias);
+    CHECK(read.moe_normalize_topk == built_in.moe_normalize_topk);
+    CHECK(read.moe_routing_weights_fp32 == built_in.moe_routing_weights_fp32);
     CHECK(parameter_count(read).total == parameter_count(built_in).total);
     CHECK(parameter_count(read).active == parameter_count(built_in).active);
   }
   CHECK(model_load(hf + "mixtral-8x7b.config.json").expert_intermediate_size == 14336);  // Mixtral's intermediate_size is the expert's
+  CHECK(model_load(hf + "mixtral-8x7b.config.json").moe_routing_weights_fp32);  // MixtralTopKRouter returns them uncast
+  CHECK_FALSE(model_load(hf + "qwen3-30b-a3b.config.json").moe_routing_weights_fp32);
   const std::string bad = std::string(LONGSEQ_TEST_DATA_DIR) + "/bad/";
   CHECK_THROWS_WITH_AS(model_load(bad + "qwen3-moe-sparse-step.config.json"),
                        doctest::Contains("key 'decoder_sparse_step': Qwen3MoeForCausalLM: one layer in 2 is MoE"), ConfigError);
