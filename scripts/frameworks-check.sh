@@ -4,7 +4,9 @@
 # PyPI's torch, a CUDA build of several GB that runs on the CPU, transformers, PEFT, TRL,
 # Accelerate, DeepSpeed, torchtitan) are installed once into a virtual environment cached under
 # ${LONGSEQ_CACHE:-~/.cache/longseq}, named by the requirements' digest, and reused while they do
-# not change. Needs build/cli/longseq (scripts/build.sh) or LONGSEQ_BINARY. Exit: pytest's.
+# not change; then the exports' checks again with the floor releases they state (requirements-floor.txt;
+# LONGSEQ_FRAMEWORKS_FLOOR=0 skips it). Needs build/cli/longseq (scripts/build.sh) or LONGSEQ_BINARY.
+# Exit: non-zero when either pytest run fails.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 requirements="$root/tests/frameworks/requirements.txt"
@@ -27,4 +29,24 @@ fi
 'deepspeed', deepspeed.__version__)" 2>/dev/null
 export LONGSEQ_BINARY="${LONGSEQ_BINARY:-$root/build/cli/longseq}"
 cd "$root/tests/frameworks"
-exec "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@"
+status=0
+"$venv/bin/python" -m pytest -q -p no:cacheprovider "$@" || status=$?
+# The floor stage (the whole suite only, not a selection): the exports' reads and two-step runs again
+# with the floor releases they state (requirements-floor.txt) laid over the environment, installed
+# once without dependencies into a folder named by its digest.
+if [ $# -eq 0 ] && [ "${LONGSEQ_FRAMEWORKS_FLOOR:-1}" != 0 ]; then
+  floor_requirements="$root/tests/frameworks/requirements-floor.txt"
+  floor="$cache/frameworks-floor-$(cat "$requirements" "$floor_requirements" | sha256sum | cut -c1-16)"
+  if [ ! -f "$floor/.complete" ]; then
+    echo "frameworks-check: installing the exports' floor releases into $floor (once)"
+    rm -rf "$floor"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --target "$floor" -r "$floor_requirements"
+    touch "$floor/.complete"
+  fi
+  PYTHONPATH="$floor" "$venv/bin/python" -c "import transformers, peft, trl, accelerate, deepspeed; print('frameworks-check floor: \
+transformers', transformers.__version__, 'peft', peft.__version__, 'trl', trl.__version__, 'accelerate', accelerate.__version__, \
+'deepspeed', deepspeed.__version__)" 2>/dev/null
+  # The FSDP2 export states TRL >= 1.9 (1.13 with its chunked loss): its run stays with the newest.
+  PYTHONPATH="$floor" "$venv/bin/python" -m pytest -q -p no:cacheprovider test_exports.py -k "not fsdp2_job" || status=$?
+fi
+exit $status

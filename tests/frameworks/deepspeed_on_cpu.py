@@ -9,8 +9,9 @@ import resource
 import sys
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
-# A hang prints every thread's stack and ends the process, so a test fails with where it waited.
-faulthandler.dump_traceback_later(int(os.environ.get("LONGSEQ_HANG_S", "300")), exit=True)
+# A hang prints every thread's stack and ends the process, so a test fails with where it waited
+# (600 s: a first run builds DeepSpeed's CPU Adam or fused Adam, minutes on 2 busy cores).
+faulthandler.dump_traceback_later(int(os.environ.get("LONGSEQ_HANG_S", "600")), exit=True)
 
 
 def main():
@@ -40,7 +41,7 @@ def main():
         losses.append(loss.item())
     if rank == 0:
         with open(report, "w") as f:
-            json.dump({"losses": losses, "zero_stage": engine.zero_optimization_stage(),
+            json.dump({"losses": losses, "deepspeed": deepspeed.__version__, "zero_stage": engine.zero_optimization_stage(),
                        "optimizer": type(getattr(engine.optimizer, "optimizer", engine.optimizer)).__name__,
                        "partitioned": stage == 3 and all(hasattr(p, "ds_id") for p in engine.module.parameters()),
                        "max_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}, f)

@@ -5,7 +5,9 @@ FSDP plugin built from it), TRL's SFTConfig, PEFT's LoraConfig and transformers'
 from the scripts' arguments, torchtitan 0.2.2's ConfigManager. A key a framework refuses, or a value
 it reads otherwise than planned, fails a test. Two jobs also train two steps as written: the HF
 Trainer script in one process, and the Accelerate FSDP2 YAML under `accelerate launch` on two gloo
-processes (fsdp2_on_cpu.py).
+processes (fsdp2_on_cpu.py), and the DeepSpeed JSON under ZeRO-3 on two (deepspeed_on_cpu.py).
+scripts/frameworks-check.sh runs this file twice: with the newest releases, and with the floor
+releases the exports state laid over them (requirements-floor.txt).
 
 Not here: ArcticTraining (0.8.0 requires transformers < 5: an environment of its own), Megatron-
 DeepSpeed (not on PyPI), Unsloth (needs CUDA)."""
@@ -225,12 +227,17 @@ def trainer_arguments(notes):
     return {name: ast.literal_eval(value) for name, value in re.findall(r'(\w+)=("[^"]*"|\{[^}]*\}|[^\s;]+)', named)}
 
 
+def python_path(here):
+    """The harnesses' folder ahead of the caller's PYTHONPATH (the floor stage's overlay of older releases)."""
+    return os.pathsep.join([here] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+
+
 def accelerate_launch(config, script, *script_args, tmp_path):
     here = os.path.dirname(os.path.abspath(__file__))
     run = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
                           "--main_process_port", "0", os.path.join(here, script), *script_args],
                          capture_output=True, text=True, timeout=600, cwd=tmp_path,
-                         env=dict(os.environ, PYTHONPATH=here, OMP_NUM_THREADS="1"))
+                         env=dict(os.environ, PYTHONPATH=python_path(here), OMP_NUM_THREADS="1"))
     assert run.returncode == 0, run.stderr[-4000:]
 
 
@@ -259,7 +266,7 @@ def torchrun(script, *script_args, tmp_path):
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                           os.path.join(here, script), *script_args],
                          capture_output=True, text=True, timeout=900, cwd=tmp_path,
-                         env=dict(os.environ, PYTHONPATH=here, OMP_NUM_THREADS="1"))
+                         env=dict(os.environ, PYTHONPATH=python_path(here), OMP_NUM_THREADS="1"))
     assert run.returncode == 0, run.stderr[-4000:]
 
 
