@@ -59,6 +59,20 @@ void experts_forward(TensorTrace& trace, double x_bytes, double f_bytes, double 
     for (const char* name : kExpertTensors) trace.free(name);
 }
 
+// The router's backward, either experts implementation: top-k's backward (zeros [T, E] with the k
+// put back) and softmax's in fp32, cast to the logits' dtype, the router's input gradient summed in.
+void router_backward(TensorTrace& trace, const MoeBytes& b) {
+  trace.alloc(L, "moe.router_probs_grad", b.router_fp32);
+  trace.alloc(L, "moe.router_softmax_grad", b.router_fp32);
+  trace.free("moe.router_probs_grad");
+  trace.free("moe.router_probs");
+  trace.alloc(L, "moe.router_logits_grad", b.router_bf16);
+  trace.free("moe.router_softmax_grad");
+  trace.alloc(L, "moe.router_input_grad", b.x);
+  trace.free("moe.router_logits_grad");
+  trace.free("moe.router_input_grad");
+}
+
 // transformers 5's router and grouped experts (MixtralTopKRouter / Qwen3MoeTopKRouter.forward, then
 // integrations/moe.py grouped_mm_experts_forward), step by step; every tensor named "saved" is one
 // PyTorch's saved-tensor hooks record (tests/frameworks). Leaves "mlp.output" live.
@@ -161,16 +175,8 @@ void hf_grouped_mm_backward(TensorTrace& trace, const LayerShape& shape, const L
     trace.free("moe.routing_values_before_division");
     trace.free("moe.routing_sum_fp32");
   }
-  trace.alloc(L, "moe.router_probs_grad", b.router_fp32);  // topk backward: zeros [T, E] with k put back
+  router_backward(trace, b);
   trace.free("moe.routing_indices");
-  trace.alloc(L, "moe.router_softmax_grad", b.router_fp32);
-  trace.free("moe.router_probs_grad");
-  trace.free("moe.router_probs");
-  trace.alloc(L, "moe.router_logits_grad", b.router_bf16);
-  trace.free("moe.router_softmax_grad");
-  trace.alloc(L, "moe.router_input_grad", b.x);
-  trace.free("moe.router_logits_grad");
-  trace.free("moe.router_input_grad");
 }
 
 // transformers 4's router and expert loop, or ArcticMoE's grouped GEMM. Leaves "mlp.output" live.
@@ -292,17 +298,7 @@ void moe_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplem
   trace.free("moe.gather_grad");
   for (const char* name : kExpertTensors) trace.free(name);
   trace.set_moment("moe router");
-  // top-k and softmax backward in fp32 ([T, E] each), cast to the logits' dtype, the router's
-  // input gradient summed in.
-  trace.alloc(L, "moe.router_probs_grad", b.router_fp32);
-  trace.alloc(L, "moe.router_softmax_grad", b.router_fp32);
-  trace.free("moe.router_probs_grad");
-  trace.free("moe.router_probs");
-  trace.alloc(L, "moe.router_logits_grad", b.router_bf16);
-  trace.free("moe.router_softmax_grad");
-  trace.alloc(L, "moe.router_input_grad", b.x);
-  trace.free("moe.router_logits_grad");
-  trace.free("moe.router_input_grad");
+  router_backward(trace, b);
   trace.free("moe.routing_weights");
   trace.free("moe.routing_indices");
   trace.free("moe.routing_weights_fp32");
