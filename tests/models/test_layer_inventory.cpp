@@ -50,6 +50,17 @@ TensorTrace layer_step_trace(const LayerShape& shape, const LayerImplementation&
   return trace;
 }
 
+// A kept forward, then backward from the output's gradient: only the input's gradient is left.
+void check_backward_leaves_input_grad_alone(const LayerShape& shape, const LayerImplementation& impl) {
+  TensorTrace trace;
+  trace.alloc(kCategoryLayer, "layer.input", X);
+  decoder_layer_forward(trace, shape, impl, true);
+  trace.alloc(kCategoryLayer, "layer.output_grad", X);
+  decoder_layer_backward(trace, shape, impl);
+  REQUIRE(trace.live_items().size() == 1);
+  CHECK(trace.live_items()[0].name == "layer.input_grad");
+}
+
 double live_bytes_of_peak(const TensorTrace& trace, std::string_view name) {
   for (const auto& item : trace.peak_items())
     if (item.name == name) return item.bytes;
@@ -247,13 +258,7 @@ TEST_CASE("Qwen3's q/k norms keep the projections and fp32 statistics per head u
   eager_norm.eager_rms_norm = true;
   CHECK(forward(qwen, eager_norm).current_bytes() - forward(shape, eager_norm).current_bytes() == 3 * Q + 3 * K + LSE + 8000);
   // Backward frees all of it.
-  for (const LayerImplementation& impl : {fa2, eager_norm}) {
-    TensorTrace trace = forward(qwen, impl);
-    trace.alloc(kCategoryLayer, "layer.output_grad", X);
-    decoder_layer_backward(trace, qwen, impl);
-    REQUIRE(trace.live_items().size() == 1);
-    CHECK(trace.live_items()[0].name == "layer.input_grad");
-  }
+  for (const LayerImplementation& impl : {fa2, eager_norm}) check_backward_leaves_input_grad_alone(qwen, impl);
 }
 
 TEST_CASE("Gemma's four norms: an eager norm saves its normalized value in fp32 and (1 + w), a fused one the block output") {
@@ -289,13 +294,7 @@ TEST_CASE("Gemma's four norms: an eager norm saves its normalized value in fp32 
   CHECK(forward(gemma_lora, eager_norm).current_bytes() - forward(llama_lora, eager_norm).current_bytes() ==
         4 * (2 * X + RSTD + SCALE) - 2 * (2 * X + RSTD));
   // Backward frees all of it, and each post norm's input gradient is held one block at most.
-  for (const LayerImplementation& impl : {fa2, eager_norm}) {
-    TensorTrace trace = forward(gemma, impl);
-    trace.alloc(kCategoryLayer, "layer.output_grad", X);
-    decoder_layer_backward(trace, gemma, impl);
-    REQUIRE(trace.live_items().size() == 1);
-    CHECK(trace.live_items()[0].name == "layer.input_grad");
-  }
+  for (const LayerImplementation& impl : {fa2, eager_norm}) check_backward_leaves_input_grad_alone(gemma, impl);
   // Under no_grad (a checkpointed forward) nothing of the post norms stays.
   TensorTrace no_grad;
   no_grad.alloc(kCategoryLayer, "layer.input", X);
