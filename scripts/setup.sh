@@ -9,7 +9,8 @@ packages=(
   libopenmpi-dev openmpi-bin
   slurmctld slurmd slurm-client munge
   gnuplot-nox
-  python3 python3-yaml python3-venv
+  # python3-dev: the frameworks check's DeepSpeed builds its CPU ops (shm comm, CPU Adam) against Python.h
+  python3 python3-yaml python3-venv python3-dev
   debootstrap
   clang libclang-rt-dev
 )
