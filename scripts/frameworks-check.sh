@@ -29,7 +29,17 @@ fi
 'deepspeed', deepspeed.__version__)" 2>/dev/null
 export LONGSEQ_BINARY="${LONGSEQ_BINARY:-$root/build/cli/longseq}"
 cd "$root/tests/frameworks"
+# DeepSpeed builds its CPU ops on first use under TORCH_EXTENSIONS_DIR: one folder for each
+# environment (the newest and the floor releases build different sources), kept in the cache. A build
+# killed half-way leaves its lock file, and every later build waits on it for ever: none of this
+# script's builds runs while it starts, so a lock there is stale.
+extensions_dir() {
+  export TORCH_EXTENSIONS_DIR="$cache/torch-extensions/$1"
+  mkdir -p "$TORCH_EXTENSIONS_DIR"
+  find "$TORCH_EXTENSIONS_DIR" -name lock -type f -delete
+}
 status=0
+extensions_dir "$(basename "$venv")"
 "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@" || status=$?
 # The floor stage (the whole suite only, not a selection): the exports' reads and two-step runs again
 # with the floor releases they state (requirements-floor.txt) laid over the environment, installed
@@ -47,6 +57,7 @@ if [ $# -eq 0 ] && [ "${LONGSEQ_FRAMEWORKS_FLOOR:-1}" != 0 ]; then
 transformers', transformers.__version__, 'peft', peft.__version__, 'trl', trl.__version__, 'accelerate', accelerate.__version__, \
 'deepspeed', deepspeed.__version__)" 2>/dev/null
   # The FSDP2 export states TRL >= 1.9 (1.13 with its chunked loss): its run stays with the newest.
+  extensions_dir "$(basename "$floor")"
   PYTHONPATH="$floor" "$venv/bin/python" -m pytest -q -p no:cacheprovider test_exports.py -k "not fsdp2_job" || status=$?
 fi
 exit $status
