@@ -63,10 +63,7 @@ ExportedConfig accelerate_config_emit(const ExportRequest& r) {
         "file system)",
         r.cluster.nodes, r.cluster.gpus_per_node));
   YAML::Emitter out;
-  out.SetOutputCharset(YAML::EscapeNonAscii);  // values only: comments are written as they are
-  const std::vector<std::string> header = header_lines(r, "Accelerate (accelerate launch --config_file)", exported.notes);
-  yaml_comments(out, header);
-  out << YAML::BeginMap;
+  yaml_document_begin(out, r, "Accelerate (accelerate launch --config_file)", exported.notes);
   out << YAML::Key << "compute_environment" << YAML::Value << "LOCAL_MACHINE";
   out << YAML::Key << "distributed_type" << YAML::Value << "DEEPSPEED";
   // No mixed_precision key: with deepspeed_config_file Accelerate refuses any value (§2.5); HF

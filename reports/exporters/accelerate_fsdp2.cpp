@@ -54,10 +54,7 @@ ExportedConfig accelerate_fsdp2_config_emit(const ExportRequest& r) {
     exported.notes.push_back(fmt::format("{} nodes: run accelerate launch on every node with --machine_rank set to its index, and "
                                          "MAIN_NODE_ADDRESS (main_process_ip) the first node's address", r.cluster.nodes));
   YAML::Emitter out;
-  out.SetOutputCharset(YAML::EscapeNonAscii);  // values only: comments are written as they are
-  const std::vector<std::string> header = header_lines(r, "Accelerate with FSDP2 and context parallelism (accelerate launch --config_file)", exported.notes);
-  yaml_comments(out, header);
-  out << YAML::BeginMap;
+  yaml_document_begin(out, r, "Accelerate with FSDP2 and context parallelism (accelerate launch --config_file)", exported.notes);
   out << YAML::Key << "compute_environment" << YAML::Value << "LOCAL_MACHINE";
   out << YAML::Key << "distributed_type" << YAML::Value << "FSDP";
   out << YAML::Key << "mixed_precision" << YAML::Value << "bf16";

@@ -40,10 +40,7 @@ ExportedConfig arctic_training_recipe_emit(const ExportRequest& r) {
   if (model_is_card(r))
     exported.notes.push_back(fmt::format("model.name_or_path is the card's name ({}): put the Hugging Face id or path of the weights", r.model.name));
   YAML::Emitter out;
-  out.SetOutputCharset(YAML::EscapeNonAscii);  // values only: comments are written as they are
-  const std::vector<std::string> header = header_lines(r, "ArcticTraining (arctic_training recipe.yml)", exported.notes);
-  yaml_comments(out, header);
-  out << YAML::BeginMap;
+  yaml_document_begin(out, r, "ArcticTraining (arctic_training recipe.yml)", exported.notes);
   // Only TrainerConfig keys: ArcticTraining forbids any other (pydantic extra="forbid", §1.2).
   out << YAML::Key << "type" << YAML::Value << "sft";
   out << YAML::Key << "micro_batch_size" << YAML::Value << p.micro_batch;

@@ -104,7 +104,7 @@ nlohmann::json deepspeed_common(const ExportRequest& r) {
 // A YAML value made of input text (a path): yaml-cpp writes a carriage return or a Unicode line
 // break inside a plain scalar as it is, where a YAML reader ends the line; so any text beyond
 // printable ASCII is double-quoted, where yaml-cpp escapes control characters, and the export's
-// emitter escapes every non-ASCII character (yaml_emitter).
+// emitter escapes every non-ASCII character (yaml_document_begin).
 std::string yaml_input_text(YAML::Emitter& out, const std::string& text) {
   if (std::any_of(text.begin(), text.end(), [](char c) { return c < 0x20 || c > 0x7E; })) out << YAML::DoubleQuoted;
   return utf8_repaired(text);
@@ -115,6 +115,12 @@ void yaml_comments(YAML::Emitter& out, const std::vector<std::string>& lines) {
     if (i > 0) out << YAML::Newline;
     out << YAML::Comment(one_line_text(lines[i]));  // a carriage return would end the comment
   }
+}
+
+void yaml_document_begin(YAML::Emitter& out, const ExportRequest& r, const char* target, const std::vector<std::string>& notes) {
+  out.SetOutputCharset(YAML::EscapeNonAscii);  // values only: comments are written as they are
+  yaml_comments(out, header_lines(r, target, notes));
+  out << YAML::BeginMap;
 }
 
 // Ring attention is in none of these frameworks: what to run instead, with the chosen degrees.

@@ -50,10 +50,14 @@ nlohmann::json deepspeed_common(const ExportRequest& r);
 // A YAML value made of input text (a path): yaml-cpp writes a carriage return or a Unicode line
 // break inside a plain scalar as it is, where a YAML reader ends the line; so any text beyond
 // printable ASCII is double-quoted, where yaml-cpp escapes control characters, and the export's
-// emitter escapes every non-ASCII character (yaml_emitter).
+// emitter escapes every non-ASCII character (yaml_document_begin).
 std::string yaml_input_text(YAML::Emitter& out, const std::string& text);
 
 void yaml_comments(YAML::Emitter& out, const std::vector<std::string>& lines);
+
+// A YAML export's start: every non-ASCII character in values escaped, the header (header_lines for
+// `target` and the notes) as comments, and the top-level map opened.
+void yaml_document_begin(YAML::Emitter& out, const ExportRequest& r, const char* target, const std::vector<std::string>& notes);
 
 // Ring attention is in none of these frameworks: what to run instead, with the chosen degrees.
 void ring_note(const ExportRequest& r, ExportedConfig& exported);
