@@ -87,6 +87,16 @@ const char* moe_experts_name(MoeExperts experts);  // "hf_expert_loop", "grouped
 MoeExperts moe_experts_parse(const std::string& text, const std::string& source, const std::string& key);
 
 // What the runtime's kernels allocate beyond the tensors themselves (see runtime profiles).
+// A decoder layer's parameter gradients as backward leaves them in param.grad, bytes: each appears
+// when its GEMM's backward runs and stays to the end of the step (all 0 where the planner prices
+// gradients elsewhere: model states held all step, ZeRO's or FSDP2's buffers).
+struct LayerWeightGradients {
+  double mlp_down = 0;          // down_proj's: the first GEMM a dense MLP's backward runs
+  double mlp_rest = 0;          // the rest of the MLP block, at its end (a MoE block's all: router, experts, shared experts)
+  double attention_output = 0;  // o_proj's: the first of the attention block's backward
+  double attention_rest = 0;    // q, k, v (their biases, q/k norms) and the layer's norms, at the attention's end
+};
+
 struct LayerImplementation {
   int64_t activation_bytes = 2;          // per element of X, Q, K, V, F
   int64_t ulysses_staging_copies = 2;    // extra buffers live during one all-to-all
@@ -112,6 +122,7 @@ struct LayerImplementation {
   // `context_parallel_all_to_all`, by passing one block to the next rank per step.
   bool context_parallel_allgather = false;
   bool context_parallel_all_to_all = false;
+  LayerWeightGradients weight_gradients;
 };
 
 // Category names of traces and breakdowns, shared by the planner's predictions and the executor's
@@ -133,7 +144,9 @@ void decoder_layer_forward(TensorTrace& trace, const LayerShape& shape, const La
 
 // Backward of one decoder layer after decoder_layer_forward(keep_for_backward=true). Expects
 // "layer.output_grad" live; frees it, the kept tensors, "layer.input" (where the caller still holds
-// it: a checkpoint, or a fused norm's saved input) and "layer.output", and leaves "layer.input_grad" live.
+// it: a checkpoint, or a fused norm's saved input) and "layer.output" (where still live: a reentrant
+// recompute's), and leaves "layer.input_grad" live, with the layer's weight gradients where
+// impl.weight_gradients prices them ("grad.*").
 void decoder_layer_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl);
 
 // Bytes a layer keeps for backward when it runs forward with keep_for_backward, excluding its
@@ -204,8 +217,9 @@ enum class LossImplementation {
   loss_unsloth_fused,  // Unsloth's fused CE: the input gradient up front, per chunk logits, fp32 copy and fp32 gradient
 };
 
-// Logits and loss, forward and backward, for this rank's tokens. Expects "final_norm.output"
-// live; frees it and leaves "layer.output_grad" live (the gradient entering the last layer).
+// Logits and loss, forward and backward, for this rank's tokens. Expects "final_norm.input" (the
+// last layer's output) live; frees it (an eager norm as soon as its fp32 copy is made) and leaves
+// "layer.output_grad" live (the gradient entering the last layer).
 // `tile_tokens`: tokens per chunk/shard (ignored when untiled).
 void lm_loss_forward_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl,
                               LossImplementation loss, int64_t tile_tokens, int64_t weight_bytes);

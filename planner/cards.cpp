@@ -189,6 +189,8 @@ RuntimeProfile runtime_profile_from_text(const std::string& yaml_text, const std
   profile.allocator_fragmentation_gib = estimate_read(reader, "allocator_fragmentation_gib", 0, 1024, 0);
   profile.cublas_workspace_mib = reader.get_double("cublas_workspace_mib", 0, 1 << 20);
   profile.ddp_gradient_bucket_copy = reader.get_bool("ddp_gradient_bucket_copy", false);
+  profile.gradients_freed_after_step = reader.get_bool("gradients_freed_after_step", false);
+  profile.checkpointing_non_reentrant = reader.get_bool("checkpointing_non_reentrant", false);
   const std::string sharding = reader.get_string("parameter_sharding", "deepspeed_zero");
   if (sharding == "deepspeed_zero") profile.parameter_sharding = ParameterSharding::sharding_deepspeed_zero;
   else if (sharding == "fsdp2") profile.parameter_sharding = ParameterSharding::sharding_fsdp2;

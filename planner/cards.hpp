@@ -113,6 +113,21 @@ struct RuntimeProfile {
   // gradient_as_bucket_view=False): a second gradients-sized term whenever it replicates the model
   // over more than one rank without ZeRO. False: the runtime runs no DDP (DeepSpeed, the executor).
   bool ddp_gradient_bucket_copy = false;
+  // Gradients exist from the backward that produces them to the optimizer step: PyTorch creates
+  // param.grad on its first accumulation and zero_grad(set_to_none=True), its default since 2.0
+  // (torch/nn/modules/module.py Module.zero_grad), drops it after the step (transformers Trainer
+  // _inner_training_loop: optimizer.step() then model.zero_grad(); torchtitan train_step: zero_grad
+  // before the step's forward; FSDP2's sharded gradient, Reference §11 F1.4). So no forward holds
+  // them and backward holds those of the layers it has passed. False: held all step (DeepSpeed's
+  // flat gradient partitions, allocated once; longseq's executor).
+  bool gradients_freed_after_step = false;
+  // Activation checkpointing is PyTorch's non-reentrant checkpoint (transformers >= 5's default,
+  // modeling_utils.py gradient_checkpointing_enable: use_reentrant False; torchtitan's
+  // checkpoint_wrapper): the recompute's output is dropped (early_stop ends the recompute at the
+  // last saved tensor, torch/utils/checkpoint.py). False: reentrant (transformers 4's default,
+  // Unsloth's offloaded checkpointer), whose backward runs torch.autograd.backward(outputs, grads)
+  // and holds the recomputed output through the layer's backward.
+  bool checkpointing_non_reentrant = false;
   int64_t zero_reduce_bucket_elements = 0;
   int64_t zero_prefetch_bucket_elements = 0;
   int64_t ulysses_staging_copies = 2;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <functional>
 #include <stdexcept>
+#include <string_view>
 
 #include "models/adapters.hpp"
 #include "models/layer_inventory.hpp"
@@ -175,16 +176,33 @@ double runtime_overhead_bytes(const RuntimeProfile& profile, int64_t gpus, int64
 
 namespace {
 
+// The bytes on a GPU of one trainable parameter's gradient, after ZeRO/FSDP2 shard it; 0 where
+// gradients leave the GPU (an offloaded optimizer's fp32 gradients). LoRA: the adapters' (fp32 in
+// DeepSpeed's mixed precision, else PEFT's dtype or TRL's bf16 cast, Reference §12 items 8, 13).
+double gradient_bytes_per_trainable(const ClusterSpec& cluster, const PlanOptions& plan, const RuntimeProfile& profile) {
+  const double gradient_shards = plan.zero_stage >= 2 ? as_double(plan.shard_ranks(cluster.gpus)) : 1;
+  if (plan.lora())
+    return (profile.master_weight_bytes > 0 ? as_double(profile.gradient_bytes) : lora_adapter_bytes(profile, plan)) / gradient_shards;
+  return plan.offload_optimizer ? 0 : as_double(profile.gradient_bytes) / gradient_shards;
+}
+
+const char* gradients_name(const PlanOptions& plan, const RuntimeProfile& profile) {
+  const bool bf16 = plan.lora() && profile.master_weight_bytes == 0 ? lora_adapter_bytes(profile, plan) == 2 : profile.gradient_bytes == 2;
+  if (plan.lora()) return bf16 ? "lora_gradients_bf16" : "lora_gradients_fp32";
+  return bf16 ? "gradients_bf16" : "gradients_fp32";
+}
+
+// `with_gradients` false: a profile whose gradients live from backward to the optimizer step
+// (gradients_freed_after_step) holds none outside backward; its phases place them.
 void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const ClusterSpec& cluster,
                           const PlanOptions& plan, const RuntimeProfile& profile, const Setup& setup, int64_t seqlen,
-                          bool with_inputs = true) {
+                          bool with_inputs = true, bool with_gradients = true) {
   const double params = as_double(setup.params.total);
   // ZeRO partitions over all ranks (data x sequence parallel; REFERENCE training configuration):
-  // stage 1 the optimizer states and master weights, stage 2 also gradients, stage 3 also weights;
-  // FSDP2's HSDP over one replica's ranks (Reference §11 F1.10).
+  // stage 1 the optimizer states and master weights, stage 2 also gradients (gradient_bytes_per_trainable),
+  // stage 3 also weights; FSDP2's HSDP over one replica's ranks (Reference §11 F1.10).
   const double shards = as_double(plan.shard_ranks(cluster.gpus));
   const double optimizer_shards = plan.zero_stage >= 1 ? shards : 1;
-  const double gradient_shards = plan.zero_stage >= 2 ? shards : 1;
   const double weight_shards = plan.zero_stage >= 3 ? shards : 1;
   if (plan.lora()) {
     // A frozen base and fp32 adapters (Reference §12 (i)): the base in its storage dtype with no
@@ -212,15 +230,13 @@ void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const Clus
       // master, fp32 gradients and AdamW moments, each sharded by its stage.
       trace.alloc(kCategoryModelStates, "lora_adapters", adapters * as_double(profile.weight_bytes) / weight_shards);
       trace.alloc(kCategoryModelStates, "lora_master_weights", adapters * as_double(profile.master_weight_bytes) / optimizer_shards);
-      trace.alloc(kCategoryModelStates, "lora_gradients_fp32", adapters * as_double(profile.gradient_bytes) / gradient_shards);
     } else {
       // PEFT's fp32 adapters (autocast_adapter_dtype, item 8), or FSDP2's upcast of them; TRL's
       // bf16 cast of a quantized model's trainable parameters (item 13).
       const double adapter_bytes = lora_adapter_bytes(profile, plan);
-      const bool bf16 = adapter_bytes == 2;
-      trace.alloc(kCategoryModelStates, bf16 ? "lora_adapters_bf16" : "lora_adapters_fp32", adapters * adapter_bytes / weight_shards);
-      trace.alloc(kCategoryModelStates, bf16 ? "lora_gradients_bf16" : "lora_gradients_fp32", adapters * adapter_bytes / gradient_shards);
+      trace.alloc(kCategoryModelStates, adapter_bytes == 2 ? "lora_adapters_bf16" : "lora_adapters_fp32", adapters * adapter_bytes / weight_shards);
     }
+    if (with_gradients) trace.alloc(kCategoryModelStates, gradients_name(plan, profile), adapters * gradient_bytes_per_trainable(cluster, plan, profile));
     // AdamW's exp_avg and exp_avg_sq take the parameter's dtype (zeros_like; Reference §11 F1.5).
     const double moment_bytes = profile.master_weight_bytes > 0 ? 4.0 : lora_adapter_bytes(profile, plan);
     if (plan.adam_8bit)
@@ -233,8 +249,7 @@ void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const Clus
     if (!plan.offload_optimizer) {
       // Named by dtype: the optimizer's copy is fp32 beside bf16 weights (DeepSpeed, FSDP2's upcast),
       // or the parameter's own dtype in the pure-bf16 regime (Reference §11 F1.5).
-      trace.alloc(kCategoryModelStates, profile.gradient_bytes == 2 ? "gradients_bf16" : "gradients_fp32",
-                  params * as_double(profile.gradient_bytes) / gradient_shards);
+      if (with_gradients) trace.alloc(kCategoryModelStates, gradients_name(plan, profile), params * gradient_bytes_per_trainable(cluster, plan, profile));
       trace.alloc(kCategoryModelStates, "master_weights", params * as_double(profile.master_weight_bytes) / optimizer_shards);
       if (plan.adam_8bit)
         trace.alloc(kCategoryModelStates, "optimizer_states_8bit", adam_8bit_model_state_bytes(model) / optimizer_shards);
@@ -390,6 +405,28 @@ struct PhaseResult {
   std::string phase;
 };
 
+// A decoder layer's weight gradients in the order its backward produces them (LayerWeightGradients):
+// the parameters' own, `gradient_bytes` each; with LoRA the adapters' alone (the base is frozen).
+LayerWeightGradients layer_weight_gradients(const ModelSpec& model, const PlanOptions& plan, const ParameterCount& params,
+                                            double gradient_bytes) {
+  LayerWeightGradients gradients;
+  if (plan.lora()) {
+    for (const LayerLinear& linear : lora_adapted_linears(model, plan.lora_all_linear)) {
+      const double adapter = as_double(plan.lora_rank) * as_double(linear.in + linear.out) * gradient_bytes;
+      const std::string_view name = linear.name;
+      if (name == "gate_proj" || name == "up_proj" || name == "down_proj" || name == "gate_up_proj") gradients.mlp_rest += adapter;
+      else gradients.attention_rest += adapter;
+    }
+    return gradients;
+  }
+  const double h = as_double(model.hidden_size);
+  gradients.attention_output = (h * as_double(model.q_width()) + (model.o_proj_bias ? h : 0)) * gradient_bytes;
+  gradients.attention_rest = as_double(params.per_layer_attention + params.per_layer_norms) * gradient_bytes - gradients.attention_output;
+  if (!model.is_moe()) gradients.mlp_down = (h * as_double(model.intermediate_size) + (model.mlp_bias ? h : 0)) * gradient_bytes;
+  gradients.mlp_rest = as_double(params.per_layer_mlp) * gradient_bytes - gradients.mlp_down;
+  return gradients;
+}
+
 }  // namespace
 
 namespace {
@@ -410,17 +447,40 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
   const double headroom = profile.usable_memory_headroom_gib.at(profile.bound) * kBytesPerGib;
   const double capacity = cluster.hardware.gpu_memory_gib * kBytesPerGib - headroom;
 
-  std::vector<PhaseResult> phases(profile.step_schedule == "executor" ? 1 : 3);
+  // A profile whose gradients live from backward to the optimizer step adds two phases: the
+  // backward of the first decoder layer (every later layer's gradients, one layer's activations)
+  // and the optimizer step (every gradient, no activation).
+  const bool gradients_in_backward = profile.gradients_freed_after_step;
+  std::vector<PhaseResult> phases(profile.step_schedule == "executor" ? 1 : gradients_in_backward ? 5 : 3);
   // The executor's host pool (offloaded checkpoints, FPDT's chunks), replayed with its step.
   TensorTrace executor_host;
   // Every phase starts from the static tensors and the activations of the layers below it.
   auto phase_begin = [&](PhaseResult& result, const char* name, double resident_layers) -> TensorTrace& {
     result.phase = name;
     result.trace.set_record_peak_items(with_breakdown);
-    static_tensors_place(result.trace, model, cluster, plan, profile, setup, seqlen);
+    static_tensors_place(result.trace, model, cluster, plan, profile, setup, seqlen, /*with_inputs=*/true,
+                         /*with_gradients=*/!gradients_in_backward);
     resident_activations_place(result.trace, plan, profile, setup, resident_layers, layers, saved_per_layer);
     return result.trace;
   };
+  // Gradients backward has produced before a decoder layer's own: the LM head's and final norm's
+  // (a tied head's is the embedding's) and every layer above it.
+  const double gradient_bytes = gradient_bytes_per_trainable(cluster, plan, profile);
+  auto gradients_above_place = [&](TensorTrace& trace, double layers_above) {
+    if (!gradients_in_backward || gradient_bytes <= 0) return;
+    if (!plan.lora()) {
+      const int64_t head = setup.params.lm_head > 0 ? setup.params.lm_head : setup.params.embedding;
+      trace.alloc(kCategoryModelStates, "gradients.lm_head_and_final_norm", as_double(head + setup.params.final_norm) * gradient_bytes);
+    }
+    if (layers_above > 0)
+      trace.alloc(kCategoryModelStates, plan.lora() ? "lora_gradients.layers_above" : "gradients.layers_above",
+                  layers_above * setup.trainable_per_layer * gradient_bytes, layers_above);
+  };
+  // The layer's own weight gradients as its backward produces them, where they are the parameters'
+  // own (ZeRO-2/3 and FSDP2 reduce them through their buffers, zero_layer_buffers_place).
+  LayerImplementation backward_impl = setup.impl;
+  if (gradients_in_backward && plan.zero_stage < 2 && gradient_bytes > 0)
+    backward_impl.weight_gradients = layer_weight_gradients(model, plan, setup.params, gradient_bytes);
 
   if (profile.step_schedule == "executor") {
     // longseq's executor: the whole step replayed, every layer, as executor/llama_step.hpp allocates.
@@ -504,28 +564,56 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
       lm_loss_forward_backward(trace, setup.shape, setup.impl, setup.loss, setup.loss_tile_tokens, profile.weight_bytes);
       return trace.peak_bytes();
     };
-    // Recompute + backward of the last layer: the heaviest backward step (later ones hold fewer
-    // checkpoints). With checkpointing the incoming gradient exists before the recompute starts.
-    auto backward_phase = [&] {
-      TensorTrace& trace = phase_begin(phases[2], "backward of the last decoder layer", layers - 1);
+    // Recompute + backward of a decoder layer. The last layer's is the heaviest backward step where
+    // gradients are held all step (later ones hold fewer checkpoints); where backward produces them,
+    // each layer it passes adds its gradients as it drops its activations, so the first layer's
+    // (every gradient but the embedding's, no checkpoint below) is the other end. With
+    // checkpointing the incoming gradient exists before the recompute starts.
+    auto layer_backward_phase = [&](PhaseResult& result, const char* name, double layers_below) {
+      TensorTrace& trace = phase_begin(result, name, layers_below);
+      gradients_above_place(trace, layers - 1 - layers_below);
       zero_layer_buffers_place(trace, plan, profile, setup, /*backward=*/true, as_double(plan.shard_ranks(cluster.gpus)));
       trace.alloc(kCategoryLayer, "layer.input", x_bytes);
       if (plan.activation_checkpointing) trace.alloc(kCategoryLayer, "layer.output_grad", x_bytes);
-      decoder_layer_forward(trace, setup.shape, setup.impl, /*keep=*/true);
+      decoder_layer_forward(trace, setup.shape, backward_impl, /*keep=*/true);
       // Without a checkpoint nothing holds the layer's input once an eager norm has copied it.
       if (!plan.activation_checkpointing && setup.impl.eager_rms_norm) trace.free("layer.input");
+      // Nothing holds the layer's output in its backward: without checkpointing the next layer (or
+      // the final norm) has run its backward already, and a non-reentrant recompute drops it. A
+      // reentrant one holds it (torch.autograd.backward(outputs, grads)).
+      if (!plan.activation_checkpointing || profile.checkpointing_non_reentrant) trace.free("layer.output");
       if (!plan.activation_checkpointing) trace.alloc(kCategoryLayer, "layer.output_grad", x_bytes);
-      decoder_layer_backward(trace, setup.shape, setup.impl);
+      decoder_layer_backward(trace, setup.shape, backward_impl);
       return trace.peak_bytes();
     };
+    auto backward_phase = [&] { return layer_backward_phase(phases[2], "backward of the last decoder layer", layers - 1); };
+    auto first_layer_backward_phase = [&] { return layer_backward_phase(phases[3], "backward of the first decoder layer", 0); };
+    // The optimizer step: every gradient beside the model states (the inputs are still referenced
+    // by the trainer's step). The fused AdamW the Trainer runs by default (adamw_torch_fused,
+    // training_args.py) updates in place; clip_grad_norm_'s per-tensor norms are scalars.
+    auto optimizer_phase = [&] {
+      TensorTrace& trace = phase_begin(phases[4], "optimizer step", 0);
+      trace.set_moment("AdamW update");
+      if (gradient_bytes > 0) trace.alloc(kCategoryModelStates, gradients_name(plan, profile), setup.trainable_total * gradient_bytes);
+      return trace.peak_bytes();
+    };
+    std::vector<std::function<double()>> heaviest_first = {backward_phase, forward_phase, loss_phase};
+    if (gradients_in_backward) {
+      heaviest_first.push_back(first_layer_backward_phase);
+      heaviest_first.push_back(optimizer_phase);
+    }
     if (!stop_when_over) {
       forward_phase();
       loss_phase();
       backward_phase();
+      if (gradients_in_backward) {
+        first_layer_backward_phase();
+        optimizer_phase();
+      }
     } else {
       // A probe that only asks "does it fit?": the first phase over the usable memory answers it.
       const double reserve = profile.calibrated_reserve_gib * kBytesPerGib;
-      for (const auto& phase : {std::function<double()>(backward_phase), std::function<double()>(forward_phase), std::function<double()>(loss_phase)})
+      for (const auto& phase : heaviest_first)
         if (const double peak = phase() + reserve; peak > capacity) {
           MemoryPrediction over;
           over.seqlen = seqlen;
@@ -551,7 +639,10 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
   const double reserve_bytes = profile.calibrated_reserve_gib * kBytesPerGib;
   const PhaseResult* worst = &phases[0];
   for (const auto& phase : phases) {
-    prediction.phases.push_back({phase.phase, std::string(phase.trace.peak_moment()), phase.trace.peak_bytes() + reserve_bytes});
+    prediction.phases.push_back({phase.phase, std::string(phase.trace.peak_moment()), phase.trace.peak_bytes() + reserve_bytes, {}});
+    if (with_breakdown)
+      for (const auto& item : phase.trace.peak_items())
+        if (item.bytes > 0) prediction.phases.back().items.push_back({std::string(item.category), std::string(item.name), item.bytes, item.count});
     if (phase.trace.peak_bytes() > worst->trace.peak_bytes()) worst = &phase;
   }
   prediction.gpu_peak_phase = worst->phase;

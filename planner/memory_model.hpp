@@ -29,9 +29,10 @@ struct MemoryItem {
 };
 
 struct PhasePeak {
-  std::string phase;   // "forward", "loss", "backward"
+  std::string phase;   // "forward of the last decoder layer", "logits and loss", "backward of ...", "optimizer step"
   std::string moment;  // where inside the phase the peak falls
   double bytes = 0;
+  std::vector<MemoryItem> items;  // live at the phase's peak (with the breakdown only; no calibrated reserve)
 };
 
 struct MemoryPrediction {

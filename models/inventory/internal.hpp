@@ -67,6 +67,11 @@ inline constexpr EagerNormNames kKNormSaved{"attention.k_norm.input_fp32", "atte
 // gradient (QLoRA); a norm's weight multiply saves the normalized value for the weight's gradient
 // alone. Held to PyTorch's hooks on PEFT's adapters (tests/frameworks).
 inline bool base_linears_save_input(const LayerShape& shape) { return shape.lora_rank == 0 || shape.qlora; }
+
+// A weight gradient backward leaves in param.grad (LayerWeightGradients): never freed in the layer.
+inline void weight_gradient_alloc(TensorTrace& trace, const char* name, double bytes) {
+  if (bytes > 0) trace.alloc(kCategoryModelStates, name, bytes);
+}
 inline bool norm_weights_trained(const LayerShape& shape) { return shape.lora_rank == 0; }
 
 // `normalized_bytes`: the norm's output size in the activation dtype; its rows are shape.tokens.

@@ -117,6 +117,7 @@ void decoder_layer_backward(TensorTrace& trace, const LayerShape& shape, const L
   if (base_linears_save_input(shape)) trace.free("mlp_norm.output");  // after gate/up weight gradients
   if (shape.post_norms) trace.free("mlp.post_norm_input_grad");
   lora_backward(trace, shape, lora_mlp(shape, impl));
+  weight_gradient_alloc(trace, "grad.mlp", impl.weight_gradients.mlp_rest);
 
   trace.set_moment("mlp norm");
   // RMSNorm backward, with the residual branch's gradient summed in.
@@ -128,18 +129,20 @@ void decoder_layer_backward(TensorTrace& trace, const LayerShape& shape, const L
   // Gemma's post-attention norm: its input gradient is o_proj's output gradient, freed by the
   // attention backward once o_proj's has run.
   post_norm_backward(trace, shape, impl, kPostAttentionNormSaved, "attention.o_proj_output", "attention.post_norm_input_grad");
+  weight_gradient_alloc(trace, "grad.attention.o_proj", impl.weight_gradients.attention_output);
   if (shape.fpdt_chunk_tokens > 0) fpdt_attention_backward(trace, shape, impl);
   else ulysses_attention_backward(trace, shape, impl);
 
   lora_backward(trace, shape, lora_output_projection(shape, impl));
   lora_backward(trace, shape, lora_attention_projections(shape, impl));
+  weight_gradient_alloc(trace, "grad.attention_and_norms", impl.weight_gradients.attention_rest);
   trace.set_moment("attention norm");
   trace.alloc(L, "layer.input_grad", bytes.x);
   eager_norm_saved_free(trace, kAttentionNormSaved, shape, impl);
   trace.free("attention_norm.output_grad");
   trace.free("residual.attention_grad");
   trace.free("layer.output_grad");
-  trace.free("layer.output");
+  if (trace.is_live("layer.output")) trace.free("layer.output");
   // The layer's input: its checkpoint, or (no checkpointing) a fused norm's saved input; with an
   // eager norm and no checkpoint nothing holds it, and the caller has freed it after forward.
   if (trace.is_live("layer.input")) trace.free("layer.input");

@@ -51,6 +51,9 @@ void lm_loss_forward_backward(TensorTrace& trace, const LayerShape& shape, const
   trace.set_moment("logits and cross entropy");
   trace.alloc(kCategoryLoss, "final_norm.output", bytes.x);
   eager_norm_saved_alloc(trace, kCategoryLoss, kFinalNormSaved, bytes.x, shape.hidden, shape, impl);
+  // An eager norm reads its input through the fp32 copy it saves, so nothing holds the last layer's
+  // output past it (as inside a layer; a fused norm, Liger's, saves its input).
+  if (impl.eager_rms_norm && trace.is_live("final_norm.input")) trace.free("final_norm.input");
   switch (loss) {
     case LossImplementation::loss_untiled:
       logits_and_cross_entropy(trace, shape, impl, tokens, "final_norm.output_grad");
@@ -94,7 +97,7 @@ void lm_loss_forward_backward(TensorTrace& trace, const LayerShape& shape, const
   eager_norm_saved_free(trace, kFinalNormSaved, shape, impl);
   trace.free("final_norm.output_grad");
   trace.free("final_norm.output");
-  trace.free("final_norm.input");
+  if (trace.is_live("final_norm.input")) trace.free("final_norm.input");
 }
 
 }  // namespace longseq

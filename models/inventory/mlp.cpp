@@ -44,6 +44,7 @@ void mlp_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplem
   const double out = tokens * static_cast<double>(shape.hidden) * a;
   if (shape.mlp_kind == MlpKind::mlp_kind_swiglu) {
     trace.alloc(L, "mlp.product_grad", f);  // down_proj input gradient
+    weight_gradient_alloc(trace, "grad.mlp.down_proj", impl.weight_gradients.mlp_down);
     if (base_linears_save_input(shape)) trace.free("mlp.product");  // after down_proj's weight gradient
     if (impl.fused_swiglu) {
       // Liger writes d(gate) and d(up) in place into the saved gate and up buffers.
@@ -67,6 +68,7 @@ void mlp_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplem
     trace.free("mlp.up");
   } else {
     trace.alloc(L, "mlp.act_grad", f);
+    weight_gradient_alloc(trace, "grad.mlp.down_proj", impl.weight_gradients.mlp_down);
     if (base_linears_save_input(shape)) trace.free("mlp.act");
     trace.alloc(L, "mlp.up_grad", f);
     trace.free("mlp.act_grad");

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <stdexcept>
 #include <string>
 
 #include "models/adapters.hpp"
@@ -57,6 +58,13 @@ double category_bytes(const std::vector<MemoryItem>& items, const std::string& c
   for (const auto& item : items)
     if (item.category == category) bytes += item.bytes;
   return bytes;
+}
+
+// The items live at one phase's peak (the prediction's phases, with the breakdown).
+const std::vector<MemoryItem>& phase_items(const MemoryPrediction& prediction, const std::string& phase) {
+  for (const auto& peak : prediction.phases)
+    if (peak.phase == phase) return peak.items;
+  throw std::invalid_argument("no phase " + phase);
 }
 
 PlanOptions bare_plan(int64_t sp, int zero) {
@@ -754,20 +762,25 @@ TEST_CASE("the plain HF Trainer's pure-bf16 regime: a 4B model's static memory i
   PlanOptions plan = bare_plan(1, 0);
   plan.activation_checkpointing = true;
   const ClusterSpec one = cluster_make(hardware_card_load("h100-sxm-80gb"), 1, 0, 0, 0);
+  // The states at the optimizer step, where every gradient exists beside them.
   const MemoryPrediction memory = memory_predict(model, one, plan, profile, 8192);
-  CHECK(item_bytes(memory.gpu_items, "weights") == 2 * P);
-  CHECK(item_bytes(memory.gpu_items, "gradients_bf16") == 2 * P);
-  CHECK(item_bytes(memory.gpu_items, "optimizer_states") == 4 * P);
-  CHECK(item_bytes(memory.gpu_items, "master_weights") == 0);
-  CHECK(item_bytes(memory.gpu_items, "gradients_fp32") == 0);
-  CHECK(category_bytes(memory.gpu_items, kCategoryModelStates) == 8 * P);  // 32.2 GB: 29.97 GiB
-  CHECK(item_bytes(memory.gpu_items, "ddp_gradient_buckets") == 0);          // one GPU: no DDP
-  CHECK(item_bytes(memory.gpu_items, "unexplained_reserve") == 0);           // no calibration for this stack
-  // On two GPUs DDP replicates the model and its buckets copy every gradient (bf16).
+  const std::vector<MemoryItem>& step = phase_items(memory, "optimizer step");
+  CHECK(item_bytes(step, "weights") == 2 * P);
+  CHECK(item_bytes(step, "gradients_bf16") == 2 * P);
+  CHECK(item_bytes(step, "optimizer_states") == 4 * P);
+  CHECK(item_bytes(step, "master_weights") == 0);
+  CHECK(item_bytes(step, "gradients_fp32") == 0);
+  CHECK(category_bytes(step, kCategoryModelStates) == 8 * P);  // 32.2 GB: 29.97 GiB
+  CHECK(item_bytes(step, "ddp_gradient_buckets") == 0);          // one GPU: no DDP
+  CHECK(item_bytes(memory.gpu_items, "unexplained_reserve") == 0);  // no calibration for this stack
+  // The forward holds no gradient (zero_grad after the step, set_to_none): 6 bytes a parameter.
+  CHECK(category_bytes(phase_items(memory, "forward of the last decoder layer"), kCategoryModelStates) == 6 * P);
+  // On two GPUs DDP replicates the model and its buckets copy every gradient (bf16), all step.
   const ClusterSpec two = cluster_make(hardware_card_load("h100-sxm-80gb"), 2, 0, 0, 0);
   const MemoryPrediction replicated = memory_predict(model, two, plan, profile, 8192);
   CHECK(item_bytes(replicated.gpu_items, "ddp_gradient_buckets") == 2 * P);
-  CHECK(category_bytes(replicated.gpu_items, kCategoryModelStates) == 10 * P);
+  CHECK(category_bytes(phase_items(replicated, "optimizer step"), kCategoryModelStates) == 10 * P);
+  CHECK(category_bytes(phase_items(replicated, "forward of the last decoder layer"), kCategoryModelStates) == 8 * P);
 }
 
 TEST_CASE("FSDP2 under Accelerate with context parallelism: its states, unit buffers and TRL's published 1M-token run") {
@@ -783,13 +796,19 @@ TEST_CASE("FSDP2 under Accelerate with context parallelism: its states, unit buf
   plan.tiled_loss = true;
   const MemoryPrediction memory = memory_predict(model, cluster, plan, profile, 1'048'576);
   const double P = static_cast<double>(parameter_count(model).total);
-  // Accelerate's fp32 upcast: 4 + 4 + 8 bytes a parameter over the 8 ranks (F1.14, F1.1-F1.5).
-  CHECK(category_bytes(memory.gpu_items, kCategoryModelStates) == 16 * P / 8);
   // A decoder layer (a unit): q, k, v, o 4096 x (4096 + 1024 + 1024) + 4096 x 4096, the SwiGLU
   // 3 x 4096 x 12288, two norms and the q/k norms: 192,946,432 parameters, gathered in bf16.
   const double unit = 4096.0 * 6144 + 4096.0 * 4096 + 3 * 4096.0 * 12288 + 2 * 4096 + 2 * 128;
   CHECK(unit == static_cast<double>(parameter_count(model).per_layer));
-  CHECK(memory.gpu_peak_phase == "backward of the last decoder layer");
+  const double embedding = 151936.0 * 4096;
+  // Accelerate's fp32 upcast: 4 + 4 + 8 bytes a parameter over the 8 ranks (F1.14, F1.1-F1.5), the
+  // 4-byte sharded gradient from backward to zero_grad (F1.4). With the checkpoints on the host
+  // every layer's backward holds the same activations, so the first layer's, holding every sharded
+  // gradient but the embedding's and its own (in the unit's buffers), is the peak.
+  CHECK(memory.gpu_peak_phase == "backward of the first decoder layer");
+  CHECK(category_bytes(memory.gpu_items, kCategoryModelStates) == (12 * P + 4 * (P - embedding - unit)) / 8);
+  CHECK(category_bytes(phase_items(memory, "optimizer step"), kCategoryModelStates) == 16 * P / 8);
+  CHECK(category_bytes(phase_items(memory, "forward of the last decoder layer"), kCategoryModelStates) == 12 * P / 8);
   CHECK(item_bytes(memory.gpu_items, "fsdp.unsharded_layer") == 2 * unit);
   CHECK(item_bytes(memory.gpu_items, "fsdp.prefetched_all_gather") == 2 * unit);
   CHECK(item_bytes(memory.gpu_items, "fsdp.unsharded_gradients") == 2 * unit);
@@ -807,7 +826,7 @@ TEST_CASE("FSDP2 under Accelerate with context parallelism: its states, unit buf
   CHECK(item_bytes(memory.host_items, "hidden_states_checkpoints") == 8 * 36.0 * 131'072 * 4096 * 2);
   // TRL's activation offloading in its place (Reference §11 F5.2): the same checkpoints on the
   // host, and the last 5 offloaded layer inputs kept on the GPU through the forward and the loss:
-  // 5 x 131,072 x 4,096 x 2 B = 5 GiB more in those phases; the backward (the peak) has none.
+  // 5 x 131,072 x 4,096 x 2 B = 5 GiB more in those phases; backward (the peak) and the step have none.
   PlanOptions trl = plan;
   trl.trl_activation_offload = true;
   const MemoryPrediction offloaded = memory_predict(model, cluster, trl, profile, 1'048'576);
@@ -815,7 +834,7 @@ TEST_CASE("FSDP2 under Accelerate with context parallelism: its states, unit buf
   REQUIRE(offloaded.phases.size() == memory.phases.size());
   for (size_t i = 0; i < memory.phases.size(); ++i) {
     CAPTURE(memory.phases[i].phase);
-    const bool stashed = memory.phases[i].phase != "backward of the last decoder layer";
+    const bool stashed = memory.phases[i].phase == "forward of the last decoder layer" || memory.phases[i].phase == "logits and loss";
     CHECK(offloaded.phases[i].bytes - memory.phases[i].bytes == doctest::Approx(stashed ? 5.0 * 131'072 * 4096 * 2 : 0.0));
   }
   CHECK(item_bytes(offloaded.host_items, "hidden_states_checkpoints") == item_bytes(memory.host_items, "hidden_states_checkpoints"));
@@ -839,35 +858,37 @@ TEST_CASE("LoRA and QLoRA model states: a frozen base in its storage, adapters w
   plan.lora_rank = 16;
   const double P = static_cast<double>(parameter_count(model).total);
   const double adapters = 41'943'040;  // r = 16 on all seven linears (Reference §12 item 6)
-  const MemoryPrediction lora = memory_predict(model, one, plan, profile, 16'384);
-  CHECK(item_bytes(lora.gpu_items, "base_weights") == 2 * P);  // bf16, no gradient or optimizer state (items 11-12)
-  CHECK(item_bytes(lora.gpu_items, "lora_adapters_fp32") == 4 * adapters);
-  CHECK(item_bytes(lora.gpu_items, "lora_gradients_fp32") == 4 * adapters);
-  CHECK(item_bytes(lora.gpu_items, "lora_optimizer_states") == 8 * adapters);
-  CHECK(category_bytes(lora.gpu_items, kCategoryModelStates) == 2 * P + 16 * adapters);
-  CHECK(item_bytes(lora.gpu_items, "optimizer_states") == 0);
+  const MemoryPrediction lora_prediction = memory_predict(model, one, plan, profile, 16'384);
+  // The states at the optimizer step, where the adapters' gradients all exist.
+  const std::vector<MemoryItem>& lora = phase_items(lora_prediction, "optimizer step");
+  CHECK(item_bytes(lora, "base_weights") == 2 * P);  // bf16, no gradient or optimizer state (items 11-12)
+  CHECK(item_bytes(lora, "lora_adapters_fp32") == 4 * adapters);
+  CHECK(item_bytes(lora, "lora_gradients_fp32") == 4 * adapters);
+  CHECK(item_bytes(lora, "lora_optimizer_states") == 8 * adapters);
+  CHECK(category_bytes(lora, kCategoryModelStates) == 2 * P + 16 * adapters);
+  CHECK(item_bytes(lora, "optimizer_states") == 0);
   // QLoRA through TRL (the hf-trainer profile): the linears in NF4 (3.35 GiB); TRL never calls
   // prepare_model_for_kbit_training, so everything else stays bf16, (P - linears) x 2 B = 1.96 GiB,
   // and it casts the trainable adapters to bf16: 2 B weights, 2 B gradients, 2 x 2 B AdamW moments
   // (Reference §12 item 13).
   plan.qlora = true;
-  const MemoryPrediction qlora = memory_predict(model, one, plan, profile, 16'384);
+  const std::vector<MemoryItem> qlora = phase_items(memory_predict(model, one, plan, profile, 16'384), "optimizer step");
   const double linears = static_cast<double>(layer_linear_parameter_count(model));
-  CHECK(item_bytes(qlora.gpu_items, "base_linears_nf4") == nf4_layer_linears_bytes(model, true));
-  CHECK(item_bytes(qlora.gpu_items, "base_other_weights_bf16") == (P - linears) * 2);
-  CHECK(item_bytes(qlora.gpu_items, "base_weights") == 0);
-  CHECK(item_bytes(qlora.gpu_items, "lora_adapters_bf16") == 2 * adapters);
-  CHECK(item_bytes(qlora.gpu_items, "lora_gradients_bf16") == 2 * adapters);
-  CHECK(item_bytes(qlora.gpu_items, "lora_optimizer_states") == 4 * adapters);
-  CHECK(category_bytes(qlora.gpu_items, kCategoryModelStates) == nf4_layer_linears_bytes(model, true) + (P - linears) * 2 + 8 * adapters);
+  CHECK(item_bytes(qlora, "base_linears_nf4") == nf4_layer_linears_bytes(model, true));
+  CHECK(item_bytes(qlora, "base_other_weights_bf16") == (P - linears) * 2);
+  CHECK(item_bytes(qlora, "base_weights") == 0);
+  CHECK(item_bytes(qlora, "lora_adapters_bf16") == 2 * adapters);
+  CHECK(item_bytes(qlora, "lora_gradients_bf16") == 2 * adapters);
+  CHECK(item_bytes(qlora, "lora_optimizer_states") == 4 * adapters);
+  CHECK(category_bytes(qlora, kCategoryModelStates) == nf4_layer_linears_bytes(model, true) + (P - linears) * 2 + 8 * adapters);
   // A PEFT script that calls prepare_model_for_kbit_training: everything else upcast to fp32
   // (embedding, LM head, norms), (P - linears) x 4 B = 3.92 GiB, and fp32 adapters (item 8).
   RuntimeProfile peft_kbit = profile;
   peft_kbit.qlora_unquantized_weight_bytes = 4;
   peft_kbit.qlora_adapter_bytes = 4;
-  const MemoryPrediction kbit = memory_predict(model, one, plan, peft_kbit, 16'384);
-  CHECK(item_bytes(kbit.gpu_items, "base_other_weights_fp32") == (P - linears) * 4);
-  CHECK(category_bytes(kbit.gpu_items, kCategoryModelStates) == nf4_layer_linears_bytes(model, true) + (P - linears) * 4 + 16 * adapters);
+  const std::vector<MemoryItem> kbit = phase_items(memory_predict(model, one, plan, peft_kbit, 16'384), "optimizer step");
+  CHECK(item_bytes(kbit, "base_other_weights_fp32") == (P - linears) * 4);
+  CHECK(category_bytes(kbit, kCategoryModelStates) == nf4_layer_linears_bytes(model, true) + (P - linears) * 4 + 16 * adapters);
   // Unsloth casts only trainable parameters to fp32 (item 13): the rest of its 4-bit base stays
   // bf16, (P - linears) x 2 B = 1.96 GiB.
   const MemoryPrediction unsloth_qlora = memory_predict(model, one, plan, runtime_profile_load("unsloth"), 16'384);
@@ -900,7 +921,7 @@ TEST_CASE("PyTorch CP's all-to-all rotation keeps one block in flight where the 
   const MemoryPrediction gathered = memory_predict(model, cluster, plan, profile, seqlen);
   plan.cp_all_to_all = true;
   const MemoryPrediction passed = memory_predict(model, cluster, plan, profile, seqlen);
-  REQUIRE(gathered.phases.size() == 3);
+  REQUIRE(gathered.phases.size() == 5);  // forward, loss, the last and first layers' backward, the step
   CHECK(gathered.phases[0].moment == passed.phases[0].moment);
   CHECK(gathered.phases[0].bytes - passed.phases[0].bytes == doctest::Approx(2.0 * (8 - 1) * kv));
   CHECK(gathered.phases[2].bytes - passed.phases[2].bytes == doctest::Approx((2.0 * 8 - 4) * kv));
@@ -941,7 +962,7 @@ TEST_CASE("FSDP2's CPUOffloadPolicy and HSDP by hand: states on the host in pinn
   plan.dp_replicate = 2;
   const ClusterSpec two_nodes = cluster_make(hardware_card_load("h100-sxm-80gb"), 16, 0, 0, 0);
   const MemoryPrediction hsdp = memory_predict(model, two_nodes, plan, profile, 1'048'576);
-  CHECK(category_bytes(hsdp.gpu_items, kCategoryModelStates) == 16 * P / 8);
+  CHECK(category_bytes(phase_items(hsdp, "optimizer step"), kCategoryModelStates) == 16 * P / 8);
   CHECK(item_bytes(hsdp.gpu_items, "fsdp.hsdp_all_reduce_buffer") == 2 * unit / 8);
   CHECK(item_bytes(hsdp.gpu_items, "fsdp.reduce_scatter_output") == 2 * unit / 8);
   // The mesh must hold whole sequence groups: 16 / 4 replicas = 4 ranks, fewer than cp = 8.
@@ -957,11 +978,11 @@ TEST_CASE("8-bit AdamW in the plain HF Trainer regime: the model's moments at ~2
   plan.activation_checkpointing = true;
   plan.adam_8bit = true;
   const double P = static_cast<double>(parameter_count(model).total);
-  const MemoryPrediction full = memory_predict(model, one, plan, profile, 8192);
+  const std::vector<MemoryItem> full = phase_items(memory_predict(model, one, plan, profile, 8192), "optimizer step");
   // bf16 weights and gradients (2 + 2) and 2.03125 bytes of moments (Reference §12 item 23).
-  CHECK(item_bytes(full.gpu_items, "optimizer_states_8bit") == 2.03125 * P);
-  CHECK(item_bytes(full.gpu_items, "optimizer_states") == 0);
-  CHECK(category_bytes(full.gpu_items, kCategoryModelStates) == doctest::Approx((2 + 2 + 2.03125) * P));
+  CHECK(item_bytes(full, "optimizer_states_8bit") == 2.03125 * P);
+  CHECK(item_bytes(full, "optimizer_states") == 0);
+  CHECK(category_bytes(full, kCategoryModelStates) == doctest::Approx((2 + 2 + 2.03125) * P));
   plan.lora_rank = 16;
   const MemoryPrediction lora = memory_predict(model, one, plan, profile, 8192);
   CHECK(item_bytes(lora.gpu_items, "lora_optimizer_states_8bit") == 2.03125 * 41'943'040.0);
@@ -1067,7 +1088,7 @@ TEST_CASE("Unsloth's stack by hand: its loss chunks of 4 GiB of fp32 logits, rel
   CHECK(item_bytes(memory.host_items, "hidden_states_checkpoints") == 31 * x);
   // The loss phase holds per chunk its logits, their fp32 copy and fp32 gradient (8,192 x V x 10 B)
   // beside the input gradient S x h x 2: one more chunk of tokens adds V x 10 B at its peak.
-  REQUIRE(memory.phases.size() == 3);
+  REQUIRE(memory.phases.size() == 5);  // the Trainer's step: the first layer's backward and the optimizer step too
   PlanOptions eight_chunks = plan;
   eight_chunks.loss_tiles = 8;  // 16,384 tokens a chunk
   CHECK(memory_predict(model, one, eight_chunks, profile, S).phases[1].bytes - memory.phases[1].bytes ==
@@ -1110,4 +1131,88 @@ TEST_CASE("LoRA across GPUs by hand: under ZeRO-3 with Ulysses the frozen base i
   CHECK_FALSE(framework_unsupported(Framework::framework_arctic_training, model, plan).empty());
   plan.qlora = true;
   CHECK_FALSE(plan_problems(model, node, plan).empty());
+}
+
+TEST_CASE("gradients from backward to the optimizer step (the Trainer's zero_grad): none in forward, the layers passed in backward, every one at the step") {
+  // The small Llama (L = 4, h = 64, q 64 / kv 32 wide, f = 128, V = 512, untied): a layer has
+  // 64 x (64 + 32 + 32) + 64 x 64 + 3 x 64 x 128 + 2 x 64 = 36,992 parameters, the LM head
+  // 512 x 64 = 32,768 and the final norm 64; P = 2 x 32,768 + 64 + 4 x 36,992 = 213,568.
+  const ModelSpec model = small_model();
+  const double P = 213'568, layer = 36'992, T = 1024, x = T * 64 * 2;
+  REQUIRE(static_cast<double>(parameter_count(model).total) == P);
+  const ClusterSpec one = cluster_of(1);
+  const RuntimeProfile freed = runtime_profile_load("hf-trainer");
+  REQUIRE(freed.gradients_freed_after_step);
+  RuntimeProfile held = freed;
+  held.gradients_freed_after_step = false;
+  PlanOptions plan = bare_plan(1, 0);
+  plan.activation_checkpointing = true;  // untiled loss: no Liger, so the norms are eager
+  const MemoryPrediction step = memory_predict(model, one, plan, freed, 1024);
+  const MemoryPrediction all_step = memory_predict(model, one, plan, held, 1024);
+  REQUIRE(step.phases.size() == 5);
+  REQUIRE(all_step.phases.size() == 3);
+  // The forward and the loss hold no gradient: 2 bytes a parameter less than a stack holding them.
+  CHECK(all_step.phases[0].bytes - step.phases[0].bytes == 2 * P);
+  CHECK(all_step.phases[1].bytes - step.phases[1].bytes == 2 * P);
+  // The last layer's backward: the head's and final norm's, and at its peak (the MLP's backward)
+  // down_proj's own, produced first; the first layer's: every layer above's too.
+  const auto& last = phase_items(step, "backward of the last decoder layer");
+  CHECK(step.phases[2].moment == "mlp");
+  CHECK(item_bytes(last, "gradients.lm_head_and_final_norm") == 2 * (32'768 + 64));
+  CHECK(item_bytes(last, "gradients.layers_above") == 0);
+  CHECK(item_bytes(last, "grad.mlp.down_proj") == 2 * 64 * 128);
+  CHECK(item_bytes(last, "grad.mlp") == 0);  // gate/up's come after the SwiGLU's backward
+  const auto& first = phase_items(step, "backward of the first decoder layer");
+  CHECK(item_bytes(first, "gradients.layers_above") == 2 * 3 * layer);
+  CHECK(item_bytes(first, "hidden_states_checkpoints") == 0);  // no layer below it
+  CHECK(item_bytes(last, "hidden_states_checkpoints") == 3 * x);
+  // The optimizer step: weights, gradients and AdamW's moments, bf16 (2 + 2 + 4 bytes).
+  CHECK(category_bytes(phase_items(step, "optimizer step"), kCategoryModelStates) == 8 * P);
+  // The layer's own gradients, all of them by the end of its backward: the backward phase's last
+  // moment holds the layer's 36,992 x 2 bytes beside the ones above.
+  TensorTrace trace;
+  LayerShape shape;
+  shape.tokens = 1024;
+  shape.hidden = 64;
+  shape.q_width = 64;
+  shape.kv_width = 32;
+  shape.num_q_heads = 8;
+  shape.num_kv_heads = 4;
+  shape.head_dim = 8;
+  shape.intermediate = 128;
+  shape.vocab = 512;
+  LayerImplementation impl;
+  impl.eager_rms_norm = true;
+  impl.weight_gradients = {2.0 * 64 * 128, 2.0 * 2 * 64 * 128, 2.0 * 64 * 64, 2.0 * (64 * 128 + 2 * 64)};
+  trace.alloc(kCategoryLayer, "layer.input", x);
+  decoder_layer_forward(trace, shape, impl, /*keep=*/true);
+  trace.alloc(kCategoryLayer, "layer.output_grad", x);
+  decoder_layer_backward(trace, shape, impl);
+  for (const char* name : {"grad.mlp.down_proj", "grad.mlp", "grad.attention.o_proj", "grad.attention_and_norms"}) CHECK(trace.is_live(name));
+  CHECK(trace.current_bytes() == x + 2 * layer);  // the input gradient and the layer's gradients
+}
+
+TEST_CASE("a non-reentrant recompute drops the layer's output; an eager final norm holds no input past its fp32 copy") {
+  // torch.utils.checkpoint non-reentrant (transformers >= 5, checkpoint_wrapper): nothing holds the
+  // recomputed output through the layer's backward; reentrant (transformers 4, Unsloth) holds it.
+  const ModelSpec model = small_model();
+  const double x = 1024.0 * 64 * 2;
+  const ClusterSpec one = cluster_of(1);
+  RuntimeProfile profile = runtime_profile_load("hf-trainer");
+  REQUIRE(profile.checkpointing_non_reentrant);
+  PlanOptions plan = bare_plan(1, 0);
+  plan.activation_checkpointing = true;
+  const MemoryPrediction non_reentrant = memory_predict(model, one, plan, profile, 1024);
+  CHECK(item_bytes(phase_items(non_reentrant, "backward of the last decoder layer"), "layer.output") == 0);
+  profile.checkpointing_non_reentrant = false;
+  const MemoryPrediction reentrant = memory_predict(model, one, plan, profile, 1024);
+  CHECK(item_bytes(phase_items(reentrant, "backward of the last decoder layer"), "layer.output") == x);
+  CHECK(reentrant.phases[2].bytes - non_reentrant.phases[2].bytes == x);
+  // transformers' eager RMSNorm (LlamaRMSNorm.forward) reads its input once, into the fp32 copy it
+  // saves: at the loss's peak the last layer's output is gone; Liger's fused norm saves it.
+  const auto& eager_loss = phase_items(non_reentrant, "logits and loss");
+  CHECK(item_bytes(eager_loss, "final_norm.input") == 0);
+  CHECK(item_bytes(eager_loss, "final_norm.input_fp32") == 2 * x);
+  plan.tiled_loss = true;  // Liger's kernels, its norm among them
+  CHECK(item_bytes(phase_items(memory_predict(model, one, plan, profile, 1024), "logits and loss"), "final_norm.input") == x);
 }
