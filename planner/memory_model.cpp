@@ -588,12 +588,15 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
     };
     auto backward_phase = [&] { return layer_backward_phase(phases[2], "backward of the last decoder layer", layers - 1); };
     auto first_layer_backward_phase = [&] { return layer_backward_phase(phases[3], "backward of the first decoder layer", 0); };
-    // The optimizer step: every gradient beside the model states (the inputs are still referenced
+    // The optimizer step: every gradient beside the model states (the batch is still referenced
     // by the trainer's step). The fused AdamW the Trainer runs by default (adamw_torch_fused,
     // training_args.py) updates in place; clip_grad_norm_'s per-tensor norms are scalars.
     auto optimizer_phase = [&] {
       TensorTrace& trace = phase_begin(phases[4], "optimizer step", 0);
       trace.set_moment("AdamW update");
+      // RoPE's cos and sin die with the last backward op that saved them; the batch lives on.
+      for (const char* rope : {"rope_cos_sin", "rope_table_whole_sequence"})
+        if (trace.is_live(rope)) trace.free(rope);
       if (gradient_bytes > 0) trace.alloc(kCategoryModelStates, gradients_name(plan, profile), setup.trainable_total * gradient_bytes);
       return trace.peak_bytes();
     };

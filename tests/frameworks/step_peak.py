@@ -1,0 +1,105 @@
+"""The live memory of one training step of transformers' own modelling code on the CPU, measured
+by a dispatch-mode tracker of storages (what PyTorch's torch.distributed._tools.mem_tracker.MemTracker
+does, without its module hooks: those register a gradient hook on every parameter, which PyTorch
+refuses on a LoRA model's frozen ones; test_step_peak.py holds the two equal where both run),
+against the planner's prediction for the same model, length and stack (longseq plan --json)."""
+import json
+import subprocess
+import weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map_only
+
+
+class LiveStorages(TorchDispatchMode):
+    """Bytes of the storages alive: those handed to track() and every one an op returns, each
+    counted once, until PyTorch frees it; `peak` is the most at once after any op."""
+
+    def __init__(self, *tensors):
+        super().__init__()
+        self._alive = {}
+        self.current = self.peak = 0
+        for tensor in tensors:
+            self.track(tensor)
+        self.peak = self.current
+
+    def track(self, tensor):
+        storage = tensor.untyped_storage()
+        key = id(storage)
+        if key in self._alive or storage.nbytes() == 0:
+            return
+        self._alive[key] = (storage.nbytes(), weakref.ref(storage, lambda _ref, key=key: self._free(key)))
+        self.current += storage.nbytes()
+
+    def _free(self, key):
+        self.current -= self._alive.pop(key)[0]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        tree_map_only(torch.Tensor, self.track, out)
+        self.peak = max(self.peak, self.current)
+        return out
+
+
+def measured_step_peaks(config: dict, tokens: int, gradient_checkpointing: bool = False, lora: dict | None = None):
+    """Two steps in the HF Trainer's order (forward with labels, backward, clip_grad_norm_, fused
+    AdamW, zero_grad(set_to_none=True); Trainer._inner_training_loop, its default optim
+    adamw_torch_fused) on a bf16 model with SDPA, the batch as TRL's collator gives it (input_ids,
+    labels, attention_mask). The first step makes AdamW's states; the second is measured: the peak
+    of its forward and backward, and of its optimizer step, in bytes."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    torch.manual_seed(0)
+    hf_config = AutoConfig.for_model(**{k: v for k, v in config.items() if k != "architectures"})
+    hf_config.architectures = config["architectures"]
+    model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.bfloat16, attn_implementation="sdpa")
+    if lora is not None:
+        from peft import LoraConfig, get_peft_model
+        model = get_peft_model(model, LoraConfig(**lora))
+    model.train()
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, fused=True)
+
+    def forward_backward(batch):
+        # PEFT's fp32 adapters on a bf16 model run under autocast, as the Trainer's bf16=True does.
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=lora is not None):
+            loss = model(**batch).loss
+        loss.backward()
+
+    def optimizer_step():
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        model.zero_grad(set_to_none=True)
+
+    def batch():
+        input_ids = torch.randint(0, config["vocab_size"], (1, tokens))
+        return {"input_ids": input_ids, "labels": input_ids.clone(), "attention_mask": torch.ones_like(input_ids)}
+
+    def optimizer_tensors():
+        return [t for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
+
+    forward_backward(batch())
+    optimizer_step()
+    # The second step, in two windows: forward and backward, then the optimizer step.
+    states = list(model.parameters()) + list(model.buffers()) + optimizer_tensors()
+    inputs = batch()
+    with LiveStorages(*states, *inputs.values()) as passes:
+        forward_backward(inputs)
+    gradients = [p.grad for p in model.parameters() if p.grad is not None]
+    with LiveStorages(*states, *gradients, *inputs.values()) as update:
+        del gradients
+        optimizer_step()
+    return {"forward_and_backward": passes.peak, "optimizer_step": update.peak}
+
+
+def predicted_step_peaks(binary: str, config_path: str, tokens: int, flags: list[str]):
+    """The planner's prediction without what only a GPU run holds (runtime_overheads: the CUDA
+    context, cuBLAS's workspace, the caching allocator's fragmentation): per phase, in bytes."""
+    args = [binary, "plan", "--model", config_path, "--gpus", "1", "--seqlen", str(tokens), "--json", *flags]
+    run = subprocess.run(args, capture_output=True, text=True)
+    if run.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)}: {run.stderr.strip()}")
+    gpu = json.loads(run.stdout)["prediction"]["gpu"]
+    overheads = sum(item["bytes"] for item in gpu["items"] if item["category"] == "runtime_overheads")
+    return {phase["phase"]: phase["gib"] * 2**30 - overheads for phase in gpu["phases"]}

@@ -1,0 +1,94 @@
+"""The step's live-memory peak of transformers' own modelling code on the CPU against the planner's
+prediction for the same stack (runtime profile hf-trainer: a bf16 model, fused AdamW, eager
+RMSNorm, SDPA; the planner's CUDA-only terms left out: the CUDA context, cuBLAS's workspace, the
+caching allocator's fragmentation). Two windows of the second step (the first makes AdamW's
+states): its forward and backward, against the planner's heaviest phase before the update (the
+last and first decoder layers' backward, the loss, the forward), and its optimizer step. Within 2%.
+
+What the tracker cannot see: the scratch an op allocates and frees inside its own kernel (the
+CPU's flash-attention backward buffers; on a GPU FlashAttention's and cuBLAS's workspaces). These
+cases peak outside attention's backward, where the planner's kernel buffers would not count."""
+import json
+
+import pytest
+
+from step_peak import LiveStorages, measured_step_peaks, predicted_step_peaks
+from tiny_models import ARCHITECTURES
+
+TOLERANCE = 0.02
+LORA = {"r": 4, "lora_alpha": 8, "target_modules": "all-linear", "lora_dropout": 0.0}
+
+# (architecture, layers, tokens, checkpointing, LoRA): where each case's peak falls, in the planner.
+CASES = {
+    "llama-no-checkpointing": ("llama", 2, 1024, False, False),          # the loss's backward
+    "llama-short": ("llama", 4, 64, False, False),                        # model states dominate
+    "llama-checkpointing": ("llama", 4, 1024, True, False),              # the last layer's backward
+    "llama-checkpointing-short": ("llama", 4, 256, True, False),         # the first layer's backward
+    "qwen3-checkpointing": ("qwen3", 4, 512, True, False),
+    "mistral": ("mistral", 2, 512, False, False),
+    "qwen2": ("qwen2", 2, 512, True, False),
+    "qwen3-moe": ("qwen3_moe", 2, 256, False, False),
+    # The CPU's SDPA returns its output in the query's layout: Phi-3 copies it for o_proj (one
+    # [T, n_q d] a layer, test_saved_tensors.py CPU_ONLY), 1.9% here; a GPU makes no copy.
+    "phi3": ("phi3", 2, 256, False, False),
+    "gemma3-checkpointing": ("gemma3", 2, 256, True, False),
+    "llama-lora-checkpointing": ("llama", 4, 512, True, True),
+    "llama-lora": ("llama", 2, 512, False, True),
+}
+
+# Understood or located, not yet in the planner (reports/frameworks-check.md): strict, so a case
+# that starts matching fails until its mark goes.
+KNOWN = {
+    "gemma3-checkpointing": "5.5% under: Gemma 3's recompute and backward hold more than the planner lists (not yet located)",
+    "llama-lora-checkpointing": "7.7% under: under autocast each adapter's backward casts its input gradient to fp32 and back "
+                                "(autocast's and PEFT's casts), transients the planner does not list",
+    "llama-lora": "3.9% over without checkpointing: the adapters' backward transients as above, priced otherwise",
+}
+
+
+def planner_flags(checkpointing: bool, lora: bool):
+    flags = ["--framework", "hf-trainer", "--no-tiled-loss", "--zero", "0"]
+    flags += ["--checkpointing", "--no-checkpoint-offload"] if checkpointing else ["--no-checkpointing"]
+    return flags + (["--lora", "4"] if lora else [])
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_step_peak_within_two_percent_of_the_planner(case, longseq_binary, tmp_path):
+    architecture, layers, tokens, checkpointing, lora = CASES[case]
+    config = dict(ARCHITECTURES[architecture], num_hidden_layers=layers)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    measured = measured_step_peaks(config, tokens, gradient_checkpointing=checkpointing, lora=LORA if lora else None)
+    predicted = predicted_step_peaks(longseq_binary, str(path), tokens, planner_flags(checkpointing, lora))
+    passes = max(bytes_ for phase, bytes_ in predicted.items() if phase != "optimizer step")
+    errors = {"forward and backward": passes / measured["forward_and_backward"] - 1,
+              "optimizer step": predicted["optimizer step"] / measured["optimizer_step"] - 1}
+    report = f"{case}: measured {measured}, predicted {predicted}, errors {errors}"
+    within = all(abs(error) <= TOLERANCE for error in errors.values())
+    if case in KNOWN:
+        assert not within, f"{case} now within 2%: drop its KNOWN entry\n{report}"
+        pytest.xfail(KNOWN[case])
+    assert within, report
+
+
+def test_the_tracker_counts_what_pytorchs_mem_tracker_counts():
+    """LiveStorages against torch.distributed._tools.mem_tracker.MemTracker over the same window
+    (a bf16 Llama's forward and backward): the same peak, byte for byte."""
+    import torch
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from transformers import AutoConfig, AutoModelForCausalLM
+    config = ARCHITECTURES["llama"]
+    torch.manual_seed(0)
+    hf_config = AutoConfig.for_model(**{k: v for k, v in config.items() if k != "architectures"})
+    model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.bfloat16, attn_implementation="sdpa")
+    input_ids = torch.randint(0, config["vocab_size"], (1, 256))
+    peaks = []
+    for tracker in (MemTracker(), LiveStorages(*model.parameters(), *model.buffers(), input_ids)):
+        if isinstance(tracker, MemTracker):
+            tracker.track_external(model, input_ids)
+        with tracker:
+            model(input_ids=input_ids, labels=input_ids).loss.backward()
+        model.zero_grad(set_to_none=True)
+        peaks.append(tracker.peak if isinstance(tracker, LiveStorages) else
+                     sum(s["Total"] for s in tracker.get_tracker_snapshot("peak").values()))
+    assert peaks[0] == peaks[1] and peaks[0] > 0, peaks
