@@ -245,8 +245,10 @@ void ulysses_attention_backward(TensorTrace& trace, const LayerShape& shape, con
   }
   // RoPE backward makes new tensors, as its forward did.
   // (With q/k norms their backward maps these to the projections' gradients, same sizes.)
+  if (shape.qk_norm) eager_norm_backward_transients(trace, L, kQNormSaved, bytes.q / static_cast<double>(impl.activation_bytes) * 4.0, impl);
   trace.alloc(L, "attention.q_proj_grad", bytes.q);
   trace.free("attention.q_rope_grad");
+  if (shape.qk_norm) eager_norm_backward_transients(trace, L, kKNormSaved, bytes.kv / static_cast<double>(impl.activation_bytes) * 4.0, impl);
   trace.alloc(L, "attention.k_proj_grad", bytes.kv);
   trace.free("attention.k_rope_grad");
   qk_norm_saved_free(trace, shape, impl);

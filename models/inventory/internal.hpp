@@ -21,10 +21,12 @@ inline constexpr const char* L = kCategoryLayer;
 
 struct Bytes {
   double x, q, kv, kv_replicated, lse;
+  double x_fp32;  // one [T, h] in fp32 (an eager norm's upcast)
   Bytes(const LayerShape& shape, const LayerImplementation& impl) {
     const double tokens = static_cast<double>(shape.tokens);
     const double a = static_cast<double>(impl.activation_bytes);
     x = tokens * static_cast<double>(shape.hidden) * a;
+    x_fp32 = tokens * static_cast<double>(shape.hidden) * 4.0;
     q = tokens * static_cast<double>(shape.q_width) * a;
     kv = tokens * static_cast<double>(shape.kv_width) * a;
     kv_replicated = kv * static_cast<double>(shape.kv_replication);
@@ -46,20 +48,21 @@ struct EagerNormNames {
   const char* normalized;
   const char* rstd;  // nullptr: the caller allocates it (a q/k norm's)
   const char* scale_fp32;
+  const char* backward_fp32;  // its backward's fp32 temporaries (eager_norm_backward_transients)
 };
 inline constexpr EagerNormNames kAttentionNormSaved{"attention_norm.input_fp32", "attention_norm.normalized", "attention_norm.rstd_fp32",
-                                                    "attention_norm.scale_fp32"};
+                                                    "attention_norm.scale_fp32", "attention_norm.backward_fp32"};
 inline constexpr EagerNormNames kPostAttentionNormSaved{"post_attention_norm.input_fp32", "post_attention_norm.normalized",
-                                                        "post_attention_norm.rstd_fp32", "post_attention_norm.scale_fp32"};
-inline constexpr EagerNormNames kMlpNormSaved{"mlp_norm.input_fp32", "mlp_norm.normalized", "mlp_norm.rstd_fp32", "mlp_norm.scale_fp32"};
+                                                        "post_attention_norm.rstd_fp32", "post_attention_norm.scale_fp32", "post_attention_norm.backward_fp32"};
+inline constexpr EagerNormNames kMlpNormSaved{"mlp_norm.input_fp32", "mlp_norm.normalized", "mlp_norm.rstd_fp32", "mlp_norm.scale_fp32", "mlp_norm.backward_fp32"};
 inline constexpr EagerNormNames kPostMlpNormSaved{"post_mlp_norm.input_fp32", "post_mlp_norm.normalized", "post_mlp_norm.rstd_fp32",
-                                                  "post_mlp_norm.scale_fp32"};
+                                                  "post_mlp_norm.scale_fp32", "post_mlp_norm.backward_fp32"};
 inline constexpr EagerNormNames kFinalNormSaved{"final_norm.input_fp32", "final_norm.normalized", "final_norm.rstd_fp32",
-                                                "final_norm.scale_fp32"};
+                                                "final_norm.scale_fp32", "final_norm.backward_fp32"};
 inline constexpr EagerNormNames kQNormSaved{"attention.q_norm.input_fp32", "attention.q_norm.normalized", nullptr,
-                                            "attention.q_norm.scale_fp32"};
+                                            "attention.q_norm.scale_fp32", "attention.q_norm.backward_fp32"};
 inline constexpr EagerNormNames kKNormSaved{"attention.k_norm.input_fp32", "attention.k_norm.normalized", nullptr,
-                                            "attention.k_norm.scale_fp32"};
+                                            "attention.k_norm.scale_fp32", "attention.k_norm.backward_fp32"};
 
 // What a frozen base does not save (LoRA and QLoRA freeze every base parameter, Reference §12 items
 // 11-12): a linear saves its input for its weight's gradient alone, so a frozen nn.Linear (LoRA's
@@ -92,6 +95,19 @@ inline void eager_norm_saved_free(TensorTrace& trace, const EagerNormNames& name
   if (shape.norm_scale_fp32) trace.free(names.scale_fp32);
   if (names.rstd) trace.free(names.rstd);
   trace.free(names.input_fp32);
+}
+
+// An eager norm's backward, autograd over its decomposed ops (PyTorch's derivatives.yaml): at its
+// peak, pow's backward (grad * 2 * x32.pow(1)), four fp32 tensors of the input's size are live
+// beside what the norm saved: the mean's expanded gradient (grad / width), the power, its scaling
+// and their product. Counted from the storages PyTorch holds there (Gemma 3's post-feedforward
+// norm on the CPU, tests/frameworks/test_step_peak.py); they die before the input gradient is
+// cast back to the activation dtype.
+inline void eager_norm_backward_transients(TensorTrace& trace, const char* category, const EagerNormNames& names, double fp32_bytes,
+                                           const LayerImplementation& impl) {
+  if (!impl.eager_rms_norm) return;
+  trace.alloc(category, names.backward_fp32, 4.0 * fp32_bytes, 4);
+  trace.free(names.backward_fp32);
 }
 
 // Rows the attention kernel's backward pads its fp32 dq accumulator and softmax_d by: FA2 varlen

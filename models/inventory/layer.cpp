@@ -30,6 +30,7 @@ void post_norm_backward(TensorTrace& trace, const LayerShape& shape, const Layer
                         const char* input, const char* input_grad) {
   if (!shape.post_norms) return;
   const Bytes bytes(shape, impl);
+  eager_norm_backward_transients(trace, L, names, bytes.x_fp32, impl);
   trace.alloc(L, input_grad, bytes.x);
   if (impl.eager_rms_norm) eager_norm_saved_free(trace, names, shape, impl);
   else trace.free(input);
@@ -121,6 +122,7 @@ void decoder_layer_backward(TensorTrace& trace, const LayerShape& shape, const L
 
   trace.set_moment("mlp norm");
   // RMSNorm backward, with the residual branch's gradient summed in.
+  eager_norm_backward_transients(trace, L, kMlpNormSaved, bytes.x_fp32, impl);
   trace.alloc(L, "residual.attention_grad", bytes.x);
   eager_norm_saved_free(trace, kMlpNormSaved, shape, impl);
   trace.free("mlp.input_grad");
@@ -137,6 +139,7 @@ void decoder_layer_backward(TensorTrace& trace, const LayerShape& shape, const L
   lora_backward(trace, shape, lora_attention_projections(shape, impl));
   weight_gradient_alloc(trace, "grad.attention_and_norms", impl.weight_gradients.attention_rest);
   trace.set_moment("attention norm");
+  eager_norm_backward_transients(trace, L, kAttentionNormSaved, bytes.x_fp32, impl);
   trace.alloc(L, "layer.input_grad", bytes.x);
   eager_norm_saved_free(trace, kAttentionNormSaved, shape, impl);
   trace.free("attention_norm.output_grad");

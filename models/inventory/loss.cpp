@@ -93,6 +93,7 @@ void lm_loss_forward_backward(TensorTrace& trace, const LayerShape& shape, const
       break;
   }
   trace.set_moment("final norm backward");
+  eager_norm_backward_transients(trace, kCategoryLoss, kFinalNormSaved, bytes.x_fp32, impl);
   trace.alloc(L, "layer.output_grad", bytes.x);
   eager_norm_saved_free(trace, kFinalNormSaved, shape, impl);
   trace.free("final_norm.output_grad");
