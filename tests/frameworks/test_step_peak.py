@@ -40,9 +40,9 @@ CASES = {
 # Understood or located, not yet in the planner (reports/frameworks-check.md): strict, so a case
 # that starts matching fails until its mark goes.
 KNOWN = {
-    "llama-lora-checkpointing": "7.7% under: under autocast each adapter's backward casts its input gradient to fp32 and back "
-                                "(autocast's and PEFT's casts), transients the planner does not list",
-    "llama-lora": "3.9% over without checkpointing: the adapters' backward transients as above, priced otherwise",
+    "llama-lora-checkpointing": "7.7% under: at down_proj's adapter backward four more [T, h] are live than the planner lists "
+                                "(reports/frameworks-check.md)",
+    "llama-lora": "3.9% over: at the loss's peak PyTorch holds none of the frozen final norm's saved tensors",
 }
 
 
