@@ -42,12 +42,33 @@ class LiveStorages(TorchDispatchMode):
         return out
 
 
-def measured_step_peaks(config: dict, tokens: int, gradient_checkpointing: bool = False, lora: dict | None = None):
+def measured_step_peaks(config: dict, tokens: int, gradient_checkpointing: bool = False, lora: dict | None = None,
+                        fake: bool = False):
     """Two steps in the HF Trainer's order (forward with labels, backward, clip_grad_norm_, fused
     AdamW, zero_grad(set_to_none=True); Trainer._inner_training_loop, its default optim
     adamw_torch_fused) on a bf16 model with SDPA, the batch as TRL's collator gives it (input_ids,
     labels, attention_mask). The first step makes AdamW's states; the second is measured: the peak
-    of its forward and backward, and of its optimizer step, in bytes."""
+    of its forward and backward, and of its optimizer step, in bytes.
+
+    `fake`: under FakeTensorMode (torch._subclasses.fake_tensor; torchtitan's memory estimator runs
+    so), at real sizes: every op runs its fake kernel, nothing is allocated or computed, and the
+    tracker counts the storages as it does real ones. transformers takes fake tensors for tracing
+    (utils/import_utils.py is_tracing) and, unable to read the positions, treats the batch as packed
+    (masking_utils.find_packed_sequence_indices), building the dense S x S mask a real run skips
+    (and repeating K/V for SDPA): the harness says it is one sequence, as a real run finds, and
+    passes no all-ones attention_mask for the same reason."""
+    import contextlib
+    from unittest import mock
+    with contextlib.ExitStack() as stack:
+        if fake:
+            from torch._subclasses.fake_tensor import FakeTensorMode
+            from transformers import masking_utils
+            stack.enter_context(mock.patch.object(masking_utils, "find_packed_sequence_indices", lambda position_ids: None))
+            stack.enter_context(FakeTensorMode())
+        return _measured_step_peaks(config, tokens, gradient_checkpointing, lora, with_attention_mask=not fake)
+
+
+def _measured_step_peaks(config: dict, tokens: int, gradient_checkpointing: bool, lora: dict | None, with_attention_mask: bool):
     from transformers import AutoConfig, AutoModelForCausalLM
     torch.manual_seed(0)
     hf_config = AutoConfig.for_model(**{k: v for k, v in config.items() if k != "architectures"})
@@ -74,7 +95,10 @@ def measured_step_peaks(config: dict, tokens: int, gradient_checkpointing: bool 
 
     def batch():
         input_ids = torch.randint(0, config["vocab_size"], (1, tokens))
-        return {"input_ids": input_ids, "labels": input_ids.clone(), "attention_mask": torch.ones_like(input_ids)}
+        batch = {"input_ids": input_ids, "labels": input_ids.clone()}
+        if with_attention_mask:
+            batch["attention_mask"] = torch.ones_like(input_ids)
+        return batch
 
     def optimizer_tensors():
         return [t for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t)]

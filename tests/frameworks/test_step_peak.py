@@ -71,6 +71,35 @@ def test_step_peak_within_two_percent_of_the_planner(case, longseq_binary, tmp_p
     assert within, report
 
 
+# The real sizes under FakeTensorMode (nothing allocated): Llama-3.1-8B's and Qwen3-8B's
+# config.json dimensions, every layer, at the lengths a GPU of 80 GB trains them.
+LLAMA_3_1_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+                "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32, "vocab_size": 128256,
+                "head_dim": 128, "max_position_embeddings": 131072, "rope_theta": 500000.0, "tie_word_embeddings": False,
+                "hidden_act": "silu", "use_cache": False, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+QWEN3_8B = dict(LLAMA_3_1_8B, architectures=["Qwen3ForCausalLM"], model_type="qwen3", intermediate_size=12288,
+                num_hidden_layers=36, vocab_size=151936, rope_theta=1000000.0, max_position_embeddings=40960,
+                use_sliding_window=False)
+REAL_SIZES = {
+    "llama-3.1-8b-8k": (LLAMA_3_1_8B, 8192, False),
+    "llama-3.1-8b-32k-checkpointing": (LLAMA_3_1_8B, 32768, True),
+    "qwen3-8b-16k-checkpointing": (QWEN3_8B, 16384, True),
+}
+
+
+@pytest.mark.parametrize("case", list(REAL_SIZES))
+def test_step_peak_at_real_sizes_under_fake_tensors(case, longseq_binary, tmp_path):
+    config, tokens, checkpointing = REAL_SIZES[case]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    measured = measured_step_peaks(config, tokens, gradient_checkpointing=checkpointing, fake=True)
+    predicted = predicted_step_peaks(longseq_binary, str(path), tokens, planner_flags(checkpointing, False))
+    passes = max(bytes_ for phase, bytes_ in predicted.items() if phase != "optimizer step")
+    errors = {"forward and backward": passes / measured["forward_and_backward"] - 1,
+              "optimizer step": predicted["optimizer step"] / measured["optimizer_step"] - 1}
+    assert all(abs(error) <= TOLERANCE for error in errors.values()), f"{case}: measured {measured}, predicted {predicted}, errors {errors}"
+
+
 def test_the_tracker_counts_what_pytorchs_mem_tracker_counts():
     """LiveStorages against torch.distributed._tools.mem_tracker.MemTracker over the same window
     (a bf16 Llama's forward and backward): the same peak, byte for byte."""
