@@ -4,9 +4,10 @@
 # PyPI's torch, a CUDA build of several GB that runs on the CPU, transformers, PEFT, TRL,
 # Accelerate, DeepSpeed, torchtitan) are installed once into a virtual environment cached under
 # ${LONGSEQ_CACHE:-~/.cache/longseq}, named by the requirements' digest, and reused while they do
-# not change; then the exports' checks again with the floor releases they state (requirements-floor.txt;
+# not change; then the exports' checks again with the floor releases they state (requirements-floor.txt,
+# requirements-floor-fsdp2.txt;
 # LONGSEQ_FRAMEWORKS_FLOOR=0 skips it). Needs build/cli/longseq (scripts/build.sh) or LONGSEQ_BINARY.
-# Exit: non-zero when either pytest run fails.
+# Exit: non-zero when any pytest run fails.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 requirements="$root/tests/frameworks/requirements.txt"
@@ -41,23 +42,27 @@ extensions_dir() {
 status=0
 extensions_dir "$(basename "$venv")"
 "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@" || status=$?
-# The floor stage (the whole suite only, not a selection): the exports' reads and two-step runs again
-# with the floor releases they state (requirements-floor.txt) laid over the environment, installed
-# once without dependencies into a folder named by its digest.
-if [ $# -eq 0 ] && [ "${LONGSEQ_FRAMEWORKS_FLOOR:-1}" != 0 ]; then
-  floor_requirements="$root/tests/frameworks/requirements-floor.txt"
-  floor="$cache/frameworks-floor-$(cat "$requirements" "$floor_requirements" | sha256sum | cut -c1-16)"
+# The floor stages (the whole suite only, not a selection): the exports' reads and two-step runs
+# again with the floor releases they state laid over the environment, each set installed once
+# without dependencies into a folder named by its digest. requirements-floor.txt holds the HF
+# Trainer, DeepSpeed and Accelerate/DeepSpeed exports' floors; requirements-floor-fsdp2.txt the
+# Accelerate FSDP2 export's (TRL >= 1.9, Accelerate >= 1.12).
+floor_stage() {  # floor_stage REQUIREMENTS PYTEST-SELECTION
+  local floor_requirements="$root/tests/frameworks/$1"
+  local floor="$cache/frameworks-floor-$(cat "$requirements" "$floor_requirements" | sha256sum | cut -c1-16)"
   if [ ! -f "$floor/.complete" ]; then
-    echo "frameworks-check: installing the exports' floor releases into $floor (once)"
+    echo "frameworks-check: installing the floor releases of $1 into $floor (once)"
     rm -rf "$floor"
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --target "$floor" -r "$floor_requirements"
     touch "$floor/.complete"
   fi
-  PYTHONPATH="$floor" "$venv/bin/python" -c "import transformers, peft, trl, accelerate, deepspeed; print('frameworks-check floor: \
-transformers', transformers.__version__, 'peft', peft.__version__, 'trl', trl.__version__, 'accelerate', accelerate.__version__, \
-'deepspeed', deepspeed.__version__)" 2>/dev/null
-  # The FSDP2 export states TRL >= 1.9 (1.13 with its chunked loss): its run stays with the newest.
+  PYTHONPATH="$floor" "$venv/bin/python" -c "import transformers, peft, trl, accelerate; print('frameworks-check floor ($1): \
+transformers', transformers.__version__, 'peft', peft.__version__, 'trl', trl.__version__, 'accelerate', accelerate.__version__)" 2>/dev/null
   extensions_dir "$(basename "$floor")"
-  PYTHONPATH="$floor" "$venv/bin/python" -m pytest -q -p no:cacheprovider test_exports.py -k "not fsdp2_job" || status=$?
+  PYTHONPATH="$floor" "$venv/bin/python" -m pytest -q -p no:cacheprovider test_exports.py -k "$2" || status=$?
+}
+if [ $# -eq 0 ] && [ "${LONGSEQ_FRAMEWORKS_FLOOR:-1}" != 0 ]; then
+  floor_stage requirements-floor.txt "not fsdp2"
+  floor_stage requirements-floor-fsdp2.txt "fsdp2"
 fi
 exit $status

@@ -44,7 +44,11 @@ ExportedConfig accelerate_fsdp2_config_emit(const ExportRequest& r) {
       // CP's load balancer splits each sequence in 2 x cp chunks (F2.6); without CP nothing needs padding.
       r.seqlen, cp > 1 ? fmt::format(" pad_to_multiple_of={}", 2 * cp) : "",
       p.tiled_loss ? " loss_type=\"chunked_nll\" (TRL's default, 256-token chunks)" : " loss_type=\"nll\""));
-  exported.notes.push_back(std::string("versions: Accelerate >= 1.11 (parallelism_config with cp), PyTorch >= 2.6 (context parallelism), TRL >= ") +
+  // Accelerate 1.11 has parallelism_config with cp, but transformers 5.17's Trainer reads its
+  // sp_backend (trainer.py __init__), added in 1.12: 1.11 fails at the Trainer's construction
+  // (tests/frameworks, the FSDP2 floor stage).
+  exported.notes.push_back(std::string("versions: Accelerate >= 1.12 (parallelism_config with cp; transformers 5.17's Trainer reads its "
+                                       "sp_backend, which 1.11 lacks), PyTorch >= 2.6 (context parallelism), TRL >= ") +
                            (p.tiled_loss ? "1.13 (chunked_nll without the fp32 lm_head copy)" : "1.9") +
                            (trainer_checkpointing && !p.trl_activation_offload ? ", transformers >= 5.17 (gradient_checkpointing_kwargs offload; 5.16 "
                                                                                   "ignores it and offloads nothing)" : ""));
