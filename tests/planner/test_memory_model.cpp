@@ -1171,16 +1171,7 @@ TEST_CASE("gradients from backward to the optimizer step (the Trainer's zero_gra
   // The layer's own gradients, all of them by the end of its backward: the backward phase's last
   // moment holds the layer's 36,992 x 2 bytes beside the ones above.
   TensorTrace trace;
-  LayerShape shape;
-  shape.tokens = 1024;
-  shape.hidden = 64;
-  shape.q_width = 64;
-  shape.kv_width = 32;
-  shape.num_q_heads = 8;
-  shape.num_kv_heads = 4;
-  shape.head_dim = 8;
-  shape.intermediate = 128;
-  shape.vocab = 512;
+  const LayerShape shape = testing::small_llama_layer_shape(1024, 4);
   LayerImplementation impl;
   impl.eager_rms_norm = true;
   impl.weight_gradients = {2.0 * 64 * 128, 2.0 * 2 * 64 * 128, 2.0 * 64 * 64, 2.0 * (64 * 128 + 2 * 64)};

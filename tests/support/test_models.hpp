@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "models/layer_inventory.hpp"
 #include "models/model_spec.hpp"
 
 namespace longseq::testing {
@@ -19,6 +20,22 @@ inline ModelSpec small_llama(int64_t layers, int64_t kv_heads) {
   model.intermediate_size = 128;
   model.vocab_size = 512;
   return model;
+}
+
+// One decoder layer of small_llama(_, kv_heads) over `tokens` tokens, as the planner shapes it.
+inline LayerShape small_llama_layer_shape(int64_t tokens, int64_t kv_heads) {
+  const ModelSpec model = small_llama(1, kv_heads);
+  LayerShape shape;
+  shape.tokens = tokens;
+  shape.hidden = model.hidden_size;
+  shape.q_width = model.q_width();
+  shape.kv_width = model.kv_width();
+  shape.num_q_heads = model.num_q_heads;
+  shape.num_kv_heads = model.num_kv_heads;
+  shape.head_dim = model.head_dim;
+  shape.intermediate = model.intermediate_size;
+  shape.vocab = model.vocab_size;
+  return shape;
 }
 
 }  // namespace longseq::testing
