@@ -62,6 +62,10 @@ struct LayerShape {
   int64_t lora_rank = 0;
   bool lora_all_linear = true;
   bool qlora = false;
+  // False for the first decoder layer of a model whose embedding is frozen (LoRA): its input needs
+  // no gradient, so an eager input norm with a frozen weight saves nothing and backward stops at
+  // the layer's projections (no input gradient, PyTorch's autograd skips what needs none).
+  bool input_requires_grad = true;
   // fp32 adapters under bf16 autocast (PEFT's dtype, the Trainer's bf16=True): autocast casts each
   // adapter's A and B to bf16 and the adapters' matmuls save the casts for backward.
   bool lora_adapter_casts = false;

@@ -377,8 +377,10 @@ void trl_forward_stash_place(TensorTrace& trace, const PlanOptions& plan, double
 }
 
 // Checkpoints (or, without checkpointing, whole saved activation sets) of `layers` layers.
+// Without checkpointing the first layer may keep less than the others (`first_layer_saved_bytes`:
+// LayerShape::input_requires_grad).
 void resident_activations_place(TensorTrace& trace, const PlanOptions& plan, const RuntimeProfile& profile, const Setup& setup,
-                                double layers, double total_layers, double saved_bytes_per_layer) {
+                                double layers, double total_layers, double saved_bytes_per_layer, double first_layer_saved_bytes) {
   const double x_bytes = as_double(setup.shape.tokens) * as_double(setup.shape.hidden) * as_double(setup.impl.activation_bytes);
   if (plan.activation_checkpointing && plan.checkpoint_offload) {
     // Unsloth's offload reloads into reused device buffers (one or two of the largest hidden
@@ -394,7 +396,7 @@ void resident_activations_place(TensorTrace& trace, const PlanOptions& plan, con
   }
   if (layers <= 0) return;
   if (!plan.activation_checkpointing) {
-    trace.alloc(kCategoryCheckpoints, "saved_activations", saved_bytes_per_layer * layers, layers);
+    trace.alloc(kCategoryCheckpoints, "saved_activations", first_layer_saved_bytes + saved_bytes_per_layer * (layers - 1), layers);
   } else {
     trace.alloc(kCategoryCheckpoints, "hidden_states_checkpoints", x_bytes * layers, layers);
   }
@@ -441,6 +443,10 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
   const double layers = as_double(model.num_layers);
   const double x_bytes = as_double(setup.shape.tokens) * as_double(model.hidden_size) * as_double(profile.activation_bytes);
   const double saved_per_layer = plan.activation_checkpointing ? 0 : decoder_layer_saved_bytes(setup.shape, setup.impl);
+  // LoRA freezes the embedding, so the first layer's input needs no gradient (LayerShape::input_requires_grad).
+  LayerShape first_layer_shape = setup.shape;
+  first_layer_shape.input_requires_grad = !plan.lora();
+  const double saved_first_layer = plan.activation_checkpointing ? 0 : decoder_layer_saved_bytes(first_layer_shape, setup.impl);
   const double router_logits_bytes = as_double(setup.shape.tokens) * as_double(model.experts) * as_double(profile.activation_bytes);
   const bool aux_loss = model.is_moe() && (plan.moe_aux_loss || model.output_router_logits);
   // The usable GPU memory: the card's less the headroom the profile keeps free.
@@ -460,7 +466,7 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
     result.trace.set_record_peak_items(with_breakdown);
     static_tensors_place(result.trace, model, cluster, plan, profile, setup, seqlen, /*with_inputs=*/true,
                          /*with_gradients=*/!gradients_in_backward);
-    resident_activations_place(result.trace, plan, profile, setup, resident_layers, layers, saved_per_layer);
+    resident_activations_place(result.trace, plan, profile, setup, resident_layers, layers, saved_per_layer, saved_first_layer);
     return result.trace;
   };
   // Gradients backward has produced before a decoder layer's own: the LM head's and final norm's
@@ -570,12 +576,13 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
     // (every gradient but the embedding's, no checkpoint below) is the other end. With
     // checkpointing the incoming gradient exists before the recompute starts.
     auto layer_backward_phase = [&](PhaseResult& result, const char* name, double layers_below) {
+      const LayerShape& shape = layers_below == 0 ? first_layer_shape : setup.shape;
       TensorTrace& trace = phase_begin(result, name, layers_below);
       gradients_above_place(trace, layers - 1 - layers_below);
       zero_layer_buffers_place(trace, plan, profile, setup, /*backward=*/true, as_double(plan.shard_ranks(cluster.gpus)));
       trace.alloc(kCategoryLayer, "layer.input", x_bytes);
       if (plan.activation_checkpointing) trace.alloc(kCategoryLayer, "layer.output_grad", x_bytes);
-      decoder_layer_forward(trace, setup.shape, backward_impl, /*keep=*/true);
+      decoder_layer_forward(trace, shape, backward_impl, /*keep=*/true);
       // Without a checkpoint nothing holds the layer's input once an eager norm has copied it.
       if (!plan.activation_checkpointing && setup.impl.eager_rms_norm) trace.free("layer.input");
       // Nothing holds the layer's output in its backward: without checkpointing the next layer (or
@@ -583,7 +590,7 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
       // reentrant one holds it (torch.autograd.backward(outputs, grads)).
       if (!plan.activation_checkpointing || profile.checkpointing_non_reentrant) trace.free("layer.output");
       if (!plan.activation_checkpointing) trace.alloc(kCategoryLayer, "layer.output_grad", x_bytes);
-      decoder_layer_backward(trace, setup.shape, backward_impl);
+      decoder_layer_backward(trace, shape, backward_impl);
       return trace.peak_bytes();
     };
     auto backward_phase = [&] { return layer_backward_phase(phases[2], "backward of the last decoder layer", layers - 1); };

@@ -14,7 +14,8 @@ void ulysses_attention_forward(TensorTrace& trace, const LayerShape& shape, cons
   trace.set_moment("q/k/v projections and all-to-all");
   trace.alloc(L, "attention_norm.output", bytes.x);
   eager_norm_saved_alloc(trace, L, kAttentionNormSaved, bytes.x, shape.hidden, shape, impl);
-  if (!keep) eager_norm_saved_free(trace, kAttentionNormSaved, shape, impl);  // under no_grad: transient
+  // Under no_grad, or over an input that needs no gradient with a frozen weight: transient.
+  if (!keep || !shape.input_requires_grad) eager_norm_saved_free(trace, kAttentionNormSaved, shape, impl);
   lora_forward(trace, shape, lora_attention_projections(shape, impl), keep);
   projections_alloc(trace, shape, "attention.qkv_proj", {{"attention.q_proj", bytes.q}, {"attention.k_proj", bytes.kv},
                                                           {"attention.v_proj", bytes.kv}});
@@ -119,7 +120,7 @@ void fpdt_attention_forward(TensorTrace& trace, const LayerShape& shape, const L
   trace.set_moment("fpdt attention chunk");
   trace.alloc(L, "attention_norm.output", bytes.x);
   eager_norm_saved_alloc(trace, L, kAttentionNormSaved, bytes.x, shape.hidden, shape, impl);
-  if (!keep) eager_norm_saved_free(trace, kAttentionNormSaved, shape, impl);
+  if (!keep || !shape.input_requires_grad) eager_norm_saved_free(trace, kAttentionNormSaved, shape, impl);
   trace.alloc(L, "attention.output_local", bytes.q);  // final_output, filled chunk by chunk
   trace.alloc(L, "fpdt.q_proj_chunk", q_chunk);
   trace.alloc(L, "fpdt.k_proj_chunk", kv_chunk);
@@ -252,10 +253,13 @@ void ulysses_attention_backward(TensorTrace& trace, const LayerShape& shape, con
   trace.alloc(L, "attention.k_proj_grad", bytes.kv);
   trace.free("attention.k_rope_grad");
   qk_norm_saved_free(trace, shape, impl);
-  // The three projections' input gradients are summed into one.
-  trace.alloc(L, "attention_norm.output_grad", bytes.x);
-  trace.alloc(L, "attention_norm.output_grad_partial", bytes.x);
-  trace.free("attention_norm.output_grad_partial");
+  // The three projections' input gradients are summed into one (none where the layer's input
+  // needs no gradient: a frozen norm over a frozen embedding's output).
+  if (shape.input_requires_grad) {
+    trace.alloc(L, "attention_norm.output_grad", bytes.x);
+    trace.alloc(L, "attention_norm.output_grad_partial", bytes.x);
+    trace.free("attention_norm.output_grad_partial");
+  }
   trace.free("attention.q_proj_grad");
   trace.free("attention.k_proj_grad");
   trace.free("attention.v_proj_grad");

@@ -139,10 +139,12 @@ void decoder_layer_backward(TensorTrace& trace, const LayerShape& shape, const L
   lora_backward(trace, shape, lora_attention_projections(shape, impl));
   weight_gradient_alloc(trace, "grad.attention_and_norms", impl.weight_gradients.attention_rest);
   trace.set_moment("attention norm");
-  eager_norm_backward_transients(trace, L, kAttentionNormSaved, bytes.x_fp32, impl);
-  trace.alloc(L, "layer.input_grad", bytes.x);
-  eager_norm_saved_free(trace, kAttentionNormSaved, shape, impl);
-  trace.free("attention_norm.output_grad");
+  if (shape.input_requires_grad) {
+    eager_norm_backward_transients(trace, L, kAttentionNormSaved, bytes.x_fp32, impl);
+    trace.alloc(L, "layer.input_grad", bytes.x);
+    eager_norm_saved_free(trace, kAttentionNormSaved, shape, impl);
+    trace.free("attention_norm.output_grad");
+  }
   trace.free("residual.attention_grad");
   trace.free("layer.output_grad");
   if (trace.is_live("layer.output")) trace.free("layer.output");

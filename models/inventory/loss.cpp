@@ -12,11 +12,12 @@ namespace longseq::inventory {
 // while its saved output is still live (three fp32 [T, V] at once), then the cast back to the
 // activation dtype. Leaves `input_grad_name` ([tokens, h]).
 void logits_and_cross_entropy(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl,
-                              double tokens, const char* input_grad_name) {
+                              double tokens, const char* input_grad_name, bool input_freed_after_logits = false) {
   const double a = static_cast<double>(impl.activation_bytes);
   const double logits = tokens * static_cast<double>(shape.vocab);
   const bool upcast = impl.activation_bytes < 4;
   trace.alloc(kCategoryLoss, "loss.logits", logits * a);
+  if (input_freed_after_logits) trace.free("final_norm.output");
   if (upcast) trace.alloc(kCategoryLoss, "loss.logits_fp32", logits * 4.0);
   trace.alloc(kCategoryLoss, "loss.log_softmax", logits * 4.0);
   trace.alloc(kCategoryLoss, "loss.per_token", tokens * 4.0);
@@ -56,7 +57,9 @@ void lm_loss_forward_backward(TensorTrace& trace, const LayerShape& shape, const
   if (impl.eager_rms_norm && trace.is_live("final_norm.input")) trace.free("final_norm.input");
   switch (loss) {
     case LossImplementation::loss_untiled:
-      logits_and_cross_entropy(trace, shape, impl, tokens, "final_norm.output_grad");
+      // A frozen LM head (LoRA's) saves no input for a weight gradient: the final norm's output
+      // dies with the logits (PyTorch's linear saves its input only for its weight's gradient).
+      logits_and_cross_entropy(trace, shape, impl, tokens, "final_norm.output_grad", /*input_freed_after_logits=*/shape.lora_rank > 0);
       break;
     case LossImplementation::loss_liger_chunked: {
       // Liger fused_linear_cross_entropy (REFERENCE §3.3a): grad_input [T, h] and grad_weight
@@ -97,7 +100,7 @@ void lm_loss_forward_backward(TensorTrace& trace, const LayerShape& shape, const
   trace.alloc(L, "layer.output_grad", bytes.x);
   eager_norm_saved_free(trace, kFinalNormSaved, shape, impl);
   trace.free("final_norm.output_grad");
-  trace.free("final_norm.output");
+  if (trace.is_live("final_norm.output")) trace.free("final_norm.output");
   if (trace.is_live("final_norm.input")) trace.free("final_norm.input");
 }
 

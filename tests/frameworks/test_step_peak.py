@@ -40,9 +40,9 @@ CASES = {
 # Understood or located, not yet in the planner (reports/frameworks-check.md): strict, so a case
 # that starts matching fails until its mark goes.
 KNOWN = {
-    "llama-lora-checkpointing": "7.7% under: at down_proj's adapter backward four more [T, h] are live than the planner lists "
+    "llama-lora-checkpointing": "7.7% under: the recompute's peak at down_proj's adapter holds PEFT's fp32 input copy and the "
+                                "SwiGLU product beside the saved set; the planner prices the copy at the MLP's start "
                                 "(reports/frameworks-check.md)",
-    "llama-lora": "3.9% over: at the loss's peak PyTorch holds none of the frozen final norm's saved tensors",
 }
 
 

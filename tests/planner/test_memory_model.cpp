@@ -1207,3 +1207,29 @@ TEST_CASE("a non-reentrant recompute drops the layer's output; an eager final no
   plan.tiled_loss = true;  // Liger's kernels, its norm among them
   CHECK(item_bytes(phase_items(memory_predict(model, one, plan, profile, 1024), "logits and loss"), "final_norm.input") == x);
 }
+
+TEST_CASE("LoRA's frozen embedding and LM head: the first layer's eager input norm saves nothing, the final norm's output dies with the logits") {
+  // PyTorch saves for backward only what a gradient needs: under LoRA the embedding is frozen, so
+  // the first layer's input needs no gradient and its input norm (frozen weight) saves neither its
+  // fp32 copy [T, h] nor its rstd [T]; the frozen LM head saves no input, so the final norm's
+  // output is gone by the loss's backward (measured with the CPU's tracker, test_step_peak.py).
+  const ModelSpec model = small_model();
+  const double T = 1024, x = T * 64 * 2;
+  const ClusterSpec one = cluster_of(1);
+  const RuntimeProfile profile = runtime_profile_load("hf-trainer");
+  PlanOptions plan = bare_plan(1, 0);  // untiled loss: eager norms
+  plan.activation_checkpointing = false;
+  const MemoryPrediction full = memory_predict(model, one, plan, profile, 1024);
+  plan.lora_rank = 4;
+  const MemoryPrediction lora = memory_predict(model, one, plan, profile, 1024);
+  const auto& lora_loss = phase_items(lora, "logits and loss");
+  LayerShape shape = testing::small_llama_layer_shape(1024, 4);
+  shape.lora_rank = 4;
+  shape.lora_adapter_casts = true;  // PEFT's fp32 adapters under the Trainer's autocast
+  LayerImplementation eager;
+  eager.eager_rms_norm = true;
+  const double per_layer = decoder_layer_saved_bytes(shape, eager);
+  CHECK(item_bytes(lora_loss, "saved_activations") == 4 * per_layer - (T * 64 * 4 + T * 4));
+  CHECK(item_bytes(lora_loss, "final_norm.output") == 0);
+  CHECK(item_bytes(phase_items(full, "logits and loss"), "final_norm.output") == x);
+}
