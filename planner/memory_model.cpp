@@ -192,11 +192,15 @@ const char* gradients_name(const PlanOptions& plan, const RuntimeProfile& profil
   return bf16 ? "gradients_bf16" : "gradients_fp32";
 }
 
+// What of the step's inputs a phase holds: none (the executor's live outside its arena), the batch,
+// or the batch and RoPE's cos/sin (from the forward to the last backward op that saved them).
+enum class StepInputs { none, batch, batch_and_rope };
+
 // `with_gradients` false: a profile whose gradients live from backward to the optimizer step
 // (gradients_freed_after_step) holds none outside backward; its phases place them.
 void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const ClusterSpec& cluster,
                           const PlanOptions& plan, const RuntimeProfile& profile, const Setup& setup, int64_t seqlen,
-                          bool with_inputs = true, bool with_gradients = true) {
+                          StepInputs inputs = StepInputs::batch_and_rope, bool with_gradients = true) {
   const double params = as_double(setup.params.total);
   // ZeRO partitions over all ranks (data x sequence parallel; REFERENCE training configuration):
   // stage 1 the optimizer states and master weights, stage 2 also gradients (gradient_bytes_per_trainable),
@@ -276,10 +280,11 @@ void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const Clus
 
   // input_ids and shift_labels (int64) for this rank's tokens; position_ids all-gathered to the
   // full sequence for attention when sp > 1 (REFERENCE §3.1); RoPE cos and sin [b, S_l, d].
-  if (!with_inputs) return;
+  if (inputs == StepInputs::none) return;
   const double tokens = as_double(setup.shape.tokens);
   trace.alloc(kCategoryInputs, "input_ids_and_labels", tokens * 16.0);
   trace.alloc(kCategoryInputs, "position_ids", as_double(plan.micro_batch) * as_double(plan.sp > 1 ? seqlen / plan.ring : seqlen / plan.sequence_ranks()) * 8.0);
+  if (inputs != StepInputs::batch_and_rope) return;
   if (profile.rope_table_whole_sequence_fp32)
     trace.alloc(kCategoryInputs, "rope_table_whole_sequence", as_double(seqlen) * as_double(model.head_dim) * 4.0);
   else
@@ -461,11 +466,11 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
   // The executor's host pool (offloaded checkpoints, FPDT's chunks), replayed with its step.
   TensorTrace executor_host;
   // Every phase starts from the static tensors and the activations of the layers below it.
-  auto phase_begin = [&](PhaseResult& result, const char* name, double resident_layers) -> TensorTrace& {
+  auto phase_begin = [&](PhaseResult& result, const char* name, double resident_layers,
+                         StepInputs inputs = StepInputs::batch_and_rope) -> TensorTrace& {
     result.phase = name;
     result.trace.set_record_peak_items(with_breakdown);
-    static_tensors_place(result.trace, model, cluster, plan, profile, setup, seqlen, /*with_inputs=*/true,
-                         /*with_gradients=*/!gradients_in_backward);
+    static_tensors_place(result.trace, model, cluster, plan, profile, setup, seqlen, inputs, /*with_gradients=*/!gradients_in_backward);
     resident_activations_place(result.trace, plan, profile, setup, resident_layers, layers, saved_per_layer, saved_first_layer);
     return result.trace;
   };
@@ -494,7 +499,7 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
     TensorTrace& trace = phases[0].trace;
     phases[0].phase = "training step (executor schedule)";
     trace.set_record_peak_items(with_breakdown);
-    static_tensors_place(trace, model, cluster, plan, profile, setup, seqlen, /*with_inputs=*/false);
+    static_tensors_place(trace, model, cluster, plan, profile, setup, seqlen, StepInputs::none);
     ExecutorStepOptions options;
     options.layers = model.num_layers;
     options.activation_bytes = profile.activation_bytes;
@@ -599,11 +604,9 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
     // by the trainer's step). The fused AdamW the Trainer runs by default (adamw_torch_fused,
     // training_args.py) updates in place; clip_grad_norm_'s per-tensor norms are scalars.
     auto optimizer_phase = [&] {
-      TensorTrace& trace = phase_begin(phases[4], "optimizer step", 0);
-      trace.set_moment("AdamW update");
       // RoPE's cos and sin die with the last backward op that saved them; the batch lives on.
-      for (const char* rope : {"rope_cos_sin", "rope_table_whole_sequence"})
-        if (trace.is_live(rope)) trace.free(rope);
+      TensorTrace& trace = phase_begin(phases[4], "optimizer step", 0, StepInputs::batch);
+      trace.set_moment("AdamW update");
       if (gradient_bytes > 0) trace.alloc(kCategoryModelStates, gradients_name(plan, profile), setup.trainable_total * gradient_bytes);
       return trace.peak_bytes();
     };

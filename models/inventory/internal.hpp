@@ -70,6 +70,11 @@ inline constexpr EagerNormNames kKNormSaved{"attention.k_norm.input_fp32", "atte
 // gradient (QLoRA); a norm's weight multiply saves the normalized value for the weight's gradient
 // alone. Held to PyTorch's hooks on PEFT's adapters (tests/frameworks).
 inline bool base_linears_save_input(const LayerShape& shape) { return shape.lora_rank == 0 || shape.qlora; }
+// A LoRA adapter on down_proj that casts its input to fp32 (PEFT's _cast_input_dtype to fp32
+// adapters; QLoRA's are TRL's bf16): priced in the MLP's forward, where the product exists.
+inline bool lora_adapts_down_proj_input_fp32(const LayerShape& shape) {
+  return shape.lora_rank > 0 && shape.lora_all_linear && !shape.qlora;
+}
 
 // A weight gradient backward leaves in param.grad (LayerWeightGradients): never freed in the layer.
 inline void weight_gradient_alloc(TensorTrace& trace, const char* name, double bytes) {

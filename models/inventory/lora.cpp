@@ -39,8 +39,12 @@ LoraGroup lora_output_projection(const LayerShape& shape, const LayerImplementat
   return lora_group(shape, impl, {{kLoraO, shape.q_width, shape.hidden, false}});
 }
 LoraGroup lora_mlp(const LayerShape& shape, const LayerImplementation& impl) {
-  return lora_group(shape, impl, {{kLoraGate, shape.hidden, shape.intermediate, false}, {kLoraUp, shape.hidden, shape.intermediate, false},
-                                  {kLoraDown, shape.intermediate, shape.hidden, false}});
+  LoraGroup group = lora_group(shape, impl, {{kLoraGate, shape.hidden, shape.intermediate, false},
+                                             {kLoraUp, shape.hidden, shape.intermediate, false},
+                                             {kLoraDown, shape.intermediate, shape.hidden, false}});
+  // down_proj's fp32 input copy is mlp_forward's, at the product; the group's is gate/up's [T, h].
+  if (lora_adapts_down_proj_input_fp32(shape)) group.largest_input_fp32 = static_cast<double>(shape.tokens) * static_cast<double>(shape.hidden) * 4.0;
+  return group;
 }
 
 // The group's forward: transients, then what it saves (kept only with keep: under no_grad nothing).

@@ -24,6 +24,14 @@ void mlp_forward(TensorTrace& trace, const LayerShape& shape, const LayerImpleme
       trace.free("mlp.up");
     }
     trace.alloc(L, "mlp.output", out);
+    // PEFT's down_proj adapter (lora.Linear.forward): x.to(lora_A's dtype), an fp32 copy of the
+    // product, and lora_B's output beside the base's, while the product is still held by the call.
+    if (lora_adapts_down_proj_input_fp32(shape)) {
+      trace.alloc(L, "lora.down_proj.input_fp32", tokens * static_cast<double>(shape.intermediate) * 4.0);
+      trace.alloc(L, "lora.down_proj.output", out);
+      trace.free("lora.down_proj.output");
+      trace.free("lora.down_proj.input_fp32");
+    }
     if (!keep || !base_linears_save_input(shape)) trace.free("mlp.product");  // down_proj's input
   } else {
     // GELU MLP: down(gelu(up(x))); GELU saves its input, down_proj saves GELU's output.
