@@ -9,6 +9,7 @@ built from the YAML, so its FSDP2 path (fully_shard over gloo, its fp32 upcast, 
 runs as on GPUs. Context parallelism cannot run here: PyTorch registers no sharding strategy for the
 CPU's SDPA kernel (aten._scaled_dot_product_flash_attention_for_cpu)."""
 import json
+import os
 import resource
 import sys
 
@@ -53,9 +54,14 @@ def main():
                        "mesh": list(weight.device_mesh.shape) if isinstance(weight, DTensor) else None,
                        "max_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}, f)
     # Left to the interpreter's exit, gloo's threads sometimes outlive the group ("terminate called
-    # without an active exception", 1 run in ~8 here): end it while every rank is still here.
+    # without an active exception", 1 run in ~8 here): end it while every rank is still here. Even
+    # so, a C++ destructor at the interpreter's exit aborted one DeepSpeed run (rank 1, after the
+    # group ended): what the run had to say is written, so the process leaves without the teardown.
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
