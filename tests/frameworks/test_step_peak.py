@@ -37,7 +37,20 @@ CASES = {
     "llama-lora-checkpointing": ("llama", 4, 512, True, True),
     "llama-lora": ("llama", 2, 512, False, True),
     "llama-lora-q-v-checkpointing": ("llama", 4, 512, True, "q,v"),
+    "mixtral": ("mixtral", 2, 256, False, False),
+    # MoE with checkpointing: the planner is 1.7-2.4% under (reports/frameworks-check.md).
+    "mixtral-checkpointing": ("mixtral", 4, 512, True, False),
+    "qwen3-moe-checkpointing": ("qwen3_moe", 4, 512, True, False),
+    "qwen2-moe-checkpointing": ("qwen2_moe", 4, 256, True, False),
 }
+
+# Located, not yet in the planner (reports/frameworks-check.md): strict, so a case that starts
+# matching fails until its mark goes.
+KNOWN = {
+    "qwen2-moe-checkpointing": "2.4% under: the experts' and shared expert's backward hold gradients and transients the "
+                               "planner places at the block's end or not at all",
+}
+
 
 def planner_flags(checkpointing: bool, lora: bool | str):
     """`lora`: False, True (all linears) or "q,v"."""
@@ -46,7 +59,8 @@ def planner_flags(checkpointing: bool, lora: bool | str):
     return flags + (["--lora", "4"] if lora else []) + (["--lora-targets", "q,v"] if lora == "q,v" else [])
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", [pytest.param(case, marks=pytest.mark.xfail(strict=True, reason=KNOWN[case])) if case in KNOWN else case
+                                  for case in CASES])
 def test_step_peak_within_two_percent_of_the_planner(case, longseq_binary, tmp_path):
     architecture, layers, tokens, checkpointing, lora = CASES[case]
     config = dict(ARCHITECTURES[architecture], num_hidden_layers=layers)
