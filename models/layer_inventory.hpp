@@ -149,8 +149,8 @@ void decoder_layer_forward(TensorTrace& trace, const LayerShape& shape, const La
 // Backward of one decoder layer after decoder_layer_forward(keep_for_backward=true). Expects
 // "layer.output_grad" live; frees it, the kept tensors, "layer.input" (where the caller still holds
 // it: a checkpoint, or a fused norm's saved input) and "layer.output" (where still live: a reentrant
-// recompute's), and leaves "layer.input_grad" live, with the layer's weight gradients where
-// impl.weight_gradients prices them ("grad.*").
+// recompute's), and leaves "layer.input_grad" live (none where shape.input_requires_grad is
+// false), with the layer's weight gradients where impl.weight_gradients prices them ("grad.*").
 void decoder_layer_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl);
 
 // Bytes a layer keeps for backward when it runs forward with keep_for_backward, excluding its
