@@ -610,11 +610,6 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
       if (gradient_bytes > 0) trace.alloc(kCategoryModelStates, gradients_name(plan, profile), setup.trainable_total * gradient_bytes);
       return trace.peak_bytes();
     };
-    std::vector<std::function<double()>> heaviest_first = {backward_phase, forward_phase, loss_phase};
-    if (gradients_in_backward) {
-      heaviest_first.push_back(first_layer_backward_phase);
-      heaviest_first.push_back(optimizer_phase);
-    }
     if (!stop_when_over) {
       forward_phase();
       loss_phase();
@@ -626,6 +621,11 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
     } else {
       // A probe that only asks "does it fit?": the first phase over the usable memory answers it.
       const double reserve = profile.calibrated_reserve_gib * kBytesPerGib;
+      std::vector<std::function<double()>> heaviest_first = {backward_phase, forward_phase, loss_phase};
+      if (gradients_in_backward) {
+        heaviest_first.push_back(first_layer_backward_phase);
+        heaviest_first.push_back(optimizer_phase);
+      }
       for (const auto& phase : heaviest_first)
         if (const double peak = phase() + reserve; peak > capacity) {
           MemoryPrediction over;
@@ -650,21 +650,20 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
   // The profile's calibrated reserve is constant in S, so it moves every phase alike and never
   // changes which phase or moment is the peak.
   const double reserve_bytes = profile.calibrated_reserve_gib * kBytesPerGib;
-  const PhaseResult* worst = &phases[0];
-  for (const auto& phase : phases) {
-    prediction.phases.push_back({phase.phase, std::string(phase.trace.peak_moment()), phase.trace.peak_bytes() + reserve_bytes, {}});
-    if (with_breakdown)
-      for (const auto& item : phase.trace.peak_items())
-        if (item.bytes > 0) prediction.phases.back().items.push_back({std::string(item.category), std::string(item.name), item.bytes, item.count});
-    if (phase.trace.peak_bytes() > worst->trace.peak_bytes()) worst = &phase;
+  size_t worst = 0;
+  for (size_t index = 0; index < phases.size(); ++index) {
+    const TensorTrace& trace = phases[index].trace;
+    prediction.phases.push_back({phases[index].phase, std::string(trace.peak_moment()), trace.peak_bytes() + reserve_bytes, {}});
+    // (Empty without the breakdown: the traces record no peak items then.)
+    for (const auto& item : trace.peak_items())
+      if (item.bytes > 0) prediction.phases.back().items.push_back({std::string(item.category), std::string(item.name), item.bytes, item.count});
+    if (trace.peak_bytes() > phases[worst].trace.peak_bytes()) worst = index;
   }
-  prediction.gpu_peak_phase = worst->phase;
-  prediction.gpu_peak_moment = std::string(worst->trace.peak_moment());
-  prediction.gpu_peak_bytes = worst->trace.peak_bytes() + reserve_bytes;
+  prediction.gpu_peak_phase = prediction.phases[worst].phase;
+  prediction.gpu_peak_moment = prediction.phases[worst].moment;
+  prediction.gpu_peak_bytes = prediction.phases[worst].bytes;
   prediction.gpu_calibrated_bytes = reserve_bytes;
-  for (const auto& item : worst->trace.peak_items())
-    if (item.bytes > 0)
-      prediction.gpu_items.push_back({std::string(item.category), std::string(item.name), item.bytes, item.count});
+  prediction.gpu_items = prediction.phases[worst].items;
   if (with_breakdown && reserve_bytes > 0) prediction.gpu_items.push_back({kCategoryCalibrated, "unexplained_reserve", reserve_bytes, 1});
 
   // Host memory of the fullest node. No pinned staging buffers are counted for deepspeed-hf:
