@@ -1183,7 +1183,7 @@ TEST_CASE("gradients from backward to the optimizer step (the Trainer's zero_gra
   CHECK(trace.current_bytes() == x + 2 * layer);  // the input gradient and the layer's gradients
 }
 
-TEST_CASE("a non-reentrant recompute drops the layer's output; an eager final norm holds no input past its fp32 copy") {
+TEST_CASE("a non-reentrant recompute drops the layer's output, and an eager final norm holds no input past its fp32 copy") {
   // torch.utils.checkpoint non-reentrant (transformers >= 5, checkpoint_wrapper): nothing holds the
   // recomputed output through the layer's backward; reentrant (transformers 4, Unsloth) holds it.
   const ModelSpec model = small_model();
