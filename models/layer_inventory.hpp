@@ -31,6 +31,10 @@ struct LayerShape {
   int64_t num_q_heads = 0;     // n_q (for lse)
   int64_t intermediate = 0;    // f
   int64_t vocab = 0;           // V
+  // Gemma 2 soft-caps its final logits (cap * tanh(logits / cap)) in the model's forward, before
+  // the loss: two more logits-sized tensors pass through, and tanh saves its output for backward
+  // (priced for the untiled loss, which runs the model's forward; models/inventory/loss.cpp).
+  bool final_logits_softcapped = false;
   MlpKind mlp_kind = MlpKind::mlp_kind_swiglu;
   int64_t mlp_tiles = 0;       // 0: untiled MLP
   // FPDT (0: off): local tokens per attention chunk, b * chunk / sp. Attention then holds chunk-

@@ -76,6 +76,7 @@ Setup setup_make(const ModelSpec& model, const HardwareCard& card, const PlanOpt
   shape.num_q_heads = model.num_q_heads;
   shape.intermediate = model.intermediate_size;
   shape.vocab = model.vocab_size;
+  shape.final_logits_softcapped = model.final_logit_softcapping > 0;
   shape.mlp_kind = model.mlp_kind;
   shape.qk_norm = model.qk_norm;
   shape.post_norms = model.norms_per_layer == 4;

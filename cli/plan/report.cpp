@@ -201,9 +201,10 @@ std::vector<std::string> plan_caveats(const ModelSpec& model, const ClusterSpec&
   if (plan.offload_optimizer && seqlen > 0 && seqlen <= 65536)
     caveats.push_back("step time at short lengths: validate finds the ALST paper's 32K steps 43-66% longer than predicted (the "
                       "offloaded optimizer step costs more than its modelled passes; reports/validation.md)");
-  if (model.final_logit_softcapping > 0)
-    caveats.push_back(fmt::format("{} soft-caps its final logits at {:g}: the loss holds further logits-sized tensors the inventory "
-                                  "does not price (tiled loss keeps them per tile)", model.name, model.final_logit_softcapping));
+  if (model.final_logit_softcapping > 0 && plan.tiled_loss)
+    caveats.push_back(fmt::format("{} soft-caps its final logits at {:g} in its forward; a tiled loss computes the logits itself, "
+                                  "and whether it caps them (a chunk's few logits-sized transients) is not priced",
+                                  model.name, model.final_logit_softcapping));
   if (model.sliding_window > 0 && seqlen > model.sliding_window)
     caveats.push_back(fmt::format("{} attends over a sliding window of {} tokens; planned as full causal attention (a kernel that "
                                   "honours the window does less work; the saved tensors are the same)",

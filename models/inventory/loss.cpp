@@ -11,13 +11,27 @@ namespace longseq::inventory {
 // too. Backward: nll_loss makes a dense fp32 [T, V] gradient, log-softmax's backward a second one
 // while its saved output is still live (three fp32 [T, V] at once), then the cast back to the
 // activation dtype. Leaves `input_grad_name` ([tokens, h]).
+//
+// Soft-capped logits (Gemma 2, modeling_gemma2.py Gemma2ForCausalLM.forward: `logits = logits /
+// cap; logits = torch.tanh(logits); logits = logits * cap`): each step writes a new [T, V] in the
+// activation dtype and the previous one dies (dividing or multiplying by a number saves nothing);
+// tanh saves its output, which lives until its backward. Backward runs the three in reverse, each
+// gradient [T, V] replacing the last. Only the model's own forward caps them: a tiled loss that
+// computes the logits itself (ArcticTraining's shards, TRL's chunks) passes `capped` false.
 void logits_and_cross_entropy(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl,
-                              double tokens, const char* input_grad_name, bool input_freed_after_logits = false) {
+                              double tokens, const char* input_grad_name, bool capped, bool input_freed_after_logits = false) {
   const double a = static_cast<double>(impl.activation_bytes);
   const double logits = tokens * static_cast<double>(shape.vocab);
   const bool upcast = impl.activation_bytes < 4;
-  trace.alloc(kCategoryLoss, "loss.logits", logits * a);
+  trace.alloc(kCategoryLoss, capped ? "loss.logits_uncapped" : "loss.logits", logits * a);
   if (input_freed_after_logits) trace.free("final_norm.output");
+  if (capped) {
+    trace.alloc(kCategoryLoss, "loss.logits_scaled", logits * a);
+    trace.free("loss.logits_uncapped");
+    trace.alloc(kCategoryLoss, "loss.softcap_tanh", logits * a);
+    trace.free("loss.logits_scaled");
+    trace.alloc(kCategoryLoss, "loss.logits", logits * a);
+  }
   if (upcast) trace.alloc(kCategoryLoss, "loss.logits_fp32", logits * 4.0);
   trace.alloc(kCategoryLoss, "loss.log_softmax", logits * 4.0);
   trace.alloc(kCategoryLoss, "loss.per_token", tokens * 4.0);
@@ -29,12 +43,25 @@ void logits_and_cross_entropy(TensorTrace& trace, const LayerShape& shape, const
   trace.free("loss.nll_grad");
   trace.free("loss.log_softmax");
   trace.free("loss.per_token");
+  const char* logits_grad = "loss.log_softmax_grad";
   if (upcast) {
     trace.alloc(kCategoryLoss, "loss.logits_grad", logits * a);
-    trace.free("loss.log_softmax_grad");
+    trace.free(logits_grad);
+    logits_grad = "loss.logits_grad";
+  }
+  if (capped) {
+    // Multiplying by cap, tanh's backward (its saved output goes with it), dividing by cap.
+    trace.alloc(kCategoryLoss, "loss.softcap_scale_grad", logits * a);
+    trace.free(logits_grad);
+    trace.alloc(kCategoryLoss, "loss.softcap_tanh_grad", logits * a);
+    trace.free("loss.softcap_scale_grad");
+    trace.free("loss.softcap_tanh");
+    trace.alloc(kCategoryLoss, "loss.logits_uncapped_grad", logits * a);
+    trace.free("loss.softcap_tanh_grad");
+    logits_grad = "loss.logits_uncapped_grad";
   }
   trace.alloc(kCategoryLoss, input_grad_name, tokens * static_cast<double>(shape.hidden) * a);
-  trace.free(upcast ? "loss.logits_grad" : "loss.log_softmax_grad");
+  trace.free(logits_grad);
 }
 
 }  // namespace longseq::inventory
@@ -59,7 +86,8 @@ void lm_loss_forward_backward(TensorTrace& trace, const LayerShape& shape, const
     case LossImplementation::loss_untiled:
       // A frozen LM head (LoRA's) saves no input for a weight gradient: the final norm's output
       // dies with the logits (PyTorch's linear saves its input only for its weight's gradient).
-      logits_and_cross_entropy(trace, shape, impl, tokens, "final_norm.output_grad", /*input_freed_after_logits=*/shape.lora_rank > 0);
+      logits_and_cross_entropy(trace, shape, impl, tokens, "final_norm.output_grad", shape.final_logits_softcapped,
+                               /*input_freed_after_logits=*/shape.lora_rank > 0);
       break;
     case LossImplementation::loss_liger_chunked: {
       // Liger fused_linear_cross_entropy (REFERENCE §3.3a): grad_input [T, h] and grad_weight
@@ -91,7 +119,7 @@ void lm_loss_forward_backward(TensorTrace& trace, const LayerShape& shape, const
       // ArcticTraining TiledFusedLogitsLoss (REFERENCE §3.3b): x_grad = zeros_like(x), then per
       // shard forward and backward of the untiled loss.
       trace.alloc(kCategoryLoss, "final_norm.output_grad", bytes.x);
-      logits_and_cross_entropy(trace, shape, impl, tile, "loss.input_grad_shard");
+      logits_and_cross_entropy(trace, shape, impl, tile, "loss.input_grad_shard", /*capped=*/false);
       trace.free("loss.input_grad_shard");
       break;
   }

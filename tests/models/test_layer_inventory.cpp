@@ -363,6 +363,25 @@ TEST_CASE("logits and loss: untiled peaks in cross-entropy backward, Liger holds
   CHECK(shards.peak_bytes() == 3 * X + 250.0 * 512 * 12 + 1000);
 }
 
+TEST_CASE("soft-capped logits (Gemma 2): tanh's saved output sits under the untiled loss's peak, and a tiled loss caps nothing") {
+  LayerShape capped_shape = shape_make();
+  capped_shape.final_logits_softcapped = true;
+  TensorTrace capped;
+  capped.alloc(kCategoryLayer, "final_norm.input", X);
+  lm_loss_forward_backward(capped, capped_shape, eager(), LossImplementation::loss_untiled, 0, 2);
+  // The untiled peak above plus tanh's output (bf16 [T, V], saved until tanh's backward), which
+  // outlives the capped logits' fp32 copy; the other two [T, V] of the cap die as the next is made.
+  CHECK(capped.peak_bytes() == 2 * X + 1000.0 * 512 * 12 + 4000 + 1000.0 * 512 * 2);
+  CHECK(capped.peak_moment() == "cross entropy backward");
+  CHECK(capped.current_bytes() == X);
+  CHECK_FALSE(capped.is_live("loss.softcap_tanh"));
+
+  TensorTrace shards;
+  shards.alloc(kCategoryLayer, "final_norm.input", X);
+  lm_loss_forward_backward(shards, capped_shape, eager(), LossImplementation::loss_token_shards, 250, 2);
+  CHECK(shards.peak_bytes() == 3 * X + 250.0 * 512 * 12 + 1000);
+}
+
 namespace {
 
 // The MoE block on the same shape: E = 8 experts of width I_e = 32, k = 2 a token. Per rank:
