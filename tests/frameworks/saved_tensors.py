@@ -7,6 +7,8 @@ import subprocess
 
 import torch
 
+from tiny_models import build_model
+
 
 def torch_layer_saved(config: dict, tokens: int, layer: int = 1, gradient_checkpointing: bool = False,
                       lora: dict | None = None, attn_implementation: str = "sdpa", autocast: bool = False):
@@ -14,17 +16,7 @@ def torch_layer_saved(config: dict, tokens: int, layer: int = 1, gradient_checkp
     while decoder layer `layer` ran: a list of (shape, dtype, bytes, producer) per storage, model
     parameters and tensors every layer shares (RoPE's cos/sin) left out, and the shared ones apart.
     `autocast`: under torch.autocast(bfloat16), as the HF Trainer runs a step with bf16=True."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-    torch.manual_seed(0)
-    hf_config = AutoConfig.for_model(**{k: v for k, v in config.items() if k != "architectures"})
-    hf_config.architectures = config["architectures"]
-    model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.bfloat16, attn_implementation=attn_implementation)
-    if lora is not None:
-        from peft import LoraConfig, get_peft_model
-        model = get_peft_model(model, LoraConfig(**lora))
-    model.train()
-    if gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = build_model(config, gradient_checkpointing, lora, attn_implementation)
     states = {t.untyped_storage().data_ptr() for t in list(model.parameters()) + list(model.buffers())}
     decoder_layers = [m for name, m in model.named_modules() if name.endswith(f"layers.{0}") or name.endswith(f"layers.{layer}")]
     per_layer = {}

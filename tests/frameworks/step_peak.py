@@ -11,6 +11,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 
+from tiny_models import build_model
+
 
 class LiveStorages(TorchDispatchMode):
     """Bytes of the storages alive: those handed to track() and every one an op returns, each
@@ -69,17 +71,7 @@ def measured_step_peaks(config: dict, tokens: int, gradient_checkpointing: bool 
 
 
 def _measured_step_peaks(config: dict, tokens: int, gradient_checkpointing: bool, lora: dict | None, with_attention_mask: bool):
-    from transformers import AutoConfig, AutoModelForCausalLM
-    torch.manual_seed(0)
-    hf_config = AutoConfig.for_model(**{k: v for k, v in config.items() if k != "architectures"})
-    hf_config.architectures = config["architectures"]
-    model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.bfloat16, attn_implementation="sdpa")
-    if lora is not None:
-        from peft import LoraConfig, get_peft_model
-        model = get_peft_model(model, LoraConfig(**lora))
-    model.train()
-    if gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = build_model(config, gradient_checkpointing, lora)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, fused=True)
 
     def forward_backward(batch):

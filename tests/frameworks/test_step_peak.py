@@ -13,7 +13,7 @@ import json
 import pytest
 
 from step_peak import LiveStorages, measured_step_peaks, predicted_step_peaks
-from tiny_models import ARCHITECTURES
+from tiny_models import ARCHITECTURES, build_model
 
 TOLERANCE = 0.02
 LORA = {"r": 4, "lora_alpha": 8, "target_modules": "all-linear", "lora_dropout": 0.0}
@@ -34,6 +34,7 @@ CASES = {
     "phi3": ("phi3", 2, 256, False, False),
     "gemma3-checkpointing": ("gemma3", 2, 256, True, False),          # a post norm's backward
     "gemma3": ("gemma3", 2, 512, False, False),
+    "gemma2": ("gemma2", 2, 512, False, False),                       # the soft-capped logits' loss
     "llama-lora-checkpointing": ("llama", 4, 512, True, True),
     "llama-lora": ("llama", 2, 512, False, True),
     "llama-lora-q-v-checkpointing": ("llama", 4, 512, True, "q,v"),
@@ -108,11 +109,8 @@ def test_the_tracker_counts_what_pytorchs_mem_tracker_counts():
     (a bf16 Llama's forward and backward): the same peak, byte for byte."""
     import torch
     from torch.distributed._tools.mem_tracker import MemTracker
-    from transformers import AutoConfig, AutoModelForCausalLM
     config = ARCHITECTURES["llama"]
-    torch.manual_seed(0)
-    hf_config = AutoConfig.for_model(**{k: v for k, v in config.items() if k != "architectures"})
-    model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.bfloat16, attn_implementation="sdpa")
+    model = build_model(config)
     input_ids = torch.randint(0, config["vocab_size"], (1, 256))
     pytorchs = MemTracker()
     pytorchs.track_external(model, input_ids)

@@ -30,3 +30,40 @@ ARCHITECTURES = {
                       num_experts_per_tok=2, moe_intermediate_size=48, decoder_sparse_step=1, mlp_only_layers=[],
                       norm_topk_prob=True, output_router_logits=False),
 }
+
+
+def build_model(config: dict, gradient_checkpointing: bool = False, lora: dict | None = None,
+                attn_implementation: str = "sdpa"):
+    """`config`'s model from transformers' own modelling code, bf16, random weights (seed 0), in
+    training mode: PEFT's LoRA adapters when `lora` (LoraConfig's arguments), transformers'
+    non-reentrant gradient checkpointing when asked.
+
+    Gemma 2 declares no SDPA (`_supports_sdpa = False`, modeling_gemma2.py: SDPA has no logit
+    soft-capping) and on a GPU runs FlashAttention, which applies the cap inside its kernel and
+    saves what it saves without one (q, k, v, the output, the log-sum-exp). The tiny Gemma 2 turns
+    attention's soft-capping off (attn_logit_softcapping None), so SDPA computes the same attention
+    and stands in for FlashAttention as it does for every other architecture here; the final logits'
+    soft-capping (outside attention) stays on."""
+    import contextlib
+    from unittest import mock
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    torch.manual_seed(0)
+    hf_config = AutoConfig.for_model(**{k: v for k, v in config.items() if k != "architectures"})
+    hf_config.architectures = config["architectures"]
+    model_class = AutoModelForCausalLM._model_mapping[type(hf_config)]
+    with contextlib.ExitStack() as stack:
+        if attn_implementation == "sdpa" and not model_class._supports_sdpa:
+            assert getattr(hf_config, "attn_logit_softcapping", None) is None, \
+                f"{model_class.__name__} has no SDPA: only with attention's soft-capping off can SDPA stand in for it"
+            # The model and its inner decoder both check the flag their shared base class declares.
+            declaring = next(c for c in model_class.__mro__ if "_supports_sdpa" in vars(c))
+            stack.enter_context(mock.patch.object(declaring, "_supports_sdpa", True))
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.bfloat16, attn_implementation=attn_implementation)
+    if lora is not None:
+        from peft import LoraConfig, get_peft_model
+        model = get_peft_model(model, LoraConfig(**lora))
+    model.train()
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
