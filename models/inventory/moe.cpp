@@ -136,17 +136,59 @@ void hf_grouped_mm_forward(TensorTrace& trace, const LayerShape& shape, const La
   }
 }
 
-// Backward of hf_grouped_mm_forward(keep=true) after the shared expert's; the block's input
-// gradient `input_grad_name` is live and receives the gathered pairs' and the router's.
-void hf_grouped_mm_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl) {
+// Backward of shared_expert_mlp_forward(keep=true), from "moe.shared_output_grad".
+void shared_expert_mlp_backward(TensorTrace& trace, const MoeBytes& b) {
+  trace.set_moment("moe shared expert");
+  trace.alloc(L, "moe.shared_product_grad", b.shared_f);
+  trace.free("moe.shared_output_grad");
+  trace.alloc(L, "moe.shared_act_grad", b.shared_f);
+  trace.alloc(L, "moe.shared_up_grad", b.shared_f);
+  trace.free("moe.shared_product_grad");
+  trace.free("moe.shared_product");
+  trace.free("moe.shared_act");
+  trace.alloc(L, "moe.shared_gate_grad", b.shared_f);
+  trace.free("moe.shared_act_grad");
+  trace.alloc(L, "moe.shared_input_grad", b.x);  // summed into the input gradient
+  trace.free("moe.shared_input_grad");
+  for (const char* name : {"moe.shared_gate_grad", "moe.shared_up_grad", "moe.shared_gate", "moe.shared_up"}) trace.free(name);
+}
+
+// Backward of hf_grouped_mm_forward(keep=true), PyTorch's derivatives (derivatives.yaml,
+// FunctionsManual.cpp) of each op in turn. The gathered pairs' gradient is the first to reach the
+// block's input, so it becomes `input_grad_name` unless that is already live (a shared expert's
+// gate sends its part first); the router's is summed in.
+void hf_grouped_mm_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl,
+                            const char* input_grad_name) {
   const MoeBytes b(shape, impl);
   trace.set_moment("moe experts");
-  // sum over k and the inverse-order index: zeros [T*k, h] with the rows put back (index backward).
+  // .to(hidden_states.dtype) from fp32 routing weights: the gradient cast back to fp32.
+  if (shape.moe_routing_weights_fp32) trace.alloc(L, "moe.output_fp32_grad", b.weighted_x);
+  // .sum(dim=1) expands the gradient over k; the .view(T, k, h)'s backward reshapes that expanded
+  // tensor into [T*k, h], a copy.
+  trace.alloc(L, "moe.weighted_output_reordered_grad", b.weighted_pairs_x);
+  if (shape.moe_routing_weights_fp32) trace.free("moe.output_fp32_grad");
+  // weighted_out[inv_perm]: zeros [T*k, h] with the rows put back in place (index_backward's
+  // _index_put_impl_; under a dispatch mode PyTorch takes its out-of-place branch, one more).
   trace.alloc(L, "moe.weighted_output_grad", b.weighted_pairs_x);
+  trace.free("moe.weighted_output_reordered_grad");
   trace.free("moe.pair_inverse_order");
-  trace.alloc(L, "moe.expert_output_grad", b.pairs_x);  // the weighting's, in the outputs' dtype
+  // proj_out * sample_weights_g[:, None] (MulBackward0, mul_tensor_backward): both products in the
+  // gradient's dtype while the incoming gradient is held, the weights' (grad * proj_out) first;
+  // once the node returns, the engine casts the outputs' gradient to proj_out's dtype and sums the
+  // weights' over h (validate_outputs), in that order.
+  trace.alloc(L, "moe.pair_weights_grad_product", b.weighted_pairs_x);
+  trace.alloc(L, "moe.expert_output_grad_product", b.weighted_pairs_x);
   trace.free("moe.weighted_output_grad");
   trace.free("moe.pair_weights");
+  if (shape.moe_routing_weights_fp32) {
+    trace.alloc(L, "moe.expert_output_grad", b.pairs_x);
+    trace.free("moe.expert_output_grad_product");
+  } else {
+    trace.alias("moe.expert_output_grad_product", L, "moe.expert_output_grad");
+    trace.free("moe.expert_output_grad_product");
+  }
+  trace.alloc(L, "moe.pair_weights_grad", b.pair_weights);
+  trace.free("moe.pair_weights_grad_product");
   trace.alloc(L, "moe.expert_product_grad", b.pairs_f);  // down grouped_mm's input gradient
   trace.free("moe.expert_output_grad");
   trace.free("moe.expert_outputs");
@@ -168,8 +210,10 @@ void hf_grouped_mm_backward(TensorTrace& trace, const LayerShape& shape, const L
   trace.alloc(L, "moe.gather_grad", b.x);  // index backward: zeros [T, h] with the pairs added in
   trace.free("moe.expert_input_grad");
   trace.free("moe.pair_token_index");
-  trace.free("moe.gather_grad");  // summed into the block's input gradient
+  if (!trace.is_live(input_grad_name)) trace.alias("moe.gather_grad", L, input_grad_name);
+  trace.free("moe.gather_grad");  // otherwise summed into the block's input gradient
   trace.free("moe.pair_order");
+  trace.free("moe.pair_weights_grad");  // through the sort's gather to the router's weights
   trace.set_moment("moe router");
   if (shape.moe_normalize_topk) {
     trace.free("moe.routing_values_before_division");
@@ -211,38 +255,47 @@ void routed_experts_forward(TensorTrace& trace, const LayerShape& shape, const L
   }
 }
 
-void shared_expert_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep) {
-  const MoeBytes b(shape, impl);
-  if (shape.shared_expert_intermediate > 0) {
-    // Qwen2-MoE's shared expert: a SwiGLU MLP of width I_s on every token, times
-    // sigmoid(shared_expert_gate(x)), added to the routed output.
-    trace.set_moment("moe shared expert");
-    trace.alloc(L, "moe.shared_gate", b.shared_f);
-    trace.alloc(L, "moe.shared_up", b.shared_f);
-    trace.alloc(L, "moe.shared_act", b.shared_f);
-    trace.alloc(L, "moe.shared_product", b.shared_f);
-    trace.alloc(L, "moe.shared_output", b.x);
-    if (shape.shared_expert_gate) trace.alloc(L, "moe.shared_gate_sigmoid", b.shared_gate);
-    trace.alloc(L, "moe.shared_weighted", b.x);
-    if (!keep) {
-      for (const char* name : {"moe.shared_gate", "moe.shared_up", "moe.shared_act", "moe.shared_product", "moe.shared_output"})
-        trace.free(name);
-      if (shape.shared_expert_gate) trace.free("moe.shared_gate_sigmoid");
-    }
-    trace.alloc(L, "moe.output_sum", b.x);  // routed + shared: a new tensor
-    trace.free("moe.shared_weighted");
-    trace.free("mlp.output");
-    trace.alias("moe.output_sum", L, "mlp.output");
-    trace.free("moe.output_sum");
+// Qwen2-MoE's shared expert: a SwiGLU MLP of width I_s on every token (its saved tensors; the
+// output "moe.shared_output" stays for the gate's multiply)...
+constexpr const char* kSharedExpertSaved[] = {"moe.shared_gate", "moe.shared_up", "moe.shared_act", "moe.shared_product"};
+void shared_expert_mlp_forward(TensorTrace& trace, const MoeBytes& b, bool keep) {
+  trace.set_moment("moe shared expert");
+  for (const char* name : kSharedExpertSaved) trace.alloc(L, name, b.shared_f);
+  trace.alloc(L, "moe.shared_output", b.x);
+  if (!keep)
+    for (const char* name : kSharedExpertSaved) trace.free(name);
+}
+
+// ...times sigmoid(shared_expert_gate(x)), added to the routed output "mlp.output" (a new tensor,
+// which becomes "mlp.output").
+void shared_expert_gate_and_sum(TensorTrace& trace, const LayerShape& shape, const MoeBytes& b, bool keep) {
+  trace.set_moment("moe shared expert");
+  if (shape.shared_expert_gate) trace.alloc(L, "moe.shared_gate_sigmoid", b.shared_gate);
+  trace.alloc(L, "moe.shared_weighted", b.x);
+  if (!keep) {
+    trace.free("moe.shared_output");
+    if (shape.shared_expert_gate) trace.free("moe.shared_gate_sigmoid");
   }
+  trace.alloc(L, "moe.output_sum", b.x);
+  trace.free("moe.shared_weighted");
+  trace.free("mlp.output");
+  trace.alias("moe.output_sum", L, "mlp.output");
+  trace.free("moe.output_sum");
 }
 
 // MoE block forward (HF SparseMoeBlock, Mixtral modeling L112-142; ArcticMoE moe.py L233-462).
-// Leaves "mlp.output" live and, with keep, what backward reads.
+// Leaves "mlp.output" live and, with keep, what backward reads. transformers 5's Qwen2-MoE block
+// runs its shared expert's MLP first, then the router and the experts, then the shared expert's
+// gate (Qwen2MoeSparseMoeBlock.forward); transformers 4's ran the shared expert after the experts.
 void moe_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep) {
-  if (impl.moe_experts == MoeExperts::moe_hf_grouped_mm) hf_grouped_mm_forward(trace, shape, impl, keep);
+  const MoeBytes b(shape, impl);
+  const bool shared = shape.shared_expert_intermediate > 0;
+  const bool transformers5 = impl.moe_experts == MoeExperts::moe_hf_grouped_mm;
+  if (shared && transformers5) shared_expert_mlp_forward(trace, b, keep);
+  if (transformers5) hf_grouped_mm_forward(trace, shape, impl, keep);
   else routed_experts_forward(trace, shape, impl, keep);
-  shared_expert_forward(trace, shape, impl, keep);
+  if (shared && !transformers5) shared_expert_mlp_forward(trace, b, keep);
+  if (shared) shared_expert_gate_and_sum(trace, shape, b, keep);
 }
 
 // Backward of moe_forward(keep=true); the incoming gradient is the caller's. Leaves
@@ -250,29 +303,30 @@ void moe_forward(TensorTrace& trace, const LayerShape& shape, const LayerImpleme
 // expert's gathered-token gradients.
 void moe_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, const char* input_grad_name) {
   const MoeBytes b(shape, impl);
-  trace.alloc(L, input_grad_name, b.x);
-  if (shape.shared_expert_intermediate > 0) {
+  const bool shared = shape.shared_expert_intermediate > 0;
+  const bool transformers5 = impl.moe_experts == MoeExperts::moe_hf_grouped_mm;
+  // transformers 5's experts start the input gradient at their gather's backward (below); the
+  // others are priced with it from the block's start.
+  if (shared || !transformers5) trace.alloc(L, input_grad_name, b.x);
+  if (shared) {
+    // The gate's multiply first (the last op of the block): the shared output's gradient, which
+    // then waits for the shared MLP's backward, and the gate's (grad * shared output, [T, h],
+    // summed over h), whose linear's input gradient starts the block's.
     trace.set_moment("moe shared expert");
     trace.alloc(L, "moe.shared_output_grad", b.x);
+    trace.alloc(L, "moe.shared_gate_grad_product", b.x);
+    trace.free("moe.shared_gate_grad_product");
     trace.free("moe.shared_output");
     if (shape.shared_expert_gate) trace.free("moe.shared_gate_sigmoid");
-    trace.alloc(L, "moe.shared_product_grad", b.shared_f);
-    trace.free("moe.shared_output_grad");
-    trace.alloc(L, "moe.shared_act_grad", b.shared_f);
-    trace.alloc(L, "moe.shared_up_grad", b.shared_f);
-    trace.free("moe.shared_product_grad");
-    trace.free("moe.shared_product");
-    trace.free("moe.shared_act");
-    trace.alloc(L, "moe.shared_gate_grad", b.shared_f);
-    trace.free("moe.shared_act_grad");
-    trace.alloc(L, "moe.shared_input_grad", b.x);  // summed into the input gradient
-    trace.free("moe.shared_input_grad");
-    for (const char* name : {"moe.shared_gate_grad", "moe.shared_up_grad", "moe.shared_gate", "moe.shared_up"}) trace.free(name);
   }
-  if (impl.moe_experts == MoeExperts::moe_hf_grouped_mm) {
-    hf_grouped_mm_backward(trace, shape, impl);
+  // Autograd runs the nodes made last first: transformers 5's shared MLP (made before the router)
+  // is differentiated after the experts and the router, its saved tensors waiting under them.
+  if (transformers5) {
+    hf_grouped_mm_backward(trace, shape, impl, input_grad_name);
+    if (shared) shared_expert_mlp_backward(trace, b);
     return;
   }
+  if (shared) shared_expert_mlp_backward(trace, b);
   // The expert loop differentiates one expert at a time while every other expert's saved tensors
   // wait (the first one is the peak); the grouped GEMM all pairs at once.
   trace.set_moment("moe experts");

@@ -8,6 +8,7 @@
 
 #include <stdexcept>
 
+#include "models/inventory/internal.hpp"  // the MoE block alone (moe_forward, moe_backward)
 #include "models/layer_inventory.hpp"
 #include "models/tensor_trace.hpp"
 
@@ -458,6 +459,45 @@ TEST_CASE("MoE backward: every expert's saved tensors wait while one expert (loo
     REQUIRE(trace.live_items().size() == 1);
     CHECK(trace.live_items()[0].name == "layer.input_grad");
   }
+}
+
+TEST_CASE("transformers 5's experts backward: three pair-sized gradients at the routing weights' multiply, the shared MLP's tensors waiting") {
+  // moe_shape: T = 1,000, h = 64 (X = 128,000), T*k = 2,000 pairs (PAIRS_X = 256,000 in bf16).
+  // After the inverse order's index backward (its int64 [T*k], 16,000, gone), MulBackward0 holds the
+  // incoming gradient and both products in the gradient's dtype: bf16 from the Qwen routers, fp32
+  // from Mixtral's (transformers' integrations/moe.py; PyTorch's mul_tensor_backward).
+  LayerImplementation hf5 = eager();
+  hf5.moe_experts = MoeExperts::moe_hf_grouped_mm;
+  const auto backward_peak_above_forward = [&](const LayerShape& shape, TensorTrace& trace) {
+    trace.set_record_peak_items(true);
+    longseq::inventory::moe_forward(trace, shape, hf5, true);
+    trace.free("mlp.output");  // handed on; its gradient comes back
+    trace.alloc(kCategoryLayer, "mlp.output_grad", X);
+    const double before_backward = trace.current_bytes();
+    longseq::inventory::moe_backward(trace, shape, hf5, "mlp.input_grad");
+    return trace.peak_bytes() - before_backward;
+  };
+  const auto live_at_peak = [](const TensorTrace& trace, const char* name) {
+    for (const TraceItem& item : trace.peak_items())
+      if (item.name == name) return true;
+    return false;
+  };
+  TensorTrace qwen3;
+  CHECK(backward_peak_above_forward(moe_shape(), qwen3) == 3 * PAIRS_X - 16'000);
+  // No gradient has reached the block's input yet: the gathered pairs' backward starts it.
+  CHECK_FALSE(live_at_peak(qwen3, "mlp.input_grad"));
+  LayerShape mixtral_shape = moe_shape();
+  mixtral_shape.moe_routing_weights_fp32 = true;
+  TensorTrace mixtral;
+  CHECK(backward_peak_above_forward(mixtral_shape, mixtral) == 3 * 2 * PAIRS_X - 16'000);
+  // Qwen2-MoE: the shared expert's gate sends its input gradient first ([T, h]) and its output's
+  // gradient waits ([T, h], replacing the saved output) with the MLP's four saved [T, I_s] for the
+  // experts and the router to finish.
+  TensorTrace qwen2;
+  backward_peak_above_forward(moe_shape(64), qwen2);
+  for (const char* name : {"mlp.input_grad", "moe.shared_output_grad", "moe.shared_gate", "moe.shared_up", "moe.shared_act",
+                           "moe.shared_product", "moe.expert_output_grad_product"})
+    CHECK_MESSAGE(live_at_peak(qwen2, name), name);
 }
 
 TEST_CASE("transformers 5's grouped_mm experts save the sort order, gather index, inverse order, offsets and the pairs' weights") {
