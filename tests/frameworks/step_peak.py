@@ -16,7 +16,13 @@ from tiny_models import build_model
 
 class LiveStorages(TorchDispatchMode):
     """Bytes of the storages alive: those handed to track() and every one an op returns, each
-    counted once, until PyTorch frees it; `peak` is the most at once after any op."""
+    counted once, until PyTorch frees it; `peak` is the most at once after any op.
+
+    Being a dispatch mode, it changes one thing it counts: with any dispatch mode on, PyTorch treats
+    every tensor as a subclass (ATen/TensorSubclassLikeUtils.h isTensorSubclassLike) and autograd's
+    formulas take their out-of-place branches; index_backward (a gather's backward) writes a new
+    tensor where a real run fills its zeros in place, one output-sized tensor more at that moment.
+    AllocatorPeak counts a real run (test_step_peak.py holds the difference to that one tensor)."""
 
     def __init__(self, *tensors):
         super().__init__()
@@ -42,6 +48,38 @@ class LiveStorages(TorchDispatchMode):
         tree_map_only(torch.Tensor, self.track, out)
         self.peak = max(self.peak, self.current)
         return out
+
+
+class AllocatorPeak:
+    """The live-memory peak of a real run, with no dispatch mode: the CPU allocator's own count of
+    what it holds (torch.profiler with profile_memory: each allocation's and free's running total,
+    counted from the profiler's start) over the bytes of `tensors` allocated before it. It also
+    counts the scratch a kernel frees before it returns (the CPU's attention backward buffers),
+    which the planner prices for a GPU's kernels, so the step's cases use LiveStorages."""
+
+    def __init__(self, *tensors):
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+        self.before = sum(storages.values())
+        self.peak = self.before
+
+    def __enter__(self):
+        from torch.profiler import ProfilerActivity, profile
+        self._profile = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        self._profile.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        import os
+        import tempfile
+        self._profile.__exit__(*exc)
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "trace.json")
+            self._profile.export_chrome_trace(path)
+            with open(path) as trace:
+                events = json.load(trace)["traceEvents"]
+        totals = [e["args"]["Total Allocated"] for e in events if e.get("name") == "[memory]"]
+        self.peak = self.before + max([0, *totals])
+        return False
 
 
 def measured_step_peaks(config: dict, tokens: int, gradient_checkpointing: bool = False, lora: dict | None = None,
