@@ -46,7 +46,8 @@ extensions_dir "$(basename "$venv")"
 # again with the floor releases they state laid over the environment, each set installed once
 # without dependencies into a folder named by its digest. requirements-floor.txt holds the HF
 # Trainer, DeepSpeed and Accelerate/DeepSpeed exports' floors; requirements-floor-fsdp2.txt the
-# Accelerate FSDP2 export's (TRL >= 1.9, Accelerate >= 1.12).
+# Accelerate FSDP2 export's (TRL >= 1.9, Accelerate >= 1.12); requirements-floor-transformers4.txt
+# transformers 4's, for the plans whose exports state one (HF Trainer: 4.56.1).
 floor_stage() {  # floor_stage REQUIREMENTS PYTEST-SELECTION
   local floor_requirements="$root/tests/frameworks/$1"
   local floor="$cache/frameworks-floor-$(cat "$requirements" "$floor_requirements" | sha256sum | cut -c1-16)"
@@ -64,5 +65,7 @@ transformers', transformers.__version__, 'peft', peft.__version__, 'trl', trl.__
 if [ $# -eq 0 ] && [ "${LONGSEQ_FRAMEWORKS_FLOOR:-1}" != 0 ]; then
   floor_stage requirements-floor.txt "not fsdp2"
   floor_stage requirements-floor-fsdp2.txt "fsdp2"
+  # transformers 4: the plans whose exports state a transformers 4 floor (the others skip, naming it).
+  floor_stage requirements-floor-transformers4.txt "not fsdp2"
 fi
 exit $status

@@ -25,7 +25,7 @@ ExportedConfig hf_trainer_script_emit(const ExportRequest& r) {
   if (p.sp > 1 || p.ring > 1) exported.notes.push_back("sequence parallelism: not expressed (the plain Trainer has none; --emit accelerate or accelerate-fsdp2)");
   if (p.zero_stage > 0 || p.offload_optimizer || p.offload_params) exported.notes.push_back("ZeRO and offload: not expressed (--emit accelerate for DeepSpeed)");
   if (p.tiled_mlp || p.fpdt) exported.notes.push_back("tiled MLP / FPDT: not expressed");
-  exported.notes.push_back(std::string("versions: transformers >= 4.56 (from_pretrained(dtype=...)), TRL >= 0.26") +
+  exported.notes.push_back(std::string("versions: transformers >= 4.56.1 (from_pretrained(dtype=...); TRL 0.26 requires 4.56.1), TRL >= 0.26") +
                            (p.lora() ? ", PEFT >= 0.17 (0.18 under transformers 5: 0.17 imports its removed HybridCache)" : "") + (p.qlora || p.adam_8bit ? ", bitsandbytes >= 0.45" : "") +
                            (p.tiled_loss ? ", liger-kernel >= 0.6.1 (use_liger_kernel)" : "") +
                            (p.checkpoint_offload && !p.trl_activation_offload ? "; transformers >= 5.17 for gradient_checkpointing_kwargs offload (the "
