@@ -11,8 +11,9 @@ the exports state laid over them: transformers 5's (requirements-floor.txt, and 
 requirements-floor-fsdp2.txt) and transformers 4's (requirements-floor-transformers4.txt), each
 plan under the floors its own export states (emit).
 
-Not here: ArcticTraining (0.8.0 requires transformers < 5: an environment of its own), Megatron-
-DeepSpeed (not on PyPI), Unsloth (needs CUDA)."""
+ArcticTraining (0.8.0 requires transformers < 5) is read in the transformers 4 floor stage, whose
+overlay installs it; the other stages skip it. Not here: Megatron-DeepSpeed (not on PyPI), Unsloth
+(needs CUDA)."""
 import ast
 import json
 import os
@@ -273,13 +274,14 @@ def test_accelerate_fsdp2_job_trains_two_steps_on_two_processes(flags, longseq_b
     assert len(seen["losses"]) == 2 and all(0 < loss < 10 for loss in seen["losses"])
 
 
-def torchrun(script, *script_args, tmp_path):
+def torchrun(script, *script_args, tmp_path, processes=2, **environment):
     here = os.path.dirname(os.path.abspath(__file__))
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
                           os.path.join(here, script), *script_args],
                          capture_output=True, text=True, timeout=900, cwd=tmp_path,
-                         env=dict(os.environ, PYTHONPATH=python_path(here), OMP_NUM_THREADS="1"))
+                         env=dict(os.environ, PYTHONPATH=python_path(here), OMP_NUM_THREADS="1", **environment))
     assert run.returncode == 0, run.stderr[-4000:]
+    return run
 
 
 def test_deepspeed_zero3_json_trains_two_steps_on_two_processes(longseq_binary, tmp_path):
@@ -304,3 +306,31 @@ def test_deepspeed_zero3_json_trains_two_steps_on_two_processes(longseq_binary, 
         assert len(seen[name]["losses"]) == 2 and all(0 < loss < 10 for loss in seen[name]["losses"])
     assert seen["offloaded"]["optimizer"] == "DeepSpeedCPUAdam"
     assert seen["offloaded"]["losses"] == pytest.approx(seen["on-device"]["losses"], rel=1e-2)
+
+
+@pytest.mark.parametrize("flags,gpus", [(["--model", "llama-3.1-8b", "--gpus", "8"], 8),
+                                        (["--model", "qwen3-4b", "--gpus", "4", "--zero", "2", "--sp", "2", "--seqlen", "64K"], 4)])
+def test_arctic_training_recipe_accepted_by_its_config_loader(flags, gpus, longseq_binary, tmp_path):
+    """ArcticTraining's get_config on every rank of a gloo world of the planned size (arctic_config.py):
+    the recipe as written, but for the model path and dataset (a tiny Llama saved here; no hub) and
+    SDPA (its validation imports flash_attn for FlashAttention, which the CPU lacks)."""
+    import importlib.util
+    if importlib.util.find_spec("arctic_training") is None:  # not imported here: it imports wandb (arctic_config.py)
+        pytest.skip("ArcticTraining 0.8 requires transformers < 5: the transformers 4 floor stage installs and reads it")
+    from tiny_checkpoint import tiny_checkpoint
+    data = tiny_checkpoint(str(tmp_path / "tiny"))
+    path, _ = emit(longseq_binary, tmp_path, "arctic-training", flags + ["--framework", "arctic-training", "--attention", "sdpa"], ".yaml")
+    recipe = path.read_text()
+    assert recipe.count("- REPLACE-WITH-YOUR-DATASET") == 1
+    import yaml
+    planned = yaml.safe_load(recipe)
+    path.write_text(recipe.replace(f"name_or_path: {planned['model']['name_or_path']}", f"name_or_path: {tmp_path / 'tiny'}")
+                          .replace("- REPLACE-WITH-YOUR-DATASET", f"- {data}"))
+    run = torchrun("arctic_config.py", str(path), tmp_path=tmp_path, processes=gpus, DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1")
+    read = json.loads(next(line for line in run.stdout.splitlines() if line.startswith("ARCTIC "))[len("ARCTIC "):])
+    assert read["world_size"] == gpus
+    assert read["sequence_parallel_size"] == planned["sequence_parallel_size"]
+    assert read["deepspeed"]["zero_optimization"]["stage"] == planned["deepspeed"]["zero_optimization"]["stage"]
+    # DeepSpeed's batch: micro batch x accumulation x world / sp, as ArcticTraining fills it.
+    assert read["deepspeed"]["train_batch_size"] == planned["micro_batch_size"] * gpus // planned["sequence_parallel_size"]
+    assert read["max_length"] == planned["data"]["max_length"] and read["attn_implementation"] == "sdpa"
