@@ -99,6 +99,17 @@ int plan_command_run(const PlanCommandArgs& args) {
     throw ConfigError("--micro-batch", "", fmt::format("must be in [1, 1000000], got {}", args.micro_batch));
   std::optional<int64_t> seqlen;
   if (args.seqlen) seqlen = seqlen_parse(*args.seqlen, "--seqlen");
+  // A framework that feeds multiples of a granule pads any other length to the next one
+  // (FrameworkFacts::length_multiple): that is the length it trains, so plan it and say so.
+  std::string seqlen_rounding;
+  std::optional<int64_t> seqlen_requested;
+  if (seqlen && context.length_multiple > 1 && *seqlen % context.length_multiple != 0) {
+    seqlen_requested = seqlen;
+    seqlen = (*seqlen / context.length_multiple + 1) * context.length_multiple;
+    seqlen_rounding = fmt::format("--seqlen {} rounded up to {}: {} pads every batch to a multiple of {}",
+                                  integer_with_commas(*seqlen_requested), integer_with_commas(*seqlen), framework_name(framework),
+                                  context.length_multiple);
+  }
 
   const ParameterCount params = parameter_count(model);
   nlohmann::json report = {
@@ -111,6 +122,8 @@ int plan_command_run(const PlanCommandArgs& args) {
       {"attention_kernel", stack_attention_kernel(profile, hardware)},
       {"framework", framework_name(framework)},
   };
+  if (seqlen_requested)
+    report["seqlen_rounded"] = {{"requested", *seqlen_requested}, {"planned", *seqlen}, {"multiple", context.length_multiple}};
   std::string header = fmt::format("longseq plan: PREDICTIONS of the cost model (runtime profile '{}'), not measurements\n", profile.name);
   header += fmt::format("  model    {}: {} parameters (L={} h={} heads q/kv={}/{} d={} f={} V={}{})\n", model.name,
                         integer_with_commas(params.total), model.num_layers, model.hidden_size, model.num_q_heads,
@@ -132,6 +145,7 @@ int plan_command_run(const PlanCommandArgs& args) {
   header += fmt::format("  cluster  {} x {} ({:.2f} GiB each), {} node(s) of {} GPUs, {:.0f} GiB host memory per node\n",
                         cluster.gpus, hardware.name, hardware.gpu_memory_gib, cluster.nodes, cluster.gpus_per_node,
                         cluster.host_memory_gib);
+  if (!seqlen_rounding.empty()) header += "  length   " + seqlen_rounding + "\n";
   if (!machine) {
     const std::string kernel = stack_attention_kernel(profile, hardware);
     header += fmt::format("  attention {} ({}{}; FPDT and USP's ring run FlashAttention-2{})\n", attention_kernel_facts(kernel).label,
@@ -162,12 +176,8 @@ int plan_command_run(const PlanCommandArgs& args) {
       if (!unsupported.empty()) problems.push_back(unsupported);
     }
     const int64_t length_multiple = context.length_multiple;
-    if (seqlen) {
+    if (seqlen)
       for (auto& problem : seqlen_problems(plan, *seqlen)) problems.push_back(problem);
-      if (*seqlen % length_multiple != 0)
-        problems.push_back(fmt::format("sequence length {} is not a multiple of {}: {} pads every batch to one", *seqlen, length_multiple,
-                                       framework_name(framework)));
-    }
     if (!problems.empty()) throw ConfigError("plan", "", problems_join(problems));
     if (!args.emit.empty())
       return plan_emit(args, outputs, model, plan, cluster, profile, plan_seqlen(model, cluster, plan, profile, seqlen, context),
