@@ -66,6 +66,14 @@ std::string framework_unsupported(Framework framework, const ModelSpec& model, c
   if (plan.ring > 1 && plan.cp_all_to_all && !pytorch_cp)
     return fmt::format("{}: --cp-rotate chooses PyTorch context parallelism's rotation (accelerate-fsdp2, torchtitan); its ring has none",
                        name);
+  // PyTorch's context parallelism expresses full causal attention only: Accelerate drops each
+  // layer's mask for is_causal=True and so refuses models with sliding-window or chunked layers
+  // (accelerate 1.15 big_modeling.py _attach_context_parallel_hooks, "Context parallelism does not
+  // support attention layers of type ..."). Ulysses gathers whole sequences and keeps the mask.
+  if (plan.ring > 1 && pytorch_cp && model.sliding_window > 0)
+    return fmt::format("{}: {} attends over a sliding window of {} tokens, and PyTorch's context parallelism runs full causal "
+                       "attention only (Accelerate refuses such models under cp); Ulysses keeps the model's attention: "
+                       "--framework hf-accelerate or arctic-training", name, model.name, model.sliding_window);
   // HSDP's 2-D mesh is FSDP2's (Reference §11 F1.10, F1.17, F6.2).
   if (plan.dp_replicate > 1 && !pytorch_cp)
     return fmt::format("{}: no replicate x shard mesh (HSDP is FSDP2's: --framework accelerate-fsdp2 or torchtitan)", name);

@@ -367,3 +367,32 @@ def test_arctic_training_recipe_accepted_by_its_config_loader(flags, gpus, longs
     # DeepSpeed's batch: micro batch x accumulation x world / sp, as ArcticTraining fills it.
     assert read["deepspeed"]["train_batch_size"] == planned["micro_batch_size"] * gpus // planned["sequence_parallel_size"]
     assert read["max_length"] == planned["data"]["max_length"] and read["attn_implementation"] == "sdpa"
+
+
+@pytest.mark.parametrize("architecture,sliding_window", [("mistral", 4096), ("gemma3", 4096), ("llama", None)])
+def test_context_parallelism_refusals_are_accelerates(architecture, sliding_window, longseq_binary, tmp_path):
+    """Accelerate's own check before it drops every layer's mask for context parallelism
+    (big_modeling._attach_context_parallel_hooks refuses sliding-window and chunked layers) and the
+    planner's refusal of a cp plan for the same config.json: the same models."""
+    import inspect
+
+    import accelerate
+    from accelerate.big_modeling import _attach_context_parallel_hooks
+    from tiny_models import ARCHITECTURES, build_model
+    if "does not support attention layers" not in inspect.getsource(_attach_context_parallel_hooks):
+        # 1.12 (the floor stages') drops the mask without looking: such a model would train with full
+        # causal attention; the planner refuses the plan all the same.
+        pytest.skip(f"Accelerate {accelerate.__version__} drops every layer's mask under cp without refusing sliding windows")
+    config = dict(ARCHITECTURES[architecture], sliding_window=sliding_window)
+    model = build_model(config)
+    try:
+        _attach_context_parallel_hooks(model)
+        accelerate_refuses = False
+    except ValueError as refusal:
+        accelerate_refuses = "Context parallelism does not support attention layers" in str(refusal)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    run = subprocess.run([longseq_binary, "plan", "--model", str(path), "--gpus", "2", "--ring", "2", "--seqlen", "1024",
+                          "--framework", "accelerate-fsdp2"], capture_output=True, text=True)
+    planner_refuses = run.returncode != 0 and "PyTorch's context parallelism runs full causal attention only" in run.stderr
+    assert accelerate_refuses == planner_refuses == (sliding_window is not None), (run.stderr, accelerate_refuses)
