@@ -136,6 +136,8 @@ HardwareCard hardware_card_from_text(const std::string& yaml_text, const std::st
   YamlReader reader(yaml_text, source_name);
   HardwareCard card;
   card.name = reader.get_string("name");
+  if (reader.has("names"))
+    for (const auto& [node, name] : reader.get_sequence("names")) card.names.push_back(hardware_name_normalized(reader.node_to_string(node, name)));
   card.gpu_memory_gib = reader.get_double("gpu_memory_gib", 0.001, 1e6);
   card.peak_bf16_tflops = reader.get_double("peak_bf16_tflops", 0.001, 1e7);
   card.gpus_per_node = reader.get_int("gpus_per_node", 1, 1024);
@@ -256,7 +258,32 @@ RuntimeProfile runtime_profile_from_text(const std::string& yaml_text, const std
   return profile;
 }
 
+std::string hardware_name_normalized(const std::string& name) {
+  // Lower case, one '-' for each run of spaces, '-' or '_', the vendor's prefix dropped:
+  // "NVIDIA A100-SXM4-80GB" and "a100 sxm4 80gb" are both a100-sxm4-80gb.
+  std::string normalized;
+  for (char c : name) {
+    const bool separator = c == ' ' || c == '-' || c == '_';
+    if (separator) {
+      if (!normalized.empty() && normalized.back() != '-') normalized += '-';
+    } else {
+      normalized += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    }
+  }
+  while (!normalized.empty() && normalized.back() == '-') normalized.pop_back();
+  if (normalized.rfind("nvidia-", 0) == 0) normalized.erase(0, 7);
+  return normalized;
+}
+
 HardwareCard hardware_card_load(const std::string& name_or_path) {
+  // A card's other names (nvidia-smi's, common spellings) before the names of the files.
+  const std::string wanted = hardware_name_normalized(name_or_path);
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(name_or_path, error))
+    for (const EmbeddedFile& file : hardware_files()) {
+      HardwareCard card = hardware_card_from_text(file.content, std::string("built-in hardware card ") + file.file_name);
+      if (std::find(card.names.begin(), card.names.end(), wanted) != card.names.end()) return card;
+    }
   return load_named(name_or_path, hardware_files(), "hardware card", "--gpu", hardware_card_from_text);
 }
 

@@ -16,6 +16,9 @@ namespace longseq {
 // One GPU type and the node it usually sits in. Sources are in the card files.
 struct HardwareCard {
   std::string name;
+  // Other names --gpu takes for this card (the YAML's `names`): what nvidia-smi prints and the
+  // common spellings, compared as hardware_name_normalized writes them.
+  std::vector<std::string> names;
   double gpu_memory_gib = 0;          // what the allocator can reach (nvidia-smi total)
   double peak_bf16_tflops = 0;        // dense
   int64_t gpus_per_node = 0;
@@ -256,6 +259,8 @@ HardwareCard hardware_card_from_text(const std::string& yaml_text, const std::st
 RuntimeProfile runtime_profile_from_text(const std::string& yaml_text, const std::string& source_name);
 
 std::vector<std::string> builtin_hardware_names();
+// How --gpu compares names: lower case, '-' between words, no "nvidia-" prefix.
+std::string hardware_name_normalized(const std::string& name);
 std::vector<std::string> builtin_profile_names();
 
 }  // namespace longseq

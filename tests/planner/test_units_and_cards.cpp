@@ -176,3 +176,14 @@ TEST_CASE("profile and card files reject unknown keys and bad values") {
       "nccl_intranode_busbw_gbps: 1\nnccl_latency_us: 1\nhost_memory_gbps: 1\n";
   CHECK_THROWS_WITH_AS(hardware_card_from_text(card, "x.yaml"), doctest::Contains("key 'gpu_memory_gib'"), ConfigError);
 }
+
+TEST_CASE("--gpu takes the names nvidia-smi prints and the common spellings (issue 40)") {
+  CHECK(hardware_name_normalized("NVIDIA A100-SXM4-80GB") == "a100-sxm4-80gb");
+  CHECK(hardware_name_normalized("  nvidia  H100 80GB_HBM3 ") == "h100-80gb-hbm3");
+  CHECK(hardware_card_load("a100-sxm4-80gb").name == "A100-80GB");
+  CHECK(hardware_card_load("NVIDIA A100-SXM4-40GB").name == "A100-40GB");
+  CHECK(hardware_card_load("NVIDIA H100 80GB HBM3").name == "H100-SXM-80GB");
+  CHECK(hardware_card_load("NVIDIA H200").name == "H200-141GB");
+  // A beginning that two cards share is still asked about, by their file names.
+  CHECK_THROWS_WITH_AS(hardware_card_load("a100"), doctest::Contains("did you mean a100-40gb or a100-80gb"), ConfigError);
+}
