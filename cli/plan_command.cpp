@@ -70,9 +70,18 @@ int plan_command_run(const PlanCommandArgs& args) {
   }
   if (args.host_memory_gib && !(*args.host_memory_gib > 0))
     throw ConfigError("--host-mem-gib", "", fmt::format("must be positive, got {}", *args.host_memory_gib));
+  HardwareCard card = machine ? HardwareCard{} : hardware_card_load(args.gpu);
+  if (args.gpu_memory_gib) {
+    if (machine) throw ConfigError("--gpu-mem-gib", "", "plans for this machine's executor have its budget: --budget-mib");
+    // 2^14 GiB is beyond any GPU built; larger values are typos.
+    if (!(*args.gpu_memory_gib > 0 && *args.gpu_memory_gib <= 16384))
+      throw ConfigError("--gpu-mem-gib", "", fmt::format("must be in (0, 16384] GiB, got {:g}", *args.gpu_memory_gib));
+    card.name += fmt::format(" at {:g} GiB (--gpu-mem-gib)", *args.gpu_memory_gib);
+    card.gpu_memory_gib = *args.gpu_memory_gib;
+  }
   const ClusterSpec cluster =
       machine ? machine_cluster(target)
-              : cluster_make(hardware_card_load(args.gpu), positive_or_default(args.gpus, "--gpus"), positive_or_default(args.nodes, "--nodes"),
+              : cluster_make(card, positive_or_default(args.gpus, "--gpus"), positive_or_default(args.nodes, "--nodes"),
                              positive_or_default(args.gpus_per_node, "--gpus-per-node"), args.host_memory_gib.value_or(0.0));
   const HardwareCard& hardware = cluster.hardware;
   if (const std::string problem = attention_kernel_problem(profile, hardware); !problem.empty()) throw ConfigError("--attention", "", problem);

@@ -47,6 +47,7 @@ struct PlanCommandArgs {
   // nullopt: not given (a given 0 or negative value is an error, never "not given").
   std::optional<int64_t> gpus, nodes, gpus_per_node;
   std::optional<double> host_memory_gib;
+  std::optional<double> gpu_memory_gib;  // --gpu-mem-gib: the card's memory, overridden
   std::optional<std::string> seqlen;
   std::optional<int64_t> sp, ring;
   std::optional<int> zero_stage;

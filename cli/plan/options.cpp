@@ -43,6 +43,9 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
   command->add_option("--nodes", args->nodes, "number of nodes (default: as many as --gpus needs)");
   command->add_option("--gpus-per-node", args->gpus_per_node, "GPUs per node (default: the hardware card's)");
   command->add_option("--host-mem-gib", args->host_memory_gib, "host memory per node in GiB (default: the hardware card's)");
+  command->add_option("--gpu-mem-gib", args->gpu_memory_gib,
+                      "GPU memory per GPU in GiB (nvidia-smi's total in MiB / 1024), for a card of another size than --gpu's "
+                      "(default: the hardware card's); its rates stay the card's");
   command->add_option("--seqlen,-s", args->seqlen, "sequence length to check, e.g. 32768, 32K, 1.5M (K/M = 10^3/10^6), 128Ki (2^10)");
   command->add_option("--sp", args->sp, "Ulysses sequence-parallel degree (default: largest valid; 1 with --baseline)");
   command->add_option("--ring", args->ring,
