@@ -426,6 +426,14 @@ std::vector<SweepRow> scenario_run(const Scenario& scenario, const std::function
                         if (!scenario.attention_kernel.empty()) row_profile.attention_kernel = scenario.attention_kernel;
                       }
                       if (framework) row_profile = framework_profile(*framework, row_profile);
+                      // A swept length off the framework's granule keeps its reason in the row (a
+                      // search would say only "no plan fits"), with the lengths on either side.
+                      if (seqlen && *seqlen % length_multiple != 0) {
+                        const int64_t below = *seqlen / length_multiple * length_multiple;
+                        throw ConfigError("", "", fmt::format("sequence length {} is not a multiple of {}: {} pads every batch to one "
+                                                              "(the nearest: {} or {})", *seqlen, length_multiple, row.framework, below,
+                                                              below + length_multiple));
+                      }
                       if (settings.search) {
                         SearchOptions options;
                         options.objective = seqlen ? SearchObjective::objective_throughput : SearchObjective::objective_max_seqlen;
@@ -446,12 +454,8 @@ std::vector<SweepRow> scenario_run(const Scenario& scenario, const std::function
                       if (framework && !settings.search)
                         if (const std::string unsupported = framework_unsupported(*framework, model, plan, cluster.gpus); !unsupported.empty())
                           problems.push_back(unsupported);
-                      if (seqlen) {
+                      if (seqlen)
                         for (auto& problem : seqlen_problems(plan, *seqlen)) problems.push_back(problem);
-                        if (*seqlen % length_multiple != 0)
-                          problems.push_back(fmt::format("sequence length {} is not a multiple of {}: {} pads every batch to one", *seqlen,
-                                                         length_multiple, row.framework));
-                      }
                       if (!problems.empty()) throw ConfigError("", "", problems.front());
                       row.plan = plan;
                       MemoryPrediction memory;

@@ -914,3 +914,15 @@ TEST_CASE("exports round 3: what each framework's own code accepts (issue 36, it
   CHECK(framework_unsupported(Framework::framework_unsloth, llama, adapters, 1).empty());
   CHECK(framework_unsupported(Framework::framework_unsloth, llama, adapters, 8).find("trains on one GPU") != std::string::npos);
 }
+
+TEST_CASE("a swept length off the framework's granule keeps its reason and the lengths on either side (issue 40)") {
+  const Scenario scenario = scenario_from_text(
+      "name: x\nmodel: llama-3.1-8b\ncluster: {gpu: h100-sxm-80gb, gpus: 8}\nplan: {search: throughput, framework: arctic-training}\n"
+      "sweep: {seqlen: [1000000, 1000192]}\n",
+      "x.yaml");
+  const std::vector<SweepRow> rows = scenario_run(scenario);
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[0].error == "sequence length 1000000 is not a multiple of 256: arctic-training pads every batch to one "
+                         "(the nearest: 999936 or 1000192)");
+  CHECK(rows[1].error.empty());
+}
