@@ -109,6 +109,7 @@ ModelSpec model_from_card_text(const std::string& yaml_text, const std::string& 
   model.rope_theta = any_number_or("rope_theta", 10000);
   if (reader.has("rope_scaling")) model.rope_scaling = reader.get_string("rope_scaling");
   model.sliding_window = any_int_or("sliding_window", 0);
+  model.max_position_embeddings = any_int_or("max_position_embeddings", 0);
   model.norms_per_layer = any_int_or("norms_per_layer", 2);
   model.norm_scale_fp32 = reader.get_bool("norm_scale_fp32", false);
   model.final_logit_softcapping = any_number_or("final_logit_softcapping", 0);
@@ -286,6 +287,8 @@ ModelSpec model_from_hf_config_text(const std::string& json_text, const std::str
   // another type or out of range is refused (validate), not taken as no window.
   if (config.has("sliding_window") && !(config.has("use_sliding_window") && !config["use_sliding_window"].boolean()))
     model.sliding_window = config["sliding_window"].integer();
+  if (config.has("max_position_embeddings") && !config["max_position_embeddings"].raw().is_null())
+    model.max_position_embeddings = config["max_position_embeddings"].integer();
   if (config.has("rope_scaling") && config["rope_scaling"].raw().is_object()) {
     const JsonView scaling = config["rope_scaling"];
     model.rope_scaling = scaling.string_or("rope_type", scaling.string_or("type", "unknown"));

@@ -29,6 +29,7 @@ void ModelSpec::validate(const std::string& source, const ModelSpecKeys& keys) c
     throw ConfigError(source, "norms_per_layer", fmt::format("{}: expected 2 (before attention and the MLP) or 4 (after each too, "
                                                              "Gemma 2/3)", norms_per_layer));
   require_within(sliding_window, 0, kModelDimensionLimit, "sliding_window");  // 0: no window
+  require_within(max_position_embeddings, 0, kModelDimensionLimit, "max_position_embeddings");  // 0: not known
   if (!(rope_theta >= 1 && rope_theta <= 1e12)) throw ConfigError(source, "rope_theta", fmt::format("{} is out of range [1, 1e12]", rope_theta));
   if (!(final_logit_softcapping >= 0 && final_logit_softcapping <= 1e6))
     throw ConfigError(source, "final_logit_softcapping", fmt::format("{} is out of range [0, 1e6] (0 or null: no capping)", final_logit_softcapping));

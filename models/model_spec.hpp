@@ -68,6 +68,9 @@ struct ModelSpec {
   // Planned as full causal attention (a kernel that honours the window does less work; longseq's
   // plans say so where it applies).
   int64_t sliding_window = 0;
+  // The positions the model was trained on (config.json's max_position_embeddings, or a card's):
+  // past them RoPE runs on angles it never saw unless the run scales it. 0: not known.
+  int64_t max_position_embeddings = 0;
   // RMSNorms per decoder layer: 2 (before attention and the MLP), 4 in Gemma 2/3 (and after each:
   // post-attention and post-feedforward norms over the block's output before the residual add).
   int64_t norms_per_layer = 2;

@@ -205,6 +205,19 @@ std::vector<std::string> plan_caveats(const ModelSpec& model, const ClusterSpec&
     caveats.push_back(fmt::format("{} soft-caps its final logits at {:g} in its forward; a tiled loss computes the logits itself, "
                                   "and whether it caps them (a chunk's few logits-sized transients) is not priced",
                                   model.name, model.final_logit_softcapping));
+  // Past the trained positions RoPE turns through angles the model never saw: the loss starts far
+  // higher unless the run scales RoPE (TRL's 1M-token Qwen3 example sets YaRN and says that
+  // without it the loss at 1M starts near 10.6 instead of 4.4, as issue 40 reports it).
+  // A config that already scales RoPE by a factor (YaRN, linear, dynamic) keeps the original window
+  // in max_position_embeddings and reaches past it by design; Llama 3.1's llama3 scaling states the
+  // extended window there.
+  const bool scaled_by_factor = model.rope_scaling == "yarn" || model.rope_scaling == "linear" || model.rope_scaling == "dynamic";
+  if (model.max_position_embeddings > 0 && seqlen > model.max_position_embeddings && !scaled_by_factor)
+    caveats.push_back(fmt::format("{} was trained on positions up to {} (max_position_embeddings); at {} tokens RoPE runs past them: "
+                                  "set RoPE scaling for the run (YaRN with factor {}, rope_scaling in the model's config) or "
+                                  "expect a much higher loss; memory and time are the same",
+                                  model.name, integer_with_commas(model.max_position_embeddings), integer_with_commas(seqlen),
+                                  (seqlen + model.max_position_embeddings - 1) / model.max_position_embeddings));
   if (model.sliding_window > 0 && seqlen > model.sliding_window)
     caveats.push_back(fmt::format("{} attends over a sliding window of {} tokens; planned as full causal attention (a kernel that "
                                   "honours the window does less work; the saved tensors are the same)",

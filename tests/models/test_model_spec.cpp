@@ -384,3 +384,9 @@ TEST_CASE("YAML: an alias is refused before any walk of the tree, text that is n
   CHECK(card_message("family: \"Lla\xFFma\"") == "t.yaml: not UTF-8 text: byte 208 (line 12) is not part of a UTF-8 character; save the file as UTF-8");
   CHECK(card_message("family: \"Llama \xE2\x80\x94 3\"") == "(accepted)");  // an em dash is UTF-8
 }
+
+TEST_CASE("the trained window: config.json's max_position_embeddings, 0 where a card does not say") {
+  CHECK(model_load(kData + "/hf/qwen3-1.7b.config.json").max_position_embeddings == 40'960);
+  CHECK(model_load(kData + "/hf/llama-3.1-8b.config.json").max_position_embeddings == 131'072);
+  CHECK(model_load("llama-3.1-8b").max_position_embeddings == 0);
+}
