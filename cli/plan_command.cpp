@@ -216,7 +216,8 @@ int plan_command_run(const PlanCommandArgs& args) {
   if (options.objective == SearchObjective::objective_max_seqlen && seqlen)
     throw ConfigError("--seqlen", "", "the max-seqlen objective finds the length itself; drop --seqlen or use --objective throughput");
   if (seqlen) options.seqlen = *seqlen;
-  if (args.micro_batch != 1) throw ConfigError("--micro-batch", "", "the search plans for micro batch 1 (as the papers do)");
+  if (machine && args.micro_batch != 1)
+    throw ConfigError("--micro-batch", "", "for this machine (--ranks) the search plans what run --auto runs: micro batch 1");
   // For this machine, the search `longseq run --auto` runs: what the executor runs, FPDT chunks
   // at its scale.
   if (machine && options.objective != SearchObjective::objective_max_seqlen)

@@ -60,6 +60,8 @@ struct HeldChoices {
   // tensors stay alive through the forward. Planned with checkpointing and its offload (without
   // checkpointing it would offload every saved tensor: not modelled).
   bool trl_activation_offload = false;
+  // Samples per rank per step (the papers always use 1; --micro-batch holds another through a search).
+  int64_t micro_batch = 1;
   // FSDP2's HSDP: the model replicated over `dp_replicate` groups and sharded within each over the
   // rest of the ranks (gpus / dp_replicate; Reference §11 F1.10, F1.17); 1: shard over all.
   int64_t dp_replicate = 1;
@@ -89,7 +91,6 @@ struct PlanOptions : HeldChoices {
   int64_t mlp_tiles = 0;                // 0: DeepSpeed's rule ceil(S_l / hidden)
   bool tiled_loss = false;
   int64_t loss_tiles = 0;               // 0: the runtime profile's rule
-  int64_t micro_batch = 1;              // samples per rank per step (the papers always use 1)
   // FPDT (REFERENCE §3.6): attention over sequence chunks of `fpdt_chunk_tokens` global tokens
   // with q/k/v/output chunks held in pinned host memory, k/v fetched chunk by chunk (double
   // buffered); MLP and loss chunked too. S must be a multiple of the chunk.

@@ -168,6 +168,7 @@ void held_choices_apply(const PlanCommandArgs& args, HeldChoices& held) {
     held.qlora = args.qlora;
   }
   held.adam_8bit = args.adam_8bit;
+  held.micro_batch = args.micro_batch;
   held.moe_aux_loss = args.moe_aux_loss;
   held.trl_activation_offload = args.trl_activation_offload;
   if (args.cp_rotate != "allgather" && args.cp_rotate != "alltoall")
