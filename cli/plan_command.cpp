@@ -3,6 +3,8 @@
 #include "cli/commands.hpp"
 #include "cli/plan/internal.hpp"
 
+#include <iostream>
+
 namespace longseq {
 
 int plan_command_run(const PlanCommandArgs& args) {
@@ -118,6 +120,8 @@ int plan_command_run(const PlanCommandArgs& args) {
     seqlen_rounding = fmt::format("--seqlen {} rounded up to {}: {} pads every batch to a multiple of {}",
                                   integer_with_commas(*seqlen_requested), integer_with_commas(*seqlen), framework_name(framework),
                                   context.length_multiple);
+    // Files written for a framework carry the planned length; the note says where it came from.
+    if (!args.emit.empty()) std::cerr << "longseq: note: " << seqlen_rounding << "\n";
   }
 
   const ParameterCount params = parameter_count(model);
