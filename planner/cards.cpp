@@ -276,14 +276,17 @@ std::string hardware_name_normalized(const std::string& name) {
 }
 
 HardwareCard hardware_card_load(const std::string& name_or_path) {
-  // A card's other names (nvidia-smi's, common spellings) before the names of the files.
-  const std::string wanted = hardware_name_normalized(name_or_path);
+  // A card's other names (nvidia-smi's, common spellings) before the files' names' beginnings; a
+  // file or a built-in card's exact name (validation asks so, once a published point) reads one card.
   std::error_code error;
-  if (!std::filesystem::is_regular_file(name_or_path, error))
+  const bool exact = std::filesystem::is_regular_file(name_or_path, error) || embedded_file_find(hardware_files(), name_or_path);
+  if (!exact) {
+    const std::string wanted = hardware_name_normalized(name_or_path);
     for (const EmbeddedFile& file : hardware_files()) {
       HardwareCard card = hardware_card_from_text(file.content, std::string("built-in hardware card ") + file.file_name);
       if (std::find(card.names.begin(), card.names.end(), wanted) != card.names.end()) return card;
     }
+  }
   return load_named(name_or_path, hardware_files(), "hardware card", "--gpu", hardware_card_from_text);
 }
 

@@ -219,7 +219,6 @@ PlanOptions plan_from_flags(const PlanCommandArgs& args, const ModelSpec& model,
   plan.loss_tiles = positive_or_default(args.loss_tiles, "--loss-tiles");
   for (const auto& [tiles, flag] : {std::pair{plan.mlp_tiles, "--mlp-tiles"}, std::pair{plan.loss_tiles, "--loss-tiles"}})
     if (tiles > kTileCountLimit) throw ConfigError(flag, "", fmt::format("{} tiles is not a plausible count (at most {})", tiles, kTileCountLimit));
-  plan.micro_batch = args.micro_batch;
   if (args.fpdt_chunk && !args.fpdt) throw ConfigError("--fpdt-chunk", "", "given without --fpdt");
   if (args.fpdt) {
     plan.fpdt = true;
