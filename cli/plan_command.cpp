@@ -106,8 +106,8 @@ int plan_command_run(const PlanCommandArgs& args) {
     throw ConfigError("--gpu-hour-cost", "", fmt::format("must be a positive price below 1e6, got {}", *args.gpu_hour_cost));
   context.time = {cluster.gpus, args.gpu_hour_cost.value_or(0)};
   context.tensors = args.tensors;
-  if (args.micro_batch < 1 || args.micro_batch > 1'000'000)
-    throw ConfigError("--micro-batch", "", fmt::format("must be in [1, 1000000], got {}", args.micro_batch));
+  const std::optional<MicroBatchObjective> micro_batch_searched = micro_batch_objective(args);
+  micro_batch_fixed(args);  // a malformed count is refused before any work
   std::optional<int64_t> seqlen;
   if (args.seqlen) seqlen = seqlen_parse(*args.seqlen, "--seqlen");
   // A framework that feeds multiples of a granule pads any other length to the next one
@@ -123,6 +123,11 @@ int plan_command_run(const PlanCommandArgs& args) {
     // Files written for a framework carry the planned length; the note says where it came from.
     if (!args.emit.empty()) std::cerr << "longseq: note: " << seqlen_rounding << "\n";
   }
+
+  const int64_t global_batch = global_batch_samples(args, seqlen);
+  if (machine && global_batch > 0)
+    throw ConfigError(args.global_batch ? "--global-batch" : "--global-batch-tokens", "",
+                      "for this machine (--ranks) the executor runs one micro batch a step");
 
   const ParameterCount params = parameter_count(model);
   nlohmann::json report = {
@@ -180,7 +185,11 @@ int plan_command_run(const PlanCommandArgs& args) {
   if (!args.objective.empty() && fixed_plan) throw ConfigError("--objective", "", "applies to the search; drop the plan flags");
 
   if (fixed_plan && !args.search) {
+    if (micro_batch_searched)
+      throw ConfigError("--micro-batch", "", fmt::format("{} is searched, and the plan flags fix the plan: add --search to hold them "
+                                                         "while the micro batch is searched, or give a count", args.micro_batch));
     PlanOptions plan = plan_from_flags(args, model, cluster);
+    plan.global_batch = global_batch;
     // --alst (or --baseline) asks for its whole set: refused by name where the framework lacks a part.
     if (framework_checked && !machine && !args.alst && !args.baseline) plan_defaults_fit(args, plan, framework, model);
     std::vector<std::string> problems = plan_problems(model, cluster, plan);
@@ -220,7 +229,9 @@ int plan_command_run(const PlanCommandArgs& args) {
   if (options.objective == SearchObjective::objective_max_seqlen && seqlen)
     throw ConfigError("--seqlen", "", "the max-seqlen objective finds the length itself; drop --seqlen or use --objective throughput");
   if (seqlen) options.seqlen = *seqlen;
-  if (machine && args.micro_batch != 1)
+  if (micro_batch_searched && !seqlen)
+    throw ConfigError("--micro-batch", "", fmt::format("{} searches the micro batch at a length: give --seqlen", args.micro_batch));
+  if (machine && args.micro_batch != "1")
     throw ConfigError("--micro-batch", "", "for this machine (--ranks) the search plans what run --auto runs: micro batch 1");
   // For this machine, the search `longseq run --auto` runs: what the executor runs, FPDT chunks
   // at its scale.
@@ -234,8 +245,17 @@ int plan_command_run(const PlanCommandArgs& args) {
     throw ConfigError("--max-step-time", "", "limits the longest-sequence search; with --seqlen the step time is an answer, not a limit");
   options.max_step_s = context.max_step_s;
   held_choices_apply(args, options.held);
+  options.held.global_batch = global_batch;
   if (args.search && fixed_plan) options.admits = search_constraints(args);
-  const SearchResult result = machine ? machine_plan_search(model, target, options.held) : plan_search(model, cluster, profile, options);
+  std::optional<MicroBatchSearch> micro_batches;
+  if (micro_batch_searched && !machine) {
+    micro_batches = micro_batch_search(model, cluster, profile, options, *micro_batch_searched);
+    // The micro batch found is held from here on: the other frameworks are compared at it.
+    options.held.micro_batch = std::max<int64_t>(1, micro_batches->micro_batch);
+  }
+  const SearchResult result = machine          ? machine_plan_search(model, target, options.held)
+                              : micro_batches ? std::move(micro_batches->result)
+                                              : plan_search(model, cluster, profile, options);
   const bool by_length = options.objective == SearchObjective::objective_max_seqlen;
 
   int64_t invalid = 0;
@@ -254,6 +274,25 @@ int plan_command_run(const PlanCommandArgs& args) {
                                          by_length ? "the longest sequence (lengths within 0.1% tie: the faster plan, then Ulysses inside a node)" : fmt::format("tokens/s at {} tokens", integer_with_commas(options.seqlen)));
   report["search"] = {{"objective", by_length ? "max-seqlen" : "throughput"}, {"plans", result.candidates.size()},
                       {"predicted", result.evaluated}, {"pruned", result.pruned}, {"invalid", invalid}, {"elapsed_ms", result.elapsed_ms}};
+  if (micro_batches) {
+    // Each micro batch tried, with its best plan's tokens/s or what its closest plan runs out of.
+    const bool largest = *micro_batch_searched == MicroBatchObjective::micro_batch_largest;
+    std::string tried_text;
+    nlohmann::json tried_json = nlohmann::json::array();
+    for (const MicroBatchTried& tried : micro_batches->tried) {
+      tried_text += fmt::format("{}    {:>7}  ", tried_text.empty() ? "" : "\n", tried.micro_batch);
+      tried_text += tried.fits ? fmt::format("{:>9.0f} tokens/s, peak {:.1f} GiB", tried.tokens_per_s, bytes_to_gib(tried.gpu_peak_bytes))
+                               : fmt::format("does not fit ({})", tried.binding_constraint);
+      tried_json.push_back({{"micro_batch", tried.micro_batch}, {"fits", tried.fits}, {"tokens_per_s", tried.tokens_per_s},
+                            {"gpu_peak_gib", bytes_to_gib(tried.gpu_peak_bytes)}, {"binding_constraint", tried.binding_constraint}});
+    }
+    out += fmt::format("micro batch ({}): {}\n  micro batch  best plan{}\n{}\n\n",
+                       largest ? "the largest whose best plan fits" : "the most tokens/s, ties to the smaller",
+                       micro_batches->micro_batch > 0 ? std::to_string(micro_batches->micro_batch) : "none fits",
+                       global_batch > 0 ? fmt::format(" (divisors of the global batch {})", global_batch) : "", tried_text);
+    report["micro_batch_search"] = {{"objective", largest ? "max" : "fastest"}, {"micro_batch", micro_batches->micro_batch},
+                                    {"tried", tried_json}};
+  }
   const SearchCandidate* winner = result.winner();
   // Why nothing fits, for a refusal that says what to change: the closest valid plan's limit, or
   // (every plan invalid) the commonest reason, e.g. a length no chunk or degree divides.

@@ -461,8 +461,9 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
 
   // A profile whose gradients live from backward to the optimizer step adds two phases: the
   // backward of the first decoder layer (every later layer's gradients, one layer's activations)
-  // and the optimizer step (every gradient, no activation).
-  const bool gradients_in_backward = profile.gradients_freed_after_step;
+  // and the optimizer step (every gradient, no activation). Under gradient accumulation the
+  // gradients of the micro-steps before live through the next one's forward and backward: held all step.
+  const bool gradients_in_backward = profile.gradients_freed_after_step && gradient_accumulation_steps(cluster, plan) == 1;
   std::vector<PhaseResult> phases(profile.step_schedule == "executor" ? 1 : gradients_in_backward ? 5 : 3);
   // The executor's host pool (offloaded checkpoints, FPDT's chunks), replayed with its step.
   TensorTrace executor_host;

@@ -1,5 +1,7 @@
 #include "planner/plan.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "io/config_error.hpp"
@@ -73,6 +75,15 @@ int64_t kv_replication_factor(const ModelSpec& model, int64_t sp) {
   return sp > model.num_kv_heads ? sp / model.num_kv_heads : 1;
 }
 
+int64_t data_parallel_ranks(const ClusterSpec& cluster, const PlanOptions& plan) {
+  return plan.sequence_ranks() > 0 ? cluster.gpus / plan.sequence_ranks() : 1;
+}
+
+int64_t gradient_accumulation_steps(const ClusterSpec& cluster, const PlanOptions& plan) {
+  const int64_t per_micro_step = std::max<int64_t>(1, plan.micro_batch) * std::max<int64_t>(1, data_parallel_ranks(cluster, plan));
+  return plan.global_batch > 0 ? std::max<int64_t>(1, plan.global_batch / per_micro_step) : 1;
+}
+
 std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan) {
   std::vector<std::string> problems;
   // A MoE block runs outside FPDT: FPDT's layer has a dense FFN (DeepSpeed fpdt_layer.py). (Which
@@ -132,6 +143,13 @@ std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec
   }
   if (plan.ring > 1 && plan.fpdt) problems.push_back("ring attention with FPDT's chunking is not modelled");
   if (plan.micro_batch < 1) problems.push_back(fmt::format("micro batch {} must be at least 1", plan.micro_batch));
+  if (plan.global_batch < 0) problems.push_back(fmt::format("global batch {} must not be negative", plan.global_batch));
+  if (plan.global_batch > 0 && plan.micro_batch >= 1 && plan.sequence_ranks() >= 1 && cluster.gpus % plan.sequence_ranks() == 0) {
+    const int64_t per_micro_step = plan.micro_batch * data_parallel_ranks(cluster, plan);
+    if (plan.global_batch % per_micro_step != 0)
+      problems.push_back(fmt::format("global batch {} is not a multiple of micro batch {} x dp {} = {} samples a micro-step",
+                                     plan.global_batch, plan.micro_batch, data_parallel_ranks(cluster, plan), per_micro_step));
+  }
   if (plan.dp_replicate < 1) {
     problems.push_back(fmt::format("dp_replicate={} must be at least 1", plan.dp_replicate));
   } else if (plan.dp_replicate > 1) {
@@ -228,6 +246,7 @@ std::string plan_describe(const PlanOptions& plan) {
   if (plan.cp_all_to_all && plan.ring > 1) text += " cp-rotate=alltoall";
   if (plan.dp_replicate > 1) text += fmt::format(" dp-replicate={}", plan.dp_replicate);
   if (plan.micro_batch != 1) text += fmt::format(" micro-batch={}", plan.micro_batch);
+  if (plan.global_batch > 0) text += fmt::format(" global-batch={}", plan.global_batch);
   return text;
 }
 

@@ -62,6 +62,10 @@ struct HeldChoices {
   bool trl_activation_offload = false;
   // Samples per rank per step (the papers always use 1; --micro-batch holds another through a search).
   int64_t micro_batch = 1;
+  // Samples per optimizer step over the whole cluster (--global-batch; 0: one micro batch per data-
+  // parallel rank, no accumulation). Each data-parallel rank runs global / (micro batch x dp)
+  // micro-steps and the optimizer steps once (gradient_accumulation_steps).
+  int64_t global_batch = 0;
   // FSDP2's HSDP: the model replicated over `dp_replicate` groups and sharded within each over the
   // rest of the ranks (gpus / dp_replicate; Reference §11 F1.10, F1.17); 1: shard over all.
   int64_t dp_replicate = 1;
@@ -101,6 +105,13 @@ struct PlanOptions : HeldChoices {
   // one-GPU case of the paper ran with it).
   static PlanOptions alst(int64_t sp, int64_t gpus = 0);
 };
+
+// Data-parallel ranks: replicas of the sequence-parallel group (world / (u x r)).
+int64_t data_parallel_ranks(const ClusterSpec& cluster, const PlanOptions& plan);
+
+// Micro-steps a data-parallel rank runs before the optimizer steps: global batch / (micro batch x dp),
+// 1 without a global batch. plan_problems refuses a global batch it does not divide into.
+int64_t gradient_accumulation_steps(const ClusterSpec& cluster, const PlanOptions& plan);
 
 // Reasons the plan cannot run on this cluster at all (independent of the sequence length), e.g.
 // "sp=3 does not divide 32 query heads". Empty when the plan is valid.

@@ -338,4 +338,66 @@ std::vector<SearchAlternative> search_notable_alternatives(const SearchResult& r
   return alternatives;
 }
 
+MicroBatchSearch micro_batch_search(const ModelSpec& model, const ClusterSpec& cluster, const RuntimeProfile& profile,
+                                    SearchOptions options, MicroBatchObjective objective, int64_t largest_candidate) {
+  options.objective = SearchObjective::objective_throughput;
+  MicroBatchSearch search;
+  std::vector<std::pair<int64_t, SearchResult>> results;  // kept for the chosen one's candidates
+  auto evaluate = [&](int64_t micro_batch) -> const MicroBatchTried& {
+    options.held.micro_batch = micro_batch;
+    results.emplace_back(micro_batch, plan_search(model, cluster, profile, options));
+    const SearchResult& result = results.back().second;
+    MicroBatchTried tried;
+    tried.micro_batch = micro_batch;
+    if (const SearchCandidate* winner = result.winner()) {
+      tried.fits = true;
+      tried.tokens_per_s = winner->time.tokens_per_s;
+      tried.gpu_peak_bytes = winner->memory.gpu_peak_bytes;
+    } else if (!result.candidates.empty() && result.candidates.front().problems.empty()) {
+      tried.gpu_peak_bytes = result.candidates.front().memory.gpu_peak_bytes;
+      tried.binding_constraint = result.candidates.front().binding_constraint;
+    } else {
+      tried.binding_constraint = result.candidates.empty() ? "no plan" : result.candidates.front().problems.front();
+    }
+    search.tried.push_back(tried);
+    return search.tried.back();
+  };
+  if (options.held.global_batch > 0) {
+    // Only a divisor of the global batch gives whole accumulation steps; the peak grows with the
+    // micro batch, so the first that fits nowhere ends the ladder.
+    for (int64_t micro_batch = 1; micro_batch <= std::min(options.held.global_batch, largest_candidate); ++micro_batch) {
+      if (options.held.global_batch % micro_batch != 0) continue;
+      const MicroBatchTried& tried = evaluate(micro_batch);
+      const bool invalid_only = !tried.fits && tried.gpu_peak_bytes == 0;  // no dp divides: a larger divisor may still
+      if (!tried.fits && !invalid_only) break;
+    }
+  } else {
+    int64_t fits = 0, fails = 0;
+    for (int64_t micro_batch = 1; micro_batch <= largest_candidate; micro_batch *= 2) {
+      if (evaluate(micro_batch).fits) fits = micro_batch;
+      else {
+        fails = micro_batch;
+        break;
+      }
+    }
+    while (fits > 0 && fails > fits + 1) {
+      const int64_t middle = fits + (fails - fits) / 2;
+      (evaluate(middle).fits ? fits : fails) = middle;
+    }
+    std::sort(search.tried.begin(), search.tried.end(),
+              [](const MicroBatchTried& a, const MicroBatchTried& b) { return a.micro_batch < b.micro_batch; });
+  }
+  const MicroBatchTried* chosen = nullptr;
+  for (const MicroBatchTried& tried : search.tried) {
+    if (!tried.fits) continue;
+    const bool faster = chosen && tried.tokens_per_s > chosen->tokens_per_s * (1 + kSearchLengthResolution);
+    if (!chosen || objective == MicroBatchObjective::micro_batch_largest || faster) chosen = &tried;
+  }
+  search.micro_batch = chosen ? chosen->micro_batch : 0;
+  const int64_t reported = chosen ? chosen->micro_batch : search.tried.front().micro_batch;
+  for (auto& [micro_batch, result] : results)
+    if (micro_batch == reported) search.result = std::move(result);
+  return search;
+}
+
 }  // namespace longseq

@@ -111,6 +111,32 @@ std::vector<std::string> plan_search_problems(const ModelSpec& model, const Clus
 SearchResult plan_search(const ModelSpec& model, const ClusterSpec& cluster, const RuntimeProfile& profile,
                          const SearchOptions& options);
 
+// The micro batch searched at one length ("what micro batch fits at 32K?"): each micro batch's
+// own plan search (the throughput objective), then the largest micro batch whose best plan fits,
+// or the micro batch whose best plan runs the most tokens/s (ties within 0.1%: the smaller).
+enum class MicroBatchObjective { micro_batch_largest, micro_batch_fastest };
+
+struct MicroBatchTried {
+  int64_t micro_batch = 0;
+  bool fits = false;               // some plan of this micro batch fits at the length
+  double tokens_per_s = 0;         // its best plan's, when it fits
+  double gpu_peak_bytes = 0;       // its best plan's (the closest plan's when none fits)
+  std::string binding_constraint;  // what the closest plan runs out of, when none fits
+};
+
+struct MicroBatchSearch {
+  int64_t micro_batch = 0;              // the chosen one; 0: not even one sample a rank fits
+  SearchResult result;                  // its plan search (micro batch 1's when none fits)
+  std::vector<MicroBatchTried> tried;   // ascending micro batch
+};
+
+// Candidates: with a global batch (options.held.global_batch), its divisors (no other micro batch
+// gives whole accumulation steps); else doubling from 1 while the best plan fits, then bisection
+// between the last that fits and the first that does not (the peak only grows with the micro
+// batch), at most `largest_candidate`. The fastest objective reads the same candidates.
+MicroBatchSearch micro_batch_search(const ModelSpec& model, const ClusterSpec& cluster, const RuntimeProfile& profile,
+                                    SearchOptions options, MicroBatchObjective objective, int64_t largest_candidate = 1 << 16);
+
 // The best candidate that differs from the winner in one named way (e.g. "without checkpoint
 // offload", "sp=4"), for explaining why the winner won.
 struct SearchAlternative {

@@ -239,7 +239,13 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
     // DDP all-reduces every trainable gradient (a LoRA run: the fp32 adapters' alone).
     zero_overlappable_s += collective_seconds(Collective::collective_all_reduce, gradient_bytes, cluster.gpus, world_link);
   }
-  time.zero_communication_exposed_s = std::max(0.0, zero_overlappable_s - layer_compute_s) + zero_exposed_s;
+  // Under gradient accumulation the gathers and ZeRO-2/3's reductions recur every micro-step
+  // (DeepSpeed engine.py allreduce_gradients: "ZeRO stage >= 2 communicates during non gradient
+  // accumulation boundaries as well"; FSDP2 as the exports run it, sync_each_batch, and torchtitan's
+  // loop); ZeRO-0/1 and DDP reduce at the boundary only (the same function; the Trainer's no_sync).
+  const double micro_steps = as_double(gradient_accumulation_steps(cluster, plan));
+  const double reducing_micro_steps = plan.zero_stage >= 2 ? micro_steps : 1.0;
+  time.zero_communication_exposed_s = reducing_micro_steps * std::max(0.0, zero_overlappable_s - layer_compute_s) + zero_exposed_s;
 
   // Checkpoint offload: each layer's hidden_states go to the host in forward and come back in
   // backward. ArcticTraining copies synchronously (fully exposed); FPDT overlaps the copies with
@@ -318,12 +324,22 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
     time.elementwise_s = bytes / (gbps * 1e9);
   }
 
+  // One optimizer step: every micro-step's compute and traffic, the optimizer once. An offloaded
+  // optimizer's gradients come down every micro-step where they are reduced every micro-step
+  // (ZeRO-2/3 accumulate them in the host's fp32 partition), at the boundary under ZeRO-1.
+  prediction.accumulation_steps = gradient_accumulation_steps(cluster, plan);
+  for (double* per_micro_step : {&time.matmul_s, &time.attention_s, &time.ulysses_all_to_all_s, &time.checkpoint_offload_s,
+                                 &time.fpdt_fetch_exposed_s, &time.ring_exposed_s, &time.ring_final_hop_s, &time.elementwise_s})
+    *per_micro_step *= micro_steps;
+  time.gradient_offload_s *= reducing_micro_steps;
+
   const double step_s = time.total_s();
   prediction.megatron_flos = megatron_flos_per_sample(model, seqlen) * as_double(plan.micro_batch) / as_double(plan.sequence_ranks());
-  prediction.hardware_tflops_per_gpu = prediction.executed_flops.total() / step_s / 1e12;
-  prediction.megatron_tflops_per_gpu = prediction.megatron_flos / step_s / 1e12;
-  prediction.mfu = prediction.model_flops.total() / step_s / (card.peak_bf16_tflops * 1e12);
-  prediction.tokens_per_s = as_double(cluster.gpus / plan.sequence_ranks()) * as_double(plan.micro_batch) * as_double(seqlen) / step_s;
+  prediction.hardware_tflops_per_gpu = micro_steps * prediction.executed_flops.total() / step_s / 1e12;
+  prediction.megatron_tflops_per_gpu = micro_steps * prediction.megatron_flos / step_s / 1e12;
+  prediction.mfu = micro_steps * prediction.model_flops.total() / step_s / (card.peak_bf16_tflops * 1e12);
+  prediction.tokens_per_s =
+      as_double(data_parallel_ranks(cluster, plan)) * micro_steps * as_double(plan.micro_batch) * as_double(seqlen) / step_s;
   return prediction;
 }
 

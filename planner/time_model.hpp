@@ -1,4 +1,5 @@
-// time_model.hpp: predicted time of one training step (one micro-batch per rank), per rank.
+// time_model.hpp: predicted time of one training step (an optimizer step: one micro batch per rank, or
+// with a global batch its gradient-accumulation micro-steps), per rank.
 //
 // Compute: GEMMs at the card's measured matmul rate (MAMF), attention at FlashAttention's
 // measured forward+backward rate. Communication: alpha-beta collectives (comm_model.hpp).
@@ -42,8 +43,11 @@ struct StepTime {
 // twice that (it reads the saved inputs and the incoming gradient and writes the input gradient).
 double layer_elementwise_bytes_per_token(const ModelSpec& model, int64_t activation_bytes);
 
+// One optimizer step: `accumulation_steps` micro-steps (one micro batch per data-parallel rank each)
+// and the optimizer once. The FLOP counts are one micro-step's; the rates are over the whole step.
 struct TimePrediction {
   StepTime time;
+  int64_t accumulation_steps = 1;
   std::string attention_kernel = "fa2";  // whose rate attention_s is at (attention_kernel_for; attention_kernels_all)
   StepFlops executed_flops;      // per rank, recompute included
   StepFlops model_flops;         // per rank, forward + backward only

@@ -142,6 +142,9 @@ double cost_per_billion_tokens(const TimePrediction& prediction, const TimeConte
 std::string time_table_render(const TimePrediction& prediction, const TimeContext& context) {
   const StepTime& time = prediction.time;
   std::string out = fmt::format("Step time per rank: {:.2f} s ({})\n", time.total_s(), duration_text(time.total_s()));
+  if (prediction.accumulation_steps > 1)
+    out += fmt::format("  one optimizer step: {} micro-steps of gradient accumulation (their compute and traffic, summed) and the "
+                       "optimizer once\n", prediction.accumulation_steps);
   auto line = [&](const std::string& name, double seconds) {
     if (seconds > 0) out += fmt::format("    {:<48} {:>10.3f} s\n", name, seconds);
   };
@@ -184,6 +187,7 @@ nlohmann::json time_prediction_to_json(const TimePrediction& prediction, const T
   return {
       {"kind", "prediction"},
       {"step_s", time.total_s()},
+      {"accumulation_steps", prediction.accumulation_steps},
       {"step_text", duration_text(time.total_s())},
       {"step_too_long", time.total_s() > kStepTooLongS},
       {"tokens_per_day", tokens_per_day(prediction)},

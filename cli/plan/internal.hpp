@@ -65,7 +65,12 @@ struct PlanCommandArgs {
   std::optional<int64_t> mlp_tiles, loss_tiles;
   bool fpdt = false;
   std::optional<std::string> fpdt_chunk;
-  int64_t micro_batch = 1;
+  // Samples per rank per micro-step: a count, or searched at --seqlen: "max" (the largest that fits)
+  // or "fastest" (the most tokens/s).
+  std::string micro_batch = "1";
+  // Samples per optimizer step (gradient accumulation beside the micro batch), or tokens per step.
+  std::optional<int64_t> global_batch;
+  std::optional<std::string> global_batch_tokens;
   // LoRA / QLoRA: adapters of this rank on a frozen base, on these linears; held by a search.
   std::optional<int64_t> lora_rank;
   std::optional<std::string> lora_targets;  // absent: all-linear
@@ -115,6 +120,13 @@ struct ReportContext {
 };
 
 void held_choices_apply(const PlanCommandArgs& args, HeldChoices& held);
+
+// --micro-batch: a count (the returned value), or 0 for a searched one (micro_batch_objective says which).
+int64_t micro_batch_fixed(const PlanCommandArgs& args);
+std::optional<MicroBatchObjective> micro_batch_objective(const PlanCommandArgs& args);
+
+// --global-batch in samples, or --global-batch-tokens over the planned length; 0: not given.
+int64_t global_batch_samples(const PlanCommandArgs& args, std::optional<int64_t> seqlen);
 
 bool plan_flags_given(const PlanCommandArgs& args);
 

@@ -75,7 +75,15 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
   switch_register(*command, "tiled-loss", args->tiled_loss_on, args->tiled_loss_off, "fused, tiled logits and loss");
   command->add_option("--mlp-tiles", args->mlp_tiles, "MLP tile count (default: DeepSpeed's ceil(S/sp / hidden))");
   command->add_option("--loss-tiles", args->loss_tiles, "loss tile count (default: the runtime profile's rule)");
-  command->add_option("--micro-batch", args->micro_batch, "samples per rank per step (default 1)");
+  command->add_option("--micro-batch", args->micro_batch,
+                      "samples per rank per micro-step (default 1), or searched at --seqlen: max (the largest micro batch whose "
+                      "best plan fits) or fastest (the one whose best plan runs the most tokens/s)");
+  command->add_option("--global-batch", args->global_batch,
+                      "samples per optimizer step over the cluster: each data-parallel rank accumulates gradients over "
+                      "global / (micro batch x dp) micro-steps (the exports' gradient_accumulation_steps); the step time, "
+                      "tokens/s and cost are per optimizer step (default: one micro batch per rank, no accumulation)");
+  command->add_option("--global-batch-tokens", args->global_batch_tokens,
+                      "the global batch in tokens per optimizer step (4M, 2Mi): a whole number of --seqlen samples");
   command->add_option("--lora", args->lora_rank,
                       "train LoRA adapters of this rank on a frozen base (PEFT: fp32 adapters, no base gradients or optimizer "
                       "states); plans for the HF Trainer / TRL (--framework hf-trainer) on one GPU a replica");
@@ -168,7 +176,7 @@ void held_choices_apply(const PlanCommandArgs& args, HeldChoices& held) {
     held.qlora = args.qlora;
   }
   held.adam_8bit = args.adam_8bit;
-  held.micro_batch = args.micro_batch;
+  held.micro_batch = std::max<int64_t>(1, micro_batch_fixed(args));
   held.moe_aux_loss = args.moe_aux_loss;
   held.trl_activation_offload = args.trl_activation_offload;
   if (args.cp_rotate != "allgather" && args.cp_rotate != "alltoall")
@@ -178,6 +186,47 @@ void held_choices_apply(const PlanCommandArgs& args, HeldChoices& held) {
     if (*args.dp_replicate < 1) throw ConfigError("--dp-replicate", "", fmt::format("must be at least 1, got {}", *args.dp_replicate));
     held.dp_replicate = *args.dp_replicate;
   }
+}
+
+int64_t micro_batch_fixed(const PlanCommandArgs& args) {
+  if (micro_batch_objective(args)) return 0;
+  int64_t value = 0;
+  size_t used = 0;
+  try {
+    value = std::stoll(args.micro_batch, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != args.micro_batch.size())
+    throw ConfigError("--micro-batch", "", fmt::format("expected a count, max or fastest, got '{}'", args.micro_batch));
+  if (value < 1 || value > 1'000'000) throw ConfigError("--micro-batch", "", fmt::format("must be in [1, 1000000], got {}", value));
+  return value;
+}
+
+std::optional<MicroBatchObjective> micro_batch_objective(const PlanCommandArgs& args) {
+  if (args.micro_batch == "max") return MicroBatchObjective::micro_batch_largest;
+  if (args.micro_batch == "fastest") return MicroBatchObjective::micro_batch_fastest;
+  return std::nullopt;
+}
+
+int64_t global_batch_samples(const PlanCommandArgs& args, std::optional<int64_t> seqlen) {
+  if (args.global_batch && args.global_batch_tokens)
+    throw ConfigError("--global-batch", "", "given with --global-batch-tokens; give the global batch one way");
+  if (args.global_batch) {
+    if (*args.global_batch < 1 || *args.global_batch > 1'000'000'000)
+      throw ConfigError("--global-batch", "", fmt::format("must be in [1, 1e9] samples, got {}", *args.global_batch));
+    return *args.global_batch;
+  }
+  if (!args.global_batch_tokens) return 0;
+  const int64_t tokens = seqlen_parse(*args.global_batch_tokens, "--global-batch-tokens");
+  if (!seqlen)
+    throw ConfigError("--global-batch-tokens", "", "counts samples of --seqlen tokens: give --seqlen (or --global-batch in samples)");
+  if (tokens % *seqlen != 0)
+    throw ConfigError("--global-batch-tokens", "", fmt::format("{} tokens are not a whole number of {}-token samples (nearest: {} or {})",
+                                                               integer_with_commas(tokens), integer_with_commas(*seqlen),
+                                                               integer_with_commas(tokens / *seqlen * *seqlen),
+                                                               integer_with_commas((tokens / *seqlen + 1) * *seqlen)));
+  return tokens / *seqlen;
 }
 
 bool plan_flags_given(const PlanCommandArgs& args) {

@@ -9,7 +9,9 @@ nlohmann::json plan_to_json(const PlanOptions& plan, const ClusterSpec& cluster)
                          {"offload_optimizer", plan.offload_optimizer}, {"offload_params", plan.offload_params},
                          {"activation_checkpointing", plan.activation_checkpointing},
                          {"checkpoint_offload", plan.checkpoint_offload}, {"tiled_mlp", plan.tiled_mlp},
-                         {"tiled_loss", plan.tiled_loss}, {"fpdt", plan.fpdt}, {"micro_batch", plan.micro_batch}};
+                         {"tiled_loss", plan.tiled_loss}, {"fpdt", plan.fpdt}, {"micro_batch", plan.micro_batch},
+                         {"global_batch", plan.global_batch > 0 ? plan.global_batch : plan.micro_batch * (cluster.gpus / plan.sequence_ranks())},
+                         {"gradient_accumulation_steps", gradient_accumulation_steps(cluster, plan)}};
   if (plan.fpdt) json["fpdt_chunk_tokens"] = plan.fpdt_chunk_tokens;
   if (plan.lora()) json["lora"] = {{"rank", plan.lora_rank}, {"targets", plan.lora_all_linear ? "all-linear" : "q,v"}, {"qlora", plan.qlora}};
   json["summary"] = plan_describe(plan);
@@ -318,6 +320,10 @@ std::string plan_report(const ModelSpec& model, const ClusterSpec& cluster, cons
   if (prediction.mlp_tiles > 0) out += fmt::format("; MLP tiles {}", prediction.mlp_tiles);
   if (prediction.loss_tile_tokens > 0) out += fmt::format("; loss tiles of {} tokens", integer_with_commas(prediction.loss_tile_tokens));
   if (prediction.kv_replication > 1) out += fmt::format("; kv heads replicated x{}", prediction.kv_replication);
+  if (plan.global_batch > 0 && prediction.seqlen > 0)
+    out += fmt::format("\n  batch: global {} samples ({} tokens) a step = micro batch {} x dp {} x {} accumulation steps", plan.global_batch,
+                       integer_with_commas(plan.global_batch * prediction.seqlen), plan.micro_batch, data_parallel_ranks(cluster, plan),
+                       gradient_accumulation_steps(cluster, plan));
   out += "\n\n" + memory_table_render(prediction, cluster.ranks_per_node());
   if (context.tensors && prediction.seqlen > 0) out += tensor_inventory_render(model, cluster, plan, profile, prediction.seqlen, report);
   if (prediction.seqlen > 0 && prediction.fits()) {

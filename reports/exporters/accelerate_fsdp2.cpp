@@ -34,10 +34,16 @@ ExportedConfig accelerate_fsdp2_config_emit(const ExportRequest& r) {
   // Trainer's own checkpointing: FSDP's wrapper is then off (both cannot be on, F5.6).
   const bool trainer_checkpointing = p.activation_checkpointing && p.checkpoint_offload;
   exported.notes.push_back(fmt::format(
-      "Trainer/TRL arguments: per_device_train_batch_size={} gradient_accumulation_steps=1 bf16=True gradient_checkpointing={}{}; "
+      "Trainer/TRL arguments: per_device_train_batch_size={} gradient_accumulation_steps={}{} bf16=True gradient_checkpointing={}{}; "
       "TRL: max_length={}{} packing=False (refused under CP){}; load the model with attn_implementation=\"sdpa\" "
       "(the Trainer refuses CP with another)",
-      p.micro_batch, trainer_checkpointing ? "True" : "False",
+      p.micro_batch, accumulation_steps(r),
+      // Without it the Trainer runs every micro-step but the last under FSDP2's
+      // set_requires_gradient_sync(False) (trainer.py's training loop; Accelerate's no_sync), which
+      // keeps each parameter's unsharded gradient for the whole window: a full unsharded copy of
+      // the gradients per rank. Reduce-scattered every micro-step they stay sharded, as planned.
+      accumulation_steps(r) > 1 ? " accelerator_config={\"gradient_accumulation_kwargs\": {\"sync_each_batch\": True}}" : "",
+      trainer_checkpointing ? "True" : "False",
       !trainer_checkpointing ? ""
       : p.trl_activation_offload ? " activation_offloading=True (TRL's offload of the checkpoints to pinned host memory)"
                                  : " gradient_checkpointing_kwargs={\"offload\": True} (transformers' checkpoint offload to pinned host memory)",

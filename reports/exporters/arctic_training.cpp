@@ -44,7 +44,7 @@ ExportedConfig arctic_training_recipe_emit(const ExportRequest& r) {
   // Only TrainerConfig keys: ArcticTraining forbids any other (pydantic extra="forbid", §1.2).
   out << YAML::Key << "type" << YAML::Value << "sft";
   out << YAML::Key << "micro_batch_size" << YAML::Value << p.micro_batch;
-  out << YAML::Key << "gradient_accumulation_steps" << YAML::Value << 1;
+  out << YAML::Key << "gradient_accumulation_steps" << YAML::Value << accumulation_steps(r);
   out << YAML::Key << "sequence_parallel_size" << YAML::Value << p.sp;
   out << YAML::Key << "activation_checkpoint_cpu_offload" << YAML::Value << p.checkpoint_offload;
   out << YAML::Key << "tiled_mlp_compute" << YAML::Value << p.tiled_mlp;

@@ -17,12 +17,19 @@ namespace longseq::exporters {
 
 int64_t data_parallel(const ExportRequest& r) { return r.cluster.gpus / r.plan.sequence_ranks(); }
 
+int64_t accumulation_steps(const ExportRequest& r) { return gradient_accumulation_steps(r.cluster, r.plan); }
+
+int64_t global_batch(const ExportRequest& r) { return r.plan.micro_batch * data_parallel(r) * accumulation_steps(r); }
+
 // What every file records about the plan it was written from.
 std::vector<std::string> record_lines(const ExportRequest& r, const char* target) {
   return {fmt::format("written by longseq for {} from a PREDICTED plan: {}", target, plan_describe(r.plan)),
-          fmt::format("model {} ({} parameters), sequence length {} tokens, micro batch {}, {} GPUs ({} node(s)), sp={} dp={}",
+          fmt::format("model {} ({} parameters), sequence length {} tokens, micro batch {}{}, {} GPUs ({} node(s)), sp={} dp={}",
                       r.model.name, integer_with_commas(parameter_count(r.model).total), integer_with_commas(r.seqlen),
-                      r.plan.micro_batch, r.cluster.gpus, r.cluster.nodes, r.plan.sp, data_parallel(r)),
+                      r.plan.micro_batch,
+                      accumulation_steps(r) > 1 ? fmt::format(" x {} accumulation steps (global batch {})", accumulation_steps(r), global_batch(r))
+                                                : "",
+                      r.cluster.gpus, r.cluster.nodes, r.plan.sp, data_parallel(r)),
           fmt::format("predicted peak per GPU: {:.1f} GiB of {:.1f} GiB (runtime profile {})", bytes_to_gib(r.predicted_peak_bytes),
                       r.cluster.hardware.gpu_memory_gib, r.profile.name),
           fmt::format("the sequence length is {}", r.seqlen_basis.empty() ? "as planned" : r.seqlen_basis)};
@@ -63,6 +70,8 @@ nlohmann::json json_record(const ExportRequest& r, const char* target) {
           {"sequence_length", r.seqlen},
           {"sequence_length_basis", r.seqlen_basis},
           {"micro_batch", r.plan.micro_batch},
+          {"gradient_accumulation_steps", accumulation_steps(r)},
+          {"global_batch", global_batch(r)},
           {"gpus", r.cluster.gpus},
           {"nodes", r.cluster.nodes},
           {"sp", r.plan.sp},

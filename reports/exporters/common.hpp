@@ -15,6 +15,11 @@ namespace longseq::exporters {
 
 int64_t data_parallel(const ExportRequest& r);
 
+// Micro-steps per optimizer step (the plan's global batch over micro batch x dp; 1 without one),
+// and the samples one optimizer step takes over the cluster.
+int64_t accumulation_steps(const ExportRequest& r);
+int64_t global_batch(const ExportRequest& r);
+
 // What every file records about the plan it was written from.
 std::vector<std::string> record_lines(const ExportRequest& r, const char* target);
 

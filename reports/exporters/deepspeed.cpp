@@ -35,17 +35,17 @@ ExportedConfig deepspeed_config_emit(const ExportRequest& r) {
   // Nothing fills "auto" in a plain loop (§4.1): dp-based integers; clipping explicit (its
   // default moved from 0 to 1.0 in v0.19.3, §4.4).
   config["train_micro_batch_size_per_gpu"] = p.micro_batch;
-  config["gradient_accumulation_steps"] = 1;
+  config["gradient_accumulation_steps"] = accumulation_steps(r);
   // DeepSpeed's mesh knows only the Ulysses group (sequence_parallel_size): the world over it is
   // its data-parallel size, so a ring's ranks count as replicas and its batch check wants
-  // micro x world / sp ("train_batch_size 1 != 1 * 1 * 2" otherwise).
-  config["train_batch_size"] = p.micro_batch * r.cluster.gpus / p.sp;
+  // micro x accumulation x world / sp ("train_batch_size 1 != 1 * 1 * 2" otherwise).
+  config["train_batch_size"] = p.micro_batch * accumulation_steps(r) * r.cluster.gpus / p.sp;
   if (p.ring > 1)
     exported.notes.push_back(fmt::format(
         "USP's groups: DeepSpeed sees sequence_parallel_size={} only and counts the {} ring ranks of a sequence as data-parallel "
-        "replicas (train_batch_size {} = micro x world / sp); build the groups with yunchang's set_seq_parallel_pg({}, {}, rank, "
+        "replicas (train_batch_size {} = micro x accumulation x world / sp); build the groups with yunchang's set_seq_parallel_pg({}, {}, rank, "
         "world_size), give the {} ranks of one ring the same sample (each keeps its zigzag chunks), and average the loss over "
-        "them as DeepSpeed averages gradients: each rank's mean over its chunk", p.sp, p.ring, p.micro_batch * r.cluster.gpus / p.sp,
+        "them as DeepSpeed averages gradients: each rank's mean over its chunk", p.sp, p.ring, p.micro_batch * accumulation_steps(r) * r.cluster.gpus / p.sp,
         p.sp, p.ring, p.ring));
   config["gradient_clipping"] = 1.0;
   // Optimizer offload needs DeepSpeed to build its CPU Adam from this block (no client optimizer, §4.3).

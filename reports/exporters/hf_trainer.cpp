@@ -67,8 +67,8 @@ ExportedConfig hf_trainer_script_emit(const ExportRequest& r) {
     text += fmt::format("peft_config = LoraConfig(r={}, lora_alpha={}, lora_dropout=0.0, target_modules=[{}], task_type=\"CAUSAL_LM\")\n",
                         p.lora_rank, p.lora_rank, targets);
   }
-  std::string config = fmt::format("output_dir=\"out\", max_length={}, per_device_train_batch_size={}, gradient_accumulation_steps=1, bf16=True",
-                                   r.seqlen, p.micro_batch);
+  std::string config = fmt::format("output_dir=\"out\", max_length={}, per_device_train_batch_size={}, gradient_accumulation_steps={}, bf16=True",
+                                   r.seqlen, p.micro_batch, accumulation_steps(r));
   config += fmt::format(",\n                 gradient_checkpointing={}", p.activation_checkpointing ? "True" : "False");
   // Checkpoint offload: TRL's activation offloading when the plan holds it (F5.2), else transformers'.
   if (p.activation_checkpointing && p.checkpoint_offload)

@@ -56,7 +56,7 @@ ExportedConfig megatron_deepspeed_emit(const ExportRequest& r) {
   if (!m.tied_embeddings) args.push_back("--untie-embeddings-and-output-weights");
   if (!m.qkv_bias && !m.mlp_bias) args.push_back("--disable-bias-linear");
   args.push_back("--attention-dropout 0 --hidden-dropout 0");
-  args.push_back(fmt::format("--micro-batch-size {} --global-batch-size {}", p.micro_batch, p.micro_batch * data_parallel(r)));
+  args.push_back(fmt::format("--micro-batch-size {} --global-batch-size {}", p.micro_batch, global_batch(r)));
   args.push_back(fmt::format("--ds-sequence-parallel-size {}", p.sp));
   if (p.fpdt)  // the offloading switch keeps the chunks in host memory (default off, REFERENCE §8)
     args.push_back(fmt::format("--ds-sequence-parallel-fpdt --ds-sequence-parallel-fpdt-chunk-size {} --ds-sequence-parallel-fpdt-offloading",
@@ -79,7 +79,7 @@ ExportedConfig megatron_deepspeed_emit(const ExportRequest& r) {
   // Megatron fills nothing: the batch keys equal --micro-batch-size and --global-batch-size (§3.4).
   nlohmann::json config = deepspeed_common(r);
   config["train_micro_batch_size_per_gpu"] = p.micro_batch;
-  config["train_batch_size"] = p.micro_batch * data_parallel(r);
+  config["train_batch_size"] = global_batch(r);
   config["gradient_clipping"] = 1.0;
   config["longseq_plan"] = json_record(r, "Megatron-DeepSpeed");
   exported.files.push_back({".deepspeed.json", json_text(config) + "\n"});

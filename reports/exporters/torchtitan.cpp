@@ -59,9 +59,11 @@ ExportedConfig torchtitan_job_emit(const ExportRequest& r) {
   text += "\n[optimizer]\nname = \"AdamW\"\nlr = 8e-4\n";
   // fp32 shards, bf16 gathers, fp32 reduce-scatters: torchtitan's defaults, written out (F6.4);
   // enable_cpu_offload is CPUOffloadPolicy.
-  text += fmt::format("\n[training]\nlocal_batch_size = {}\nseq_len = {}\nsteps = 1000\ndataset = \"c4\"\n"
+  // global_batch_size = local x the data-parallel degree x accumulation steps (train.py; its
+  // default -1 is one local batch per rank: no accumulation).
+  text += fmt::format("\n[training]\nlocal_batch_size = {}\n{}seq_len = {}\nsteps = 1000\ndataset = \"c4\"\n"
                       "mixed_precision_param = \"bfloat16\"\nmixed_precision_reduce = \"float32\"\nenable_cpu_offload = {}\n",
-                      p.micro_batch, seq_len, p.offload_params && p.offload_optimizer ? "true" : "false");
+                      p.micro_batch, accumulation_steps(r) > 1 ? fmt::format("global_batch_size = {}\n", global_batch(r)) : "", seq_len, p.offload_params && p.offload_optimizer ? "true" : "false");
   // FSDP shards over dp_shard x cp (F6.2); -1 takes the ranks the other degrees leave.
   text += fmt::format("\n[parallelism]\ndata_parallel_replicate_degree = {}\ndata_parallel_shard_degree = -1\n"
                       "fsdp_reshard_after_forward = \"default\"\ntensor_parallel_degree = 1\ncontext_parallel_degree = {}\n"

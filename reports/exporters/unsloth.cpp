@@ -53,7 +53,7 @@ ExportedConfig unsloth_script_emit(const ExportRequest& r) {
                         p.lora_rank, p.lora_rank, targets, checkpointing);
   }
   std::string config = fmt::format("output_dir=\"out\", max_length=MAX_SEQ_LENGTH, per_device_train_batch_size={}, "
-                                   "gradient_accumulation_steps=1, bf16=True", p.micro_batch);
+                                   "gradient_accumulation_steps={}, bf16=True", p.micro_batch, accumulation_steps(r));
   if (!p.lora()) config += fmt::format(",\n                 gradient_checkpointing={}", p.activation_checkpointing ? "True" : "False");
   if (p.adam_8bit) config += ", optim=\"adamw_8bit\"";
   text += fmt::format("args = SFTConfig({})\n", config);

@@ -50,6 +50,8 @@ def main():
             json.dump({"train_loss": result.training_loss,
                        "losses": [entry["loss"] for entry in trainer.state.log_history if "loss" in entry],
                        "wrapper": type(trainer.model_wrapped).__name__,
+                       "gradient_accumulation_steps": args.gradient_accumulation_steps,
+                       "sync_each_batch": trainer.accelerator.gradient_state.plugin_kwargs.get("sync_each_batch", False),
                        "sharded": isinstance(weight, DTensor), "shard_dtype": str(weight.dtype),
                        "mesh": list(weight.device_mesh.shape) if isinstance(weight, DTensor) else None,
                        "max_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}, f)

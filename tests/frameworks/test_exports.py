@@ -56,6 +56,8 @@ DEEPSPEED_PLANS = [
     (["--model", "llama-3.1-70b", "--gpus", "16", "--nodes", "2"], 16),
     (["--model", "qwen3-4b", "--gpus", "8", "--zero", "2", "--sp", "4", "--seqlen", "64K"], 8),
     (["--model", "qwen3-4b", "--gpus", "8", "--zero", "1", "--no-offload-optimizer", "--sp", "2", "--seqlen", "32K"], 8),
+    # A global batch of 32 over dp = 2: 16 accumulation steps, in DeepSpeed's own batch check.
+    (["--model", "qwen3-4b", "--gpus", "8", "--zero", "2", "--sp", "4", "--seqlen", "64K", "--global-batch", "32"], 8),
 ]
 
 
@@ -66,6 +68,8 @@ def test_deepspeed_json_accepted_by_deepspeed(flags, gpus, longseq_binary, tmp_p
     planned = json.loads(path.read_text())
     assert config.zero_optimization_stage == planned["zero_optimization"]["stage"]
     assert config.train_micro_batch_size_per_gpu == planned["train_micro_batch_size_per_gpu"]
+    assert config.gradient_accumulation_steps == planned["longseq_plan"]["gradient_accumulation_steps"]
+    assert config.train_batch_size == planned["longseq_plan"]["global_batch"]
     assert config.bfloat16_config.enabled
 
 
@@ -201,6 +205,7 @@ def test_unsloth_script_sft_arguments_accepted(longseq_binary, tmp_path):
 
 
 @pytest.mark.parametrize("flags", [["--model", "llama-3.1-8b", "--gpus", "8"], ["--model", "qwen3-14b", "--gpus", "8"],
+                                   ["--model", "qwen3-14b", "--gpus", "8", "--seqlen", "64K", "--global-batch", "64"],
                                    ["--model", "llama-3.1-70b", "--gpus", "32", "--dp-replicate", "2"]])
 def test_torchtitan_toml_parsed_by_torchtitan(flags, longseq_binary, tmp_path):
     path, _ = emit(longseq_binary, tmp_path, "torchtitan", flags + ["--framework", "torchtitan"], ".toml")
@@ -210,6 +215,15 @@ def test_torchtitan_toml_parsed_by_torchtitan(flags, longseq_binary, tmp_path):
     assert config.training.seq_len % (tp * 2 * cp) == 0  # parallelize_llama's assert (exports issue, item 5)
     assert config.training.dataset in ("c4", "c4_test", "c4_validation")  # its registered names (item 11)
     assert config.model.name in ("llama3", "qwen3")
+    # train.py's accumulation: global_batch_size / (local_batch_size x the data-parallel degree).
+    text = path.read_text()
+    dp = int(re.search(r"sp=\d+ dp=(\d+)", text).group(1))
+    steps = re.search(r"x (\d+) accumulation steps", text)
+    if config.training.global_batch_size > 0:
+        assert config.training.global_batch_size % (config.training.local_batch_size * dp) == 0
+        assert config.training.global_batch_size // (config.training.local_batch_size * dp) == int(steps.group(1))
+    else:
+        assert steps is None
 
 
 @pytest.mark.parametrize("flags", [["--checkpointing"], ["--checkpointing", "--lora", "4"], ["--checkpointing", "--lora", "4", "--lora-targets", "q,v"]])
@@ -237,7 +251,8 @@ def trainer_arguments(notes):
     """The Trainer/TRL keyword arguments an Accelerate export names in its notes ("Trainer/TRL
     arguments: name=value ...; TRL: name=value ...; load the model with ..."), as Python values."""
     named = notes.split("Trainer/TRL arguments:", 1)[1].split("; load the model", 1)[0]
-    return {name: ast.literal_eval(value) for name, value in re.findall(r'(\w+)=("[^"]*"|\{[^}]*\}|[^\s;]+)', named)}
+    nested_braces = r'\{(?:[^{}]|\{[^{}]*\})*\}'  # accelerator_config={"gradient_accumulation_kwargs": {...}}
+    return {name: ast.literal_eval(value) for name, value in re.findall(r'(\w+)=("[^"]*"|' + nested_braces + r'|[^\s;]+)', named)}
 
 
 def python_path(here):
@@ -254,7 +269,7 @@ def accelerate_launch(config, script, *script_args, tmp_path):
     assert run.returncode == 0, run.stderr[-4000:]
 
 
-@pytest.mark.parametrize("flags", [[], ["--checkpointing", "--no-checkpoint-offload"]])
+@pytest.mark.parametrize("flags", [[], ["--checkpointing", "--no-checkpoint-offload"], ["--global-batch", "4"]])
 def test_accelerate_fsdp2_job_trains_two_steps_on_two_processes(flags, longseq_binary, tmp_path):
     """The exported YAML launched as written on 2 CPU processes (gloo), TRL's SFTTrainer with the
     arguments the export names, on a tiny Llama saved here: FSDP2 shards every weight in fp32 over
@@ -272,6 +287,11 @@ def test_accelerate_fsdp2_job_trains_two_steps_on_two_processes(flags, longseq_b
     seen = json.loads(report.read_text())
     assert seen["sharded"] and seen["mesh"] == [2] and seen["shard_dtype"] == "torch.float32"
     assert len(seen["losses"]) == 2 and all(0 < loss < 10 for loss in seen["losses"])
+    # A global batch: the Trainer accumulates as planned, reduce-scattering every micro-step
+    # (sync_each_batch) so that the gradients stay sharded between them.
+    planned_steps = int(re.search(r"x (\d+) accumulation steps", path.read_text()).group(1)) if "--global-batch" in flags else 1
+    assert seen["gradient_accumulation_steps"] == planned_steps
+    assert seen["sync_each_batch"] == (planned_steps > 1)
 
 
 def torchrun(script, *script_args, tmp_path, processes=2, **environment):

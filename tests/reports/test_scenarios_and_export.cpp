@@ -19,6 +19,7 @@
 #include "reports/memory_report.hpp"
 #include "reports/report.hpp"
 #include "reports/sweep_output.hpp"
+#include "tests/support/export_request.hpp"
 
 using namespace longseq;
 namespace fs = std::filesystem;
@@ -158,19 +159,7 @@ TEST_CASE("a failed sweep writes nothing, a rerun replaces the old results whole
 
 namespace {
 
-// A plan of `gpus` H100s (8 per node) for `model` at `seqlen`, as `longseq plan --emit` builds it.
-ExportRequest export_request(const std::string& model, int64_t gpus, const PlanOptions& plan, int64_t seqlen) {
-  ExportRequest request;
-  request.model = model_load(model);
-  request.model_source = model;
-  request.plan = plan;
-  request.cluster = cluster_make(hardware_card_load("h100-sxm-80gb"), gpus, 0, 0, 0);
-  request.profile = runtime_profile_load("deepspeed-hf");
-  request.seqlen = seqlen;
-  request.predicted_peak_bytes = 70.0 * 1024 * 1024 * 1024;
-  request.deepspeed_json_name = "plan.deepspeed.json";
-  return request;
-}
+using testing::export_request;
 
 // Every key of a YAML map is one of `allowed`.
 void yaml_keys_within(const YAML::Node& map, const std::set<std::string>& allowed, const std::string& where) {
