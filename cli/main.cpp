@@ -62,14 +62,17 @@ int models_list() {
 }
 
 int hardware_list() {
-  fmt::print("{:<16} {:>8} {:>8} {:>6} {:>9} {:>8} {:>8} {:>10}\n", "card", "GPU GiB", "TFLOPS", "GPUs", "host GiB",
-             "PCIe GB/s", "NVL GB/s", "net GB/s");
+  // The rates of a card marked `~` are scaled from another card's measurements (its approximate_rates).
+  fmt::print("{:<18} {:>8} {:>8} {:>6} {:>9} {:>9} {:>8} {:>10}  {}\n", "card", "GPU GiB", "TFLOPS", "GPUs", "host GiB",
+             "PCIe GB/s", "NVL GB/s", "net GB/s", "rates");
   for (const auto& name : longseq::builtin_hardware_names()) {
     const longseq::HardwareCard card = longseq::hardware_card_load(name);
-    fmt::print("{:<16} {:>8.2f} {:>8.0f} {:>6} {:>9.0f} {:>8.2f} {:>8.0f} {:>10.0f}\n", name, card.gpu_memory_gib,
+    fmt::print("{:<18} {:>8.2f} {:>8.0f} {:>6} {:>9.0f} {:>9.2f} {:>8.0f} {:>10.0f}  {}\n", name, card.gpu_memory_gib,
                card.peak_bf16_tflops, card.gpus_per_node, card.host_memory_gib, card.pcie_host_to_device_gbps,
-               card.nvlink_gbps, card.internode_gbps_per_node);
+               card.nvlink_gbps, card.internode_gbps_per_node, card.approximate_rates.empty() ? "sourced" : "~ scaled");
   }
+  fmt::print("\n~ scaled: no matmul or attention measurement of the card; its rates are another card's measured shares of peak "
+             "applied to its datasheet peak, and every plan on it says so\n");
   return 0;
 }
 

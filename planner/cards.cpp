@@ -171,6 +171,7 @@ HardwareCard hardware_card_from_text(const std::string& yaml_text, const std::st
   card.nccl_intranode_busbw_gbps = reader.get_double("nccl_intranode_busbw_gbps", 0.001, 1e6);
   card.nccl_latency_us = reader.get_double("nccl_latency_us", 0, 1e6);
   card.host_memory_gbps = reader.get_double("host_memory_gbps", 0.001, 1e6);
+  card.approximate_rates = reader.get_string("approximate_rates", "");
   reader.reject_unknown_keys();
   return card;
 }

@@ -51,6 +51,9 @@ struct HardwareCard {
   double nccl_intranode_busbw_gbps = 0;     // NCCL bus bandwidth inside a node
   double nccl_latency_us = 0;               // per collective (alpha)
   double host_memory_gbps = 0;              // host DRAM bandwidth per node (CPU optimizer step)
+  // Which of the card's rates no measurement of it backs (scaled from another card's measured share
+  // of its peak); every plan on the card says so. Empty: its rates are measured or derived.
+  std::string approximate_rates;
 };
 
 enum class LossTiling { loss_tiling_liger, loss_tiling_shards, loss_tiling_unsloth };

@@ -158,6 +158,14 @@ std::optional<HardwareCard> hardware_for_point(const PublishedPoint& point) {
   for (const auto& name : builtin_hardware_names()) {
     if (name == exact) return hardware_card_load(name);
   }
+  // A card that lists the source's spelling among its names (A800-SXM4-80GB, L20-48GB PCIe), at its memory.
+  const std::string spelled = hardware_name_normalized(point.gpu_type);
+  for (const auto& name : builtin_hardware_names()) {
+    HardwareCard card = hardware_card_load(name);
+    if (std::find(card.names.begin(), card.names.end(), spelled) != card.names.end() &&
+        std::fabs(card.gpu_memory_gib - point.gpu_mem_gib) <= 0.05 * point.gpu_mem_gib)
+      return card;
+  }
   const std::string type = text_to_lower(point.gpu_type);
   for (const std::string& prefix : {type, type.substr(0, type.find(' '))}) {
     for (const auto& name : builtin_hardware_names()) {

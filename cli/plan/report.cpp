@@ -200,6 +200,7 @@ std::vector<std::string> plan_caveats(const ModelSpec& model, const ClusterSpec&
         "run (TRL's Qwen3-8B at 1M tokens) is in the record. --attention fa2 prices SDPA's flash backend (FlashAttention-2's code, "
         "{:.0f} against {:.0f} TFLOPS here)",
         attention_tflops(cluster.hardware, model.head_dim, "fa2"), attention_tflops(cluster.hardware, model.head_dim, "sdpa-cudnn")));
+  if (!cluster.hardware.approximate_rates.empty()) caveats.push_back(cluster.hardware.name + ": " + cluster.hardware.approximate_rates);
   if (plan.offload_optimizer && seqlen > 0 && seqlen <= 65536)
     caveats.push_back("step time at short lengths: validate finds the ALST paper's 32K steps 43-66% longer than predicted (the "
                       "offloaded optimizer step costs more than its modelled passes; reports/validation.md)");

@@ -45,7 +45,7 @@ TEST_CASE("hardware cards load with their datasheet values") {
   CHECK(h800.nvlink_gbps == 200);
   CHECK(h800.peak_bf16_tflops == h100.peak_bf16_tflops);
   CHECK(h800.nccl_intranode_busbw_gbps == doctest::Approx(h100.nccl_intranode_busbw_gbps * 200.0 / 450.0));
-  CHECK(builtin_hardware_names().size() == 7);  // six GPUs and this machine's cpu-device
+  CHECK(builtin_hardware_names().size() == 24);  // 23 GPUs and this machine's cpu-device
   // A10: 24 GB GDDR6 = 22.35 GiB, 125 dense BF16 TFLOPS, 600 GB/s (datasheet); one GPU a machine.
   const HardwareCard a10 = hardware_card_load("a10-24gb");
   CHECK(a10.gpu_memory_gib == doctest::Approx(24e9 / 1073741824.0).epsilon(1e-3));
@@ -186,4 +186,54 @@ TEST_CASE("--gpu takes the names nvidia-smi prints and the common spellings (iss
   CHECK(hardware_card_load("NVIDIA H200").name == "H200-141GB");
   // A beginning that two cards share is still asked about, by their file names.
   CHECK_THROWS_WITH_AS(hardware_card_load("a100"), doctest::Contains("did you mean a100-40gb or a100-80gb"), ConfigError);
+}
+
+TEST_CASE("the GPUs people own (issue 40): each card's datasheet figures, the names nvidia-smi prints, its rates said to be scaled") {
+  struct Datasheet {
+    const char* printed_name;  // as nvidia-smi (rocm-smi) prints it
+    double memory_gib;         // datasheet GB as GiB, less ECC's 1/16 on data-centre GDDR or the H100's 0.35 GiB driver share
+    double dense_bf16_tflops;
+    double memory_gbps;
+    double gpu_link_gbps;      // each way: NVLink (datasheet both-ways figure / 2), Infinity Fabric, or PCIe
+    int64_t gpus_per_node;
+  };
+  const std::vector<Datasheet> datasheets = {
+      {"NVIDIA A800-SXM4-80GB", 80.0, 312, 2039, 200, 8},       // A800 datasheet: NVLink 400 GB/s
+      {"NVIDIA H20", 95.65, 148, 4000, 450, 8},                 // H20: 96 GB HBM3, 4.0 TB/s, NVLink 900 GB/s
+      {"NVIDIA H100 PCIe", 79.65, 756, 2000, 55.43, 8},         // H100 PCIe: 1,513 sparse, HBM2e 2.0 TB/s
+      {"NVIDIA H100 NVL", 93.65, 835, 3900, 55.43, 8},          // H100 NVL: 94 GB, 1,671 sparse, 3.9 TB/s
+      {"NVIDIA GH200 480GB", 95.65, 989, 4000, 450, 1},         // GH200: 96 GB HBM3 at 4 TB/s, one GPU a superchip
+      {"NVIDIA B200", 179.65, 2250, 8000, 900, 8},              // HGX B200: 36 PF sparse, 64 TB/s, 1.44 TB for 8
+      {"NVIDIA GB200", 185.65, 2500, 8000, 900, 72},            // GB200 NVL72: 360 PF sparse, 13.4 TB for 72
+      {"NVIDIA L40S", 45.0, 362.05, 864, 27.7, 8},              // L40S: 48 GB GDDR6, 733 sparse
+      {"NVIDIA L40", 45.0, 181.05, 864, 27.7, 8},               // L40: 362.1 sparse
+      {"NVIDIA L20", 45.0, 119.5, 864, 27.7, 8},                // L20: 239 sparse; USP's rows print 45 GiB
+      {"NVIDIA L4", 22.5, 121, 300, 27.7, 8},                   // L4: 24 GB, 242 sparse, 300 GB/s
+      {"NVIDIA GeForce RTX 4090", 23.99, 165.2, 1008, 27.7, 8}, // Ada whitepaper: FP32-accumulate rate
+      {"NVIDIA GeForce RTX 3090", 23.99, 71, 936, 27.7, 8},     // GA102 whitepaper: FP32-accumulate rate
+      {"NVIDIA RTX A6000", 47.98, 154.8, 768, 27.7, 8},         // RTX A6000: 309.7 sparse
+      {"NVIDIA RTX 6000 Ada Generation", 45.0, 364.2, 960, 27.7, 8},
+      {"AMD Instinct MI300X", 191.65, 1307.4, 5300, 448, 8},    // MI300X: 192 GB, 5.3 TB/s, 7 x 128 GB/s links
+      {"AMD Instinct MI325X", 255.65, 1307.4, 6000, 448, 8},    // MI325X: 256 GB, 6 TB/s
+  };
+  for (const Datasheet& sheet : datasheets) {
+    CAPTURE(sheet.printed_name);
+    const HardwareCard card = hardware_card_load(sheet.printed_name);
+    CHECK(card.gpu_memory_gib == doctest::Approx(sheet.memory_gib).epsilon(1e-3));
+    CHECK(card.peak_bf16_tflops == doctest::Approx(sheet.dense_bf16_tflops));
+    CHECK(card.hbm_gbps == doctest::Approx(sheet.memory_gbps));
+    CHECK(card.nvlink_gbps == doctest::Approx(sheet.gpu_link_gbps));
+    CHECK(card.gpus_per_node == sheet.gpus_per_node);
+    // No measured rate: scaled, below the peak, and said with every plan (the caveat).
+    CHECK_FALSE(card.approximate_rates.empty());
+    CHECK(card.matmul_achieved_tflops < card.peak_bf16_tflops);
+    CHECK(card.flash_attention_tflops_hd64 < card.flash_attention_tflops_hd128);
+  }
+  // Ampere and Ada scale the A100's measured share of peak, Hopper the H100 SXM's.
+  CHECK(hardware_card_load("l40s-48gb").matmul_achieved_tflops == doctest::Approx(362.05 * 271.2 / 312).epsilon(1e-3));
+  CHECK(hardware_card_load("h20-96gb").matmul_achieved_tflops == doctest::Approx(148 * 794.5 / 989).epsilon(1e-3));
+  CHECK(hardware_card_load("h20-96gb").default_attention_kernel == "fa3");  // Hopper runs FlashAttention-3
+  CHECK(hardware_card_load("b200-180gb").default_attention_kernel == "fa2");  // no Blackwell kernel priced
+  // The measured cards carry no such caveat.
+  for (const char* measured : {"h100-sxm-80gb", "h200-141gb", "a100-80gb"}) CHECK(hardware_card_load(measured).approximate_rates.empty());
 }
