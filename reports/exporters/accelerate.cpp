@@ -32,9 +32,9 @@ ExportedConfig accelerate_config_emit(const ExportRequest& r) {
       "Trainer/TRL arguments: per_device_train_batch_size={} gradient_accumulation_steps={} bf16=True gradient_checkpointing={} "
       "max_grad_norm=1.0{}; TRL: max_length={} pad_to_multiple_of={} packing=True packing_strategy=\"bfd\" (padding-free, with "
       "position_ids: mandatory from DeepSpeed 0.19.0; TRL >= 1.0 refuses padding_free=True without packing); load the model with "
-      "attn_implementation=\"{}\" (= sp_attn_implementation)",
+      "attn_implementation=\"{}\" (= sp_attn_implementation){}",
       p.micro_batch, accumulation_steps(r), p.activation_checkpointing ? "True" : "False", p.tiled_loss ? " use_liger_kernel=True" : "", r.seqlen, p.sp,
-      attn_implementation));
+      attn_implementation, rope_extension(r).factor > 0 ? " and " + rope_scaling_keyword(rope_extension(r)) : ""));
   // Under SDPA a position_ids reset (a second sample packed in, padding) makes transformers
   // build a dense [B, 1, S, S] mask and leave the flash kernels (Reference §11 F3.5, F5.4).
   if (attn_implementation == "sdpa")

@@ -36,7 +36,7 @@ ExportedConfig accelerate_fsdp2_config_emit(const ExportRequest& r) {
   exported.notes.push_back(fmt::format(
       "Trainer/TRL arguments: per_device_train_batch_size={} gradient_accumulation_steps={}{} bf16=True gradient_checkpointing={}{}; "
       "TRL: max_length={}{} packing=False (refused under CP){}; load the model with attn_implementation=\"sdpa\" "
-      "(the Trainer refuses CP with another)",
+      "(the Trainer refuses CP with another){}",
       p.micro_batch, accumulation_steps(r),
       // Without it the Trainer runs every micro-step but the last under FSDP2's
       // set_requires_gradient_sync(False) (trainer.py's training loop; Accelerate's no_sync), which
@@ -49,7 +49,8 @@ ExportedConfig accelerate_fsdp2_config_emit(const ExportRequest& r) {
                                  : " gradient_checkpointing_kwargs={\"offload\": True} (transformers' checkpoint offload to pinned host memory)",
       // CP's load balancer splits each sequence in 2 x cp chunks (F2.6); without CP nothing needs padding.
       r.seqlen, cp > 1 ? fmt::format(" pad_to_multiple_of={}", 2 * cp) : "",
-      p.tiled_loss ? " loss_type=\"chunked_nll\" (TRL's default, 256-token chunks)" : " loss_type=\"nll\""));
+      p.tiled_loss ? " loss_type=\"chunked_nll\" (TRL's default, 256-token chunks)" : " loss_type=\"nll\"",
+      rope_extension(r).factor > 0 ? " and " + rope_scaling_keyword(rope_extension(r)) : ""));
   // Accelerate 1.11 has parallelism_config with cp, but transformers 5.17's Trainer reads its
   // sp_backend (trainer.py __init__), added in 1.12: 1.11 fails at the Trainer's construction
   // (tests/frameworks, the FSDP2 floor stage).

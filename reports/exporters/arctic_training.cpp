@@ -23,8 +23,13 @@ ExportedConfig arctic_training_recipe_emit(const ExportRequest& r) {
   if (p.fpdt) exported.notes.push_back("FPDT: ArcticTraining has no FPDT (it exists only in Megatron-DeepSpeed); this recipe runs without it");
   if (p.zero_stage >= 1 && !p.activation_checkpointing)
     exported.notes.push_back("checkpointing off: model.disable_activation_checkpoint is set (ArcticTraining checkpoints by default)");
-  exported.notes.push_back("versions: ArcticTraining >= 0.7.1 (key names of main: fused_adam, eval_interval), DeepSpeed >= 0.18.2, "
-                           "liger-kernel >= 0.6.1 with model.type liger");
+  const RopeExtension rope = rope_extension(r);
+  exported.notes.push_back(std::string("versions: ArcticTraining >= ") + (rope.factor > 0 ? "0.8.0 (model.hf_config_kwargs, read by 0.8.0's config)" : "0.7.1") +
+                           " (key names of main: fused_adam, eval_interval), DeepSpeed >= 0.18.2, liger-kernel >= 0.6.1 with model.type liger");
+  if (rope.factor > 0)
+    exported.notes.push_back(fmt::format("RoPE past the trained positions: {} tokens against the model's {}; model.hf_config_kwargs sets YaRN "
+                                         "(factor {}), which ArcticTraining applies to the model's AutoConfig", integer_with_commas(r.seqlen),
+                                         integer_with_commas(rope.original_window), rope.factor));
   if (attn_implementation == "flash_attention_3")
     // AT's model config imports flash_attn (FlashAttention-2's package) for flash_attention_3 too
     // (AT-main config/model.py L85-98), while FlashAttention-3's build installs flash_attn_interface.
@@ -56,6 +61,14 @@ ExportedConfig arctic_training_recipe_emit(const ExportRequest& r) {
   out << YAML::Key << "attn_implementation" << YAML::Value << attn_implementation;
   out << YAML::Key << "dtype" << YAML::Value << "bf16";
   out << YAML::Key << "disable_activation_checkpoint" << YAML::Value << !p.activation_checkpointing;
+  if (rope.factor > 0) {  // AT's hf_factory sets each key on the AutoConfig before building the model
+    out << YAML::Key << "hf_config_kwargs" << YAML::Value << YAML::BeginMap << YAML::Key << "rope_scaling" << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "rope_type" << YAML::Value << "yarn";
+    out << YAML::Key << "factor" << YAML::Value << fmt::format("{}.0", rope.factor);  // a float, as transformers validates it
+    out << YAML::Key << "original_max_position_embeddings" << YAML::Value << rope.original_window;
+    out << YAML::Key << "rope_theta" << YAML::Value << fmt::format("{:.1f}", rope.rope_theta);
+    out << YAML::EndMap << YAML::EndMap;
+  }
   out << YAML::EndMap;
   out << YAML::Key << "data" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "sources" << YAML::Value << YAML::BeginSeq << "REPLACE-WITH-YOUR-DATASET" << YAML::EndSeq;

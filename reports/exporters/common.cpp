@@ -17,6 +17,24 @@ namespace longseq::exporters {
 
 int64_t data_parallel(const ExportRequest& r) { return r.cluster.gpus / r.plan.sequence_ranks(); }
 
+RopeExtension rope_extension(const ExportRequest& r) {
+  const ModelSpec& m = r.model;
+  const bool scaled_by_factor = m.rope_scaling == "yarn" || m.rope_scaling == "linear" || m.rope_scaling == "dynamic";
+  if (m.max_position_embeddings <= 0 || r.seqlen <= m.max_position_embeddings || scaled_by_factor) return {};
+  return {(r.seqlen + m.max_position_embeddings - 1) / m.max_position_embeddings, m.max_position_embeddings, m.rope_theta};
+}
+
+std::string rope_scaling_keyword(const RopeExtension& extension) {
+  return fmt::format("rope_scaling={{\"rope_type\": \"yarn\", \"factor\": {}.0, \"original_max_position_embeddings\": {}, \"rope_theta\": {:.1f}}}",
+                     extension.factor, extension.original_window, extension.rope_theta);
+}
+
+std::string rope_extension_note(const ExportRequest& r, const RopeExtension& extension, const std::string& where) {
+  return fmt::format("RoPE past the trained positions: {} tokens against the model's {} (max_position_embeddings); {}: {}",
+                     integer_with_commas(r.seqlen), integer_with_commas(extension.original_window), where,
+                     rope_scaling_keyword(extension));
+}
+
 int64_t accumulation_steps(const ExportRequest& r) { return gradient_accumulation_steps(r.cluster, r.plan); }
 
 int64_t global_batch(const ExportRequest& r) { return r.plan.micro_batch * data_parallel(r) * accumulation_steps(r); }

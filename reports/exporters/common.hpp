@@ -15,6 +15,24 @@ namespace longseq::exporters {
 
 int64_t data_parallel(const ExportRequest& r);
 
+// A planned length past the model's trained positions (config.json's max_position_embeddings) with
+// no RoPE scaling by a factor in its config: YaRN over that window, factor ceil(S / window), as
+// TRL's 1M-token example sets it (Reference §11 F5.7: factor 32 over 32,768 for 1,048,576 tokens).
+// factor 0: not needed (within the window, a factor scaling already there, or no window known).
+struct RopeExtension {
+  int64_t factor = 0;
+  int64_t original_window = 0;
+  double rope_theta = 0;  // the model's base, written beside: transformers 5 builds rope_parameters from this dict alone
+};
+RopeExtension rope_extension(const ExportRequest& r);
+// The keyword transformers' from_pretrained takes for it (rope_scaling: transformers 4 reads it and
+// transformers 5 standardizes it into rope_parameters), e.g. rope_scaling={"rope_type": "yarn", ...}, with
+// rope_theta inside as TRL's 1M example writes it: without it transformers 5.24's rope_parameters
+// lack the base and YaRN's init fails (tests/frameworks, test_hf_trainer_yarn_...).
+std::string rope_scaling_keyword(const RopeExtension& extension);
+// What a target that cannot set it says: the length, the window, the keyword for the user's loading code.
+std::string rope_extension_note(const ExportRequest& r, const RopeExtension& extension, const std::string& where);
+
 // Micro-steps per optimizer step (the plan's global batch over micro batch x dp; 1 without one),
 // and the samples one optimizer step takes over the cluster.
 int64_t accumulation_steps(const ExportRequest& r);

@@ -21,6 +21,8 @@ ExportedConfig deepspeed_config_emit(const ExportRequest& r) {
   const PlanOptions& p = r.plan;
   ExportedConfig exported;
   for (const auto& line : record_lines(r, "a plain deepspeed.initialize loop")) exported.notes.push_back(line);
+  if (const RopeExtension rope = rope_extension(r); rope.factor > 0)
+    exported.notes.push_back(rope_extension_note(r, rope, "the JSON cannot set it; load the model in the loop with"));
   if (p.sp > 1)
     exported.notes.push_back("Ulysses: call UlyssesSPAttentionHF.register_with_transformers and wrap the DataLoader in "
                              "UlyssesSPDataLoaderAdapter (DeepSpeed >= 0.18.2); sequence_parallel_size alone does not switch it on");

@@ -52,6 +52,8 @@ ExportedConfig hf_trainer_script_emit(const ExportRequest& r) {
             "                     \"transformers >= 5.17; this is \" + transformers.__version__)\n\n";
   text += fmt::format("MODEL = {}\n\n", python_string_literal(model_name_or_path(r)));
   std::string load_arguments = fmt::format("dtype=torch.bfloat16, attn_implementation=\"{}\"", attn_implementation);
+  // Past the trained positions: YaRN over the model's window, as TRL's 1M example loads Qwen3-8B.
+  if (const RopeExtension extension = rope_extension(r); extension.factor > 0) load_arguments += ", " + rope_scaling_keyword(extension);
   if (p.qlora) {
     // The QLoRA recipes' settings, not transformers' defaults (fp4, no double quantization, fp32
     // compute; item 16): NF4, double quantization, bf16 compute, as the plan priced.

@@ -32,6 +32,10 @@ ExportedConfig megatron_deepspeed_emit(const ExportRequest& r) {
   exported.notes.push_back(p.fpdt ? "versions: Megatron-DeepSpeed main with FPDT (676a482c or later); DeepSpeed >= 0.19.1 with flash-attn "
                                     "2.7 (DeepSpeed 0.16.1-0.19.0 call flash-attn <= 2.6.3 only, FRAMEWORKS §3.2)"
                                   : "versions: Megatron-DeepSpeed main (676a482c or later), DeepSpeed >= 0.10.2, flash-attn 2.x");
+  if (const RopeExtension rope = rope_extension(r); rope.factor > 0)
+    exported.notes.push_back(fmt::format("RoPE past the trained positions: {} tokens against the model's {}; not expressed: Megatron-DeepSpeed's "
+                                         "rotary embedding has no YaRN (the Hugging Face stacks take {})", integer_with_commas(r.seqlen),
+                                         integer_with_commas(rope.original_window), rope_scaling_keyword(rope)));
   if (!m.rope_scaling.empty())
     exported.notes.push_back(fmt::format("RoPE scaling '{}' of {} is not expressed: Megatron-DeepSpeed's rotary embedding has no such "
                                          "scaling, so positions train with the plain base", m.rope_scaling, m.name));

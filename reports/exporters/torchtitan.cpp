@@ -30,6 +30,10 @@ ExportedConfig torchtitan_job_emit(const ExportRequest& r) {
     exported.notes.push_back(fmt::format("seq_len {} is {} rounded down to a multiple of 2 x cp = {} (parallelize_llama asserts seq_len "
                                          "% (tp x 2 x cp) == 0)", seq_len, r.seqlen, seq_len_multiple));
   if (p.sp > 1) exported.notes.push_back("Ulysses: not expressed (torchtitan's sequence parallelism is context parallelism)");
+  // torchtitan 0.2.2 has YaRN in its DeepSeek-V3 and gpt-oss model args only (models/*/model/args.py).
+  if (const RopeExtension rope = rope_extension(r); rope.factor > 0)
+    exported.notes.push_back(rope_extension_note(r, rope, "not expressed: torchtitan's llama3 and qwen3 flavors have no YaRN (0.2.2: only "
+                                                          "DeepSeek-V3 and gpt-oss do); the Hugging Face stacks take"));
   if (p.zero_stage != 3) exported.notes.push_back(fmt::format("ZeRO-{}: not expressed (torchtitan shards fully with FSDP2)", p.zero_stage));
   if (p.tiled_mlp || p.tiled_loss || p.fpdt || p.checkpoint_offload)
     exported.notes.push_back("tiled MLP / tiled loss / FPDT / checkpoint offload: not in torchtitan's job config; not expressed");

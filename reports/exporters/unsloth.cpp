@@ -25,6 +25,9 @@ ExportedConfig unsloth_script_emit(const ExportRequest& r) {
   if (p.sequence_ranks() > 1 || p.zero_stage > 0 || p.offload_optimizer || p.offload_params || p.fpdt)
     exported.notes.push_back("sequence parallelism, ZeRO, offload of states, FPDT: not expressed (Unsloth trains on one GPU)");
   exported.notes.push_back("the plan priced Unsloth's LoRA layers with PEFT's saved tensors; its fused LoRA kernels save fewer (item 37)");
+  if (const RopeExtension rope = rope_extension(r); rope.factor > 0)
+    exported.notes.push_back(rope_extension_note(r, rope, "not set here: Unsloth's from_pretrained scales RoPE to max_seq_length itself "
+                                                          "(its documentation; not checked here, Unsloth needs a GPU), where transformers takes"));
   // Unsloth pins trl<=0.24.0, which accepts every SFTConfig argument this script passes.
   exported.notes.push_back(std::string("versions: unsloth >= 2025.9 with unsloth_zoo (offloaded checkpointing, fused cross entropy), TRL "
                                        "0.24 (Unsloth pins trl<=0.24.0)") +

@@ -26,5 +26,7 @@ config = get_config(Path(sys.argv[1]))
 if int(os.environ["RANK"]) == 0:
     print("ARCTIC " + json.dumps({"type": config.type, "sequence_parallel_size": config.sequence_parallel_size,
                                   "world_size": config.world_size, "deepspeed": config.deepspeed,
-                                  "max_length": config.data.max_length, "attn_implementation": config.model.attn_implementation}),
+                                  "max_length": config.data.max_length, "attn_implementation": config.model.attn_implementation,
+                                  "gradient_accumulation_steps": config.gradient_accumulation_steps,
+                                  "hf_config_kwargs": config.model.hf_config_kwargs}),
           flush=True)

@@ -196,6 +196,34 @@ def test_hf_trainer_script_arguments_accepted(flags, longseq_binary, tmp_path):
         assert quantization.load_in_4bit and quantization.bnb_4bit_quant_type == "nf4"
 
 
+@pytest.mark.parametrize("seqlen,factor", [("128K", 4), ("32K", None)])
+def test_hf_trainer_yarn_past_the_trained_positions_is_transformers_yarn(seqlen, factor, longseq_binary, tmp_path):
+    """Issue 40: past the model's max_position_embeddings (Qwen3-1.7B: 40,960) the script loads the model with
+    YaRN over that window, factor ceil(S / window) as TRL's 1M example sets it; transformers' own config and rope
+    initialisation read it as YaRN with that factor (transformers 5 standardizes rope_scaling into rope_parameters)."""
+    path, _ = emit(longseq_binary, tmp_path, "hf-trainer",
+                   ["--model", "../data/hf/qwen3-1.7b.config.json", "--gpus", "1", "--seqlen", seqlen, "--framework", "hf-trainer"], ".py")
+    loading = script_calls(path)["from_pretrained"]
+    if factor is None:
+        assert "rope_scaling" not in loading
+        return
+    assert loading["rope_scaling"] == {"rope_type": "yarn", "factor": float(factor), "original_max_position_embeddings": 40960,
+                                       "rope_theta": 1e6}
+    import shutil
+    from transformers import AutoConfig
+    folder = tmp_path / "model"
+    folder.mkdir()
+    here = os.path.dirname(os.path.abspath(__file__))
+    shutil.copy(os.path.join(here, "..", "data", "hf", "qwen3-1.7b.config.json"), folder / "config.json")
+    config = AutoConfig.from_pretrained(str(folder), rope_scaling=loading["rope_scaling"])
+    rope = getattr(config, "rope_parameters", None) or config.rope_scaling
+    assert rope["rope_type"] == "yarn" and rope["factor"] == factor
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    inverse_frequencies, attention_factor = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
+    assert attention_factor > 1.0  # YaRN's 0.1 ln(factor) + 1 attention scaling is on
+    assert inverse_frequencies.shape[0] == config.head_dim // 2
+
+
 def test_unsloth_script_sft_arguments_accepted(longseq_binary, tmp_path):
     path, notes = emit(longseq_binary, tmp_path, "unsloth", ["--model", "llama-3.1-8b", "--gpus", "1", "--lora", "16", "--qlora",
                                                                "--framework", "unsloth"], ".py")
@@ -362,7 +390,10 @@ def test_deepspeed_ulysses_json_trains_two_steps_on_two_processes(longseq_binary
 
 
 @pytest.mark.parametrize("flags,gpus", [(["--model", "llama-3.1-8b", "--gpus", "8"], 8),
-                                        (["--model", "qwen3-4b", "--gpus", "4", "--zero", "2", "--sp", "2", "--seqlen", "64K"], 4)])
+                                        (["--model", "qwen3-4b", "--gpus", "4", "--zero", "2", "--sp", "2", "--seqlen", "64K"], 4),
+                                        # past the trained window (YaRN in hf_config_kwargs), with gradient accumulation
+                                        (["--model", "../data/hf/qwen3-1.7b.config.json", "--gpus", "4", "--sp", "2", "--seqlen", "128K",
+                                          "--global-batch", "8"], 4)])
 def test_arctic_training_recipe_accepted_by_its_config_loader(flags, gpus, longseq_binary, tmp_path):
     """ArcticTraining's get_config on every rank of a gloo world of the planned size (arctic_config.py):
     the recipe as written, but for the model path and dataset (a tiny Llama saved here; no hub) and
@@ -385,7 +416,12 @@ def test_arctic_training_recipe_accepted_by_its_config_loader(flags, gpus, longs
     assert read["sequence_parallel_size"] == planned["sequence_parallel_size"]
     assert read["deepspeed"]["zero_optimization"]["stage"] == planned["deepspeed"]["zero_optimization"]["stage"]
     # DeepSpeed's batch: micro batch x accumulation x world / sp, as ArcticTraining fills it.
-    assert read["deepspeed"]["train_batch_size"] == planned["micro_batch_size"] * gpus // planned["sequence_parallel_size"]
+    assert read["gradient_accumulation_steps"] == planned["gradient_accumulation_steps"]
+    assert read["deepspeed"]["train_batch_size"] == (planned["micro_batch_size"] * planned["gradient_accumulation_steps"] * gpus
+                                                     // planned["sequence_parallel_size"])
+    if "--global-batch" in flags:
+        assert read["deepspeed"]["train_batch_size"] == 8
+    assert read["hf_config_kwargs"] == planned["model"].get("hf_config_kwargs", {})
     assert read["max_length"] == planned["data"]["max_length"] and read["attn_implementation"] == "sdpa"
 
 
