@@ -238,8 +238,7 @@ int plan_command_run(const PlanCommandArgs& args) {
   if (machine && options.objective != SearchObjective::objective_max_seqlen)
     throw ConfigError("--objective", "", "for this machine (--ranks) the search finds the longest sequence, as run --auto does");
   if (!machine) {
-    options.unsupported = [&](const PlanOptions& plan) { return framework_unsupported(framework, model, plan, cluster.gpus); };
-    options.length_multiple = facts.length_multiple;
+    search_options_for_framework(options, framework, model, cluster);
   }
   if (context.max_step_s > 0 && options.objective != SearchObjective::objective_max_seqlen)
     throw ConfigError("--max-step-time", "", "limits the longest-sequence search; with --seqlen the step time is an answer, not a limit");
@@ -427,8 +426,7 @@ int plan_command_run(const PlanCommandArgs& args) {
             framework_profile(other, runtime_profile_load(!args.profile.empty() ? args.profile : other_facts.runtime_profile));
         if (!args.attention.empty() && !attention_kernel_problem(other_profile, hardware).empty()) continue;
         SearchOptions other_options = options;
-        other_options.unsupported = [&model, &cluster, other](const PlanOptions& plan) { return framework_unsupported(other, model, plan, cluster.gpus); };
-        other_options.length_multiple = other_facts.length_multiple;
+        search_options_for_framework(other_options, other, model, cluster);
         others.push_back(plan_search(model, cluster, other_profile, other_options));
         const SearchCandidate* candidate = others.back().winner();
         const std::vector<SearchCandidate>& tried = others.back().candidates;

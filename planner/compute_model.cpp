@@ -34,12 +34,17 @@ double lm_head_forward_flops(const ModelSpec& model, int64_t micro_batch, int64_
   return 2.0 * as_double(micro_batch) * as_double(seqlen / sp) * as_double(model.hidden_size) * as_double(model.vocab_size);
 }
 
+double recomputed_layer_share(const ModelSpec& model, const PlanOptions& plan) {
+  return model.num_layers > 0 ? as_double(plan.checkpointed_layers(model.num_layers)) / as_double(model.num_layers) : 0.0;
+}
+
 namespace {
 
 StepFlops step_flops(const ModelSpec& model, const PlanOptions& plan, int64_t seqlen, bool with_recompute) {
   // Ring attention's zigzag split balances the causal work: per rank 1/(u r) of the whole.
   const LayerForwardFlops layer = layer_forward_flops(model, plan.micro_batch, seqlen, plan.sequence_ranks());
-  const double recompute = with_recompute && plan.activation_checkpointing ? 1.0 : 0.0;
+  // The share of layers recomputed in backward: all with checkpointing, one in every N with torchtitan's layer SAC.
+  const double recompute = with_recompute ? recomputed_layer_share(model, plan) : 0.0;
   const double tiled_mlp_recompute = with_recompute && plan.tiled_mlp ? 1.0 : 0.0;
   StepFlops flops;
   // forward + backward (2x) + recompute. A frozen base (LoRA) computes no weight gradient: its

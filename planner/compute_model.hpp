@@ -43,6 +43,10 @@ double lm_head_forward_flops(const ModelSpec& model, int64_t micro_batch, int64_
 // What the GPU executes: forward, recomputes, backward.
 StepFlops step_flops_executed(const ModelSpec& model, const PlanOptions& plan, int64_t seqlen);
 
+// The share of decoder layers whose forward runs again in backward: 1 with checkpointing, 1/N with
+// one layer in every N checkpointed (a whole number of them: floor(L / N) / L), 0 without.
+double recomputed_layer_share(const ModelSpec& model, const PlanOptions& plan);
+
 // Model FLOPs for MFU: forward + backward once, no recompute.
 StepFlops step_flops_model(const ModelSpec& model, const PlanOptions& plan, int64_t seqlen);
 

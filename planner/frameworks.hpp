@@ -9,6 +9,7 @@
 
 #include "models/model_spec.hpp"
 #include "planner/plan.hpp"
+#include "planner/search.hpp"
 
 namespace longseq {
 
@@ -61,6 +62,9 @@ struct FrameworkDescription {
   bool trl_activation_offload;       // TRL's SFTConfig(activation_offloading=True)
   bool adam_8bit;                    // bitsandbytes' 8-bit AdamW through the Trainer's optim argument
   bool tiles_moe_blocks;             // TiledMLP over a whole mixture-of-experts block (Unsloth's)
+  // Checkpoints one decoder layer in every N, the others keeping what they save (torchtitan's
+  // layer-selective AC: activation_checkpoint.mode "selective" with selective_ac_option "N").
+  bool checkpoint_every_nth_layer;
   // Why it cannot build `model` whatever the plan (nullptr: it builds what longseq reads), then why
   // it cannot run `plan` on `gpus` GPUs (0: not known); "" when it can.
   std::string (*model_refused)(const char* name, const ModelSpec& model);
@@ -92,6 +96,11 @@ struct TorchtitanFlavor {
   std::string model_name, flavor;
 };
 TorchtitanFlavor torchtitan_flavor(const ModelSpec& model);
+
+// A search for `framework`: what it refuses (framework_unsupported, with the cluster's GPU count),
+// the lengths it feeds (FrameworkFacts::length_multiple) and the checkpointing it offers. `model`
+// and `cluster` are held by reference: they outlive the search.
+void search_options_for_framework(SearchOptions& options, Framework framework, const ModelSpec& model, const ClusterSpec& cluster);
 
 // The frameworks that run `plan` for `model` (longseq's executor always among them).
 std::vector<Framework> frameworks_running(const ModelSpec& model, const PlanOptions& plan);

@@ -401,11 +401,17 @@ void resident_activations_place(TensorTrace& trace, const PlanOptions& plan, con
     return;
   }
   if (layers <= 0) return;
-  if (!plan.activation_checkpointing) {
-    trace.alloc(kCategoryCheckpoints, "saved_activations", first_layer_saved_bytes + saved_bytes_per_layer * (layers - 1), layers);
-  } else {
-    trace.alloc(kCategoryCheckpoints, "hidden_states_checkpoints", x_bytes * layers, layers);
+  // The layers below: the checkpointed ones keep their input, the others every tensor they save
+  // (all of them without checkpointing; all but one in every N under torchtitan's layer SAC).
+  const int64_t resident = static_cast<int64_t>(layers);
+  const double checkpointed = as_double(plan.checkpointed_layers(resident));
+  const double saving = layers - checkpointed;
+  if (saving > 0) {
+    const bool first_saves = !plan.layer_checkpointed(0);
+    trace.alloc(kCategoryCheckpoints, "saved_activations",
+                (first_saves ? first_layer_saved_bytes : 0.0) + saved_bytes_per_layer * (saving - (first_saves ? 1.0 : 0.0)), saving);
   }
+  if (checkpointed > 0) trace.alloc(kCategoryCheckpoints, "hidden_states_checkpoints", x_bytes * checkpointed, checkpointed);
 }
 
 struct PhaseResult {
@@ -448,11 +454,13 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
   const Setup setup = setup_make(model, cluster.hardware, plan, profile, seqlen);
   const double layers = as_double(model.num_layers);
   const double x_bytes = as_double(setup.shape.tokens) * as_double(model.hidden_size) * as_double(profile.activation_bytes);
-  const double saved_per_layer = plan.activation_checkpointing ? 0 : decoder_layer_saved_bytes(setup.shape, setup.impl);
+  // What a layer that is not checkpointed keeps for its backward (no layer, under full checkpointing).
+  const bool layers_save = !plan.activation_checkpointing || plan.checkpoint_every > 1;
+  const double saved_per_layer = layers_save ? decoder_layer_saved_bytes(setup.shape, setup.impl) : 0;
   // LoRA freezes the embedding, so the first layer's input needs no gradient (LayerShape::input_requires_grad).
   LayerShape first_layer_shape = setup.shape;
   first_layer_shape.input_requires_grad = !plan.lora();
-  const double saved_first_layer = plan.activation_checkpointing ? 0 : decoder_layer_saved_bytes(first_layer_shape, setup.impl);
+  const double saved_first_layer = layers_save ? decoder_layer_saved_bytes(first_layer_shape, setup.impl) : 0;
   const double router_logits_bytes = as_double(setup.shape.tokens) * as_double(model.experts) * as_double(profile.activation_bytes);
   const bool aux_loss = model.is_moe() && (plan.moe_aux_loss || model.output_router_logits);
   // The usable GPU memory: the card's less the headroom the profile keeps free.
@@ -538,7 +546,7 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
       if (aux_loss) trace.alloc(kCategoryCheckpoints, "moe.router_logits_kept", (layers - 1) * router_logits_bytes, layers - 1);
       zero_layer_buffers_place(trace, plan, profile, setup, /*backward=*/false, as_double(plan.shard_ranks(cluster.gpus)));
       trace.alloc(kCategoryLayer, "layer.input", x_bytes);
-      decoder_layer_forward(trace, setup.shape, setup.impl, /*keep=*/!plan.activation_checkpointing);
+      decoder_layer_forward(trace, setup.shape, setup.impl, /*keep=*/!plan.layer_checkpointed(model.num_layers - 1));
       return trace.peak_bytes();
     };
     // Logits and loss: every layer's checkpoint is resident, the LM head is gathered.
@@ -584,19 +592,21 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
     // checkpointing the incoming gradient exists before the recompute starts.
     auto layer_backward_phase = [&](PhaseResult& result, const char* name, double layers_below) {
       const LayerShape& shape = layers_below == 0 ? first_layer_shape : setup.shape;
+      // This layer (0-based index layers_below) recomputes its forward only if it is checkpointed.
+      const bool checkpointed = plan.layer_checkpointed(static_cast<int64_t>(layers_below));
       TensorTrace& trace = phase_begin(result, name, layers_below);
       gradients_above_place(trace, layers - 1 - layers_below);
       zero_layer_buffers_place(trace, plan, profile, setup, /*backward=*/true, as_double(plan.shard_ranks(cluster.gpus)));
       trace.alloc(kCategoryLayer, "layer.input", x_bytes);
-      if (plan.activation_checkpointing) trace.alloc(kCategoryLayer, "layer.output_grad", x_bytes);
+      if (checkpointed) trace.alloc(kCategoryLayer, "layer.output_grad", x_bytes);
       decoder_layer_forward(trace, shape, backward_impl, /*keep=*/true);
       // Without a checkpoint nothing holds the layer's input once an eager norm has copied it.
-      if (!plan.activation_checkpointing && setup.impl.eager_rms_norm) trace.free("layer.input");
+      if (!checkpointed && setup.impl.eager_rms_norm) trace.free("layer.input");
       // Nothing holds the layer's output in its backward: without checkpointing the next layer (or
       // the final norm) has run its backward already, and a non-reentrant recompute drops it. A
       // reentrant one holds it (torch.autograd.backward(outputs, grads)).
-      if (!plan.activation_checkpointing || profile.checkpointing_non_reentrant) trace.free("layer.output");
-      if (!plan.activation_checkpointing) trace.alloc(kCategoryLayer, "layer.output_grad", x_bytes);
+      if (!checkpointed || profile.checkpointing_non_reentrant) trace.free("layer.output");
+      if (!checkpointed) trace.alloc(kCategoryLayer, "layer.output_grad", x_bytes);
       decoder_layer_backward(trace, shape, backward_impl);
       return trace.peak_bytes();
     };

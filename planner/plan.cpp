@@ -128,6 +128,12 @@ std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec
   if (plan.offload_optimizer && plan.zero_stage < 1)
     problems.push_back("optimizer offload needs ZeRO stage 1, 2 or 3 (DeepSpeed ZeRO-Offload)");
   if (plan.offload_params && plan.zero_stage != 3) problems.push_back("parameter offload needs ZeRO stage 3 (offload_param)");
+  if (plan.checkpoint_every < 1) problems.push_back(fmt::format("checkpointing every {} layers: must be at least 1", plan.checkpoint_every));
+  if (plan.checkpoint_every > 1) {
+    if (!plan.activation_checkpointing) problems.push_back("checkpointing one layer in every N needs activation checkpointing");
+    if (plan.checkpoint_offload) problems.push_back("checkpoint offload with one layer in every N checkpointed is not modelled");
+    if (plan.fpdt) problems.push_back("FPDT checkpoints every layer (its recipe); one in every N is not modelled with it");
+  }
   if (plan.checkpoint_offload && !plan.activation_checkpointing)
     problems.push_back("checkpoint offload needs activation checkpointing");
   if (plan.mlp_tiles < 0) problems.push_back(fmt::format("MLP tile count {} is negative", plan.mlp_tiles));
@@ -234,7 +240,9 @@ std::string plan_describe(const PlanOptions& plan) {
                                    : fmt::format("sp={} zero={}", plan.sp, plan.zero_stage);
   if (plan.offload_optimizer) text += " +optimizer-offload";
   if (plan.offload_params) text += " +param-offload";
-  text += plan.activation_checkpointing ? " +checkpointing" : " -checkpointing";
+  text += !plan.activation_checkpointing ? " -checkpointing"
+          : plan.checkpoint_every > 1    ? fmt::format(" +checkpointing(1 in {})", plan.checkpoint_every)
+                                         : " +checkpointing";
   if (plan.checkpoint_offload) text += " +checkpoint-offload";
   if (plan.tiled_mlp) text += plan.mlp_tiles > 0 ? fmt::format(" +tiled-mlp({})", plan.mlp_tiles) : " +tiled-mlp";
   if (plan.tiled_loss) text += plan.loss_tiles > 0 ? fmt::format(" +tiled-loss({})", plan.loss_tiles) : " +tiled-loss";

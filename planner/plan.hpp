@@ -90,6 +90,17 @@ struct PlanOptions : HeldChoices {
   bool offload_optimizer = false;       // fp32 master, Adam states and fp32 gradients on the host
   bool offload_params = false;          // ZeRO-3 offload_param: bf16 weight partitions on the host
   bool activation_checkpointing = true; // per decoder layer, recomputed in backward
+  // With checkpointing, one decoder layer in every `checkpoint_every` is checkpointed and the
+  // others keep every tensor they save (torchtitan's layer-selective AC, activation_checkpoint.py
+  // _apply_layer_sac: its counter starts at 1, so layers N, 2N, ... (1-based) are wrapped).
+  int64_t checkpoint_every = 1;
+  // Whether the decoder layer at 0-based `index` is checkpointed, and how many of the first `count` are.
+  bool layer_checkpointed(int64_t index) const {
+    return activation_checkpointing && (checkpoint_every <= 1 || (index + 1) % checkpoint_every == 0);
+  }
+  int64_t checkpointed_layers(int64_t count) const {
+    return !activation_checkpointing ? 0 : checkpoint_every <= 1 ? count : count / checkpoint_every;
+  }
   bool checkpoint_offload = false;      // the checkpointed hidden_states go to the host
   bool tiled_mlp = false;
   int64_t mlp_tiles = 0;                // 0: DeepSpeed's rule ceil(S_l / hidden)

@@ -439,7 +439,7 @@ std::vector<SweepRow> scenario_run(const Scenario& scenario, const std::function
                         options.objective = seqlen ? SearchObjective::objective_throughput : SearchObjective::objective_max_seqlen;
                         options.seqlen = seqlen.value_or(0);
                         options.explore_ring = settings.ring.value_or(0) != 1;
-                        options.unsupported = [&](const PlanOptions& candidate) { return framework_unsupported(*framework, model, candidate, cluster.gpus); };
+                        if (framework) search_options_for_framework(options, *framework, model, cluster);
                         options.length_multiple = length_multiple;
                         options.held.lora_rank = settings.lora_rank.value_or(0);
                         options.held.lora_all_linear = settings.lora_all_linear.value_or(true);

@@ -25,8 +25,11 @@ std::vector<PlanOptions> plans_enumerate(const ClusterSpec& cluster, const Searc
             if (offload_params && zero != 3) continue;  // offload_param is a ZeRO-3 feature
             for (bool checkpointing : {false, true}) {
               for (bool checkpoint_offload : {false, true}) {
+               for (int64_t checkpoint_every : options.checkpoint_every) {
                 if (checkpoint_offload && !checkpointing) continue;
+                if (checkpoint_every > 1 && (!checkpointing || checkpoint_offload)) continue;  // one in N: checkpointed layers, kept on the GPU
                 PlanOptions plan;
+                plan.checkpoint_every = checkpoint_every;
                 plan.sp = sp;
                 plan.ring = ring;
                 plan.zero_stage = zero;
@@ -45,11 +48,13 @@ std::vector<PlanOptions> plans_enumerate(const ClusterSpec& cluster, const Searc
                 if (!checkpointing || ring > 1) continue;  // FPDT runs with checkpointing, and without the ring
                 plan.tiled_mlp = plan.tiled_loss = false;
                 plan.fpdt = true;
+                if (checkpoint_every > 1) continue;  // FPDT checkpoints every layer
                 for (int64_t chunk : options.fpdt_chunks) {
                   if (chunk % sp != 0) continue;
                   plan.fpdt_chunk_tokens = chunk;
                   if (!options.admits || options.admits(plan)) plans.push_back(plan);
                 }
+               }
               }
             }
           }
@@ -87,7 +92,8 @@ bool same_except(const PlanOptions& a, const PlanOptions& b, int field) {
   if (field != 1 && a.zero_stage != b.zero_stage) return false;
   if (field != 2 && a.offload_optimizer != b.offload_optimizer) return false;
   if (field != 3 && a.offload_params != b.offload_params) return false;
-  if (field != 4 && (a.activation_checkpointing != b.activation_checkpointing || a.checkpoint_offload != b.checkpoint_offload))
+  if (field != 4 && (a.activation_checkpointing != b.activation_checkpointing || a.checkpoint_offload != b.checkpoint_offload ||
+                     a.checkpoint_every != b.checkpoint_every))
     return false;
   if (field != 5 && (a.tiled_mlp != b.tiled_mlp || a.tiled_loss != b.tiled_loss || a.fpdt != b.fpdt ||
                      (a.fpdt && a.fpdt_chunk_tokens != b.fpdt_chunk_tokens)))
@@ -317,8 +323,10 @@ std::vector<SearchAlternative> search_notable_alternatives(const SearchResult& r
       case 2: return p.offload_optimizer ? "with optimizer offload" : "without optimizer offload";
       case 3: return p.offload_params ? "with parameter offload" : "without parameter offload";
       case 4: return !p.activation_checkpointing ? "without activation checkpointing"
-                     : p.checkpoint_offload      ? "with checkpoint offload"
-                                                 : "without checkpoint offload";
+                     : p.checkpoint_every != w.checkpoint_every
+                         ? (p.checkpoint_every > 1 ? fmt::format("checkpointing 1 layer in {}", p.checkpoint_every) : "checkpointing every layer")
+                     : p.checkpoint_offload ? "with checkpoint offload"
+                                            : "without checkpoint offload";
       default:
         if (p.fpdt) return fmt::format("FPDT with {}-token chunks", p.fpdt_chunk_tokens);
         return fmt::format("{} tiled MLP, {} tiled loss{}", p.tiled_mlp ? "with" : "without", p.tiled_loss ? "with" : "without",

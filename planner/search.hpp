@@ -47,6 +47,9 @@ struct SearchOptions {
   // What every plan carries (the user's choices, held, not searched): adapters, 8-bit Adam, the
   // CP rotation, HSDP.
   HeldChoices held;
+  // Checkpointing one decoder layer in every N: the N tried beside full checkpointing (1), where
+  // the framework runs it (FrameworkDescription::checkpoint_every_nth_layer).
+  std::vector<int64_t> checkpoint_every = {1};
 };
 
 // How many memory-saving features a plan turns on (offloads, checkpointing, tiling, FPDT, the ZeRO

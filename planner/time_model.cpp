@@ -162,7 +162,7 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   const ParameterCount params = parameter_count(model);
   const double world = as_double(cluster.gpus);
   const double layers = as_double(model.num_layers);
-  const double recompute = plan.activation_checkpointing ? 1.0 : 0.0;
+  const double recompute = recomputed_layer_share(model, plan);
   TimePrediction prediction;
   prediction.executed_flops = step_flops_executed(model, plan, seqlen);
   prediction.model_flops = step_flops_model(model, plan, seqlen);

@@ -73,6 +73,10 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
                   "offload checkpointed hidden_states to host memory");
   switch_register(*command, "tiled-mlp", args->tiled_mlp_on, args->tiled_mlp_off, "TiledMLP over the sequence");
   switch_register(*command, "tiled-loss", args->tiled_loss_on, args->tiled_loss_off, "fused, tiled logits and loss");
+  command->add_option("--checkpoint-every", args->checkpoint_every,
+                      "checkpoint one decoder layer in every N, the others keeping what they save (torchtitan's layer-selective "
+                      "AC, activation_checkpoint.selective_ac_option; default 1: every layer; the torchtitan search tries 1-4)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   command->add_option("--mlp-tiles", args->mlp_tiles, "MLP tile count (default: DeepSpeed's ceil(S/sp / hidden))");
   command->add_option("--loss-tiles", args->loss_tiles, "loss tile count (default: the runtime profile's rule)");
   command->add_option("--micro-batch", args->micro_batch,
@@ -231,6 +235,7 @@ int64_t global_batch_samples(const PlanCommandArgs& args, std::optional<int64_t>
 
 bool plan_flags_given(const PlanCommandArgs& args) {
   return args.alst || args.baseline || args.sp || args.ring || args.zero_stage || args.mlp_tiles || args.loss_tiles || args.fpdt ||
+         args.checkpoint_every ||
          args.fpdt_chunk ||
          args.offload_optimizer_on + args.offload_optimizer_off + args.offload_params_on + args.offload_params_off +
                  args.checkpointing_on + args.checkpointing_off + args.checkpoint_offload_on + args.checkpoint_offload_off +
@@ -262,6 +267,12 @@ PlanOptions plan_from_flags(const PlanCommandArgs& args, const ModelSpec& model,
   // Checkpoint offload is part of the default set; turning checkpointing off turns it off too
   // unless the user asked for both, which plan_problems then reports.
   if (!plan.activation_checkpointing && args.checkpoint_offload_on == 0) plan.checkpoint_offload = false;
+  if (args.checkpoint_every) {
+    plan.checkpoint_every = *args.checkpoint_every;
+    // One layer in N keeps its checkpoints on the GPU (torchtitan offloads none): the ALST set's
+    // offload leaves unless asked for.
+    if (plan.checkpoint_every > 1 && args.checkpoint_offload_on == 0) plan.checkpoint_offload = false;
+  }
   // Likewise parameter offload (ALST's on one GPU) leaves with ZeRO-3 unless asked for.
   if (plan.zero_stage != 3 && args.offload_params_on == 0) plan.offload_params = false;
   plan.mlp_tiles = positive_or_default(args.mlp_tiles, "--mlp-tiles");
@@ -374,6 +385,7 @@ std::function<bool(const PlanOptions&)> search_constraints(const PlanCommandArgs
   const std::optional<int64_t> sp = args.sp, ring = args.ring;
   const std::optional<int> zero = args.zero_stage;
   const bool fpdt = args.fpdt;
+  const std::optional<int64_t> checkpoint_every = args.checkpoint_every;
   const std::optional<int64_t> chunk = args.fpdt_chunk ? std::optional<int64_t>(seqlen_parse(*args.fpdt_chunk, "--fpdt-chunk")) : std::nullopt;
   return [=](const PlanOptions& plan) {
     auto holds = [](const std::optional<bool>& wanted, bool value) { return !wanted || *wanted == value; };
@@ -381,7 +393,8 @@ std::function<bool(const PlanOptions&)> search_constraints(const PlanCommandArgs
            holds(offload_optimizer, plan.offload_optimizer) && holds(offload_params, plan.offload_params) &&
            holds(checkpointing, plan.activation_checkpointing) && holds(checkpoint_offload, plan.checkpoint_offload) &&
            holds(tiled_mlp, plan.tiled_mlp) && holds(tiled_loss, plan.tiled_loss) && (!fpdt || plan.fpdt) &&
-           (!chunk || (plan.fpdt && plan.fpdt_chunk_tokens == *chunk));
+           (!chunk || (plan.fpdt && plan.fpdt_chunk_tokens == *chunk)) &&
+           (!checkpoint_every || plan.checkpoint_every == *checkpoint_every);
   };
 }
 

@@ -48,6 +48,7 @@ extern const FrameworkDescription kMegatronDeepSpeed = {
     /*trl_activation_offload=*/false,
     /*adam_8bit=*/false,
     /*tiles_moe_blocks=*/false,
+    /*checkpoint_every_nth_layer=*/false,
     model_refused,
     plan_refused,
 };

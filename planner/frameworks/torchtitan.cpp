@@ -87,6 +87,7 @@ extern const FrameworkDescription kTorchtitan = {
     /*trl_activation_offload=*/false,
     /*adam_8bit=*/false,
     /*tiles_moe_blocks=*/false,
+    /*checkpoint_every_nth_layer=*/true,
     model_refused,
     plan_refused,
 };

@@ -254,6 +254,26 @@ def test_torchtitan_toml_parsed_by_torchtitan(flags, longseq_binary, tmp_path):
         assert steps is None
 
 
+def test_torchtitan_layer_selective_checkpointing_wraps_the_planned_layers(longseq_binary, tmp_path):
+    """Issue 40: --checkpoint-every 2 is torchtitan's layer-selective AC; its own _apply_layer_sac, applied
+    to the 32 blocks of the planned Llama-3.1-8B as torchtitan applies it, wraps the layers the plan
+    checkpoints (0-based 1, 3, ..., 31: its counter starts at 1)."""
+    path, _ = emit(longseq_binary, tmp_path, "torchtitan", ["--model", "llama-3.1-8b", "--gpus", "8", "--ring", "8", "--zero", "3",
+                                                            "--checkpointing", "--checkpoint-every", "2", "--no-offload-optimizer",
+                                                            "--no-offload-params", "--no-tiled-mlp", "--no-tiled-loss",
+                                                            "--seqlen", "64K", "--framework", "torchtitan"], ".toml")
+    assert "+checkpointing(1 in 2)" in path.read_text()
+    from torchtitan.config import ConfigManager
+    config = ConfigManager().parse_args(["--job.config_file", str(path)])
+    assert config.activation_checkpoint.mode == "selective" and config.activation_checkpoint.selective_ac_option == "2"
+    import torch
+    from torchtitan.distributed import activation_checkpoint
+    activation_checkpoint._layer_sac_count = 0
+    wrapped = [i for i in range(32)
+               if activation_checkpoint._apply_layer_sac(torch.nn.Linear(2, 2), config.activation_checkpoint).__class__ is not torch.nn.Linear]
+    assert wrapped == list(range(1, 32, 2))
+
+
 @pytest.mark.parametrize("flags", [["--checkpointing"], ["--checkpointing", "--lora", "4"], ["--checkpointing", "--lora", "4", "--lora-targets", "q,v"]])
 def test_hf_trainer_script_trains_two_steps(flags, longseq_binary, tmp_path):
     """The exported script run as written on a tiny Llama saved here: only the model path (the

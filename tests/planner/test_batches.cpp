@@ -1,10 +1,12 @@
-// Micro batches and global batches (issue 40): gradient accumulation's step count, its time (every
+// Micro batches and global batches, and checkpointing one layer in every N (issue 40): gradient accumulation's step count, its time (every
 // micro-step's work, the optimizer once), its memory (gradients held through the window), and the
 // micro-batch search against a brute-force ladder.
 #include <doctest/doctest.h>
 
 #include "models/model_loader.hpp"
 #include "planner/cards.hpp"
+#include "planner/compute_model.hpp"
+#include "planner/frameworks.hpp"
 #include "planner/memory_model.hpp"
 #include "planner/search.hpp"
 #include "planner/time_model.hpp"
@@ -120,4 +122,52 @@ TEST_CASE("micro-batch search: the largest that fits is the brute-force ladder's
   REQUIRE(divisors.micro_batch > 0);
   CHECK(48 % divisors.micro_batch == 0);
   CHECK(divisors.result.winner()->plan.global_batch == 48);
+}
+
+TEST_CASE("one layer in every N checkpointed (torchtitan's layer SAC): the others keep what they save, 1/N of the layers recomputed") {
+  const ModelSpec model = model_load("llama-3.1-8b");  // 32 layers
+  const ClusterSpec cluster = h100s(8);
+  const RuntimeProfile profile = runtime_profile_load("fsdp2-torchtitan");
+  const int64_t seqlen = 65536;
+  PlanOptions full;
+  full.sp = 1;
+  full.ring = 8;
+  full.zero_stage = 3;
+  full.activation_checkpointing = true;
+  // torchtitan's counter starts at 1 and wraps layers whose count is a multiple of N: 0-based 1, 3, 5, ...
+  PlanOptions every_second = full;
+  every_second.checkpoint_every = 2;
+  CHECK_FALSE(every_second.layer_checkpointed(0));
+  CHECK(every_second.layer_checkpointed(1));
+  CHECK(every_second.layer_checkpointed(31));
+  CHECK(every_second.checkpointed_layers(31) == 15);
+
+  // At the backward of the last layer (checkpointed in both) the 31 layers below hold 31 inputs
+  // under full checkpointing; under one in two, 15 inputs and 16 layers' saved tensors.
+  const MemoryPrediction checkpointed = memory_predict(model, cluster, full, profile, seqlen, true);
+  const MemoryPrediction selective = memory_predict(model, cluster, every_second, profile, seqlen, true);
+  PlanOptions none = full;
+  none.activation_checkpointing = false;
+  double saved_per_layer = 0;
+  for (const MemoryItem& item : layer_saved_tensors(model, cluster, none, profile, seqlen)) saved_per_layer += item.bytes;
+  const double x_bytes = 65536.0 / 8 * 4096 * 2;  // a layer input: bf16, 8,192 tokens a rank
+  auto last_layer_backward = [](const MemoryPrediction& prediction) {
+    for (const PhasePeak& phase : prediction.phases)
+      if (phase.phase == "backward of the last decoder layer") return phase.bytes;
+    return 0.0;
+  };
+  REQUIRE(last_layer_backward(checkpointed) > 0);
+  CHECK(last_layer_backward(selective) - last_layer_backward(checkpointed) == doctest::Approx(16 * (saved_per_layer - x_bytes)).epsilon(1e-6));
+  CHECK(selective.gpu_peak_bytes > checkpointed.gpu_peak_bytes);
+
+  // Compute: the layers' forward once more for 16 of 32 layers.
+  const LayerForwardFlops layer = layer_forward_flops(model, 1, seqlen, 8);
+  CHECK(step_flops_executed(model, full, seqlen).matmul - step_flops_executed(model, every_second, seqlen).matmul ==
+        doctest::Approx(16 * (layer.projections + layer.mlp)));
+  CHECK(recomputed_layer_share(model, every_second) == 0.5);
+
+  // Only torchtitan runs it; the others say where it lives.
+  CHECK(framework_unsupported(Framework::framework_torchtitan, model, every_second, 8).empty());
+  CHECK(framework_unsupported(Framework::framework_accelerate_fsdp2, model, every_second, 8).find("torchtitan's layer-selective AC") !=
+        std::string::npos);
 }
