@@ -182,6 +182,7 @@ namespace {
 // DeepSpeed's mixed precision, else PEFT's dtype or TRL's bf16 cast, Reference §12 items 8, 13).
 double gradient_bytes_per_trainable(const ClusterSpec& cluster, const PlanOptions& plan, const RuntimeProfile& profile) {
   const double gradient_shards = plan.zero_stage >= 2 ? as_double(plan.shard_ranks(cluster.gpus)) : 1;
+  if (plan.lora() && plan.offload_optimizer) return 0;  // the adapters' gradients go to the host with their optimizer
   if (plan.lora())
     return (profile.master_weight_bytes > 0 ? as_double(profile.gradient_bytes) : lora_adapter_bytes(profile, plan)) / gradient_shards;
   return plan.offload_optimizer ? 0 : as_double(profile.gradient_bytes) / gradient_shards;
@@ -227,14 +228,18 @@ void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const Clus
       // executor keeps it in the kernels' dtype (fp32 on the CPU).
       const double base_bytes = profile.step_schedule == "executor" ? as_double(profile.weight_bytes)
                                                                     : std::min<double>(2.0, as_double(profile.weight_bytes));
-      trace.alloc(kCategoryModelStates, "base_weights", params * base_bytes / weight_shards);
+      // ZeRO-3's offload_param keeps every partition on the host, frozen ones too (host_items).
+      if (!plan.offload_params) trace.alloc(kCategoryModelStates, "base_weights", params * base_bytes / weight_shards);
     }
     const double adapters = as_double(lora_parameter_count(model, plan.lora_rank, plan.lora_all_linear));
     if (profile.master_weight_bytes > 0) {
       // DeepSpeed's mixed precision trains the adapters as any parameter: bf16 weights, fp32
       // master, fp32 gradients and AdamW moments, each sharded by its stage.
-      trace.alloc(kCategoryModelStates, "lora_adapters", adapters * as_double(profile.weight_bytes) / weight_shards);
-      trace.alloc(kCategoryModelStates, "lora_master_weights", adapters * as_double(profile.master_weight_bytes) / optimizer_shards);
+      // ZeRO-Offload moves the adapters' master, gradients and moments to the host as it would any
+      // trainable partition; offload_param their bf16 partitions (host_items).
+      if (!plan.offload_params) trace.alloc(kCategoryModelStates, "lora_adapters", adapters * as_double(profile.weight_bytes) / weight_shards);
+      if (!plan.offload_optimizer)
+        trace.alloc(kCategoryModelStates, "lora_master_weights", adapters * as_double(profile.master_weight_bytes) / optimizer_shards);
     } else {
       // PEFT's fp32 adapters (autocast_adapter_dtype, item 8), or FSDP2's upcast of them; TRL's
       // bf16 cast of a quantized model's trainable parameters (item 13).
@@ -246,7 +251,7 @@ void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const Clus
     const double moment_bytes = profile.master_weight_bytes > 0 ? 4.0 : lora_adapter_bytes(profile, plan);
     if (plan.adam_8bit)
       trace.alloc(kCategoryModelStates, "lora_optimizer_states_8bit", adam_8bit_lora_state_bytes(model, plan.lora_rank, plan.lora_all_linear));
-    else
+    else if (!plan.offload_optimizer)
       trace.alloc(kCategoryModelStates, "lora_optimizer_states", adapters * 2.0 * moment_bytes / optimizer_shards);
   } else {
     if (!plan.offload_params)
@@ -684,6 +689,9 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
   const double ranks = as_double(cluster.ranks_per_node());
   const double params = as_double(setup.params.total);
   const double world = as_double(plan.shard_ranks(cluster.gpus));
+  // What the optimizer steps: every parameter, or the adapters alone (their weights beside the base's).
+  const double adapters = plan.lora() ? as_double(lora_parameter_count(model, plan.lora_rank, plan.lora_all_linear)) : 0.0;
+  const double trainable = plan.lora() ? adapters : params;
   auto host_add = [&](const char* name, double bytes_per_rank) {
     if (bytes_per_rank > 0) prediction.host_items.push_back({kCategoryHost, name, bytes_per_rank * ranks, ranks});
   };
@@ -706,20 +714,20 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
     // and fp32 gradients in host memory and runs the step there (cpu_adam). A runtime that trains
     // in fp32 without a master copy (native) needs one once the optimizer leaves the device.
     const double master_bytes = profile.master_weight_bytes > 0 ? as_double(profile.master_weight_bytes) : 4.0;
-    host_add("master_weights", params * master_bytes / world);
-    host_add("optimizer_states", params * as_double(profile.optimizer_state_bytes) / world);
-    host_add("gradients_fp32", params * as_double(profile.gradient_bytes) / world);
+    host_add("master_weights", trainable * master_bytes / world);
+    host_add("optimizer_states", trainable * as_double(profile.optimizer_state_bytes) / world);
+    host_add("gradients_fp32", trainable * as_double(profile.gradient_bytes) / world);
     if (plan.zero_stage == 3)
-      host_add("grad_partitions_flat_buffer", params * as_double(profile.zero3_offload_gradient_buffer_bytes) / world);
+      host_add("grad_partitions_flat_buffer", trainable * as_double(profile.zero3_offload_gradient_buffer_bytes) / world);
   }
   if (plan.offload_params && !fsdp2_cpu_offload(profile, plan)) {
-    const double weight_bytes = params * as_double(profile.weight_bytes) / world;
+    const double weight_bytes = (params + adapters) * as_double(profile.weight_bytes) / world;
     host_add("weights", pinned_host_allocation_bytes(weight_bytes, profile.pinned_host_allocations_power_of_two));
   }
   host_add("process_runtime", profile.host_process_runtime_gb.at(profile.bound) * 1e9);
   host_add("dataloader_workers", profile.host_dataloader_workers_gb.at(profile.bound) * 1e9);
   if (plan.offload_optimizer)
-    host_add("forked_workers_page_copies", params / world * profile.host_forked_workers_copy_bytes_per_parameter.at(profile.bound));
+    host_add("forked_workers_page_copies", trainable / world * profile.host_forked_workers_copy_bytes_per_parameter.at(profile.bound));
   if (profile.step_schedule == "executor") {
     // What the executor's host pool held at its peak, tensor by tensor (same-named ones summed).
     std::vector<std::pair<std::string_view, double>> pooled;

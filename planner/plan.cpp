@@ -91,12 +91,14 @@ std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec
   if (plan.qlora && !plan.lora()) problems.push_back("QLoRA trains LoRA adapters on its 4-bit base: give the adapters' rank");
   if (plan.lora()) {
     // Adapters under ZeRO (or FSDP2) and sequence parallelism: the frozen base sharded and gathered
-    // like any weight, the adapters' states sharded (Reference §12 item 12). Not modelled: offload
-    // of the adapters' small states, FPDT, and a 4-bit base sharded by ZeRO-3/FSDP2 (bitsandbytes'
-    // quant_storage path).
+    // like any weight, the adapters' states sharded (Reference §12 item 12). Not modelled: FPDT, and
+    // a 4-bit base sharded by ZeRO-3/FSDP2 (bitsandbytes' quant_storage path) or offloaded.
     if (plan.lora_rank > 4096) problems.push_back(fmt::format("LoRA rank {} is beyond any published adapter (at most 4096)", plan.lora_rank));
-    if (plan.offload_optimizer || plan.offload_params)
-      problems.push_back("LoRA is planned without optimizer/parameter offload (the adapters' states are small)");
+    // Adapters beside ZeRO offload (DeepSpeed): the adapters' master, gradients and moments on the
+    // host with the optimizer, the frozen base's bf16 partitions with the parameters. A 4-bit base
+    // offloaded is not in the sources.
+    if (plan.qlora && (plan.offload_optimizer || plan.offload_params))
+      problems.push_back("QLoRA beside optimizer/parameter offload (bitsandbytes' 4-bit base on the host) is not modelled");
     if (plan.fpdt) problems.push_back("LoRA is planned without FPDT so far");
     if (plan.qlora && plan.zero_stage == 3)
       problems.push_back("QLoRA with a sharded 4-bit base (ZeRO-3, FSDP2: bitsandbytes' quant_storage) is not modelled yet");

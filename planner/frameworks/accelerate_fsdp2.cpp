@@ -19,6 +19,10 @@ std::string plan_refused(const char* name, const ModelSpec& /*model*/, const Pla
   // fsdp_offload_params: true is CPUOffloadPolicy (F1.12, F1.19).
   if (std::string refusal = fsdp2_layout_unsupported(name, plan, "fsdp_offload_params, CPUOffloadPolicy"); !refusal.empty()) return refusal;
   if (plan.tiled_mlp) return fmt::format("{}: no switch for TiledMLP", name);
+  // CPUOffloadPolicy moves every sharded parameter, frozen or not; with adapters, what stays and
+  // what moves is not in the sources (adapters with offload are planned under DeepSpeed).
+  if (plan.lora() && (plan.offload_optimizer || plan.offload_params))
+    return fmt::format("{}: adapters beside FSDP2's CPU offload are not modelled (with ZeRO offload: --framework hf-accelerate)", name);
   // "TP/CP cannot be used with pure data parallelism (dp_replicate_size > 1 and dp_shard_size ==
   // 1)" (parallelism_config.py L336-341; Reference §11 F4.2): replicas need a shard group.
   if (gpus > 0 && plan.ring > 1 && plan.dp_replicate > 1 && gpus / (plan.ring * plan.dp_replicate) == 1)

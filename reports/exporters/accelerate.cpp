@@ -43,6 +43,14 @@ ExportedConfig accelerate_config_emit(const ExportRequest& r) {
         "second sample's position_ids reset makes transformers build a dense [1, 1, S, S] mask ({:.0f} GiB at this length) and "
         "leave SDPA's flash and cuDNN kernels (Reference §11 F3.5)",
         r.seqlen, sdpa_dense_mask_bytes(r.seqlen) / kBytesPerGib));
+  // Adapters under DeepSpeed (with or without ZeRO offload): PEFT's LoraConfig through TRL, as the
+  // hf-trainer script writes it; DeepSpeed then trains them as any parameter (bf16 with an fp32
+  // master, the plan's pricing under deepspeed-hf).
+  if (p.lora())
+    exported.notes.push_back(fmt::format("adapters: SFTTrainer(..., peft_config=LoraConfig(r={}, lora_alpha={}, lora_dropout=0.0, "
+                                         "target_modules=[{}], task_type=\"CAUSAL_LM\")) (PEFT; DeepSpeed trains them as any parameter{})",
+                                         p.lora_rank, p.lora_rank, lora_target_modules(r),
+                                         p.offload_optimizer ? ", their optimizer on the host with ZeRO-Offload" : ""));
   // The Trainer's sequence parallelism is transformers PR #41832 (transformers 5): 4.57.x runs an sp
   // config as plain data parallelism (Accelerate issue #3889), each rank training the whole length.
   exported.notes.push_back(p.sp > 1 ? "versions: Accelerate >= 1.12 (older ones ignore the SP keys), DeepSpeed >= 0.18.2, transformers >= 5.0 "

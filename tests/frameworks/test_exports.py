@@ -101,9 +101,20 @@ def accelerate_launch_environment(path):
 @pytest.mark.parametrize("flags,gpus", [(["--model", "llama-3.1-8b", "--gpus", "8"], 8),
                                         (["--model", "llama-3.1-8b", "--gpus", "16", "--nodes", "2"], 16),
                                         # data parallel only: the export's transformers 4 floor
-                                        (["--model", "llama-3.1-8b", "--gpus", "8", "--sp", "1", "--seqlen", "16K"], 8)])
+                                        (["--model", "llama-3.1-8b", "--gpus", "8", "--sp", "1", "--seqlen", "16K"], 8),
+                                        # adapters beside ZeRO-3 offload (issue 40): PEFT's LoraConfig in the notes
+                                        (["--model", "llama-3.1-8b", "--gpus", "8", "--lora", "16", "--zero", "3", "--offload-optimizer",
+                                          "--offload-params", "--seqlen", "256K"], 8)])
 def test_accelerate_deepspeed_yaml_and_json(flags, gpus, longseq_binary, tmp_path):
-    path, _ = emit(longseq_binary, tmp_path, "accelerate", flags + ["--framework", "hf-accelerate"], ".yaml")
+    path, notes = emit(longseq_binary, tmp_path, "accelerate", flags + ["--framework", "hf-accelerate"], ".yaml")
+    if "--lora" in flags:
+        from peft import LoraConfig
+        call = ast.parse(re.search(r"LoraConfig\(.*?\)\)", notes).group(0)[:-1], mode="eval").body
+        lora = {keyword.arg: ast.literal_eval(keyword.value) for keyword in call.keywords}  # literals only, never run
+        assert LoraConfig(**lora).r == 16 and len(lora["target_modules"]) == 7
+        planned = json.loads(path.with_name(path.stem + ".deepspeed.json").read_text())
+        assert planned["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+        assert planned["zero_optimization"]["offload_param"]["device"] == "cpu"
     args, environment = accelerate_launch_environment(path)
     assert args.use_deepspeed and args.num_processes == gpus
     from accelerate.parallelism_config import ParallelismConfig

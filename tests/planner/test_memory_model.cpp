@@ -16,6 +16,7 @@
 #include "planner/memory_model.hpp"
 #include "planner/time_model.hpp"
 #include "planner/units.hpp"
+#include "support/memory_items.hpp"
 #include "support/test_models.hpp"
 
 using namespace longseq;
@@ -47,11 +48,7 @@ ClusterSpec cluster_of(int64_t gpus, double gpu_gib = 1000, double host_gib = 10
   return cluster_make(card, gpus, 0, 0, 0);
 }
 
-double item_bytes(const std::vector<MemoryItem>& items, const std::string& name) {
-  for (const auto& item : items)
-    if (item.name == name) return item.bytes;
-  return 0;
-}
+using testing::item_bytes;
 
 double category_bytes(const std::vector<MemoryItem>& items, const std::string& category) {
   double bytes = 0;

@@ -1,0 +1,64 @@
+// LoRA adapters beside ZeRO offload (issue 40): DeepSpeed's ZeRO-Offload takes the adapters' fp32
+// master, gradients and AdamW moments to the host as it takes any trainable partition (the frozen
+// base has none), and offload_param every bf16 partition, frozen ones included; by hand.
+#include <doctest/doctest.h>
+
+#include "models/adapters.hpp"
+#include "models/layer_inventory.hpp"
+#include "models/model_loader.hpp"
+#include "planner/frameworks.hpp"
+#include "planner/memory_model.hpp"
+#include "planner/time_model.hpp"
+#include "support/memory_items.hpp"
+
+using namespace longseq;
+using testing::item_bytes;
+
+TEST_CASE("LoRA with ZeRO-3 optimizer and parameter offload: nothing of the model states on the GPU, the adapters' states on the host") {
+  const ModelSpec model = model_load("llama-3.1-8b");
+  const ClusterSpec node = cluster_make(hardware_card_load("h100-sxm-80gb"), 8, 0, 0, 0);
+  const RuntimeProfile profile = runtime_profile_load("deepspeed-hf");
+  PlanOptions plan;
+  plan.sp = 8;
+  plan.zero_stage = 3;
+  plan.activation_checkpointing = true;
+  plan.tiled_loss = true;
+  plan.lora_rank = 16;  // all linears: 16 x (in + out) summed over a layer's seven, 32 layers
+  const double P = static_cast<double>(parameter_count(model).total), A = 41'943'040;
+  REQUIRE(static_cast<double>(lora_parameter_count(model, 16, true)) == A);
+  const MemoryPrediction on_gpu = memory_predict(model, node, plan, profile, 262'144);
+  plan.offload_optimizer = plan.offload_params = true;
+  REQUIRE(plan_problems(model, node, plan).empty());
+  const MemoryPrediction offloaded = memory_predict(model, node, plan, profile, 262'144);
+  for (const char* gone : {"base_weights", "lora_adapters", "lora_master_weights", "lora_gradients_fp32", "lora_optimizer_states"})
+    CHECK(item_bytes(offloaded.gpu_items, gone) == 0);
+  // The GPU gives up exactly those terms' bytes (2P/8 + 2A/8 + 4A/8 + 4A/8 + 8A/8), where the peak stays in the same phase.
+  REQUIRE(offloaded.gpu_peak_phase == on_gpu.gpu_peak_phase);
+  CHECK(on_gpu.gpu_peak_bytes - offloaded.gpu_peak_bytes == doctest::Approx((2 * P + 18 * A) / 8));
+  // Host, 8 ranks on the node: each rank's partition of the adapters' fp32 master, moments and
+  // gradients, ZeRO-3's flat gradient buffer of them, and the bf16 partitions of base and adapters
+  // (offload_param's pinned buffer, in the profile's pinned allocator's rounding).
+  CHECK(item_bytes(offloaded.host_items, "master_weights") == doctest::Approx(8 * 4 * A / 8));
+  CHECK(item_bytes(offloaded.host_items, "optimizer_states") == doctest::Approx(8 * 8 * A / 8));
+  CHECK(item_bytes(offloaded.host_items, "gradients_fp32") == doctest::Approx(8 * 4 * A / 8));
+  CHECK(item_bytes(offloaded.host_items, "grad_partitions_flat_buffer") ==
+        doctest::Approx(8 * A / 8 * static_cast<double>(profile.zero3_offload_gradient_buffer_bytes)));
+  CHECK(item_bytes(offloaded.host_items, "weights") ==
+        doctest::Approx(8 * pinned_host_allocation_bytes(2 * (P + A) / 8, profile.pinned_host_allocations_power_of_two)));
+  // The optimizer step runs on the host over the adapters' partition alone: A / 8 parameters, not P / 8.
+  PlanOptions full_model = plan;
+  full_model.lora_rank = 0;
+  const TimePrediction adapters_step = time_predict(model, node, plan, profile, 262'144);
+  const TimePrediction full_step = time_predict(model, node, full_model, profile, 262'144);
+  CHECK(adapters_step.time.optimizer_s == doctest::Approx(full_step.time.optimizer_s * A / P).epsilon(0.05));
+  // Under DeepSpeed (Accelerate's); FSDP2's CPU offload with adapters and a 4-bit base offloaded are refused.
+  CHECK(framework_unsupported(Framework::framework_hf_accelerate, model, plan, 8).empty());
+  PlanOptions fsdp2 = plan;
+  fsdp2.sp = 1;
+  fsdp2.ring = 8;
+  fsdp2.tiled_loss = false;
+  CHECK(framework_unsupported(Framework::framework_accelerate_fsdp2, model, fsdp2, 8).find("adapters beside FSDP2's CPU offload") !=
+        std::string::npos);
+  plan.qlora = true;
+  CHECK(plan_problems(model, node, plan).front().find("QLoRA beside optimizer/parameter offload") != std::string::npos);
+}

@@ -1,0 +1,18 @@
+// memory_items.hpp: a named term of a predicted breakdown, for the memory model's tests.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "planner/memory_model.hpp"
+
+namespace longseq::testing {
+
+// The bytes of the item named `name` (0 when it is not there).
+inline double item_bytes(const std::vector<MemoryItem>& items, const std::string& name) {
+  for (const auto& item : items)
+    if (item.name == name) return item.bytes;
+  return 0;
+}
+
+}  // namespace longseq::testing
