@@ -215,7 +215,13 @@ std::vector<std::string> plan_caveats(const ModelSpec& model, const ClusterSpec&
   // in max_position_embeddings and reaches past it by design; Llama 3.1's llama3 scaling states the
   // extended window there.
   const bool scaled_by_factor = model.rope_scaling == "yarn" || model.rope_scaling == "linear" || model.rope_scaling == "dynamic";
-  if (model.max_position_embeddings > 0 && seqlen > model.max_position_embeddings && !scaled_by_factor)
+  if (model.max_position_embeddings > 0 && seqlen > model.max_position_embeddings && !scaled_by_factor && !model.rope_scaling.empty())
+    caveats.push_back(fmt::format("{} scales RoPE ({}) to {} positions (max_position_embeddings); at {} tokens it runs past them: "
+                                  "extend the scaling for the run (a larger factor) or expect a higher loss; the exports keep the "
+                                  "model's scaling; memory and time are the same",
+                                  model.name, model.rope_scaling, integer_with_commas(model.max_position_embeddings),
+                                  integer_with_commas(seqlen)));
+  else if (model.max_position_embeddings > 0 && seqlen > model.max_position_embeddings && !scaled_by_factor)
     caveats.push_back(fmt::format("{} was trained on positions up to {} (max_position_embeddings); at {} tokens RoPE runs past them: "
                                   "set RoPE scaling for the run (YaRN with factor {}, rope_scaling in the model's config) or "
                                   "expect a much higher loss; memory and time are the same",

@@ -19,8 +19,10 @@ int64_t data_parallel(const ExportRequest& r) { return r.cluster.gpus / r.plan.s
 
 RopeExtension rope_extension(const ExportRequest& r) {
   const ModelSpec& m = r.model;
-  const bool scaled_by_factor = m.rope_scaling == "yarn" || m.rope_scaling == "linear" || m.rope_scaling == "dynamic";
-  if (m.max_position_embeddings <= 0 || r.seqlen <= m.max_position_embeddings || scaled_by_factor) return {};
+  // A model that scales RoPE already (Llama 3.1's llama3, Gemma 3's linear, a YaRN config) keeps its
+  // scaling: YaRN over its extended window on the unscaled base would not be the model's positions.
+  // Past that window the plan's caveat speaks; the exports set nothing.
+  if (m.max_position_embeddings <= 0 || r.seqlen <= m.max_position_embeddings || !m.rope_scaling.empty()) return {};
   return {(r.seqlen + m.max_position_embeddings - 1) / m.max_position_embeddings, m.max_position_embeddings, m.rope_theta};
 }
 

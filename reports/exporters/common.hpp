@@ -18,7 +18,7 @@ int64_t data_parallel(const ExportRequest& r);
 // A planned length past the model's trained positions (config.json's max_position_embeddings) with
 // no RoPE scaling by a factor in its config: YaRN over that window, factor ceil(S / window), as
 // TRL's 1M-token example sets it (Reference §11 F5.7: factor 32 over 32,768 for 1,048,576 tokens).
-// factor 0: not needed (within the window, a factor scaling already there, or no window known).
+// factor 0: not set (within the window, no window known, or a RoPE scaling the model has already).
 struct RopeExtension {
   int64_t factor = 0;
   int64_t original_window = 0;

@@ -86,6 +86,11 @@ TEST_CASE("past the trained positions each export sets YaRN over the window (fac
                           "cannot set it; load the model in the loop with: " + keyword));
   CHECK(said("megatron-deepspeed", "Megatron-DeepSpeed's rotary embedding has no YaRN"));
 
+  // A model that scales RoPE already keeps its scaling (Llama 3.1's llama3 to 131,072): nothing is set past it.
+  ExportRequest llama = testing::export_request("llama-3.1-8b", 1, trainer, 262'144);
+  REQUIRE(llama.model.max_position_embeddings == 131'072);
+  CHECK(config_emit("hf-trainer", llama).text().find("rope_scaling") == std::string::npos);
+
   // Within the window (32,768 < 40,960) nothing is set or said.
   ExportRequest within = testing::export_request(qwen3, 8, plan, 32768);
   script.seqlen = 32768;
