@@ -55,6 +55,17 @@ double nf4_layer_linears_bytes(const ModelSpec& model, bool double_quant) {
   return static_cast<double>(model.num_layers) * per_layer;
 }
 
+Nf4LayerBytes nf4_layer_bytes(const ModelSpec& model, bool double_quant) {
+  Nf4LayerBytes bytes;
+  for (const LayerLinear& linear : decoder_layer_linears(model)) {
+    const int64_t elements = linear.in * linear.out;
+    const double packed = static_cast<double>((elements + 1) / 2);
+    bytes.packed += packed;
+    bytes.quant_state += nf4_weight_bytes(elements, double_quant) - packed;
+  }
+  return bytes;
+}
+
 double adam_8bit_state_bytes(int64_t elements) {
   if (elements < 4096) return 8.0 * static_cast<double>(elements);
   const int64_t blocks = (elements + 255) / 256;

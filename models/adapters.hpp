@@ -41,6 +41,16 @@ double nf4_weight_bytes(int64_t elements, bool double_quant);
 // The whole model's decoder-layer linears in NF4, weight by weight.
 double nf4_layer_linears_bytes(const ModelSpec& model, bool double_quant);
 
+// One decoder layer's NF4 linears split as ZeRO-3 sees them with bnb_4bit_quant_storage=bfloat16
+// (Reference §12 item 14): the packed values, (n + 1) // 2 bytes a weight, stored as a bf16
+// parameter that ZeRO partitions and gathers like any; and the quantization state (absmax, codes,
+// offset), which lives on the Params4bit object beside the parameter rather than in it.
+struct Nf4LayerBytes {
+  double packed = 0;
+  double quant_state = 0;
+};
+Nf4LayerBytes nf4_layer_bytes(const ModelSpec& model, bool double_quant);
+
 // bitsandbytes' 8-bit AdamW state of one parameter tensor (Optimizer2State.init_state, item 23):
 // two uint8 moments with an fp32 absmax per block of 256 values each; a tensor of fewer than 4,096
 // values (min_8bit_size) keeps two fp32 moments, 8 bytes a value.

@@ -50,6 +50,8 @@ struct Setup {
   // What backward produces gradients for: every parameter, or the LoRA adapters alone (the frozen
   // base has none, Reference §12 item 11): in all, a decoder layer's, and the largest one tensor.
   double trainable_total = 0, trainable_per_layer = 0, largest_trainable_matrix = 0;
+  // QLoRA: a decoder layer's packed NF4 values (what ZeRO-3 gathers of its linears).
+  double qlora_packed_per_layer = 0;
 };
 
 Setup setup_make(const ModelSpec& model, const HardwareCard& card, const PlanOptions& plan, const RuntimeProfile& profile, int64_t seqlen) {
@@ -65,6 +67,7 @@ Setup setup_make(const ModelSpec& model, const HardwareCard& card, const PlanOpt
     for (const LayerLinear& linear : lora_adapted_linears(model, plan.lora_all_linear))
       setup.largest_trainable_matrix = std::max(setup.largest_trainable_matrix, as_double(plan.lora_rank * std::max(linear.in, linear.out)));
   }
+  if (plan.qlora) setup.qlora_packed_per_layer = nf4_layer_bytes(model, /*double_quant=*/true).packed;
   LayerShape& shape = setup.shape;
   shape.tokens = plan.micro_batch * (seqlen / plan.sequence_ranks());
   shape.sp = plan.sp;
@@ -218,10 +221,19 @@ void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const Clus
     // fp32 (item 8) with fp32 gradients and AdamW moments: 4 + 4 + 8 bytes each.
     const double linears = as_double(layer_linear_parameter_count(model));
     if (plan.qlora) {
-      trace.alloc(kCategoryModelStates, "base_linears_nf4", nf4_layer_linears_bytes(model, /*double_quant=*/true));
+      if (plan.zero_stage == 3) {
+        // ZeRO-3 with bnb_4bit_quant_storage=bfloat16 (Reference §12 item 14): the packed values are a
+        // bf16 parameter, partitioned like any; the quantization state rides on the Params4bit object,
+        // outside what ZeRO partitions, so every rank keeps it whole [inferred from items 14, 17-18].
+        const Nf4LayerBytes nf4 = nf4_layer_bytes(model, /*double_quant=*/true);
+        trace.alloc(kCategoryModelStates, "base_linears_nf4_packed", as_double(model.num_layers) * nf4.packed / weight_shards);
+        trace.alloc(kCategoryModelStates, "base_linears_nf4_quant_state", as_double(model.num_layers) * nf4.quant_state);
+      } else {
+        trace.alloc(kCategoryModelStates, "base_linears_nf4", nf4_layer_linears_bytes(model, /*double_quant=*/true));
+      }
       const double unquantized_bytes = profile.qlora_unquantized_weight_bytes;
       trace.alloc(kCategoryModelStates, unquantized_bytes == 4 ? "base_other_weights_fp32" : "base_other_weights_bf16",
-                  (params - linears) * unquantized_bytes);
+                  (params - linears) * unquantized_bytes / weight_shards);
     } else {
       // The frozen base in the stack's weight dtype (a frozen parameter is not upcast: Accelerate
       // upcasts requires_grad ones, Reference §11 F1.14), sharded under ZeRO-3/FSDP2; longseq's
@@ -351,8 +363,15 @@ void zero_layer_buffers_place(TensorTrace& trace, const PlanOptions& plan, const
   }
   const bool high_end = profile.bound == EstimateBound::estimate_high_memory;
   if (plan.zero_stage == 3) {
-    trace.alloc(kCategoryZero, "gathered_layer_weights", layer_params * as_double(profile.weight_bytes));
-    const double prefetch = std::min(as_double(profile.zero_prefetch_bucket_elements), layer_params);
+    // A layer gathered in its storage: bf16, or with QLoRA the packed NF4 values (half a byte a
+    // weight, in bf16 storage elements) and the norms, which prepare_model_for_kbit_training or the
+    // stack keeps in qlora_unquantized_weight_bytes (item 13).
+    const double gathered_bytes = plan.qlora ? setup.qlora_packed_per_layer + as_double(setup.params.per_layer_norms) *
+                                                                                 as_double(profile.qlora_unquantized_weight_bytes)
+                                             : layer_params * as_double(profile.weight_bytes);
+    trace.alloc(kCategoryZero, "gathered_layer_weights", gathered_bytes);
+    // The prefetch bucket counts elements of the stored parameters (bf16, or the packed values' bf16 storage).
+    const double prefetch = std::min(as_double(profile.zero_prefetch_bucket_elements), gathered_bytes / as_double(profile.weight_bytes));
     trace.alloc(kCategoryZero, "prefetched_weights", prefetch * as_double(profile.weight_bytes));
     // The band's high end: parameters kept gathered up to stage3_max_live_parameters.
     const double extra_live = std::min(as_double(profile.zero3_max_live_parameters), as_double(setup.params.total)) - layer_params - prefetch;

@@ -100,8 +100,6 @@ std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec
     if (plan.qlora && (plan.offload_optimizer || plan.offload_params))
       problems.push_back("QLoRA beside optimizer/parameter offload (bitsandbytes' 4-bit base on the host) is not modelled");
     if (plan.fpdt) problems.push_back("LoRA is planned without FPDT so far");
-    if (plan.qlora && plan.zero_stage == 3)
-      problems.push_back("QLoRA with a sharded 4-bit base (ZeRO-3, FSDP2: bitsandbytes' quant_storage) is not modelled yet");
     if (model.is_moe()) problems.push_back(fmt::format("{}: LoRA on a mixture-of-experts model is not modelled yet", model.name));
     if (model.mlp_kind != MlpKind::mlp_kind_swiglu) problems.push_back(fmt::format("{}: LoRA is modelled on gated (SwiGLU) MLPs", model.name));
     if (plan.tiled_mlp) problems.push_back("LoRA beside TiledMLP is not modelled yet (the adapters' saved inputs per tile)");

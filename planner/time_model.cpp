@@ -203,7 +203,11 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   double zero_exposed_s = 0;
   // What the collectives move: weights as the layers compute with them (FSDP2's param_dtype under
   // an fp32 shard), gradients as they are reduced (its reduce_dtype).
-  const double weight_bytes = as_double(params.total) * as_double(profile.gathered_weight_bytes_or_default());
+  // QLoRA's linears gathered as their packed NF4 values (bf16 storage, half a byte a weight), the rest in the stack's dtype.
+  const double weight_bytes =
+      plan.qlora ? as_double(model.num_layers) * nf4_layer_bytes(model, /*double_quant=*/true).packed +
+                       as_double(params.total - layer_linear_parameter_count(model)) * as_double(profile.gathered_weight_bytes_or_default())
+                 : as_double(params.total) * as_double(profile.gathered_weight_bytes_or_default());
   // With LoRA only the adapters have gradients (fp32) and change at the step; the frozen base is
   // gathered all the same (Reference §12 item 12).
   const double adapters = plan.lora() ? as_double(lora_parameter_count(model, plan.lora_rank, plan.lora_all_linear)) : 0.0;

@@ -104,7 +104,10 @@ def accelerate_launch_environment(path):
                                         (["--model", "llama-3.1-8b", "--gpus", "8", "--sp", "1", "--seqlen", "16K"], 8),
                                         # adapters beside ZeRO-3 offload (issue 40): PEFT's LoraConfig in the notes
                                         (["--model", "llama-3.1-8b", "--gpus", "8", "--lora", "16", "--zero", "3", "--offload-optimizer",
-                                          "--offload-params", "--seqlen", "256K"], 8)])
+                                          "--offload-params", "--seqlen", "256K"], 8),
+                                        # QLoRA's 4-bit base partitioned by ZeRO-3: bf16 quant storage (issue 40)
+                                        (["--model", "llama-3.1-8b", "--gpus", "8", "--lora", "16", "--qlora", "--zero", "3",
+                                          "--seqlen", "256K"], 8)])
 def test_accelerate_deepspeed_yaml_and_json(flags, gpus, longseq_binary, tmp_path):
     path, notes = emit(longseq_binary, tmp_path, "accelerate", flags + ["--framework", "hf-accelerate"], ".yaml")
     if "--lora" in flags:
@@ -113,8 +116,18 @@ def test_accelerate_deepspeed_yaml_and_json(flags, gpus, longseq_binary, tmp_pat
         lora = {keyword.arg: ast.literal_eval(keyword.value) for keyword in call.keywords}  # literals only, never run
         assert LoraConfig(**lora).r == 16 and len(lora["target_modules"]) == 7
         planned = json.loads(path.with_name(path.stem + ".deepspeed.json").read_text())
-        assert planned["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
-        assert planned["zero_optimization"]["offload_param"]["device"] == "cpu"
+        if "--qlora" in flags:
+            import torch
+            from transformers import BitsAndBytesConfig
+            call = ast.parse(re.search(r"BitsAndBytesConfig\(.*?\)\)", notes).group(0)[:-1], mode="eval").body
+            arguments = {keyword.arg: (getattr(torch, keyword.value.attr) if isinstance(keyword.value, ast.Attribute)
+                                       else ast.literal_eval(keyword.value)) for keyword in call.keywords}
+            quantization = BitsAndBytesConfig(**arguments)
+            assert quantization.bnb_4bit_quant_storage == torch.bfloat16 and quantization.bnb_4bit_quant_type == "nf4"
+            assert planned["zero_optimization"]["stage"] == 3
+        else:
+            assert planned["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+            assert planned["zero_optimization"]["offload_param"]["device"] == "cpu"
     args, environment = accelerate_launch_environment(path)
     assert args.use_deepspeed and args.num_processes == gpus
     from accelerate.parallelism_config import ParallelismConfig

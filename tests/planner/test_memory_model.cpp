@@ -1123,11 +1123,12 @@ TEST_CASE("LoRA across GPUs by hand: under ZeRO-3 with Ulysses the frozen base i
   CHECK(item_bytes(memory.gpu_items, "gathered_layer_weights") == 2.0 * static_cast<double>(parameter_count(model).per_layer));
   CHECK(item_bytes(memory.gpu_items, "weight_gradient_in_flight") == 16.0 * 14'336 * 2);
   CHECK(item_bytes(memory.gpu_items, "gradient_reduce_bucket") <= A * 2);
-  // The frameworks that run it: PEFT on DeepSpeed (hf-accelerate) and on FSDP2; QLoRA sharded is not modelled.
+  // The frameworks that run it: PEFT on DeepSpeed (hf-accelerate) and on FSDP2; QLoRA sharded by
+  // ZeRO-3 is planned too (bf16 quant storage: tests/planner/test_adapters_zero.cpp).
   CHECK(framework_unsupported(Framework::framework_hf_accelerate, model, plan).empty());
   CHECK_FALSE(framework_unsupported(Framework::framework_arctic_training, model, plan).empty());
   plan.qlora = true;
-  CHECK_FALSE(plan_problems(model, node, plan).empty());
+  CHECK(plan_problems(model, node, plan).empty());
 }
 
 TEST_CASE("gradients from backward to the optimizer step (the Trainer's zero_grad): none in forward, the layers passed in backward, every one at the step") {

@@ -234,12 +234,18 @@ TEST_CASE("adapter, 8-bit AdamW and unstated-ZeRO rows are predicted with the pl
   // 8-bit AdamW on the pure-bf16 Trainer; with ZeRO (DeepSpeed) it is not modelled: skipped by name.
   CHECK(validate("hf_bf16+ac+fa2+adam8bit", "").plan.find("+adam-8bit") != std::string::npos);
   CHECK(validate("zero3+ac+fa2+adam8bit", "").skipped_reason.find("8-bit AdamW beside ZeRO") != std::string::npos);
-  // LoRA under ZeRO-3 is DeepSpeed's (the adapters trained as any parameter); a 4-bit base sharded
-  // by ZeRO-3 is not modelled: skipped by name.
+  // LoRA under ZeRO-3 is DeepSpeed's (the adapters trained as any parameter), and since issue 40 so
+  // is a 4-bit base partitioned by ZeRO-3 (bf16 quant storage) and adapters beside ZeRO offload.
   const PointValidation sharded = validate("zero3+ac+fa2+lora", "");
   CHECK(sharded.skipped_reason.empty());
   CHECK(sharded.profile_name == "deepspeed-hf");
-  CHECK(validate("zero3+ac+fa2+qlora", "").skipped_reason.find("sharded 4-bit base") != std::string::npos);
+  const PointValidation sharded_nf4 = validate("zero3+ac+fa2+qlora", "");
+  CHECK(sharded_nf4.skipped_reason.empty());
+  CHECK(sharded_nf4.plan.find("zero=3") != std::string::npos);
+  CHECK(sharded_nf4.plan.find("+qlora(") != std::string::npos);
+  const PointValidation offloaded = validate("zero3+ac+fa2+lora+opt_offload", "");
+  CHECK(offloaded.skipped_reason.empty());
+  CHECK(offloaded.plan.find("+optimizer-offload") != std::string::npos);
   // An unstated ZeRO stage is priced as stage 3, and the row says so.
   const PointValidation unstated = validate("zero_unstated+ac+fa2+opt_offload", "");
   CHECK(unstated.skipped_reason.empty());

@@ -1,6 +1,7 @@
-// LoRA adapters beside ZeRO offload (issue 40): DeepSpeed's ZeRO-Offload takes the adapters' fp32
-// master, gradients and AdamW moments to the host as it takes any trainable partition (the frozen
-// base has none), and offload_param every bf16 partition, frozen ones included; by hand.
+// LoRA adapters under DeepSpeed ZeRO (issue 40), by hand: beside ZeRO offload (ZeRO-Offload takes the
+// adapters' fp32 master, gradients and AdamW moments to the host as it takes any trainable
+// partition; offload_param every bf16 partition, frozen ones included), and QLoRA's 4-bit base
+// partitioned by ZeRO-3 through bnb_4bit_quant_storage=bfloat16.
 #include <doctest/doctest.h>
 
 #include "models/adapters.hpp"
@@ -61,4 +62,47 @@ TEST_CASE("LoRA with ZeRO-3 optimizer and parameter offload: nothing of the mode
         std::string::npos);
   plan.qlora = true;
   CHECK(plan_problems(model, node, plan).front().find("QLoRA beside optimizer/parameter offload") != std::string::npos);
+}
+
+TEST_CASE("QLoRA under ZeRO-3 (bf16 quant storage): the packed NF4 values partitioned and gathered as bf16, the quantization state whole on every rank") {
+  // Reference §12 items 14 and 17-19: (n + 1) // 2 packed bytes a weight; with double quantization a
+  // uint8 absmax per 64 values, an fp32 one per 256 of those, and small code tables, per tensor.
+  const ModelSpec model = model_load("llama-3.1-8b");
+  const ClusterSpec node = cluster_make(hardware_card_load("h100-sxm-80gb"), 8, 0, 0, 0);
+  const RuntimeProfile profile = runtime_profile_load("deepspeed-hf");
+  PlanOptions plan;
+  plan.sp = 8;
+  plan.zero_stage = 3;
+  plan.activation_checkpointing = true;
+  plan.tiled_loss = true;
+  plan.lora_rank = 16;
+  plan.qlora = true;
+  REQUIRE(plan_problems(model, node, plan).empty());
+  // Llama-3.1-8B's layer: q 4096x4096, k and v 4096x1024, o 4096x4096, gate and up 4096x14336, down 14336x4096.
+  const double layer_weights = 2.0 * 4096 * 4096 + 2.0 * 4096 * 1024 + 3.0 * 4096 * 14336;
+  const double packed_layer = layer_weights / 2;  // every linear's count is even
+  CHECK(nf4_layer_bytes(model, true).packed == packed_layer);
+  const MemoryPrediction memory = memory_predict(model, node, plan, profile, 262'144);
+  CHECK(item_bytes(memory.gpu_items, "base_linears_nf4_packed") == doctest::Approx(32 * packed_layer / 8));
+  CHECK(item_bytes(memory.gpu_items, "base_linears_nf4_quant_state") == doctest::Approx(32 * nf4_layer_bytes(model, true).quant_state));
+  // Per layer: one uint8 absmax per 64 weights, one fp32 per 256 of those, and per tensor (7) the
+  // 16-entry fp32 code, the 256-entry nested code and the fp32 offset (every count divides evenly).
+  CHECK(nf4_layer_bytes(model, true).quant_state == doctest::Approx(layer_weights / 64 + layer_weights / (64 * 256) * 4 + 7 * (16 * 4 + 256 * 4 + 4)));
+  // The embedding, LM head and norms in prepare_model_for_kbit_training's fp32 (item 13), partitioned.
+  const double other = static_cast<double>(parameter_count(model).total) - 32 * layer_weights;
+  CHECK(item_bytes(memory.gpu_items, "base_other_weights_fp32") == doctest::Approx(other * 4 / 8));
+  // A layer is gathered as its packed values and its two norms (fp32): a quarter of its bf16 bytes.
+  CHECK(item_bytes(memory.gpu_items, "gathered_layer_weights") == doctest::Approx(packed_layer + 2.0 * 4096 * 4));
+  // Its gathers move the packed bytes: less ZeRO traffic than the bf16 base's.
+  PlanOptions bf16_base = plan;
+  bf16_base.qlora = false;
+  CHECK(memory.gpu_peak_bytes < memory_predict(model, node, bf16_base, profile, 262'144).gpu_peak_bytes);
+  // Refused where no source says what a rank holds: FSDP2's sharded 4-bit base.
+  PlanOptions fsdp2 = plan;
+  fsdp2.sp = 1;
+  fsdp2.ring = 8;
+  fsdp2.tiled_loss = false;
+  CHECK(framework_unsupported(Framework::framework_accelerate_fsdp2, model, fsdp2, 8).find("QLoRA with the 4-bit base sharded by FSDP2") !=
+        std::string::npos);
+  CHECK(framework_unsupported(Framework::framework_hf_accelerate, model, plan, 8).empty());
 }
