@@ -15,16 +15,27 @@
 using namespace longseq;
 using testing::item_bytes;
 
-TEST_CASE("LoRA with ZeRO-3 optimizer and parameter offload: nothing of the model states on the GPU, the adapters' states on the host") {
-  const ModelSpec model = model_load("llama-3.1-8b");
-  const ClusterSpec node = cluster_make(hardware_card_load("h100-sxm-80gb"), 8, 0, 0, 0);
-  const RuntimeProfile profile = runtime_profile_load("deepspeed-hf");
+namespace {
+
+// Llama-3.1-8B on one node of 8 H100s, all of it on one sequence: Ulysses sp=8 under ZeRO-3 with
+// checkpointing and a tiled loss, LoRA of rank 16 on every linear.
+PlanOptions ulysses_zero3_lora() {
   PlanOptions plan;
   plan.sp = 8;
   plan.zero_stage = 3;
   plan.activation_checkpointing = true;
   plan.tiled_loss = true;
-  plan.lora_rank = 16;  // all linears: 16 x (in + out) summed over a layer's seven, 32 layers
+  plan.lora_rank = 16;
+  return plan;
+}
+
+}  // namespace
+
+TEST_CASE("LoRA with ZeRO-3 optimizer and parameter offload: nothing of the model states on the GPU, the adapters' states on the host") {
+  const ModelSpec model = model_load("llama-3.1-8b");
+  const ClusterSpec node = cluster_make(hardware_card_load("h100-sxm-80gb"), 8, 0, 0, 0);
+  const RuntimeProfile profile = runtime_profile_load("deepspeed-hf");
+  PlanOptions plan = ulysses_zero3_lora();  // the adapters: 16 x (in + out) summed over a layer's seven linears, 32 layers
   const double P = static_cast<double>(parameter_count(model).total), A = 41'943'040;
   REQUIRE(static_cast<double>(lora_parameter_count(model, 16, true)) == A);
   const MemoryPrediction on_gpu = memory_predict(model, node, plan, profile, 262'144);
@@ -70,12 +81,7 @@ TEST_CASE("QLoRA under ZeRO-3 (bf16 quant storage): the packed NF4 values partit
   const ModelSpec model = model_load("llama-3.1-8b");
   const ClusterSpec node = cluster_make(hardware_card_load("h100-sxm-80gb"), 8, 0, 0, 0);
   const RuntimeProfile profile = runtime_profile_load("deepspeed-hf");
-  PlanOptions plan;
-  plan.sp = 8;
-  plan.zero_stage = 3;
-  plan.activation_checkpointing = true;
-  plan.tiled_loss = true;
-  plan.lora_rank = 16;
+  PlanOptions plan = ulysses_zero3_lora();
   plan.qlora = true;
   REQUIRE(plan_problems(model, node, plan).empty());
   // Llama-3.1-8B's layer: q 4096x4096, k and v 4096x1024, o 4096x4096, gate and up 4096x14336, down 14336x4096.
