@@ -12,6 +12,15 @@ namespace longseq {
 namespace {
 
 std::vector<PlanOptions> plans_enumerate(const ClusterSpec& cluster, const SearchOptions& options) {
+  // The checkpointing a plan can have, in the enumeration's order: none; every layer kept, or one
+  // layer in every N kept (each N the framework offers); every layer offloaded.
+  struct Checkpointing {
+    bool on, offload;
+    int64_t every;
+  };
+  std::vector<Checkpointing> checkpointing_modes = {{false, false, 1}};
+  for (int64_t every : options.checkpoint_every) checkpointing_modes.push_back({true, false, every});
+  checkpointing_modes.push_back({true, true, 1});
   std::vector<PlanOptions> plans;
   for (int64_t sequence_ranks = 1; sequence_ranks <= cluster.gpus; ++sequence_ranks) {
     if (cluster.gpus % sequence_ranks != 0) continue;  // world = dp x sp x ring: only divisors are plans at all
@@ -23,38 +32,32 @@ std::vector<PlanOptions> plans_enumerate(const ClusterSpec& cluster, const Searc
           if (offload_optimizer && zero == 0) continue;  // ZeRO-Offload needs a ZeRO stage
           for (bool offload_params : {false, true}) {
             if (offload_params && zero != 3) continue;  // offload_param is a ZeRO-3 feature
-            for (bool checkpointing : {false, true}) {
-              for (bool checkpoint_offload : {false, true}) {
-               for (int64_t checkpoint_every : options.checkpoint_every) {
-                if (checkpoint_offload && !checkpointing) continue;
-                if (checkpoint_every > 1 && (!checkpointing || checkpoint_offload)) continue;  // one in N: checkpointed layers, kept on the GPU
-                PlanOptions plan;
-                plan.checkpoint_every = checkpoint_every;
-                plan.sp = sp;
-                plan.ring = ring;
-                plan.zero_stage = zero;
-                plan.offload_optimizer = offload_optimizer;
-                plan.offload_params = offload_params;
-                plan.activation_checkpointing = checkpointing;
-                plan.checkpoint_offload = checkpoint_offload;
-                static_cast<HeldChoices&>(plan) = options.held;
-                for (bool tiled_mlp : {false, true}) {
-                  for (bool tiled_loss : {false, true}) {
-                    plan.tiled_mlp = tiled_mlp;
-                    plan.tiled_loss = tiled_loss;
-                    if (!options.admits || options.admits(plan)) plans.push_back(plan);
-                  }
-                }
-                if (!checkpointing || ring > 1) continue;  // FPDT runs with checkpointing, and without the ring
-                plan.tiled_mlp = plan.tiled_loss = false;
-                plan.fpdt = true;
-                if (checkpoint_every > 1) continue;  // FPDT checkpoints every layer
-                for (int64_t chunk : options.fpdt_chunks) {
-                  if (chunk % sp != 0) continue;
-                  plan.fpdt_chunk_tokens = chunk;
+            for (const Checkpointing& checkpointing : checkpointing_modes) {
+              PlanOptions plan;
+              plan.sp = sp;
+              plan.ring = ring;
+              plan.zero_stage = zero;
+              plan.offload_optimizer = offload_optimizer;
+              plan.offload_params = offload_params;
+              plan.activation_checkpointing = checkpointing.on;
+              plan.checkpoint_offload = checkpointing.offload;
+              plan.checkpoint_every = checkpointing.every;
+              static_cast<HeldChoices&>(plan) = options.held;
+              for (bool tiled_mlp : {false, true}) {
+                for (bool tiled_loss : {false, true}) {
+                  plan.tiled_mlp = tiled_mlp;
+                  plan.tiled_loss = tiled_loss;
                   if (!options.admits || options.admits(plan)) plans.push_back(plan);
                 }
-               }
+              }
+              // FPDT runs with every layer checkpointed, and without the ring.
+              if (!checkpointing.on || checkpointing.every > 1 || ring > 1) continue;
+              plan.tiled_mlp = plan.tiled_loss = false;
+              plan.fpdt = true;
+              for (int64_t chunk : options.fpdt_chunks) {
+                if (chunk % sp != 0) continue;
+                plan.fpdt_chunk_tokens = chunk;
+                if (!options.admits || options.admits(plan)) plans.push_back(plan);
               }
             }
           }
