@@ -20,7 +20,7 @@ namespace longseq {
 
 bool PlanSettings::fixes_a_plan() const {
   return preset || sp || ring || zero_stage || offload_optimizer || offload_params || activation_checkpointing || checkpoint_offload ||
-         tiled_mlp || tiled_loss || fpdt || mlp_tiles || loss_tiles || fpdt_chunk_tokens;
+         tiled_mlp || tiled_loss || fpdt || mlp_tiles || loss_tiles || fpdt_chunk_tokens || checkpoint_every;
 }
 
 void PlanSettings::override_with(const PlanSettings& later) {
@@ -50,6 +50,9 @@ void PlanSettings::override_with(const PlanSettings& later) {
   take(lora_rank, later.lora_rank);
   take(lora_all_linear, later.lora_all_linear);
   take(qlora, later.qlora);
+  take(micro_batch, later.micro_batch);
+  take(global_batch, later.global_batch);
+  take(checkpoint_every, later.checkpoint_every);
 }
 
 namespace {
@@ -108,6 +111,9 @@ PlanSettings plan_settings_read(YamlReader& reader) {
     settings.lora_all_linear =
         PlanOptions::lora_targets_parse(reader.get_string("lora_targets"), reader.source_name(), reader.key_name("lora_targets"));
   optional_bool("qlora", settings.qlora);
+  if (reader.has("micro_batch")) settings.micro_batch = reader.get_int("micro_batch", 1, 1'000'000);
+  if (reader.has("global_batch")) settings.global_batch = reader.get_int("global_batch", 1, 1'000'000'000);
+  if (reader.has("checkpoint_every")) settings.checkpoint_every = reader.get_int("checkpoint_every", 1, int64_t{1} << 20);
   if (settings.qlora.value_or(false) && !settings.lora_rank)
     throw ConfigError(reader.source_name(), reader.key_name("qlora"), "QLoRA trains LoRA adapters on its 4-bit base: give lora_rank too");
   return settings;
@@ -299,6 +305,9 @@ PlanOptions plan_from_settings(const PlanSettings& settings, const ModelSpec& mo
   plan.lora_rank = settings.lora_rank.value_or(0);
   plan.lora_all_linear = settings.lora_all_linear.value_or(true);
   plan.qlora = settings.qlora.value_or(false);
+  plan.micro_batch = settings.micro_batch.value_or(1);
+  plan.global_batch = settings.global_batch.value_or(0);
+  if (settings.checkpoint_every) plan.checkpoint_every = *settings.checkpoint_every;
   return plan;
 }
 
@@ -444,6 +453,13 @@ std::vector<SweepRow> scenario_run(const Scenario& scenario, const std::function
                         options.held.lora_rank = settings.lora_rank.value_or(0);
                         options.held.lora_all_linear = settings.lora_all_linear.value_or(true);
                         options.held.qlora = settings.qlora.value_or(false);
+                        options.held.micro_batch = settings.micro_batch.value_or(1);
+                        options.held.global_batch = settings.global_batch.value_or(0);
+                        // Held as --search --checkpoint-every holds it: every plan searched checkpoints one layer in N.
+                        if (const int64_t every = settings.checkpoint_every.value_or(0); every > 0) {
+                          options.checkpoint_every = {every};
+                          options.admits = [every](const PlanOptions& candidate) { return candidate.checkpoint_every == every; };
+                        }
                         const SearchResult result = plan_search(model, cluster, row_profile, options);
                         if (!result.winner()) throw ConfigError("", "", "no plan fits");
                         plan = result.winner()->plan;
@@ -508,6 +524,9 @@ ScenarioRunOptions scenario_run_options(const Scenario& scenario) {
   if (plan.tiled_loss == false && plan.loss_tiles) refuse("plan.loss_tiles", "given with tiled_loss: false");
   if (plan.fpdt_chunk_tokens && !plan.fpdt.value_or(false)) refuse("plan.fpdt_chunk_tokens", "given without fpdt: true");
   if (plan.lora_all_linear && !plan.lora_rank) refuse("plan.lora_targets", "given without lora_rank");
+  if (plan.micro_batch.value_or(1) != 1) refuse("plan.micro_batch", "the executor trains one sample per rank per step");
+  if (plan.global_batch) refuse("plan.global_batch", "the executor runs one micro batch a step");
+  if (plan.checkpoint_every.value_or(1) != 1) refuse("plan.checkpoint_every", "the executor checkpoints every layer or none");
   if (scenario.runtime_profile_given && scenario.runtime_profile != "native" && scenario.runtime_profile != "native-cuda")
     refuse("runtime_profile", fmt::format("a run's prediction is priced for longseq's executor (native, or native-cuda on a GPU), not '{}'",
                                           scenario.runtime_profile));

@@ -5,6 +5,8 @@
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
+#include "io/config_error.hpp"
+#include "planner/scenario.hpp"
 #include "reports/export.hpp"
 #include "tests/support/export_request.hpp"
 
@@ -97,4 +99,20 @@ TEST_CASE("past the trained positions each export sets YaRN over the window (fac
   CHECK(config_emit("hf-trainer", script).text().find("rope_scaling") == std::string::npos);
   CHECK_FALSE(YAML::Load(config_emit("arctic-training", within).text())["model"]["hf_config_kwargs"]);
   for (const std::string& note : config_emit("deepspeed", within).notes) CHECK(note.find("RoPE past") == std::string::npos);
+}
+
+TEST_CASE("a scenario holds micro_batch, global_batch and checkpoint_every as the plan flags do, and bad values name the key") {
+  const std::string text =
+      "name: batches\nmodel: llama-3.1-8b\ncluster: {gpu: h100-sxm-80gb}\n"
+      "plan: {search: throughput, framework: torchtitan, micro_batch: 2, global_batch: 64, checkpoint_every: 2}\n"
+      "sweep: {gpus: [8], seqlen: [16384]}\n";
+  const Scenario scenario = scenario_from_text(text, "batches.yaml");
+  const std::vector<SweepRow> rows = scenario_run(scenario);
+  REQUIRE(rows.size() == 1);
+  REQUIRE(rows[0].plan.has_value());
+  CHECK(rows[0].plan->micro_batch == 2);
+  CHECK(rows[0].plan->global_batch == 64);
+  CHECK(rows[0].plan->checkpoint_every == 2);
+  CHECK_THROWS_WITH_AS(scenario_from_text("name: x\nmodel: m\ncluster: {gpu: g}\nplan: {global_batch: 0}\nsweep: {gpus: [1]}\n", "x.yaml"),
+                       doctest::Contains("x.yaml: key 'plan.global_batch'"), ConfigError);
 }
