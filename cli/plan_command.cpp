@@ -215,7 +215,7 @@ int plan_command_run(const PlanCommandArgs& args) {
       std::cout << json_text(report) << "\n";
       return 0;
     }
-    std::cout << header << fmt::format("  plan     {} (dp={})\n\n", plan_describe(plan), cluster.gpus / plan.sequence_ranks()) << body;
+    std::cout << header << fmt::format("  plan     {} (dp={})\n\n", plan_describe(plan), data_parallel_ranks(cluster, plan)) << body;
     return 0;
   }
 
@@ -359,7 +359,7 @@ int plan_command_run(const PlanCommandArgs& args) {
       plan_out_write(args, *outputs.plan_out, model, cluster, profile, winner->plan, by_length ? winner->max_seqlen : options.seqlen,
                      machine);
     report["plan"] = plan_to_json(winner->plan, cluster);
-    out += fmt::format("best plan: {} (dp={})\n", plan_describe(winner->plan), cluster.gpus / winner->plan.sequence_ranks());
+    out += fmt::format("best plan: {} (dp={})\n", plan_describe(winner->plan), data_parallel_ranks(cluster, winner->plan));
     out += plan_report(model, cluster, winner->plan, profile, by_length ? std::nullopt : seqlen, context, report);
 
     auto candidate_line = [&](const SearchCandidate& c) {

@@ -709,8 +709,8 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
   const double params = as_double(setup.params.total);
   const double world = as_double(plan.shard_ranks(cluster.gpus));
   // What the optimizer steps: every parameter, or the adapters alone (their weights beside the base's).
-  const double adapters = plan.lora() ? as_double(lora_parameter_count(model, plan.lora_rank, plan.lora_all_linear)) : 0.0;
-  const double trainable = plan.lora() ? adapters : params;
+  const double trainable = setup.trainable_total;
+  const double adapters = plan.lora() ? trainable : 0.0;
   auto host_add = [&](const char* name, double bytes_per_rank) {
     if (bytes_per_rank > 0) prediction.host_items.push_back({kCategoryHost, name, bytes_per_rank * ranks, ranks});
   };

@@ -79,9 +79,17 @@ int64_t data_parallel_ranks(const ClusterSpec& cluster, const PlanOptions& plan)
   return plan.sequence_ranks() > 0 ? cluster.gpus / plan.sequence_ranks() : 1;
 }
 
+namespace {
+
+// Samples one micro-step takes over the cluster: a micro batch on every data-parallel rank.
+int64_t samples_per_micro_step(const ClusterSpec& cluster, const PlanOptions& plan) {
+  return std::max<int64_t>(1, plan.micro_batch) * std::max<int64_t>(1, data_parallel_ranks(cluster, plan));
+}
+
+}  // namespace
+
 int64_t gradient_accumulation_steps(const ClusterSpec& cluster, const PlanOptions& plan) {
-  const int64_t per_micro_step = std::max<int64_t>(1, plan.micro_batch) * std::max<int64_t>(1, data_parallel_ranks(cluster, plan));
-  return plan.global_batch > 0 ? std::max<int64_t>(1, plan.global_batch / per_micro_step) : 1;
+  return plan.global_batch > 0 ? std::max<int64_t>(1, plan.global_batch / samples_per_micro_step(cluster, plan)) : 1;
 }
 
 std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan) {
@@ -151,7 +159,7 @@ std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec
   if (plan.micro_batch < 1) problems.push_back(fmt::format("micro batch {} must be at least 1", plan.micro_batch));
   if (plan.global_batch < 0) problems.push_back(fmt::format("global batch {} must not be negative", plan.global_batch));
   if (plan.global_batch > 0 && plan.micro_batch >= 1 && plan.sequence_ranks() >= 1 && cluster.gpus % plan.sequence_ranks() == 0) {
-    const int64_t per_micro_step = plan.micro_batch * data_parallel_ranks(cluster, plan);
+    const int64_t per_micro_step = samples_per_micro_step(cluster, plan);
     if (plan.global_batch % per_micro_step != 0)
       problems.push_back(fmt::format("global batch {} is not a multiple of micro batch {} x dp {} = {} samples a micro-step",
                                      plan.global_batch, plan.micro_batch, data_parallel_ranks(cluster, plan), per_micro_step));

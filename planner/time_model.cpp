@@ -296,14 +296,12 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   const double partition_params = as_double(params.total) / optimizer_shards;
   if (plan.lora() && plan.offload_optimizer) {
     // ZeRO-Offload's passes over the adapters' partition alone (the base has no optimizer state).
-    const double adapter_partition = as_double(lora_parameter_count(model, plan.lora_rank, plan.lora_all_linear)) / optimizer_shards;
-    const OffloadedStep step = offloaded_optimizer_step(profile, plan, card, adapter_partition, as_double(cluster.ranks_per_node()));
+    const OffloadedStep step = offloaded_optimizer_step(profile, plan, card, adapters / optimizer_shards, as_double(cluster.ranks_per_node()));
     time.gradient_offload_s = step.gradient_download_s;
     time.optimizer_s = step.host_passes_s + step.weight_upload_s;
   } else if (plan.lora()) {
     // AdamW over the adapters alone, in their dtype: weight, gradient, m, v read, weight, m, v written.
-    time.optimizer_s = as_double(lora_parameter_count(model, plan.lora_rank, plan.lora_all_linear)) * 7.0 * lora_adapter_bytes(profile, plan) /
-                       (card.hbm_gbps * 1e9);
+    time.optimizer_s = adapters * 7.0 * lora_adapter_bytes(profile, plan) / (card.hbm_gbps * 1e9);
   } else if (cpu_offload_policy) {
     // PyTorch's AdamW on the host's fp32 shards, foreach path, op by op (torch/optim/adam.py
     // _multi_tensor_adam; weight decay, lerp of m, mul + addcmul of v, sqrt, div, add eps, addcdiv

@@ -15,7 +15,7 @@
 
 namespace longseq::exporters {
 
-int64_t data_parallel(const ExportRequest& r) { return r.cluster.gpus / r.plan.sequence_ranks(); }
+int64_t data_parallel(const ExportRequest& r) { return data_parallel_ranks(r.cluster, r.plan); }
 
 RopeExtension rope_extension(const ExportRequest& r) {
   const ModelSpec& m = r.model;

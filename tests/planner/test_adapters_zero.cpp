@@ -29,6 +29,15 @@ PlanOptions ulysses_zero3_lora() {
   return plan;
 }
 
+// The same plan as Accelerate's FSDP2 would run it: PyTorch's context parallelism over the 8 GPUs
+// (cp, no Ulysses), without the tiled loss it has no switch for.
+PlanOptions as_context_parallel(PlanOptions plan) {
+  plan.sp = 1;
+  plan.ring = 8;
+  plan.tiled_loss = false;
+  return plan;
+}
+
 }  // namespace
 
 TEST_CASE("LoRA with ZeRO-3 optimizer and parameter offload: nothing of the model states on the GPU, the adapters' states on the host") {
@@ -65,11 +74,7 @@ TEST_CASE("LoRA with ZeRO-3 optimizer and parameter offload: nothing of the mode
   CHECK(adapters_step.time.optimizer_s == doctest::Approx(full_step.time.optimizer_s * A / P).epsilon(0.05));
   // Under DeepSpeed (Accelerate's); FSDP2's CPU offload with adapters and a 4-bit base offloaded are refused.
   CHECK(framework_unsupported(Framework::framework_hf_accelerate, model, plan, 8).empty());
-  PlanOptions fsdp2 = plan;
-  fsdp2.sp = 1;
-  fsdp2.ring = 8;
-  fsdp2.tiled_loss = false;
-  CHECK(framework_unsupported(Framework::framework_accelerate_fsdp2, model, fsdp2, 8).find("adapters beside FSDP2's CPU offload") !=
+  CHECK(framework_unsupported(Framework::framework_accelerate_fsdp2, model, as_context_parallel(plan), 8).find("adapters beside FSDP2's CPU offload") !=
         std::string::npos);
   plan.qlora = true;
   CHECK(plan_problems(model, node, plan).front().find("QLoRA beside optimizer/parameter offload") != std::string::npos);
@@ -104,11 +109,7 @@ TEST_CASE("QLoRA under ZeRO-3 (bf16 quant storage): the packed NF4 values partit
   bf16_base.qlora = false;
   CHECK(memory.gpu_peak_bytes < memory_predict(model, node, bf16_base, profile, 262'144).gpu_peak_bytes);
   // Refused where no source says what a rank holds: FSDP2's sharded 4-bit base.
-  PlanOptions fsdp2 = plan;
-  fsdp2.sp = 1;
-  fsdp2.ring = 8;
-  fsdp2.tiled_loss = false;
-  CHECK(framework_unsupported(Framework::framework_accelerate_fsdp2, model, fsdp2, 8).find("QLoRA with the 4-bit base sharded by FSDP2") !=
+  CHECK(framework_unsupported(Framework::framework_accelerate_fsdp2, model, as_context_parallel(plan), 8).find("QLoRA with the 4-bit base sharded by FSDP2") !=
         std::string::npos);
   CHECK(framework_unsupported(Framework::framework_hf_accelerate, model, plan, 8).empty());
 }
