@@ -162,6 +162,16 @@ void decoder_layer_backward(TensorTrace& trace, const LayerShape& shape, const L
 // instead): the per-layer activation memory without checkpointing.
 double decoder_layer_saved_bytes(const LayerShape& shape, const LayerImplementation& impl);
 
+// Bytes a layer keeps under torchtitan's op-level selective checkpointing (v0.2.2,
+// distributed/activation_checkpoint.py _apply_op_sac with models/llama3/infra/parallelize.py's
+// _op_sac_save_list): the checkpoint's input, SDPA's outputs (the attention output and its fp32
+// logsumexp), and the output of every other aten.mm, counted from 1 within the layer's forward,
+// so the 1st, 3rd, 5th and 7th of wq, wk, wv, wo, w1, w3, w2: q_proj's [T, n_q d], v_proj's
+// [T, n_kv d], gate_proj's [T, f] and down_proj's [T, h]. Everything else is recomputed in backward.
+// For a dense SwiGLU layer with separate projections and no biases (addmm is not in the list),
+// which is what torchtitan's llama3 and qwen3 flavors build.
+double decoder_layer_op_selective_saved_bytes(const LayerShape& shape, const LayerImplementation& impl);
+
 // What a pinned host allocation of `bytes` takes. PyTorch's pinned host allocator
 // (CachingHostAllocator.h, allocate) rounds every allocation up to the next power of two
 // (pytorch issues #150517, #95823; REFERENCE §7.5); `power_of_two` says the stack allocates

@@ -38,6 +38,17 @@ double recomputed_layer_share(const ModelSpec& model, const PlanOptions& plan) {
   return model.num_layers > 0 ? as_double(plan.checkpointed_layers(model.num_layers)) / as_double(model.num_layers) : 0.0;
 }
 
+double recomputed_attention_share(const ModelSpec& model, const PlanOptions& plan) {
+  return plan.checkpoint_ops ? 0.0 : recomputed_layer_share(model, plan);
+}
+
+double op_selective_recomputed_matmul_flops(const ModelSpec& model, int64_t micro_batch, int64_t seqlen, int64_t sp) {
+  // The even-numbered mms of decoder_layer_op_selective_saved_bytes' count: wk, wo and w3.
+  const double tokens = as_double(micro_batch) * as_double(seqlen / sp);
+  const double h = as_double(model.hidden_size);
+  return 2.0 * tokens * h * (as_double(model.kv_width()) + as_double(model.q_width()) + as_double(model.intermediate_size));
+}
+
 namespace {
 
 StepFlops step_flops(const ModelSpec& model, const PlanOptions& plan, int64_t seqlen, bool with_recompute) {
@@ -50,12 +61,15 @@ StepFlops step_flops(const ModelSpec& model, const PlanOptions& plan, int64_t se
   // forward + backward (2x) + recompute. A frozen base (LoRA) computes no weight gradient: its
   // backward is the input gradient alone (1x); the adapters add 2 T r (in + out) a linear, trained.
   const double backward = plan.lora() ? 1.0 : 2.0;
-  flops.matmul = as_double(model.num_layers) * ((layer.projections + layer.mlp) * (1.0 + backward + recompute) + layer.mlp * tiled_mlp_recompute);
+  flops.matmul = as_double(model.num_layers) * ((layer.projections + layer.mlp) * (1.0 + backward) + layer.mlp * tiled_mlp_recompute);
+  if (with_recompute && plan.activation_checkpointing && plan.checkpoint_ops)
+    flops.matmul += as_double(model.num_layers) * op_selective_recomputed_matmul_flops(model, plan.micro_batch, seqlen, plan.sequence_ranks());
+  else flops.matmul += as_double(model.num_layers) * (layer.projections + layer.mlp) * recompute;
   if (plan.lora()) {
     const double tokens = as_double(plan.micro_batch) * as_double(seqlen / plan.sequence_ranks());
     flops.matmul += 2.0 * tokens * as_double(lora_parameter_count(model, plan.lora_rank, plan.lora_all_linear)) * (3.0 + recompute);
   }
-  flops.attention = as_double(model.num_layers) * layer.attention * (1.0 + 2.5 + recompute);
+  flops.attention = as_double(model.num_layers) * layer.attention * (1.0 + 2.5 + (with_recompute ? recomputed_attention_share(model, plan) : 0.0));
   // LM head: forward and both gradients, never recomputed (fused losses compute the gradient in forward).
   flops.matmul += 3.0 * lm_head_forward_flops(model, plan.micro_batch, seqlen, plan.sequence_ranks());
   return flops;

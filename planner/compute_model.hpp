@@ -47,6 +47,14 @@ StepFlops step_flops_executed(const ModelSpec& model, const PlanOptions& plan, i
 // one layer in every N checkpointed (a whole number of them: floor(L / N) / L), 0 without.
 double recomputed_layer_share(const ModelSpec& model, const PlanOptions& plan);
 
+// The share of decoder layers whose attention core runs again in backward: as above, but none
+// under op-level selective checkpointing (SDPA's outputs are in its save list).
+double recomputed_attention_share(const ModelSpec& model, const PlanOptions& plan);
+
+// One layer's matmul FLOPs recomputed under op-level selective checkpointing on one rank: the mms
+// its policy does not save (k_proj, o_proj, up_proj; decoder_layer_op_selective_saved_bytes).
+double op_selective_recomputed_matmul_flops(const ModelSpec& model, int64_t micro_batch, int64_t seqlen, int64_t sp);
+
 // Model FLOPs for MFU: forward + backward once, no recompute.
 StepFlops step_flops_model(const ModelSpec& model, const PlanOptions& plan, int64_t seqlen);
 

@@ -95,9 +95,12 @@ std::string framework_unsupported(Framework framework, const ModelSpec& model, c
   // optimizer (CPU Adam when offloading) and FSDP2's DTensor shards are not planned with it.
   if (plan.adam_8bit && !description.adam_8bit)
     return fmt::format("{}: 8-bit AdamW is planned through the HF Trainer / TRL (optim=\"adamw_8bit\") only: --framework hf-trainer", name);
-  if (plan.activation_checkpointing && plan.checkpoint_every > 1 && !description.checkpoint_every_nth_layer)
+  if (plan.activation_checkpointing && plan.checkpoint_every > 1 && !description.selective_checkpointing)
     return fmt::format("{}: checkpoints every decoder layer; one layer in every N is torchtitan's layer-selective AC "
                        "(activation_checkpoint.selective_ac_option, --framework torchtitan)", name);
+  if (plan.activation_checkpointing && plan.checkpoint_ops && !description.selective_checkpointing)
+    return fmt::format("{}: checkpoints whole decoder layers; op-level selective checkpointing is torchtitan's "
+                       "(activation_checkpoint.selective_ac_option = \"op\", --framework torchtitan)", name);
   return description.plan_refused(name, model, plan, gpus);
 }
 
@@ -107,8 +110,9 @@ void search_options_for_framework(SearchOptions& options, Framework framework, c
   };
   options.length_multiple = framework_facts(framework).length_multiple;
   // torchtitan's selective_ac_option takes any N; its default is 2 (job_config.py ActivationCheckpoint).
-  options.checkpoint_every = framework_description(framework).checkpoint_every_nth_layer ? std::vector<int64_t>{1, 2, 3, 4}
-                                                                                          : std::vector<int64_t>{1};
+  const bool selective = framework_description(framework).selective_checkpointing;
+  options.checkpoint_every = selective ? std::vector<int64_t>{1, 2, 3, 4} : std::vector<int64_t>{1};
+  options.checkpoint_ops = selective;
 }
 
 std::vector<Framework> frameworks_running(const ModelSpec& model, const PlanOptions& plan) {

@@ -62,9 +62,10 @@ struct FrameworkDescription {
   bool trl_activation_offload;       // TRL's SFTConfig(activation_offloading=True)
   bool adam_8bit;                    // bitsandbytes' 8-bit AdamW through the Trainer's optim argument
   bool tiles_moe_blocks;             // TiledMLP over a whole mixture-of-experts block (Unsloth's)
-  // Checkpoints one decoder layer in every N, the others keeping what they save (torchtitan's
-  // layer-selective AC: activation_checkpoint.mode "selective" with selective_ac_option "N").
-  bool checkpoint_every_nth_layer;
+  // Selective activation checkpointing, torchtitan's (activation_checkpoint.mode "selective"): one
+  // decoder layer in every N checkpointed, the others keeping what they save (selective_ac_option
+  // "N"), or every layer under the op-level policy (selective_ac_option "op": PlanOptions::checkpoint_ops).
+  bool selective_checkpointing;
   // Why it cannot build `model` whatever the plan (nullptr: it builds what longseq reads), then why
   // it cannot run `plan` on `gpus` GPUs (0: not known); "" when it can.
   std::string (*model_refused)(const char* name, const ModelSpec& model);

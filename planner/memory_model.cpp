@@ -435,7 +435,12 @@ void resident_activations_place(TensorTrace& trace, const PlanOptions& plan, con
     trace.alloc(kCategoryCheckpoints, "saved_activations",
                 (first_saves ? first_layer_saved_bytes : 0.0) + saved_bytes_per_layer * (saving - (first_saves ? 1.0 : 0.0)), saving);
   }
-  if (checkpointed > 0) trace.alloc(kCategoryCheckpoints, "hidden_states_checkpoints", x_bytes * checkpointed, checkpointed);
+  if (checkpointed <= 0) return;
+  // Under op-level selective checkpointing a layer keeps its save list's outputs beside its input.
+  if (plan.checkpoint_ops)
+    trace.alloc(kCategoryCheckpoints, "op_selective_saved", decoder_layer_op_selective_saved_bytes(setup.shape, setup.impl) * checkpointed,
+                checkpointed);
+  else trace.alloc(kCategoryCheckpoints, "hidden_states_checkpoints", x_bytes * checkpointed, checkpointed);
 }
 
 struct PhaseResult {
@@ -570,6 +575,10 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
       if (aux_loss) trace.alloc(kCategoryCheckpoints, "moe.router_logits_kept", (layers - 1) * router_logits_bytes, layers - 1);
       zero_layer_buffers_place(trace, plan, profile, setup, /*backward=*/false, as_double(plan.shard_ranks(cluster.gpus)));
       trace.alloc(kCategoryLayer, "layer.input", x_bytes);
+      // The op-level policy's saved outputs of this layer, counted whole from its start (a bound:
+      // down_proj's appears only at the layer's end).
+      if (plan.checkpoint_ops)
+        trace.alloc(kCategoryCheckpoints, "layer.op_selective_saved", decoder_layer_op_selective_saved_bytes(setup.shape, setup.impl) - x_bytes);
       decoder_layer_forward(trace, setup.shape, setup.impl, /*keep=*/!plan.layer_checkpointed(model.num_layers - 1));
       return trace.peak_bytes();
     };

@@ -142,6 +142,12 @@ std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec
     if (plan.checkpoint_offload) problems.push_back("checkpoint offload with one layer in every N checkpointed is not modelled");
     if (plan.fpdt) problems.push_back("FPDT checkpoints every layer (its recipe); one in every N is not modelled with it");
   }
+  if (plan.checkpoint_ops) {
+    if (!plan.activation_checkpointing) problems.push_back("op-level selective checkpointing needs activation checkpointing");
+    if (plan.checkpoint_every > 1) problems.push_back("op-level selective checkpointing wraps every layer: not with one layer in every N");
+    if (plan.checkpoint_offload) problems.push_back("checkpoint offload with op-level selective checkpointing is not modelled");
+    if (plan.fpdt || plan.tiled_mlp) problems.push_back("op-level selective checkpointing is modelled without FPDT and TiledMLP");
+  }
   if (plan.checkpoint_offload && !plan.activation_checkpointing)
     problems.push_back("checkpoint offload needs activation checkpointing");
   if (plan.mlp_tiles < 0) problems.push_back(fmt::format("MLP tile count {} is negative", plan.mlp_tiles));
@@ -249,6 +255,7 @@ std::string plan_describe(const PlanOptions& plan) {
   if (plan.offload_optimizer) text += " +optimizer-offload";
   if (plan.offload_params) text += " +param-offload";
   text += !plan.activation_checkpointing ? " -checkpointing"
+          : plan.checkpoint_ops          ? " +checkpointing(ops)"
           : plan.checkpoint_every > 1    ? fmt::format(" +checkpointing(1 in {})", plan.checkpoint_every)
                                          : " +checkpointing";
   if (plan.checkpoint_offload) text += " +checkpoint-offload";

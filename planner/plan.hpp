@@ -101,6 +101,11 @@ struct PlanOptions : HeldChoices {
   int64_t checkpointed_layers(int64_t count) const {
     return !activation_checkpointing ? 0 : checkpoint_every <= 1 ? count : count / checkpoint_every;
   }
+  // With checkpointing, every decoder layer under torchtitan's op-level selective AC instead
+  // (activation_checkpoint.py _apply_op_sac, selective_ac_option = "op"): each layer keeps its input
+  // and the outputs of the ops in its save list (SDPA, and every other mm: q_proj's, v_proj's,
+  // gate_proj's, down_proj's), and its backward recomputes only the rest (decoder_layer_op_selective_saved_bytes).
+  bool checkpoint_ops = false;
   bool checkpoint_offload = false;      // the checkpointed hidden_states go to the host
   bool tiled_mlp = false;
   int64_t mlp_tiles = 0;                // 0: DeepSpeed's rule ceil(S_l / hidden)

@@ -20,7 +20,7 @@ namespace longseq {
 
 bool PlanSettings::fixes_a_plan() const {
   return preset || sp || ring || zero_stage || offload_optimizer || offload_params || activation_checkpointing || checkpoint_offload ||
-         tiled_mlp || tiled_loss || fpdt || mlp_tiles || loss_tiles || fpdt_chunk_tokens || checkpoint_every;
+         tiled_mlp || tiled_loss || fpdt || mlp_tiles || loss_tiles || fpdt_chunk_tokens || checkpoint_every || checkpoint_ops;
 }
 
 void PlanSettings::override_with(const PlanSettings& later) {
@@ -53,6 +53,7 @@ void PlanSettings::override_with(const PlanSettings& later) {
   take(micro_batch, later.micro_batch);
   take(global_batch, later.global_batch);
   take(checkpoint_every, later.checkpoint_every);
+  take(checkpoint_ops, later.checkpoint_ops);
 }
 
 namespace {
@@ -114,6 +115,7 @@ PlanSettings plan_settings_read(YamlReader& reader) {
   if (reader.has("micro_batch")) settings.micro_batch = reader.get_int("micro_batch", 1, 1'000'000);
   if (reader.has("global_batch")) settings.global_batch = reader.get_int("global_batch", 1, 1'000'000'000);
   if (reader.has("checkpoint_every")) settings.checkpoint_every = reader.get_int("checkpoint_every", 1, int64_t{1} << 20);
+  optional_bool("checkpoint_ops", settings.checkpoint_ops);
   if (settings.qlora.value_or(false) && !settings.lora_rank)
     throw ConfigError(reader.source_name(), reader.key_name("qlora"), "QLoRA trains LoRA adapters on its 4-bit base: give lora_rank too");
   return settings;
@@ -308,6 +310,7 @@ PlanOptions plan_from_settings(const PlanSettings& settings, const ModelSpec& mo
   plan.micro_batch = settings.micro_batch.value_or(1);
   plan.global_batch = settings.global_batch.value_or(0);
   if (settings.checkpoint_every) plan.checkpoint_every = *settings.checkpoint_every;
+  if (settings.checkpoint_ops) plan.checkpoint_ops = *settings.checkpoint_ops;
   return plan;
 }
 
@@ -460,6 +463,12 @@ std::vector<SweepRow> scenario_run(const Scenario& scenario, const std::function
                           options.checkpoint_every = {every};
                           options.admits = [every](const PlanOptions& candidate) { return candidate.checkpoint_every == every; };
                         }
+                        if (settings.checkpoint_ops) {
+                          const bool ops = *settings.checkpoint_ops;
+                          options.admits = [ops, admits = options.admits](const PlanOptions& candidate) {
+                            return candidate.checkpoint_ops == ops && (!admits || admits(candidate));
+                          };
+                        }
                         const SearchResult result = plan_search(model, cluster, row_profile, options);
                         if (!result.winner()) throw ConfigError("", "", "no plan fits");
                         plan = result.winner()->plan;
@@ -527,6 +536,7 @@ ScenarioRunOptions scenario_run_options(const Scenario& scenario) {
   if (plan.micro_batch.value_or(1) != 1) refuse("plan.micro_batch", "the executor trains one sample per rank per step");
   if (plan.global_batch) refuse("plan.global_batch", "the executor runs one micro batch a step");
   if (plan.checkpoint_every.value_or(1) != 1) refuse("plan.checkpoint_every", "the executor checkpoints every layer or none");
+  if (plan.checkpoint_ops.value_or(false)) refuse("plan.checkpoint_ops", "the executor checkpoints whole layers");
   if (scenario.runtime_profile_given && scenario.runtime_profile != "native" && scenario.runtime_profile != "native-cuda")
     refuse("runtime_profile", fmt::format("a run's prediction is priced for longseq's executor (native, or native-cuda on a GPU), not '{}'",
                                           scenario.runtime_profile));

@@ -41,6 +41,7 @@ struct PlanSettings {
   // Batches (held by a search, part of a fixed plan, as --micro-batch and --global-batch), and one
   // decoder layer in every N checkpointed (a plan option, as --checkpoint-every).
   std::optional<int64_t> micro_batch, global_batch, checkpoint_every;
+  std::optional<bool> checkpoint_ops;  // torchtitan's op-level SAC, as --checkpoint-ops
   // Later settings win, field by field; a later preset or plan key ends a search that was only the
   // default (a ladder step "baseline" runs the baseline, not the search).
   void override_with(const PlanSettings& later);

@@ -17,9 +17,11 @@ std::vector<PlanOptions> plans_enumerate(const ClusterSpec& cluster, const Searc
   struct Checkpointing {
     bool on, offload;
     int64_t every;
+    bool ops = false;
   };
   std::vector<Checkpointing> checkpointing_modes = {{false, false, 1}};
   for (int64_t every : options.checkpoint_every) checkpointing_modes.push_back({true, false, every});
+  if (options.checkpoint_ops) checkpointing_modes.push_back({true, false, 1, true});
   checkpointing_modes.push_back({true, true, 1});
   std::vector<PlanOptions> plans;
   for (int64_t sequence_ranks = 1; sequence_ranks <= cluster.gpus; ++sequence_ranks) {
@@ -42,16 +44,18 @@ std::vector<PlanOptions> plans_enumerate(const ClusterSpec& cluster, const Searc
               plan.activation_checkpointing = checkpointing.on;
               plan.checkpoint_offload = checkpointing.offload;
               plan.checkpoint_every = checkpointing.every;
+              plan.checkpoint_ops = checkpointing.ops;
               static_cast<HeldChoices&>(plan) = options.held;
               for (bool tiled_mlp : {false, true}) {
                 for (bool tiled_loss : {false, true}) {
                   plan.tiled_mlp = tiled_mlp;
                   plan.tiled_loss = tiled_loss;
+                  if (checkpointing.ops && tiled_mlp) continue;  // not modelled together (plan_problems)
                   if (!options.admits || options.admits(plan)) plans.push_back(plan);
                 }
               }
               // FPDT runs with every layer checkpointed, and without the ring.
-              if (!checkpointing.on || checkpointing.every > 1 || ring > 1) continue;
+              if (!checkpointing.on || checkpointing.every > 1 || checkpointing.ops || ring > 1) continue;
               plan.tiled_mlp = plan.tiled_loss = false;
               plan.fpdt = true;
               for (int64_t chunk : options.fpdt_chunks) {
@@ -96,7 +100,7 @@ bool same_except(const PlanOptions& a, const PlanOptions& b, int field) {
   if (field != 2 && a.offload_optimizer != b.offload_optimizer) return false;
   if (field != 3 && a.offload_params != b.offload_params) return false;
   if (field != 4 && (a.activation_checkpointing != b.activation_checkpointing || a.checkpoint_offload != b.checkpoint_offload ||
-                     a.checkpoint_every != b.checkpoint_every))
+                     a.checkpoint_every != b.checkpoint_every || a.checkpoint_ops != b.checkpoint_ops))
     return false;
   if (field != 5 && (a.tiled_mlp != b.tiled_mlp || a.tiled_loss != b.tiled_loss || a.fpdt != b.fpdt ||
                      (a.fpdt && a.fpdt_chunk_tokens != b.fpdt_chunk_tokens)))
@@ -326,6 +330,8 @@ std::vector<SearchAlternative> search_notable_alternatives(const SearchResult& r
       case 2: return p.offload_optimizer ? "with optimizer offload" : "without optimizer offload";
       case 3: return p.offload_params ? "with parameter offload" : "without parameter offload";
       case 4: return !p.activation_checkpointing ? "without activation checkpointing"
+                     : p.checkpoint_ops != w.checkpoint_ops
+                         ? (p.checkpoint_ops ? "op-level selective checkpointing" : "checkpointing whole layers")
                      : p.checkpoint_every != w.checkpoint_every
                          ? (p.checkpoint_every > 1 ? fmt::format("checkpointing 1 layer in {}", p.checkpoint_every) : "checkpointing every layer")
                      : p.checkpoint_offload ? "with checkpoint offload"

@@ -48,8 +48,10 @@ struct SearchOptions {
   // CP rotation, HSDP.
   HeldChoices held;
   // Checkpointing one decoder layer in every N: the N tried beside full checkpointing (1), where
-  // the framework runs it (FrameworkDescription::checkpoint_every_nth_layer).
+  // the framework runs it (FrameworkDescription::selective_checkpointing).
   std::vector<int64_t> checkpoint_every = {1};
+  // Op-level selective checkpointing (PlanOptions::checkpoint_ops) tried beside them, likewise.
+  bool checkpoint_ops = false;
 };
 
 // How many memory-saving features a plan turns on (offloads, checkpointing, tiling, FPDT, the ZeRO

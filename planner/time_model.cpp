@@ -175,7 +175,7 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   // A layer's attention time split into its passes: forward, the recompute's forward, and the
   // backward at 2.5 forward FLOPs (FlashAttention-2); what hides the ring's and FPDT's traffic.
   const double attention_per_layer_s = time.attention_s / layers;
-  const double attention_forward_share = 1.0 / (1.0 + 2.5 + recompute);
+  const double attention_forward_share = 1.0 / (1.0 + 2.5 + recomputed_attention_share(model, plan));
 
   // Ulysses: four all-to-alls (q, k, v, output) per layer in forward, again in the recompute,
   // and mirrored in backward; in the profile's activation dtype (ALST: bf16).

@@ -64,6 +64,7 @@ struct PlanCommandArgs {
   int64_t tiled_loss_on = 0, tiled_loss_off = 0;
   std::optional<int64_t> mlp_tiles, loss_tiles;
   std::optional<int64_t> checkpoint_every;  // checkpoint one decoder layer in every N (torchtitan's layer SAC)
+  bool checkpoint_ops = false;              // checkpoint every layer under torchtitan's op-level SAC
   bool fpdt = false;
   std::optional<std::string> fpdt_chunk;
   // Samples per rank per micro-step: a count, or searched at --seqlen: "max" (the largest that fits)

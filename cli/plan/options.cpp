@@ -77,6 +77,9 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
                       "checkpoint one decoder layer in every N, the others keeping what they save (torchtitan's layer-selective "
                       "AC, activation_checkpoint.selective_ac_option; default 1: every layer; the torchtitan search tries 1-4)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  command->add_flag("--checkpoint-ops", args->checkpoint_ops,
+                    "checkpoint every decoder layer under torchtitan's op-level selective AC (selective_ac_option = \"op\": "
+                    "attention's outputs and every other matmul's kept, the rest recomputed; the torchtitan search tries it)");
   command->add_option("--mlp-tiles", args->mlp_tiles, "MLP tile count (default: DeepSpeed's ceil(S/sp / hidden))");
   command->add_option("--loss-tiles", args->loss_tiles, "loss tile count (default: the runtime profile's rule)");
   command->add_option("--micro-batch", args->micro_batch,
@@ -235,7 +238,7 @@ int64_t global_batch_samples(const PlanCommandArgs& args, std::optional<int64_t>
 
 bool plan_flags_given(const PlanCommandArgs& args) {
   return args.alst || args.baseline || args.sp || args.ring || args.zero_stage || args.mlp_tiles || args.loss_tiles || args.fpdt ||
-         args.checkpoint_every ||
+         args.checkpoint_every || args.checkpoint_ops ||
          args.fpdt_chunk ||
          args.offload_optimizer_on + args.offload_optimizer_off + args.offload_params_on + args.offload_params_off +
                  args.checkpointing_on + args.checkpointing_off + args.checkpoint_offload_on + args.checkpoint_offload_off +
@@ -272,6 +275,10 @@ PlanOptions plan_from_flags(const PlanCommandArgs& args, const ModelSpec& model,
     // One layer in N keeps its checkpoints on the GPU (torchtitan offloads none): the ALST set's
     // offload leaves unless asked for.
     if (plan.checkpoint_every > 1 && args.checkpoint_offload_on == 0) plan.checkpoint_offload = false;
+  }
+  if (args.checkpoint_ops) {
+    plan.checkpoint_ops = true;
+    if (args.checkpoint_offload_on == 0) plan.checkpoint_offload = false;  // likewise: torchtitan offloads none
   }
   // Likewise parameter offload (ALST's on one GPU) leaves with ZeRO-3 unless asked for.
   if (plan.zero_stage != 3 && args.offload_params_on == 0) plan.offload_params = false;
@@ -386,6 +393,7 @@ std::function<bool(const PlanOptions&)> search_constraints(const PlanCommandArgs
   const std::optional<int> zero = args.zero_stage;
   const bool fpdt = args.fpdt;
   const std::optional<int64_t> checkpoint_every = args.checkpoint_every;
+  const bool checkpoint_ops = args.checkpoint_ops;
   const std::optional<int64_t> chunk = args.fpdt_chunk ? std::optional<int64_t>(seqlen_parse(*args.fpdt_chunk, "--fpdt-chunk")) : std::nullopt;
   return [=](const PlanOptions& plan) {
     auto holds = [](const std::optional<bool>& wanted, bool value) { return !wanted || *wanted == value; };
@@ -394,7 +402,7 @@ std::function<bool(const PlanOptions&)> search_constraints(const PlanCommandArgs
            holds(checkpointing, plan.activation_checkpointing) && holds(checkpoint_offload, plan.checkpoint_offload) &&
            holds(tiled_mlp, plan.tiled_mlp) && holds(tiled_loss, plan.tiled_loss) && (!fpdt || plan.fpdt) &&
            (!chunk || (plan.fpdt && plan.fpdt_chunk_tokens == *chunk)) &&
-           (!checkpoint_every || plan.checkpoint_every == *checkpoint_every);
+           (!checkpoint_every || plan.checkpoint_every == *checkpoint_every) && (!checkpoint_ops || plan.checkpoint_ops);
   };
 }
 

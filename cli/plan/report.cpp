@@ -8,6 +8,7 @@ nlohmann::json plan_to_json(const PlanOptions& plan, const ClusterSpec& cluster)
   nlohmann::json json = {{"sp", plan.sp}, {"ring", plan.ring}, {"dp", data_parallel_ranks(cluster, plan)}, {"zero_stage", plan.zero_stage},
                          {"offload_optimizer", plan.offload_optimizer}, {"offload_params", plan.offload_params},
                          {"activation_checkpointing", plan.activation_checkpointing}, {"checkpoint_every", plan.checkpoint_every},
+                         {"checkpoint_ops", plan.checkpoint_ops},
                          {"checkpoint_offload", plan.checkpoint_offload}, {"tiled_mlp", plan.tiled_mlp},
                          {"tiled_loss", plan.tiled_loss}, {"fpdt", plan.fpdt}, {"micro_batch", plan.micro_batch},
                          {"global_batch", plan.global_batch > 0 ? plan.global_batch : plan.micro_batch * data_parallel_ranks(cluster, plan)},

@@ -178,4 +178,11 @@ double decoder_layer_saved_bytes(const LayerShape& shape, const LayerImplementat
   return trace.current_bytes() - bytes.x - (impl.eager_rms_norm ? bytes.x : 0.0);
 }
 
+double decoder_layer_op_selective_saved_bytes(const LayerShape& shape, const LayerImplementation& impl) {
+  const Bytes bytes(shape, impl);
+  const double gate = static_cast<double>(shape.tokens) * static_cast<double>(shape.intermediate) * static_cast<double>(impl.activation_bytes);
+  const double input = bytes.x, q_proj = bytes.q, v_proj = bytes.kv, attention_output = bytes.q, logsumexp = bytes.lse, down_proj = bytes.x;
+  return input + q_proj + v_proj + attention_output + logsumexp + gate + down_proj;
+}
+
 }  // namespace longseq

@@ -47,7 +47,7 @@ extern const FrameworkDescription kArcticTraining = {
     /*trl_activation_offload=*/false,
     /*adam_8bit=*/false,
     /*tiles_moe_blocks=*/false,
-    /*checkpoint_every_nth_layer=*/false,
+    /*selective_checkpointing=*/false,
     model_refused,
     plan_refused,
 };

@@ -24,7 +24,7 @@ extern const FrameworkDescription kDeepSpeed = {
     /*trl_activation_offload=*/false,
     /*adam_8bit=*/false,
     /*tiles_moe_blocks=*/false,
-    /*checkpoint_every_nth_layer=*/false,
+    /*selective_checkpointing=*/false,
     nullptr,
     plan_refused,
 };

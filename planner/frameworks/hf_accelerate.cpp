@@ -27,7 +27,7 @@ extern const FrameworkDescription kHfAccelerate = {
     /*trl_activation_offload=*/true,
     /*adam_8bit=*/false,
     /*tiles_moe_blocks=*/false,
-    /*checkpoint_every_nth_layer=*/false,
+    /*selective_checkpointing=*/false,
     nullptr,
     plan_refused,
 };

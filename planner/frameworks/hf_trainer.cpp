@@ -32,7 +32,7 @@ extern const FrameworkDescription kHfTrainer = {
     /*trl_activation_offload=*/true,
     /*adam_8bit=*/true,
     /*tiles_moe_blocks=*/false,
-    /*checkpoint_every_nth_layer=*/false,
+    /*selective_checkpointing=*/false,
     nullptr,
     plan_refused,
 };

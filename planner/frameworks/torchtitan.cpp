@@ -69,6 +69,11 @@ std::string plan_refused(const char* name, const ModelSpec& /*model*/, const Pla
   // MLP or chunked loss (Reference §11 F6.1-F6.5).
   if (plan.checkpoint_offload) return fmt::format("{}: no activation offload to the host in its job config (F6.3 lists its AC modes)", name);
   if (plan.tiled_mlp) return fmt::format("{}: no TiledMLP", name);
+  // Under context parallelism the op policy meets the ring's per-block attention calls and its
+  // K/V collectives, none of which the sources here trace: not priced.
+  if (plan.activation_checkpointing && plan.checkpoint_ops && plan.ring > 1)
+    return fmt::format("{}: op-level selective checkpointing under context parallelism (the ring's per-block attention outputs "
+                       "the op policy would save) is not priced yet: one layer in every N (--checkpoint-every) or full", name);
   if (plan.tiled_loss) return fmt::format("{}: no chunked or tiled loss in its job config", name);
   // At world size 1 FSDP is not applied (parallel_dims.py L334-335), so CPUOffloadPolicy has no
   // module to act on (Reference §11, added 2026-11-26).
@@ -87,7 +92,7 @@ extern const FrameworkDescription kTorchtitan = {
     /*trl_activation_offload=*/false,
     /*adam_8bit=*/false,
     /*tiles_moe_blocks=*/false,
-    /*checkpoint_every_nth_layer=*/true,
+    /*selective_checkpointing=*/true,
     model_refused,
     plan_refused,
 };

@@ -34,7 +34,7 @@ extern const FrameworkDescription kUnsloth = {
     /*trl_activation_offload=*/false,
     /*adam_8bit=*/true,
     /*tiles_moe_blocks=*/true,
-    /*checkpoint_every_nth_layer=*/false,
+    /*selective_checkpointing=*/false,
     nullptr,
     plan_refused,
 };

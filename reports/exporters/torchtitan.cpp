@@ -73,8 +73,11 @@ ExportedConfig torchtitan_job_emit(const ExportRequest& r) {
                       "fsdp_reshard_after_forward = \"default\"\ntensor_parallel_degree = 1\ncontext_parallel_degree = {}\n"
                       "context_parallel_rotate_method = \"{}\"\n",
                       p.dp_replicate, p.ring, p.cp_all_to_all ? "alltoall" : "allgather");
-  // One layer in every N: torchtitan's layer-selective AC (activation_checkpoint.py _apply_layer_sac).
-  if (p.activation_checkpointing && p.checkpoint_every > 1)
+  // One layer in every N: torchtitan's layer-selective AC (activation_checkpoint.py _apply_layer_sac);
+  // every layer under its op policy: _apply_op_sac.
+  if (p.activation_checkpointing && p.checkpoint_ops)
+    text += "\n[activation_checkpoint]\nmode = \"selective\"\nselective_ac_option = \"op\"\n";
+  else if (p.activation_checkpointing && p.checkpoint_every > 1)
     text += fmt::format("\n[activation_checkpoint]\nmode = \"selective\"\nselective_ac_option = \"{}\"\n", p.checkpoint_every);
   else
     text += fmt::format("\n[activation_checkpoint]\nmode = \"{}\"\n", p.activation_checkpointing ? "full" : "none");

@@ -501,3 +501,60 @@ def test_context_parallelism_refusals_are_accelerates(architecture, sliding_wind
                           "--framework", "accelerate-fsdp2"], capture_output=True, text=True)
     planner_refuses = run.returncode != 0 and "PyTorch's context parallelism runs full causal attention only" in run.stderr
     assert accelerate_refuses == planner_refuses == (sliding_window is not None), (run.stderr, accelerate_refuses)
+
+
+def test_torchtitan_op_selective_checkpointing_saves_what_the_plan_keeps(longseq_binary, tmp_path):
+    """Issue 40: --checkpoint-ops is torchtitan's op-level SAC. Its own apply_ac with its llama3
+    _op_sac_save_list, on a tiny llama3 Transformer, decides per mm as the plan prices it
+    (decoder_layer_op_selective_saved_bytes): within each layer the outputs of wq, wv, w1 and w2
+    saved, those of wk, wo and w3 recomputed; and SDPA's CUDA kernels are in the save list (on this
+    CPU the attention runs the CPU kernel, which is not)."""
+    path, _ = emit(longseq_binary, tmp_path, "torchtitan", ["--model", "llama-3.1-8b", "--gpus", "8", "--ring", "1", "--zero", "3",
+                                                            "--checkpoint-ops", "--no-offload-optimizer", "--no-offload-params",
+                                                            "--no-tiled-mlp", "--no-tiled-loss", "--seqlen", "16K",
+                                                            "--framework", "torchtitan"], ".toml")
+    assert "+checkpointing(ops)" in path.read_text()
+    from torchtitan.config import ConfigManager
+    config = ConfigManager().parse_args(["--job.config_file", str(path)])
+    assert config.activation_checkpoint.mode == "selective" and config.activation_checkpoint.selective_ac_option == "op"
+    import torch
+    import torch.utils.checkpoint as checkpoint
+    from torchtitan.distributed.activation_checkpoint import apply_ac
+    from torchtitan.models.llama3.infra.parallelize import _op_sac_save_list
+    from torchtitan.models.llama3.model.args import TransformerModelArgs
+    from torchtitan.models.llama3.model.model import Transformer
+    assert torch.ops.aten._scaled_dot_product_flash_attention.default in _op_sac_save_list
+    assert torch.ops.aten._scaled_dot_product_cudnn_attention.default in _op_sac_save_list
+
+    decisions = []  # (layer forward index, output width, saved?) for every mm of the first forward
+    original = checkpoint.create_selective_checkpoint_contexts
+
+    def recording(policy, *args, **kwargs):
+        layer = len({d[0] for d in decisions})
+
+        def wrapped(ctx, func, *func_args, **func_kwargs):
+            decision = policy(ctx, func, *func_args, **func_kwargs)
+            if func == torch.ops.aten.mm.default and not ctx.is_recompute:
+                decisions.append((layer, func_args[1].shape[1], decision == checkpoint.CheckpointPolicy.MUST_SAVE))
+            return decision
+        return original(wrapped, *args, **kwargs)
+
+    torch.manual_seed(0)
+    model_args = TransformerModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128, max_seq_len=32)
+    model = Transformer(model_args)
+    with torch.no_grad():
+        model.init_weights()
+    checkpoint.create_selective_checkpoint_contexts = recording
+    try:
+        apply_ac(model, config.activation_checkpoint, op_sac_save_list=_op_sac_save_list)
+        model(torch.randint(0, 128, (1, 32))).float().sum().backward()
+    finally:
+        checkpoint.create_selective_checkpoint_contexts = original
+    block = model.layers["0"]
+    inner = getattr(block, "_checkpoint_wrapped_module", block)
+    attention, mlp = inner.attention, inner.feed_forward
+    widths = [attention.wq.out_features, attention.wk.out_features, attention.wv.out_features, attention.wo.out_features,
+              mlp.w1.out_features, mlp.w3.out_features, mlp.w2.out_features]
+    for layer in (0, 1):
+        seen = [(width, saved) for l, width, saved in decisions if l == layer]
+        assert seen == list(zip(widths, [True, False, True, False, True, False, True])), seen
