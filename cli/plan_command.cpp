@@ -54,7 +54,7 @@ int plan_command_run(const PlanCommandArgs& args) {
                                                        : kDefaultFramework;
   const Framework framework = machine ? Framework::framework_longseq : framework_given ? given_framework : default_framework;
   if (args.lora_rank && emitting && !export_writes_adapters(args.emit))
-    throw ConfigError("--lora", "", "adapters are planned for the HF Trainer / TRL (alone or on DeepSpeed) and Unsloth: --emit hf-trainer, accelerate or unsloth writes them");
+    throw ConfigError("--lora", "", "adapters are planned for the HF Trainer / TRL (alone, on DeepSpeed or on FSDP2) and Unsloth: --emit hf-trainer, accelerate, accelerate-fsdp2 or unsloth writes them");
   if (args.lora_rank && args.plan_out && !machine)
     throw ConfigError("--lora", "", "a plan file with adapters is for longseq's executor: plan it for this machine (--ranks, --budget-mib)");
   // PyTorch CP's rotation exists only where PyTorch's context parallelism runs.

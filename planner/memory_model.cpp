@@ -326,6 +326,16 @@ double fsdp_tail_unit_bytes(const RuntimeProfile& profile, const Setup& setup) {
   return (as_double(head) + as_double(setup.params.final_norm)) * as_double(profile.gathered_weight_bytes_or_default());
 }
 
+// One decoder layer's FSDP2 unit, unsharded: its parameters in the gathered dtype; under FSDP-QLoRA
+// the packed NF4 values in their bf16 storage (half a byte a weight; MixedPrecisionPolicy's bf16
+// cast leaves them as they are) and the norms cast to bf16, the quantization state being no
+// parameter and staying whole on every rank (static_tensors_place).
+double fsdp_unit_bytes(const PlanOptions& plan, const RuntimeProfile& profile, const Setup& setup) {
+  const double gathered = as_double(profile.gathered_weight_bytes_or_default());
+  return plan.qlora ? setup.qlora_packed_per_layer + as_double(setup.params.per_layer_norms) * gathered
+                    : as_double(setup.params.per_layer) * gathered;
+}
+
 // What ZeRO holds while a decoder layer runs: the layer's gathered weights and the prefetched
 // next ones (stage 3), and in backward the reduce bucket and the weight gradient being produced.
 void zero_layer_buffers_place(TensorTrace& trace, const PlanOptions& plan, const RuntimeProfile& profile,
@@ -339,21 +349,24 @@ void zero_layer_buffers_place(TensorTrace& trace, const PlanOptions& plan, const
     // (reduce dtype). The [norm, lm_head] unit is never resharded after forward (F1.16).
     const double gathered = as_double(profile.gathered_weight_bytes_or_default());
     const double reduced = as_double(profile.reduce_bytes_or_default());
-    trace.alloc(kCategoryZero, "fsdp.unsharded_layer", layer_params * gathered);
-    trace.alloc(kCategoryZero, backward ? "fsdp.prefetched_all_gather" : "fsdp.all_gather_output", layer_params * gathered);
+    const double unit_bytes = fsdp_unit_bytes(plan, profile, setup);
+    trace.alloc(kCategoryZero, "fsdp.unsharded_layer", unit_bytes);
+    trace.alloc(kCategoryZero, backward ? "fsdp.prefetched_all_gather" : "fsdp.all_gather_output", unit_bytes);
     // CPUOffloadPolicy copies the next unit's shard to the device before its all-gather (F1.12).
     if (fsdp2_cpu_offload(profile, plan))
       trace.alloc(kCategoryZero, "fsdp.sharded_unit_on_device", layer_params * as_double(profile.weight_bytes) / world);
     if (!backward) {
-      trace.alloc(kCategoryZero, "fsdp.next_all_gather_in_flight", layer_params * gathered);
+      trace.alloc(kCategoryZero, "fsdp.next_all_gather_in_flight", unit_bytes);
       return;
     }
     // Gradients of the unit's trainable parameters (with LoRA: its adapters, fp32 after the upcast).
     const double layer_trainable = setup.trainable_per_layer;
-    const double gradient_bytes = plan.lora() ? 4.0 : as_double(profile.working_gradient_bytes);
+    // Adapters reduce in their own dtype (PEFT's fp32, or TRL's bf16 under QLoRA: lora_adapter_bytes).
+    const double adapter_bytes = plan.lora() ? lora_adapter_bytes(profile, plan) : 0.0;
+    const double gradient_bytes = plan.lora() ? adapter_bytes : as_double(profile.working_gradient_bytes);
     trace.alloc(kCategoryZero, "fsdp.unsharded_gradients", layer_trainable * gradient_bytes);
-    trace.alloc(kCategoryZero, "fsdp.reduce_scatter_input", layer_trainable * (plan.lora() ? 4.0 : reduced));
-    trace.alloc(kCategoryZero, "fsdp.reduce_scatter_output", layer_trainable * (plan.lora() ? 4.0 : reduced) / world);
+    trace.alloc(kCategoryZero, "fsdp.reduce_scatter_input", layer_trainable * (plan.lora() ? adapter_bytes : reduced));
+    trace.alloc(kCategoryZero, "fsdp.reduce_scatter_output", layer_trainable * (plan.lora() ? adapter_bytes : reduced) / world);
     // HSDP: the all-reduce over the replicas keeps its buffer (the reduce dtype, the shard's size)
     // across layers (F1.10).
     if (plan.dp_replicate > 1) trace.alloc(kCategoryZero, "fsdp.hsdp_all_reduce_buffer", layer_trainable * reduced / world);
@@ -589,9 +602,8 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
       if (plan.zero_stage == 3 && profile.parameter_sharding == ParameterSharding::sharding_fsdp2) {
         // The [norm, lm_head] unit kept unsharded from the end of forward (F1.16), and the last
         // layer's unit prefetched for its backward (Reference §11 D's loss phase).
-        const double gathered = as_double(profile.gathered_weight_bytes_or_default());
         trace.alloc(kCategoryZero, "fsdp.unsharded_norm_and_lm_head", fsdp_tail_unit_bytes(profile, setup));
-        trace.alloc(kCategoryZero, "fsdp.prefetched_all_gather", as_double(setup.params.per_layer) * gathered);
+        trace.alloc(kCategoryZero, "fsdp.prefetched_all_gather", fsdp_unit_bytes(plan, profile, setup));
       } else {
         if (plan.zero_stage == 3)
           trace.alloc(kCategoryZero, "gathered_lm_head", as_double(model.vocab_size) * as_double(model.hidden_size) *

@@ -25,7 +25,7 @@ constexpr Exporter kExporters[] = {
     {"arctic-training", arctic_training_recipe_emit, false, true, false},
     {"accelerate", accelerate_config_emit, true, true, true},
     {"hf-accelerate", accelerate_config_emit, true, true, true},
-    {"accelerate-fsdp2", accelerate_fsdp2_config_emit, false, false, false},
+    {"accelerate-fsdp2", accelerate_fsdp2_config_emit, false, false, true},
     {"hf-trainer", hf_trainer_script_emit, false, true, true},
     {"unsloth", unsloth_script_emit, false, false, true},
     {"torchtitan", torchtitan_job_emit, false, false, false},

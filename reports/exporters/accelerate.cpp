@@ -46,20 +46,9 @@ ExportedConfig accelerate_config_emit(const ExportRequest& r) {
   // Adapters under DeepSpeed (with or without ZeRO offload): PEFT's LoraConfig through TRL, as the
   // hf-trainer script writes it; DeepSpeed then trains them as any parameter (bf16 with an fp32
   // master, the plan's pricing under deepspeed-hf).
-  if (p.lora())
-    exported.notes.push_back(fmt::format("adapters: SFTTrainer(..., peft_config=LoraConfig(r={}, lora_alpha={}, lora_dropout=0.0, "
-                                         "target_modules=[{}], task_type=\"CAUSAL_LM\")) (PEFT; DeepSpeed trains them as any parameter{})",
-                                         p.lora_rank, p.lora_rank, lora_target_modules(r),
-                                         p.offload_optimizer ? ", their optimizer on the host with ZeRO-Offload" : ""));
-  // QLoRA under ZeRO-3 needs the packed weights in the model's dtype (Reference §12 item 14), which
-  // is what lets ZeRO partition them; the recipes' NF4, double quantization and bf16 compute (item 16).
-  if (p.qlora)
-    exported.notes.push_back(std::string("4-bit base: from_pretrained(..., dtype=torch.bfloat16, quantization_config=BitsAndBytesConfig("
-                                         "load_in_4bit=True, bnb_4bit_quant_type=\"nf4\", bnb_4bit_use_double_quant=True, "
-                                         "bnb_4bit_compute_dtype=torch.bfloat16") +
-                             (p.zero_stage == 3 ? ", bnb_4bit_quant_storage=torch.bfloat16))  (ZeRO-3 partitions the packed weights only "
-                                                  "in the model's dtype: PEFT's DeepSpeed guide)"
-                                                : "))"));
+  for (std::string& note : adapter_notes(r, p.offload_optimizer ? "DeepSpeed trains them as any parameter, their optimizer on the host with ZeRO-Offload"
+                                                                 : "DeepSpeed trains them as any parameter"))
+    exported.notes.push_back(std::move(note));
   // The Trainer's sequence parallelism is transformers PR #41832 (transformers 5): 4.57.x runs an sp
   // config as plain data parallelism (Accelerate issue #3889), each rank training the whole length.
   exported.notes.push_back(p.sp > 1 ? "versions: Accelerate >= 1.12 (older ones ignore the SP keys), DeepSpeed >= 0.18.2, transformers >= 5.0 "

@@ -51,6 +51,9 @@ ExportedConfig accelerate_fsdp2_config_emit(const ExportRequest& r) {
       r.seqlen, cp > 1 ? fmt::format(" pad_to_multiple_of={}", 2 * cp) : "",
       p.tiled_loss ? " loss_type=\"chunked_nll\" (TRL's default, 256-token chunks)" : " loss_type=\"nll\"",
       rope_extension(r).factor > 0 ? " and " + rope_scaling_keyword(rope_extension(r)) : ""));
+  // Adapters: FSDP2 shards them with the layer they sit in; with a 4-bit base Accelerate skips its
+  // fp32 upcast, so they stay in PEFT's dtype (fsdp_utils.py fsdp2_prepare_model).
+  for (std::string& note : adapter_notes(r, "FSDP2 shards them with their layer's unit")) exported.notes.push_back(std::move(note));
   // Accelerate 1.11 has parallelism_config with cp, but transformers 5.17's Trainer reads its
   // sp_backend (trainer.py __init__), added in 1.12: 1.11 fails at the Trainer's construction
   // (tests/frameworks, the FSDP2 floor stage).

@@ -79,6 +79,26 @@ std::string lora_target_modules(const ExportRequest& r) {
   return targets;
 }
 
+std::vector<std::string> adapter_notes(const ExportRequest& r, const std::string& how_trained) {
+  const PlanOptions& p = r.plan;
+  if (!p.lora()) return {};
+  std::vector<std::string> notes = {fmt::format("adapters: SFTTrainer(..., peft_config=LoraConfig(r={}, lora_alpha={}, lora_dropout=0.0, "
+                                                "target_modules=[{}], task_type=\"CAUSAL_LM\")) (PEFT; {})",
+                                                p.lora_rank, p.lora_rank, lora_target_modules(r), how_trained)};
+  // A sharded base needs the packed weights in a floating dtype: ZeRO-3 partitions only the
+  // model's dtype (Reference §12 item 14, PEFT's DeepSpeed guide) and Accelerate 1.15's FSDP2
+  // leaves uint8 Params4bit unsharded (fsdp_utils.py fsdp2_prepare_model, its ignored_params).
+  // NF4, double quantization and bf16 compute are the recipes' (item 16).
+  if (p.qlora)
+    notes.push_back(std::string("4-bit base: from_pretrained(..., dtype=torch.bfloat16, quantization_config=BitsAndBytesConfig("
+                                "load_in_4bit=True, bnb_4bit_quant_type=\"nf4\", bnb_4bit_use_double_quant=True, "
+                                "bnb_4bit_compute_dtype=torch.bfloat16") +
+                    (p.zero_stage == 3 ? ", bnb_4bit_quant_storage=torch.bfloat16))  (the packed weights are sharded only in a floating "
+                                         "dtype: PEFT's DeepSpeed and FSDP guides)"
+                                       : "))"));
+  return notes;
+}
+
 // The record a DeepSpeed JSON carries of the plan it was written from. DeepSpeed looks its
 // top-level keys up one by one and ignores any other (FRAMEWORKS §1.2, §4.2), the HF Trainer and
 // Accelerate fill only "auto" values (§2.7-2.8), so the key travels with the file harmlessly.

@@ -52,6 +52,12 @@ std::string hash_comments(const std::vector<std::string>& lines);
 // PEFT's target_modules as a Python list's items: the linears the plan adapts.
 std::string lora_target_modules(const ExportRequest& r);
 
+// The notes an Accelerate export (DeepSpeed's or FSDP2's) gives an adapter plan: PEFT's LoraConfig
+// through TRL (`how_trained` says what the stack then does with the adapters), and for QLoRA the
+// 4-bit base's BitsAndBytesConfig, with bf16 quant storage where the base is sharded (ZeRO-3,
+// FSDP2). None without adapters.
+std::vector<std::string> adapter_notes(const ExportRequest& r, const std::string& how_trained);
+
 // The record a DeepSpeed JSON carries of the plan it was written from. DeepSpeed looks its
 // top-level keys up one by one and ignores any other (FRAMEWORKS §1.2, §4.2), the HF Trainer and
 // Accelerate fill only "auto" values (§2.7-2.8), so the key travels with the file harmlessly.

@@ -98,6 +98,31 @@ def accelerate_launch_environment(path):
     return args, prepare_multi_gpu_env(args)
 
 
+def adapter_notes_check(notes, qlora):
+    """An adapter plan's notes (exporters' adapter_notes): PEFT's LoraConfig with the plan's rank on
+    Llama's 7 linears, and for QLoRA a BitsAndBytesConfig with NF4 and bf16 quant storage (the
+    storage ZeRO-3 and FSDP2 shard), each built by the library from the arguments as written
+    (parsed as literals, never run)."""
+    from peft import LoraConfig
+    call = ast.parse(re.search(r"LoraConfig\(.*?\)\)", notes).group(0)[:-1], mode="eval").body
+    lora = {keyword.arg: ast.literal_eval(keyword.value) for keyword in call.keywords}
+    assert LoraConfig(**lora).r == 16 and len(lora["target_modules"]) == 7
+    if not qlora:
+        return
+    import importlib.util
+    import torch
+    import transformers
+    from transformers import BitsAndBytesConfig
+    call = ast.parse(re.search(r"BitsAndBytesConfig\(.*?\)\)", notes).group(0)[:-1], mode="eval").body
+    arguments = {keyword.arg: (getattr(torch, keyword.value.attr) if isinstance(keyword.value, ast.Attribute)
+                               else ast.literal_eval(keyword.value)) for keyword in call.keywords}
+    if Version(transformers.__version__).major >= 5 or importlib.util.find_spec("bitsandbytes"):
+        quantization = BitsAndBytesConfig(**arguments)
+        assert quantization.bnb_4bit_quant_storage == torch.bfloat16 and quantization.bnb_4bit_quant_type == "nf4"
+    else:  # transformers 4's BitsAndBytesConfig asks bitsandbytes' version to be built, and this stage has none
+        assert arguments["bnb_4bit_quant_storage"] == torch.bfloat16 and arguments["bnb_4bit_quant_type"] == "nf4"
+
+
 @pytest.mark.parametrize("flags,gpus", [(["--model", "llama-3.1-8b", "--gpus", "8"], 8),
                                         (["--model", "llama-3.1-8b", "--gpus", "16", "--nodes", "2"], 16),
                                         # data parallel only: the export's transformers 4 floor
@@ -111,24 +136,9 @@ def accelerate_launch_environment(path):
 def test_accelerate_deepspeed_yaml_and_json(flags, gpus, longseq_binary, tmp_path):
     path, notes = emit(longseq_binary, tmp_path, "accelerate", flags + ["--framework", "hf-accelerate"], ".yaml")
     if "--lora" in flags:
-        from peft import LoraConfig
-        call = ast.parse(re.search(r"LoraConfig\(.*?\)\)", notes).group(0)[:-1], mode="eval").body
-        lora = {keyword.arg: ast.literal_eval(keyword.value) for keyword in call.keywords}  # literals only, never run
-        assert LoraConfig(**lora).r == 16 and len(lora["target_modules"]) == 7
+        adapter_notes_check(notes, qlora="--qlora" in flags)
         planned = json.loads(path.with_name(path.stem + ".deepspeed.json").read_text())
         if "--qlora" in flags:
-            import torch
-            from transformers import BitsAndBytesConfig
-            call = ast.parse(re.search(r"BitsAndBytesConfig\(.*?\)\)", notes).group(0)[:-1], mode="eval").body
-            arguments = {keyword.arg: (getattr(torch, keyword.value.attr) if isinstance(keyword.value, ast.Attribute)
-                                       else ast.literal_eval(keyword.value)) for keyword in call.keywords}
-            import importlib.util
-            import transformers
-            if Version(transformers.__version__).major >= 5 or importlib.util.find_spec("bitsandbytes"):
-                quantization = BitsAndBytesConfig(**arguments)
-                assert quantization.bnb_4bit_quant_storage == torch.bfloat16 and quantization.bnb_4bit_quant_type == "nf4"
-            else:  # transformers 4's BitsAndBytesConfig asks bitsandbytes' version to be built, and this stage has none
-                assert arguments["bnb_4bit_quant_storage"] == torch.bfloat16 and arguments["bnb_4bit_quant_type"] == "nf4"
             assert planned["zero_optimization"]["stage"] == 3
         else:
             assert planned["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
@@ -152,6 +162,8 @@ FSDP2_PLANS = [
     (["--model", "qwen3-8b", "--gpus", "8", "--seqlen", "256K"], 8),
     (["--model", "llama-3.1-8b", "--gpus", "32", "--dp-replicate", "2"], 32),  # exports issue, item 2
     (["--model", "qwen3-4b", "--gpus", "8", "--seqlen", "16K", "--ring", "1", "--zero", "3", "--checkpointing"], 8),
+    # FSDP-QLoRA: the 4-bit base sharded through bf16 quant storage (issue 40)
+    (["--model", "llama-3.1-8b", "--gpus", "8", "--seqlen", "256K", "--lora", "16", "--qlora"], 8),
 ]
 
 
@@ -169,6 +181,8 @@ def test_accelerate_fsdp2_yaml_builds_its_parallelism_and_plugin(flags, gpus, lo
     assert plugin.fsdp_version == 2
     if parallelism.cp_size == 1:
         assert "pad_to_multiple_of" not in notes  # exports issue, item 11
+    if "--lora" in flags:
+        adapter_notes_check(notes, qlora="--qlora" in flags)
 
 
 def script_calls(path):

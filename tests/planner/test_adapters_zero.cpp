@@ -108,8 +108,38 @@ TEST_CASE("QLoRA under ZeRO-3 (bf16 quant storage): the packed NF4 values partit
   PlanOptions bf16_base = plan;
   bf16_base.qlora = false;
   CHECK(memory.gpu_peak_bytes < memory_predict(model, node, bf16_base, profile, 262'144).gpu_peak_bytes);
-  // Refused where no source says what a rank holds: FSDP2's sharded 4-bit base.
-  CHECK(framework_unsupported(Framework::framework_accelerate_fsdp2, model, as_context_parallel(plan), 8).find("QLoRA with the 4-bit base sharded by FSDP2") !=
-        std::string::npos);
   CHECK(framework_unsupported(Framework::framework_hf_accelerate, model, plan, 8).empty());
+}
+
+TEST_CASE("QLoRA under Accelerate's FSDP2 (bf16 quant storage): the packed values sharded and gathered a unit at a time, TRL's bf16 adapters and base") {
+  // Accelerate 1.15's fsdp2_prepare_model shards a Params4bit whose storage is floating and skips
+  // its fp32 upcast for such a model; TRL's SFTTrainer casts the adapters to bf16 and leaves the
+  // unquantized weights in the model's bf16 (Reference §12 item 13).
+  const ModelSpec model = model_load("llama-3.1-8b");
+  const ClusterSpec node = cluster_make(hardware_card_load("h100-sxm-80gb"), 8, 0, 0, 0);
+  const RuntimeProfile profile = runtime_profile_load("fsdp2-accelerate");
+  PlanOptions plan = as_context_parallel(ulysses_zero3_lora());
+  plan.qlora = true;
+  REQUIRE(plan_problems(model, node, plan).empty());
+  CHECK(framework_unsupported(Framework::framework_accelerate_fsdp2, model, plan, 8).empty());
+  PlanOptions unsharded = plan;
+  unsharded.zero_stage = 2;
+  CHECK(framework_unsupported(Framework::framework_accelerate_fsdp2, model, unsharded, 8).find("FSDP2's full sharding") != std::string::npos);
+  const double layer_weights = 2.0 * 4096 * 4096 + 2.0 * 4096 * 1024 + 3.0 * 4096 * 14336;
+  const double packed_layer = layer_weights / 2;
+  const MemoryPrediction memory = memory_predict(model, node, plan, profile, 262'144, true);
+  CHECK(item_bytes(memory.gpu_items, "base_linears_nf4_packed") == doctest::Approx(32 * packed_layer / 8));
+  CHECK(item_bytes(memory.gpu_items, "base_linears_nf4_quant_state") == doctest::Approx(32 * nf4_layer_bytes(model, true).quant_state));
+  const double other = static_cast<double>(parameter_count(model).total) - 32 * layer_weights;
+  CHECK(item_bytes(memory.gpu_items, "base_other_weights_bf16") == doctest::Approx(other * 2 / 8));
+  const double adapters = static_cast<double>(lora_parameter_count(model, 16, true));
+  CHECK(item_bytes(memory.gpu_items, "lora_adapters_bf16") == doctest::Approx(adapters * 2 / 8));
+  // A unit (the last layer's, prefetched for its backward at the loss's peak): the packed values in
+  // their bf16 storage and the two norms in bf16.
+  CHECK(memory.gpu_peak_phase == "logits and loss");
+  CHECK(item_bytes(memory.gpu_items, "fsdp.prefetched_all_gather") == doctest::Approx(packed_layer + 2.0 * 4096 * 2));
+  // Less than the bf16 base's plan; the export asks for the storage that makes it shardable.
+  PlanOptions bf16_base = plan;
+  bf16_base.qlora = false;
+  CHECK(memory.gpu_peak_bytes < memory_predict(model, node, bf16_base, profile, 262'144).gpu_peak_bytes);
 }
