@@ -8,9 +8,19 @@ int plan_emit(const PlanCommandArgs& args, const PlanOutputs& outputs, const Mod
               const ClusterSpec& cluster, const RuntimeProfile& profile, int64_t seqlen, bool seqlen_given, int64_t grid) {
   if (seqlen <= 0) throw ConfigError("--emit", "", "no sequence length fits this plan, so there is nothing to emit");
   std::string seqlen_basis = seqlen_given ? "as given" : "the point estimate of the maximum, at 100% of usable memory (--emit-length point)";
-  if (!seqlen_given && args.emit_length == "safe") {
+  if (!seqlen_given) {
     const int64_t shortest = max_seqlen_band(model, cluster, plan, profile, grid).shortest;
-    if (shortest > 0 && shortest < seqlen) {
+    // A band reaching 0: with every estimate at its high end no length fits, so the plan may not
+    // run at all. Nothing is written unless the user asks for the point estimate by name.
+    if (shortest == 0 && args.emit_length == "safe")
+      throw ConfigError("--emit", "", fmt::format("the maximum's band reaches 0 (with every estimate at its high end and the calibrated reserve "
+                                                  "nothing fits), so this plan may not run at any length: nothing written. Give --seqlen, "
+                                                  "or --emit-length point to write the point estimate of {} tokens at 100% of usable memory",
+                                                  integer_with_commas(seqlen)));
+    if (shortest == 0)
+      std::cerr << "longseq: WARNING: the maximum's band reaches 0: the point estimate written (" << integer_with_commas(seqlen)
+                << " tokens, at 100% of usable memory) has no margin, and the plan may not run at any length\n";
+    if (args.emit_length == "safe" && shortest < seqlen) {
       seqlen_basis = fmt::format("the band's low end (every estimate at its high end and the calibrated reserve); the point estimate {} "
                                  "has no margin", integer_with_commas(seqlen));
       seqlen = shortest;

@@ -40,6 +40,13 @@ refused "ds.deepspeed.json exists; give --overwrite" "$longseq" "${plan[@]}" --e
 # The input config.json itself, even with --overwrite.
 cp "$(dirname "$0")/../data/hf/llama-3.1-8b.config.json" config.json 2> /dev/null || echo '{}' > config.json
 refused "which this command reads" "$longseq" plan --model config.json --gpus 8 --emit deepspeed --emit-out config.json --overwrite
+# A maximum whose band reaches 0 (Qwen3-30B-A3B on 8 H100s under ArcticTraining: it may not run at
+# any length): no file, unless the point estimate is asked for by name, and then with a warning.
+refused "band reaches 0" "$longseq" plan --model qwen3-30b-a3b --gpus 8 --emit arctic-training --emit-out band.yml
+[ ! -e band.yml ] || fail "an export written from a band reaching 0"
+"$longseq" plan --model qwen3-30b-a3b --gpus 8 --emit arctic-training --emit-length point --emit-out band.yml > /dev/null 2> err.txt ||
+  fail "--emit-length point refused"
+[ -s band.yml ] && grep -q "WARNING: the maximum's band reaches 0" err.txt || fail "--emit-length point: no file or no warning"
 # run --json-out: refused before training.
 echo "mine" > run.json
 refused "run.json exists; give --overwrite" "$longseq" run --seqlen 64 --steps 1 --json-out run.json
