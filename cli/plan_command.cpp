@@ -351,6 +351,7 @@ int plan_command_run(const PlanCommandArgs& args) {
     if (best && !step_limited) out += fmt::format(" (closest: {}, {})", plan_describe(best->plan), best->binding_constraint);
     out += "\n";
     report["winner"] = nullptr;
+    if (best && !step_limited && !machine) out += no_fit_advice(model, cluster, profile, options, *best, report);
   } else {
     if (!args.emit.empty())
       return plan_emit(args, outputs, model, winner->plan, cluster, profile, by_length ? winner->max_seqlen : options.seqlen, !by_length,

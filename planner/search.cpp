@@ -123,9 +123,23 @@ int64_t plan_complexity(const PlanOptions& plan) {
 
 namespace {
 
+// How far over its binding memory a plan is at the given length: its need over its capacity,
+// GPU or host, whichever is further (below 1: it fits).
+double memory_overshoot(const MemoryPrediction& memory) {
+  const double gpu = memory.gpu_capacity_bytes > 0 ? memory.gpu_peak_bytes / memory.gpu_capacity_bytes : 0.0;
+  const double host = memory.host_capacity_bytes > 0 ? memory.host_bytes_per_node / memory.host_capacity_bytes : 0.0;
+  return std::max(gpu, host);
+}
+
 bool better(const SearchCandidate& a, const SearchCandidate& b, SearchObjective objective) {
   if (a.problems.empty() != b.problems.empty()) return a.problems.empty();
   if (a.fits != b.fits) return a.fits;
+  // Neither fits at the given length: the closer to fitting first (the closest plan a refusal
+  // names is then the one that needs the least more memory, not the simplest).
+  if (!a.fits && objective == SearchObjective::objective_throughput && a.problems.empty()) {
+    const double a_over = memory_overshoot(a.memory), b_over = memory_overshoot(b.memory);
+    if (a_over != b_over) return a_over < b_over;
+  }
   if (objective == SearchObjective::objective_max_seqlen) {
     const int64_t a_length = length_resolved(a.max_seqlen), b_length = length_resolved(b.max_seqlen);
     if (a_length != b_length) return a_length > b_length;

@@ -172,6 +172,13 @@ std::string frameworks_compared_render(std::vector<FrameworkWinner> winners, Fra
 std::string gpu_count_advice(const ModelSpec& model, const ClusterSpec& cluster, const RuntimeProfile& profile,
                              const SearchOptions& options, const SearchCandidate& winner, nlohmann::json& report);
 
+// When nothing fits: what binds the closest plan (the resource, its need against its capacity)
+// and what would fit: the longest length on these GPUs (a fixed length's search only), and the
+// fewest GPUs (doubling, whole nodes, up to 64 times as many) on which the same search finds a
+// plan. The same in the JSON's "no_fit" object.
+std::string no_fit_advice(const ModelSpec& model, const ClusterSpec& cluster, const RuntimeProfile& profile, const SearchOptions& options,
+                          const SearchCandidate& closest, nlohmann::json& report);
+
 // --tensors: what one decoder layer saves for backward (as the plan's runtime runs it, without
 // checkpointing), tensor by tensor; the JSON's "tensors" object (README: "The tensor inventory").
 std::string tensor_inventory_render(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,

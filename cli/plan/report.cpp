@@ -101,6 +101,62 @@ std::string frameworks_compared_render(std::vector<FrameworkWinner> winners, Fra
   return out;
 }
 
+std::string no_fit_advice(const ModelSpec& model, const ClusterSpec& cluster, const RuntimeProfile& profile, const SearchOptions& options,
+                          const SearchCandidate& closest, nlohmann::json& report) {
+  const bool by_length = options.objective == SearchObjective::objective_max_seqlen;
+  const MemoryPrediction& memory = closest.memory;
+  const bool host_binds = memory.fits_gpu() && !memory.fits_host();
+  nlohmann::json no_fit = {{"closest_plan", plan_to_json(closest.plan, cluster)},
+                           {"binding_resource", host_binds ? "host_memory" : "gpu_memory"},
+                           {"gpu_peak_gib", bytes_to_gib(memory.gpu_peak_bytes)},
+                           {"gpu_usable_gib", bytes_to_gib(memory.gpu_capacity_bytes)},
+                           {"host_gib_per_node", bytes_to_gib(memory.host_bytes_per_node)},
+                           {"host_capacity_gib_per_node", bytes_to_gib(memory.host_capacity_bytes)}};
+  std::string out = fmt::format("\nwhy nothing fits (PREDICTIONS): the closest plan, {}, needs {}\n", plan_describe(closest.plan),
+                                host_binds ? fmt::format("{:.1f} GiB of host memory a node of {:.1f} GiB", bytes_to_gib(memory.host_bytes_per_node),
+                                                         bytes_to_gib(memory.host_capacity_bytes))
+                                           : fmt::format("{:.1f} GiB of GPU memory of {:.1f} GiB usable{}", bytes_to_gib(memory.gpu_peak_bytes),
+                                                         bytes_to_gib(memory.gpu_capacity_bytes),
+                                                         memory.fits_host() ? "" : " (and more host memory than a node has)"));
+  out += "what would fit (the same search):\n";
+  // Fewer tokens on these GPUs: the longest length any plan reaches.
+  if (!by_length) {
+    SearchOptions longest = options;
+    longest.objective = SearchObjective::objective_max_seqlen;
+    const SearchResult result = plan_search(model, cluster, profile, longest);
+    if (const SearchCandidate* best = result.winner()) {
+      out += fmt::format("  fewer tokens: at most {} tokens on these {} GPUs ({})\n", integer_with_commas(best->max_seqlen), cluster.gpus,
+                         plan_describe(best->plan));
+      no_fit["longest_seqlen_here"] = {{"max_seqlen", best->max_seqlen}, {"plan", plan_to_json(best->plan, cluster)}};
+    } else {
+      out += fmt::format("  fewer tokens: no length fits on these {} GPUs\n", cluster.gpus);
+      no_fit["longest_seqlen_here"] = nullptr;
+    }
+  }
+  // More GPUs: the first doubling on which the same search finds a plan.
+  no_fit["fewest_gpus"] = nullptr;
+  for (int64_t gpus = 2 * cluster.gpus; gpus <= 64 * cluster.gpus; gpus *= 2) {
+    ClusterSpec more;
+    try {
+      more = cluster_make(cluster.hardware, gpus, 0, gpus <= cluster.gpus_per_node ? 0 : cluster.gpus_per_node, cluster.host_memory_gib);
+    } catch (const ConfigError&) {
+      continue;  // not whole nodes
+    }
+    const SearchResult result = plan_search(model, more, profile, options);
+    if (const SearchCandidate* best = result.winner()) {
+      out += fmt::format("  more GPUs: {} GPUs fit {} ({})\n", gpus,
+                         by_length ? fmt::format("up to {} tokens", integer_with_commas(best->max_seqlen))
+                                   : fmt::format("{} tokens", integer_with_commas(options.seqlen)),
+                         plan_describe(best->plan));
+      no_fit["fewest_gpus"] = {{"gpus", gpus}, {"plan", plan_to_json(best->plan, more)}, {"max_seqlen", by_length ? best->max_seqlen : options.seqlen}};
+      break;
+    }
+  }
+  if (no_fit["fewest_gpus"].is_null()) out += fmt::format("  more GPUs: none up to {} GPUs of this card\n", 64 * cluster.gpus);
+  report["no_fit"] = no_fit;
+  return out;
+}
+
 // Other GPU counts than the one asked about, where they change the answer: the fewest GPUs that
 // reach the same length (the rest only add data parallelism), a count of these GPUs that reaches
 // further, and the first larger one that does. The length is set by the ranks on one sequence,

@@ -241,3 +241,30 @@ TEST_CASE("Ulysses, USP's ring and PyTorch CP side by side: each wins where the 
   CHECK(fastest.plan.sp == 8);
   CHECK(fastest.plan.ring == 1);
 }
+
+TEST_CASE("nothing fits at a given length: the closest plan first is the one that needs the least more memory, GPU or host") {
+  // Llama-3.1-70B at 1Mi tokens on 8 H100s under ArcticTraining (issue 41, item 3): it used to be the
+  // simplest invalid-by-memory plan (sp=1, ZeRO-0, no checkpointing), the furthest from fitting.
+  const ModelSpec model = model_load("llama-3.1-70b");
+  const ClusterSpec cluster = cluster_make(hardware_card_load("h100-sxm-80gb"), 8, 0, 0, 0);
+  SearchOptions options;
+  search_options_for_framework(options, Framework::framework_arctic_training, model, cluster);
+  options.objective = SearchObjective::objective_throughput;
+  options.seqlen = 1 << 20;
+  const SearchResult result = plan_search(model, cluster, runtime_profile_load("deepspeed-hf"), options);
+  REQUIRE(result.winner() == nullptr);
+  auto overshoot = [](const SearchCandidate& c) {
+    return std::max(c.memory.gpu_peak_bytes / c.memory.gpu_capacity_bytes, c.memory.host_bytes_per_node / c.memory.host_capacity_bytes);
+  };
+  const SearchCandidate& closest = result.candidates.front();
+  REQUIRE(closest.problems.empty());
+  int64_t compared = 0;
+  for (const SearchCandidate& candidate : result.candidates)
+    if (candidate.problems.empty()) {
+      CHECK(overshoot(closest) <= overshoot(candidate));
+      ++compared;
+    }
+  CHECK(compared > 100);
+  CHECK(closest.plan.sp == 8);
+  CHECK(closest.plan.activation_checkpointing);
+}
