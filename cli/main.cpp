@@ -14,11 +14,14 @@
 #include <map>
 #include <algorithm>
 #include <system_error>
+#include <optional>
+#include <string>
 #include <tuple>
 
 #include "cli/commands.hpp"
 #include "io/checked_input.hpp"
 #include "io/config_error.hpp"
+#include "io/nearest_names.hpp"
 #include "models/model_loader.hpp"
 #include "planner/cards.hpp"
 #include "reports/memory_report.hpp"
@@ -106,6 +109,40 @@ bool standard_output_flushed() {
   return std::cout.good() && std::fflush(stdout) == 0 && !std::ferror(stdout);
 }
 
+// Why the command line names something unknown (nullopt: nothing): the first word that is not a
+// subcommand, or a long option the subcommand does not have (before any "--"), with the nearest
+// known names.
+std::optional<std::string> unknown_word_message(CLI::App& app, int argc, char** argv) {
+  if (argc < 2 || argv[1][0] == '-') return std::nullopt;
+  const std::string word = argv[1];
+  std::vector<std::string> commands;
+  for (CLI::App* command : app.get_subcommands({})) commands.push_back(command->get_name());
+  CLI::App* command = nullptr;
+  for (CLI::App* candidate : app.get_subcommands({}))
+    if (candidate->check_name(word)) command = candidate;
+  if (!command) {
+    const std::vector<std::string> nearest = longseq::nearest_names(word, commands, 2, std::max<size_t>(1, word.size() / 3));
+    std::string listed;
+    for (const std::string& name : commands) listed += (listed.empty() ? "" : ", ") + name;
+    return fmt::format("unknown command '{}'{} (commands: {})", word, nearest.empty() ? "" : "; did you mean " + longseq::names_listed(nearest) + "?",
+                       listed);
+  }
+  std::vector<std::string> options;
+  for (const CLI::Option* option : command->get_options({}))
+    for (const std::string& name : option->get_lnames()) options.push_back("--" + name);
+  for (int i = 2; i < argc; ++i) {
+    const std::string token = argv[i];
+    if (token == "--") break;
+    if (token.size() < 3 || token.rfind("--", 0) != 0) continue;
+    const std::string name = token.substr(0, token.find('='));
+    if (std::find(options.begin(), options.end(), name) != options.end()) continue;
+    const std::vector<std::string> nearest = longseq::nearest_names(name, options, 2, std::max<size_t>(2, name.size() / 3));
+    return fmt::format("{}: not an option of longseq {}{} (longseq {} --help lists them)", name, word,
+                       nearest.empty() ? "" : "; did you mean " + longseq::names_listed(nearest) + "?", word);
+  }
+  return std::nullopt;
+}
+
 int command_run(CLI::App& app, CLI::App* models, CLI::App* hardware, const auto& arguments) {
   const auto& [plan_args, validate_args, bench_args, sweep_args, report_args, run_args, launch_args] = arguments;
   if (app.got_subcommand("plan")) return longseq::plan_command_run(*plan_args);
@@ -144,6 +181,12 @@ int main(int argc, char** argv) {
     std::cerr << "longseq: error: "
               << longseq::ConfigError(word, "", "not an option of longseq itself; options go after the subcommand (longseq plan --help)").what()
               << "\n";
+    return 2;
+  }
+  // A subcommand or a long option that names nothing, said as such with the nearest names: CLI11
+  // would report it as whatever is missing first ("A subcommand is required", "--model is required").
+  if (const std::optional<std::string> unknown = unknown_word_message(app, argc, argv)) {
+    std::cerr << "longseq: error: " << *unknown << "\n";
     return 2;
   }
   try {

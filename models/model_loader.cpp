@@ -1,5 +1,7 @@
 #include "models/model_loader.hpp"
 
+#include "io/nearest_names.hpp"
+
 #include <algorithm>
 #include <filesystem>
 #include <fmt/format.h>
@@ -41,22 +43,6 @@ std::vector<std::string> candidate_names(const std::string& name) {
     }
   }
   return candidates;
-}
-
-// Edit distance, for suggesting the nearest card to a name that matches none.
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
 }
 
 }  // namespace
@@ -344,8 +330,7 @@ ModelSpec model_load(const std::string& name_or_path) {
   std::vector<std::string> suggestions;
   for (const auto& [distance, stem] : nearest)
     if (suggestions.size() < 3 && std::find(suggestions.begin(), suggestions.end(), stem) == suggestions.end()) suggestions.push_back(stem);
-  std::string said;
-  for (size_t i = 0; i < suggestions.size(); ++i) said += (i == 0 ? "" : i + 1 == suggestions.size() ? " or " : ", ") + suggestions[i];
+  const std::string said = names_listed(suggestions);
   throw ConfigError("--model", "", fmt::format("unknown model '{}': not a file, and no built-in card has that name; did you mean {}? "
                                                "(`longseq models` lists the {} cards; a config.json or a card file of your own also works)",
                                                name_or_path, said, builtin_model_names().size()));

@@ -2,9 +2,12 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "io/config_error.hpp"
+#include "io/embedded_files.hpp"
+#include "io/nearest_names.hpp"
 
 namespace longseq {
 
@@ -43,11 +46,31 @@ Framework framework_of_export_target(const std::string& target) {
 
 Framework framework_parse(const std::string& name, const std::string& flag) {
   std::string names;
+  std::vector<std::string> known;
   for (Framework framework : frameworks_all()) {
     if (name == framework_name(framework)) return framework;
     names += (names.empty() ? "" : ", ") + std::string(framework_name(framework));
+    known.emplace_back(framework_name(framework));
   }
-  throw ConfigError(flag, "", fmt::format("unknown framework '{}' (known: {})", name, names));
+  // The names users say for a stack longseq plans under another: each points at the stacks it
+  // can mean, not one chosen for them (TRL runs alone, on DeepSpeed or on FSDP2).
+  static const std::pair<const char*, const char*> kSpoken[] = {
+      {"trl", "TRL's SFTTrainer is hf-trainer (alone), hf-accelerate (on DeepSpeed) or accelerate-fsdp2 (on FSDP2)"},
+      {"transformers", "the Trainer is hf-trainer (alone), hf-accelerate (on DeepSpeed) or accelerate-fsdp2 (on FSDP2)"},
+      {"accelerate", "Accelerate is hf-accelerate (on DeepSpeed) or accelerate-fsdp2 (on FSDP2)"},
+      {"fsdp", "FSDP2 is accelerate-fsdp2 (Accelerate, the Trainer, TRL) or torchtitan"},
+      {"fsdp2", "FSDP2 is accelerate-fsdp2 (Accelerate, the Trainer, TRL) or torchtitan"},
+      {"alst", "ALST is arctic-training (ArcticTraining's recipe) or hf-accelerate (the Trainer's Ulysses)"},
+      {"arctic", "arctic-training"},
+      {"megatron", "megatron-deepspeed (Megatron-Core alone is not planned yet)"},
+      {"peft", "PEFT's adapters are planned under hf-trainer, hf-accelerate, accelerate-fsdp2 and unsloth (--lora)"},
+  };
+  const std::string lower = text_to_lower(name);
+  for (const auto& [spoken, meaning] : kSpoken)
+    if (lower == spoken) throw ConfigError(flag, "", fmt::format("unknown framework '{}': {}", name, meaning));
+  const std::vector<std::string> nearest = nearest_names(lower, known, 2, std::max<size_t>(2, lower.size() / 3));
+  throw ConfigError(flag, "", fmt::format("unknown framework '{}'{} (known: {})", name,
+                                          nearest.empty() ? "" : "; did you mean " + names_listed(nearest) + "?", names));
 }
 
 std::string framework_unsupported(Framework framework, const ModelSpec& model, const PlanOptions& plan, int64_t gpus) {
