@@ -6,6 +6,7 @@
 // output cannot be written (a full disk, a closed stream): an answer nobody received is not success.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -30,6 +31,59 @@ namespace {
 
 // The built-in cards by family, each with its exact parameter count (total, and what one token uses:
 // all of a dense model, its routed experts' share of a mixture of experts) and its shape.
+// `longseq models --json`: every card as --model takes it, with the dimensions the table prints
+// (numbers as numbers), for scripts.
+int models_json() {
+  nlohmann::json cards = nlohmann::json::array();
+  for (const auto& name : longseq::builtin_model_names()) {
+    const longseq::ModelSpec model = longseq::model_load(name);
+    const longseq::ParameterCount count = longseq::parameter_count(model);
+    nlohmann::json card = {{"card", name},
+                           {"name", model.name},
+                           {"family", model.family},
+                           {"parameters", count.total},
+                           {"active_parameters", count.active},
+                           {"layers", model.num_layers},
+                           {"hidden_size", model.hidden_size},
+                           {"q_heads", model.num_q_heads},
+                           {"kv_heads", model.num_kv_heads},
+                           {"head_dim", model.head_dim},
+                           {"intermediate_size", model.intermediate_size},
+                           {"vocab_size", model.vocab_size},
+                           {"mlp", longseq::mlp_kind_name(model.mlp_kind)},
+                           {"tied_embeddings", model.tied_embeddings},
+                           // null where the card does not say (no config.json source for it yet)
+                           {"max_position_embeddings", model.max_position_embeddings > 0 ? nlohmann::json(model.max_position_embeddings)
+                                                                                         : nlohmann::json(nullptr)}};
+    if (model.is_moe())
+      card["moe"] = {{"experts", model.experts}, {"experts_per_token", model.experts_per_token},
+                     {"expert_intermediate_size", model.expert_intermediate_size},
+                     {"shared_expert_intermediate_size", model.shared_expert_intermediate_size}};
+    cards.push_back(std::move(card));
+  }
+  fmt::print("{}\n", nlohmann::json{{"models", cards}}.dump(2));
+  return 0;
+}
+
+// `longseq hardware --json`: every card's datasheet figures as the table prints them.
+int hardware_json() {
+  nlohmann::json cards = nlohmann::json::array();
+  for (const auto& name : longseq::builtin_hardware_names()) {
+    const longseq::HardwareCard card = longseq::hardware_card_load(name);
+    cards.push_back({{"card", name},
+                     {"gpu_memory_gib", card.gpu_memory_gib},
+                     {"peak_bf16_tflops", card.peak_bf16_tflops},
+                     {"gpus_per_node", card.gpus_per_node},
+                     {"host_memory_gib", card.host_memory_gib},
+                     {"pcie_host_to_device_gbps", card.pcie_host_to_device_gbps},
+                     {"nvlink_gbps", card.nvlink_gbps},
+                     {"internode_gbps_per_node", card.internode_gbps_per_node},
+                     {"rates", card.approximate_rates.empty() ? "sourced" : "scaled"}});
+  }
+  fmt::print("{}\n", nlohmann::json{{"hardware", cards}}.dump(2));
+  return 0;
+}
+
 int models_list() {
   std::map<std::string, std::vector<longseq::ModelSpec>> families;
   for (const auto& name : longseq::builtin_model_names()) {
@@ -152,8 +206,8 @@ int command_run(CLI::App& app, CLI::App* models, CLI::App* hardware, const auto&
   if (app.got_subcommand("report")) return longseq::report_command_run(*report_args);
   if (app.got_subcommand("run")) return longseq::run_command_run(*run_args);
   if (app.got_subcommand("launch")) return longseq::launch_command_run(*launch_args);
-  if (models->parsed()) return models_list();
-  if (hardware->parsed()) return hardware_list();
+  if (models->parsed()) return models->count("--json") > 0 ? models_json() : models_list();
+  if (hardware->parsed()) return hardware->count("--json") > 0 ? hardware_json() : hardware_list();
   return 0;
 }
 
@@ -172,6 +226,9 @@ int main(int argc, char** argv) {
   auto launch_args = longseq::launch_command_register(app);
   CLI::App* models = app.add_subcommand("models", "List the built-in model cards with exact parameter counts");
   CLI::App* hardware = app.add_subcommand("hardware", "List the built-in hardware cards");
+  bool models_as_json = false, hardware_as_json = false;
+  models->add_flag("--json", models_as_json, "the cards as JSON (numbers as numbers), for scripts");
+  hardware->add_flag("--json", hardware_as_json, "the cards as JSON (numbers as numbers), for scripts");
   numeric_flags_check(app);
   // Options belong to a subcommand: one before it (`longseq --bogus plan`) would otherwise be
   // reported as whatever the subcommand misses first.

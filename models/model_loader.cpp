@@ -323,6 +323,20 @@ ModelSpec model_load(const std::string& name_or_path) {
   for (const std::string& candidate : candidates)
     for (const auto& [known, stem] : known_names)
       if (candidate == known) return model_load(stem);
+  // Published families whose layers longseq refuses when given their config.json (above): said by
+  // name here too, instead of suggesting unrelated cards.
+  static const std::pair<const char*, const char*> kRefusedFamilies[] = {
+      {"deepseek-v", "DeepSeek-V2/V3 use multi-head latent attention and a group-limited router"},
+      {"deepseek-r1", "DeepSeek-R1 is DeepSeek-V3's architecture: multi-head latent attention and a group-limited router"},
+      {"kimi-k2", "Kimi K2 is DeepSeek-V3's architecture: multi-head latent attention and a group-limited router"},
+      {"gpt-oss", "gpt-oss's experts carry biases and its attention sinks"},
+      {"llama-4", "Llama 4's experts run as a dense bmm over all experts"},
+  };
+  for (const auto& [family, why] : kRefusedFamilies)
+    if (text_to_lower(name_or_path).find(family) != std::string::npos)
+      throw ConfigError("--model", "", fmt::format("'{}' is not modelled: {}, which longseq does not price (Reference §12 part B; it "
+                                                   "models dense Llama/Qwen/Mistral/Gemma/Phi layers and Mixtral, Qwen2-MoE and Qwen3-MoE blocks)",
+                                                   name_or_path, why));
   // The nearest names, to suggest.
   std::vector<std::pair<size_t, std::string>> nearest;
   for (const auto& [known, stem] : known_names) nearest.emplace_back(edit_distance(candidates.back(), known), stem);

@@ -43,6 +43,16 @@ auto load_named(const std::string& name_or_path, std::span<const EmbeddedFile> f
     const EmbeddedFile* file = embedded_file_find(files, starting.front());
     return parse(file->content, std::string("built-in ") + what + " " + file->file_name);
   }
+  // "a10" begins a10-24gb and the A100 cards: a beginning that ends at a word ('-') names the one card it ends at.
+  if (starting.size() > 1) {
+    std::vector<std::string> whole_word;
+    for (const std::string& name : starting)
+      if (name.size() > lowered.size() && name[lowered.size()] == '-') whole_word.push_back(name);
+    if (whole_word.size() == 1) {
+      const EmbeddedFile* file = embedded_file_find(files, whole_word.front());
+      return parse(file->content, std::string("built-in ") + what + " " + file->file_name);
+    }
+  }
   if (starting.size() > 1) {
     std::string choices;
     for (size_t i = 0; i < starting.size(); ++i) choices += (i == 0 ? "" : i + 1 == starting.size() ? " or " : ", ") + starting[i];

@@ -101,6 +101,20 @@ std::string frameworks_compared_render(std::vector<FrameworkWinner> winners, Fra
   return out;
 }
 
+namespace {
+
+// The same card and nodes with `gpus` GPUs in all: within one node, or whole nodes of the same size
+// (nullopt where `gpus` is not a whole number of them).
+std::optional<ClusterSpec> cluster_of_gpus(const ClusterSpec& cluster, int64_t gpus) {
+  try {
+    return cluster_make(cluster.hardware, gpus, 0, gpus <= cluster.gpus_per_node ? 0 : cluster.gpus_per_node, cluster.host_memory_gib);
+  } catch (const ConfigError&) {
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
 std::string no_fit_advice(const ModelSpec& model, const ClusterSpec& cluster, const RuntimeProfile& profile, const SearchOptions& options,
                           const SearchCandidate& closest, nlohmann::json& report) {
   const bool by_length = options.objective == SearchObjective::objective_max_seqlen;
@@ -136,19 +150,15 @@ std::string no_fit_advice(const ModelSpec& model, const ClusterSpec& cluster, co
   // More GPUs: the first doubling on which the same search finds a plan.
   no_fit["fewest_gpus"] = nullptr;
   for (int64_t gpus = 2 * cluster.gpus; gpus <= 64 * cluster.gpus; gpus *= 2) {
-    ClusterSpec more;
-    try {
-      more = cluster_make(cluster.hardware, gpus, 0, gpus <= cluster.gpus_per_node ? 0 : cluster.gpus_per_node, cluster.host_memory_gib);
-    } catch (const ConfigError&) {
-      continue;  // not whole nodes
-    }
-    const SearchResult result = plan_search(model, more, profile, options);
+    const std::optional<ClusterSpec> more = cluster_of_gpus(cluster, gpus);
+    if (!more) continue;
+    const SearchResult result = plan_search(model, *more, profile, options);
     if (const SearchCandidate* best = result.winner()) {
       out += fmt::format("  more GPUs: {} GPUs fit {} ({})\n", gpus,
                          by_length ? fmt::format("up to {} tokens", integer_with_commas(best->max_seqlen))
                                    : fmt::format("{} tokens", integer_with_commas(options.seqlen)),
                          plan_describe(best->plan));
-      no_fit["fewest_gpus"] = {{"gpus", gpus}, {"plan", plan_to_json(best->plan, more)}, {"max_seqlen", by_length ? best->max_seqlen : options.seqlen}};
+      no_fit["fewest_gpus"] = {{"gpus", gpus}, {"plan", plan_to_json(best->plan, *more)}, {"max_seqlen", by_length ? best->max_seqlen : options.seqlen}};
       break;
     }
   }
@@ -180,13 +190,9 @@ std::string gpu_count_advice(const ModelSpec& model, const ClusterSpec& cluster,
   std::optional<Reach> fewest_same, further_within, further_beyond;
   const double resolution = 1 + kSearchLengthResolution;
   for (const int64_t gpus : counts) {
-    ClusterSpec other;
-    try {
-      other = cluster_make(cluster.hardware, gpus, 0, gpus <= cluster.gpus_per_node ? 0 : cluster.gpus_per_node, cluster.host_memory_gib);
-    } catch (const ConfigError&) {
-      continue;  // not whole nodes
-    }
-    const SearchResult result = plan_search(model, other, profile, options);
+    const std::optional<ClusterSpec> other = cluster_of_gpus(cluster, gpus);
+    if (!other) continue;
+    const SearchResult result = plan_search(model, *other, profile, options);
     const SearchCandidate* best = result.winner();
     if (!best) continue;
     const Reach reach{gpus, best->max_seqlen, plan_describe(best->plan)};
