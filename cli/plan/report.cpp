@@ -346,6 +346,19 @@ std::string plan_report(const ModelSpec& model, const ClusterSpec& cluster, cons
                        : !prediction.fits_gpu() && !prediction.fits_host() ? "does NOT fit (GPU and host memory)"
                        : !prediction.fits_gpu() ? "does NOT fit (GPU memory)" : "does NOT fit (host memory)");
     report["seqlen"] = *seqlen;
+    // A fixed length carries the maximum's margin too: past the band's low end (every estimate at
+    // its high end, the calibrated reserve, GPU and host memory alike) it fits only by the point
+    // estimate, inside the model's uncertainty.
+    if (prediction.fits()) {
+      const SeqlenBand band = max_seqlen_band(model, cluster, plan, profile, seqlen_grid(plan, context.length_multiple));
+      const bool with_margin = *seqlen <= band.shortest;
+      if (!with_margin)
+        out += fmt::format("  NO MARGIN: it fits by the point estimate only; with every estimate at its high end (and the calibrated "
+                           "reserve) the longest this plan fits is {} tokens, so {} tokens is inside the prediction's uncertainty\n",
+                           integer_with_commas(band.shortest), integer_with_commas(*seqlen));
+      report["fits_with_margin"] = with_margin;
+      report["band"] = {{"shortest", band.shortest}, {"longest", band.longest}};
+    }
   } else {
     const int64_t grid = seqlen_grid(plan, context.length_multiple);
     MaxSeqlenResult result = max_seqlen_find(model, cluster, plan, profile, grid);
