@@ -226,9 +226,7 @@ int main(int argc, char** argv) {
   auto launch_args = longseq::launch_command_register(app);
   CLI::App* models = app.add_subcommand("models", "List the built-in model cards with exact parameter counts");
   CLI::App* hardware = app.add_subcommand("hardware", "List the built-in hardware cards");
-  bool models_as_json = false, hardware_as_json = false;
-  models->add_flag("--json", models_as_json, "the cards as JSON (numbers as numbers), for scripts");
-  hardware->add_flag("--json", hardware_as_json, "the cards as JSON (numbers as numbers), for scripts");
+  for (CLI::App* listing : {models, hardware}) listing->add_flag("--json")->description("the cards as JSON (numbers as numbers), for scripts");
   numeric_flags_check(app);
   // Options belong to a subcommand: one before it (`longseq --bogus plan`) would otherwise be
   // reported as whatever the subcommand misses first.
