@@ -35,14 +35,25 @@ std::string largest_component_describe(const ModelSpec& model, const ClusterSpec
   };
   const bool gpu = !prediction.fits_gpu();
   const std::vector<MemoryItem>& items = gpu ? prediction.gpu_items : prediction.host_items;
-  const MemoryItem *largest = nullptr, *largest_growing = nullptr;
+  const MemoryItem *largest = nullptr, *largest_growing = nullptr, *largest_constant = nullptr;
+  double constant_bytes = 0;
   for (const auto& item : items) {
     if (!largest || item.bytes > largest->bytes) largest = &item;
     const bool grows = shorter_seqlen > 0 && item.bytes > 1.01 * bytes_of(gpu ? shorter.gpu_items : shorter.host_items, item);
     if (grows && (!largest_growing || item.bytes > largest_growing->bytes)) largest_growing = &item;
+    if (!grows) constant_bytes += item.bytes;
+    if (!grows && (!largest_constant || item.bytes > largest_constant->bytes)) largest_constant = &item;
   }
   const std::string where = gpu ? "" : fmt::format("host {:.0f} of {:.0f} GiB per node; ", bytes_to_gib(prediction.host_bytes_per_node),
                                                    bytes_to_gib(prediction.host_capacity_bytes));
+  // Where the terms that do not grow with the length exceed the capacity alone, no length is the
+  // cause (Qwen3-30B-A3B's model states at 256 tokens, where the length's terms are MiB): the
+  // largest of them is named, not a growing term of 0.0 GiB.
+  const double capacity = gpu ? prediction.gpu_capacity_bytes : prediction.host_capacity_bytes;
+  if (largest_growing && largest_constant && constant_bytes > capacity)
+    return fmt::format("{}largest: {}/{} {:.1f} GiB, constant in the length; the terms that do not grow take {:.1f} of {:.1f} GiB alone",
+                       where, largest_constant->category, largest_constant->name, bytes_to_gib(largest_constant->bytes),
+                       bytes_to_gib(constant_bytes), bytes_to_gib(capacity));
   if (largest_growing)
     return fmt::format("{}largest growing with the length: {}/{} {:.1f} GiB", where, largest_growing->category, largest_growing->name,
                        bytes_to_gib(largest_growing->bytes));
