@@ -29,8 +29,6 @@
 
 namespace {
 
-// The built-in cards by family, each with its exact parameter count (total, and what one token uses:
-// all of a dense model, its routed experts' share of a mixture of experts) and its shape.
 // `longseq models --json`: every card as --model takes it, with the dimensions the table prints
 // (numbers as numbers), for scripts.
 int models_json() {
@@ -84,6 +82,8 @@ int hardware_json() {
   return 0;
 }
 
+// The built-in cards by family, each with its exact parameter count (total, and what one token uses:
+// all of a dense model, its routed experts' share of a mixture of experts) and its shape.
 int models_list() {
   std::map<std::string, std::vector<longseq::ModelSpec>> families;
   for (const auto& name : longseq::builtin_model_names()) {
@@ -170,10 +170,11 @@ std::optional<std::string> unknown_word_message(CLI::App& app, int argc, char** 
   if (argc < 2 || argv[1][0] == '-') return std::nullopt;
   const std::string word = argv[1];
   std::vector<std::string> commands;
-  for (CLI::App* command : app.get_subcommands({})) commands.push_back(command->get_name());
   CLI::App* command = nullptr;
-  for (CLI::App* candidate : app.get_subcommands({}))
+  for (CLI::App* candidate : app.get_subcommands({})) {
+    commands.push_back(candidate->get_name());
     if (candidate->check_name(word)) command = candidate;
+  }
   if (!command) {
     const std::vector<std::string> nearest = longseq::nearest_names(word, commands, 2, std::max<size_t>(1, word.size() / 3));
     std::string listed;

@@ -49,12 +49,6 @@ double nf4_weight_bytes(int64_t elements, bool double_quant) {
   return packed + static_cast<double>(blocks) + static_cast<double>(nested_blocks) * 4.0 + code + 256 * 4.0 + 4.0;
 }
 
-double nf4_layer_linears_bytes(const ModelSpec& model, bool double_quant) {
-  double per_layer = 0;
-  for (const LayerLinear& linear : decoder_layer_linears(model)) per_layer += nf4_weight_bytes(linear.in * linear.out, double_quant);
-  return static_cast<double>(model.num_layers) * per_layer;
-}
-
 Nf4LayerBytes nf4_layer_bytes(const ModelSpec& model, bool double_quant) {
   Nf4LayerBytes bytes;
   for (const LayerLinear& linear : decoder_layer_linears(model)) {
@@ -64,6 +58,11 @@ Nf4LayerBytes nf4_layer_bytes(const ModelSpec& model, bool double_quant) {
     bytes.quant_state += nf4_weight_bytes(elements, double_quant) - packed;
   }
   return bytes;
+}
+
+double nf4_layer_linears_bytes(const ModelSpec& model, bool double_quant) {
+  const Nf4LayerBytes per_layer = nf4_layer_bytes(model, double_quant);
+  return static_cast<double>(model.num_layers) * (per_layer.packed + per_layer.quant_state);
 }
 
 double adam_8bit_state_bytes(int64_t elements) {

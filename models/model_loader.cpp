@@ -332,8 +332,9 @@ ModelSpec model_load(const std::string& name_or_path) {
       {"gpt-oss", "gpt-oss's experts carry biases and its attention sinks"},
       {"llama-4", "Llama 4's experts run as a dense bmm over all experts"},
   };
+  const std::string lowered = text_to_lower(name_or_path);
   for (const auto& [family, why] : kRefusedFamilies)
-    if (text_to_lower(name_or_path).find(family) != std::string::npos)
+    if (lowered.find(family) != std::string::npos)
       throw ConfigError("--model", "", fmt::format("'{}' is not modelled: {}, which longseq does not price (Reference §12 part B; it "
                                                    "models dense Llama/Qwen/Mistral/Gemma/Phi layers and Mixtral, Qwen2-MoE and Qwen3-MoE blocks)",
                                                    name_or_path, why));

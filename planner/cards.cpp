@@ -9,6 +9,7 @@
 
 #include "io/config_error.hpp"
 #include "io/embedded_files.hpp"
+#include "io/nearest_names.hpp"
 #include "models/model_loader.hpp"
 #include "io/yaml_reader.hpp"
 
@@ -30,8 +31,7 @@ auto load_named(const std::string& name_or_path, std::span<const EmbeddedFile> f
   if (const EmbeddedFile* file = embedded_file_find(files, name_or_path))
     return parse(file->content, std::string("built-in ") + what + " " + file->file_name);
   // As people write them: any case, and a unique beginning ("H200", "h200" for h200-141gb).
-  std::string lowered = name_or_path;
-  for (char& c : lowered) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const std::string lowered = text_to_lower(name_or_path);
   std::vector<std::string> starting;
   std::string known;
   for (const auto& name : embedded_file_stems(files)) {
@@ -39,25 +39,19 @@ auto load_named(const std::string& name_or_path, std::span<const EmbeddedFile> f
     if (name == lowered) starting = {name};
     if (!lowered.empty() && name.rfind(lowered, 0) == 0 && !(starting.size() == 1 && starting.front() == lowered)) starting.push_back(name);
   }
-  if (starting.size() == 1) {
-    const EmbeddedFile* file = embedded_file_find(files, starting.front());
-    return parse(file->content, std::string("built-in ") + what + " " + file->file_name);
-  }
   // "a10" begins a10-24gb and the A100 cards: a beginning that ends at a word ('-') names the one card it ends at.
   if (starting.size() > 1) {
     std::vector<std::string> whole_word;
     for (const std::string& name : starting)
       if (name.size() > lowered.size() && name[lowered.size()] == '-') whole_word.push_back(name);
-    if (whole_word.size() == 1) {
-      const EmbeddedFile* file = embedded_file_find(files, whole_word.front());
-      return parse(file->content, std::string("built-in ") + what + " " + file->file_name);
-    }
+    if (whole_word.size() == 1) starting = whole_word;
   }
-  if (starting.size() > 1) {
-    std::string choices;
-    for (size_t i = 0; i < starting.size(); ++i) choices += (i == 0 ? "" : i + 1 == starting.size() ? " or " : ", ") + starting[i];
-    throw ConfigError(flag, "", fmt::format("'{}' names more than one built-in {}: did you mean {}?", name_or_path, what, choices));
+  if (starting.size() == 1) {
+    const EmbeddedFile* file = embedded_file_find(files, starting.front());
+    return parse(file->content, std::string("built-in ") + what + " " + file->file_name);
   }
+  if (starting.size() > 1)
+    throw ConfigError(flag, "", fmt::format("'{}' names more than one built-in {}: did you mean {}?", name_or_path, what, names_listed(starting)));
   throw ConfigError(flag, "", fmt::format("unknown {} '{}': not a file, and not built in ({})", what, name_or_path, known));
 }
 

@@ -458,17 +458,14 @@ std::vector<SweepRow> scenario_run(const Scenario& scenario, const std::function
                         options.held.qlora = settings.qlora.value_or(false);
                         options.held.micro_batch = settings.micro_batch.value_or(1);
                         options.held.global_batch = settings.global_batch.value_or(0);
-                        // Held as --search --checkpoint-every holds it: every plan searched checkpoints one layer in N.
-                        if (const int64_t every = settings.checkpoint_every.value_or(0); every > 0) {
-                          options.checkpoint_every = {every};
-                          options.admits = [every](const PlanOptions& candidate) { return candidate.checkpoint_every == every; };
-                        }
-                        if (settings.checkpoint_ops) {
-                          const bool ops = *settings.checkpoint_ops;
-                          options.admits = [ops, admits = options.admits](const PlanOptions& candidate) {
-                            return candidate.checkpoint_ops == ops && (!admits || admits(candidate));
+                        // Held as --search --checkpoint-every and --checkpoint-ops hold them: every plan searched
+                        // checkpoints one layer in N, or under the op-level policy (or not, given false).
+                        const int64_t every = settings.checkpoint_every.value_or(0);
+                        if (every > 0) options.checkpoint_every = {every};
+                        if (every > 0 || settings.checkpoint_ops)
+                          options.admits = [every, ops = settings.checkpoint_ops](const PlanOptions& candidate) {
+                            return (every == 0 || candidate.checkpoint_every == every) && (!ops || candidate.checkpoint_ops == *ops);
                           };
-                        }
                         const SearchResult result = plan_search(model, cluster, row_profile, options);
                         if (!result.winner()) throw ConfigError("", "", "no plan fits");
                         plan = result.winner()->plan;

@@ -10,6 +10,7 @@
 #include "planner/memory_model.hpp"
 #include "planner/search.hpp"
 #include "planner/time_model.hpp"
+#include "support/memory_items.hpp"
 
 using namespace longseq;
 
@@ -151,11 +152,7 @@ TEST_CASE("one layer in every N checkpointed (torchtitan's layer SAC): the other
   double saved_per_layer = 0;
   for (const MemoryItem& item : layer_saved_tensors(model, cluster, none, profile, seqlen)) saved_per_layer += item.bytes;
   const double x_bytes = 65536.0 / 8 * 4096 * 2;  // a layer input: bf16, 8,192 tokens a rank
-  auto last_layer_backward = [](const MemoryPrediction& prediction) {
-    for (const PhasePeak& phase : prediction.phases)
-      if (phase.phase == "backward of the last decoder layer") return phase.bytes;
-    return 0.0;
-  };
+  auto last_layer_backward = [](const MemoryPrediction& prediction) { return testing::phase_bytes(prediction, "backward of the last decoder layer"); };
   REQUIRE(last_layer_backward(checkpointed) > 0);
   CHECK(last_layer_backward(selective) - last_layer_backward(checkpointed) == doctest::Approx(16 * (saved_per_layer - x_bytes)).epsilon(1e-6));
   CHECK(selective.gpu_peak_bytes > checkpointed.gpu_peak_bytes);

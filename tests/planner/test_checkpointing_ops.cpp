@@ -12,8 +12,10 @@
 #include "planner/search.hpp"
 #include "reports/export.hpp"
 #include "support/export_request.hpp"
+#include "support/memory_items.hpp"
 
 using namespace longseq;
+using testing::phase_bytes;
 
 namespace {
 
@@ -27,12 +29,6 @@ PlanOptions fsdp_checkpointed() {
   plan.zero_stage = 3;
   plan.activation_checkpointing = true;
   return plan;
-}
-
-double phase_bytes(const MemoryPrediction& prediction, const std::string& name) {
-  for (const PhasePeak& phase : prediction.phases)
-    if (phase.phase == name) return phase.bytes;
-  return 0.0;
 }
 
 }  // namespace

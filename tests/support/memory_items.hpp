@@ -15,4 +15,11 @@ inline double item_bytes(const std::vector<MemoryItem>& items, const std::string
   return 0;
 }
 
+// The peak of the phase named `name` (0 when it is not there).
+inline double phase_bytes(const MemoryPrediction& prediction, const std::string& name) {
+  for (const PhasePeak& phase : prediction.phases)
+    if (phase.phase == name) return phase.bytes;
+  return 0;
+}
+
 }  // namespace longseq::testing
