@@ -45,7 +45,7 @@ TEST_CASE("hardware cards load with their datasheet values") {
   CHECK(h800.nvlink_gbps == 200);
   CHECK(h800.peak_bf16_tflops == h100.peak_bf16_tflops);
   CHECK(h800.nccl_intranode_busbw_gbps == doctest::Approx(h100.nccl_intranode_busbw_gbps * 200.0 / 450.0));
-  CHECK(builtin_hardware_names().size() == 24);  // 23 GPUs and this machine's cpu-device
+  CHECK(builtin_hardware_names().size() == 25);  // 23 GPUs and this machine's cpu-device
   // A10: 24 GB GDDR6 = 22.35 GiB, 125 dense BF16 TFLOPS, 600 GB/s (datasheet); one GPU a machine.
   const HardwareCard a10 = hardware_card_load("a10-24gb");
   CHECK(a10.gpu_memory_gib == doctest::Approx(24e9 / 1073741824.0).epsilon(1e-3));
@@ -211,6 +211,7 @@ TEST_CASE("the GPUs people own (issue 40): each card's datasheet figures, the na
       {"NVIDIA L4", 22.5, 121, 300, 27.7, 8},                   // L4: 24 GB, 242 sparse, 300 GB/s
       {"NVIDIA GeForce RTX 4090", 23.99, 165.2, 1008, 27.7, 8}, // Ada whitepaper: FP32-accumulate rate
       {"NVIDIA GeForce RTX 3090", 23.99, 71, 936, 27.7, 8},     // GA102 whitepaper: FP32-accumulate rate
+      {"NVIDIA GeForce RTX 5090", 31.99, 209.5, 1792, 55.43, 8}, // RTX Blackwell whitepaper: FP32-accumulate rate
       {"NVIDIA RTX A6000", 47.98, 154.8, 768, 27.7, 8},         // RTX A6000: 309.7 sparse
       {"NVIDIA RTX 6000 Ada Generation", 45.0, 364.2, 960, 27.7, 8},
       {"AMD Instinct MI300X", 191.65, 1307.4, 5300, 448, 8},    // MI300X: 192 GB, 5.3 TB/s, 7 x 128 GB/s links
