@@ -7,6 +7,58 @@
 
 namespace longseq {
 
+namespace {
+
+// Every framework's own search on this cluster beside the one just made, each priced with its own
+// runtime profile (its precision, its MoE block, its buffers) at the lengths it feeds. longseq's
+// executor is left out: a research executor, not a framework to rent a cluster for.
+struct FrameworksCompared {
+  std::vector<SearchResult> results;     // the other frameworks' searches; the winners point into them
+  std::vector<FrameworkWinner> winners;  // the searched framework's first
+};
+
+void frameworks_compare(FrameworksCompared& compared, const PlanCommandArgs& args, const ModelSpec& model, const ClusterSpec& cluster,
+                        const SearchOptions& options, Framework searched, const RuntimeProfile& profile, const SearchResult& result) {
+  auto refused_every_plan = [](const SearchResult& search, Framework framework) {
+    const std::vector<SearchCandidate>& tried = search.candidates;
+    const bool all_refused = std::all_of(tried.begin(), tried.end(), [](const SearchCandidate& c) { return !c.problems.empty(); });
+    return all_refused ? fmt::format("it refuses every plan: --framework {} lists why", framework_name(framework)) : std::string();
+  };
+  compared.winners = {{searched, profile, result.winner(), result.winner() ? "" : refused_every_plan(result, searched)}};
+  compared.results.reserve(frameworks_all().size());  // no reallocation: the winners point into them
+  for (Framework other : frameworks_all()) {
+    if (other == searched || other == Framework::framework_longseq) continue;
+    const FrameworkFacts& other_facts = framework_facts(other);
+    const RuntimeProfile other_profile =
+        framework_profile(other, runtime_profile_load(!args.profile.empty() ? args.profile : other_facts.runtime_profile));
+    if (!args.attention.empty() && !attention_kernel_problem(other_profile, cluster.hardware).empty()) continue;
+    SearchOptions other_options = options;
+    search_options_for_framework(other_options, other, model, cluster);
+    compared.results.push_back(plan_search(model, cluster, other_profile, other_options));
+    compared.winners.push_back({other, other_profile, compared.results.back().winner(), refused_every_plan(compared.results.back(), other)});
+  }
+}
+
+// The framework that serves this model best here: the longest maximum (or the most tokens/s at the
+// length), the searched one kept unless another is ahead by more than the search resolves
+// (kSearchLengthResolution). Null where none fits.
+const FrameworkWinner* framework_best(const std::vector<FrameworkWinner>& winners, Framework searched, bool by_length) {
+  auto score = [&](const FrameworkWinner& w) {
+    if (!w.winner || !w.winner->fits) return -1.0;
+    return by_length ? static_cast<double>(w.winner->max_seqlen) : w.winner->time.tokens_per_s;
+  };
+  const FrameworkWinner* kept = nullptr;
+  const FrameworkWinner* best = nullptr;
+  for (const FrameworkWinner& w : winners) {
+    if (w.framework == searched && score(w) >= 0) kept = &w;
+    if (score(w) >= 0 && (!best || score(w) > score(*best))) best = &w;
+  }
+  if (kept && best && score(*best) <= score(*kept) * (1 + kSearchLengthResolution)) return kept;
+  return best;
+}
+
+}  // namespace
+
 int plan_command_run(const PlanCommandArgs& args) {
   const ModelSpec model = model_with_layers(model_load(args.model), args.layers);
   // This machine (--ranks, --budget-mib) or a GPU cluster (--gpu, --gpus, --nodes, ...).
@@ -62,6 +114,8 @@ int plan_command_run(const PlanCommandArgs& args) {
     throw ConfigError("--cp-rotate", "", fmt::format("chooses PyTorch context parallelism's rotation, which {} does not run "
                                                      "(accelerate-fsdp2 and torchtitan do)", machine ? "longseq's executor" : framework_name(framework)));
   const bool framework_checked = framework_given || emitting || trainer_choice || fsdp2_choice;
+  // Neither named nor implied: the search picks the framework that serves the model best (below).
+  const bool framework_unnamed = !framework_checked && !machine;
   const FrameworkFacts& facts = framework_facts(framework);
   const std::string profile_name = !args.profile.empty() ? args.profile : facts.runtime_profile;
   if (machine) executor_model_check(model);  // what the executor cannot train has no plan for this machine
@@ -139,7 +193,11 @@ int plan_command_run(const PlanCommandArgs& args) {
       // The stack's kernel on this card (an FPDT or ring plan runs FlashAttention-2's: time.attention_kernel).
       {"attention_kernel", stack_attention_kernel(profile, hardware)},
       {"framework", framework_name(framework)},
+      // How the framework was decided: named (or implied by --emit and held choices), or chosen by the
+      // search as the one serving the model best, with why; "default" when the default served best.
+      {"framework_choice", framework_unnamed ? "default" : !args.framework_chosen_because.empty() ? "chosen" : "named"},
   };
+  if (!args.framework_chosen_because.empty()) report["framework_chosen_because"] = args.framework_chosen_because;
   if (seqlen_requested)
     report["seqlen_rounded"] = {{"requested", *seqlen_requested}, {"planned", *seqlen}, {"multiple", context.length_multiple}};
   std::string header = fmt::format("longseq plan: PREDICTIONS of the cost model (runtime profile '{}'), not measurements\n", profile.name);
@@ -154,7 +212,8 @@ int plan_command_run(const PlanCommandArgs& args) {
     for (Framework other : frameworks_all())
       if (other != kDefaultFramework) others += fmt::format("{}{}", others.empty() ? "" : ", ", framework_name(other));
     header += fmt::format("  framework {}{}\n", framework_name(framework),
-                          framework_given || machine ? "" : emitting ? " (the --emit target's)"
+                          !args.framework_chosen_because.empty() ? fmt::format(" ({}; --framework NAME for another)", args.framework_chosen_because)
+                          : framework_given || machine ? "" : emitting ? " (the --emit target's)"
                           : args.lora_rank ? " (where adapters are planned: PEFT through the HF Trainer / TRL)"
                           : args.adam_8bit ? " (where 8-bit AdamW is planned: the HF Trainer / TRL)"
                           : fsdp2_choice   ? " (PyTorch FSDP2's: --cp-rotate / --dp-replicate)"
@@ -293,6 +352,28 @@ int plan_command_run(const PlanCommandArgs& args) {
                                     {"tried", tried_json}};
   }
   const SearchCandidate* winner = result.winner();
+  // Every other framework's best here, for the table and the choice below.
+  FrameworksCompared compared;
+  if (!machine) frameworks_compare(compared, args, model, cluster, options, framework, profile, result);
+  // With no framework named, the plan is for the framework that serves this model best (issue 41:
+  // the default's ZeRO-2-only MoE path reached 10K tokens where others reach millions): the same
+  // command for that framework, the header saying why it was chosen.
+  if (framework_unnamed) {
+    const FrameworkWinner* best = framework_best(compared.winners, framework, by_length);
+    if (best && best->framework != framework) {
+      const FrameworkWinner& searched = compared.winners.front();
+      const std::string default_did =
+          !searched.winner ? (by_length ? "fits no length" : "does not fit at it")
+          : by_length      ? fmt::format("reaches {} tokens", integer_with_commas(searched.winner->max_seqlen))
+                           : fmt::format("runs {} tokens/s", integer_with_commas(std::llround(searched.winner->time.tokens_per_s)));
+      PlanCommandArgs chosen = args;
+      chosen.framework = framework_name(best->framework);
+      chosen.framework_chosen_because =
+          fmt::format("chosen: {} among the frameworks compared below; the default, {}, {}", by_length ? "the longest" : "the most tokens/s at this length",
+                      framework_name(framework), default_did);
+      return plan_command_run(chosen);
+    }
+  }
   // Why nothing fits, for a refusal that says what to change: the closest valid plan's limit, or
   // (every plan invalid) the commonest reason, e.g. a length no chunk or degree divides.
   // With --max-step-time, a plan whose memory fits but whose step is over the limit at every
@@ -352,6 +433,7 @@ int plan_command_run(const PlanCommandArgs& args) {
     out += "\n";
     report["winner"] = nullptr;
     if (best && !step_limited && !machine) out += no_fit_advice(model, cluster, profile, options, *best, report);
+    if (!machine) out += frameworks_compared_render(compared.winners, framework, by_length, report);
   } else {
     if (!args.emit.empty())
       return plan_emit(args, outputs, model, winner->plan, cluster, profile, by_length ? winner->max_seqlen : options.seqlen, !by_length,
@@ -411,50 +493,21 @@ int plan_command_run(const PlanCommandArgs& args) {
       if (count > 1) out += fmt::format("  {:<44} {}\n", fmt::format("(and {} more sp x ring pairs)", count - 1), why);
     report["alternatives"] = alternatives;
     // A better plan another framework runs: each framework's own search, priced with its own
-    // runtime profile (its precision, its MoE block, its buffers) at the lengths it feeds. longseq's
-    // executor is left out: a research executor, not a framework to rent a cluster for.
+    // runtime profile (its precision, its MoE block, its buffers) at the lengths it feeds.
     if (!machine) {
-      const SearchCandidate* best = nullptr;
-      Framework best_framework = framework;
-      std::vector<SearchResult> others;
-      // Each framework's winner beside this one's: "Ulysses or ring?" answered per stack.
-      std::vector<FrameworkWinner> winners = {{framework, profile, winner, ""}};
-      others.reserve(frameworks_all().size());
-      for (Framework other : frameworks_all()) {
-        if (other == framework || other == Framework::framework_longseq) continue;
-        const FrameworkFacts& other_facts = framework_facts(other);
-        const RuntimeProfile other_profile =
-            framework_profile(other, runtime_profile_load(!args.profile.empty() ? args.profile : other_facts.runtime_profile));
-        if (!args.attention.empty() && !attention_kernel_problem(other_profile, hardware).empty()) continue;
-        SearchOptions other_options = options;
-        search_options_for_framework(other_options, other, model, cluster);
-        others.push_back(plan_search(model, cluster, other_profile, other_options));
-        const SearchCandidate* candidate = others.back().winner();
-        const std::vector<SearchCandidate>& tried = others.back().candidates;
-        const bool all_refused = std::all_of(tried.begin(), tried.end(), [](const SearchCandidate& c) { return !c.problems.empty(); });
-        winners.push_back({other, other_profile, candidate,
-                           all_refused ? fmt::format("it refuses every plan: --framework {} lists why", framework_name(other)) : ""});
-        if (!candidate) continue;
-        const bool longer = !best || (by_length ? candidate->max_seqlen > best->max_seqlen : candidate->score > best->score);
-        if (longer) {
-          best = candidate;
-          best_framework = other;
-        }
-      }
-      // Only longer (or faster) beyond what the memory model resolves.
-      const bool better = best && (by_length ? static_cast<double>(best->max_seqlen) > static_cast<double>(winner->max_seqlen) * (1 + kSearchLengthResolution)
-                                             : best->score > winner->score);
-      if (better) {
-        const std::string reach = by_length ? fmt::format("would reach {} tokens", seqlen_format(best->max_seqlen))
-                                            : fmt::format("would run {:.0f} tokens/s", best->time.tokens_per_s);
-        const std::string why_not_here = framework_unsupported(framework, model, best->plan);
-        out += fmt::format("\nin another framework: --framework {}: {} {}{}\n", framework_name(best_framework), plan_describe(best->plan), reach,
+      const FrameworkWinner* best = framework_best(compared.winners, framework, by_length);
+      if (best && best->framework != framework) {
+        const SearchCandidate& other = *best->winner;
+        const std::string reach = by_length ? fmt::format("would reach {} tokens", seqlen_format(other.max_seqlen))
+                                            : fmt::format("would run {:.0f} tokens/s", other.time.tokens_per_s);
+        const std::string why_not_here = framework_unsupported(framework, model, other.plan);
+        out += fmt::format("\nin another framework: --framework {}: {} {}{}\n", framework_name(best->framework), plan_describe(other.plan), reach,
                            why_not_here.empty() ? " (priced with its own runtime profile)" : fmt::format(" ({})", why_not_here));
-        report["other_framework"] = {{"framework", framework_name(best_framework)}, {"plan", plan_to_json(best->plan, cluster)},
-                                     {"max_seqlen", best->max_seqlen}, {"tokens_per_s", best->time.tokens_per_s},
+        report["other_framework"] = {{"framework", framework_name(best->framework)}, {"plan", plan_to_json(other.plan, cluster)},
+                                     {"max_seqlen", other.max_seqlen}, {"tokens_per_s", other.time.tokens_per_s},
                                      {"why_not_here", why_not_here}};
       }
-      out += frameworks_compared_render(winners, framework, by_length, report);
+      out += frameworks_compared_render(compared.winners, framework, by_length, report);
       if (by_length) out += gpu_count_advice(model, cluster, profile, options, *winner, report);
     }
   }

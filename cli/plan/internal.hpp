@@ -44,6 +44,8 @@ struct PlanCommandArgs {
   std::string profile;  // empty: the target framework's (deepspeed-hf, megatron-deepspeed, native-cuda)
   std::string attention;  // empty: the profile's kernel, else the card's default
   std::optional<std::string> framework;
+  // Set where the search chose the framework (none named): why, for the header and the JSON.
+  std::string framework_chosen_because;
   // nullopt: not given (a given 0 or negative value is an error, never "not given").
   std::optional<int64_t> gpus, nodes, gpus_per_node;
   std::optional<double> host_memory_gib;

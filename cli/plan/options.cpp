@@ -126,8 +126,9 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
                       "FlashAttention-2's kernels, PyTorch's context parallelism SDPA's, whatever this says")
       ->check(CLI::IsMember(attention_kernel_ids(true)));
   command->add_option("--framework", args->framework,
-                      "the framework the plan is for: arctic-training (default for the search: ALST's trainer, a switch for each "
-                      "of its techniques), hf-accelerate (Accelerate / HF Trainer / TRL), megatron-deepspeed (where FPDT lives), "
+                      "the framework the plan is for (not given: the one that serves the model best here, arctic-training unless "
+                      "another reaches further or runs faster, and the header says why): arctic-training (ALST's trainer, a switch "
+                      "for each of its techniques), hf-accelerate (Accelerate / HF Trainer / TRL), megatron-deepspeed (where FPDT lives), "
                       "deepspeed (a plain deepspeed.initialize loop), usp (a DeepSpeed loop with USP's Ulysses x ring attention), "
                       "accelerate-fsdp2 (Accelerate / Trainer / TRL on FSDP2 with PyTorch context parallelism), hf-trainer (the plain "
                       "HF Trainer / TRL in bf16; where LoRA adapters are planned), unsloth (one GPU: its offloaded checkpointing "
