@@ -93,9 +93,12 @@ int plan_command_run(const PlanCommandArgs& args) {
                                                            "for longseq's executor (--plan-out writes its plan file)");
   if (framework_given && emitting && given_framework != emit_framework)
     throw ConfigError("--emit", "", fmt::format("{} writes a {} run, but the plan is made for --framework {} (what it runs, its memory, "
-                                                "its lengths): drop --framework, or give --framework {}",
+                                                "its lengths): drop --framework, or give --framework {}{}",
                                                 args.emit, framework_name(emit_framework), framework_name(given_framework),
-                                                framework_name(emit_framework)));
+                                                framework_name(emit_framework),
+                                                given_framework == Framework::framework_accelerate_fsdp2
+                                                    ? "; --emit accelerate-fsdp2 writes TRL's SFTTrainer script beside its YAML"
+                                                    : ""));
   // A held choice only one stack runs picks it when no framework is named: adapters and 8-bit Adam
   // the HF Trainer / TRL path (PEFT, bitsandbytes), CP's rotation and HSDP Accelerate's FSDP2.
   const bool trainer_choice = args.lora_rank.has_value() || args.adam_8bit || args.trl_activation_offload;

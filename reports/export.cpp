@@ -14,24 +14,26 @@ namespace {
 struct Exporter {
   const char* target;
   ExportedConfig (*write)(const ExportRequest&);
-  bool deepspeed_json;  // writes STEM.deepspeed.json beside its main file
+  CompanionFile companion;  // what it writes beside its main file, if anything
   // Its ring is USP's or Megatron-Core's (said in a note); false where the file runs PyTorch's
   // context parallelism itself, or the framework has no ring.
   bool ring_note;
   bool adapters;  // its files train LoRA adapters as planned
 };
 
+constexpr CompanionFile kDeepSpeedJson = {".deepspeed.json", "ds_config.deepspeed.json"};
+
 constexpr Exporter kExporters[] = {
-    {"arctic-training", arctic_training_recipe_emit, false, true, false},
-    {"accelerate", accelerate_config_emit, true, true, true},
-    {"hf-accelerate", accelerate_config_emit, true, true, true},
-    {"accelerate-fsdp2", accelerate_fsdp2_config_emit, false, false, true},
-    {"hf-trainer", hf_trainer_script_emit, false, true, true},
-    {"unsloth", unsloth_script_emit, false, false, true},
-    {"torchtitan", torchtitan_job_emit, false, false, false},
-    {"megatron-deepspeed", megatron_deepspeed_emit, true, true, false},
-    {"deepspeed", deepspeed_config_emit, false, true, false},
-    {"usp", deepspeed_config_emit, false, true, false},
+    {"arctic-training", arctic_training_recipe_emit, {}, true, false},
+    {"accelerate", accelerate_config_emit, kDeepSpeedJson, true, true},
+    {"hf-accelerate", accelerate_config_emit, kDeepSpeedJson, true, true},
+    {"accelerate-fsdp2", accelerate_fsdp2_config_emit, {".train.py", "train.py"}, false, true},
+    {"hf-trainer", hf_trainer_script_emit, {}, true, true},
+    {"unsloth", unsloth_script_emit, {}, false, true},
+    {"torchtitan", torchtitan_job_emit, {}, false, false},
+    {"megatron-deepspeed", megatron_deepspeed_emit, kDeepSpeedJson, true, false},
+    {"deepspeed", deepspeed_config_emit, {}, true, false},
+    {"usp", deepspeed_config_emit, {}, true, false},
 };
 
 const Exporter* exporter_find(const std::string& target) {
@@ -42,9 +44,9 @@ const Exporter* exporter_find(const std::string& target) {
 
 }  // namespace
 
-bool export_writes_deepspeed_json(const std::string& target) {
+CompanionFile export_companion(const std::string& target) {
   const Exporter* exporter = exporter_find(target);
-  return exporter && exporter->deepspeed_json;
+  return exporter ? exporter->companion : CompanionFile{};
 }
 
 bool export_writes_adapters(const std::string& target) {

@@ -25,16 +25,17 @@ struct ExportRequest {
   int64_t seqlen = 0;                 // the planned sequence length (global tokens)
   std::string seqlen_basis;           // why this length: "as given", the band's low end, ... (recorded)
   double predicted_peak_bytes = 0;    // per GPU
-  // The path the main file gives the DeepSpeed JSON beside it (Accelerate, Megatron-DeepSpeed):
-  // absolute when the files are written (so a launch from another folder finds it), a bare name
+  // The path the main file (or its launch line) gives the file beside it, the DeepSpeed JSON
+  // (Accelerate, Megatron-DeepSpeed) or the training script (Accelerate's FSDP2): absolute when the
+  // files are written (so a launch from another folder finds it), the companion's placeholder name
   // when they go to standard output.
-  std::string deepspeed_json_name = "ds_config.deepspeed.json";
+  std::string companion_file_name = "ds_config.deepspeed.json";
   // The main file as the launch line names it (absolute when written; a placeholder on stdout).
   std::string main_file_name;
 };
 
 struct ExportedFile {
-  std::string suffix;   // "" for the main file; ".deepspeed.json" for the JSON beside it
+  std::string suffix;   // "" for the main file; the companion's (export_companion) for the file beside it
   std::string text;
 };
 
@@ -49,8 +50,14 @@ struct ExportedConfig {
 // (--emit) for another name.
 ExportedConfig config_emit(const std::string& target, const ExportRequest& request);
 
-// Whether `target` writes a DeepSpeed JSON beside its main file (Accelerate, Megatron-DeepSpeed).
-bool export_writes_deepspeed_json(const std::string& target);
+// The file `target` writes beside its main one: a DeepSpeed JSON (Accelerate, Megatron-DeepSpeed)
+// or TRL's training script (Accelerate's FSDP2), named by the main file's stem and this suffix, and
+// its placeholder name on standard output. suffix null: none.
+struct CompanionFile {
+  const char* suffix = nullptr;
+  const char* placeholder = nullptr;
+};
+CompanionFile export_companion(const std::string& target);
 // Whether `target`'s files train LoRA adapters as planned (the HF Trainer's and Unsloth's scripts).
 bool export_writes_adapters(const std::string& target);
 

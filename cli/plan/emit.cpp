@@ -38,7 +38,9 @@ int plan_emit(const PlanCommandArgs& args, const PlanOutputs& outputs, const Mod
   // Files name each other by absolute path, so a launch from any folder finds them (a bare name
   // resolves against the launching folder, not the file's).
   if (outputs.emit_companion)
-    request.deepspeed_json_name = std::filesystem::absolute(outputs.emit_companion->path).lexically_normal().string();
+    request.companion_file_name = std::filesystem::absolute(outputs.emit_companion->path).lexically_normal().string();
+  else if (const CompanionFile companion = export_companion(args.emit); companion.placeholder)
+    request.companion_file_name = companion.placeholder;
   if (outputs.emit_main && !outputs.emit_main->streams_to_terminal_or_pipe())
     request.main_file_name = std::filesystem::absolute(outputs.emit_main->path).lexically_normal().string();
   const ExportedConfig exported = config_emit(args.emit, request);
@@ -47,7 +49,7 @@ int plan_emit(const PlanCommandArgs& args, const PlanOutputs& outputs, const Mod
     // Standard output, a device or a FIFO: the files one after the other, the second headed by its name.
     std::string text;
     for (const auto& file : exported.files) {
-      if (!file.suffix.empty()) text += "\n# ---- " + one_line_text(request.deepspeed_json_name) + " (named by the file above) ----\n";
+      if (!file.suffix.empty()) text += "\n# ---- " + one_line_text(request.companion_file_name) + " (named by the file above) ----\n";
       text += file.text;
     }
     if (outputs.emit_main) output_file_write(*outputs.emit_main, text);
@@ -77,10 +79,11 @@ PlanOutputs plan_outputs_check(const PlanCommandArgs& args) {
         throw ConfigError(flag, "", fmt::format("the path '{}' is not UTF-8 text, and the exported files name it in strings that hold UTF-8 "
                                                 "only: rename it", one_line_text(path)));
     outputs.emit_main = output_file_check(*args.emit_out, "--emit-out", args.overwrite, inputs);
-    if (export_writes_deepspeed_json(args.emit) && !outputs.emit_main->streams_to_terminal_or_pipe()) {
+    if (const CompanionFile companion = export_companion(args.emit); companion.suffix && !outputs.emit_main->streams_to_terminal_or_pipe()) {
       const std::filesystem::path main_file(*args.emit_out);
-      const std::filesystem::path companion = main_file.parent_path() / (main_file.stem().string() + ".deepspeed.json");
-      outputs.emit_companion = output_file_check(companion.string(), "--emit-out (the DeepSpeed JSON beside it)", args.overwrite, inputs);
+      const std::filesystem::path beside = main_file.parent_path() / (main_file.stem().string() + companion.suffix);
+      outputs.emit_companion = output_file_check(beside.string(), fmt::format("--emit-out (the {} beside it)", companion.placeholder),
+                                                 args.overwrite, inputs);
     }
   }
   if (args.plan_out) {

@@ -143,7 +143,7 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
                       "write the (chosen) plan as a framework's files instead of the report: arctic-training (recipe YAML), "
                       "accelerate (Accelerate YAML + the DeepSpeed JSON it names), megatron-deepspeed (launch arguments + "
                       "DeepSpeed JSON), deepspeed or usp (DeepSpeed JSON for a plain loop), accelerate-fsdp2 (Accelerate's FSDP2 + "
-                      "context-parallelism YAML), torchtitan (its TOML job), unsloth (a FastLanguageModel script) or hf-trainer (a TRL "
+                      "context-parallelism YAML + the TRL SFTTrainer script it launches, STEM.train.py), torchtitan (its TOML job), unsloth (a FastLanguageModel script) or hf-trainer (a TRL "
                       "SFTTrainer script, with PEFT's LoraConfig for adapters)");
   command->add_option("--emit-length", args->emit_length,
                       "the length --emit writes when longseq finds the maximum: safe (default: the band's low end, every "

@@ -78,7 +78,7 @@ ExportedConfig accelerate_config_emit(const ExportRequest& r) {
   out << YAML::Key << "deepspeed_config" << YAML::Value << YAML::BeginMap;
   // Every DeepSpeed key arrives only through the JSON (the launcher drops unknown keys, §2.4).
   out << YAML::Key << "deepspeed_config_file" << YAML::Value;
-  out << yaml_input_text(out, r.deepspeed_json_name);
+  out << yaml_input_text(out, r.companion_file_name);
   out << YAML::Key << "zero3_init_flag" << YAML::Value << (p.zero_stage == 3);
   if (r.cluster.nodes > 1) {
     out << YAML::Key << "deepspeed_multinode_launcher" << YAML::Value << "pdsh";

@@ -33,24 +33,41 @@ ExportedConfig accelerate_fsdp2_config_emit(const ExportRequest& r) {
   // Checkpoint offload is transformers' gradient-checkpointing offload, which runs under the
   // Trainer's own checkpointing: FSDP's wrapper is then off (both cannot be on, F5.6).
   const bool trainer_checkpointing = p.activation_checkpointing && p.checkpoint_offload;
-  exported.notes.push_back(fmt::format(
-      "Trainer/TRL arguments: per_device_train_batch_size={} gradient_accumulation_steps={}{} bf16=True gradient_checkpointing={}{}; "
-      "TRL: max_length={}{} packing=False (refused under CP){}; load the model with attn_implementation=\"sdpa\" "
-      "(the Trainer refuses CP with another){}",
-      p.micro_batch, accumulation_steps(r),
-      // Without it the Trainer runs every micro-step but the last under FSDP2's
-      // set_requires_gradient_sync(False) (trainer.py's training loop; Accelerate's no_sync), which
-      // keeps each parameter's unsharded gradient for the whole window: a full unsharded copy of
-      // the gradients per rank. Reduce-scattered every micro-step they stay sharded, as planned.
-      accumulation_steps(r) > 1 ? " accelerator_config={\"gradient_accumulation_kwargs\": {\"sync_each_batch\": True}}" : "",
-      trainer_checkpointing ? "True" : "False",
-      !trainer_checkpointing ? ""
-      : p.trl_activation_offload ? " activation_offloading=True (TRL's offload of the checkpoints to pinned host memory)"
-                                 : " gradient_checkpointing_kwargs={\"offload\": True} (transformers' checkpoint offload to pinned host memory)",
-      // CP's load balancer splits each sequence in 2 x cp chunks (F2.6); without CP nothing needs padding.
-      r.seqlen, cp > 1 ? fmt::format(" pad_to_multiple_of={}", 2 * cp) : "",
-      p.tiled_loss ? " loss_type=\"chunked_nll\" (TRL's default, 256-token chunks)" : " loss_type=\"nll\"",
-      rope_extension(r).factor > 0 ? " and " + rope_scaling_keyword(rope_extension(r)) : ""));
+  // The Trainer's and TRL's arguments the plan needs, each with why where it is not plain: said in
+  // a note and written into the SFTTrainer script beside the YAML.
+  struct Argument {
+    std::string keyword;  // name=value, a Python literal
+    std::string why;      // "" or a parenthesis for the note
+  };
+  std::vector<Argument> trainer = {{fmt::format("per_device_train_batch_size={}", p.micro_batch), ""},
+                                   {fmt::format("gradient_accumulation_steps={}", accumulation_steps(r)), ""}};
+  // Without it the Trainer runs every micro-step but the last under FSDP2's
+  // set_requires_gradient_sync(False) (trainer.py's training loop; Accelerate's no_sync), which
+  // keeps each parameter's unsharded gradient for the whole window: a full unsharded copy of
+  // the gradients per rank. Reduce-scattered every micro-step they stay sharded, as planned.
+  if (accumulation_steps(r) > 1) trainer.push_back({"accelerator_config={\"gradient_accumulation_kwargs\": {\"sync_each_batch\": True}}", ""});
+  trainer.push_back({"bf16=True", ""});
+  trainer.push_back({fmt::format("gradient_checkpointing={}", trainer_checkpointing ? "True" : "False"), ""});
+  if (trainer_checkpointing)
+    trainer.push_back(p.trl_activation_offload
+                          ? Argument{"activation_offloading=True", "(TRL's offload of the checkpoints to pinned host memory)"}
+                          : Argument{"gradient_checkpointing_kwargs={\"offload\": True}", "(transformers' checkpoint offload to pinned host memory)"});
+  std::vector<Argument> trl = {{fmt::format("max_length={}", r.seqlen), ""}};
+  // CP's load balancer splits each sequence in 2 x cp chunks (F2.6) and TRL refuses packing under
+  // CP; without CP neither applies.
+  if (cp > 1) {
+    trl.push_back({fmt::format("pad_to_multiple_of={}", 2 * cp), ""});
+    trl.push_back({"packing=False", "(refused under CP)"});
+  }
+  trl.push_back(p.tiled_loss ? Argument{"loss_type=\"chunked_nll\"", "(TRL's default, 256-token chunks)"} : Argument{"loss_type=\"nll\"", ""});
+  auto said = [](const std::vector<Argument>& arguments) {
+    std::string text;
+    for (const Argument& argument : arguments) text += " " + argument.keyword + (argument.why.empty() ? "" : " " + argument.why);
+    return text;
+  };
+  exported.notes.push_back(fmt::format("Trainer/TRL arguments:{}; TRL:{}; load the model with attn_implementation=\"sdpa\"{}{}", said(trainer),
+                                       said(trl), cp > 1 ? " (the Trainer refuses CP with another)" : "",
+                                       rope_extension(r).factor > 0 ? " and " + rope_scaling_keyword(rope_extension(r)) : ""));
   // Adapters: FSDP2 shards them with the layer they sit in; with a 4-bit base Accelerate skips its
   // fp32 upcast, so they stay in PEFT's dtype (fsdp_utils.py fsdp2_prepare_model).
   for (std::string& note : adapter_notes(r, "FSDP2 shards them with their layer's unit")) exported.notes.push_back(std::move(note));
@@ -63,7 +80,11 @@ ExportedConfig accelerate_fsdp2_config_emit(const ExportRequest& r) {
                            (trainer_checkpointing && !p.trl_activation_offload ? ", transformers >= 5.17 (gradient_checkpointing_kwargs offload; 5.16 "
                                                                                   "ignores it and offloads nothing)" : ""));
   sdpa_backend_note(r, exported);
-  exported.notes.push_back(fmt::format("launch: accelerate launch --config_file {} train.py", main_file(r, "accelerate-fsdp2.yaml")));
+  exported.notes.push_back(fmt::format("launch: accelerate launch --config_file {} {}", main_file(r, "accelerate-fsdp2.yaml"),
+                                       r.companion_file_name));
+  exported.notes.push_back("the dataset is a placeholder: put yours in the script's load_dataset(...)");
+  if (model_is_card(r))
+    exported.notes.push_back(fmt::format("MODEL is the card's name ({}): put the Hugging Face id or path of the weights", r.model.name));
   if (r.cluster.nodes > 1)
     exported.notes.push_back(fmt::format("{} nodes: run accelerate launch on every node with --machine_rank set to its index, and "
                                          "MAIN_NODE_ADDRESS (main_process_ip) the first node's address", r.cluster.nodes));
@@ -92,9 +113,13 @@ ExportedConfig accelerate_fsdp2_config_emit(const ExportRequest& r) {
   out << YAML::EndMap;
   out << YAML::EndMap;
   exported.files.push_back({"", std::string(out.c_str()) + "\n"});
+  // TRL's SFTTrainer with the arguments above, as `accelerate launch` runs it beside the YAML.
+  std::vector<std::string> config = {"output_dir=\"out\""};
+  for (const auto* arguments : {&trainer, &trl})
+    for (const Argument& argument : *arguments) config.push_back(argument.keyword);
+  exported.files.push_back(
+      {".train.py", trl_script_text(r, header_lines(r, "TRL's SFTTrainer under Accelerate's FSDP2 (python script)", exported.notes), "sdpa", config)});
   return exported;
 }
-
-// A torchtitan job (its TOML; Reference §11 F6.1-F6.4): FSDP2 over dp_shard x cp (HSDP with
 
 }  // namespace longseq

@@ -100,6 +100,14 @@ std::string model_name_or_path(const ExportRequest& r);
 
 bool model_is_card(const ExportRequest& r);
 
+// A TRL SFTTrainer script (Python): `header` as comments, the model loaded in bf16 with
+// `attn_implementation` (YaRN past the trained positions, a QLoRA plan's 4-bit base), PEFT's
+// LoraConfig for adapters, SFTConfig with `config_arguments` (each "name=value", Python literals
+// longseq wrote), a placeholder dataset and the trainer. The plain HF Trainer's script and the one
+// beside Accelerate's FSDP2 YAML (reports/exporters/hf_trainer.cpp).
+std::string trl_script_text(const ExportRequest& r, const std::vector<std::string>& header, const std::string& attn_implementation,
+                            const std::vector<std::string>& config_arguments);
+
 // transformers' attn_implementation for the plan's kernel (attention_kernel_for): FlashAttention-3
 // needs its Hopper build installed (flash-attention hopper/, module flash_attn_interface).
 std::string hf_attn_implementation(const ExportRequest& r, ExportedConfig& exported);

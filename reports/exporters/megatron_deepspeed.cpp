@@ -72,7 +72,7 @@ ExportedConfig megatron_deepspeed_emit(const ExportRequest& r) {
   }
   args.push_back(fmt::format("--bf16 --zero-stage {}", p.zero_stage));  // zero.Init only at 3; the JSON sets the engine's stage
   if (p.offload_optimizer) args.push_back("--cpu-optimizer");  // DeepSpeedCPUAdam, required with offload_optimizer (§3.4)
-  args.push_back("--deepspeed --deepspeed_config " + shell_quote(r.deepspeed_json_name));
+  args.push_back("--deepspeed --deepspeed_config " + shell_quote(r.companion_file_name));
   std::string script = "#!/usr/bin/env bash\n";
   script += hash_comments(header_lines(r, "Megatron-DeepSpeed (pretrain_gpt.py)", exported.notes));
   script += fmt::format("deepspeed{} --num_gpus {} pretrain_gpt.py \\\n",

@@ -1,6 +1,8 @@
 """Trains two steps of TRL's SFTTrainer under `accelerate launch --config_file <longseq's YAML>` on
 the CPU: the exported Accelerate FSDP2 job as a user runs it, with the Trainer/TRL arguments the
-export names (argv[3], JSON), on a tiny checkpoint (argv[1]); writes what it saw to argv[2].
+export names (argv[3], JSON), on a tiny checkpoint (argv[1]); writes what it saw to argv[2]. With
+`--script PATH REPORT`, the training script the export wrote beside the YAML runs instead, as
+written but for the substitutions the test makes (the dataset, use_cpu, two steps).
 
 One substitution, because this machine has no GPU: Accelerate builds FSDP only on accelerators
 (accelerate/state.py, AcceleratorState.__init__ lists the MULTI_<device> types beside FSDP) and
@@ -34,7 +36,6 @@ accelerate.state.AcceleratorState.__init__ = _fsdp_on_the_cpu
 
 def main():
     from datasets import load_dataset
-    from torch.distributed.tensor import DTensor
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
     folder, report, trainer_arguments = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
@@ -44,10 +45,24 @@ def main():
     trainer = SFTTrainer(model=model, args=args, train_dataset=load_dataset(folder + "/data", split="train"),
                          processing_class=AutoTokenizer.from_pretrained(folder))
     result = trainer.train()
+    report_and_exit(trainer, args, result.training_loss, report)
+
+
+def run_exported_script(script, report):
+    """The export's own script, run as `accelerate launch` runs it; its trainer is then read back."""
+    import runpy
+    namespace = runpy.run_path(script, run_name="__main__")
+    trainer = namespace["trainer"]
+    losses = [entry["train_loss"] for entry in trainer.state.log_history if "train_loss" in entry]
+    report_and_exit(trainer, trainer.args, losses[-1] if losses else None, report)
+
+
+def report_and_exit(trainer, args, train_loss, report):
+    from torch.distributed.tensor import DTensor
     weight = next(trainer.model_wrapped.parameters())
     if torch.distributed.get_rank() == 0:
         with open(report, "w") as f:
-            json.dump({"train_loss": result.training_loss,
+            json.dump({"train_loss": train_loss,
                        "losses": [entry["loss"] for entry in trainer.state.log_history if "loss" in entry],
                        "wrapper": type(trainer.model_wrapped).__name__,
                        "gradient_accumulation_steps": args.gradient_accumulation_steps,
@@ -67,4 +82,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1] == "--script":
+        run_exported_script(sys.argv[2], sys.argv[3])
+    else:
+        main()

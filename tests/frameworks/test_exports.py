@@ -181,8 +181,16 @@ def test_accelerate_fsdp2_yaml_builds_its_parallelism_and_plugin(flags, gpus, lo
     assert plugin.fsdp_version == 2
     if parallelism.cp_size == 1:
         assert "pad_to_multiple_of" not in notes  # exports issue, item 11
+        assert not re.search(r"\bCP\b", notes)  # issue 41, item 8
     if "--lora" in flags:
         adapter_notes_check(notes, qlora="--qlora" in flags)
+
+
+def script_constants(path):
+    """The names a Python script binds to literals at its top level (MODEL, MAX_SEQ_LENGTH)."""
+    tree = ast.parse(path.read_text())
+    return {node.targets[0].id: ast.literal_eval(node.value) for node in tree.body
+            if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and isinstance(node.value, ast.Constant)}
 
 
 def script_calls(path):
@@ -190,8 +198,7 @@ def script_calls(path):
     names the script defines, MAX_SEQ_LENGTH or MODEL, are resolved; torch.bfloat16 becomes torch's)."""
     import torch
     tree = ast.parse(path.read_text())
-    constants = {node.targets[0].id: ast.literal_eval(node.value) for node in tree.body
-                 if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and isinstance(node.value, ast.Constant)}
+    constants = script_constants(path)
     calls = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
@@ -383,6 +390,69 @@ def test_accelerate_fsdp2_job_trains_two_steps_on_two_processes(flags, longseq_b
     planned_steps = int(re.search(r"x (\d+) accumulation steps", path.read_text()).group(1)) if "--global-batch" in flags else 1
     assert seen["gradient_accumulation_steps"] == planned_steps
     assert seen["sync_each_batch"] == (planned_steps > 1)
+
+
+FSDP2_SCRIPT_PLANS = [
+    ["--model", "meta-llama/Llama-3.1-8B", "--gpus", "8", "--seqlen", "128K"],
+    ["--model", "llama-3.1-8b", "--gpus", "8", "--seqlen", "128K", "--lora", "16", "--global-batch", "16"],
+    ["--model", "llama-3.1-8b", "--gpus", "8", "--seqlen", "32K", "--lora", "16", "--qlora"],
+    ["--model", "qwen3-8b", "--gpus", "8", "--seqlen", "1M"],  # past the trained window: YaRN
+]
+
+
+@pytest.mark.parametrize("flags", FSDP2_SCRIPT_PLANS)
+def test_accelerate_fsdp2_script_beside_the_yaml_is_what_trl_accepts(flags, longseq_binary, tmp_path):
+    """Issue 41, item 8: the SFTTrainer script beside Accelerate's FSDP2 YAML, read as TRL, PEFT and
+    transformers read it: SFTConfig takes every argument, each one the notes name is there with the
+    same value, and the model is the one the user named."""
+    path, notes = emit(longseq_binary, tmp_path, "accelerate-fsdp2", flags + ["--framework", "accelerate-fsdp2"], ".yaml")
+    script = path.with_name(path.stem + ".train.py")
+    assert f"--config_file {path} {script}" in notes
+    calls = script_calls(script)
+    from trl import SFTConfig
+    sft = dict(calls["SFTConfig"], output_dir=str(tmp_path / "out"), use_cpu=True)
+    config = SFTConfig(**sft)
+    for name, value in trainer_arguments(notes).items():
+        assert calls["SFTConfig"][name] == value, name
+    assert config.max_length == calls["SFTConfig"]["max_length"]
+    model_name = script_constants(script)["MODEL"]
+    assert model_name == (flags[1] if "/" in flags[1] else {"llama-3.1-8b": "Llama-3.1-8B", "qwen3-8b": "Qwen3-8B"}[flags[1]])
+    assert calls["from_pretrained"]["attn_implementation"] == "sdpa"
+    if "--lora" in flags:
+        from peft import LoraConfig
+        assert LoraConfig(**calls["LoraConfig"]).r == 16
+    if "--qlora" in flags:
+        from transformers import BitsAndBytesConfig
+        quantization = BitsAndBytesConfig(**calls["BitsAndBytesConfig"])
+        import torch
+        assert quantization.bnb_4bit_quant_storage == torch.bfloat16  # FSDP2 shards only a floating storage
+    if flags[1] == "qwen3-8b":
+        assert calls["from_pretrained"]["rope_scaling"]["rope_type"] == "yarn"
+
+
+def test_accelerate_fsdp2_script_trains_two_steps_on_two_processes(longseq_binary, tmp_path):
+    """The script beside the YAML, run by `accelerate launch` with the YAML as written, on 2 CPU
+    processes (gloo) and a tiny Llama saved here: only the dataset and use_cpu/max_steps (no GPU
+    here) substituted. FSDP2 shards the weights over the 2 ranks and TRL trains two steps with the
+    planned accumulation."""
+    from tiny_checkpoint import tiny_checkpoint
+    data = tiny_checkpoint(str(tmp_path / "tiny"))
+    path, _ = emit(longseq_binary, tmp_path, "accelerate-fsdp2",
+                   ["--model", str(tmp_path / "tiny" / "config.json"), "--gpu", "a100-80gb", "--gpus", "2", "--seqlen", "128",
+                    "--framework", "accelerate-fsdp2", "--attention", "sdpa", "--no-tiled-loss", "--global-batch", "4"], ".yaml")
+    script = path.with_name(path.stem + ".train.py")
+    text = script.read_text()
+    assert text.count('"REPLACE-WITH-YOUR-DATASET"') == 1 and text.count("args = SFTConfig(") == 1
+    text = text.replace('"REPLACE-WITH-YOUR-DATASET"', repr(data)).replace(
+        "args = SFTConfig(", f"args = SFTConfig(use_cpu=True, max_steps=2, report_to=[], logging_steps=1, output_dir={str(tmp_path / 'out')!r}, "
+    ).replace('output_dir="out", ', "")
+    script.write_text(text)
+    report = tmp_path / "report.json"
+    accelerate_launch(path, "fsdp2_on_cpu.py", "--script", str(script), str(report), tmp_path=tmp_path)
+    seen = json.loads(report.read_text())
+    assert seen["sharded"] and seen["mesh"] == [2]
+    assert len(seen["losses"]) == 2 and all(0 < loss < 10 for loss in seen["losses"])
+    assert seen["gradient_accumulation_steps"] == 2 and seen["sync_each_batch"]  # 4 samples over dp = 2
 
 
 def torchrun(script, *script_args, tmp_path, processes=2, **environment):

@@ -22,7 +22,7 @@ constexpr std::array<const char*, 9> kTargets = {"arctic-training", "accelerate"
 
 // The input fields, hostile or benign.
 struct InputText {
-  std::string model_name, rope_scaling, profile_name, model_source, main_file_name, deepspeed_json_name, seqlen_basis;
+  std::string model_name, rope_scaling, profile_name, model_source, main_file_name, companion_file_name, seqlen_basis;
 };
 
 // Benign text in the same shape: empty where the hostile is (a note depends on it), a config.json
@@ -37,7 +37,7 @@ InputText benign_of(const InputText& hostile) {
   const bool json_source = hostile.model_source.size() >= 5 && hostile.model_source.compare(hostile.model_source.size() - 5, 5, ".json") == 0;
   benign.model_source = json_source ? "b e/config.json" : same_shape(hostile.model_source, "b e");
   benign.main_file_name = same_shape(hostile.main_file_name, "/b e/train.file");
-  benign.deepspeed_json_name = hostile.deepspeed_json_name.empty() ? "ds_config.deepspeed.json" : "/b e/train.deepspeed.json";
+  benign.companion_file_name = hostile.companion_file_name.empty() ? "ds_config.deepspeed.json" : "/b e/train.deepspeed.json";
   benign.seqlen_basis = same_shape(hostile.seqlen_basis, "as given");
   return benign;
 }
@@ -52,7 +52,7 @@ ExportRequest request_of(const InputText& text, uint8_t shape) {
   request.model_source = text.model_source;
   request.profile.name = text.profile_name;
   request.main_file_name = text.main_file_name;
-  if (!text.deepspeed_json_name.empty()) request.deepspeed_json_name = text.deepspeed_json_name;
+  if (!text.companion_file_name.empty()) request.companion_file_name = text.companion_file_name;
   request.seqlen_basis = text.seqlen_basis;
   const int64_t nodes = shape & 1 ? 2 : 1;
   request.cluster = cluster_make(h100, 8 * nodes, nodes, 8, 0);

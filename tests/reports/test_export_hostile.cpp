@@ -37,7 +37,7 @@ ExportRequest request_for(const ModelSpec& model, const std::string& folder, con
   request.seqlen_basis = "as given";
   request.predicted_peak_bytes = 40.0 * (1 << 30);
   request.main_file_name = folder + "/train.file";
-  request.deepspeed_json_name = folder + "/train.deepspeed.json";
+  request.companion_file_name = folder + "/train.deepspeed.json";
   return request;
 }
 

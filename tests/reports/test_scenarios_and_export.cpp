@@ -411,7 +411,7 @@ TEST_CASE("exports run as planned (issue 25): precision, pin_memory, the record,
   // Accelerate loop without --mixed_precision, FRAMEWORKS §2.7), transformers 5 for the Trainer's sp.
   ExportRequest request = export_request("llama-3.1-8b", 8, plan, 524288);
   request.main_file_name = "/runs/acc.yaml";
-  request.deepspeed_json_name = "/runs/acc.deepspeed.json";
+  request.companion_file_name = "/runs/acc.deepspeed.json";
   const ExportedConfig accelerate = accelerate_config_emit(request);
   const auto json = nlohmann::json::parse(accelerate.files[1].text);
   CHECK(json["bf16"]["enabled"] == true);
@@ -893,6 +893,9 @@ TEST_CASE("exports round 3: what each framework's own code accepts (issue 36, it
   PlanOptions no_cp = titan;
   const ExportedConfig fsdp2 = config_emit("accelerate-fsdp2", export_request("llama-3.1-8b", 8, no_cp, 16'384));
   CHECK_FALSE(any_note_contains(fsdp2, "pad_to_multiple_of"));
+  // Issue 41, item 8: a cp=1 plan's notes do not speak of CP.
+  CHECK_FALSE(any_note_contains(fsdp2, "under CP"));
+  CHECK_FALSE(any_note_contains(fsdp2, "refuses CP"));
   // 10. Unsloth: the TRL it pins, and one GPU (no data-parallel launch is planned).
   PlanOptions adapters;
   adapters.zero_stage = 0;
@@ -914,4 +917,47 @@ TEST_CASE("a swept length off the framework's granule keeps its reason and the l
   CHECK(rows[0].error == "sequence length 1000000 is not a multiple of 256: arctic-training pads every batch to one "
                          "(the nearest: 999936 or 1000192)");
   CHECK(rows[1].error.empty());
+}
+
+TEST_CASE("Accelerate's FSDP2 export writes TRL's SFTTrainer script beside its YAML, with the arguments its notes name (issue 41, item 8)") {
+  PlanOptions plan;
+  plan.zero_stage = 3;
+  plan.ring = 4;
+  plan.activation_checkpointing = true;
+  plan.checkpoint_offload = true;
+  plan.tiled_loss = true;
+  plan.lora_rank = 16;
+  plan.global_batch = 8;  // over dp = 2: 4 accumulation steps
+  ExportRequest request = export_request("meta-llama/Llama-3.1-8B", 8, plan, 262'144);
+  request.companion_file_name = "/runs/acc.train.py";
+  const ExportedConfig fsdp2 = config_emit("accelerate-fsdp2", request);
+  REQUIRE(fsdp2.files.size() == 2);
+  CHECK(fsdp2.files[1].suffix == ".train.py");
+  const std::string& script = fsdp2.files[1].text;
+  // The model the user named, not the card's name; no note asks to replace it.
+  CHECK(script.find("MODEL = \"meta-llama/Llama-3.1-8B\"\n") != std::string::npos);
+  CHECK_FALSE(any_note_contains(fsdp2, "MODEL is the card's name"));
+  // Every Trainer/TRL argument of the notes is in the script's SFTConfig: CP's padding to 2 x cp,
+  // no packing, the chunked loss, the accumulation's sync_each_batch, transformers' offload.
+  for (const char* argument : {"per_device_train_batch_size=1", "gradient_accumulation_steps=4",
+                               "accelerator_config={\"gradient_accumulation_kwargs\": {\"sync_each_batch\": True}}", "bf16=True",
+                               "gradient_checkpointing=True", "gradient_checkpointing_kwargs={\"offload\": True}", "max_length=262144",
+                               "pad_to_multiple_of=8", "packing=False", "loss_type=\"chunked_nll\""}) {
+    CAPTURE(argument);
+    CHECK(any_note_contains(fsdp2, argument));
+    CHECK(script.find(argument) != std::string::npos);
+  }
+  CHECK(script.find("attn_implementation=\"sdpa\"") != std::string::npos);  // the Trainer refuses CP with another
+  CHECK(script.find("peft_config = LoraConfig(r=16") != std::string::npos);
+  CHECK(script.find("SFTTrainer(model=model, args=args,") != std::string::npos);
+  CHECK(any_note_contains(fsdp2, "launch: accelerate launch --config_file accelerate-fsdp2.yaml /runs/acc.train.py"));
+  // A card's name stays a placeholder the note asks to replace; a path with two slashes is not a Hub id.
+  const ExportedConfig card = config_emit("accelerate-fsdp2", export_request("llama-3.1-8b", 8, plan, 262'144));
+  CHECK(card.files[1].text.find("MODEL = \"Llama-3.1-8B\"\n") != std::string::npos);
+  CHECK(any_note_contains(card, "MODEL is the card's name (Llama-3.1-8B)"));
+  // The plain HF Trainer's script names the Hub id too.
+  PlanOptions trainer;
+  trainer.zero_stage = 0;
+  CHECK(config_emit("hf-trainer", export_request("meta-llama/Llama-3.1-8B", 1, trainer, 16'384)).text().find(
+            "MODEL = \"meta-llama/Llama-3.1-8B\"") != std::string::npos);
 }

@@ -19,7 +19,7 @@ inline ExportRequest export_request(const std::string& model, int64_t gpus, cons
   request.profile = runtime_profile_load("deepspeed-hf");
   request.seqlen = seqlen;
   request.predicted_peak_bytes = 70.0 * 1024 * 1024 * 1024;
-  request.deepspeed_json_name = "plan.deepspeed.json";
+  request.companion_file_name = "plan.deepspeed.json";
   return request;
 }
 

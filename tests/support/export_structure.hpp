@@ -27,6 +27,7 @@ namespace longseq::test {
 enum class ExportFileKind { json, yaml, python, toml, shell };
 
 inline ExportFileKind export_file_kind(const std::string& target, const std::string& suffix) {
+  if (suffix == ".train.py") return ExportFileKind::python;  // the TRL script beside Accelerate's FSDP2 YAML
   if (!suffix.empty() || target == "deepspeed" || target == "usp") return ExportFileKind::json;
   if (target == "hf-trainer" || target == "unsloth") return ExportFileKind::python;
   if (target == "torchtitan") return ExportFileKind::toml;
