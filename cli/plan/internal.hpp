@@ -188,8 +188,10 @@ std::string tensor_inventory_render(const ModelSpec& model, const ClusterSpec& c
 
 // What an answer rests on where no published run supports it: said beside the answer, so that no
 // unvalidated figure passes for a validated one (reports/validation.md holds the record).
+// `predicted_step_s`: the plan's predicted step (0: none), which says whether it is shorter than any
+// step the record validates.
 std::vector<std::string> plan_caveats(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
-                                      const RuntimeProfile& profile, int64_t seqlen);
+                                      const RuntimeProfile& profile, int64_t seqlen, double predicted_step_s);
 
 // One plan's full report: headline, memory breakdown, time. Fills `report` for --json.
 std::string plan_report(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,

@@ -260,7 +260,7 @@ std::string tensor_inventory_render(const ModelSpec& model, const ClusterSpec& c
 // What an answer rests on where no published run supports it: said beside the answer, so that no
 // unvalidated figure passes for a validated one (reports/validation.md holds the record).
 std::vector<std::string> plan_caveats(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
-                                      const RuntimeProfile& profile, int64_t seqlen) {
+                                      const RuntimeProfile& profile, int64_t seqlen, double predicted_step_s) {
   std::vector<std::string> caveats;
   if (profile.step_schedule == "executor") return caveats;  // longseq's own executor: measured by `longseq run`
   const std::string kernel = attention_kernel_for(profile, cluster.hardware, plan);
@@ -275,9 +275,22 @@ std::vector<std::string> plan_caveats(const ModelSpec& model, const ClusterSpec&
         "{:.0f} against {:.0f} TFLOPS here)",
         attention_tflops(cluster.hardware, model.head_dim, "fa2"), attention_tflops(cluster.hardware, model.head_dim, "sdpa-cudnn")));
   if (!cluster.hardware.approximate_rates.empty()) caveats.push_back(cluster.hardware.name + ": " + cluster.hardware.approximate_rates);
-  if (plan.offload_optimizer && seqlen > 0 && seqlen <= 65536)
-    caveats.push_back("step time at short lengths: validate finds the ALST paper's 32K steps 43-66% longer than predicted (the "
-                      "offloaded optimizer step costs more than its modelled passes; reports/validation.md)");
+  // The only published steps this short, the ALST paper's 32K baselines (ZeRO-3, the optimizer
+  // offloaded, 1-32 GPUs), ran 5.4-17.5 s a step longer than predicted: a part no source sizes,
+  // neither per parameter nor per token (reports/validation.md). The longer published steps are
+  // within 25%; a step is inside that bar only if even the smallest residual is at most 25% of it.
+  constexpr double kShortStepResidualSmallest_s = 5.4, kShortStepResidualLargest_s = 17.5;  // reports/validation.md
+  constexpr double kValidatedStepError = 0.25;                                             // issue 41's bar
+  if (predicted_step_s > 0 && predicted_step_s < kShortStepResidualSmallest_s / kValidatedStepError)
+    caveats.push_back(fmt::format(
+        "step time of a short step: the shortest published steps, the ALST paper's 32K baselines (12-26 s, ZeRO-3 with the "
+        "optimizer offloaded), ran {:.1f}-{:.1f} s (43-66%) longer than predicted, a per-step part no source sizes "
+        "(reports/validation.md); under {:.1f} s a step is within 25% only where that part is absent, and this plan {}: read its {} "
+        "step, tokens/s, MFU and cost as optimistic",
+        kShortStepResidualSmallest_s, kShortStepResidualLargest_s, kShortStepResidualSmallest_s / kValidatedStepError,
+        plan.offload_optimizer ? "offloads the optimizer too, whose step DeepSpeed runs at about twice its modelled passes"
+                               : "is not shown to be free of it",
+        duration_text(predicted_step_s)));
   if (model.final_logit_softcapping > 0 && plan.tiled_loss)
     caveats.push_back(fmt::format("{} soft-caps its final logits at {:g} in its forward; a tiled loss computes the logits itself, "
                                   "and whether it caps them (a chunk's few logits-sized transients) is not priced",
@@ -420,12 +433,14 @@ std::string plan_report(const ModelSpec& model, const ClusterSpec& cluster, cons
                        gradient_accumulation_steps(cluster, plan));
   out += "\n\n" + memory_table_render(prediction, cluster.ranks_per_node());
   if (context.tensors && prediction.seqlen > 0) out += tensor_inventory_render(model, cluster, plan, profile, prediction.seqlen, report);
+  double predicted_step_s = 0;
   if (prediction.seqlen > 0 && prediction.fits()) {
     const TimePrediction timing = time_predict(model, cluster, plan, profile, prediction.seqlen);
     report["time"] = time_prediction_to_json(timing, context.time);
     out += "\n" + time_table_render(timing, context.time);
+    predicted_step_s = timing.time.total_s();
   }
-  const std::vector<std::string> caveats = plan_caveats(model, cluster, plan, profile, prediction.seqlen);
+  const std::vector<std::string> caveats = plan_caveats(model, cluster, plan, profile, prediction.seqlen, predicted_step_s);
   report["caveats"] = caveats;
   if (!caveats.empty()) {
     out += "\nwithout published evidence:\n";
@@ -434,9 +449,5 @@ std::string plan_report(const ModelSpec& model, const ClusterSpec& cluster, cons
   return out;
 }
 
-// --emit: the plan as the target framework's files, written whole (the DeepSpeed JSON beside the
-// main file as STEM.deepspeed.json), or to stdout; what they cannot express goes to stderr.
-// `seqlen_given`: the user's length (written as given); otherwise `seqlen` is the point maximum on
-// `grid` and the band's low end is written unless --emit-length point.
 
 }  // namespace longseq
