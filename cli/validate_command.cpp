@@ -23,9 +23,9 @@ std::shared_ptr<ValidateCommandArgs> validate_command_register(CLI::App& app) {
   auto args = std::make_shared<ValidateCommandArgs>();
   CLI::App* command = app.add_subcommand(
       "validate",
-      "Predict every figure of a published-measurements CSV (the format of shared/data/published_points.csv) and "
+      "Predict every figure of a published-measurements CSV (the format of tests/data/published_points.csv, whose header defines every column) and "
       "print predicted vs published with the relative error, then the median and worst error per figure kind");
-  command->add_option("--points,-p", args->points, "CSV of published points")->required();
+  command->add_option("--points,-p", args->points, "CSV of published points (tests/data/published_points.csv: the ALST, FPDT, HF-blog, TRL and adapter rows; tests/data/ring_published.csv: the ring-attention rows)")->required();
   command->add_option("--profile", args->profile,
                       "runtime profile for every row (default: megatron-deepspeed for FPDT rows, deepspeed-hf otherwise)");
   command->add_option("--reserve-gib", args->reserve_gib,
