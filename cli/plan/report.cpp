@@ -389,12 +389,14 @@ std::string plan_report(const ModelSpec& model, const ClusterSpec& cluster, cons
     const SeqlenBand band = max_seqlen_band(model, cluster, plan, profile, grid);
     // A step-time limit cuts the memory's maximum where the step grows past it.
     const int64_t memory_max = result.max_seqlen;
+    bool step_limited = false;
     if (context.max_step_s > 0 && memory_max > 0 && time_predict(model, cluster, plan, profile, memory_max).time.total_s() > context.max_step_s) {
       result.max_seqlen = max_seqlen_within_step_time(model, cluster, plan, profile, grid, memory_max, context.max_step_s);
       result.binding_constraint = fmt::format("{} of {} (memory allows {} tokens)", kStepTimeLimit, duration_text(context.max_step_s),
                                               integer_with_commas(memory_max));
       result.binding_host_term.clear();
       result.at_max = memory_predict(model, cluster, plan, profile, std::max(result.max_seqlen, grid));
+      step_limited = true;
     }
     prediction = result.at_max;
     if (result.max_seqlen == 0)
@@ -404,10 +406,13 @@ std::string plan_report(const ModelSpec& model, const ClusterSpec& cluster, cons
                          seqlen_format(result.max_seqlen), result.binding_constraint,
                          result.binding_host_term.empty() ? "" : " (largest host term: " + result.binding_host_term + ")");
     if (band.longest > 0) {
-      out += fmt::format("  band: {} to {} ({} with every estimate at its high end and the calibrated reserve; {} with the "
-                         "sourced terms alone at their low ends)\n",
-                         seqlen_format(band.shortest), seqlen_format(band.longest), seqlen_format(band.shortest),
-                         seqlen_format(band.longest));
+      // Under a step-time limit the band is the memory maximum's: the answer is inside it or below it.
+      out += fmt::format("  {}band: {} to {} ({} with every estimate at its high end and the calibrated reserve; {} with the "
+                         "sourced terms alone at their low ends{})\n",
+                         step_limited ? "memory " : "", seqlen_format(band.shortest), seqlen_format(band.longest),
+                         seqlen_format(band.shortest), seqlen_format(band.longest),
+                         step_limited ? fmt::format("; the memory's maximum is {}, and the step-time limit binds below it", seqlen_format(memory_max))
+                                      : "");
       // The point estimate sits at 100% of usable memory: what to rent and train for is the band's
       // low end, which is what --emit writes unless told otherwise.
       if (band.shortest > 0 && band.shortest < result.max_seqlen)
@@ -418,6 +423,7 @@ std::string plan_report(const ModelSpec& model, const ClusterSpec& cluster, cons
     }
     report["max_seqlen"] = {{"tokens", result.max_seqlen}, {"granularity", result.granularity},
                             {"band", {{"shortest_tokens", band.shortest}, {"longest_tokens", band.longest}}},
+                            {"memory_max_tokens", memory_max},  // the band's point: above the answer under a step-time limit
                             {"to_act_on_tokens", band.shortest > 0 ? std::min(band.shortest, result.max_seqlen) : result.max_seqlen},
                             {"binding_constraint", result.binding_constraint}, {"binding_host_term", result.binding_host_term}};
   }
