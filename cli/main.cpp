@@ -53,13 +53,14 @@ int models_json() {
                            // null where the card does not say (no config.json source for it yet)
                            {"max_position_embeddings", model.max_position_embeddings > 0 ? nlohmann::json(model.max_position_embeddings)
                                                                                          : nlohmann::json(nullptr)}};
+    card["moe"] = nullptr;  // the same keys on every card (docs/json/models.schema.json)
     if (model.is_moe())
       card["moe"] = {{"experts", model.experts}, {"experts_per_token", model.experts_per_token},
                      {"expert_intermediate_size", model.expert_intermediate_size},
                      {"shared_expert_intermediate_size", model.shared_expert_intermediate_size}};
     cards.push_back(std::move(card));
   }
-  fmt::print("{}\n", nlohmann::json{{"models", cards}}.dump(2));
+  fmt::print("{}\n", nlohmann::json{{"schema_version", 1}, {"command", "models"}, {"models", cards}}.dump(2));
   return 0;
 }
 
@@ -78,7 +79,7 @@ int hardware_json() {
                      {"internode_gbps_per_node", card.internode_gbps_per_node},
                      {"rates", card.approximate_rates.empty() ? "sourced" : "scaled"}});
   }
-  fmt::print("{}\n", nlohmann::json{{"hardware", cards}}.dump(2));
+  fmt::print("{}\n", nlohmann::json{{"schema_version", 1}, {"command", "hardware"}, {"hardware", cards}}.dump(2));
   return 0;
 }
 

@@ -188,6 +188,9 @@ int plan_command_run(const PlanCommandArgs& args) {
 
   const ParameterCount params = parameter_count(model);
   nlohmann::json report = {
+      // The shape docs/json/plan.schema.json documents; a change that breaks a reader bumps it.
+      {"schema_version", kPlanJsonSchemaVersion},
+      {"command", "plan"},
       {"model", {{"name", model.name}, {"parameters", params.total}}},
       {"cluster",
        {{"gpu", hardware.name}, {"gpus", cluster.gpus}, {"nodes", cluster.nodes}, {"gpus_per_node", cluster.gpus_per_node},
@@ -198,7 +201,11 @@ int plan_command_run(const PlanCommandArgs& args) {
       {"framework", framework_name(framework)},
       // How the framework was decided: named (or implied by --emit and held choices), or chosen by the
       // search as the one serving the model best, with why; "default" when the default served best.
-      {"framework_choice", framework_unnamed ? "default" : !args.framework_chosen_because.empty() ? "chosen" : "named"},
+      {"framework_choice", machine                                        ? "executor"
+                           : plan_flags_given(args) && !args.search && !framework_checked ? "unchecked"
+                           : framework_unnamed                              ? "default"
+                           : !args.framework_chosen_because.empty()         ? "chosen"
+                                                                            : "named"},
   };
   if (!args.framework_chosen_because.empty()) report["framework_chosen_because"] = args.framework_chosen_because;
   if (seqlen_requested)
@@ -274,6 +281,7 @@ int plan_command_run(const PlanCommandArgs& args) {
       plan_out_write(args, *outputs.plan_out, model, cluster, profile, plan,
                      seqlen ? *seqlen : report["max_seqlen"]["tokens"].get<int64_t>(), machine);
     if (args.json) {
+      plan_json_complete(report);
       std::cout << json_text(report) << "\n";
       return 0;
     }
@@ -434,7 +442,6 @@ int plan_command_run(const PlanCommandArgs& args) {
     else out += "no plan fits";
     if (best && !step_limited) out += fmt::format(" (closest: {}, {})", plan_describe(best->plan), best->binding_constraint);
     out += "\n";
-    report["winner"] = nullptr;
     if (best && !step_limited && !machine) out += no_fit_advice(model, cluster, profile, options, *best, report);
     if (!machine) out += frameworks_compared_render(compared.winners, framework, by_length, report);
   } else {
@@ -461,7 +468,7 @@ int plan_command_run(const PlanCommandArgs& args) {
       const SearchCandidate& c = result.candidates[i];
       if (!c.problems.empty() || !c.fits) break;
       out += fmt::format("  {}. {:<78} {}\n", i + 1, plan_describe(c.plan), candidate_line(c));
-      runner_ups.push_back({{"plan", plan_to_json(c.plan, cluster)}, {"max_seqlen", c.max_seqlen},
+      runner_ups.push_back({{"plan", plan_to_json(c.plan, cluster)}, {"max_seqlen_tokens", by_length ? nlohmann::json(c.max_seqlen) : nullptr},
                             {"step_s", c.time.time.total_s()}, {"tokens_per_s", c.time.tokens_per_s}});
     }
     report["runner_ups"] = runner_ups;
@@ -471,13 +478,30 @@ int plan_command_run(const PlanCommandArgs& args) {
     // Invalid (u, r) pairs refused for one reason (a framework without ring attention) are one
     // line in the text, with how many there are; the JSON keeps every one.
     std::map<std::string, int64_t> degree_pairs_refused;
+    // Each alternative in the JSON: its outcome as numbers, and the line's text without the
+    // table's padding.
+    auto alternative_json = [&](const std::string& change, const SearchCandidate& c, const std::string& why) {
+      std::string text;
+      for (char ch : why)
+        if (!(ch == ' ' && !text.empty() && text.back() == ' ')) text += ch;
+      const bool valid = c.problems.empty();
+      return nlohmann::json{{"change", change},
+                            {"plan", plan_to_json(c.plan, cluster)},
+                            {"outcome", text},
+                            {"invalid_because", valid ? nlohmann::json(nullptr) : nlohmann::json(c.problems.front())},
+                            {"fits", valid && c.fits},
+                            {"max_seqlen_tokens", valid && by_length ? nlohmann::json(c.max_seqlen) : nullptr},
+                            {"step_s", valid && c.fits ? nlohmann::json(c.time.time.total_s()) : nullptr},
+                            {"tokens_per_s", valid && c.fits ? nlohmann::json(c.time.tokens_per_s) : nullptr},
+                            {"binding_constraint", valid ? nlohmann::json(c.binding_constraint) : nullptr}};
+    };
     for (const auto& alternative : search_notable_alternatives(result)) {
       const SearchCandidate& c = *alternative.candidate;
       std::string why;
       if (!c.problems.empty()) {
         why = "invalid: " + c.problems.front();
         if (c.plan.ring > 1 && degree_pairs_refused[why]++ > 0) {
-          alternatives.push_back({{"change", alternative.change}, {"plan", plan_to_json(c.plan, cluster)}, {"outcome", why}});
+          alternatives.push_back(alternative_json(alternative.change, c, why));
           continue;
         }
       } else {
@@ -490,7 +514,7 @@ int plan_command_run(const PlanCommandArgs& args) {
                              largest_component_describe(model, cluster, c.plan, profile, failing));
       }
       out += fmt::format("  {:<44} {}\n", alternative.change, why);
-      alternatives.push_back({{"change", alternative.change}, {"plan", plan_to_json(c.plan, cluster)}, {"outcome", why}});
+      alternatives.push_back(alternative_json(alternative.change, c, why));
     }
     for (const auto& [why, count] : degree_pairs_refused)
       if (count > 1) out += fmt::format("  {:<44} {}\n", fmt::format("(and {} more sp x ring pairs)", count - 1), why);
@@ -507,7 +531,7 @@ int plan_command_run(const PlanCommandArgs& args) {
         out += fmt::format("\nin another framework: --framework {}: {} {}{}\n", framework_name(best->framework), plan_describe(other.plan), reach,
                            why_not_here.empty() ? " (priced with its own runtime profile)" : fmt::format(" ({})", why_not_here));
         report["other_framework"] = {{"framework", framework_name(best->framework)}, {"plan", plan_to_json(other.plan, cluster)},
-                                     {"max_seqlen", other.max_seqlen}, {"tokens_per_s", other.time.tokens_per_s},
+                                     {"max_seqlen_tokens", by_length ? nlohmann::json(other.max_seqlen) : nullptr}, {"tokens_per_s", other.time.tokens_per_s},
                                      {"why_not_here", why_not_here}};
       }
       out += frameworks_compared_render(compared.winners, framework, by_length, report);
@@ -523,6 +547,7 @@ int plan_command_run(const PlanCommandArgs& args) {
     }
     report["invalid"] = invalid_json;
   }
+  plan_json_complete(report);
   if (args.json) std::cout << json_text(report) << "\n";
   else std::cout << out;
   return 0;

@@ -106,7 +106,10 @@ int reserve_fit_print(const ValidateCommandArgs& args, const std::vector<Publish
     if (!args.json) fmt::print("\n");
     json_fits.push_back({{"runtime_profile", fit.profile}, {"reserve_gib", fit.reserve_gib}, {"evidence", evidence}, {"sensitivity", sensitivity}});
   }
-  if (args.json) std::cout << json_text(nlohmann::json{{"kind", "calibrated reserve fit"}, {"points", args.points}, {"fits", json_fits}}) << "\n";
+  if (args.json)
+    std::cout << json_text(nlohmann::json{{"schema_version", 1}, {"command", "validate"}, {"kind", "calibrated reserve fit"},
+                                          {"points", args.points}, {"fits", json_fits}})
+              << "\n";
   return 0;
 }
 
@@ -127,17 +130,21 @@ int validate_command_run(const ValidateCommandArgs& args) {
     for (const auto& validation : validations) {
       nlohmann::json row = {{"line", validation.point.line}, {"source", validation.point.source},
                             {"model", validation.point.model}, {"gpus", validation.point.gpus}};
-      if (!validation.skipped_reason.empty()) {
-        row["skipped"] = validation.skipped_reason;
-      } else {
+      // The same keys on every row (docs/json/validate.schema.json): a skipped row has its reason
+      // and no plan or figures.
+      row["skipped"] = validation.skipped_reason.empty() ? nlohmann::json(nullptr) : nlohmann::json(validation.skipped_reason);
+      row["plan"] = nullptr;
+      row["runtime_profile"] = nullptr;
+      row["figures"] = nlohmann::json::array();
+      if (validation.skipped_reason.empty()) {
         row["plan"] = validation.plan;
         row["runtime_profile"] = validation.profile;
-        row["figures"] = nlohmann::json::array();
         for (const auto& figure : validation.figures) {
           nlohmann::json entry = {{"figure", figure_kind_name(figure.kind)}, {"published", figure.published},
-                                  {"predicted", figure.predicted}, {"relative_error", figure.relative_error}};
-          if (figure.published_fail > 0) entry["published_fail"] = figure.published_fail;
-          if (!figure.binding_constraint.empty()) entry["binding_constraint"] = figure.binding_constraint;
+                                  {"predicted", figure.predicted}, {"relative_error", figure.relative_error},
+                                  {"published_fail", figure.published_fail > 0 ? nlohmann::json(figure.published_fail) : nullptr},
+                                  {"binding_constraint", figure.binding_constraint.empty() ? nlohmann::json(nullptr)
+                                                                                           : nlohmann::json(figure.binding_constraint)}};
           row["figures"].push_back(entry);
         }
       }
@@ -147,8 +154,8 @@ int validate_command_run(const ValidateCommandArgs& args) {
     for (const auto& s : summaries)
       summary.push_back({{"figure", figure_kind_name(s.kind)}, {"rows", s.count}, {"median_abs_error", s.median_abs_error},
                          {"worst_abs_error", s.worst_abs_error}, {"worst_line", s.worst_line}});
-    std::cout << json_text(nlohmann::json{{"kind", "prediction vs published"}, {"points", args.points}, {"runtime_profile", profile_label},
-                                {"rows", rows}, {"summary", summary}})
+    std::cout << json_text(nlohmann::json{{"schema_version", 1}, {"command", "validate"}, {"kind", "prediction vs published"},
+                                          {"points", args.points}, {"runtime_profile", profile_label}, {"rows", rows}, {"summary", summary}})
               << "\n";
     return 0;
   }

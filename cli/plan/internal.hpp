@@ -186,6 +186,12 @@ std::string no_fit_advice(const ModelSpec& model, const ClusterSpec& cluster, co
 std::string tensor_inventory_render(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
                                     const RuntimeProfile& profile, int64_t seqlen, nlohmann::json& report);
 
+// `plan --json`'s shape (docs/json/plan.schema.json): its version, and every key the schema lists
+// made present, null or empty where this answer has none, so that the shape is the same whether
+// or not a plan fits and whatever was asked.
+inline constexpr int kPlanJsonSchemaVersion = 1;
+void plan_json_complete(nlohmann::json& report);
+
 // What an answer rests on where no published run supports it: said beside the answer, so that no
 // unvalidated figure passes for a validated one (reports/validation.md holds the record).
 // `predicted_step_s`: the plan's predicted step (0: none), which says whether it is shorter than any

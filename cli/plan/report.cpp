@@ -92,7 +92,9 @@ std::string frameworks_compared_render(std::vector<FrameworkWinner> winners, Fra
     if (score(w) < 0) {
       out += fmt::format("  {:<20} {}{}\n", name, by_length ? "fits no length" : "does not fit",
                          w.why_none.empty() ? "" : fmt::format(" ({})", w.why_none));
-      compared.push_back({{"framework", framework_name(w.framework)}, {"fits", false}, {"why", w.why_none}});
+      compared.push_back({{"framework", framework_name(w.framework)}, {"fits", false}, {"why", w.why_none}, {"sequence_parallelism", nullptr},
+                          {"plan", nullptr}, {"max_seqlen_tokens", nullptr}, {"step_s", nullptr}, {"tokens_per_s", nullptr},
+                          {"binding_constraint", nullptr}});
       continue;
     }
     const SearchCandidate& c = *w.winner;
@@ -104,8 +106,9 @@ std::string frameworks_compared_render(std::vector<FrameworkWinner> winners, Fra
       out += fmt::format("  {:<20} {:<32} {:>9.0f} tokens/s, peak {:.1f} GiB\n", name, spread, c.time.tokens_per_s,
                          bytes_to_gib(c.memory.gpu_peak_bytes));
     compared.push_back({{"framework", framework_name(w.framework)}, {"fits", true}, {"sequence_parallelism", spread},
-                        {"plan", plan_describe(c.plan)}, {"max_seqlen", c.max_seqlen}, {"step_s", c.time.time.total_s()},
-                        {"tokens_per_s", c.time.tokens_per_s}, {"binding_constraint", c.binding_constraint}});
+                        {"plan", plan_describe(c.plan)}, {"max_seqlen_tokens", by_length ? nlohmann::json(c.max_seqlen) : nullptr},
+                        {"step_s", c.time.time.total_s()},
+                        {"tokens_per_s", c.time.tokens_per_s}, {"binding_constraint", c.binding_constraint}, {"why", nullptr}});
   }
   out += "  (* this search; --framework NAME for one of the others' full report)\n";
   report["frameworks_compared"] = compared;
@@ -136,7 +139,8 @@ std::string no_fit_advice(const ModelSpec& model, const ClusterSpec& cluster, co
                            {"gpu_peak_gib", bytes_to_gib(memory.gpu_peak_bytes)},
                            {"gpu_usable_gib", bytes_to_gib(memory.gpu_capacity_bytes)},
                            {"host_gib_per_node", bytes_to_gib(memory.host_bytes_per_node)},
-                           {"host_capacity_gib_per_node", bytes_to_gib(memory.host_capacity_bytes)}};
+                           {"host_capacity_gib_per_node", bytes_to_gib(memory.host_capacity_bytes)},
+                           {"longest_seqlen_here", nullptr}};  // a length was asked: the longest that fits here instead
   std::string out = fmt::format("\nwhy nothing fits (PREDICTIONS): the closest plan, {}, needs {}\n", plan_describe(closest.plan),
                                 host_binds ? fmt::format("{:.1f} GiB of host memory a node of {:.1f} GiB", bytes_to_gib(memory.host_bytes_per_node),
                                                          bytes_to_gib(memory.host_capacity_bytes))
@@ -152,7 +156,7 @@ std::string no_fit_advice(const ModelSpec& model, const ClusterSpec& cluster, co
     if (const SearchCandidate* best = result.winner()) {
       out += fmt::format("  fewer tokens: at most {} tokens on these {} GPUs ({})\n", integer_with_commas(best->max_seqlen), cluster.gpus,
                          plan_describe(best->plan));
-      no_fit["longest_seqlen_here"] = {{"max_seqlen", best->max_seqlen}, {"plan", plan_to_json(best->plan, cluster)}};
+      no_fit["longest_seqlen_here"] = {{"max_seqlen_tokens", best->max_seqlen}, {"plan", plan_to_json(best->plan, cluster)}};
     } else {
       out += fmt::format("  fewer tokens: no length fits on these {} GPUs\n", cluster.gpus);
       no_fit["longest_seqlen_here"] = nullptr;
@@ -169,7 +173,7 @@ std::string no_fit_advice(const ModelSpec& model, const ClusterSpec& cluster, co
                          by_length ? fmt::format("up to {} tokens", integer_with_commas(best->max_seqlen))
                                    : fmt::format("{} tokens", integer_with_commas(options.seqlen)),
                          plan_describe(best->plan));
-      no_fit["fewest_gpus"] = {{"gpus", gpus}, {"plan", plan_to_json(best->plan, *more)}, {"max_seqlen", by_length ? best->max_seqlen : options.seqlen}};
+      no_fit["fewest_gpus"] = {{"gpus", gpus}, {"plan", plan_to_json(best->plan, *more)}, {"seqlen_tokens", by_length ? best->max_seqlen : options.seqlen}};
       break;
     }
   }
@@ -218,7 +222,7 @@ std::string gpu_count_advice(const ModelSpec& model, const ClusterSpec& cluster,
   std::string out;
   auto line = [&](const Reach& reach, const std::string& what) {
     out += fmt::format("  {} GPUs: {} tokens ({}) — {}\n", reach.gpus, integer_with_commas(reach.max_seqlen), reach.plan, what);
-    advice.push_back({{"gpus", reach.gpus}, {"max_seqlen", reach.max_seqlen}, {"plan", reach.plan}, {"why", what}});
+    advice.push_back({{"gpus", reach.gpus}, {"max_seqlen_tokens", reach.max_seqlen}, {"plan", reach.plan}, {"why", what}});
   };
   if (further_within)
     line(*further_within, fmt::format("{} of your {} GPUs reach further than all of them (the heads allow a larger degree there)",
@@ -255,6 +259,19 @@ std::string tensor_inventory_render(const ModelSpec& model, const ClusterSpec& c
                        {"layer_saved", rows},
                        {"layer_saved_bytes", total}};
   return out;
+}
+
+void plan_json_complete(nlohmann::json& report) {
+  const nlohmann::json empty_list = nlohmann::json::array();
+  const std::pair<const char*, nlohmann::json> keys[] = {
+      {"framework_chosen_because", nullptr}, {"seqlen", nullptr},      {"seqlen_rounded", nullptr},   {"plan", nullptr},
+      {"fits_with_margin", nullptr},          {"band", nullptr},        {"max_seqlen", nullptr},       {"prediction", nullptr},
+      {"time", nullptr},                      {"caveats", empty_list},  {"search", nullptr},           {"micro_batch_search", nullptr},
+      {"runner_ups", empty_list},             {"alternatives", empty_list}, {"other_framework", nullptr},
+      {"frameworks_compared", empty_list},    {"gpu_count_advice", empty_list}, {"no_fit", nullptr},  {"invalid", empty_list},
+      {"tensors", nullptr}};
+  for (const auto& [key, absent] : keys)
+    if (!report.contains(key)) report[key] = absent;
 }
 
 // What an answer rests on where no published run supports it: said beside the answer, so that no
@@ -381,7 +398,7 @@ std::string plan_report(const ModelSpec& model, const ClusterSpec& cluster, cons
                            "reserve) the longest this plan fits is {} tokens, so {} tokens is inside the prediction's uncertainty\n",
                            integer_with_commas(band.shortest), integer_with_commas(*seqlen));
       report["fits_with_margin"] = with_margin;
-      report["band"] = {{"shortest", band.shortest}, {"longest", band.longest}};
+      report["band"] = {{"shortest_tokens", band.shortest}, {"longest_tokens", band.longest}};
     }
   } else {
     const int64_t grid = seqlen_grid(plan, context.length_multiple);
