@@ -151,6 +151,8 @@ Scenario scenario_from_text(const std::string& yaml_text, const std::string& pat
   scenario.runtime_profile_given = reader.has("runtime_profile");
   scenario.runtime_profile = reader.get_string("runtime_profile", "deepspeed-hf");
   scenario.attention_kernel = reader.get_string("attention", "");
+  // A price below 1e6 an hour, as plan --gpu-hour-cost takes it.
+  if (reader.has("gpu_hour_cost")) scenario.gpu_hour_cost = reader.get_double("gpu_hour_cost", 1e-9, 999999.0);
   if (!scenario.attention_kernel.empty() && !attention_kernel_known(scenario.attention_kernel, true))
     throw ConfigError(path, "attention", fmt::format("expected {}, got '{}'", attention_kernel_choices(true), scenario.attention_kernel));
 
@@ -502,6 +504,7 @@ std::vector<SweepRow> scenario_run(const Scenario& scenario, const std::function
                         row.tflops_megatron = time.megatron_tflops_per_gpu;
                         row.mfu = time.mfu;
                         row.tokens_per_s = time.tokens_per_s;
+                        row.cost_per_billion_tokens = cost_per_billion_tokens(time.tokens_per_s, cluster.gpus, scenario.gpu_hour_cost);
                       }
                       if (!seqlen && row.seqlen == 0) row.fits = false;
                     } catch (const ConfigError& error) {

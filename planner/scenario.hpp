@@ -73,6 +73,7 @@ struct Scenario {
   std::string runtime_profile = "deepspeed-hf";
   bool runtime_profile_given = false;
   std::string attention_kernel;  // attention_kernel_ids(true); empty: the profile's, else the card's default
+  double gpu_hour_cost = 0;      // the price of one GPU-hour, for each point's cost of a billion tokens (0: not priced)
   PlanSettings plan;
   // Sweep axes, crossed in this order; an empty axis is not swept.
   std::vector<std::string> sweep_model, sweep_gpu;
@@ -129,6 +130,7 @@ struct SweepRow {
   double gpu_peak_gib = 0, gpu_capacity_gib = 0, host_per_node_gib = 0;
   std::vector<std::pair<std::string, double>> gpu_category_gib;  // the breakdown by category, at the peak
   double step_s = 0, tflops_hardware = 0, tflops_megatron = 0, mfu = 0, tokens_per_s = 0;
+  double cost_per_billion_tokens = 0;  // at the scenario's gpu_hour_cost (0: not priced)
   std::optional<double> published;
   double published_fail = 0;
   std::string error;  // why nothing was predicted

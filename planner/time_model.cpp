@@ -40,6 +40,11 @@ double layer_elementwise_bytes_per_token(const ModelSpec& model, int64_t activat
   return a * (2.0 * 2.0 * h + 2.0 * static_cast<double>(model.q_width() + model.kv_width()) + 2.0 * 3.0 * h + gated * mlp_width);
 }
 
+double cost_per_billion_tokens(double tokens_per_s, int64_t gpus, double gpu_hour_cost) {
+  if (!(tokens_per_s > 0) || !(gpu_hour_cost > 0)) return 0;
+  return 1e9 / tokens_per_s / 3600.0 * static_cast<double>(gpus) * gpu_hour_cost;
+}
+
 double attention_tflops(const HardwareCard& card, int64_t head_dim, const std::string& kernel) {
   const double d = std::clamp(static_cast<double>(head_dim), 64.0, 128.0);
   const AttentionKernelFacts& facts = attention_kernel_facts(kernel);

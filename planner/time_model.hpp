@@ -83,6 +83,10 @@ double attention_benchmark_seconds(const AttentionBenchmark& benchmark, const Cl
 // without its figures throws).
 double attention_tflops(const HardwareCard& card, int64_t head_dim, const std::string& kernel = "fa2");
 
+// The price of a billion tokens: the GPU-hours `gpus` GPUs take for them at `tokens_per_s` (the
+// cluster's), times `gpu_hour_cost`. 0 where either is not positive.
+double cost_per_billion_tokens(double tokens_per_s, int64_t gpus, double gpu_hour_cost);
+
 // Why `profile`'s attention kernel cannot run on `card` (FlashAttention-3 off Hopper, a kernel the
 // card has no rate for); empty when it can.
 std::string attention_kernel_problem(const RuntimeProfile& profile, const HardwareCard& card);

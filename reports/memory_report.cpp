@@ -131,10 +131,8 @@ namespace {
 
 double tokens_per_day(const TimePrediction& prediction) { return prediction.tokens_per_s * 86400.0; }
 
-// The cost of a billion tokens: GPU-hours for them, times the price.
 double cost_per_billion_tokens(const TimePrediction& prediction, const TimeContext& context) {
-  if (!(prediction.tokens_per_s > 0) || !(context.gpu_hour_cost > 0)) return 0;
-  return 1e9 / prediction.tokens_per_s / 3600.0 * static_cast<double>(context.gpus) * context.gpu_hour_cost;
+  return longseq::cost_per_billion_tokens(prediction.tokens_per_s, context.gpus, context.gpu_hour_cost);
 }
 
 }  // namespace

@@ -269,6 +269,14 @@ ReportOutcome run_report_write(const fs::path& dir, const fs::path& run_path, co
 }
 
 // A sweep result's rows, read and checked once, before anything is written.
+// A step time as a figure's label: seconds, minutes, hours or days, two or three digits.
+std::string step_label(double seconds) {
+  if (seconds < 120) return fmt::format("{:.0f} s", seconds);
+  if (seconds < 2 * 3600) return fmt::format("{:.0f} min", seconds / 60);
+  if (seconds < 2 * 86400) return fmt::format("{:.1f} h", seconds / 3600);
+  return fmt::format("{:.1f} d", seconds / 86400);
+}
+
 struct SweepTableRow {
   JsonView json;
   bool usable;
@@ -419,7 +427,7 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
       bool published_titled = false;
       for (const auto& [name, members] : series_of(rows, "gpus")) {
         ++series_number;
-        std::string predicted, band, published;
+        std::string predicted, band, published, step_labels;
         // A curve whose plan changes from point to point (the ALST preset offloads the weights on
         // one GPU only, paper §5.2) bends where it does: the caption says so.
         std::set<std::string> plans_without_sp;
@@ -430,6 +438,10 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
                              "column shows where (e.g. the ALST preset offloads the weights on one GPU only, paper §5.2).";
         for (const SweepTableRow* row : rows_of(members)) {
           if (row->usable && row->seqlen > 0) predicted += fmt::format("{} {}\n", row->gpus, row->seqlen);
+          // Each point's step, beside it: a length whose step takes days is no length to train at
+          // (issue 41, item 6: the ring figure's 207M tokens take 8.7 days a step).
+          if (row->usable && row->seqlen > 0 && row->json.number_or("step_s", 0) > 0)
+            step_labels += fmt::format("{} {} \"{}\"\n", row->gpus, row->seqlen, step_label(row->json.number_or("step_s", 0)));
           // The band, where both ends are lengths: a low end of 0 (nothing fits with every estimate
           // high) has no place on a log axis and would stretch it down to one token.
           if (row->usable && row->seqlen_longest > 0 && row->seqlen_shortest > 0)
@@ -447,6 +459,11 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
         data += data_label(name == "predicted" ? "predicted (longseq)" : name + " (predicted)") + "\n" + predicted + "\n\n";
         plot += fmt::format("{}'max_seqlen_vs_gpus.dat' index {} using 1:2 with linespoints lt {} lw 2 pt 7 title columnheader(1)",
                             plot.empty() ? "" : ", ", index++, series_number);
+        if (!step_labels.empty()) {
+          data += step_labels + "\n\n";
+          plot += fmt::format(", 'max_seqlen_vs_gpus.dat' index {} using 1:2:3 with labels offset 0,1 font ',8' tc lt {} notitle", index++,
+                              series_number);
+        }
         if (published.empty()) continue;
         data += published + "\n\n";
         plot += fmt::format(", 'max_seqlen_vs_gpus.dat' index {} using 1:2:2:3 with yerrorbars lt {} pt 9 ps 2 {}", index++,
@@ -462,8 +479,9 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
                                               "set key below box\nset bmargin {}\nset grid\nplot {}",
                                               static_cast<double>(*gpu_counts.begin()) / 1.3,
                                               static_cast<double>(*gpu_counts.rbegin()) * 1.3, key_margin(plot), plot)));
-      figures.push_back({"max_seqlen_vs_gpus", "Maximum sequence length vs GPU count (predicted; published points where cited)",
-                         title + ": maximum sequence length vs GPUs (PREDICTION)", plan_change_note});
+      figures.push_back({"max_seqlen_vs_gpus", "Maximum sequence length vs GPU count (predicted, each point labelled with its step time; "
+                         "published points where cited)",
+                         title + ": maximum sequence length vs GPUs (PREDICTION; labels: step time there)", plan_change_note});
     }
 
     // The feature ladder as bars, predicted beside published.

@@ -52,7 +52,7 @@ const std::vector<std::string>& sweep_columns() {
                                       "checkpoint_offload", "tiled_mlp", "tiled_loss", "fpdt_chunk_tokens", "mode", "seqlen",
                                       "seqlen_shortest", "seqlen_longest", "fits", "binding_constraint", "gpu_peak_gib", "gpu_capacity_gib", "host_per_node_gib"};
     for (const auto& category : kCategories) names.push_back(std::string(category) + "_gib");
-    for (const char* name : {"step_s", "tflops_hardware", "tflops_megatron", "mfu", "tokens_per_s", "published",
+    for (const char* name : {"step_s", "tflops_hardware", "tflops_megatron", "mfu", "tokens_per_s", "cost_per_billion_tokens", "published",
                              "published_fail", "error"})
       names.push_back(name);
     return names;
@@ -113,6 +113,7 @@ nlohmann::json sweep_results_to_json(const Scenario& scenario, const std::vector
       json["tflops_megatron"] = row.tflops_megatron;
       json["mfu"] = row.mfu;
       json["tokens_per_s"] = row.tokens_per_s;
+      if (row.cost_per_billion_tokens > 0) json["cost_per_billion_tokens"] = row.cost_per_billion_tokens;
     }
     if (row.published) {
       json["published"] = *row.published;
@@ -126,15 +127,21 @@ nlohmann::json sweep_results_to_json(const Scenario& scenario, const std::vector
            {{"name", scenario.name}, {"path", scenario.path}, {"description", scenario.description},
             {"reproduces", scenario.reproduces}, {"runtime_profile", scenario.runtime_profile_given ? scenario.runtime_profile : "each point's framework's own (deepspeed-hf without one)"},
             {"published_source", scenario.published_source}, {"published_figure", scenario.published_figure},
-            {"figures", scenario.output_figures}}},
+            {"figures", scenario.output_figures},
+            {"gpu_hour_cost", scenario.gpu_hour_cost > 0 ? nlohmann::json(scenario.gpu_hour_cost) : nlohmann::json(nullptr)}}},
           {"columns", sweep_columns()},
           {"rows", rows_json}};
 }
 
 std::string sweep_markdown_table(const nlohmann::json& results, const std::string& source) {
-  std::string out =
-      "| model | gpu | gpus | step | framework | plan | mode | seqlen | band | fits | GPU peak GiB | host GiB/node | step s | TFLOPS (ALST formula) | published |\n";
-  out += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  // A priced scenario (gpu_hour_cost) adds the cost of a billion tokens at each point.
+  const JsonView scenario = JsonView(results, source)["scenario"];
+  const bool priced = scenario.has("gpu_hour_cost") && !scenario["gpu_hour_cost"].raw().is_null();
+  std::string out = "| model | gpu | gpus | step | framework | plan | mode | seqlen | band | fits | GPU peak GiB | host GiB/node | step time | "
+                    "tokens/s | TFLOPS (ALST formula) |";
+  out += priced ? fmt::format(" cost per 1B tokens (at {:g} a GPU-hour) |", scenario["gpu_hour_cost"].number()) : std::string();
+  out += " published |\n";
+  out += std::string("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|") + (priced ? "---|" : "") + "---|\n";
   const JsonView rows = JsonView(results, source)["rows"];
   for (size_t i = 0; i < rows.size(); ++i) {
     const JsonView row = rows[i];
@@ -155,10 +162,14 @@ std::string sweep_markdown_table(const nlohmann::json& results, const std::strin
     std::string band;
     if (max_mode && row.has("seqlen_longest") && row["seqlen_longest"].integer() > 0)
       band = seqlen_format(row["seqlen_shortest"].integer()) + " to " + seqlen_format(row["seqlen_longest"].integer());
-    out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n", cell("model"), cell("gpu"), cell("gpus"), cell("step"),
-                       cell("framework"), cell("plan"), max_mode ? "max" : "at", seqlen, band, cell("fits"), number("gpu_peak_gib", "{:.1f}"),
-                       number("host_per_node_gib", "{:.0f}"), number("step_s", "{:.1f}"), number("tflops_megatron", "{:.1f}"),
-                       published);
+    // The step as a duration a reader takes in (a 207M-token step of 8.7 days reads as one).
+    const std::string step = row.has("step_s") ? duration_text(row["step_s"].number()) : std::string();
+    const std::string cost = priced && row.has("cost_per_billion_tokens") ? fmt::format("{:.0f}", row["cost_per_billion_tokens"].number())
+                                                                          : std::string();
+    out += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |{} {} |\n", cell("model"), cell("gpu"),
+                       cell("gpus"), cell("step"), cell("framework"), cell("plan"), max_mode ? "max" : "at", seqlen, band, cell("fits"),
+                       number("gpu_peak_gib", "{:.1f}"), number("host_per_node_gib", "{:.0f}"), step, number("tokens_per_s", "{:.0f}"),
+                       number("tflops_megatron", "{:.1f}"), priced ? " " + cost + " |" : std::string(), published);
   }
   return out;
 }

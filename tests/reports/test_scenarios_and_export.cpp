@@ -1,5 +1,6 @@
 // Scenario files, sweeps, their outputs and the framework configs a plan is exported as.
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <filesystem>
 #include <fstream>
@@ -960,4 +961,32 @@ TEST_CASE("Accelerate's FSDP2 export writes TRL's SFTTrainer script beside its Y
   trainer.zero_stage = 0;
   CHECK(config_emit("hf-trainer", export_request("meta-llama/Llama-3.1-8B", 1, trainer, 16'384)).text().find(
             "MODEL = \"meta-llama/Llama-3.1-8B\"") != std::string::npos);
+}
+
+TEST_CASE("a priced scenario carries each point's tokens/s, step and cost of a billion tokens into its results (issue 41, item 6)") {
+  const Scenario scenario = scenario_from_text(
+      "name: x\nmodel: llama-3.1-8b\ncluster: {gpu: h100-sxm-80gb}\ngpu_hour_cost: 2.5\nplan: {search: max-seqlen, framework: arctic-training}\n"
+      "sweep: {gpus: [8, 16]}\n",
+      "x.yaml");
+  CHECK(scenario.gpu_hour_cost == 2.5);
+  const std::vector<SweepRow> rows = scenario_run(scenario);
+  REQUIRE(rows.size() == 2);
+  for (const SweepRow& row : rows) {
+    REQUIRE(row.tokens_per_s > 0);
+    // GPU-hours of a billion tokens at the cluster's rate, times the price: by hand.
+    CHECK(row.cost_per_billion_tokens == doctest::Approx(1e9 / row.tokens_per_s / 3600.0 * static_cast<double>(row.gpus) * 2.5));
+  }
+  const nlohmann::json results = sweep_results_to_json(scenario, rows);
+  CHECK(results["scenario"]["gpu_hour_cost"] == 2.5);
+  CHECK(results["rows"][0]["cost_per_billion_tokens"].get<double>() == doctest::Approx(rows[0].cost_per_billion_tokens));
+  const std::string table = sweep_markdown_table(results);
+  CHECK(table.find("| step time | tokens/s | TFLOPS (ALST formula) | cost per 1B tokens (at 2.5 a GPU-hour) | published |") != std::string::npos);
+  CHECK(table.find(fmt::format("| {:.0f} | {:.1f} | {:.0f} |", rows[1].tokens_per_s, rows[1].tflops_megatron, rows[1].cost_per_billion_tokens)) !=
+        std::string::npos);
+  // Unpriced: no cost column, and a price out of range is refused by name.
+  const Scenario unpriced = scenario_from_text(
+      "name: x\nmodel: llama-3.1-8b\ncluster: {gpu: h100-sxm-80gb}\nplan: {search: max-seqlen}\nsweep: {gpus: [8]}\n", "x.yaml");
+  CHECK(sweep_markdown_table(sweep_results_to_json(unpriced, scenario_run(unpriced))).find("cost per 1B") == std::string::npos);
+  CHECK_THROWS_WITH_AS(scenario_from_text("name: x\nmodel: m\ncluster: {gpu: g}\ngpu_hour_cost: -1\nsweep: {gpus: [1]}\n", "x.yaml"),
+                       doctest::Contains("x.yaml: key 'gpu_hour_cost'"), ConfigError);
 }

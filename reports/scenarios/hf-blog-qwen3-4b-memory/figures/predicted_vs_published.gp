@@ -1,8 +1,8 @@
 set terminal pngcairo size 1100,680 noenhanced font ',11'
 set output 'predicted_vs_published.png'
 set title ARG1
-set xrange [15.959999999999999:97.17165400505066]
-set yrange [15.959999999999999:97.17165400505066]
+set xrange [15.959999999999999:97.00759150505066]
+set yrange [15.959999999999999:97.00759150505066]
 set xlabel 'published peak memory (GiB)'
 set ylabel 'predicted peak memory (GiB)'
 set grid
