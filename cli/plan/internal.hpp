@@ -182,7 +182,7 @@ std::string no_fit_advice(const ModelSpec& model, const ClusterSpec& cluster, co
                           const SearchCandidate& closest, nlohmann::json& report);
 
 // --tensors: what one decoder layer saves for backward (as the plan's runtime runs it, without
-// checkpointing), tensor by tensor; the JSON's "tensors" object (README: "The tensor inventory").
+// checkpointing), tensor by tensor; the JSON's "tensors" object (docs/memory-model.md: "The tensor inventory").
 std::string tensor_inventory_render(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
                                     const RuntimeProfile& profile, int64_t seqlen, nlohmann::json& report);
 

@@ -138,7 +138,7 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
   command->add_flag("--json", args->json, "print JSON instead of tables");
   command->add_flag("--tensors", args->tensors,
                     "also list the tensors one decoder layer saves for backward, as the plan's runtime runs it (name, category, "
-                    "bytes; JSON: the \"tensors\" object, README: The tensor inventory)");
+                    "bytes; JSON: the \"tensors\" object, docs/memory-model.md)");
   command->add_option("--emit", args->emit,
                       "write the (chosen) plan as a framework's files instead of the report: arctic-training (recipe YAML), "
                       "accelerate (Accelerate YAML + the DeepSpeed JSON it names), megatron-deepspeed (launch arguments + "

@@ -237,7 +237,7 @@ std::string gpu_count_advice(const ModelSpec& model, const ClusterSpec& cluster,
 
 
 // --tensors: what one decoder layer saves for backward (as the plan's runtime runs it, without
-// checkpointing), tensor by tensor; the JSON's "tensors" object (README: "The tensor inventory").
+// checkpointing), tensor by tensor; the JSON's "tensors" object (docs/memory-model.md: "The tensor inventory").
 std::string tensor_inventory_render(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
                                     const RuntimeProfile& profile, int64_t seqlen, nlohmann::json& report) {
   const std::vector<MemoryItem> saved = layer_saved_tensors(model, cluster, plan, profile, seqlen);
