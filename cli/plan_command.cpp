@@ -340,7 +340,7 @@ int plan_command_run(const PlanCommandArgs& args) {
                                          result.candidates.size(), result.evaluated,
                                          result.pruned > 0 ? fmt::format("{} shorter than the best six at one probe, ", result.pruned) : "",
                                          invalid, result.elapsed_ms,
-                                         by_length ? "the longest sequence (lengths within 0.1% tie: the faster plan, then Ulysses inside a node)" : fmt::format("tokens/s at {} tokens", integer_with_commas(options.seqlen)));
+                                         by_length ? "the longest sequence (lengths within 0.1% tie: the faster plan, then Ulysses inside a node)" : fmt::format("tokens/s at {} tokens (plans that fit with every estimate at its high end first)", integer_with_commas(options.seqlen)));
   report["search"] = {{"objective", by_length ? "max-seqlen" : "throughput"}, {"plans", result.candidates.size()},
                       {"predicted", result.evaluated}, {"pruned", result.pruned}, {"invalid", invalid}, {"elapsed_ms", result.elapsed_ms}};
   if (micro_batches) {

@@ -134,6 +134,10 @@ double memory_overshoot(const MemoryPrediction& memory) {
 bool better(const SearchCandidate& a, const SearchCandidate& b, SearchObjective objective) {
   if (a.problems.empty() != b.problems.empty()) return a.problems.empty();
   if (a.fits != b.fits) return a.fits;
+  // At a given length a plan that fits with margin beats one that fits by the point estimate only
+  // (issue 41: Llama-3.1-70B at 1Mi on 16 H100 chose a plan at 2036.8 of 2048 GiB of host memory).
+  if (objective == SearchObjective::objective_throughput && a.fits && a.fits_with_margin != b.fits_with_margin)
+    return a.fits_with_margin;
   // Neither fits at the given length: the closer to fitting first (the closest plan a refusal
   // names is then the one that needs the least more memory, not the simplest).
   if (!a.fits && objective == SearchObjective::objective_throughput && a.problems.empty()) {
@@ -242,6 +246,10 @@ SearchResult plan_search(const ModelSpec& model, const ClusterSpec& cluster, con
       if (candidate.fits) {
         candidate.time = time_predict(model, cluster, plan, profile, options.seqlen);
         candidate.score = candidate.time.tokens_per_s;
+        candidate.fits_with_margin =
+            memory_predict(model, cluster, plan, runtime_profile_bounded(profile, EstimateBound::estimate_high_memory), options.seqlen,
+                           /*with_breakdown=*/false)
+                .fits();
       }
     }
   };

@@ -82,6 +82,9 @@ struct SearchCandidate {
   PlanOptions plan;
   std::vector<std::string> problems;  // non-empty: invalid, nothing predicted
   bool fits = false;                  // max-seqlen: something fits; throughput: the given length fits
+  // Throughput: the given length fits with every estimate at its high end and the calibrated
+  // reserve (the band's low end, GPU and host memory alike), not by the point estimate only.
+  bool fits_with_margin = false;
   int64_t max_seqlen = 0;             // max-seqlen objective
   std::string binding_constraint;     // what ran out first
   std::string largest_component;      // the largest GPU component when it ran out

