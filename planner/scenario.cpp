@@ -258,9 +258,11 @@ Scenario scenario_from_text(const std::string& yaml_text, const std::string& pat
     for (auto& [node, name] : output.get_sequence("figures")) {
       const std::string figure = output.node_to_string(node, name);
       const auto& known = report_figure_names();
-      if (std::find(known.begin(), known.end(), figure) == known.end())
-        throw ConfigError(path, name, fmt::format("unknown figure '{}' (known: max_seqlen_vs_gpus, ablation, memory_breakdown, "
-                                                  "predicted_vs_published)", figure));
+      if (std::find(known.begin(), known.end(), figure) == known.end()) {
+        std::string listed;
+        for (const std::string& one : known) listed += (listed.empty() ? "" : ", ") + one;
+        throw ConfigError(path, name, fmt::format("unknown figure '{}' (known: {})", figure, listed));
+      }
       scenario.output_figures.push_back(figure);
     }
     output.reject_unknown_keys();
@@ -276,7 +278,8 @@ Scenario scenario_from_text(const std::string& yaml_text, const std::string& pat
 Scenario scenario_load(const std::string& path) { return scenario_from_text(file_read_text(path), path); }
 
 const std::vector<std::string>& report_figure_names() {
-  static const std::vector<std::string> names = {"max_seqlen_vs_gpus", "ablation", "memory_breakdown", "predicted_vs_published"};
+  static const std::vector<std::string> names = {"max_seqlen_vs_gpus", "throughput_vs_gpus", "ablation", "memory_breakdown",
+                                                 "predicted_vs_published"};
   return names;
 }
 

@@ -484,6 +484,49 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
                          title + ": maximum sequence length vs GPUs (PREDICTION; labels: step time there)", plan_change_note});
     }
 
+    // Tokens/s against GPU count, per series, each point labelled with its cost of a billion tokens
+    // where the scenario is priced: what a purchase is weighed by, beside the length it buys.
+    if (want("throughput_vs_gpus") && gpu_counts.size() >= 2) {
+      std::string data, plot;
+      int index = 0, series_number = 0;
+      bool priced = false;
+      for (const auto& [name, members] : series_of(rows, "gpus")) {
+        ++series_number;
+        std::string points, costs;
+        for (const SweepTableRow* row : rows_of(members)) {
+          const double tokens_per_s = row->json.number_or("tokens_per_s", 0);
+          if (!row->usable || !(tokens_per_s > 0)) continue;
+          points += fmt::format("{} {}\n", row->gpus, tokens_per_s);
+          if (const double cost = row->json.number_or("cost_per_billion_tokens", 0); cost > 0)
+            costs += fmt::format("{} {} \"{:.0f}\"\n", row->gpus, tokens_per_s, cost);
+        }
+        if (points.empty()) continue;
+        data += data_label(name == "predicted" ? "predicted (longseq)" : name + " (predicted)") + "\n" + points + "\n\n";
+        plot += fmt::format("{}'throughput_vs_gpus.dat' index {} using 1:2 with linespoints lt {} lw 2 pt 7 title columnheader(1)",
+                            plot.empty() ? "" : ", ", index++, series_number);
+        if (costs.empty()) continue;
+        priced = true;
+        data += costs + "\n\n";
+        plot += fmt::format(", 'throughput_vs_gpus.dat' index {} using 1:2:3 with labels offset 0,1 font ',8' tc lt {} notitle", index++,
+                            series_number);
+      }
+      if (!plot.empty()) {
+        file_write_text((staging / "throughput_vs_gpus.dat").string(), data);
+        file_write_text((staging / "throughput_vs_gpus.gp").string(),
+                        script_wrap("throughput_vs_gpus",
+                                    fmt::format("set logscale x 2\nset logscale y 10\nset xrange [{}:{}]\nset xlabel 'GPUs'\n"
+                                                "set ylabel 'tokens/s (cluster)'\nset format y '%.0s%c'\n"
+                                                "set key below box\nset bmargin {}\nset grid\nplot {}",
+                                                static_cast<double>(*gpu_counts.begin()) / 1.3,
+                                                static_cast<double>(*gpu_counts.rbegin()) * 1.3, key_margin(plot), plot)));
+        figures.push_back({"throughput_vs_gpus",
+                           priced ? "Tokens/s vs GPU count at each point's length (predicted; labels: the cost of a billion tokens)"
+                                  : "Tokens/s vs GPU count at each point's length (predicted)",
+                           title + (priced ? ": tokens/s vs GPUs (PREDICTION; labels: cost of 1B tokens)" : ": tokens/s vs GPUs (PREDICTION)"),
+                           ""});
+      }
+    }
+
     // The feature ladder as bars, predicted beside published.
     if (want("ablation") && max_mode && has_steps) {
       const BarRows bars = bar_rows(table);

@@ -324,6 +324,18 @@ def test_torchtitan_layer_selective_checkpointing_wraps_the_planned_layers(longs
     assert wrapped == list(range(1, 32, 2))
 
 
+def script_for_two_cpu_steps(path, data, tmp_path):
+    """An exported SFTTrainer script made runnable here with the least change: the dataset placeholder
+    replaced by `data`, and SFTConfig given use_cpu (this machine has no GPU), two steps and an output
+    folder under tmp_path. Everything else runs as written."""
+    script = path.read_text()
+    assert script.count('"REPLACE-WITH-YOUR-DATASET"') == 1 and script.count("args = SFTConfig(") == 1
+    script = script.replace('"REPLACE-WITH-YOUR-DATASET"', repr(data)).replace(
+        "args = SFTConfig(", f"args = SFTConfig(use_cpu=True, max_steps=2, report_to=[], logging_steps=1, output_dir={str(tmp_path / 'out')!r}, "
+    ).replace('output_dir="out", ', "")
+    path.write_text(script)
+
+
 @pytest.mark.parametrize("flags", [["--checkpointing"], ["--checkpointing", "--lora", "4"], ["--checkpointing", "--lora", "4", "--lora-targets", "q,v"]])
 def test_hf_trainer_script_trains_two_steps(flags, longseq_binary, tmp_path):
     """The exported script run as written on a tiny Llama saved here: only the model path (the
@@ -334,12 +346,7 @@ def test_hf_trainer_script_trains_two_steps(flags, longseq_binary, tmp_path):
     path, _ = emit(longseq_binary, tmp_path, "hf-trainer",
                    ["--model", str(tmp_path / "tiny" / "config.json"), "--gpu", "a100-80gb", "--gpus", "1", "--seqlen", "128",
                     "--framework", "hf-trainer", "--no-tiled-loss", "--no-checkpoint-offload", "--attention", "sdpa", *flags], ".py")
-    script = path.read_text()
-    assert script.count('"REPLACE-WITH-YOUR-DATASET"') == 1 and script.count("args = SFTConfig(") == 1
-    script = script.replace('"REPLACE-WITH-YOUR-DATASET"', repr(data)).replace(
-        "args = SFTConfig(", f"args = SFTConfig(use_cpu=True, max_steps=2, report_to=[], logging_steps=1, output_dir={str(tmp_path / 'out')!r}, "
-    ).replace('output_dir="out", ', "")
-    path.write_text(script)
+    script_for_two_cpu_steps(path, data, tmp_path)
     run = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "'train_loss'" in run.stdout + run.stderr
@@ -441,12 +448,7 @@ def test_accelerate_fsdp2_script_trains_two_steps_on_two_processes(longseq_binar
                    ["--model", str(tmp_path / "tiny" / "config.json"), "--gpu", "a100-80gb", "--gpus", "2", "--seqlen", "128",
                     "--framework", "accelerate-fsdp2", "--attention", "sdpa", "--no-tiled-loss", "--global-batch", "4"], ".yaml")
     script = path.with_name(path.stem + ".train.py")
-    text = script.read_text()
-    assert text.count('"REPLACE-WITH-YOUR-DATASET"') == 1 and text.count("args = SFTConfig(") == 1
-    text = text.replace('"REPLACE-WITH-YOUR-DATASET"', repr(data)).replace(
-        "args = SFTConfig(", f"args = SFTConfig(use_cpu=True, max_steps=2, report_to=[], logging_steps=1, output_dir={str(tmp_path / 'out')!r}, "
-    ).replace('output_dir="out", ', "")
-    script.write_text(text)
+    script_for_two_cpu_steps(script, data, tmp_path)
     report = tmp_path / "report.json"
     accelerate_launch(path, "fsdp2_on_cpu.py", "--script", str(script), str(report), tmp_path=tmp_path)
     seen = json.loads(report.read_text())
