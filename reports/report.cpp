@@ -453,8 +453,10 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
           data += band + "\n\n";
           plot += fmt::format("{}'max_seqlen_vs_gpus.dat' index {} using 1:2:3 with filledcurves lt {} fs transparent solid 0.15 noborder {}",
                               plot.empty() ? "" : ", ", index++, series_number,
-                              series_number == 1 ? "title 'band: estimates at their high ends + calibrated reserve, to sourced terms alone'"
-                                                 : "notitle");
+                              series_number == 1
+                                  ? fmt::format("title 'band{}: estimates at their high ends + calibrated reserve, to sourced terms alone'",
+                                                name == "predicted" ? "" : " of " + name)
+                                  : fmt::format("title 'band of {}'", name));
         }
         data += data_label(name == "predicted" ? "predicted (longseq)" : name + " (predicted)") + "\n" + predicted + "\n\n";
         plot += fmt::format("{}'max_seqlen_vs_gpus.dat' index {} using 1:2 with linespoints lt {} lw 2 pt 7 title columnheader(1)",
@@ -530,14 +532,25 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
     // The feature ladder as bars, predicted beside published.
     if (want("ablation") && max_mode && has_steps) {
       const BarRows bars = bar_rows(table);
+      // Where every row is drawn, a point no plan fits keeps its place, empty and named (issue 41,
+      // item 9: such points vanished without a mark).
+      std::vector<const SweepTableRow*> drawn = bars.rows;
+      if (table.size() <= kMostBars) {
+        drawn.clear();
+        for (const SweepTableRow& row : table) drawn.push_back(&row);
+      }
       std::string data;
       bool any_published = false;
       size_t longest_label = 0;
-      for (const SweepTableRow* row : bars.rows) {
+      for (const SweepTableRow* row : drawn) {
         any_published |= row->published.has_value();
-        longest_label = std::max(longest_label, row->label.size());
-        // No length fits: no bar (a zero has no place on the log axis).
-        data += fmt::format("{} {} {}\n", data_label(row->label), row->seqlen > 0 ? std::to_string(row->seqlen) : "NaN",
+        // No length fits: no bar (a zero has no place on the log axis), and the point's label says so
+        // rather than the bar vanishing unmarked.
+        const bool bar = row->usable && row->seqlen > 0;
+        const std::string label = bar ? row->label : row->label + (row->usable ? " (no length fits)" : " (no plan fits)");
+        longest_label = std::max(longest_label, label.size());
+        data += fmt::format("{} {} {}\n", data_label(label),
+                            bar ? std::to_string(row->seqlen) : "NaN",
                             row->published ? fmt::format("{}", *row->published) : "NaN");
       }
       file_write_text((staging / "ablation.dat").string(), data);
@@ -545,14 +558,14 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
                       script_wrap("ablation",
                                   std::string("set style data histograms\nset style histogram clustered gap 1\n")
                                   + "set style fill solid 0.85 border -1\nset logscale y 10\nset format y '%.0s%c'\n"
-                                  "set ylabel 'maximum sequence length (tokens)'\nset xlabel 'step of the ladder'\n"
+                                  "set ylabel 'maximum sequence length (tokens)'\nset xlabel 'sweep point'\n"
                                   "set xtics rotate by -25\nset grid ytics\n" +
                                   // Tic labels slanted at 25 degrees take about a line per four characters past twelve.
                                   fmt::format("set key below\nset bmargin {}\n", 8 + (longest_label > 12 ? (longest_label - 12) / 4 : 0)) +
                                   "plot 'ablation.dat' using 2:xtic(1) title 'predicted (longseq)'" +
                                       std::string(any_published ? ", '' using 3 title 'published (source in report.md)'" : "")));
-      figures.push_back({"ablation", "Feature ladder: maximum sequence length per step (predicted beside published)",
-                         title + ": the feature ladder", bars.caption_note});
+      figures.push_back({"ablation", "Maximum sequence length per sweep point (predicted beside published)",
+                         title + ": maximum sequence length per point (PREDICTION)", bars.caption_note});
     }
 
     // Per-GPU memory at the peak, stacked by component.
@@ -561,7 +574,9 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
       const BarRows bars = bar_rows(table);
       std::string data;
       for (const SweepTableRow* row : bars.rows) {
-        data += data_label(row->label + ", " + (row->seqlen > 0 ? seqlen_format(row->seqlen) : std::string("-")));
+        // The length is appended unless it is one of the point's axes, already in its label.
+        const bool length_in_label = row->json.has("axes") && row->json["axes"].has("seqlen");
+        data += data_label(length_in_label ? row->label : row->label + ", " + (row->seqlen > 0 ? seqlen_format(row->seqlen) : std::string("-")));
         for (const auto& [column, name] : categories) data += fmt::format(" {:.4f}", row->json.number_or(column, 0.0));
         data += "\n";
       }

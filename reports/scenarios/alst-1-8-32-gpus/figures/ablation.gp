@@ -7,7 +7,7 @@ set style fill solid 0.85 border -1
 set logscale y 10
 set format y '%.0s%c'
 set ylabel 'maximum sequence length (tokens)'
-set xlabel 'step of the ladder'
+set xlabel 'sweep point'
 set xtics rotate by -25
 set grid ytics
 set key below

@@ -8,9 +8,9 @@ set xlabel 'GPUs'
 set ylabel 'maximum sequence length (tokens)'
 set format y '%.0s%c'
 set key below box
-set bmargin 9
+set bmargin 10
 set grid
-plot 'max_seqlen_vs_gpus.dat' index 0 using 1:2:3 with filledcurves lt 1 fs transparent solid 0.15 noborder title 'band: estimates at their high ends + calibrated reserve, to sourced terms alone', 'max_seqlen_vs_gpus.dat' index 1 using 1:2 with linespoints lt 1 lw 2 pt 7 title columnheader(1), 'max_seqlen_vs_gpus.dat' index 2 using 1:2:3 with labels offset 0,1 font ',8' tc lt 1 notitle, 'max_seqlen_vs_gpus.dat' index 3 using 1:2:2:3 with yerrorbars lt 1 pt 9 ps 2 title 'published (triangles; bars: [fits, fails) brackets)', 'max_seqlen_vs_gpus.dat' index 4 using 1:2:3 with filledcurves lt 2 fs transparent solid 0.15 noborder notitle, 'max_seqlen_vs_gpus.dat' index 5 using 1:2 with linespoints lt 2 lw 2 pt 7 title columnheader(1), 'max_seqlen_vs_gpus.dat' index 6 using 1:2:3 with labels offset 0,1 font ',8' tc lt 2 notitle, 'max_seqlen_vs_gpus.dat' index 7 using 1:2:2:3 with yerrorbars lt 2 pt 9 ps 2 notitle
+plot 'max_seqlen_vs_gpus.dat' index 0 using 1:2:3 with filledcurves lt 1 fs transparent solid 0.15 noborder title 'band of step=baseline: estimates at their high ends + calibrated reserve, to sourced terms alone', 'max_seqlen_vs_gpus.dat' index 1 using 1:2 with linespoints lt 1 lw 2 pt 7 title columnheader(1), 'max_seqlen_vs_gpus.dat' index 2 using 1:2:3 with labels offset 0,1 font ',8' tc lt 1 notitle, 'max_seqlen_vs_gpus.dat' index 3 using 1:2:2:3 with yerrorbars lt 1 pt 9 ps 2 title 'published (triangles; bars: [fits, fails) brackets)', 'max_seqlen_vs_gpus.dat' index 4 using 1:2:3 with filledcurves lt 2 fs transparent solid 0.15 noborder title 'band of step=ALST', 'max_seqlen_vs_gpus.dat' index 5 using 1:2 with linespoints lt 2 lw 2 pt 7 title columnheader(1), 'max_seqlen_vs_gpus.dat' index 6 using 1:2:3 with labels offset 0,1 font ',8' tc lt 2 notitle, 'max_seqlen_vs_gpus.dat' index 7 using 1:2:2:3 with yerrorbars lt 2 pt 9 ps 2 notitle
 set terminal svg size 1100,680 noenhanced font ',11'
 set output 'max_seqlen_vs_gpus.svg'
 replot

@@ -7,11 +7,11 @@ set style fill solid 0.85 border -1
 set logscale y 10
 set format y '%.0s%c'
 set ylabel 'maximum sequence length (tokens)'
-set xlabel 'step of the ladder'
+set xlabel 'sweep point'
 set xtics rotate by -25
 set grid ytics
 set key below
-set bmargin 11
+set bmargin 15
 plot 'ablation.dat' using 2:xtic(1) title 'predicted (longseq)'
 set terminal svg size 1100,680 noenhanced font ',11'
 set output 'ablation.svg'
