@@ -584,7 +584,8 @@ int run_on_ranks(const RunCommandArgs& given, Ranks& ranks) {
 #endif
   Arena device("device", budget_bytes, *device_backend), host("host", std::numeric_limits<double>::infinity(), *host_backend);
 
-  nlohmann::json report = {{"model", model.name}, {"seqlen", seqlen}, {"ranks", world_size}, {"sp", sp}, {"ring", plan.ring}, {"dp", dp},
+  // The shape docs/json/run.schema.json documents (`run --json`, and a launch's OUTPUT/run.json).
+  nlohmann::json report = {{"schema_version", 1}, {"command", "run"}, {"model", model.name}, {"seqlen", seqlen}, {"ranks", world_size}, {"sp", sp}, {"ring", plan.ring}, {"dp", dp},
                            {"plan", plan_describe(plan)}, {"scenario", args.scenario},
                            {"device", args.device}, {"layers", model.num_layers}, {"profile", profile.name},
                            {"measured_on", fmt::format("{} ({}), {} rank(s)", host_name(), device_description, world_size)},
