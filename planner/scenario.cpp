@@ -279,7 +279,7 @@ Scenario scenario_load(const std::string& path) { return scenario_from_text(file
 
 const std::vector<std::string>& report_figure_names() {
   static const std::vector<std::string> names = {"max_seqlen_vs_gpus", "throughput_vs_gpus", "ablation", "memory_breakdown",
-                                                 "predicted_vs_published"};
+                                                 "host_memory", "predicted_vs_published"};
   return names;
 }
 
@@ -339,6 +339,7 @@ void row_fill_prediction(SweepRow& row, const MemoryPrediction& memory) {
   row.gpu_peak_gib = bytes_to_gib(memory.gpu_peak_bytes);
   row.gpu_capacity_gib = bytes_to_gib(memory.gpu_capacity_bytes);
   row.host_per_node_gib = bytes_to_gib(memory.host_bytes_per_node);
+  row.host_capacity_gib = bytes_to_gib(memory.host_capacity_bytes);
   for (const auto& item : memory.gpu_items) {
     auto found = std::find_if(row.gpu_category_gib.begin(), row.gpu_category_gib.end(),
                               [&](const auto& entry) { return entry.first == item.category; });

@@ -127,7 +127,7 @@ struct SweepRow {
   int64_t seqlen_shortest = 0, seqlen_longest = 0;  // max mode: the band around it (max_seqlen_band)
   bool fits = false;
   std::string binding_constraint;
-  double gpu_peak_gib = 0, gpu_capacity_gib = 0, host_per_node_gib = 0;
+  double gpu_peak_gib = 0, gpu_capacity_gib = 0, host_per_node_gib = 0, host_capacity_gib = 0;
   std::vector<std::pair<std::string, double>> gpu_category_gib;  // the breakdown by category, at the peak
   double step_s = 0, tflops_hardware = 0, tflops_megatron = 0, mfu = 0, tokens_per_s = 0;
   double cost_per_billion_tokens = 0;  // at the scenario's gpu_hour_cost (0: not priced)

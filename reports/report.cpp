@@ -604,6 +604,29 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
       }
     }
 
+    // Host memory per node where it is what binds at some point: the bars against the node's
+    // usable host memory, since the GPU chart alone cannot show why those points stop.
+    const bool host_binds = std::any_of(table.begin(), table.end(), [](const SweepTableRow& row) {
+      return row.usable && row.json.string_or("binding_constraint", "").find("host memory") != std::string::npos;
+    });
+    if (want("host_memory") && host_binds) {
+      const BarRows bars = bar_rows(table);
+      std::string data;
+      for (const SweepTableRow* row : bars.rows)
+        data += fmt::format("{} {:.2f} {:.2f}\n", data_label(row->label), row->json.number_or("host_per_node_gib", 0.0),
+                            row->json.number_or("host_capacity_gib", 0.0));
+      file_write_text((staging / "host_memory.dat").string(), data);
+      file_write_text((staging / "host_memory.gp").string(),
+                      script_wrap("host_memory",
+                                  std::string("set style data histograms\nset style fill solid 0.85 border -1\nset boxwidth 0.75\n"
+                                              "set ylabel 'GiB of host memory per node'\nset xlabel 'sweep point'\nset yrange [0:*]\n"
+                                              "set xtics rotate by -45 font ',9'\nset key below\nset bmargin 7\nset grid ytics\n"
+                                              "plot 'host_memory.dat' using 2:xtic(1) title 'predicted per node', "
+                                              "'' using 0:3 with linespoints lw 2 pt 7 title 'usable per node'")));
+      figures.push_back({"host_memory", "Predicted host memory per node against the node's usable host memory (it binds at some points)",
+                         title + ": host memory per node (PREDICTION)", bars.caption_note});
+    }
+
     // Predicted against published, with the line of agreement.
     if (want("predicted_vs_published") && has_published) {
       std::string data;

@@ -50,7 +50,8 @@ const std::vector<std::string>& sweep_columns() {
     std::vector<std::string> names = {"model", "gpu", "gpus", "nodes", "step", "framework", "plan", "sp", "ring", "dp", "zero_stage",
                                       "offload_optimizer", "offload_params", "activation_checkpointing",
                                       "checkpoint_offload", "tiled_mlp", "tiled_loss", "fpdt_chunk_tokens", "mode", "seqlen",
-                                      "seqlen_shortest", "seqlen_longest", "fits", "binding_constraint", "gpu_peak_gib", "gpu_capacity_gib", "host_per_node_gib"};
+                                      "seqlen_shortest", "seqlen_longest", "fits", "binding_constraint", "gpu_peak_gib", "gpu_capacity_gib", "host_per_node_gib",
+                                      "host_capacity_gib"};
     for (const auto& category : kCategories) names.push_back(std::string(category) + "_gib");
     for (const char* name : {"step_s", "tflops_hardware", "tflops_megatron", "mfu", "tokens_per_s", "cost_per_billion_tokens", "published",
                              "published_fail", "error"})
@@ -100,6 +101,7 @@ nlohmann::json sweep_results_to_json(const Scenario& scenario, const std::vector
       json["gpu_peak_gib"] = row.gpu_peak_gib;
       json["gpu_capacity_gib"] = row.gpu_capacity_gib;
       json["host_per_node_gib"] = row.host_per_node_gib;
+      json["host_capacity_gib"] = row.host_capacity_gib;
       for (const auto& category : kCategories) {
         double gib = 0;
         for (const auto& [name, value] : row.gpu_category_gib)
