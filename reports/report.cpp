@@ -310,6 +310,15 @@ int key_margin(const std::string& plot) {
   return 5 + titled;
 }
 
+// A figure against GPU count, both axes logarithmic (as the ALST paper draws its scaling), the
+// x range padded around the counts swept, the key below: the gnuplot commands before `plot`.
+std::string against_gpus_log_log(const std::set<int64_t>& gpu_counts, const std::string& ylabel, const std::string& plot) {
+  return fmt::format("set logscale x 2\nset logscale y 10\nset xrange [{}:{}]\nset xlabel 'GPUs'\nset ylabel '{}'\nset format y '%.0s%c'\n"
+                     "set key below box\nset bmargin {}\nset grid\nplot {}",
+                     static_cast<double>(*gpu_counts.begin()) / 1.3, static_cast<double>(*gpu_counts.rbegin()) * 1.3, ylabel,
+                     key_margin(plot), plot);
+}
+
 // A bar chart stays legible (and gnuplot quick) up to this many bars; a larger sweep is drawn
 // from evenly spaced rows, and the figure's caption says so (every row stays in the table).
 constexpr size_t kMostBars = 60;
@@ -475,12 +484,7 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
       }
       file_write_text((staging / "max_seqlen_vs_gpus.dat").string(), data);
       file_write_text((staging / "max_seqlen_vs_gpus.gp").string(),
-                      script_wrap("max_seqlen_vs_gpus",
-                                  fmt::format("set logscale x 2\nset logscale y 10\nset xrange [{}:{}]\nset xlabel 'GPUs'\n"
-                                              "set ylabel 'maximum sequence length (tokens)'\nset format y '%.0s%c'\n"
-                                              "set key below box\nset bmargin {}\nset grid\nplot {}",
-                                              static_cast<double>(*gpu_counts.begin()) / 1.3,
-                                              static_cast<double>(*gpu_counts.rbegin()) * 1.3, key_margin(plot), plot)));
+                      script_wrap("max_seqlen_vs_gpus", against_gpus_log_log(gpu_counts, "maximum sequence length (tokens)", plot)));
       figures.push_back({"max_seqlen_vs_gpus", "Maximum sequence length vs GPU count (predicted, each point labelled with its step time; "
                          "published points where cited)",
                          title + ": maximum sequence length vs GPUs (PREDICTION; labels: step time there)", plan_change_note});
@@ -515,12 +519,7 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
       if (!plot.empty()) {
         file_write_text((staging / "throughput_vs_gpus.dat").string(), data);
         file_write_text((staging / "throughput_vs_gpus.gp").string(),
-                        script_wrap("throughput_vs_gpus",
-                                    fmt::format("set logscale x 2\nset logscale y 10\nset xrange [{}:{}]\nset xlabel 'GPUs'\n"
-                                                "set ylabel 'tokens/s (cluster)'\nset format y '%.0s%c'\n"
-                                                "set key below box\nset bmargin {}\nset grid\nplot {}",
-                                                static_cast<double>(*gpu_counts.begin()) / 1.3,
-                                                static_cast<double>(*gpu_counts.rbegin()) * 1.3, key_margin(plot), plot)));
+                        script_wrap("throughput_vs_gpus", against_gpus_log_log(gpu_counts, "tokens/s (cluster)", plot)));
         figures.push_back({"throughput_vs_gpus",
                            priced ? "Tokens/s vs GPU count at each point's length (predicted; labels: the cost of a billion tokens)"
                                   : "Tokens/s vs GPU count at each point's length (predicted)",
