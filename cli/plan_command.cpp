@@ -43,10 +43,7 @@ void frameworks_compare(FrameworksCompared& compared, const PlanCommandArgs& arg
 // length), the searched one kept unless another is ahead by more than the search resolves
 // (kSearchLengthResolution). Null where none fits.
 const FrameworkWinner* framework_best(const std::vector<FrameworkWinner>& winners, Framework searched, bool by_length) {
-  auto score = [&](const FrameworkWinner& w) {
-    if (!w.winner || !w.winner->fits) return -1.0;
-    return by_length ? static_cast<double>(w.winner->max_seqlen) : w.winner->time.tokens_per_s;
-  };
+  auto score = [&](const FrameworkWinner& w) { return framework_winner_score(w, by_length); };
   const FrameworkWinner* kept = nullptr;
   const FrameworkWinner* best = nullptr;
   for (const FrameworkWinner& w : winners) {

@@ -219,6 +219,8 @@ SearchResult plan_search(const ModelSpec& model, const ClusterSpec& cluster, con
     result.candidates.push_back(std::move(candidate));
   }
 
+  // Every estimate at its high end: the profile a candidate must fit with to fit with margin.
+  const RuntimeProfile high_estimates = runtime_profile_bounded(profile, EstimateBound::estimate_high_memory);
   auto evaluate = [&](SearchCandidate& candidate) {
     const PlanOptions& plan = candidate.plan;
     candidate.pruned = false;
@@ -247,9 +249,7 @@ SearchResult plan_search(const ModelSpec& model, const ClusterSpec& cluster, con
         candidate.time = time_predict(model, cluster, plan, profile, options.seqlen);
         candidate.score = candidate.time.tokens_per_s;
         candidate.fits_with_margin =
-            memory_predict(model, cluster, plan, runtime_profile_bounded(profile, EstimateBound::estimate_high_memory), options.seqlen,
-                           /*with_breakdown=*/false)
-                .fits();
+            memory_predict(model, cluster, plan, high_estimates, options.seqlen, /*with_breakdown=*/false).fits();
       }
     }
   };

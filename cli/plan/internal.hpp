@@ -114,6 +114,10 @@ struct FrameworkWinner {
   std::string why_none;                     // then why, when no plan was valid
 };
 
+// How a framework's best ranks: its maximum length (by_length) or its tokens/s at the length; -1
+// where nothing of it fits.
+double framework_winner_score(const FrameworkWinner& w, bool by_length);
+
 // What a plan's report needs beside the plan: the lengths the target framework feeds
 // (FrameworkFacts, the grid of the maximum), the step-time limit, the price of a GPU-hour.
 struct ReportContext {

@@ -83,8 +83,7 @@ ExportedConfig accelerate_fsdp2_config_emit(const ExportRequest& r) {
   exported.notes.push_back(fmt::format("launch: accelerate launch --config_file {} {}", main_file(r, "accelerate-fsdp2.yaml"),
                                        r.companion_file_name));
   exported.notes.push_back("the dataset is a placeholder: put yours in the script's load_dataset(...)");
-  if (model_is_card(r))
-    exported.notes.push_back(fmt::format("MODEL is the card's name ({}): put the Hugging Face id or path of the weights", r.model.name));
+  card_name_note(r, "MODEL", exported);
   if (r.cluster.nodes > 1)
     exported.notes.push_back(fmt::format("{} nodes: run accelerate launch on every node with --machine_rank set to its index, and "
                                          "MAIN_NODE_ADDRESS (main_process_ip) the first node's address", r.cluster.nodes));

@@ -42,8 +42,7 @@ ExportedConfig arctic_training_recipe_emit(const ExportRequest& r) {
     exported.notes.push_back(fmt::format("max_length {} is not a multiple of data.div_length 256: the collator pads every batch to {} "
                                          "tokens, longer than planned", r.seqlen, (r.seqlen + 255) / 256 * 256));
   exported.notes.push_back("data.sources is a placeholder: put your dataset there");
-  if (model_is_card(r))
-    exported.notes.push_back(fmt::format("model.name_or_path is the card's name ({}): put the Hugging Face id or path of the weights", r.model.name));
+  card_name_note(r, "model.name_or_path", exported);
   YAML::Emitter out;
   yaml_document_begin(out, r, "ArcticTraining (arctic_training recipe.yml)", exported.notes);
   // Only TrainerConfig keys: ArcticTraining forbids any other (pydantic extra="forbid", §1.2).

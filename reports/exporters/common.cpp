@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <system_error>
 #include <fmt/format.h>
@@ -201,27 +200,25 @@ void moe_note(const std::string& target, const ExportRequest& r, ExportedConfig&
                              "concatenation of every layer's router logits is not in the plan");
 }
 
-// The weights' location for a trainer: a config.json's directory (a Hugging Face checkpoint); for
-// a built-in card its name, which the user replaces with the Hugging Face id (said in a note).
 namespace {
 
 // Whether --model was a Hugging Face id, an organization and a repository ("meta-llama/Llama-3.1-8B"),
 // rather than a card's name or a file here: Hub ids are letters, digits, '-', '_' and '.', one '/'
-// between two names (huggingface_hub's validate_repo_id), and no such file exists.
+// between two names (huggingface_hub's validate_repo_id), and no such file exists (a card file or a
+// config.json the model was read from does).
 bool model_source_is_hub_id(const std::string& source) {
   const size_t slash = source.find('/');
   if (slash == std::string::npos || slash == 0 || slash + 1 == source.size() || source.find('/', slash + 1) != std::string::npos) return false;
   for (char c : source)
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' || c == '/')) return false;
-  for (const char* file_suffix : {".json", ".yaml", ".yml"})
-    if (source.size() > std::strlen(file_suffix) && source.compare(source.size() - std::strlen(file_suffix), std::string::npos, file_suffix) == 0)
-      return false;
   std::error_code ignored;
   return source[0] != '.' && !std::filesystem::exists(source, ignored);
 }
 
 }  // namespace
 
+// The weights' location for a trainer: a config.json's directory (a Hugging Face checkpoint), the
+// Hub id the user gave, or for a built-in card its name, which the user replaces (card_name_note).
 std::string model_name_or_path(const ExportRequest& r) {
   const std::filesystem::path source(r.model_source);
   if (source.extension() == ".json") return source.parent_path().empty() ? "." : source.parent_path().string();
@@ -230,6 +227,11 @@ std::string model_name_or_path(const ExportRequest& r) {
 }
 bool model_is_card(const ExportRequest& r) {
   return std::filesystem::path(r.model_source).extension() != ".json" && !model_source_is_hub_id(r.model_source);
+}
+
+void card_name_note(const ExportRequest& r, const char* where, ExportedConfig& exported) {
+  if (model_is_card(r))
+    exported.notes.push_back(fmt::format("{} is the card's name ({}): put the Hugging Face id or path of the weights", where, r.model.name));
 }
 
 // transformers' attn_implementation for the plan's kernel (attention_kernel_for): FlashAttention-3

@@ -100,6 +100,10 @@ std::string model_name_or_path(const ExportRequest& r);
 
 bool model_is_card(const ExportRequest& r);
 
+// Where the model is a built-in card (not a config.json or a Hub id), the note that `where` (MODEL,
+// model.name_or_path) holds the card's name for the user to replace with the weights'.
+void card_name_note(const ExportRequest& r, const char* where, ExportedConfig& exported);
+
 // A TRL SFTTrainer script (Python): `header` as comments, the model loaded in bf16 with
 // `attn_implementation` (YaRN past the trained positions, a QLoRA plan's 4-bit base), PEFT's
 // LoraConfig for adapters, SFTConfig with `config_arguments` (each "name=value", Python literals

@@ -56,16 +56,14 @@ std::string trl_script_text(const ExportRequest& r, const std::vector<std::strin
                         p.lora_rank, p.lora_rank, lora_target_modules(r));
   }
   // One argument after another, a line ending before it passes 120 characters.
+  const std::string indent(17, ' ');  // under the first argument, after "args = SFTConfig("
   std::string config = "args = SFTConfig(";
   size_t line_start = 0;
   for (size_t i = 0; i < config_arguments.size(); ++i) {
-    if (i > 0) config += ",";
-    if (i > 0 && config.size() - line_start + config_arguments[i].size() + 2 > 120) {
-      config += "\n";
-      line_start = config.size();
-      config += std::string(17, ' ');
-    } else if (i > 0) {
-      config += " ";
+    if (i > 0) {
+      const bool wraps = config.size() - line_start + config_arguments[i].size() + 2 > 120;
+      config += wraps ? ",\n" + indent : ", ";
+      if (wraps) line_start = config.size() - indent.size();
     }
     config += config_arguments[i];
   }
@@ -95,8 +93,7 @@ ExportedConfig hf_trainer_script_emit(const ExportRequest& r) {
   exported.notes.push_back(r.cluster.gpus > 1 ? fmt::format("launch: {} (DDP: a replica a GPU)", torchrun_launch(r, "train.py"))
                                                : fmt::format("launch: python {}", main_file(r, "train.py")));
   exported.notes.push_back("the dataset is a placeholder: put yours in load_dataset(...)");
-  if (model_is_card(r))
-    exported.notes.push_back(fmt::format("MODEL is the card's name ({}): put the Hugging Face id or path of the weights", r.model.name));
+  card_name_note(r, "MODEL", exported);
   std::vector<std::string> config = {"output_dir=\"out\"", fmt::format("max_length={}", r.seqlen),
                                      fmt::format("per_device_train_batch_size={}", p.micro_batch),
                                      fmt::format("gradient_accumulation_steps={}", accumulation_steps(r)), "bf16=True",

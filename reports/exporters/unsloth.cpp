@@ -34,8 +34,7 @@ ExportedConfig unsloth_script_emit(const ExportRequest& r) {
                            (p.qlora || p.adam_8bit ? ", bitsandbytes >= 0.45" : ""));
   exported.notes.push_back(fmt::format("launch: python {}", main_file(r, "train_unsloth.py")));
   exported.notes.push_back("the dataset is a placeholder: put yours in load_dataset(...)");
-  if (model_is_card(r))
-    exported.notes.push_back(fmt::format("MODEL is the card's name ({}): put the Hugging Face id or path of the weights", r.model.name));
+  card_name_note(r, "MODEL", exported);
   const std::vector<std::string> header = header_lines(r, "Unsloth (python script)", exported.notes);
   std::string text = hash_comments(header);
   text += "from unsloth import FastLanguageModel  # first: it patches transformers and TRL\nimport torch\n"
