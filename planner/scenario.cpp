@@ -8,6 +8,7 @@
 
 #include "io/checked_input.hpp"
 #include "io/config_error.hpp"
+#include "io/nearest_names.hpp"
 #include "models/model_loader.hpp"
 #include "io/yaml_reader.hpp"
 #include "planner/frameworks.hpp"
@@ -258,11 +259,8 @@ Scenario scenario_from_text(const std::string& yaml_text, const std::string& pat
     for (auto& [node, name] : output.get_sequence("figures")) {
       const std::string figure = output.node_to_string(node, name);
       const auto& known = report_figure_names();
-      if (std::find(known.begin(), known.end(), figure) == known.end()) {
-        std::string listed;
-        for (const std::string& one : known) listed += (listed.empty() ? "" : ", ") + one;
-        throw ConfigError(path, name, fmt::format("unknown figure '{}' (known: {})", figure, listed));
-      }
+      if (std::find(known.begin(), known.end(), figure) == known.end())
+        throw ConfigError(path, name, fmt::format("unknown figure '{}' (known: {})", figure, names_listed(known)));
       scenario.output_figures.push_back(figure);
     }
     output.reject_unknown_keys();
