@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # sanitize.sh: builds the CPU suite with clang under AddressSanitizer and UndefinedBehaviorSanitizer
-# into build-asan and runs every test there (CI runs this after the README's test command). Any
+# into build-asan and runs every test there (CI runs this after the README's test command). The
+# build is also CI's proof of the CPU-only, portable configuration (LONGSEQ_ENABLE_CUDA=OFF,
+# LONGSEQ_NATIVE_ARCH=OFF): the suite passes without the CUDA path or -march=native. Any
 # sanitizer report from longseq's code fails a test: UBSan does not recover, ASan aborts, and
 # LeakSanitizer ignores only Open MPI's own libraries (tests/sanitizers/lsan.supp).
 set -euo pipefail
@@ -9,7 +11,7 @@ command -v clang++ > /dev/null || { echo "sanitize.sh: clang++ is needed (script
 flags="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
 generator=(); command -v ninja > /dev/null && generator=(-G Ninja)
 cmake -S . -B build-asan "${generator[@]}" -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" -DLONGSEQ_ENABLE_CUDA=OFF
+  -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" -DLONGSEQ_ENABLE_CUDA=OFF -DLONGSEQ_NATIVE_ARCH=OFF
 cmake --build build-asan --parallel "$(nproc)"
 # Open MPI dlcloses its components at MPI_Finalize, leaving their shutdown leaks in "<unknown
 # module>"; a preloaded no-op dlclose keeps them mapped so lsan.supp can name them, and the slow
