@@ -309,7 +309,8 @@ int bench_command_run(const BenchCommandArgs& args) {
   const HardwareCard hardware = hardware_card_load(args.gpu);
   RuntimeProfile profile = runtime_profile_load(args.profile);
   if (!args.attention.empty()) profile.attention_kernel = args.attention;
-  if (const std::string problem = attention_kernel_problem(profile, hardware); !problem.empty()) throw ConfigError("--attention", "", problem);
+  if (const std::string problem = attention_kernel_problem(profile, hardware, model.head_dim); !problem.empty())
+    throw ConfigError("--attention", "", problem);
   fmt::print("plan search benchmark: {} on {}, runtime profile {}, attention {} (ring plans fa2), median of {} run(s) per row, this machine\n",
              model.name, hardware.name, profile.name, stack_attention_kernel(profile, hardware), args.repeat);
   fmt::print("{:>6} {:>7} {:>10} {:>10} {:>10} {:>11} {:>9} {:>12}  {}\n", "GPUs", "plans", "predicted", "median ms", "min ms",

@@ -140,7 +140,8 @@ int plan_command_run(const PlanCommandArgs& args) {
               : cluster_make(card, positive_or_default(args.gpus, "--gpus"), positive_or_default(args.nodes, "--nodes"),
                              positive_or_default(args.gpus_per_node, "--gpus-per-node"), args.host_memory_gib.value_or(0.0));
   const HardwareCard& hardware = cluster.hardware;
-  if (const std::string problem = attention_kernel_problem(profile, hardware); !problem.empty()) throw ConfigError("--attention", "", problem);
+  if (const std::string problem = attention_kernel_problem(profile, hardware, model.head_dim); !problem.empty())
+    throw ConfigError("--attention", "", problem);
   // HSDP's replicas split the world: a count that does not divide it is a typo, not a plan to search.
   if (args.dp_replicate && *args.dp_replicate < 1)  // before the division below (a 0 was SIGFPE)
     throw ConfigError("--dp-replicate", "", fmt::format("must be at least 1, got {}", *args.dp_replicate));

@@ -87,15 +87,29 @@ const std::vector<AttentionKernelFacts>& attention_kernels_all() {
       // SDPA's flash backend is this kernel's code (aten flash_api.cpp mha_fwd/mha_bwd, Reference §11
       // F3.1-F3.2), so it runs under SDPA as well as through flash_attn.
       {"fa2", "FlashAttention-2", "flash_attention_2", true, &HardwareCard::flash_attention_tflops_hd128,
-       &HardwareCard::flash_attention_tflops_hd64, "flash_attention_tflops", "runs on every card"},
+       &HardwareCard::flash_attention_tflops_hd64, "flash_attention_tflops", "runs on every card",
+       // flash_api.cpp mha_fwd (flash-attn 2.8.3 L393, L435): head_size <= 256, and the kernel runs at
+       // round_multiple(head_size, head_size <= 128 ? 32 : 64) (flash_attn_interface.py L460-463 first
+       // pads q/k/v to a multiple of 8; aten's copy refuses one that is not, Reference §11 F3.1).
+       {32, 64, 96, 128, 192, 256}, "flash-attn 2.8.3 csrc/flash_attn/flash_api.cpp L393, L435"},
       // flash-attention's Hopper build (hopper/, flash_attn_interface); not an SDPA backend.
       {"fa3", "FlashAttention-3", "flash_attention_3", false, &HardwareCard::flash_attention3_tflops_hd128,
-       &HardwareCard::flash_attention3_tflops_hd64, "flash_attention3_tflops", "runs on Hopper GPUs only"},
+       &HardwareCard::flash_attention3_tflops_hd64, "flash_attention3_tflops", "runs on Hopper GPUs only",
+       // hopper/generate_kernels.py L32 HEAD_DIMENSIONS; hopper/flash_attn_interface.py L249 slices
+       // the gradients of a padded head dim back.
+       {64, 96, 128, 192, 256}, "flash-attn 2.8.3 hopper/generate_kernels.py L32"},
       // cuDNN's fused flash attention behind SDPA (aten _scaled_dot_product_cudnn_attention, F2.1).
       {"sdpa-cudnn", "SDPA's cuDNN backend", "sdpa", true, &HardwareCard::sdpa_cudnn_tflops_hd128, &HardwareCard::sdpa_cudnn_tflops_hd64,
-       "sdpa_cudnn_tflops", "is priced on Hopper cards only"},
+       "sdpa_cudnn_tflops", "is priced on Hopper cards only", {}, ""},
   };
   return kernels;
+}
+
+int64_t attention_kernel_head_dim(const AttentionKernelFacts& kernel, int64_t head_dim) {
+  if (kernel.compiled_head_dims.empty()) return head_dim;
+  for (int64_t compiled : kernel.compiled_head_dims)
+    if (compiled >= head_dim) return compiled;
+  return 0;
 }
 
 const AttentionKernelFacts& attention_kernel_facts(std::string_view id) {

@@ -245,7 +245,15 @@ struct AttentionKernelFacts {
   double HardwareCard::*tflops_hd64 = nullptr;
   std::string_view card_rate_prefix;  // "flash_attention3_tflops"
   std::string_view availability;      // "runs on Hopper GPUs only"
+  // The head dims the kernel is compiled for, ascending: a head dim between two runs on the larger
+  // one's kernel, padded, so it costs that one's FLOPs. Empty: no source says (priced as given).
+  std::vector<int64_t> compiled_head_dims;
+  std::string_view compiled_head_dims_source;
 };
+// The head dim `kernel` computes at for a model's `head_dim`: the smallest compiled one at least
+// as large, `head_dim` itself where the kernel's list is unknown, 0 past the largest (the kernel
+// refuses it: flash_api.cpp's TORCH_CHECK(head_size <= 256)).
+int64_t attention_kernel_head_dim(const AttentionKernelFacts& kernel, int64_t head_dim);
 const std::vector<AttentionKernelFacts>& attention_kernels_all();
 // Throws std::invalid_argument for an id not in the table.
 const AttentionKernelFacts& attention_kernel_facts(std::string_view id);

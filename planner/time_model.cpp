@@ -46,20 +46,31 @@ double cost_per_billion_tokens(double tokens_per_s, int64_t gpus, double gpu_hou
 }
 
 double attention_tflops(const HardwareCard& card, int64_t head_dim, const std::string& kernel) {
-  const double d = std::clamp(static_cast<double>(head_dim), 64.0, 128.0);
   const AttentionKernelFacts& facts = attention_kernel_facts(kernel);
   const double hd64 = card.*facts.tflops_hd64, hd128 = card.*facts.tflops_hd128;
   if (hd128 <= 0)
     throw std::invalid_argument(fmt::format("attention_tflops: {} has no rate for {} (attention_kernel_problem reports this)", card.name,
                                             facts.label));
-  return hd64 + (hd128 - hd64) * (d - 64.0) / 64.0;
+  // Past the kernel's largest head dim only SDPA runs (another backend: plan_report's caveat says
+  // so); priced at the head dim as given.
+  const int64_t compiled_head_dim = attention_kernel_head_dim(facts, head_dim);
+  const int64_t computed_head_dim = compiled_head_dim > 0 ? compiled_head_dim : head_dim;
+  const double d = std::clamp(static_cast<double>(computed_head_dim), 64.0, 128.0);
+  // The kernel runs the padded head dim's FLOPs; this rate is on the model's own, fewer.
+  return (hd64 + (hd128 - hd64) * (d - 64.0) / 64.0) * static_cast<double>(head_dim) / static_cast<double>(computed_head_dim);
 }
 
-std::string attention_kernel_problem(const RuntimeProfile& profile, const HardwareCard& card) {
+std::string attention_kernel_problem(const RuntimeProfile& profile, const HardwareCard& card, int64_t head_dim) {
   const std::string kernel = attention_kernel_resolve(profile.attention_kernel, card);
   const AttentionKernelFacts& facts = attention_kernel_facts(kernel);
-  if (card.*facts.tflops_hd128 > 0) return "";
-  return fmt::format("attention {}: {} {}; {} has no rate for it (use fa2)", kernel, facts.label, facts.availability, card.name);
+  if (card.*facts.tflops_hd128 <= 0)
+    return fmt::format("attention {}: {} {}; {} has no rate for it (use fa2)", kernel, facts.label, facts.availability, card.name);
+  // A kernel SDPA does not run has no other backend to fall to past its largest head dim (under
+  // SDPA another backend takes it, and plan_report says so).
+  if (!facts.sdpa_backend && head_dim > 0 && attention_kernel_head_dim(facts, head_dim) == 0)
+    return fmt::format("attention {}: {} runs head dims up to {} ({}); this model's head_dim is {} (--attention sdpa)", kernel,
+                       facts.label, facts.compiled_head_dims.back(), facts.compiled_head_dims_source, head_dim);
+  return "";
 }
 
 namespace {

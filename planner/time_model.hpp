@@ -78,9 +78,13 @@ struct AttentionBenchmark {
 };
 double attention_benchmark_seconds(const AttentionBenchmark& benchmark, const ClusterSpec& cluster);
 
-// An attention kernel's achieved rate for this head size: linear between the card's head_dim 64
-// and 128 figures, held constant outside them. `kernel` an id of attention_kernels_all (a card
-// without its figures throws).
+// An attention kernel's achieved rate on the model's attention FLOPs at this head size. The kernel
+// computes at the smallest head dim it is compiled for that holds this one (attention_kernel_head_dim:
+// FlashAttention-2 runs 80 as 96, FlashAttention-3 runs 125 as 128), at the card's rate for that
+// head dim (linear between its head_dim 64 and 128 figures, held constant outside them), so a padded
+// head dim's rate is lower by head_dim / computed head dim; past the kernel's largest (another SDPA
+// backend) the head dim as given. `kernel` an id of attention_kernels_all (a card without its
+// figures throws).
 double attention_tflops(const HardwareCard& card, int64_t head_dim, const std::string& kernel = "fa2");
 
 // The price of a billion tokens: the GPU-hours `gpus` GPUs take for them at `tokens_per_s` (the
@@ -88,7 +92,8 @@ double attention_tflops(const HardwareCard& card, int64_t head_dim, const std::s
 double cost_per_billion_tokens(double tokens_per_s, int64_t gpus, double gpu_hour_cost);
 
 // Why `profile`'s attention kernel cannot run on `card` (FlashAttention-3 off Hopper, a kernel the
-// card has no rate for); empty when it can.
-std::string attention_kernel_problem(const RuntimeProfile& profile, const HardwareCard& card);
+// card has no rate for) or, given a model's `head_dim`, on that model (past the largest head dim of
+// a kernel SDPA does not run: FlashAttention-3); empty when it can.
+std::string attention_kernel_problem(const RuntimeProfile& profile, const HardwareCard& card, int64_t head_dim = 0);
 
 }  // namespace longseq

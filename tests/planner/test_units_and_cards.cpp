@@ -4,7 +4,9 @@
 #include "kernels/blocked_attention.hpp"
 
 #include "io/config_error.hpp"
+#include "models/model_loader.hpp"
 #include "planner/cards.hpp"
+#include "planner/plan.hpp"
 #include "planner/time_model.hpp"
 #include "planner/units.hpp"
 
@@ -62,6 +64,48 @@ TEST_CASE("hardware cards load with their datasheet values") {
   CHECK(attention_kernel_problem(fa3, h100).empty());
   CHECK(attention_kernel_problem(fa3, hardware_card_load("a100-80gb")).find("Hopper") != std::string::npos);
   CHECK_THROWS_WITH_AS(hardware_card_load("tpu-v5"), doctest::Contains("unknown hardware card 'tpu-v5'"), ConfigError);
+}
+
+TEST_CASE("the attention kernel runs the head dims it is compiled for: a head dim between two costs the larger one's time") {
+  const HardwareCard h100 = hardware_card_load("h100-sxm-80gb");
+  const AttentionKernelFacts &fa2 = attention_kernel_facts("fa2"), &fa3 = attention_kernel_facts("fa3");
+  // FlashAttention-2: round_multiple(head_size, 32) up to 128, 64 past it, at most 256 (flash_api.cpp).
+  CHECK(attention_kernel_head_dim(fa2, 80) == 96);
+  CHECK(attention_kernel_head_dim(fa2, 125) == 128);
+  CHECK(attention_kernel_head_dim(fa2, 128) == 128);
+  CHECK(attention_kernel_head_dim(fa2, 130) == 192);
+  CHECK(attention_kernel_head_dim(fa2, 32) == 32);
+  CHECK(attention_kernel_head_dim(fa2, 257) == 0);
+  // FlashAttention-3: 64, 96, 128, 192, 256 (hopper/generate_kernels.py).
+  CHECK(attention_kernel_head_dim(fa3, 32) == 64);
+  CHECK(attention_kernel_head_dim(fa3, 125) == 128);
+  CHECK(attention_kernel_head_dim(fa3, 200) == 256);
+  // cuDNN's compiled list is in no source: its head dim as given.
+  CHECK(attention_kernel_head_dim(attention_kernel_facts("sdpa-cudnn"), 125) == 125);
+  // The rate on the model's FLOPs drops by the padding: 125 of 128 columns are the model's.
+  CHECK(attention_tflops(h100, 125, "fa3") == doctest::Approx(attention_tflops(h100, 128, "fa3") * 125.0 / 128.0));
+  CHECK(attention_tflops(h100, 80) == doctest::Approx(attention_tflops(h100, 96) * 80.0 / 96.0));
+  CHECK(attention_tflops(h100, 96) == doctest::Approx(h100.flash_attention_tflops_hd64 +
+                                                      (h100.flash_attention_tflops_hd128 - h100.flash_attention_tflops_hd64) * 0.5));
+  // So the step's attention time at head_dim 125 is head_dim 128's: the FLOPs shrink by 125/128, the rate too.
+  ModelSpec model = model_load("llama-3.1-8b");
+  const ClusterSpec cluster = cluster_make(h100, 8, 0, 0, 0);
+  RuntimeProfile fa3_profile = runtime_profile_load("deepspeed-hf");
+  fa3_profile.attention_kernel = "fa3";
+  const PlanOptions plan = PlanOptions::alst(8);
+  const double at_128_s = time_predict(model, cluster, plan, fa3_profile, 65536).time.attention_s;
+  model.head_dim = 125;
+  CHECK(time_predict(model, cluster, plan, fa3_profile, 65536).time.attention_s == doctest::Approx(at_128_s));
+  // Past 256 FlashAttention-3 does not run, and nothing takes its place: refused by name, with the
+  // source. Under SDPA another backend takes it (the plan's caveat, cli.plan.sdpa_head_dim_past_flash),
+  // priced at the head dim as given.
+  CHECK(attention_kernel_problem(fa3_profile, h100, 256).empty());
+  CHECK(attention_kernel_problem(fa3_profile, h100, 320).find("up to 256 (flash-attn 2.8.3 hopper/generate_kernels.py") !=
+        std::string::npos);
+  RuntimeProfile sdpa = fa3_profile;
+  sdpa.attention_kernel = "sdpa";
+  CHECK(attention_kernel_problem(sdpa, h100, 320).empty());
+  CHECK(attention_tflops(h100, 320) == attention_tflops(h100, 128));
 }
 
 TEST_CASE("the attention kernel: the profile's, else the card's default, and FlashAttention-2 under FPDT and ring") {
