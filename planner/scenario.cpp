@@ -276,8 +276,8 @@ Scenario scenario_from_text(const std::string& yaml_text, const std::string& pat
 Scenario scenario_load(const std::string& path) { return scenario_from_text(file_read_text(path), path); }
 
 const std::vector<std::string>& report_figure_names() {
-  static const std::vector<std::string> names = {"max_seqlen_vs_gpus", "throughput_vs_gpus", "ablation", "memory_breakdown",
-                                                 "host_memory", "predicted_vs_published"};
+  static const std::vector<std::string> names = {"max_seqlen_vs_gpus", "throughput_vs_gpus", "throughput_vs_card", "ablation",
+                                                 "memory_breakdown", "host_memory", "predicted_vs_published"};
   return names;
 }
 

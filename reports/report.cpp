@@ -528,6 +528,63 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
       }
     }
 
+    // Tokens/s against the card, where the sweep compares cards: a point per card and series at
+    // that point's own length, labelled with the length (and the cost of a billion tokens where
+    // the scenario is priced), since a purchase weighs the speed and the length a card buys.
+    std::vector<std::string> cards;
+    for (const SweepTableRow& row : table)
+      if (row.json.has("axes") && row.json["axes"].has("gpu") && std::find(cards.begin(), cards.end(), row.json.string_or("gpu", "")) == cards.end())
+        cards.push_back(row.json.string_or("gpu", ""));
+    if (want("throughput_vs_card") && cards.size() >= 2) {
+      const auto series = series_of(rows, "gpu");
+      std::string data, plot;
+      int index = 0, series_number = 0;
+      bool priced = false;
+      double low = 1e300, high = 0;
+      for (const auto& [name, members] : series) {
+        ++series_number;
+        // Side by side within a card's slot, so that the series' labels do not overlap.
+        const double shift = series.size() < 2 ? 0.0 : 0.5 * (static_cast<double>(series_number - 1) / static_cast<double>(series.size() - 1) - 0.5);
+        std::string points;
+        for (const SweepTableRow* row : rows_of(members)) {
+          const double tokens_per_s = row->json.number_or("tokens_per_s", 0);
+          if (!row->usable || row->seqlen <= 0 || !(tokens_per_s > 0)) continue;
+          const auto card = std::find(cards.begin(), cards.end(), row->json.string_or("gpu", "")) - cards.begin();
+          const double cost = row->json.number_or("cost_per_billion_tokens", 0);
+          priced |= cost > 0;
+          points += fmt::format("{} {} {}\n", static_cast<double>(card) + shift, tokens_per_s,
+                                data_label(seqlen_format(row->seqlen) + (cost > 0 ? fmt::format(", {:.0f}", cost) : std::string())));
+          low = std::min(low, tokens_per_s);
+          high = std::max(high, tokens_per_s);
+        }
+        if (points.empty()) continue;
+        data += data_label(name == "predicted" ? "predicted (longseq)" : name + " (predicted)") + "\n" + points + "\n\n";
+        plot += fmt::format("{}'throughput_vs_card.dat' index {} using 1:2 with points lt {} pt 7 ps 1.5 title columnheader(1), "
+                            "'' index {} using 1:2:3 with labels offset 0,1 font ',8' tc lt {} notitle",
+                            plot.empty() ? "" : ", ", index, series_number, index, series_number);
+        ++index;
+      }
+      if (!plot.empty()) {
+        // The cards' names are the user's text: they reach gnuplot as data (the last block, read
+        // for its tick labels and drawn as nothing), never as script.
+        for (size_t i = 0; i < cards.size(); ++i) data += fmt::format("{} {}\n", i, data_label(cards[i]));
+        plot += fmt::format(", 'throughput_vs_card.dat' index {} using 1:({}):xtic(2) with points ps 0 notitle", index, low);
+        file_write_text((staging / "throughput_vs_card.dat").string(), data);
+        file_write_text((staging / "throughput_vs_card.gp").string(),
+                        script_wrap("throughput_vs_card",
+                                    fmt::format("set xrange [-0.6:{}]\nset xlabel 'GPU'\nset logscale y 10\n"
+                                                "set yrange [{}:{}]\nset ytics ({})\nset ylabel 'tokens/s (cluster)'\nset format y '%.0s%c'\n"
+                                                "set key below box\nset bmargin {}\nset grid ytics\nplot {}",
+                                                static_cast<double>(cards.size()) - 0.4, low / 2, high * 3, log_ticks(low / 2, high * 3),
+                                                key_margin(plot), plot)));
+        const std::string labels = priced ? "labels: the length, then the cost of a billion tokens" : "labels: the length";
+        figures.push_back({"throughput_vs_card", "Tokens/s per GPU card at each point's length (predicted; " + labels + ")",
+                           title + ": tokens/s vs GPU (PREDICTION; " + labels + ")",
+                           "A point per card and series where a length fits; each is at its own maximum (or the scenario's "
+                           "length), so read the speed beside the length it is labelled with."});
+      }
+    }
+
     // The feature ladder as bars, predicted beside published.
     if (want("ablation") && max_mode && has_steps) {
       const BarRows bars = bar_rows(table);

@@ -15,6 +15,7 @@
 #include "models/model_loader.hpp"
 #include "planner/scenario.hpp"
 #include "planner/search.hpp"
+#include "planner/units.hpp"
 #include "planner/frameworks.hpp"
 #include "reports/export.hpp"
 #include "reports/memory_report.hpp"
@@ -989,4 +990,37 @@ TEST_CASE("a priced scenario carries each point's tokens/s, step and cost of a b
   CHECK(sweep_markdown_table(sweep_results_to_json(unpriced, scenario_run(unpriced))).find("cost per 1B") == std::string::npos);
   CHECK_THROWS_WITH_AS(scenario_from_text("name: x\nmodel: m\ncluster: {gpu: g}\ngpu_hour_cost: -1\nsweep: {gpus: [1]}\n", "x.yaml"),
                        doctest::Contains("x.yaml: key 'gpu_hour_cost'"), ConfigError);
+}
+
+TEST_CASE("a sweep across cards draws tokens/s against the card, each point labelled with its length and cost (issue 41, item 6)") {
+  const Scenario scenario = scenario_from_text(
+      "name: x\nmodel: llama-3.1-8b\ncluster: {gpu: h100-sxm-80gb, gpus: 8}\ngpu_hour_cost: 2\nplan: {search: max-seqlen, framework: arctic-training}\n"
+      "sweep: {gpu: [a100-80gb, h100-sxm-80gb]}\n",
+      "x.yaml");
+  const std::vector<SweepRow> rows = scenario_run(scenario);
+  REQUIRE(rows.size() == 2);
+  const fs::path dir = temp_dir("against-card");
+  sweep_results_write(scenario, rows, dir.string());
+  report_write(dir.string(), "true");  // a gnuplot that draws nothing: the data and the script are under test
+  std::ifstream data_stream(dir / "figures" / "throughput_vs_card.dat");
+  const std::string data((std::istreambuf_iterator<char>(data_stream)), std::istreambuf_iterator<char>());
+  // One series: its points at the cards' slots 0 and 1, each with its length and cost, by hand.
+  for (size_t card = 0; card < rows.size(); ++card)
+    CHECK(data.find(fmt::format("{} {} \"{}, {:.0f}\"", card, rows[card].tokens_per_s, seqlen_format(rows[card].seqlen),
+                                rows[card].cost_per_billion_tokens)) != std::string::npos);
+  // The cards' names reach gnuplot as data only (the tick labels' block), never in the script.
+  CHECK(data.find("0 \"A100-80GB\"\n1 \"H100-SXM-80GB\"") != std::string::npos);
+  std::ifstream script_stream(dir / "figures" / "throughput_vs_card.gp");
+  const std::string script((std::istreambuf_iterator<char>(script_stream)), std::istreambuf_iterator<char>());
+  CHECK(script.find("xtic(2)") != std::string::npos);
+  CHECK(script.find("A100") == std::string::npos);
+  // A sweep of one card draws no such figure.
+  const Scenario one_card = scenario_from_text(
+      "name: x\nmodel: llama-3.1-8b\ncluster: {gpu: h100-sxm-80gb}\nplan: {search: max-seqlen}\nsweep: {gpus: [8, 16]}\n", "x.yaml");
+  const fs::path other = temp_dir("one-card");
+  sweep_results_write(one_card, scenario_run(one_card), other.string());
+  report_write(other.string(), "true");
+  CHECK(!fs::exists(other / "figures" / "throughput_vs_card.dat"));
+  fs::remove_all(dir);
+  fs::remove_all(other);
 }
