@@ -529,8 +529,9 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
     }
 
     // Tokens/s against the card, where the sweep compares cards: a point per card and series at
-    // that point's own length, labelled with the length (and the cost of a billion tokens where
-    // the scenario is priced), since a purchase weighs the speed and the length a card buys.
+    // that point's own length, labelled with the length, the step time there (and the cost of a
+    // billion tokens where the scenario is priced), since a purchase weighs the speed and the
+    // length a card buys.
     std::vector<std::string> cards;
     for (const SweepTableRow& row : table)
       if (row.json.has("axes") && row.json["axes"].has("gpu") && std::find(cards.begin(), cards.end(), row.json.string_or("gpu", "")) == cards.end())
@@ -552,8 +553,10 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
           const auto card = std::find(cards.begin(), cards.end(), row->json.string_or("gpu", "")) - cards.begin();
           const double cost = row->json.number_or("cost_per_billion_tokens", 0);
           priced |= cost > 0;
+          const double step_s = row->json.number_or("step_s", 0);
           points += fmt::format("{} {} {}\n", static_cast<double>(card) + shift, tokens_per_s,
-                                data_label(seqlen_format(row->seqlen) + (cost > 0 ? fmt::format(", {:.0f}", cost) : std::string())));
+                                data_label(seqlen_format(row->seqlen) + (step_s > 0 ? ", " + step_label(step_s) : std::string()) +
+                                           (cost > 0 ? fmt::format(", {:.0f}", cost) : std::string())));
           low = std::min(low, tokens_per_s);
           high = std::max(high, tokens_per_s);
         }
@@ -577,7 +580,7 @@ ReportOutcome report_write(const std::string& results_dir, const std::string& gn
                                                 "set key below box\nset bmargin {}\nset grid ytics\nplot {}",
                                                 static_cast<double>(cards.size()) - 0.4, low / 2, high * 3, log_ticks(low / 2, high * 3),
                                                 key_margin(plot), plot)));
-        const std::string labels = priced ? "labels: the length, then the cost of a billion tokens" : "labels: the length";
+        const std::string labels = priced ? "labels: the length, its step time, the cost of a billion tokens" : "labels: the length, its step time";
         figures.push_back({"throughput_vs_card", "Tokens/s per GPU card at each point's length (predicted; " + labels + ")",
                            title + ": tokens/s vs GPU (PREDICTION; " + labels + ")",
                            "A point per card and series where a length fits; each is at its own maximum (or the scenario's "

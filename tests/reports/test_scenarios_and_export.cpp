@@ -992,7 +992,7 @@ TEST_CASE("a priced scenario carries each point's tokens/s, step and cost of a b
                        doctest::Contains("x.yaml: key 'gpu_hour_cost'"), ConfigError);
 }
 
-TEST_CASE("a sweep across cards draws tokens/s against the card, each point labelled with its length and cost (issue 41, item 6)") {
+TEST_CASE("a sweep across cards draws tokens/s against the card, each point labelled with its length, step and cost (issue 41, item 6)") {
   const Scenario scenario = scenario_from_text(
       "name: x\nmodel: llama-3.1-8b\ncluster: {gpu: h100-sxm-80gb, gpus: 8}\ngpu_hour_cost: 2\nplan: {search: max-seqlen, framework: arctic-training}\n"
       "sweep: {gpu: [a100-80gb, h100-sxm-80gb]}\n",
@@ -1004,10 +1004,17 @@ TEST_CASE("a sweep across cards draws tokens/s against the card, each point labe
   report_write(dir.string(), "true");  // a gnuplot that draws nothing: the data and the script are under test
   std::ifstream data_stream(dir / "figures" / "throughput_vs_card.dat");
   const std::string data((std::istreambuf_iterator<char>(data_stream)), std::istreambuf_iterator<char>());
-  // One series: its points at the cards' slots 0 and 1, each with its length and cost, by hand.
-  for (size_t card = 0; card < rows.size(); ++card)
-    CHECK(data.find(fmt::format("{} {} \"{}, {:.0f}\"", card, rows[card].tokens_per_s, seqlen_format(rows[card].seqlen),
+  // One series: its points at the cards' slots 0 and 1, each with its length, step and cost, by hand.
+  for (size_t card = 0; card < rows.size(); ++card) {
+    CAPTURE(data);
+    // Steps of minutes to hours here (4M+ tokens): minutes under two hours, else hours to a tenth.
+    REQUIRE(rows[card].step_s > 120);
+    REQUIRE(rows[card].step_s < 2 * 86400);
+    const std::string step = rows[card].step_s < 7200 ? fmt::format("{:.0f} min", rows[card].step_s / 60)
+                                                      : fmt::format("{:.1f} h", rows[card].step_s / 3600);
+    CHECK(data.find(fmt::format("{} {} \"{}, {}, {:.0f}\"", card, rows[card].tokens_per_s, seqlen_format(rows[card].seqlen), step,
                                 rows[card].cost_per_billion_tokens)) != std::string::npos);
+  }
   // The cards' names reach gnuplot as data only (the tick labels' block), never in the script.
   CHECK(data.find("0 \"A100-80GB\"\n1 \"H100-SXM-80GB\"") != std::string::npos);
   std::ifstream script_stream(dir / "figures" / "throughput_vs_card.gp");
