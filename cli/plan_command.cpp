@@ -9,49 +9,17 @@ namespace longseq {
 
 namespace {
 
-// Every framework's own search on this cluster beside the one just made, each priced with its own
-// runtime profile (its precision, its MoE block, its buffers) at the lengths it feeds. longseq's
-// executor is left out: a research executor, not a framework to rent a cluster for.
+// Every framework's own search on this cluster beside the one just made (planner/framework_choice).
 struct FrameworksCompared {
-  std::vector<SearchResult> results;     // the other frameworks' searches; the winners point into them
-  std::vector<FrameworkWinner> winners;  // the searched framework's first
+  FrameworkSearches others;              // the other frameworks' searches
+  std::vector<FrameworkWinner> winners;  // the searched framework's first, then the others'
 };
 
 void frameworks_compare(FrameworksCompared& compared, const PlanCommandArgs& args, const ModelSpec& model, const ClusterSpec& cluster,
                         const SearchOptions& options, Framework searched, const RuntimeProfile& profile, const SearchResult& result) {
-  auto refused_every_plan = [](const SearchResult& search, Framework framework) {
-    const std::vector<SearchCandidate>& tried = search.candidates;
-    const bool all_refused = std::all_of(tried.begin(), tried.end(), [](const SearchCandidate& c) { return !c.problems.empty(); });
-    return all_refused ? fmt::format("it refuses every plan: --framework {} lists why", framework_name(framework)) : std::string();
-  };
-  compared.winners = {{searched, profile, result.winner(), result.winner() ? "" : refused_every_plan(result, searched)}};
-  compared.results.reserve(frameworks_all().size());  // no reallocation: the winners point into them
-  for (Framework other : frameworks_all()) {
-    if (other == searched || other == Framework::framework_longseq) continue;
-    const FrameworkFacts& other_facts = framework_facts(other);
-    const RuntimeProfile other_profile =
-        framework_profile(other, runtime_profile_load(!args.profile.empty() ? args.profile : other_facts.runtime_profile));
-    if (!args.attention.empty() && !attention_kernel_problem(other_profile, cluster.hardware).empty()) continue;
-    SearchOptions other_options = options;
-    search_options_for_framework(other_options, other, model, cluster);
-    compared.results.push_back(plan_search(model, cluster, other_profile, other_options));
-    compared.winners.push_back({other, other_profile, compared.results.back().winner(), refused_every_plan(compared.results.back(), other)});
-  }
-}
-
-// The framework that serves this model best here: the longest maximum (or the most tokens/s at the
-// length), the searched one kept unless another is ahead by more than the search resolves
-// (kSearchLengthResolution). Null where none fits.
-const FrameworkWinner* framework_best(const std::vector<FrameworkWinner>& winners, Framework searched, bool by_length) {
-  auto score = [&](const FrameworkWinner& w) { return framework_winner_score(w, by_length); };
-  const FrameworkWinner* kept = nullptr;
-  const FrameworkWinner* best = nullptr;
-  for (const FrameworkWinner& w : winners) {
-    if (w.framework == searched && score(w) >= 0) kept = &w;
-    if (score(w) >= 0 && (!best || score(w) > score(*best))) best = &w;
-  }
-  if (kept && best && score(*best) <= score(*kept) * (1 + kSearchLengthResolution)) return kept;
-  return best;
+  compared.winners = {{searched, profile, result.winner(), result.winner() ? "" : framework_refused_every_plan(result, searched)}};
+  framework_searches_add(compared.others, model, cluster, options, args.profile, args.attention, searched);
+  compared.winners.insert(compared.winners.end(), compared.others.winners.begin(), compared.others.winners.end());
 }
 
 }  // namespace

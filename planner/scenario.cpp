@@ -11,6 +11,7 @@
 #include "io/nearest_names.hpp"
 #include "models/model_loader.hpp"
 #include "io/yaml_reader.hpp"
+#include "planner/framework_choice.hpp"
 #include "planner/frameworks.hpp"
 #include "planner/max_seqlen.hpp"
 #include "planner/search.hpp"
@@ -427,12 +428,44 @@ std::vector<SweepRow> scenario_run(const Scenario& scenario, const std::function
                       if (loss_tiles) settings.loss_tiles = *loss_tiles;
                       if (chunk) settings.fpdt_chunk_tokens = *chunk;
                       PlanOptions plan;
-                      // The framework, as `longseq plan` takes it: given, or the default for a search;
-                      // a fixed plan without one is unchecked (and on the plain granule).
-                      const std::optional<Framework> framework =
-                          settings.framework ? std::optional<Framework>(framework_parse(*settings.framework))
-                          : settings.search  ? std::optional<Framework>(kDefaultFramework)
-                                             : std::nullopt;
+                      // The search's options but the framework's own (its lengths, what it runs).
+                      auto search_options = [&] {
+                        SearchOptions options;
+                        options.objective = seqlen ? SearchObjective::objective_throughput : SearchObjective::objective_max_seqlen;
+                        options.seqlen = seqlen.value_or(0);
+                        options.explore_ring = settings.ring.value_or(0) != 1;
+                        options.held.lora_rank = settings.lora_rank.value_or(0);
+                        options.held.lora_all_linear = settings.lora_all_linear.value_or(true);
+                        options.held.qlora = settings.qlora.value_or(false);
+                        options.held.micro_batch = settings.micro_batch.value_or(1);
+                        options.held.global_batch = settings.global_batch.value_or(0);
+                        // Held as --search --checkpoint-every and --checkpoint-ops hold them: every plan searched
+                        // checkpoints one layer in N, or under the op-level policy (or not, given false).
+                        const int64_t every = settings.checkpoint_every.value_or(0);
+                        if (every > 0) options.checkpoint_every = {every};
+                        if (every > 0 || settings.checkpoint_ops)
+                          options.admits = [every, ops = settings.checkpoint_ops](const PlanOptions& candidate) {
+                            return (every == 0 || candidate.checkpoint_every == every) && (!ops || candidate.checkpoint_ops == *ops);
+                          };
+                        return options;
+                      };
+                      // The framework, as `longseq plan` takes it: given; for a search with adapters the HF
+                      // Trainer / TRL (PEFT's path); for any other search the framework whose own search
+                      // serves the model best here, the default kept unless another is ahead by more than
+                      // the search resolves (framework_best); a fixed plan without one is unchecked (and on
+                      // the plain granule).
+                      std::optional<Framework> framework =
+                          settings.framework                    ? std::optional<Framework>(framework_parse(*settings.framework))
+                          : settings.search && settings.lora_rank.value_or(0) > 0 ? std::optional<Framework>(Framework::framework_hf_trainer)
+                                                                  : std::nullopt;
+                      if (settings.search && !framework) {
+                        FrameworkSearches searches;
+                        framework_searches_add(searches, model, cluster, search_options(),
+                                               scenario.runtime_profile_given ? scenario.runtime_profile : "", scenario.attention_kernel,
+                                               std::nullopt);
+                        const FrameworkWinner* best = framework_best(searches.winners, kDefaultFramework, !seqlen);
+                        framework = best ? best->framework : kDefaultFramework;
+                      }
                       const int64_t length_multiple = framework ? framework_facts(*framework).length_multiple : 1;
                       if (framework) row.framework = framework_name(*framework);
                       // The framework's own profile unless the scenario names one (its precision, its buffers).
@@ -451,25 +484,10 @@ std::vector<SweepRow> scenario_run(const Scenario& scenario, const std::function
                                                               below + length_multiple));
                       }
                       if (settings.search) {
-                        SearchOptions options;
-                        options.objective = seqlen ? SearchObjective::objective_throughput : SearchObjective::objective_max_seqlen;
-                        options.seqlen = seqlen.value_or(0);
-                        options.explore_ring = settings.ring.value_or(0) != 1;
-                        if (framework) search_options_for_framework(options, *framework, model, cluster);
-                        options.length_multiple = length_multiple;
-                        options.held.lora_rank = settings.lora_rank.value_or(0);
-                        options.held.lora_all_linear = settings.lora_all_linear.value_or(true);
-                        options.held.qlora = settings.qlora.value_or(false);
-                        options.held.micro_batch = settings.micro_batch.value_or(1);
-                        options.held.global_batch = settings.global_batch.value_or(0);
-                        // Held as --search --checkpoint-every and --checkpoint-ops hold them: every plan searched
-                        // checkpoints one layer in N, or under the op-level policy (or not, given false).
-                        const int64_t every = settings.checkpoint_every.value_or(0);
-                        if (every > 0) options.checkpoint_every = {every};
-                        if (every > 0 || settings.checkpoint_ops)
-                          options.admits = [every, ops = settings.checkpoint_ops](const PlanOptions& candidate) {
-                            return (every == 0 || candidate.checkpoint_every == every) && (!ops || candidate.checkpoint_ops == *ops);
-                          };
+                        SearchOptions options = search_options();
+                        const std::vector<int64_t> held_every = options.checkpoint_every;
+                        search_options_for_framework(options, *framework, model, cluster);
+                        if (settings.checkpoint_every.value_or(0) > 0) options.checkpoint_every = held_every;
                         const SearchResult result = plan_search(model, cluster, row_profile, options);
                         if (!result.winner()) throw ConfigError("", "", "no plan fits");
                         plan = result.winner()->plan;

@@ -22,6 +22,7 @@
 #include "executor/job_launch.hpp"
 #include "planner/max_seqlen.hpp"
 #include "planner/frameworks.hpp"
+#include "planner/framework_choice.hpp"
 #include "planner/plan_file.hpp"
 #include "planner/search.hpp"
 #include "planner/time_model.hpp"
@@ -107,16 +108,6 @@ struct PlanOutputs {
 // The choices the flags hold in every plan: adapters (none without --lora), 8-bit Adam, the CP
 // rotation, HSDP.
 
-struct FrameworkWinner {
-  Framework framework;
-  RuntimeProfile profile;
-  const SearchCandidate* winner = nullptr;  // null: no plan of it fits
-  std::string why_none;                     // then why, when no plan was valid
-};
-
-// How a framework's best ranks: its maximum length (by_length) or its tokens/s at the length; -1
-// where nothing of it fits.
-double framework_winner_score(const FrameworkWinner& w, bool by_length);
 
 // What a plan's report needs beside the plan: the lengths the target framework feeds
 // (FrameworkFacts, the grid of the maximum), the step-time limit, the price of a GPU-hour.

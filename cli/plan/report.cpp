@@ -79,11 +79,6 @@ std::string sequence_parallelism_describe(const PlanOptions& plan, const Runtime
 
 // Every framework's best plan on this cluster, best first, each from its own search and runtime
 // profile: the side-by-side answer to "Ulysses, USP's ring or PyTorch CP?".
-double framework_winner_score(const FrameworkWinner& w, bool by_length) {
-  if (!w.winner || !w.winner->fits) return -1.0;
-  return by_length ? static_cast<double>(w.winner->max_seqlen) : w.winner->time.tokens_per_s;
-}
-
 std::string frameworks_compared_render(std::vector<FrameworkWinner> winners, Framework searched, bool by_length, nlohmann::json& report) {
   const auto score = [&](const FrameworkWinner& w) { return framework_winner_score(w, by_length); };
   std::stable_sort(winners.begin(), winners.end(), [&](const FrameworkWinner& a, const FrameworkWinner& b) { return score(a) > score(b); });

@@ -703,6 +703,36 @@ TEST_CASE("a scenario without runtime_profile prices each point with its framewo
   CHECK(states_gib == doctest::Approx((8 * P - 2 * (attention_and_norms + 2 * h * f)) / 1073741824.0).epsilon(1e-9));
 }
 
+TEST_CASE("a scenario's search without a framework plans for the framework that serves the model best, as plan does") {
+  // Qwen3-30B-A3B on 8 H100s: the default (ArcticTraining, ZeRO-2 at most under MoE) reaches about
+  // 10K tokens, USP's ring millions; `longseq plan --model qwen3-30b-a3b --gpus 8` chooses usp.
+  const Scenario scenario = scenario_from_text(
+      "name: x\nmodel: qwen3-30b-a3b\ncluster: {gpu: h100-sxm-80gb, gpus: 8}\nplan: {search: max-seqlen}\nsweep: {gpus: [8]}\n", "x.yaml");
+  const std::vector<SweepRow> rows = scenario_run(scenario);
+  REQUIRE(rows.size() == 1);
+  REQUIRE(rows[0].error.empty());
+  CHECK(rows[0].framework == "usp");
+  // The same answer as that framework's own search, with its profile and lengths.
+  const ModelSpec model = model_load("qwen3-30b-a3b");
+  const ClusterSpec cluster = cluster_make(hardware_card_load("h100-sxm-80gb"), 8, 0, 0, 0);
+  SearchOptions options;
+  search_options_for_framework(options, Framework::framework_usp, model, cluster);
+  const RuntimeProfile usp_profile =
+      framework_profile(Framework::framework_usp, runtime_profile_load(framework_facts(Framework::framework_usp).runtime_profile));
+  const SearchResult usp = plan_search(model, cluster, usp_profile, options);
+  REQUIRE(usp.winner() != nullptr);
+  CHECK(rows[0].seqlen == usp.winner()->max_seqlen);
+  CHECK(rows[0].seqlen > 1'000'000);
+  // Adapters without a framework: PEFT's path, the HF Trainer / TRL (as plan --lora picks it).
+  const Scenario adapters = scenario_from_text(
+      "name: x\nmodel: llama-3.1-8b\ncluster: {gpu: a100-80gb, gpus: 1}\nplan: {search: max-seqlen, lora_rank: 16}\nsweep: {gpus: [1]}\n",
+      "x.yaml");
+  const std::vector<SweepRow> adapter_rows = scenario_run(adapters);
+  REQUIRE(adapter_rows.size() == 1);
+  CHECK(adapter_rows[0].error.empty());
+  CHECK(adapter_rows[0].framework == "hf-trainer");
+}
+
 namespace {
 
 // A flat TOML reading for the tests: "section.key" -> the value's text (quotes removed); comments
