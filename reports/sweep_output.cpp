@@ -124,7 +124,10 @@ nlohmann::json sweep_results_to_json(const Scenario& scenario, const std::vector
     json["error"] = row.error;
     rows_json.push_back(json);
   }
-  return {{"kind", "prediction"},
+  // schema_version and its keys: docs/json/sweep.schema.json (a change to either is a new version).
+  return {{"schema_version", 1},
+          {"command", "sweep"},
+          {"kind", "prediction"},
           {"scenario",
            {{"name", scenario.name}, {"path", scenario.path}, {"description", scenario.description},
             {"reproduces", scenario.reproduces}, {"runtime_profile", scenario.runtime_profile_given ? scenario.runtime_profile : "each point's framework's own (deepspeed-hf without one)"},
