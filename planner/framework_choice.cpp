@@ -35,12 +35,12 @@ void framework_searches_add(FrameworkSearches& searches, const ModelSpec& model,
                             const std::string& profile_name, const std::string& attention_kernel, std::optional<Framework> skip) {
   for (Framework framework : frameworks_all()) {
     if (framework == skip || framework == Framework::framework_longseq) continue;
-    RuntimeProfile profile =
+    const RuntimeProfile profile =
         framework_profile(framework, runtime_profile_load(!profile_name.empty() ? profile_name : framework_facts(framework).runtime_profile));
-    if (!attention_kernel.empty()) {
-      profile.attention_kernel = attention_kernel;
-      if (!attention_kernel_problem(profile, cluster.hardware).empty()) continue;
-    }
+    // Each is priced with its own kernel (the one named may be one it cannot run: FlashAttention-3
+    // under SDPA's context parallelism); where a kernel was named, one whose own cannot run on the
+    // card is left out.
+    if (!attention_kernel.empty() && !attention_kernel_problem(profile, cluster.hardware).empty()) continue;
     SearchOptions framework_options = options;
     search_options_for_framework(framework_options, framework, model, cluster);
     searches.results.push_back(plan_search(model, cluster, profile, framework_options));
