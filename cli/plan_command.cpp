@@ -18,7 +18,7 @@ struct FrameworksCompared {
 void frameworks_compare(FrameworksCompared& compared, const PlanCommandArgs& args, const ModelSpec& model, const ClusterSpec& cluster,
                         const SearchOptions& options, Framework searched, const RuntimeProfile& profile, const SearchResult& result) {
   compared.winners = {{searched, profile, result.winner(), result.winner() ? "" : framework_refused_every_plan(result, searched)}};
-  framework_searches_add(compared.others, model, cluster, options, args.profile, args.attention, searched);
+  framework_searches_add(compared.others, model, cluster, options, args.profile, !args.attention.empty(), searched);
   compared.winners.insert(compared.winners.end(), compared.others.winners.begin(), compared.others.winners.end());
 }
 

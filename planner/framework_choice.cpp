@@ -32,7 +32,7 @@ std::string framework_refused_every_plan(const SearchResult& search, Framework f
 }
 
 void framework_searches_add(FrameworkSearches& searches, const ModelSpec& model, const ClusterSpec& cluster, const SearchOptions& options,
-                            const std::string& profile_name, const std::string& attention_kernel, std::optional<Framework> skip) {
+                            const std::string& profile_name, bool attention_named, std::optional<Framework> skip) {
   for (Framework framework : frameworks_all()) {
     if (framework == skip || framework == Framework::framework_longseq) continue;
     const RuntimeProfile profile =
@@ -40,7 +40,7 @@ void framework_searches_add(FrameworkSearches& searches, const ModelSpec& model,
     // Each is priced with its own kernel (the one named may be one it cannot run: FlashAttention-3
     // under SDPA's context parallelism); where a kernel was named, one whose own cannot run on the
     // card is left out.
-    if (!attention_kernel.empty() && !attention_kernel_problem(profile, cluster.hardware).empty()) continue;
+    if (attention_named && !attention_kernel_problem(profile, cluster.hardware).empty()) continue;
     SearchOptions framework_options = options;
     search_options_for_framework(framework_options, framework, model, cluster);
     searches.results.push_back(plan_search(model, cluster, profile, framework_options));

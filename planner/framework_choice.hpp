@@ -45,9 +45,9 @@ struct FrameworkSearches {
 // Adds each framework's own search but `skip`'s (and longseq's executor's: a research executor,
 // not a framework to rent a cluster for), each with the lengths it feeds (search_options_for_
 // framework over `options`) and priced with its own runtime profile, or `profile_name` where one
-// is given, and its own attention kernel; where `attention_kernel` was named, a framework whose own
-// kernel cannot run on the card is left out.
+// is given, and its own attention kernel; where the user named a kernel (`attention_named`), a
+// framework whose own kernel cannot run on the card is left out.
 void framework_searches_add(FrameworkSearches& searches, const ModelSpec& model, const ClusterSpec& cluster, const SearchOptions& options,
-                            const std::string& profile_name, const std::string& attention_kernel, std::optional<Framework> skip);
+                            const std::string& profile_name, bool attention_named, std::optional<Framework> skip);
 
 }  // namespace longseq

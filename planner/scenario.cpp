@@ -461,7 +461,7 @@ std::vector<SweepRow> scenario_run(const Scenario& scenario, const std::function
                       if (settings.search && !framework) {
                         FrameworkSearches searches;
                         framework_searches_add(searches, model, cluster, search_options(),
-                                               scenario.runtime_profile_given ? scenario.runtime_profile : "", scenario.attention_kernel,
+                                               scenario.runtime_profile_given ? scenario.runtime_profile : "", !scenario.attention_kernel.empty(),
                                                std::nullopt);
                         const FrameworkWinner* best = framework_best(searches.winners, kDefaultFramework, !seqlen);
                         framework = best ? best->framework : kDefaultFramework;

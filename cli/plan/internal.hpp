@@ -105,10 +105,6 @@ struct PlanOutputs {
   std::optional<OutputFileTarget> emit_main, emit_companion, plan_out;
 };
 
-// The choices the flags hold in every plan: adapters (none without --lora), 8-bit Adam, the CP
-// rotation, HSDP.
-
-
 // What a plan's report needs beside the plan: the lengths the target framework feeds
 // (FrameworkFacts, the grid of the maximum), the step-time limit, the price of a GPU-hour.
 struct ReportContext {
@@ -118,6 +114,8 @@ struct ReportContext {
   bool tensors = false;  // --tensors: the tensor inventory beside the breakdown
 };
 
+// The choices the flags hold in every plan: adapters (none without --lora), 8-bit Adam, the CP
+// rotation, HSDP.
 void held_choices_apply(const PlanCommandArgs& args, HeldChoices& held);
 
 // --micro-batch: a count (the returned value), or 0 for a searched one (micro_batch_objective says which).
