@@ -201,14 +201,19 @@ int plan_command_run(const PlanCommandArgs& args) {
   if (!seqlen_rounding.empty()) header += "  length   " + seqlen_rounding + "\n";
   if (!machine) {
     const std::string kernel = stack_attention_kernel(profile, hardware);
-    header += fmt::format("  attention {} ({}{}; FPDT and USP's ring run FlashAttention-2{})\n", attention_kernel_facts(kernel).label,
-                          !args.attention.empty()          ? "--attention"
-                          : profile.attention_kernel.empty() ? "the card's default"
-                                                             : "the runtime profile's",
-                          profile.attention_kernel == "sdpa" ? ", SDPA's default on this GPU" : "",
-                          profile.ring_implementation == RingImplementation::ring_torch_allgather && !attention_kernel_facts(kernel).sdpa_backend
-                              ? ", PyTorch's context parallelism SDPA's default"
-                              : "");
+    const char* source = !args.attention.empty()          ? "--attention"
+                         : profile.attention_kernel.empty() ? "the card's default"
+                                                            : "the runtime profile's";
+    // Megatron-Core runs TE's attention backend on its context-parallel blocks too (no FPDT, no USP).
+    if (profile.megatron_te_layer)
+      header += fmt::format("  attention {} ({}{}; Transformer Engine's backend on this GPU, its context parallelism's too)\n",
+                            attention_kernel_facts(kernel).label, source, profile.attention_kernel == "sdpa" ? ", SDPA's default on this GPU" : "");
+    else
+      header += fmt::format("  attention {} ({}{}; FPDT and USP's ring run FlashAttention-2{})\n", attention_kernel_facts(kernel).label, source,
+                            profile.attention_kernel == "sdpa" ? ", SDPA's default on this GPU" : "",
+                            profile.ring_implementation == RingImplementation::ring_torch_allgather && !attention_kernel_facts(kernel).sdpa_backend
+                                ? ", PyTorch's context parallelism SDPA's default"
+                                : "");
   }
 
   const bool fixed_plan = plan_flags_given(args);

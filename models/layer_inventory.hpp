@@ -73,6 +73,11 @@ struct LayerShape {
   // fp32 adapters under bf16 autocast (PEFT's dtype, the Trainer's bf16=True): autocast casts each
   // adapter's A and B to bf16 and the adapters' matmuls save the casts for backward.
   bool lora_adapter_casts = false;
+  // Megatron-Core's tensor parallelism (1: none). The widths above are then one TP rank's share
+  // (q_width, kv_width, the heads, intermediate and vocab divided by tp), and its sequence
+  // parallelism keeps every tensor of the residual stream as [T/tp, h] (hidden_state_tokens).
+  int64_t tp = 1;
+  int64_t hidden_state_tokens() const { return tokens / (tp > 0 ? tp : 1); }
 };
 
 // How the experts of a mixture-of-experts block run (Reference §12 items 45-47, 80):
@@ -131,6 +136,15 @@ struct LayerImplementation {
   bool context_parallel_allgather = false;
   bool context_parallel_all_to_all = false;
   LayerWeightGradients weight_gradients;
+  // Megatron-Core's GPT layer with Transformer Engine (its default spec) instead of a Hugging Face
+  // decoder layer, and its vocabulary-parallel loss (models/inventory/megatron.cpp); with
+  // `megatron_te_cross_entropy` the loss is TE's fused kernel (cross_entropy_fusion_impl "te"), else
+  // Megatron's native one.
+  bool megatron_te_layer = false;
+  bool megatron_te_cross_entropy = false;
+  // The fused SwiGLU (bias_activation_fusion: bias_swiglu_impl saves only its input), or the
+  // unfused glu (chunk, silu, multiply: silu's output saved beside the input).
+  bool megatron_fused_swiglu = true;
 };
 
 // Category names of traces and breakdowns, shared by the planner's predictions and the executor's

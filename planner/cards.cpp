@@ -255,6 +255,12 @@ RuntimeProfile runtime_profile_from_text(const std::string& yaml_text, const std
   profile.checkpoint_offload_keeps_last_layer = reader.get_bool("checkpoint_offload_keeps_last_layer", false);
   profile.checkpoint_offload_pinned = reader.get_bool("checkpoint_offload_pinned", false);
   profile.rope_table_whole_sequence_fp32 = reader.get_bool("rope_table_whole_sequence_fp32", false);
+  const std::string layer_code = reader.get_string("layer_code", "hf");
+  if (layer_code != "hf" && layer_code != "megatron_te")
+    throw ConfigError(source_name, "layer_code", fmt::format("expected hf or megatron_te, got '{}'", layer_code));
+  profile.megatron_te_layer = layer_code == "megatron_te";
+  profile.megatron_te_cross_entropy = reader.get_bool("megatron_te_cross_entropy", false);
+  profile.megatron_fused_swiglu = reader.get_bool("megatron_fused_swiglu", true);
   profile.cpu_adam_bandwidth_efficiency = reader.get_double("cpu_adam_bandwidth_efficiency", 0.01, 1.0, 1.0);
   profile.qlora_unquantized_weight_bytes = reader.get_double("qlora_unquantized_weight_bytes", 2, 4, 4);
   if (profile.qlora_unquantized_weight_bytes != 2 && profile.qlora_unquantized_weight_bytes != 4)

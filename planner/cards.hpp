@@ -186,6 +186,14 @@ struct RuntimeProfile {
   // tensor (Megatron-DeepSpeed's RotaryEmbedding(seq_length), issue 25's reading of MDS main
   // 4efb479d), instead of cos/sin for the rank's own tokens in the activation dtype (HF).
   bool rope_table_whole_sequence_fp32 = false;
+  // Whose decoder layer and loss the stack runs: a Hugging Face model's (transformers' modeling
+  // code, the inventory's default), or Megatron-Core's GPT layer with Transformer Engine and its
+  // vocabulary-parallel loss (models/inventory/megatron.cpp): layer_code "megatron_te". Beside it,
+  // TE's fused cross entropy (cross_entropy_fusion_impl "te") or Megatron's native one, and the
+  // fused SwiGLU (bias_activation_fusion) or the unfused glu.
+  bool megatron_te_layer = false;
+  bool megatron_te_cross_entropy = false;
+  bool megatron_fused_swiglu = true;
   // The share of the node's DRAM bandwidth the offloaded optimizer's host passes achieve (CPU Adam
   // and the casts around it are bandwidth-bound; time_model.cpp offloaded_optimizer_step counts
   // their bytes); 1 = the theoretical bandwidth.

@@ -1,5 +1,7 @@
 #include "planner/compute_model.hpp"
 
+#include <algorithm>
+
 #include "models/adapters.hpp"
 
 namespace longseq {
@@ -72,6 +74,11 @@ StepFlops step_flops(const ModelSpec& model, const PlanOptions& plan, int64_t se
   flops.attention = as_double(model.num_layers) * layer.attention * (1.0 + 2.5 + (with_recompute ? recomputed_attention_share(model, plan) : 0.0));
   // LM head: forward and both gradients, never recomputed (fused losses compute the gradient in forward).
   flops.matmul += 3.0 * lm_head_forward_flops(model, plan.micro_batch, seqlen, plan.sequence_ranks());
+  // Tensor parallelism splits every linear's weight, the LM head's vocabulary and the attention's
+  // heads over its t ranks (reference-megatron-core M1): each computes 1/t of its group's work.
+  const double tp = as_double(std::max<int64_t>(1, plan.tp));
+  flops.matmul /= tp;
+  flops.attention /= tp;
   return flops;
 }
 

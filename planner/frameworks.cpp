@@ -62,7 +62,9 @@ Framework framework_parse(const std::string& name, const std::string& flag) {
       {"fsdp2", "FSDP2 is accelerate-fsdp2 (Accelerate, the Trainer, TRL) or torchtitan"},
       {"alst", "ALST is arctic-training (ArcticTraining's recipe) or hf-accelerate (the Trainer's Ulysses)"},
       {"arctic", "arctic-training"},
-      {"megatron", "megatron-deepspeed (Megatron-Core alone is not planned yet)"},
+      {"megatron", "megatron-core (Megatron-LM, Megatron-Bridge, NeMo) or megatron-deepspeed (Ulysses, FPDT)"},
+      {"megatron-lm", "megatron-core (Megatron-LM's pretrain_gpt on Megatron-Core)"},
+      {"nemo", "megatron-core (NeMo and Megatron-Bridge train on Megatron-Core)"},
       {"peft", "PEFT's adapters are planned under hf-trainer, hf-accelerate, accelerate-fsdp2 and unsloth (--lora)"},
   };
   const std::string lower = text_to_lower(name);
@@ -97,6 +99,9 @@ std::string framework_unsupported(Framework framework, const ModelSpec& model, c
     return fmt::format("{}: {} attends over a sliding window of {} tokens, and PyTorch's context parallelism runs full causal "
                        "attention only (Accelerate refuses such models under cp); Ulysses keeps the model's attention: "
                        "--framework hf-accelerate or arctic-training", name, model.name, model.sliding_window);
+  // Tensor parallelism is Megatron's (its sequence parallelism beside it): Megatron-Core.
+  if (plan.tp > 1 && !description.tensor_parallelism)
+    return fmt::format("{}: no tensor parallelism (tp={}): Megatron-Core's (--framework megatron-core)", name, plan.tp);
   // HSDP's 2-D mesh is FSDP2's (Reference §11 F1.10, F1.17, F6.2).
   if (plan.dp_replicate > 1 && !pytorch_cp)
     return fmt::format("{}: no replicate x shard mesh (HSDP is FSDP2's: --framework accelerate-fsdp2 or torchtitan)", name);
@@ -136,6 +141,12 @@ void search_options_for_framework(SearchOptions& options, Framework framework, c
   const bool selective = framework_description(framework).selective_checkpointing;
   options.checkpoint_every = selective ? std::vector<int64_t>{1, 2, 3, 4} : std::vector<int64_t>{1};
   options.checkpoint_ops = selective;
+  // Tensor parallelism inside a node (its collectives run every layer, on NVLink): the powers of two
+  // up to the node's GPUs, as Megatron's recipes choose them.
+  options.tensor_parallel = {1};
+  if (framework_description(framework).tensor_parallelism)
+    for (int64_t tp = 2; tp <= std::min(cluster.gpus_per_node, cluster.gpus); tp *= 2)
+      if (cluster.gpus % tp == 0) options.tensor_parallel.push_back(tp);
 }
 
 std::vector<Framework> frameworks_running(const ModelSpec& model, const PlanOptions& plan) {

@@ -24,6 +24,7 @@ enum class Framework {
   framework_torchtitan,          // PyTorch's torchtitan: FSDP2 with context parallelism, its own Llama 3 model code (TOML job)
   framework_unsloth,             // Unsloth on one GPU: its offloaded checkpointing, fused chunked loss, LoRA/QLoRA (Python script)
   framework_longseq,             // longseq's own executor (`longseq run`); ring attention planned, not yet executed
+  framework_megatron_core,       // Megatron-Core with Transformer Engine: tensor x context parallelism, the distributed optimizer
 };
 
 // ArcticTraining: the framework the ALST techniques ship in, and the only one with a switch for
@@ -66,6 +67,9 @@ struct FrameworkDescription {
   // decoder layer in every N checkpointed, the others keeping what they save (selective_ac_option
   // "N"), or every layer under the op-level policy (selective_ac_option "op": PlanOptions::checkpoint_ops).
   bool selective_checkpointing;
+  // Megatron's tensor parallelism with its sequence parallelism (PlanOptions::tp): the linears split
+  // over TP ranks inside a node, the residual stream split along the sequence.
+  bool tensor_parallelism;
   // Why it cannot build `model` whatever the plan (nullptr: it builds what longseq reads), then why
   // it cannot run `plan` on `gpus` GPUs (0: not known); "" when it can.
   std::string (*model_refused)(const char* name, const ModelSpec& model);

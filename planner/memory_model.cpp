@@ -73,12 +73,17 @@ Setup setup_make(const ModelSpec& model, const HardwareCard& card, const PlanOpt
   shape.sp = plan.sp;
   shape.ring = plan.ring;
   shape.hidden = model.hidden_size;
-  shape.q_width = model.q_width();
-  shape.kv_width = model.kv_width();
-  shape.kv_replication = kv_replication_factor(model, plan.sp);
-  shape.num_q_heads = model.num_q_heads;
-  shape.intermediate = model.intermediate_size;
-  shape.vocab = model.vocab_size;
+  // Under tensor parallelism a rank holds 1/t of the heads, the MLP's width and the vocabulary
+  // (Megatron's column-parallel splits, reference-megatron-core M1), and 1/t of the residual stream.
+  const int64_t tp = std::max<int64_t>(1, plan.tp);
+  shape.tp = tp;
+  shape.q_width = model.q_width() / tp;
+  shape.kv_width = model.kv_width() / tp;
+  shape.kv_replication = tp > 1 ? std::max<int64_t>(1, plan.sp / std::max<int64_t>(1, model.num_kv_heads / tp))
+                                : kv_replication_factor(model, plan.sp);
+  shape.num_q_heads = model.num_q_heads / tp;
+  shape.intermediate = model.intermediate_size / tp;
+  shape.vocab = (model.vocab_size + tp - 1) / tp;
   shape.final_logits_softcapped = model.final_logit_softcapping > 0;
   shape.mlp_kind = model.mlp_kind;
   shape.qk_norm = model.qk_norm;
@@ -86,7 +91,7 @@ Setup setup_make(const ModelSpec& model, const HardwareCard& card, const PlanOpt
   shape.norm_scale_fp32 = model.norm_scale_fp32;
   shape.head_dim = model.head_dim;
   shape.fused_projections = model.fused_projections;
-  shape.num_kv_heads = model.num_kv_heads;
+  shape.num_kv_heads = model.num_kv_heads / tp;
   shape.experts = model.experts;
   shape.experts_per_token = model.experts_per_token;
   shape.expert_intermediate = model.expert_intermediate_size;
@@ -126,6 +131,9 @@ Setup setup_make(const ModelSpec& model, const HardwareCard& card, const PlanOpt
   impl.flash_attention_expands_gqa_grads = profile.flash_attention_expands_gqa_grads;
   impl.flash_attention_3 = attention_kernel_for(profile, card, plan) == "fa3";
   impl.flash_attention_varlen_pad_rows = profile.flash_attention_varlen_pad_rows;
+  impl.megatron_te_layer = profile.megatron_te_layer;
+  impl.megatron_te_cross_entropy = profile.megatron_te_cross_entropy;
+  impl.megatron_fused_swiglu = profile.megatron_fused_swiglu;
   // Liger's kernels are left out when the profile installs them only with the tiled loss and the
   // plan does not tile it: then neither its norm nor its SwiGLU runs. ALST also turns Liger's
   // SwiGLU off when TiledMLP is on (AT-code model/liger_factory.py).
@@ -206,11 +214,16 @@ enum class StepInputs { none, batch, batch_and_rope };
 void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const ClusterSpec& cluster,
                           const PlanOptions& plan, const RuntimeProfile& profile, const Setup& setup, int64_t seqlen,
                           StepInputs inputs = StepInputs::batch_and_rope, bool with_gradients = true) {
-  const double params = as_double(setup.params.total);
+  // Under tensor parallelism a rank holds 1/t of every linear, the embedding and the LM head
+  // (vocabulary-parallel); the norms' weights, replicated over the TP ranks, are a rounding error.
+  const double tp = as_double(std::max<int64_t>(1, plan.tp));
+  const double params = as_double(setup.params.total) / tp;
   // ZeRO partitions over all ranks (data x sequence parallel; REFERENCE training configuration):
   // stage 1 the optimizer states and master weights, stage 2 also gradients (gradient_bytes_per_trainable),
-  // stage 3 also weights; FSDP2's HSDP over one replica's ranks (Reference §11 F1.10).
-  const double shards = as_double(plan.shard_ranks(cluster.gpus));
+  // stage 3 also weights; FSDP2's HSDP over one replica's ranks (Reference §11 F1.10). Megatron's
+  // distributed optimizer (stage 1's layout) shards a TP rank's share over the data x context
+  // parallel ranks holding the same share (reference-megatron-core M2.4, M3.2): world / t of them.
+  const double shards = as_double(plan.shard_ranks(cluster.gpus)) / tp;
   const double optimizer_shards = plan.zero_stage >= 1 ? shards : 1;
   const double weight_shards = plan.zero_stage >= 3 ? shards : 1;
   if (plan.lora()) {
@@ -289,7 +302,7 @@ void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const Clus
 
   // The terms of runtime_overhead_bytes, by name.
   trace.alloc(kCategoryRuntime, "cuda_context", profile.cuda_context_gib * kBytesPerGib);
-  if (const int64_t communicators = nccl_communicators(profile, cluster.gpus, plan.sequence_ranks()); communicators > 0)
+  if (const int64_t communicators = nccl_communicators(profile, cluster.gpus, plan.model_parallel_ranks()); communicators > 0)
     trace.alloc(kCategoryRuntime, "nccl_buffers", as_double(communicators) * profile.nccl_buffers_gib.at(profile.bound) * kBytesPerGib,
                 as_double(communicators));
   trace.alloc(kCategoryRuntime, "cublas_workspace", profile.cublas_workspace_mib * 1024.0 * 1024.0);
@@ -424,7 +437,7 @@ void trl_forward_stash_place(TensorTrace& trace, const PlanOptions& plan, double
 // LayerShape::input_requires_grad).
 void resident_activations_place(TensorTrace& trace, const PlanOptions& plan, const RuntimeProfile& profile, const Setup& setup,
                                 double layers, double total_layers, double saved_bytes_per_layer, double first_layer_saved_bytes) {
-  const double x_bytes = as_double(setup.shape.tokens) * as_double(setup.shape.hidden) * as_double(setup.impl.activation_bytes);
+  const double x_bytes = as_double(setup.shape.hidden_state_tokens()) * as_double(setup.shape.hidden) * as_double(setup.impl.activation_bytes);
   if (plan.activation_checkpointing && plan.checkpoint_offload) {
     // Unsloth's offload reloads into reused device buffers (one or two of the largest hidden
     // state, held all step) and never offloads the last layer's input (Reference §12 items 26, 28).
@@ -495,7 +508,7 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
     throw std::invalid_argument("memory_predict: invalid plan or sequence length (check plan_problems first)");
   const Setup setup = setup_make(model, cluster.hardware, plan, profile, seqlen);
   const double layers = as_double(model.num_layers);
-  const double x_bytes = as_double(setup.shape.tokens) * as_double(model.hidden_size) * as_double(profile.activation_bytes);
+  const double x_bytes = as_double(setup.shape.hidden_state_tokens()) * as_double(model.hidden_size) * as_double(profile.activation_bytes);
   // What a layer that is not checkpointed keeps for its backward (no layer, under full checkpointing).
   const bool layers_save = !plan.activation_checkpointing || plan.checkpoint_every > 1;
   const double saved_per_layer = layers_save ? decoder_layer_saved_bytes(setup.shape, setup.impl) : 0;
@@ -801,7 +814,7 @@ std::vector<MemoryItem> layer_saved_tensors(const ModelSpec& model, const Cluste
     throw std::invalid_argument("layer_saved_tensors: invalid plan or sequence length (check plan_problems first)");
   const Setup setup = setup_make(model, cluster.hardware, plan, profile, seqlen);
   TensorTrace trace;
-  const double x_bytes = as_double(setup.shape.tokens) * as_double(model.hidden_size) * as_double(setup.impl.activation_bytes);
+  const double x_bytes = as_double(setup.shape.hidden_state_tokens()) * as_double(model.hidden_size) * as_double(setup.impl.activation_bytes);
   trace.alloc(kCategoryLayer, "layer.input", x_bytes);
   decoder_layer_forward(trace, setup.shape, setup.impl, /*keep_for_backward=*/true);
   trace.free("layer.output");  // the next layer's input, not this layer's saved tensor

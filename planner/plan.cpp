@@ -76,7 +76,7 @@ int64_t kv_replication_factor(const ModelSpec& model, int64_t sp) {
 }
 
 int64_t data_parallel_ranks(const ClusterSpec& cluster, const PlanOptions& plan) {
-  return plan.sequence_ranks() > 0 ? cluster.gpus / plan.sequence_ranks() : 1;
+  return plan.model_parallel_ranks() > 0 ? cluster.gpus / plan.model_parallel_ranks() : 1;
 }
 
 namespace {
@@ -132,6 +132,28 @@ std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec
     if (model.num_kv_heads % plan.sp != 0 && plan.sp % model.num_kv_heads != 0)
       problems.push_back(fmt::format("sp={} neither divides nor is a multiple of {} key/value heads", plan.sp, model.num_kv_heads));
   }
+  if (plan.tp < 1) {
+    problems.push_back(fmt::format("tp={} must be at least 1", plan.tp));
+  } else if (plan.tp > 1) {
+    if (plan.sp >= 1 && plan.ring >= 1 && cluster.gpus % plan.model_parallel_ranks() != 0)
+      problems.push_back(fmt::format("tp={} x sp={} x ring={} does not divide {} GPUs (world = dp x tp x sp x ring)", plan.tp, plan.sp,
+                                     plan.ring, cluster.gpus));
+    // Megatron-Core splits the query heads and the key/value groups over the TP ranks
+    // (transformer/attention.py: num_attention_heads_per_partition, num_query_groups_per_partition
+    // by divide(), which asserts divisibility), and Ulysses then splits a TP rank's heads.
+    if (model.num_q_heads % plan.tp != 0)
+      problems.push_back(fmt::format("tp={} does not divide {} query heads (Megatron splits heads over TP ranks)", plan.tp, model.num_q_heads));
+    else if (plan.sp >= 1 && (model.num_q_heads / plan.tp) % plan.sp != 0)
+      problems.push_back(fmt::format("sp={} does not divide the {} query heads a TP rank holds", plan.sp, model.num_q_heads / plan.tp));
+    if (model.num_kv_heads % plan.tp != 0)
+      problems.push_back(fmt::format("tp={} does not divide {} key/value heads (num_query_groups % tp, Megatron's divide())", plan.tp,
+                                     model.num_kv_heads));
+    if (model.is_moe()) problems.push_back(fmt::format("{}: tensor parallelism of a mixture-of-experts block is not modelled yet", model.name));
+    if (plan.lora()) problems.push_back("LoRA beside tensor parallelism is not modelled");
+    if (plan.fpdt || plan.tiled_mlp || plan.tiled_loss || plan.checkpoint_offload || plan.offload_params || plan.offload_optimizer)
+      problems.push_back("tensor parallelism is modelled as Megatron-Core runs it: without FPDT, ALST's tiling and the offloads");
+    if (plan.zero_stage > 1) problems.push_back("tensor parallelism is modelled with Megatron's distributed optimizer (ZeRO-1's layout) or none");
+  }
   if (plan.zero_stage < 0 || plan.zero_stage > 3) problems.push_back(fmt::format("ZeRO stage {} is not 0..3", plan.zero_stage));
   if (plan.offload_optimizer && plan.zero_stage < 1)
     problems.push_back("optimizer offload needs ZeRO stage 1, 2 or 3 (DeepSpeed ZeRO-Offload)");
@@ -164,7 +186,8 @@ std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec
   if (plan.ring > 1 && plan.fpdt) problems.push_back("ring attention with FPDT's chunking is not modelled");
   if (plan.micro_batch < 1) problems.push_back(fmt::format("micro batch {} must be at least 1", plan.micro_batch));
   if (plan.global_batch < 0) problems.push_back(fmt::format("global batch {} must not be negative", plan.global_batch));
-  if (plan.global_batch > 0 && plan.micro_batch >= 1 && plan.sequence_ranks() >= 1 && cluster.gpus % plan.sequence_ranks() == 0) {
+  if (plan.global_batch > 0 && plan.micro_batch >= 1 && plan.tp >= 1 && plan.sequence_ranks() >= 1 &&
+      cluster.gpus % plan.model_parallel_ranks() == 0) {
     const int64_t per_micro_step = samples_per_micro_step(cluster, plan);
     if (plan.global_batch % per_micro_step != 0)
       problems.push_back(fmt::format("global batch {} is not a multiple of micro batch {} x dp {} = {} samples a micro-step",
@@ -193,6 +216,9 @@ std::vector<std::string> seqlen_problems(const PlanOptions& plan, int64_t seqlen
                                    "chunks, each over sp ranks)", seqlen, seqlen_granule(plan)));
   else if (plan.sp >= 1 && seqlen % plan.sp != 0)
     problems.push_back(fmt::format("sequence length {} is not divisible by sp={} (each rank holds S/sp tokens)", seqlen, plan.sp));
+  else if (plan.tp > 1 && seqlen % seqlen_granule(plan) != 0)
+    problems.push_back(fmt::format("sequence length {} is not divisible by {} (sequence parallelism splits each rank's tokens over tp={})",
+                                   seqlen, seqlen_granule(plan), plan.tp));
   else if (plan.fpdt && plan.fpdt_chunk_tokens > 0 && seqlen % plan.fpdt_chunk_tokens != 0)
     problems.push_back(fmt::format("sequence length {} is not a multiple of the FPDT chunk of {} tokens (FPDT_InputConstruct)",
                                    seqlen, plan.fpdt_chunk_tokens));
@@ -218,7 +244,9 @@ int64_t sp_largest_valid(const ModelSpec& model, int64_t gpus) {
 
 int64_t seqlen_granule(const PlanOptions& plan) {
   if (plan.fpdt) return plan.fpdt_chunk_tokens;  // FPDT_InputConstruct: whole chunks (each a multiple of sp)
-  return plan.ring > 1 ? 2 * plan.sp * plan.ring : plan.sp;
+  // Megatron's sequence parallelism scatters each rank's tokens over its TP ranks
+  // (gpt_model.py scatter_embedding_sequence_parallel; reference-megatron-core M1.3).
+  return (plan.ring > 1 ? 2 * plan.sp * plan.ring : plan.sp) * std::max<int64_t>(1, plan.tp);
 }
 
 std::string stack_attention_kernel(const RuntimeProfile& profile, const HardwareCard& card) {
@@ -242,6 +270,8 @@ std::string attention_kernel_for(const RuntimeProfile& profile, const HardwareCa
   if (plan.fpdt) return "fa2";
   const std::string stack = stack_attention_kernel(profile, card);
   if (plan.ring > 1) {
+    // Megatron-Core's context parallelism runs TE's own attention backend on each block (M2.3).
+    if (profile.megatron_te_layer) return stack;
     if (profile.ring_implementation != RingImplementation::ring_torch_allgather) return "fa2";
     // PyTorch's context parallelism calls SDPA's kernels: a kernel outside SDPA is not called there.
     return attention_kernel_facts(stack).sdpa_backend ? stack : card.sdpa_default_backend;
@@ -250,8 +280,9 @@ std::string attention_kernel_for(const RuntimeProfile& profile, const HardwareCa
 }
 
 std::string plan_describe(const PlanOptions& plan) {
-  std::string text = plan.ring > 1 ? fmt::format("sp={} ring={} zero={}", plan.sp, plan.ring, plan.zero_stage)
-                                   : fmt::format("sp={} zero={}", plan.sp, plan.zero_stage);
+  std::string text = plan.tp > 1 ? fmt::format("tp={} ", plan.tp) : std::string();
+  text += plan.ring > 1 ? fmt::format("sp={} ring={} zero={}", plan.sp, plan.ring, plan.zero_stage)
+                        : fmt::format("sp={} zero={}", plan.sp, plan.zero_stage);
   if (plan.offload_optimizer) text += " +optimizer-offload";
   if (plan.offload_params) text += " +param-offload";
   text += !plan.activation_checkpointing ? " -checkpointing"

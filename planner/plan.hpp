@@ -86,6 +86,13 @@ struct PlanOptions : HeldChoices {
   int64_t ring = 1;
   // Ranks one sequence is spread over: u x r (each holds S / (u r) tokens).
   int64_t sequence_ranks() const { return sp * ring; }
+  // Megatron-Core's tensor parallelism t with its sequence parallelism (docs/reference-megatron-core.md
+  // M1): every linear's weight split over t ranks (column- then row-parallel), the attention's heads
+  // and the MLP's width with it, and outside those regions the residual stream split along the
+  // sequence (a [S/(u r t), h] shard a rank). The t ranks hold one sequence's u r share together.
+  int64_t tp = 1;
+  // Ranks one model replica spans: t x u x r (world = dp x t x u x r).
+  int64_t model_parallel_ranks() const { return tp * sp * ring; }
   int zero_stage = 3;                   // 0..3
   bool offload_optimizer = false;       // fp32 master, Adam states and fp32 gradients on the host
   bool offload_params = false;          // ZeRO-3 offload_param: bf16 weight partitions on the host

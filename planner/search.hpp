@@ -52,6 +52,8 @@ struct SearchOptions {
   std::vector<int64_t> checkpoint_every = {1};
   // Op-level selective checkpointing (PlanOptions::checkpoint_ops) tried beside them, likewise.
   bool checkpoint_ops = false;
+  // Tensor-parallel degrees tried (PlanOptions::tp), where the framework runs it.
+  std::vector<int64_t> tensor_parallel = {1};
 };
 
 // How many memory-saving features a plan turns on (offloads, checkpointing, tiling, FPDT, the ZeRO

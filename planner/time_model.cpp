@@ -20,6 +20,7 @@ StepTime& StepTime::operator+=(const StepTime& other) {
   fpdt_fetch_exposed_s += other.fpdt_fetch_exposed_s;
   ring_exposed_s += other.ring_exposed_s;
   ring_final_hop_s += other.ring_final_hop_s;
+  tensor_parallel_exposed_s += other.tensor_parallel_exposed_s;
   gradient_offload_s += other.gradient_offload_s;
   optimizer_s += other.optimizer_s;
   elementwise_s += other.elementwise_s;
@@ -28,7 +29,8 @@ StepTime& StepTime::operator+=(const StepTime& other) {
 
 double StepTime::total_s() const {
   return matmul_s + attention_s + ulysses_all_to_all_s + zero_communication_exposed_s + checkpoint_offload_s +
-         fpdt_fetch_exposed_s + ring_exposed_s + ring_final_hop_s + gradient_offload_s + optimizer_s + elementwise_s;
+         fpdt_fetch_exposed_s + ring_exposed_s + ring_final_hop_s + tensor_parallel_exposed_s + gradient_offload_s + optimizer_s +
+         elementwise_s;
 }
 
 double layer_elementwise_bytes_per_token(const ModelSpec& model, int64_t activation_bytes) {
@@ -193,12 +195,17 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   const double attention_per_layer_s = time.attention_s / layers;
   const double attention_forward_share = 1.0 / (1.0 + 2.5 + recomputed_attention_share(model, plan));
 
+  // A tensor-parallel rank's heads: Ulysses' exchanges and the ring's blocks carry 1/t of them.
+  ModelSpec rank_heads = model;
+  rank_heads.num_q_heads = model.num_q_heads / std::max<int64_t>(1, plan.tp);
+  rank_heads.num_kv_heads = model.num_kv_heads / std::max<int64_t>(1, plan.tp);
+
   // Ulysses: four all-to-alls (q, k, v, output) per layer in forward, again in the recompute,
   // and mirrored in backward; in the profile's activation dtype (ALST: bf16).
   if (plan.sp > 1) {
     const Link link = link_for_group(cluster, plan.sp);
     // The Ulysses group holds S / r tokens of the sequence.
-    const double bytes = ulysses_layer_all_to_all_bytes(model, plan.micro_batch, seqlen / plan.ring, plan.sp, profile.activation_bytes);
+    const double bytes = ulysses_layer_all_to_all_bytes(rank_heads, plan.micro_batch, seqlen / plan.ring, plan.sp, profile.activation_bytes);
     const double passes = layers * (2.0 + recompute);
     time.ulysses_all_to_all_s = passes * ulysses_pass_s(link, bytes, plan.sp);
   }
@@ -206,11 +213,32 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   // Ring attention (ring-flash-attention's schedule): every forward pass (the recompute's too)
   // and the backward pass of every layer.
   if (plan.ring > 1) {
-    const RingLayerPassing passing = ring_layer_passing(model, cluster, plan.micro_batch, seqlen, plan.sp, plan.ring,
+    const RingLayerPassing passing = ring_layer_passing(rank_heads, cluster, plan.micro_batch, seqlen, plan.sp, plan.ring,
                                                         profile.activation_bytes, attention_per_layer_s * attention_forward_share,
                                                         context_parallel_all_gather(profile, plan));
     time.ring_exposed_s = layers * ((1.0 + recompute) * passing.forward_exposed_s + passing.backward_exposed_s);
     time.ring_final_hop_s = layers * passing.final_hop_s;
+  }
+
+  // Megatron's tensor parallelism with sequence parallelism (reference-megatron-core M1.1-M1.2): a
+  // layer's forward all-gathers the norm's output before QKV and fc1 and reduce-scatters after the
+  // output projection and fc2, each of the gathered [T, h] over the t ranks, on the compute stream
+  // (exposed; TE's userbuffer overlap, tp_comm_overlap, is off by default and not modelled). Its
+  // backward gathers the row-parallel linears' output gradients (exposed), and re-gathers the norms'
+  // outputs and reduce-scatters the input gradients behind the weight- and input-gradient GEMMs
+  // (hidden up to the backward's GEMM time). The recompute's forward repeats the forward's four.
+  if (plan.tp > 1) {
+    const Link link = link_for_group(cluster, plan.tp);
+    const double gathered_bytes = as_double(plan.micro_batch) * as_double(seqlen / plan.sequence_ranks()) *
+                                  as_double(model.hidden_size) * as_double(profile.activation_bytes);
+    const double all_gather_s = link.latency_us * 1e-6 + collective_seconds(Collective::collective_all_gather, gathered_bytes, plan.tp, link);
+    const double reduce_scatter_s =
+        link.latency_us * 1e-6 + collective_seconds(Collective::collective_reduce_scatter, gathered_bytes, plan.tp, link);
+    const double forward_s = 2.0 * (all_gather_s + reduce_scatter_s);
+    const double backward_hidden_s = 2.0 * (all_gather_s + reduce_scatter_s);
+    const double backward_matmul_s = time.matmul_s * 2.0 / (3.0 + recompute);  // backward's share of the GEMMs
+    time.tensor_parallel_exposed_s = layers * ((1.0 + recompute) * forward_s + 2.0 * all_gather_s) +
+                                     std::max(0.0, layers * backward_hidden_s - backward_matmul_s);
   }
 
   // ZeRO traffic, overlapped with the layers' compute by DeepSpeed's prefetching and bucketing.
@@ -227,7 +255,12 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   // With LoRA only the adapters have gradients (fp32) and change at the step; the frozen base is
   // gathered all the same (Reference §12 item 12).
   const double adapters = plan.lora() ? as_double(lora_parameter_count(model, plan.lora_rank, plan.lora_all_linear)) : 0.0;
-  const double gradient_bytes = plan.lora() ? adapters * lora_adapter_bytes(profile, plan) : as_double(params.total) * as_double(profile.reduce_bytes_or_default());
+  // Under tensor parallelism a rank's share of the parameters, reduced over the ranks holding the
+  // same share (data x context parallel: world / t; reference-megatron-core M2.4).
+  const double tp = as_double(std::max<int64_t>(1, plan.tp));
+  const int64_t replica_ranks = cluster.gpus / std::max<int64_t>(1, plan.tp);
+  const double gradient_bytes = plan.lora() ? adapters * lora_adapter_bytes(profile, plan)
+                                            : as_double(params.total) / tp * as_double(profile.reduce_bytes_or_default());
   const double updated_weight_bytes = plan.lora() ? adapters * lora_adapter_bytes(profile, plan) : weight_bytes;
   const bool cpu_offload_policy = fsdp2_cpu_offload(profile, plan);
   if (plan.zero_stage == 3) {
@@ -252,12 +285,12 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
       zero_overlappable_s += 2.0 * pcie_seconds(weight_bytes / world, card.pcie_host_to_device_gbps);
     }
   } else if (plan.zero_stage >= 1) {
-    zero_overlappable_s += collective_seconds(Collective::collective_reduce_scatter, gradient_bytes, cluster.gpus, world_link);
+    zero_overlappable_s += collective_seconds(Collective::collective_reduce_scatter, gradient_bytes, replica_ranks, world_link);
     // Updated weights are all-gathered after the step, outside backward.
-    zero_exposed_s += collective_seconds(Collective::collective_all_gather, updated_weight_bytes, cluster.gpus, world_link);
+    zero_exposed_s += collective_seconds(Collective::collective_all_gather, updated_weight_bytes / tp, replica_ranks, world_link);
   } else {
     // DDP all-reduces every trainable gradient (a LoRA run: the fp32 adapters' alone).
-    zero_overlappable_s += collective_seconds(Collective::collective_all_reduce, gradient_bytes, cluster.gpus, world_link);
+    zero_overlappable_s += collective_seconds(Collective::collective_all_reduce, gradient_bytes, replica_ranks, world_link);
   }
   // Under gradient accumulation the gathers and ZeRO-2/3's reductions recur every micro-step
   // (DeepSpeed engine.py allreduce_gradients: "ZeRO stage >= 2 communicates during non gradient
@@ -308,7 +341,8 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
 
   // Optimizer step (offloaded: offloaded_optimizer_step); on the GPU an Adam pass bound by HBM
   // bandwidth (fp32 master, m, v read and written, the gradient read, the bf16 weight written).
-  const double optimizer_shards = plan.zero_stage >= 1 ? as_double(plan.shard_ranks(cluster.gpus)) : 1.0;
+  // (Under tensor parallelism a rank's share, P / t, sharded over world / t ranks: P / world alike.)
+  const double optimizer_shards = plan.zero_stage >= 1 ? as_double(plan.shard_ranks(cluster.gpus)) : tp;
   const double partition_params = as_double(params.total) / optimizer_shards;
   if (plan.lora() && plan.offload_optimizer) {
     // ZeRO-Offload's passes over the adapters' partition alone (the base has no optimizer state).
@@ -345,7 +379,9 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
     const double bytes = tokens * (layers * layer_passes * layer_elementwise_bytes_per_token(model, profile.activation_bytes) +
                                    12.0 * as_double(model.vocab_size));
     const double gbps = card.elementwise_gbps > 0 ? card.elementwise_gbps : card.hbm_gbps;
-    time.elementwise_s = bytes / (gbps * 1e9);
+    // Under tensor parallelism each rank's share: 1/t of the widths inside the attention and MLP, 1/t
+    // of the tokens outside them (sequence parallelism), 1/t of the vocabulary.
+    time.elementwise_s = bytes / (gbps * 1e9) / as_double(std::max<int64_t>(1, plan.tp));
   }
 
   // One optimizer step: every micro-step's compute and traffic, the optimizer once. An offloaded
@@ -353,12 +389,13 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   // (ZeRO-2/3 accumulate them in the host's fp32 partition), at the boundary under ZeRO-1.
   prediction.accumulation_steps = gradient_accumulation_steps(cluster, plan);
   for (double* per_micro_step : {&time.matmul_s, &time.attention_s, &time.ulysses_all_to_all_s, &time.checkpoint_offload_s,
-                                 &time.fpdt_fetch_exposed_s, &time.ring_exposed_s, &time.ring_final_hop_s, &time.elementwise_s})
+                                 &time.fpdt_fetch_exposed_s, &time.ring_exposed_s, &time.ring_final_hop_s, &time.tensor_parallel_exposed_s,
+                                 &time.elementwise_s})
     *per_micro_step *= micro_steps;
   time.gradient_offload_s *= reducing_micro_steps;
 
   const double step_s = time.total_s();
-  prediction.megatron_flos = megatron_flos_per_sample(model, seqlen) * as_double(plan.micro_batch) / as_double(plan.sequence_ranks());
+  prediction.megatron_flos = megatron_flos_per_sample(model, seqlen) * as_double(plan.micro_batch) / as_double(plan.model_parallel_ranks());
   prediction.hardware_tflops_per_gpu = micro_steps * prediction.executed_flops.total() / step_s / 1e12;
   prediction.megatron_tflops_per_gpu = micro_steps * prediction.megatron_flos / step_s / 1e12;
   prediction.mfu = micro_steps * prediction.model_flops.total() / step_s / (card.peak_bf16_tflops * 1e12);

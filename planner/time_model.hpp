@@ -30,6 +30,7 @@ struct StepTime {
   double fpdt_fetch_exposed_s = 0;          // FPDT chunk traffic not hidden behind attention
   double ring_exposed_s = 0;                // ring attention's key/value passing not hidden behind attention
   double ring_final_hop_s = 0;              // backward's dk/dv accumulators going home after the last step
+  double tensor_parallel_exposed_s = 0;     // Megatron's sequence-parallel all-gathers and reduce-scatters not hidden behind GEMMs
   double gradient_offload_s = 0;            // offloaded optimizer: gradient partitions copied to the host in backward
   double optimizer_s = 0;                   // optimizer step (host or GPU) and the updated weights' copy up
   double elementwise_s = 0;                 // norms, RoPE, SwiGLU, residual adds and the loss's softmax, by bytes moved

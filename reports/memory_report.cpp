@@ -154,6 +154,7 @@ std::string time_table_render(const TimePrediction& prediction, const TimeContex
   line("fpdt chunk fetches (exposed)", time.fpdt_fetch_exposed_s);
   line("ring attention passing (exposed)", time.ring_exposed_s);
   line("ring dk/dv final hop", time.ring_final_hop_s);
+  line("tensor parallel gathers/scatters (exposed)", time.tensor_parallel_exposed_s);
   line("gradients to the host (in backward)", time.gradient_offload_s);
   line("optimizer step", time.optimizer_s);
   line("element-wise (norms, RoPE, SwiGLU, loss softmax)", time.elementwise_s);
@@ -201,6 +202,7 @@ nlohmann::json time_prediction_to_json(const TimePrediction& prediction, const T
         {"fpdt_fetch_exposed", time.fpdt_fetch_exposed_s},
         {"ring_exposed", time.ring_exposed_s},
         {"ring_final_hop", time.ring_final_hop_s},
+        {"tensor_parallel_exposed", time.tensor_parallel_exposed_s},
         {"gradient_offload", time.gradient_offload_s},
         {"optimizer", time.optimizer_s},
         {"elementwise", time.elementwise_s}}},

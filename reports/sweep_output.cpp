@@ -77,9 +77,10 @@ nlohmann::json sweep_results_to_json(const Scenario& scenario, const std::vector
     if (row.plan) {
       const PlanOptions& plan = *row.plan;
       json["plan"] = plan_describe(plan);
+      json["tp"] = plan.tp;
       json["sp"] = plan.sp;
       json["ring"] = plan.ring;
-      json["dp"] = row.gpus / plan.sequence_ranks();
+      json["dp"] = row.gpus / plan.model_parallel_ranks();
       json["zero_stage"] = plan.zero_stage;
       json["offload_optimizer"] = plan.offload_optimizer;
       json["offload_params"] = plan.offload_params;

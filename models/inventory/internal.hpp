@@ -235,4 +235,12 @@ void ulysses_attention_backward(TensorTrace& trace, const LayerShape& shape, con
 void fpdt_attention_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep);
 void fpdt_attention_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl);
 
+// Megatron-Core's TE layer and vocabulary-parallel loss (megatron.cpp), in place of the Hugging Face
+// layer's and loss's schedules where LayerImplementation::megatron_te_layer says so; the same
+// contracts as decoder_layer_forward/backward, decoder_layer_saved_bytes and lm_loss_forward_backward.
+void megatron_layer_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep);
+void megatron_layer_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl);
+double megatron_layer_saved_bytes(const LayerShape& shape, const LayerImplementation& impl);
+void megatron_loss_forward_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl);
+
 }  // namespace longseq::inventory

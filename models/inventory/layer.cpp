@@ -39,6 +39,7 @@ void post_norm_backward(TensorTrace& trace, const LayerShape& shape, const Layer
 }  // namespace
 
 void decoder_layer_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep) {
+  if (impl.megatron_te_layer) return megatron_layer_forward(trace, shape, impl, keep);
   const Bytes bytes(shape, impl);
   if (shape.fpdt_chunk_tokens > 0) fpdt_attention_forward(trace, shape, impl, keep);
   else ulysses_attention_forward(trace, shape, impl, keep);
@@ -92,6 +93,7 @@ void decoder_layer_forward(TensorTrace& trace, const LayerShape& shape, const La
 
 
 void decoder_layer_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl) {
+  if (impl.megatron_te_layer) return megatron_layer_backward(trace, shape, impl);
   const Bytes bytes(shape, impl);
 
   trace.set_moment("mlp");
@@ -170,6 +172,7 @@ double fpdt_host_bytes(const LayerShape& shape, const LayerImplementation& impl,
 }
 
 double decoder_layer_saved_bytes(const LayerShape& shape, const LayerImplementation& impl) {
+  if (impl.megatron_te_layer) return megatron_layer_saved_bytes(shape, impl);
   TensorTrace trace;
   const Bytes bytes(shape, impl);
   trace.alloc(L, "layer.input", bytes.x);

@@ -72,6 +72,7 @@ using namespace inventory;
 
 void lm_loss_forward_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl,
                               LossImplementation loss, int64_t tile_tokens, int64_t weight_bytes) {
+  if (impl.megatron_te_layer) return megatron_loss_forward_backward(trace, shape, impl);
   const Bytes bytes(shape, impl);
   const double a = static_cast<double>(impl.activation_bytes);
   const double tokens = static_cast<double>(shape.tokens);

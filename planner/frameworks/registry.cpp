@@ -5,12 +5,12 @@
 namespace longseq {
 
 extern const FrameworkDescription kArcticTraining, kHfAccelerate, kMegatronDeepSpeed, kDeepSpeed, kUsp, kAccelerateFsdp2, kHfTrainer,
-    kTorchtitan, kUnsloth, kLongseq;
+    kTorchtitan, kUnsloth, kLongseq, kMegatronCore;
 
 const std::vector<const FrameworkDescription*>& framework_descriptions() {
   static const std::vector<const FrameworkDescription*> all = {&kArcticTraining, &kHfAccelerate, &kMegatronDeepSpeed, &kDeepSpeed,
                                                                &kUsp,            &kAccelerateFsdp2, &kHfTrainer,     &kTorchtitan,
-                                                               &kUnsloth,        &kLongseq};
+                                                               &kUnsloth,        &kLongseq,       &kMegatronCore};
   return all;
 }
 

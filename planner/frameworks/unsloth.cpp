@@ -35,6 +35,7 @@ extern const FrameworkDescription kUnsloth = {
     /*adam_8bit=*/true,
     /*tiles_moe_blocks=*/true,
     /*selective_checkpointing=*/false,
+    /*tensor_parallelism=*/false,
     nullptr,
     plan_refused,
 };

@@ -1,0 +1,315 @@
+// megatron.cpp: Megatron-Core's GPT decoder layer as its default Transformer Engine spec builds it
+// (models/gpt/gpt_layer_specs.py: TELayerNormColumnParallelLinear for the input norm with QKV and
+// for the pre-MLP norm with fc1, TE's DotProductAttention, TERowParallelLinear for the output
+// projection and fc2; get_mlp_module_spec_for_backend L489-505), and its vocabulary-parallel loss,
+// under tensor parallelism with sequence parallelism and context parallelism. The facts and their
+// line citations are docs/reference-megatron-core.md (M1-M3); each step below names the one it uses.
+//
+// Sizes a rank holds (T = b S/(u r) tokens, t = tp; the widths in LayerShape are one TP rank's):
+//   residual stream, norm outputs          [T/t, h]   (sequence-parallel shards, M1.2)
+//   a column-parallel linear's gathered input [T, h]  (Megatron's global "mpu" buffer / TE's gather, M1.1)
+//   q, k, v, attention output, lse         [T, n d / t], fp32 [T, n_q / t]
+//   fc1 output, activation output          [T, 2f/t] (gated) or [T, f/t], [T, f/t]
+// Not modelled: dropout (the Llama-shaped recipes set hidden_dropout 0, Megatron-Bridge
+// llama_bridge.py L66; TE's fused attention draws its dropout in-kernel), FP8, and what TE's
+// userbuffers overlap would add.
+#include "models/inventory/internal.hpp"
+
+namespace longseq::inventory {
+
+namespace {
+
+struct MegatronBytes {
+  double shard;        // [T/t, h]: the residual stream and the norms' outputs
+  double gathered;     // [T, h]: a column-parallel linear's input gathered over the TP ranks
+  double rsigma;       // fp32 [T/t]: a TE norm's saved statistic (RMSNorm: rsigma; LayerNorm adds the mean)
+  double qkv, q, kv, lse;
+  double fc1, activation;
+  MegatronBytes(const LayerShape& shape, const LayerImplementation& impl) {
+    const double a = static_cast<double>(impl.activation_bytes);
+    const double tokens = static_cast<double>(shape.tokens), shard_tokens = static_cast<double>(shape.hidden_state_tokens());
+    const double h = static_cast<double>(shape.hidden);
+    shard = shard_tokens * h * a;
+    gathered = tokens * h * a;
+    rsigma = shard_tokens * 4.0 * 2.0;  // TE saves mean and rsigma alike (LayerNorm); RMSNorm's mean slot is empty: an upper bound
+    q = tokens * static_cast<double>(shape.q_width) * a;
+    kv = tokens * static_cast<double>(shape.kv_width * shape.kv_replication) * a;
+    qkv = tokens * static_cast<double>(shape.q_width + 2 * shape.kv_width) * a;
+    lse = tokens * static_cast<double>(shape.num_q_heads) * 4.0;
+    const double f = static_cast<double>(shape.intermediate);
+    fc1 = tokens * (shape.mlp_kind == MlpKind::mlp_kind_swiglu ? 2.0 * f : f) * a;
+    activation = tokens * f * a;
+  }
+};
+
+bool context_parallel(const LayerShape& shape) { return shape.sp > 1 || shape.ring > 1; }
+
+// A column-parallel linear under sequence parallelism multiplies on its input gathered over the TP
+// ranks, in one transient buffer freed after the GEMM (M1.1; TE layernorm_linear.py L282-317,
+// L430-435). Without TP it multiplies on its input as it is.
+void column_parallel_gather(TensorTrace& trace, const LayerShape& shape, const MegatronBytes& bytes) {
+  if (shape.tp > 1) trace.alloc(L, "tp.gathered_input", bytes.gathered);
+}
+void column_parallel_gather_free(TensorTrace& trace, const LayerShape& shape) {
+  if (shape.tp > 1) trace.free("tp.gathered_input");
+}
+
+// A row-parallel linear's output: [T, h] partial sums reduce-scattered into this rank's [T/t, h]
+// (M1.2: RowParallelLinear.forward L1289-1290); the bias-add into the residual makes a new shard.
+void row_parallel_output(TensorTrace& trace, const LayerShape& shape, const MegatronBytes& bytes, const char* residual) {
+  if (shape.tp > 1) {
+    trace.alloc(L, "tp.row_parallel_partial", bytes.gathered);
+    trace.alloc(L, "tp.row_parallel_output", bytes.shard);
+    trace.free("tp.row_parallel_partial");
+  } else {
+    trace.alloc(L, "tp.row_parallel_output", bytes.shard);
+  }
+  trace.alloc(L, residual, bytes.shard);
+  trace.free("tp.row_parallel_output");
+}
+
+// A TE norm fused with a column-parallel linear, backward: the input gradient produced whole
+// ([T, h]) and reduce-scattered to the shard, while the norm's output is gathered again for the
+// weight gradient (M1.1: L515-527, L548-560).
+void layernorm_linear_backward(TensorTrace& trace, const LayerShape& shape, const MegatronBytes& bytes, const char* output_grad,
+                               const char* norm_output, const char* norm_rsigma, const char* input_grad) {
+  column_parallel_gather(trace, shape, bytes);
+  trace.alloc(L, "tp.input_grad_partial", bytes.gathered);
+  trace.free(output_grad);
+  column_parallel_gather_free(trace, shape);
+  if (shape.tp > 1) {
+    trace.alloc(L, "tp.input_grad_shard", bytes.shard);
+    trace.free("tp.input_grad_partial");
+  } else {
+    trace.alias("tp.input_grad_partial", L, "tp.input_grad_shard");
+    trace.free("tp.input_grad_partial");
+  }
+  trace.free(norm_output);
+  // The norm's backward writes its input's gradient; the residual branch's is added into it.
+  trace.alloc(L, input_grad, bytes.shard);
+  trace.free("tp.input_grad_shard");
+  trace.free(norm_rsigma);
+}
+
+}  // namespace
+
+void megatron_layer_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep) {
+  const MegatronBytes bytes(shape, impl);
+  const bool cp = context_parallel(shape);
+
+  // TELayerNormColumnParallelLinear (M1.1): saves the layer's input, the norm's output as this
+  // rank's shard and the norm's statistics; multiplies on the gathered norm output.
+  trace.set_moment("input norm and QKV");
+  trace.alloc(L, "attention_norm.output", bytes.shard);
+  trace.alloc(L, "attention_norm.rsigma_fp32", bytes.rsigma);
+  column_parallel_gather(trace, shape, bytes);
+  trace.alloc(L, "attention.qkv", bytes.qkv);
+  column_parallel_gather_free(trace, shape);
+  if (!keep) {
+    trace.free("attention_norm.output");
+    trace.free("attention_norm.rsigma_fp32");
+  }
+
+  // q, k and v are views of the QKV output (attention.py get_query_key_value_tensors: torch.split /
+  // SplitAlongDim along the head dim); RoPE writes new q and k (apply_rotary_pos_emb, fused or not),
+  // while v stays a view, keeping the whole QKV output alive as long as attention saves v.
+  trace.set_moment("RoPE");
+  trace.alloc(L, "attention.q", bytes.q);
+  trace.alloc(L, "attention.k", bytes.kv);
+  if (cp) {
+    // Under context parallelism TE makes q, k and v contiguous (dot_product_attention.py L2529-2532):
+    // v becomes its own tensor and the QKV output is released.
+    trace.alloc(L, "attention.v", bytes.kv);
+    trace.free("attention.qkv");
+  }
+
+  trace.set_moment("attention");
+  if (shape.sp > 1) {
+    // cp_comm_type a2a (M2.2: AttnFuncWithCPAndQKVOA2A): q, k and v exchanged to the whole sequence
+    // at n/u heads through staging copies (TE's buffers unread: priced as DeepSpeed's Ulysses, two
+    // copies of what is exchanged, REFERENCE §3.1).
+    trace.alloc(L, "attention.a2a_staging", static_cast<double>(impl.ulysses_staging_copies) * (bytes.q + 2.0 * bytes.kv));
+  }
+  if (shape.ring > 1) {
+    // cp_comm_type p2p (M2.3): the local K and V concatenated into one block and a second block for
+    // the one in flight; the block last received is what attention saves, the local k and v go.
+    trace.alloc(L, "ring.kv_blocks", 2.0 * 2.0 * bytes.kv);
+  }
+  if (shape.sp > 1) trace.free("attention.a2a_staging");
+  trace.alloc(L, "attention.output", bytes.q);
+  trace.alloc(L, "attention.lse_fp32", bytes.lse);
+  if (shape.ring > 1) {
+    trace.free("ring.kv_blocks");
+    trace.free("attention.k");
+    trace.free("attention.v");
+    trace.alloc(L, "attention.kv_block_saved", 2.0 * bytes.kv);
+  }
+  if (!keep) {
+    trace.free("attention.q");
+    if (shape.ring > 1) trace.free("attention.kv_block_saved");
+    else {
+      trace.free("attention.k");
+      trace.free(cp ? "attention.v" : "attention.qkv");
+    }
+    trace.free("attention.lse_fp32");
+  }
+
+  // TERowParallelLinear saves its input, the attention output (M1.2); the residual add makes the
+  // next shard (bias_dropout_add with hidden_dropout 0).
+  trace.set_moment("output projection and residual");
+  row_parallel_output(trace, shape, bytes, "residual.attention");
+  if (!keep) trace.free("attention.output");
+
+  // The pre-MLP norm fused with fc1 (M1.1 again): saves its input (the residual), its output shard
+  // and statistics.
+  trace.set_moment("pre-MLP norm and fc1");
+  trace.alloc(L, "mlp_norm.output", bytes.shard);
+  trace.alloc(L, "mlp_norm.rsigma_fp32", bytes.rsigma);
+  column_parallel_gather(trace, shape, bytes);
+  trace.alloc(L, "mlp.fc1_output", bytes.fc1);
+  column_parallel_gather_free(trace, shape);
+  if (!keep) {
+    trace.free("mlp_norm.output");
+    trace.free("mlp_norm.rsigma_fp32");
+  }
+
+  // The activation (mlp.py MLP.forward): the fused bias_swiglu_impl / bias_gelu_impl saves its
+  // input (fc1's output) only; the unfused glu's silu saves its output beside it.
+  trace.set_moment("activation");
+  if (!impl.megatron_fused_swiglu && shape.mlp_kind == MlpKind::mlp_kind_swiglu) trace.alloc(L, "mlp.silu_output", bytes.activation);
+  trace.alloc(L, "mlp.activation_output", bytes.activation);
+  if (!keep) {
+    trace.free("mlp.fc1_output");
+    if (trace.is_live("mlp.silu_output")) trace.free("mlp.silu_output");
+  }
+
+  // fc2, row-parallel, saves the activation output; its reduce-scattered output plus the residual
+  // is the layer's output.
+  trace.set_moment("fc2 and residual");
+  row_parallel_output(trace, shape, bytes, "layer.output");
+  if (!keep) {
+    trace.free("mlp.activation_output");
+    trace.free("residual.attention");
+  }
+}
+
+void megatron_layer_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl) {
+  const MegatronBytes bytes(shape, impl);
+  const bool cp = context_parallel(shape);
+
+  // fc2 (row-parallel) backward: the output gradient gathered over the TP ranks, the activation's
+  // gradient produced; the weight gradient goes into the DDP's gradient buffer (model states, M3.1).
+  trace.set_moment("fc2 backward");
+  column_parallel_gather(trace, shape, bytes);
+  trace.alloc(L, "mlp.activation_output_grad", bytes.activation);
+  column_parallel_gather_free(trace, shape);
+  trace.free("mlp.activation_output");
+  if (trace.is_live("layer.output")) trace.free("layer.output");
+
+  trace.set_moment("activation backward");
+  trace.alloc(L, "mlp.fc1_output_grad", bytes.fc1);
+  trace.free("mlp.activation_output_grad");
+  if (trace.is_live("mlp.silu_output")) trace.free("mlp.silu_output");
+  trace.free("mlp.fc1_output");
+
+  trace.set_moment("fc1 and pre-MLP norm backward");
+  layernorm_linear_backward(trace, shape, bytes, "mlp.fc1_output_grad", "mlp_norm.output", "mlp_norm.rsigma_fp32", "residual.attention_grad");
+  trace.free("residual.attention");
+
+  // The output projection (row-parallel) backward: its output gradient gathered, the attention
+  // output's gradient produced.
+  trace.set_moment("output projection backward");
+  column_parallel_gather(trace, shape, bytes);
+  trace.alloc(L, "attention.output_grad", bytes.q);
+  column_parallel_gather_free(trace, shape);
+
+  // The attention's backward: dq, dk, dv at their dtype with an fp32 dq accumulator where the
+  // kernel keeps one (the profile's); under p2p two K/V blocks and their gradients travel the ring
+  // with a dq buffer (M2.3: L2622-2628); under a2a the exchange's staging copies again.
+  trace.set_moment("attention backward");
+  if (impl.flash_attention_dq_accumulator) trace.alloc(L, "attention.dq_accumulator_fp32", bytes.q / static_cast<double>(impl.activation_bytes) * 4.0);
+  if (shape.ring > 1) trace.alloc(L, "ring.backward_blocks", 4.0 * 2.0 * bytes.kv + bytes.q);
+  if (shape.sp > 1) trace.alloc(L, "attention.a2a_staging", static_cast<double>(impl.ulysses_staging_copies) * (bytes.q + 2.0 * bytes.kv));
+  trace.alloc(L, "attention.dqkv", bytes.q + 2.0 * bytes.kv);
+  if (shape.sp > 1) trace.free("attention.a2a_staging");
+  if (shape.ring > 1) trace.free("ring.backward_blocks");
+  if (impl.flash_attention_dq_accumulator) trace.free("attention.dq_accumulator_fp32");
+  trace.free("attention.output_grad");
+  trace.free("attention.output");
+  trace.free("attention.lse_fp32");
+  trace.free("attention.q");
+  if (shape.ring > 1) trace.free("attention.kv_block_saved");
+  else {
+    trace.free("attention.k");
+    trace.free(cp ? "attention.v" : "attention.qkv");
+  }
+  // RoPE's backward rotates dq and dk back into the QKV output's gradient.
+  trace.set_moment("RoPE backward");
+  trace.alloc(L, "attention.qkv_grad", bytes.qkv);
+  trace.free("attention.dqkv");
+
+  trace.set_moment("QKV and input norm backward");
+  layernorm_linear_backward(trace, shape, bytes, "attention.qkv_grad", "attention_norm.output", "attention_norm.rsigma_fp32", "layer.input_grad");
+  trace.free("residual.attention_grad");
+  trace.free("layer.output_grad");
+  if (trace.is_live("layer.input")) trace.free("layer.input");
+}
+
+double megatron_layer_saved_bytes(const LayerShape& shape, const LayerImplementation& impl) {
+  TensorTrace trace;
+  const double input = MegatronBytes(shape, impl).shard;
+  trace.alloc(L, "layer.input", input);
+  megatron_layer_forward(trace, shape, impl, /*keep=*/true);
+  // Everything but layer.output, with the input (the input norm's saved input, M1.1).
+  return trace.current_bytes() - input;
+}
+
+void megatron_loss_forward_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl) {
+  const MegatronBytes bytes(shape, impl);
+  const double a = static_cast<double>(impl.activation_bytes);
+  const double logits = static_cast<double>(shape.tokens) * static_cast<double>(shape.vocab) * a;  // [T, V/t]
+  trace.set_moment("logits and cross entropy");
+  // The final norm (TENorm) saves its input and statistics; the output layer, column-parallel over
+  // the vocabulary, saves its input's shard and multiplies on it gathered (M1.3).
+  trace.alloc(kCategoryLoss, "final_norm.output", bytes.shard);
+  trace.alloc(kCategoryLoss, "final_norm.rsigma_fp32", bytes.rsigma);
+  if (shape.tp > 1) trace.alloc(kCategoryLoss, "tp.gathered_input", bytes.gathered);
+  trace.alloc(kCategoryLoss, "logits", logits);
+  if (shape.tp > 1) trace.free("tp.gathered_input");
+  if (impl.megatron_te_cross_entropy) {
+    // TE's fused kernel (M1.4): a copy of the logits' shard at their dtype, which it turns into
+    // their gradient in forward, and two fp32 statistics a row; the logits themselves go.
+    trace.alloc(kCategoryLoss, "cross_entropy.logits_grad", logits);
+    trace.alloc(kCategoryLoss, "cross_entropy.row_stats_fp32", static_cast<double>(shape.tokens) * 8.0);
+    trace.free("logits");
+  } else {
+    // Megatron's native loss (M1.4): the shard upcast to fp32, exponentiated in place and kept; the
+    // bf16 logits are not saved.
+    trace.alloc(kCategoryLoss, "cross_entropy.exp_logits_fp32", logits / a * 4.0);
+    trace.free("logits");
+    // Backward: the gradient written into the saved fp32 tensor in place, then cast to the
+    // activation dtype for the output layer.
+    trace.set_moment("cross entropy backward");
+    trace.alloc(kCategoryLoss, "cross_entropy.logits_grad", logits);
+    trace.free("cross_entropy.exp_logits_fp32");
+  }
+  trace.set_moment("output layer backward");
+  trace.alloc(kCategoryLoss, "output_layer.input_grad_partial", bytes.gathered);
+  trace.free("cross_entropy.logits_grad");
+  if (trace.is_live("cross_entropy.row_stats_fp32")) trace.free("cross_entropy.row_stats_fp32");
+  if (shape.tp > 1) {
+    trace.alloc(kCategoryLoss, "output_layer.input_grad_shard", bytes.shard);
+    trace.free("output_layer.input_grad_partial");
+  } else {
+    trace.alias("output_layer.input_grad_partial", kCategoryLoss, "output_layer.input_grad_shard");
+    trace.free("output_layer.input_grad_partial");
+  }
+  trace.set_moment("final norm backward");
+  trace.alloc(L, "layer.output_grad", bytes.shard);
+  trace.free("output_layer.input_grad_shard");
+  trace.free("final_norm.output");
+  trace.free("final_norm.rsigma_fp32");
+  if (trace.is_live("final_norm.input")) trace.free("final_norm.input");
+}
+
+}  // namespace longseq::inventory

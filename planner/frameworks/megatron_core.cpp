@@ -1,0 +1,64 @@
+// megatron_core.cpp: Megatron-Core with Transformer Engine (Megatron-LM's pretrain_gpt, Megatron-Bridge,
+// NeMo): tensor parallelism with sequence parallelism, context parallelism, the distributed optimizer.
+// One framework's description: its facts, what it runs (read by the rules every framework shares,
+// planner/frameworks.cpp) and its own refusals. Listed once in planner/frameworks/registry.cpp. The
+// facts are docs/reference-megatron-core.md's (M1-M7).
+#include <fmt/format.h>
+
+#include "planner/frameworks.hpp"
+
+namespace longseq {
+
+namespace {
+
+// What longseq's Megatron layer (models/inventory/megatron.cpp) does not build yet, though
+// Megatron-Core does: a refusal by name rather than a plan priced for another layer.
+std::string model_refused(const char* name, const ModelSpec& model) {
+  if (model.is_moe())
+    return fmt::format("{}: {}'s experts (Megatron's MoE layer, expert parallelism) are not modelled yet", name, model.name);
+  if (model.qk_norm) return fmt::format("{}: {}'s q/k norms (qk_layernorm) are not in longseq's Megatron layer yet", name, model.name);
+  if (model.norms_per_layer == 4) return fmt::format("{}: {}'s post-norms are not in longseq's Megatron layer yet", name, model.name);
+  if (model.sliding_window > 0)
+    return fmt::format("{}: {}'s sliding-window layers (TE's window_size) are not in longseq's Megatron layer yet", name, model.name);
+  if (model.final_logit_softcapping > 0) return fmt::format("{}: {}'s logit soft-capping is not modelled under Megatron", name, model.name);
+  return "";
+}
+
+std::string plan_refused(const char* name, const ModelSpec& /*model*/, const PlanOptions& plan, int64_t /*gpus*/) {
+  if (plan.fpdt) return fmt::format("{}: no FPDT (it exists only in Megatron-DeepSpeed)", name);
+  if (plan.tiled_mlp || plan.tiled_loss) return fmt::format("{}: no ALST tiling (TiledMLP and the tiled loss are DeepSpeed's)", name);
+  // The distributed optimizer shards the fp32 main parameters and Adam's moments over data x context
+  // parallel ranks (ZeRO-1's layout, M2.4, M3.2); gradients stay whole in the DDP buffer (M3.1).
+  if (plan.zero_stage > 1)
+    return fmt::format("{}: the distributed optimizer is ZeRO-1's layout (zero 1; zero 0 without it); ZeRO-2/3 are DeepSpeed's and FSDP's "
+                       "(Megatron-FSDP is not modelled)", name);
+  if (plan.offload_optimizer || plan.offload_params)
+    return fmt::format("{}: its optimizer CPU offload (optimizer_cpu_offload) is not modelled; no ZeRO offload", name);
+  // TE's activation offloading (cpu_offloading) is refused with recompute by Megatron itself
+  // (transformer_config.py L1149, M5.3) and not modelled without it yet.
+  if (plan.checkpoint_offload) return fmt::format("{}: TE's activation offloading (cpu_offloading) is not modelled yet", name);
+  // PyTorch CP's all-to-all rotation is PyTorch's; Megatron's a2a is Ulysses' layout: sp.
+  if (plan.cp_all_to_all) return fmt::format("{}: --cp-rotate is PyTorch's; Megatron's cp_comm_type a2a is its Ulysses layout (--sp)", name);
+  return "";
+}
+
+}  // namespace
+
+extern const FrameworkDescription kMegatronCore = {
+    {Framework::framework_megatron_core, "megatron-core", "megatron-core", "", 1, nullptr},
+    // cp_comm_type p2p: K/V blocks passed in a ring (ring); a2a: Ulysses' layout (sp); a2a+p2p: both (M2.2).
+    /*ring_attention=*/true,
+    /*pytorch_context_parallelism=*/false,
+    /*lora=*/false,
+    /*trl_activation_offload=*/false,
+    /*adam_8bit=*/false,
+    /*tiles_moe_blocks=*/false,
+    // recompute_granularity full over every layer (uniform, recompute_num_layers 1) or none; its
+    // selective recompute and block method are not modelled yet (M5.1-M5.2).
+    /*selective_checkpointing=*/false,
+    /*tensor_parallelism=*/true,
+    model_refused,
+    plan_refused,
+};
+
+}  // namespace longseq

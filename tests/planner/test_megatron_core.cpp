@@ -1,0 +1,201 @@
+// Megatron-Core with Transformer Engine (issue 42): its GPT layer's saved tensors under tensor
+// parallelism with sequence parallelism and under context parallelism, the model states of a TP
+// rank with the distributed optimizer, the FLOPs and the TP collectives of a step, and which
+// frameworks plan tensor parallelism. Every expected figure is derived by hand from
+// docs/reference-megatron-core.md (M1-M3).
+#include <doctest/doctest.h>
+
+#include "models/layer_inventory.hpp"
+#include "models/model_loader.hpp"
+#include "planner/cards.hpp"
+#include "planner/comm_model.hpp"
+#include "planner/compute_model.hpp"
+#include "planner/frameworks.hpp"
+#include "planner/memory_model.hpp"
+#include "planner/search.hpp"
+#include "planner/time_model.hpp"
+#include "support/memory_items.hpp"
+
+using namespace longseq;
+using testing::item_bytes;
+
+namespace {
+
+ClusterSpec h100s(int64_t gpus) { return cluster_make(hardware_card_load("h100-sxm-80gb"), gpus, 0, 0, 0); }
+
+// Llama-3.1-8B's layer on one of 4 TP ranks: 8 of 32 query heads, 2 of 8 key/value heads (d = 128),
+// 3,584 of the MLP's 14,336, 16,384 tokens of which the residual stream holds 4,096.
+LayerShape llama_tp4_shape(int64_t sp, int64_t ring) {
+  LayerShape shape;
+  shape.tokens = 16'384;
+  shape.tp = 4;
+  shape.sp = sp;
+  shape.ring = ring;
+  shape.hidden = 4096;
+  shape.q_width = 1024;
+  shape.kv_width = 256;
+  shape.num_q_heads = 8;
+  shape.num_kv_heads = 2;
+  shape.head_dim = 128;
+  shape.intermediate = 3584;
+  shape.vocab = 128'256 / 4;
+  return shape;
+}
+
+LayerImplementation megatron_impl() {
+  LayerImplementation impl;
+  impl.activation_bytes = 2;
+  impl.megatron_te_layer = true;
+  impl.megatron_te_cross_entropy = true;
+  impl.ulysses_staging_copies = 2;
+  return impl;
+}
+
+PlanOptions megatron_plan(int64_t tp, int64_t sp, int64_t ring, int zero, bool recompute) {
+  PlanOptions plan;
+  plan.tp = tp;
+  plan.sp = sp;
+  plan.ring = ring;
+  plan.zero_stage = zero;
+  plan.activation_checkpointing = recompute;
+  return plan;
+}
+
+}  // namespace
+
+TEST_CASE("Megatron's TE layer under TP 4 keeps sequence-parallel shards outside attention and MLP and 1/4 of the widths inside") {
+  const double shard = 4096.0 * 4096 * 2;  // [T/t, h] bf16
+  const double rsigma = 4096.0 * 8;        // fp32 [T/t], TE's mean and rsigma slots
+  const double tokens = 16'384;
+  // Saved (M1.1, M1.2): the layer's input, the input norm's output shard and statistics; the QKV
+  // output whole (v is a view of it) and the rotated q and k; the attention output and its fp32 lse;
+  // the residual, the pre-MLP norm's output shard and statistics; fc1's output (gate and up) and the
+  // fused SwiGLU's output.
+  const double expected = shard + shard + rsigma + tokens * (1024 + 2 * 256) * 2 + tokens * 1024 * 2 + tokens * 256 * 2 +
+                          tokens * 1024 * 2 + tokens * 8 * 4 + shard + shard + rsigma + tokens * 2 * 3584 * 2 + tokens * 3584 * 2;
+  CHECK(decoder_layer_saved_bytes(llama_tp4_shape(1, 1), megatron_impl()) == doctest::Approx(expected).epsilon(1e-12));
+  // The unfused glu keeps silu's output beside them (one more [T, f/t]).
+  LayerImplementation unfused = megatron_impl();
+  unfused.megatron_fused_swiglu = false;
+  CHECK(decoder_layer_saved_bytes(llama_tp4_shape(1, 1), unfused) - expected == doctest::Approx(tokens * 3584 * 2));
+}
+
+TEST_CASE("under p2p context parallelism the layer saves the K/V block last received instead of k, v and the QKV output") {
+  const double tokens = 16'384;
+  const double no_cp = decoder_layer_saved_bytes(llama_tp4_shape(1, 1), megatron_impl());
+  const double p2p = decoder_layer_saved_bytes(llama_tp4_shape(1, 2), megatron_impl());
+  // Without CP: QKV (1024 + 512 wide) and k (256); with p2p: one K/V block (2 x 256) in their place.
+  CHECK(no_cp - p2p == doctest::Approx(tokens * (1024 + 512 + 256 - 512) * 2));
+  // Under a2a the contiguous q, k, v copies are saved (TE makes them contiguous under CP).
+  const double a2a = decoder_layer_saved_bytes(llama_tp4_shape(2, 1), megatron_impl());
+  CHECK(no_cp - a2a == doctest::Approx(tokens * (1024 + 512 + 256 - 256 - 256) * 2));
+}
+
+TEST_CASE("a layer's forward and backward under TP free everything they allocate but the output and the input gradient") {
+  for (const auto& [sp, ring] : {std::pair<int64_t, int64_t>{1, 1}, {2, 1}, {1, 2}, {2, 2}}) {
+    TensorTrace trace;
+    const LayerShape shape = llama_tp4_shape(sp, ring);
+    trace.alloc(kCategoryLayer, "layer.input", 4096.0 * 4096 * 2);
+    decoder_layer_forward(trace, shape, megatron_impl(), /*keep_for_backward=*/true);
+    trace.alloc(kCategoryLayer, "layer.output_grad", 4096.0 * 4096 * 2);
+    decoder_layer_backward(trace, shape, megatron_impl());
+    REQUIRE(trace.live_items().size() == 1);
+    CHECK(trace.live_items().front().name == "layer.input_grad");
+    CHECK(trace.current_bytes() == 4096.0 * 4096 * 2);
+  }
+}
+
+TEST_CASE("a TP rank's model states: 1/t of the parameters, fp32 gradients whole, the distributed optimizer over world / t ranks") {
+  const ModelSpec model = model_load("llama-3.1-8b");
+  const ClusterSpec cluster = h100s(16);
+  const RuntimeProfile profile = runtime_profile_load("megatron-core");
+  const double params = static_cast<double>(parameter_count(model).total);
+  const PlanOptions plan = megatron_plan(4, 1, 2, 1, false);
+  REQUIRE(plan_problems(model, cluster, plan).empty());
+  const MemoryPrediction prediction = memory_predict(model, cluster, plan, profile, 65'536);
+  const std::vector<MemoryItem>& items = prediction.phases.front().items;
+  CHECK(item_bytes(items, "weights") == doctest::Approx(params / 4 * 2));
+  // grad_reduce_in_fp32 (the Megatron-Bridge recipes'): the whole buffer of the rank's share (M3.1).
+  CHECK(item_bytes(items, "gradients_fp32") == doctest::Approx(params / 4 * 4));
+  // fp32 main parameters and two fp32 moments of the share, over dp x cp = 16 / 4 ranks (M2.4, M3.2).
+  CHECK(item_bytes(items, "master_weights") == doctest::Approx(params / 4 * 4 / 4));
+  CHECK(item_bytes(items, "optimizer_states") == doctest::Approx(params / 4 * 8 / 4));
+}
+
+TEST_CASE("without recompute every layer's saved set is resident at the loss, and the loss holds TE's copy of the vocabulary shard") {
+  const ModelSpec model = model_load("llama-3.1-8b");
+  const ClusterSpec cluster = h100s(16);
+  const RuntimeProfile profile = runtime_profile_load("megatron-core");
+  const PlanOptions plan = megatron_plan(4, 1, 1, 1, false);
+  const int64_t seqlen = 16'384;
+  const MemoryPrediction prediction = memory_predict(model, cluster, plan, profile, seqlen);
+  const PhasePeak* loss = nullptr;
+  for (const PhasePeak& phase : prediction.phases)
+    if (phase.phase == "logits and loss") loss = &phase;
+  REQUIRE(loss != nullptr);
+  CHECK(item_bytes(loss->items, "saved_activations") ==
+        doctest::Approx(32 * decoder_layer_saved_bytes(llama_tp4_shape(1, 1), megatron_impl())).epsilon(1e-9));
+  // The logits' shard [T, V/t] and TE's copy of it (M1.4), both bf16, at the loss's peak.
+  const double logits = 16'384.0 * (128'256 / 4) * 2;
+  CHECK(item_bytes(loss->items, "logits") == doctest::Approx(logits));
+  CHECK(item_bytes(loss->items, "cross_entropy.logits_grad") == doctest::Approx(logits));
+}
+
+TEST_CASE("full recompute keeps each layer's input as a sequence-parallel shard") {
+  const ModelSpec model = model_load("llama-3.1-8b");
+  const ClusterSpec cluster = h100s(16);
+  const RuntimeProfile profile = runtime_profile_load("megatron-core");
+  const MemoryPrediction prediction = memory_predict(model, cluster, megatron_plan(4, 1, 1, 1, true), profile, 16'384);
+  // 31 checkpoints below the last layer at the forward of the last: [16,384 / 4, 4096] bf16 each.
+  CHECK(item_bytes(prediction.phases.front().items, "hidden_states_checkpoints") == doctest::Approx(31 * 4096.0 * 4096 * 2));
+}
+
+TEST_CASE("tensor parallelism divides a rank's FLOPs by t, and its exposed collectives are the forward's four and backward's two gathers") {
+  const ModelSpec model = model_load("llama-3.1-8b");
+  const ClusterSpec cluster = h100s(8);
+  const RuntimeProfile profile = runtime_profile_load("megatron-core");
+  const int64_t seqlen = 32'768;
+  const StepFlops one = step_flops_executed(model, megatron_plan(1, 1, 1, 0, false), seqlen);
+  const StepFlops four = step_flops_executed(model, megatron_plan(4, 1, 1, 0, false), seqlen);
+  CHECK(four.matmul == doctest::Approx(one.matmul / 4));
+  CHECK(four.attention == doctest::Approx(one.attention / 4));
+
+  const TimePrediction time = time_predict(model, cluster, megatron_plan(4, 1, 1, 0, false), profile, seqlen);
+  const Link link = link_for_group(cluster, 4);
+  const double gathered = 32'768.0 * 4096 * 2;  // [T, h] bf16
+  const double all_gather = link.latency_us * 1e-6 + collective_seconds(Collective::collective_all_gather, gathered, 4, link);
+  const double reduce_scatter = link.latency_us * 1e-6 + collective_seconds(Collective::collective_reduce_scatter, gathered, 4, link);
+  const double backward_matmul = time.time.matmul_s * 2.0 / 3.0;
+  const double expected = 32 * (2 * (all_gather + reduce_scatter) + 2 * all_gather) +
+                          std::max(0.0, 32 * 2 * (all_gather + reduce_scatter) - backward_matmul);
+  CHECK(time.time.tensor_parallel_exposed_s == doctest::Approx(expected));
+  CHECK(time.time.tensor_parallel_exposed_s > 0);
+  // Without TP there is none.
+  CHECK(time_predict(model, cluster, megatron_plan(1, 1, 1, 0, false), profile, seqlen).time.tensor_parallel_exposed_s == 0);
+}
+
+TEST_CASE("tensor parallelism: Megatron-Core's alone, its head rules, and its search over TP degrees inside a node") {
+  const ModelSpec model = model_load("llama-3.1-8b");
+  const ClusterSpec cluster = h100s(16);
+  const PlanOptions tp2 = megatron_plan(2, 1, 1, 1, true);
+  CHECK(framework_unsupported(Framework::framework_megatron_core, model, tp2, 16).empty());
+  const std::string refusal = framework_unsupported(Framework::framework_hf_accelerate, model, tp2, 16);
+  CHECK(refusal.find("no tensor parallelism") != std::string::npos);
+  CHECK(refusal.find("megatron-core") != std::string::npos);
+  // 8 key/value heads split over 16 TP ranks: Megatron's divide() refuses it.
+  const std::vector<std::string> problems = plan_problems(model, h100s(16), megatron_plan(16, 1, 1, 1, true));
+  REQUIRE(!problems.empty());
+  CHECK(problems.front().find("key/value heads") != std::string::npos);
+  // ZeRO-3 is not Megatron's.
+  CHECK(framework_unsupported(Framework::framework_megatron_core, model, megatron_plan(1, 1, 1, 3, true), 16).find("ZeRO-1") !=
+        std::string::npos);
+
+  SearchOptions options;
+  search_options_for_framework(options, Framework::framework_megatron_core, model, cluster);
+  CHECK(options.tensor_parallel == std::vector<int64_t>{1, 2, 4, 8});
+  options.objective = SearchObjective::objective_throughput;
+  options.seqlen = 131'072;
+  const SearchResult result = plan_search(model, cluster, runtime_profile_load("megatron-core"), options);
+  REQUIRE(result.winner() != nullptr);
+  CHECK(result.winner()->plan.tp > 1);
+}
