@@ -106,6 +106,9 @@ double ulysses_pass_s(const Link& link, double bytes, int64_t sp) {
 // (replicated as Ulysses replicates them); backward passes it with its fp32 dk/dv accumulators
 // against 2.5x the compute (FlashAttention-2: 2.5 forward FLOPs), then the accumulators' last hop.
 // Ulysses groups are consecutive ranks, so ring neighbours are u apart: inside a node while u x r fits.
+// Under tensor parallelism the TP ranks are the consecutive ones (Megatron's rank order tp-cp-dp,
+// parallel_state.py L562, order "tp-cp-ep-dp-pp"): a sequence's u x r ranks lie t apart and span
+// t u r ranks (`rank_stride` = t).
 struct RingLayerPassing {
   double forward_exposed_s = 0, backward_exposed_s = 0, final_hop_s = 0;
 };
@@ -115,8 +118,9 @@ struct RingLayerPassing {
 // pass gathers the whole sequence's K/V at once (F2.3: issued before the local block's compute and
 // waited for at the next step), so only the first step's compute hides the gather.
 RingLayerPassing ring_layer_passing(const ModelSpec& model, const ClusterSpec& cluster, int64_t micro_batch, int64_t seqlen, int64_t sp,
-                                    int64_t ring, int64_t activation_bytes, double forward_attention_s, bool all_gather_rotation) {
-  const Link link = link_for_group(cluster, sp * ring);
+                                    int64_t ring, int64_t activation_bytes, double forward_attention_s, bool all_gather_rotation,
+                                    int64_t rank_stride = 1) {
+  const Link link = link_for_group(cluster, sp * ring * rank_stride);
   const double r = as_double(ring), a = as_double(activation_bytes);
   const double tokens = as_double(micro_batch) * as_double(seqlen / (sp * ring));
   const double block_bytes = 2.0 * tokens * as_double(model.kv_width() * kv_replication_factor(model, sp)) * a;
@@ -203,7 +207,7 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   // Ulysses: four all-to-alls (q, k, v, output) per layer in forward, again in the recompute,
   // and mirrored in backward; in the profile's activation dtype (ALST: bf16).
   if (plan.sp > 1) {
-    const Link link = link_for_group(cluster, plan.sp);
+    const Link link = link_for_group(cluster, plan.sp * std::max<int64_t>(1, plan.tp));  // (its ranks t apart under TP)
     // The Ulysses group holds S / r tokens of the sequence.
     const double bytes = ulysses_layer_all_to_all_bytes(rank_heads, plan.micro_batch, seqlen / plan.ring, plan.sp, profile.activation_bytes);
     const double passes = layers * (2.0 + recompute);
@@ -215,7 +219,7 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   if (plan.ring > 1) {
     const RingLayerPassing passing = ring_layer_passing(rank_heads, cluster, plan.micro_batch, seqlen, plan.sp, plan.ring,
                                                         profile.activation_bytes, attention_per_layer_s * attention_forward_share,
-                                                        context_parallel_all_gather(profile, plan));
+                                                        context_parallel_all_gather(profile, plan), std::max<int64_t>(1, plan.tp));
     time.ring_exposed_s = layers * ((1.0 + recompute) * passing.forward_exposed_s + passing.backward_exposed_s);
     time.ring_final_hop_s = layers * passing.final_hop_s;
   }

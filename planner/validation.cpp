@@ -12,6 +12,7 @@
 #include "io/config_error.hpp"
 #include "io/embedded_files.hpp"
 #include "models/model_loader.hpp"
+#include "planner/frameworks.hpp"
 #include "planner/max_seqlen.hpp"
 #include "planner/memory_model.hpp"
 #include "planner/time_model.hpp"
@@ -262,6 +263,85 @@ PointValidation attention_point_validate(const PublishedPoint& point) {
   return validation;
 }
 
+// A card name from a free-text model column: "Llama3-8B (32L h4096 32q/8kv heads)" is llama-3-8b,
+// "Llama2-7B (...)" llama-2-7b (the parenthesis restates the card's shape).
+std::optional<ModelSpec> model_for_free_text(const std::string& text) {
+  std::string name = text_to_lower(text.substr(0, text.find(" (")));
+  if (name.rfind("llama", 0) == 0 && name.size() > 5 && std::isdigit(static_cast<unsigned char>(name[5]))) name.insert(5, "-");
+  try {
+    return model_load(name);
+  } catch (const ConfigError&) {
+    return std::nullopt;
+  }
+}
+
+// A Megatron run in free text (ring_published.csv's USP rows: "Megatron-LM@... + yunchang USP; ...;
+// tp=4; u=2; r=2; dp=1; pp=1; gbs=1"): Megatron's GPT layer under tensor parallelism with sequence
+// parallelism, its distributed optimizer ("ZeRO-1"), Ulysses x ring attention over the context
+// group. Priced as Megatron-Core's TE layer with its a2a+p2p context parallelism, the same layout
+// as yunchang's (u heads-wise inside, r ring-wise across). Figures: the step's MFU, and TFLOPS as
+// the row counts them ("MFU counts only causal-effective FLOPs": the model's causal FLOPs a second).
+PointValidation megatron_point_validate(const PublishedPoint& point, const std::string& features, const std::string& profile_name,
+                                        std::optional<double> reserve_gib) {
+  PointValidation validation;
+  validation.point = point;
+  auto skip = [&](const std::string& reason) {
+    validation.skipped_reason = reason;
+    return validation;
+  };
+  if (contains(features, "fp8") || contains(features, "float8")) return skip("FP8 training is not modelled");
+  const auto tp = number_after(features, "tp="), u = number_after(features, "u="), r = number_after(features, "r=");
+  if (!tp || !u || !r) return skip("Megatron row: no 'tp=N; u=N; r=N'");
+  if (const auto pp = number_after(features, "pp="); pp && *pp > 1) return skip(fmt::format("pipeline parallelism (pp={}) is not modelled yet", *pp));
+  const std::optional<ModelSpec> model = model_for_free_text(point.model);
+  if (!model) return skip(fmt::format("no model card matches '{}'", point.model));
+  const std::optional<HardwareCard> hardware = hardware_for_point(point);
+  if (!hardware) return skip(fmt::format("no hardware card for {} with {:g} GiB", point.gpu_type, point.gpu_mem_gib));
+  PlanOptions plan;
+  plan.tp = *tp;
+  plan.sp = *u;
+  plan.ring = *r;
+  plan.zero_stage = contains(features, "zero-1") ? 1 : 0;
+  plan.activation_checkpointing = !contains(features, "no act-recompute") && contains(features, "recompute");
+  ClusterSpec cluster;
+  try {
+    cluster = cluster_make(*hardware, point.gpus, point.nodes, point.gpus_per_node.value_or(0), 0);
+  } catch (const ConfigError& error) {
+    return skip(fmt::format("cluster: {}", error.what()));
+  }
+  if (const std::vector<std::string> problems = plan_problems(*model, cluster, plan); !problems.empty())
+    return skip(fmt::format("plan: {}", problems.front()));
+  if (const std::string refusal = framework_unsupported(Framework::framework_megatron_core, *model, plan, cluster.gpus); !refusal.empty())
+    return skip(refusal);
+  RuntimeProfile profile = runtime_profile_load(!profile_name.empty() ? profile_name : "megatron-core");
+  if (reserve_gib) profile.calibrated_reserve_gib = *reserve_gib;
+  validation.plan = plan_describe(plan);
+  validation.profile_name = profile.name;
+  validation.profile = profile.name + " (Megatron's TE layer; the row's USP attention priced as Megatron-Core's a2a+p2p layout)";
+  if (!point.seqlen) return skip("Megatron row without a sequence length");
+  const int64_t seqlen = *point.seqlen;
+  if (const std::vector<std::string> problems = seqlen_problems(plan, seqlen); !problems.empty()) return skip(problems.front());
+  const TimePrediction timing = time_predict(*model, cluster, plan, profile, seqlen);
+  auto add = [&](FigureKind kind, std::optional<double> published, double predicted) {
+    if (!published) return;
+    FigureComparison figure;
+    figure.kind = kind;
+    figure.published = *published;
+    figure.predicted = predicted;
+    figure.relative_error = relative_error(predicted, *published);
+    validation.figures.push_back(figure);
+  };
+  add(FigureKind::figure_iteration_time, point.iter_time_s, timing.time.total_s());
+  add(FigureKind::figure_tflops, point.tflops, timing.mfu * hardware->peak_bf16_tflops);
+  add(FigureKind::figure_mfu, point.mfu, timing.mfu);
+  // The run ran at this length: a prediction that it does not fit is an error of the memory model.
+  const MemoryPrediction memory = memory_predict(*model, cluster, plan, profile, seqlen, /*with_breakdown=*/false);
+  if (!memory.fits())
+    validation.profile += fmt::format("; predicted NOT to fit ({:.1f} of {:.1f} GiB) at a length the row ran", bytes_to_gib(memory.gpu_peak_bytes),
+                                      bytes_to_gib(memory.gpu_capacity_bytes));
+  return validation;
+}
+
 }  // namespace
 
 PointValidation point_validate(const PublishedPoint& point, const std::string& profile_name, std::optional<double> reserve_gib) {
@@ -277,8 +357,10 @@ PointValidation point_validate(const PublishedPoint& point, const std::string& p
   // Features in free text (ring_published.csv's): what the model leaves out, named first.
   if (point.features.find_first_of(" ;") != std::string::npos) {
     const std::string features = text_to_lower(point.features);
+    if (contains(features, "megatron-lm") && contains(features, "u=") && contains(features, "r="))
+      return megatron_point_validate(point, features, profile_name, reserve_gib);
     const std::optional<int64_t> tp = number_after(features, "tp=");
-    if (tp && *tp > 1) return skip(fmt::format("tensor parallelism (tp={}) is not modelled", *tp));
+    if (tp && *tp > 1) return skip(fmt::format("tensor parallelism (tp={}) outside Megatron is not modelled", *tp));
     if (contains(features, "fp8") || contains(features, "float8")) return skip("FP8 training is not modelled");
     if (contains(features, "lora")) return skip("LoRA in free text: adapter rows are read from the + features (lora, qlora) with their rank in the notes");
     return skip("features in free text: longseq reads them for attention kernel benchmarks only");

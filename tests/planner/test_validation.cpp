@@ -161,9 +161,29 @@ TEST_CASE("free-text training rows name what is not modelled") {
     const auto point = published_points_parse(kHeader + "x,Llama-3-8B,8,A100,80,1,8,,\"" + features + "\",2,32768,,,1.0,,,\n", "r.csv").at(0);
     return point_validate(point, "").skipped_reason;
   };
-  CHECK(reason("Megatron-Core CP; tp=4; u=1; r=2") == "tensor parallelism (tp=4) is not modelled");
+  CHECK(reason("Megatron-Core CP; tp=4; u=1; r=2") == "tensor parallelism (tp=4) outside Megatron is not modelled");
   CHECK(reason("NeMo; Megatron-Core CP; FP8; tp=1; cp=2") == "FP8 training is not modelled");
   CHECK(reason("JAX ring attention; FSDP") == "features in free text: longseq reads them for attention kernel benchmarks only");
+  CHECK(reason("Megatron-LM@x + yunchang USP; tp=2; u=1; r=2; pp=2") == "pipeline parallelism (pp=2) is not modelled yet");
+  CHECK(reason("Megatron-LM@x; FP8; tp=2; u=1; r=2") == "FP8 training is not modelled");
+}
+
+TEST_CASE("a Megatron-LM row with tp, u and r in free text is predicted as Megatron-Core's plan: its MFU, and TFLOPS of causal FLOPs") {
+  // USP's Table 6 shape: Llama3-8B on 16 A800s, tp=4 x u=2 x r=2, ZeRO-1, no recompute, 64K.
+  const auto point = published_points_parse(kHeader + "x,Llama3-8B (32L h4096 32q/8kv heads),16,A800-SXM4-80GB,80,2,8,,\"Megatron-LM@2196398 "
+                                                      "+ yunchang USP; ZeRO-1 over DP+SP; TP-sp on; no act-recompute; bf16; tp=4; u=2; r=2; "
+                                                      "dp=1; pp=1; gbs=1\",4,65536,,,,122.45,0.39,\n",
+                                            "r.csv")
+                         .at(0);
+  const PointValidation validation = point_validate(point, "");
+  REQUIRE(validation.skipped_reason.empty());
+  CHECK(validation.plan == "tp=4 sp=2 ring=2 zero=1 -checkpointing");
+  CHECK(validation.profile_name == "megatron-core");
+  REQUIRE(validation.figures.size() == 2);
+  CHECK(validation.figures[0].kind == FigureKind::figure_tflops);
+  CHECK(validation.figures[1].kind == FigureKind::figure_mfu);
+  // The TFLOPS the row prints are its MFU's: causal model FLOPs a second over the A800's 312 TFLOPS peak.
+  CHECK(validation.figures[0].predicted == doctest::Approx(validation.figures[1].predicted * 312.0));
 }
 
 TEST_CASE("the reserve fit: a row host memory holds too long bounds the GPU reserve from above only") {
