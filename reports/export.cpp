@@ -32,6 +32,7 @@ constexpr Exporter kExporters[] = {
     {"unsloth", unsloth_script_emit, {}, false, true},
     {"torchtitan", torchtitan_job_emit, {}, false, false},
     {"megatron-deepspeed", megatron_deepspeed_emit, kDeepSpeedJson, true, false},
+    {"megatron-core", megatron_core_emit, {}, false, false},
     {"deepspeed", deepspeed_config_emit, {}, true, false},
     {"usp", deepspeed_config_emit, {}, true, false},
 };
@@ -58,7 +59,7 @@ ExportedConfig config_emit(const std::string& target, const ExportRequest& reque
   const Exporter* exporter = exporter_find(target);
   if (!exporter)
     throw ConfigError("--emit", "", fmt::format("expected arctic-training, accelerate, accelerate-fsdp2, hf-trainer, unsloth, torchtitan, "
-                                                "megatron-deepspeed, deepspeed or usp, got '{}'", target));
+                                                "megatron-deepspeed, megatron-core, deepspeed or usp, got '{}'", target));
   ExportedConfig exported = exporter->write(request);
   if (exporter->ring_note) exporters::ring_note(request, exported);
   exporters::moe_note(target, request, exported);

@@ -45,8 +45,8 @@ struct ExportedConfig {
   const std::string& text() const { return files.front().text; }
 };
 
-// Targets: "arctic-training", "accelerate", "accelerate-fsdp2", "hf-trainer", "torchtitan", "megatron-deepspeed", "deepspeed",
-// "usp". Throws ConfigError
+// Targets: "arctic-training", "accelerate", "accelerate-fsdp2", "hf-trainer", "torchtitan", "megatron-deepspeed", "megatron-core",
+// "deepspeed", "usp". Throws ConfigError
 // (--emit) for another name.
 ExportedConfig config_emit(const std::string& target, const ExportRequest& request);
 
@@ -68,6 +68,7 @@ ExportedConfig hf_trainer_script_emit(const ExportRequest& request);
 ExportedConfig torchtitan_job_emit(const ExportRequest& request);
 ExportedConfig unsloth_script_emit(const ExportRequest& request);
 ExportedConfig megatron_deepspeed_emit(const ExportRequest& request);
+ExportedConfig megatron_core_emit(const ExportRequest& request);
 ExportedConfig deepspeed_config_emit(const ExportRequest& request);
 
 }  // namespace longseq

@@ -29,6 +29,19 @@ fi
 'transformers', transformers.__version__, 'peft', peft.__version__, 'trl', trl.__version__, 'accelerate', accelerate.__version__, \
 'deepspeed', deepspeed.__version__)" 2>/dev/null
 export LONGSEQ_BINARY="${LONGSEQ_BINARY:-$root/build/cli/longseq}"
+# Megatron-LM's argument parser for --emit megatron-core (test_megatron_export.py): megatron-core's
+# wheel, which ships megatron/training, in a folder of its own (requirements-megatron.txt says why
+# without its dependencies and its Python requirement), named by its digest, installed once.
+megatron_requirements="$root/tests/frameworks/requirements-megatron.txt"
+megatron="$cache/frameworks-megatron-$(cat "$requirements" "$megatron_requirements" | sha256sum | cut -c1-16)"
+if [ ! -f "$megatron/.complete" ]; then
+  echo "frameworks-check: installing Megatron-LM's parser (megatron-core) into $megatron (once)"
+  rm -rf "$megatron"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --ignore-requires-python --target "$megatron" \
+    -r "$megatron_requirements"
+  touch "$megatron/.complete"
+fi
+export LONGSEQ_MEGATRON_PATH="$megatron"
 cd "$root/tests/frameworks"
 # DeepSpeed builds its CPU ops on first use under TORCH_EXTENSIONS_DIR: one folder for each
 # environment (the newest and the floor releases build different sources), kept in the cache. A build

@@ -45,7 +45,7 @@ std::string plan_refused(const char* name, const ModelSpec& /*model*/, const Pla
 }  // namespace
 
 extern const FrameworkDescription kMegatronCore = {
-    {Framework::framework_megatron_core, "megatron-core", "megatron-core", "", 1, nullptr},
+    {Framework::framework_megatron_core, "megatron-core", "megatron-core", "megatron-core", 1, nullptr},
     // cp_comm_type p2p: K/V blocks passed in a ring (ring); a2a: Ulysses' layout (sp); a2a+p2p: both (M2.2).
     /*ring_attention=*/true,
     /*pytorch_context_parallelism=*/false,

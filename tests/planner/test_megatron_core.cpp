@@ -14,6 +14,8 @@
 #include "planner/memory_model.hpp"
 #include "planner/search.hpp"
 #include "planner/time_model.hpp"
+#include "reports/export.hpp"
+#include "support/export_request.hpp"
 #include "support/memory_items.hpp"
 
 using namespace longseq;
@@ -138,7 +140,8 @@ TEST_CASE("without recompute every layer's saved set is resident at the loss, an
   // The logits' shard [T, V/t] and TE's copy of it (M1.4), both bf16, at the loss's peak.
   const double logits = 16'384.0 * (128'256 / 4) * 2;
   CHECK(item_bytes(loss->items, "logits") == doctest::Approx(logits));
-  CHECK(item_bytes(loss->items, "cross_entropy.logits_grad") == doctest::Approx(logits));
+  // Megatron's native loss (Megatron-LM refuses TE's): the shard upcast to fp32 beside it (M1.4).
+  CHECK(item_bytes(loss->items, "cross_entropy.exp_logits_fp32") == doctest::Approx(2 * logits));
 }
 
 TEST_CASE("full recompute keeps each layer's input as a sequence-parallel shard") {
@@ -198,4 +201,30 @@ TEST_CASE("tensor parallelism: Megatron-Core's alone, its head rules, and its se
   const SearchResult result = plan_search(model, cluster, runtime_profile_load("megatron-core"), options);
   REQUIRE(result.winner() != nullptr);
   CHECK(result.winner()->plan.tp > 1);
+}
+
+TEST_CASE("--emit megatron-core writes pretrain_gpt.py's arguments for the plan: TP with SP, a2a+p2p over u x r, the distributed optimizer") {
+  PlanOptions plan = megatron_plan(4, 2, 2, 1, true);
+  ExportRequest request = testing::export_request("llama-3.1-8b", 16, plan, 131'072);
+  request.profile = runtime_profile_load("megatron-core");
+  const std::string script = config_emit("megatron-core", request).text();
+  for (const char* expected :
+       {"export CUDA_DEVICE_MAX_CONNECTIONS=1\n", "torchrun --nproc-per-node 8 --nnodes 2 ", " pretrain_gpt.py \\\n",
+        "  --num-layers 32 \\\n", "  --ffn-hidden-size 14336 \\\n", "  --group-query-attention --num-query-groups 8 \\\n",
+        "  --seq-length 131072 --max-position-embeddings 131072 \\\n", "  --position-embedding-type rope --rotary-base 500000 \\\n",
+        "  --micro-batch-size 1 --global-batch-size 1 \\\n", "  --tensor-model-parallel-size 4 --sequence-parallel \\\n",
+        "  --context-parallel-size 4 --cp-comm-type a2a+p2p --hierarchical-context-parallel-sizes 2 2 \\\n",
+        "  --use-distributed-optimizer \\\n", "  --recompute-granularity full --recompute-method uniform --recompute-num-layers 1 \"$@\"\n"})
+    CHECK_MESSAGE(script.find(expected) != std::string::npos, expected);
+  CHECK(script.find("\n  --cross-entropy") == std::string::npos);  // the native loss: no fusion argument
+  // p2p alone, a2a alone, none; no recompute, no distributed optimizer.
+  request.plan = megatron_plan(2, 1, 4, 0, false);
+  const std::string ring = config_emit("megatron-core", request).text();
+  CHECK(ring.find("--context-parallel-size 4 --cp-comm-type p2p \\\n") != std::string::npos);
+  CHECK(ring.find("--use-distributed-optimizer") == std::string::npos);
+  CHECK(ring.find("--recompute-granularity") == std::string::npos);
+  request.plan = megatron_plan(8, 2, 1, 1, true);
+  CHECK(config_emit("megatron-core", request).text().find("--context-parallel-size 2 --cp-comm-type a2a \\\n") != std::string::npos);
+  request.plan = megatron_plan(8, 1, 1, 1, true);
+  CHECK(config_emit("megatron-core", request).text().find("--context-parallel-size") == std::string::npos);
 }

@@ -1,0 +1,101 @@
+// megatron_core.cpp: --emit megatron-core, Megatron-LM's pretrain_gpt.py launch script on
+// Megatron-Core: tensor parallelism with sequence parallelism, context parallelism by its
+// cp_comm_type, the distributed optimizer, full recompute. Every argument is held to Megatron-LM's
+// own parser and validate_args (megatron/training/arguments.py, shipped in megatron-core 0.19.2's
+// wheel) by the frameworks check (tests/frameworks/test_megatron_export.py).
+#include "reports/exporters/common.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <fmt/format.h>
+
+#include "io/text_escape.hpp"
+#include "planner/units.hpp"
+#include "reports/memory_report.hpp"
+
+namespace longseq {
+
+using namespace exporters;
+
+namespace {
+
+// Megatron-Core's cp_comm_type for the plan's context parallelism (reference-megatron-core M2.2):
+// a ring of K/V blocks (p2p), heads over the group (a2a, Ulysses' layout), or both, a2a inside
+// (its groups of u consecutive CP ranks) and p2p across them (a2a+p2p with
+// hierarchical_context_parallel_sizes [u, r]).
+const char* cp_comm_type(const PlanOptions& p) {
+  if (p.sp > 1 && p.ring > 1) return "a2a+p2p";
+  return p.sp > 1 ? "a2a" : "p2p";
+}
+
+}  // namespace
+
+ExportedConfig megatron_core_emit(const ExportRequest& r) {
+  const PlanOptions& p = r.plan;
+  const ModelSpec& m = r.model;
+  ExportedConfig exported;
+  exported.notes.push_back("versions: Megatron-LM's pretrain_gpt.py with Megatron-Core 0.16 or later and Transformer Engine (the layer "
+                           "and context parallelism priced are TE's); arguments checked against megatron-core 0.19.2's arguments.py");
+  exported.notes.push_back("data, tokenizer and schedule arguments (--data-path, --tokenizer-type/--tokenizer-model, --train-iters, --lr) "
+                           "are yours; --vocab-size is the model's, for --tokenizer-type NullTokenizer");
+  // The loss the plan prices is Megatron's native vocabulary-parallel one (M1.4): Megatron-LM
+  // refuses TE's fused kernel ("disabled due to stability issues", arguments.py validate_args).
+  exported.notes.push_back("loss: Megatron's vocabulary-parallel cross entropy, unfused (its fp32 copy of the logits' shard is in the "
+                           "plan); Megatron-LM refuses --cross-entropy-fusion-impl te");
+  if (const RopeExtension rope = rope_extension(r); rope.factor > 0)
+    exported.notes.push_back(fmt::format("RoPE past the trained positions: {} tokens against the model's {}; not expressed (set "
+                                         "--use-rope-scaling or YaRN's arguments for your model yourself)",
+                                         integer_with_commas(r.seqlen), integer_with_commas(rope.original_window)));
+  if (!m.rope_scaling.empty())
+    exported.notes.push_back(fmt::format("RoPE scaling '{}' of {} is not written: set Megatron's matching arguments (--use-rope-scaling "
+                                         "for Llama 3's)", m.rope_scaling, m.name));
+  if (m.rope_theta != std::floor(m.rope_theta))
+    exported.notes.push_back(fmt::format("RoPE base {} is not a whole number; --rotary-base takes an int", m.rope_theta));
+  if (r.cluster.nodes > 1)
+    exported.notes.push_back(fmt::format("{} nodes: run the script on every node with NODE_RANK set (0 to {}) and MASTER_ADDR the first "
+                                         "node's address", r.cluster.nodes, r.cluster.nodes - 1));
+  const bool swiglu = m.mlp_kind == MlpKind::mlp_kind_swiglu;
+  std::vector<std::string> args = {
+      fmt::format("--num-layers {}", m.num_layers), fmt::format("--hidden-size {}", m.hidden_size),
+      fmt::format("--ffn-hidden-size {}", m.intermediate_size), fmt::format("--num-attention-heads {}", m.num_q_heads)};
+  if (m.num_kv_heads != m.num_q_heads) args.push_back(fmt::format("--group-query-attention --num-query-groups {}", m.num_kv_heads));
+  args.push_back(fmt::format("--kv-channels {}", m.head_dim));
+  args.push_back(fmt::format("--seq-length {} --max-position-embeddings {}", r.seqlen, std::max(r.seqlen, m.max_position_embeddings)));
+  if (swiglu) args.push_back("--swiglu");
+  args.push_back(m.norm_kind == NormKind::norm_kind_rmsnorm ? "--normalization RMSNorm" : "--normalization LayerNorm");
+  args.push_back(fmt::format("--position-embedding-type rope --rotary-base {:.0f}", std::floor(m.rope_theta)));
+  if (!m.tied_embeddings) args.push_back("--untie-embeddings-and-output-weights");
+  if (!m.mlp_bias && !m.o_proj_bias) args.push_back("--disable-bias-linear");
+  if (m.qkv_bias && !m.mlp_bias) args.push_back("--add-qkv-bias");
+  args.push_back(fmt::format("--vocab-size {}", m.vocab_size));
+  args.push_back("--attention-dropout 0 --hidden-dropout 0");
+  args.push_back(fmt::format("--micro-batch-size {} --global-batch-size {}", p.micro_batch, global_batch(r)));
+  args.push_back("--transformer-impl transformer_engine --bf16");
+  args.push_back(fmt::format("--tensor-model-parallel-size {}{}", p.tp, p.tp > 1 ? " --sequence-parallel" : ""));
+  if (p.sequence_ranks() > 1) {
+    std::string cp = fmt::format("--context-parallel-size {} --cp-comm-type {}", p.sequence_ranks(), cp_comm_type(p));
+    if (p.sp > 1 && p.ring > 1) cp += fmt::format(" --hierarchical-context-parallel-sizes {} {}", p.sp, p.ring);
+    args.push_back(cp);
+  }
+  args.push_back("--pipeline-model-parallel-size 1");
+  if (p.zero_stage >= 1) args.push_back("--use-distributed-optimizer");
+  // The gradient buffer in fp32, as the plan prices it (the megatron-core profile, M3.1).
+  args.push_back("--accumulate-allreduce-grads-in-fp32");
+  if (p.activation_checkpointing) args.push_back("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1");
+
+  std::string script = "#!/usr/bin/env bash\n";
+  script += hash_comments(header_lines(r, "Megatron-LM (pretrain_gpt.py on Megatron-Core)", exported.notes));
+  script += "set -euo pipefail\n";
+  // Tensor and context parallelism need it before Blackwell (validate_args asserts it).
+  script += "export CUDA_DEVICE_MAX_CONNECTIONS=1\n";
+  const int64_t per_node = std::min(r.cluster.gpus, r.cluster.gpus_per_node);
+  script += r.cluster.nodes > 1 ? fmt::format("torchrun --nproc-per-node {} --nnodes {} --node-rank \"${{NODE_RANK:?set NODE_RANK}}\" "
+                                              "--master-addr \"${{MASTER_ADDR:?set MASTER_ADDR}}\" --master-port 29500 pretrain_gpt.py \\\n",
+                                              per_node, r.cluster.nodes)
+                                : fmt::format("torchrun --nproc-per-node {} pretrain_gpt.py \\\n", per_node);
+  for (size_t i = 0; i < args.size(); ++i) script += "  " + args[i] + (i + 1 < args.size() ? " \\\n" : " \"$@\"\n");
+  exported.files.push_back({"", script});
+  return exported;
+}
+
+}  // namespace longseq

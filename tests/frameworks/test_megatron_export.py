@@ -1,0 +1,114 @@
+"""--emit megatron-core, read by Megatron-LM itself: the arguments of the pretrain_gpt.py launch
+script parsed by Megatron-LM's own parse_args and checked by its validate_args
+(megatron/training/arguments.py, as megatron-core 0.19.2's wheel ships it) in a world of the planned
+size, with the environment the script exports; then the parallel layout Megatron derives from them
+(data-parallel size, context parallelism, its communication type) held to the plan.
+scripts/frameworks-check.sh installs that wheel into its own folder (requirements-megatron.txt) and
+names it in LONGSEQ_MEGATRON_PATH; without it the tests skip, saying so.
+
+Two stand-ins, because this machine is not the one Megatron runs on: Python 3.12's typing.override,
+which megatron/training imports (the environment's Python is 3.11), is the identity; and
+get_device_arch_version, the only question validate_args asks a GPU, answers 9 (Hopper)."""
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+MEGATRON_PATH = os.environ.get("LONGSEQ_MEGATRON_PATH", "")
+
+CHILD = r"""
+import json, os, sys, typing, warnings
+warnings.filterwarnings("ignore")
+if not hasattr(typing, "override"):
+    typing.override = lambda function: function
+from megatron.training import arguments
+arguments.get_device_arch_version = lambda: 9
+sys.argv = ["pretrain_gpt.py"] + json.loads(sys.argv[1])
+args = arguments.parse_args()
+args.world_size = int(os.environ["WORLD_SIZE"])
+args.rank = 0
+arguments.validate_args(args, {})
+keys = ["tensor_model_parallel_size", "sequence_parallel", "context_parallel_size", "cp_comm_type",
+        "hierarchical_context_parallel_sizes", "pipeline_model_parallel_size", "data_parallel_size",
+        "use_distributed_optimizer", "recompute_granularity", "recompute_method", "recompute_num_layers",
+        "accumulate_allreduce_grads_in_fp32", "seq_length", "micro_batch_size", "global_batch_size", "num_layers",
+        "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "swiglu",
+        "normalization", "rotary_base", "untie_embeddings_and_output_weights", "add_bias_linear", "vocab_size",
+        "transformer_impl", "bf16", "cross_entropy_loss_fusion"]
+print("MEGATRON_ARGS " + json.dumps({key: getattr(args, key, None) for key in keys}))
+"""
+
+
+def megatron_reads(script_path, world_size):
+    """Megatron-LM's parse_args and validate_args over the script's pretrain_gpt.py arguments, with
+    the environment it exports."""
+    text = script_path.read_text()
+    environment = dict(os.environ, WORLD_SIZE=str(world_size), PYTHONPATH=MEGATRON_PATH)
+    for name, value in re.findall(r"^export (\w+)=(\S+)$", text, re.M):
+        environment[name] = value
+    launch = shlex.split(text[text.index("\ntorchrun "):].replace("\\\n", " ").strip().split("\n", 1)[0])
+    command = launch[launch.index("pretrain_gpt.py") + 1:]
+    assert command[-1] == "$@"  # the user's own arguments (data, tokenizer, schedule) follow
+    run = subprocess.run([sys.executable, "-c", CHILD, json.dumps(command[:-1])], capture_output=True, text=True, env=environment,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
+    line = next(line for line in run.stdout.splitlines() if line.startswith("MEGATRON_ARGS "))
+    return json.loads(line[len("MEGATRON_ARGS "):])
+
+
+# (plan flags, GPUs, what Megatron must derive): TP x p2p ring over two nodes with recompute; TP x
+# a2a x p2p (USP's layout); TP alone with data parallelism and no distributed optimizer; a2a alone.
+PLANS = [
+    (["--model", "llama-3.1-8b", "--gpus", "16", "--tp", "4", "--ring", "4", "--seqlen", "128Ki"], 16,
+     {"tensor_model_parallel_size": 4, "sequence_parallel": True, "context_parallel_size": 4, "cp_comm_type": ["p2p"],
+      "data_parallel_size": 1, "use_distributed_optimizer": True}),
+    (["--model", "llama-3-8b", "--gpu", "a800-80gb", "--gpus", "16", "--tp", "4", "--sp", "2", "--ring", "2", "--no-checkpointing",
+      "--seqlen", "64Ki"], 16,
+     {"tensor_model_parallel_size": 4, "context_parallel_size": 4, "cp_comm_type": ["a2a+p2p"], "hierarchical_context_parallel_sizes": [2, 2],
+      "data_parallel_size": 1, "recompute_granularity": None}),
+    (["--model", "llama-3.1-8b", "--gpus", "16", "--tp", "8", "--zero", "0", "--seqlen", "32Ki"], 16,
+     {"tensor_model_parallel_size": 8, "context_parallel_size": 1, "data_parallel_size": 2, "use_distributed_optimizer": False,
+      "recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}),
+    (["--model", "qwen2.5-7b", "--gpus", "8", "--tp", "1", "--sp", "4", "--seqlen", "64Ki"], 8,
+     {"tensor_model_parallel_size": 1, "context_parallel_size": 4, "cp_comm_type": ["a2a"], "data_parallel_size": 2}),
+]
+
+
+@pytest.mark.parametrize("flags,gpus,derived", PLANS)
+def test_megatron_lm_parses_and_validates_the_exported_arguments(flags, gpus, derived, longseq_binary, tmp_path):
+    if not MEGATRON_PATH:
+        pytest.skip("no Megatron-LM parser: LONGSEQ_MEGATRON_PATH unset (scripts/frameworks-check.sh installs megatron-core 0.19.2)")
+    script = tmp_path / "pretrain.sh"
+    run = subprocess.run([longseq_binary, "plan", "--framework", "megatron-core", "--emit", "megatron-core", "--emit-out", str(script),
+                          "--overwrite", *flags], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    plan = json.loads(subprocess.run([longseq_binary, "plan", "--framework", "megatron-core", "--json", *flags], capture_output=True,
+                                     text=True, check=True).stdout)
+    args = megatron_reads(script, gpus)
+    for key, value in derived.items():
+        assert args[key] == value, (key, args[key], value)
+    # The model and the step as planned, in Megatron's own reading.
+    assert args["seq_length"] == plan["seqlen"]
+    assert args["micro_batch_size"] == plan["plan"]["micro_batch"]
+    assert args["global_batch_size"] == plan["plan"]["global_batch"]
+    assert args["tensor_model_parallel_size"] == plan["plan"]["tp"]
+    assert args["context_parallel_size"] == plan["plan"]["sp"] * plan["plan"]["ring"]
+    assert args["data_parallel_size"] == plan["plan"]["dp"]
+    assert args["use_distributed_optimizer"] == (plan["plan"]["zero_stage"] == 1)
+    assert (args["recompute_granularity"] == "full") == plan["plan"]["activation_checkpointing"]
+    assert args["accumulate_allreduce_grads_in_fp32"] is True  # the fp32 gradient buffer the plan prices
+    assert args["cross_entropy_loss_fusion"] is False  # the native loss the plan prices
+    assert args["transformer_impl"] == "transformer_engine" and args["bf16"] is True
+    cards = json.loads(subprocess.run([longseq_binary, "models", "--json"], capture_output=True, text=True, check=True).stdout)["models"]
+    model = next(card for card in cards if card["card"] == flags[flags.index("--model") + 1])
+    assert (args["num_layers"], args["hidden_size"], args["ffn_hidden_size"], args["num_attention_heads"], args["kv_channels"]) == (
+        model["layers"], model["hidden_size"], model["intermediate_size"], model["q_heads"], model["head_dim"])
+    if model["kv_heads"] != model["q_heads"]:
+        assert args["num_query_groups"] == model["kv_heads"]
+    assert args["swiglu"] == (model["mlp"] == "swiglu")
+    assert args["untie_embeddings_and_output_weights"] == (not model["tied_embeddings"])
+    assert args["vocab_size"] == model["vocab_size"]
