@@ -76,9 +76,11 @@ StepFlops step_flops(const ModelSpec& model, const PlanOptions& plan, int64_t se
   flops.matmul += 3.0 * lm_head_forward_flops(model, plan.micro_batch, seqlen, plan.sequence_ranks());
   // Tensor parallelism splits every linear's weight, the LM head's vocabulary and the attention's
   // heads over its t ranks (reference-megatron-core M1): each computes 1/t of its group's work.
-  const double tp = as_double(std::max<int64_t>(1, plan.tp));
-  flops.matmul /= tp;
-  flops.attention /= tp;
+  // Pipeline parallelism gives each of p stages 1/p of the layers (the LM head's share rides with the
+  // last stage; spread evenly here, as a stage's time is what the schedule waits on).
+  const double split = as_double(std::max<int64_t>(1, plan.tp) * std::max<int64_t>(1, plan.pp));
+  flops.matmul /= split;
+  flops.attention /= split;
   return flops;
 }
 

@@ -100,8 +100,10 @@ std::string framework_unsupported(Framework framework, const ModelSpec& model, c
                        "attention only (Accelerate refuses such models under cp); Ulysses keeps the model's attention: "
                        "--framework hf-accelerate or arctic-training", name, model.name, model.sliding_window);
   // Tensor parallelism is Megatron's (its sequence parallelism beside it): Megatron-Core.
-  if (plan.tp > 1 && !description.tensor_parallelism)
+  if (plan.tp > 1 && !description.model_parallelism)
     return fmt::format("{}: no tensor parallelism (tp={}): Megatron-Core's (--framework megatron-core)", name, plan.tp);
+  if (plan.pp > 1 && !description.model_parallelism)
+    return fmt::format("{}: no pipeline parallelism (pp={}) planned here: Megatron-Core's (--framework megatron-core)", name, plan.pp);
   // HSDP's 2-D mesh is FSDP2's (Reference §11 F1.10, F1.17, F6.2).
   if (plan.dp_replicate > 1 && !pytorch_cp)
     return fmt::format("{}: no replicate x shard mesh (HSDP is FSDP2's: --framework accelerate-fsdp2 or torchtitan)", name);
@@ -144,9 +146,14 @@ void search_options_for_framework(SearchOptions& options, Framework framework, c
   // Tensor parallelism inside a node (its collectives run every layer, on NVLink): the powers of two
   // up to the node's GPUs, as Megatron's recipes choose them.
   options.tensor_parallel = {1};
-  if (framework_description(framework).tensor_parallelism)
+  options.pipeline_parallel = {1};
+  if (framework_description(framework).model_parallelism) {
     for (int64_t tp = 2; tp <= std::min(cluster.gpus_per_node, cluster.gpus); tp *= 2)
       if (cluster.gpus % tp == 0) options.tensor_parallel.push_back(tp);
+    // Pipeline stages: powers of two that divide the layers (Megatron's even split) and the GPUs.
+    for (int64_t pp = 2; pp <= std::min<int64_t>(cluster.gpus, 16); pp *= 2)
+      if (cluster.gpus % pp == 0 && model.num_layers % pp == 0) options.pipeline_parallel.push_back(pp);
+  }
 }
 
 std::vector<Framework> frameworks_running(const ModelSpec& model, const PlanOptions& plan) {

@@ -67,9 +67,10 @@ struct FrameworkDescription {
   // decoder layer in every N checkpointed, the others keeping what they save (selective_ac_option
   // "N"), or every layer under the op-level policy (selective_ac_option "op": PlanOptions::checkpoint_ops).
   bool selective_checkpointing;
-  // Megatron's tensor parallelism with its sequence parallelism (PlanOptions::tp): the linears split
-  // over TP ranks inside a node, the residual stream split along the sequence.
-  bool tensor_parallelism;
+  // Megatron's model parallelism: tensor parallelism with its sequence parallelism (PlanOptions::tp:
+  // the linears split over TP ranks inside a node, the residual stream split along the sequence)
+  // and pipeline parallelism (PlanOptions::pp: the layers split into stages, 1F1B).
+  bool model_parallelism;
   // Why it cannot build `model` whatever the plan (nullptr: it builds what longseq reads), then why
   // it cannot run `plan` on `gpus` GPUs (0: not known); "" when it can.
   std::string (*model_refused)(const char* name, const ModelSpec& model);

@@ -6,9 +6,12 @@
 #include <stdexcept>
 #include <string_view>
 
+#include <fmt/format.h>
+
 #include "models/adapters.hpp"
 #include "models/layer_inventory.hpp"
 #include "models/tensor_trace.hpp"
+#include "planner/pipeline.hpp"
 #include "planner/units.hpp"
 
 namespace longseq {
@@ -502,12 +505,18 @@ namespace {
 
 // With `stop_when_over`, the phases go heaviest first (backward, forward, the loss) and the first
 // one over the usable GPU memory ends the prediction (see memory_predict_until_over).
+// `stage`: the pipeline stage predicted (pipeline_stages): its layers, the micro-batches it holds,
+// whether it runs the loss, its parameters; the whole model without pipeline parallelism.
 MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
-                                       const RuntimeProfile& profile, int64_t seqlen, bool with_breakdown, bool stop_when_over) {
+                                       const RuntimeProfile& profile, int64_t seqlen, bool with_breakdown, bool stop_when_over,
+                                       const PipelineStage& stage) {
   if (!plan_problems(model, cluster, plan).empty() || !seqlen_problems(plan, seqlen).empty())
     throw std::invalid_argument("memory_predict: invalid plan or sequence length (check plan_problems first)");
-  const Setup setup = setup_make(model, cluster.hardware, plan, profile, seqlen);
-  const double layers = as_double(model.num_layers);
+  Setup setup = setup_make(model, cluster.hardware, plan, profile, seqlen);
+  if (plan.pp > 1) setup.params.total = stage.parameters, setup.trainable_total = as_double(stage.parameters);
+  const double layers = as_double(stage.layers);
+  // Under 1F1B the micro-batches before this one are in flight whole: their layers' activations too.
+  const double earlier_micro_batch_layers = as_double(stage.in_flight - 1) * layers;
   const double x_bytes = as_double(setup.shape.hidden_state_tokens()) * as_double(model.hidden_size) * as_double(profile.activation_bytes);
   // What a layer that is not checkpointed keeps for its backward (no layer, under full checkpointing).
   const bool layers_save = !plan.activation_checkpointing || plan.checkpoint_every > 1;
@@ -533,10 +542,11 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
   // Every phase starts from the static tensors and the activations of the layers below it.
   auto phase_begin = [&](PhaseResult& result, const char* name, double resident_layers,
                          StepInputs inputs = StepInputs::batch_and_rope) -> TensorTrace& {
-    result.phase = name;
+    result.phase = stage.name.empty() ? std::string(name) : fmt::format("{} ({})", name, stage.name);
     result.trace.set_record_peak_items(with_breakdown);
     static_tensors_place(result.trace, model, cluster, plan, profile, setup, seqlen, inputs, /*with_gradients=*/!gradients_in_backward);
-    resident_activations_place(result.trace, plan, profile, setup, resident_layers, layers, saved_per_layer, saved_first_layer);
+    resident_activations_place(result.trace, plan, profile, setup, resident_layers + earlier_micro_batch_layers,
+                               layers + earlier_micro_batch_layers, saved_per_layer, saved_first_layer);
     return result.trace;
   };
   // Gradients backward has produced before a decoder layer's own: the LM head's and final norm's
@@ -682,7 +692,7 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
     };
     if (!stop_when_over) {
       forward_phase();
-      loss_phase();
+      if (stage.loss) loss_phase();
       backward_phase();
       if (gradients_in_backward) {
         first_layer_backward_phase();
@@ -691,7 +701,8 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
     } else {
       // A probe that only asks "does it fit?": the first phase over the usable memory answers it.
       const double reserve = profile.calibrated_reserve_gib * kBytesPerGib;
-      std::vector<std::function<double()>> heaviest_first = {backward_phase, forward_phase, loss_phase};
+      std::vector<std::function<double()>> heaviest_first = {backward_phase, forward_phase};
+      if (stage.loss) heaviest_first.push_back(loss_phase);
       if (gradients_in_backward) {
         heaviest_first.push_back(first_layer_backward_phase);
         heaviest_first.push_back(optimizer_phase);
@@ -720,6 +731,8 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
   // The profile's calibrated reserve is constant in S, so it moves every phase alike and never
   // changes which phase or moment is the peak.
   const double reserve_bytes = profile.calibrated_reserve_gib * kBytesPerGib;
+  // A stage without the loss runs no loss phase.
+  phases.erase(std::remove_if(phases.begin(), phases.end(), [](const PhaseResult& phase) { return phase.phase.empty(); }), phases.end());
   size_t worst = 0;
   for (size_t index = 0; index < phases.size(); ++index) {
     const TensorTrace& trace = phases[index].trace;
@@ -825,14 +838,30 @@ std::vector<MemoryItem> layer_saved_tensors(const ModelSpec& model, const Cluste
   return items;
 }
 
+// Under pipeline parallelism the stage with the highest GPU peak is the answer (its phases named by
+// stage); every stage's phases are listed, the peak's first.
 MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
                                 const RuntimeProfile& profile, int64_t seqlen, bool with_breakdown) {
-  return memory_predict_phases(model, cluster, plan, profile, seqlen, with_breakdown, /*stop_when_over=*/false);
+  MemoryPrediction worst;
+  std::vector<PhasePeak> phases;
+  for (const PipelineStage& stage : pipeline_stages(model, cluster, plan)) {
+    MemoryPrediction prediction = memory_predict_phases(model, cluster, plan, profile, seqlen, with_breakdown, /*stop_when_over=*/false, stage);
+    for (const PhasePeak& phase : prediction.phases) phases.push_back(phase);
+    if (worst.phases.empty() || prediction.gpu_peak_bytes > worst.gpu_peak_bytes) worst = std::move(prediction);
+  }
+  worst.phases = std::move(phases);
+  return worst;
 }
 
 MemoryPrediction memory_predict_until_over(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
                                            const RuntimeProfile& profile, int64_t seqlen) {
-  return memory_predict_phases(model, cluster, plan, profile, seqlen, /*with_breakdown=*/false, /*stop_when_over=*/true);
+  MemoryPrediction worst;
+  for (const PipelineStage& stage : pipeline_stages(model, cluster, plan)) {
+    MemoryPrediction prediction = memory_predict_phases(model, cluster, plan, profile, seqlen, /*with_breakdown=*/false, /*stop_when_over=*/true, stage);
+    if (!prediction.fits_gpu()) return prediction;
+    if (worst.phases.empty() || prediction.gpu_peak_bytes > worst.gpu_peak_bytes) worst = std::move(prediction);
+  }
+  return worst;
 }
 
 }  // namespace longseq

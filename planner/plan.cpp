@@ -154,6 +154,24 @@ std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec
       problems.push_back("tensor parallelism is modelled as Megatron-Core runs it: without FPDT, ALST's tiling and the offloads");
     if (plan.zero_stage > 1) problems.push_back("tensor parallelism is modelled with Megatron's distributed optimizer (ZeRO-1's layout) or none");
   }
+  if (plan.pp < 1) {
+    problems.push_back(fmt::format("pp={} must be at least 1", plan.pp));
+  } else if (plan.pp > 1) {
+    if (plan.tp >= 1 && plan.sp >= 1 && plan.ring >= 1 && cluster.gpus % plan.model_parallel_ranks() != 0)
+      problems.push_back(fmt::format("tp={} x sp={} x ring={} x pp={} does not divide {} GPUs (world = dp x tp x sp x ring x pp)", plan.tp,
+                                     plan.sp, plan.ring, plan.pp, cluster.gpus));
+    // Megatron splits the layers evenly unless told otherwise (--decoder-first/last-pipeline-num-layers,
+    // not modelled): transformer_config.py asserts num_layers % pp == 0.
+    if (model.num_layers % plan.pp != 0)
+      problems.push_back(fmt::format("pp={} does not divide {} decoder layers (Megatron's even split; uneven stages are not modelled)", plan.pp,
+                                     model.num_layers));
+    if (model.is_moe()) problems.push_back(fmt::format("{}: pipeline parallelism of a mixture-of-experts model is not modelled yet", model.name));
+    if (plan.lora()) problems.push_back("LoRA beside pipeline parallelism is not modelled");
+    if (plan.fpdt || plan.tiled_mlp || plan.tiled_loss || plan.checkpoint_offload || plan.offload_params || plan.offload_optimizer ||
+        plan.zero_stage > 1 || plan.checkpoint_every > 1 || plan.checkpoint_ops)
+      problems.push_back("pipeline parallelism is modelled as Megatron-Core runs it: its distributed optimizer or none, full or no "
+                         "recompute, without FPDT, ALST's tiling and the offloads");
+  }
   if (plan.zero_stage < 0 || plan.zero_stage > 3) problems.push_back(fmt::format("ZeRO stage {} is not 0..3", plan.zero_stage));
   if (plan.offload_optimizer && plan.zero_stage < 1)
     problems.push_back("optimizer offload needs ZeRO stage 1, 2 or 3 (DeepSpeed ZeRO-Offload)");
@@ -186,7 +204,7 @@ std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec
   if (plan.ring > 1 && plan.fpdt) problems.push_back("ring attention with FPDT's chunking is not modelled");
   if (plan.micro_batch < 1) problems.push_back(fmt::format("micro batch {} must be at least 1", plan.micro_batch));
   if (plan.global_batch < 0) problems.push_back(fmt::format("global batch {} must not be negative", plan.global_batch));
-  if (plan.global_batch > 0 && plan.micro_batch >= 1 && plan.tp >= 1 && plan.sequence_ranks() >= 1 &&
+  if (plan.global_batch > 0 && plan.micro_batch >= 1 && plan.tp >= 1 && plan.pp >= 1 && plan.sequence_ranks() >= 1 &&
       cluster.gpus % plan.model_parallel_ranks() == 0) {
     const int64_t per_micro_step = samples_per_micro_step(cluster, plan);
     if (plan.global_batch % per_micro_step != 0)
@@ -281,6 +299,7 @@ std::string attention_kernel_for(const RuntimeProfile& profile, const HardwareCa
 
 std::string plan_describe(const PlanOptions& plan) {
   std::string text = plan.tp > 1 ? fmt::format("tp={} ", plan.tp) : std::string();
+  if (plan.pp > 1) text += fmt::format("pp={} ", plan.pp);
   text += plan.ring > 1 ? fmt::format("sp={} ring={} zero={}", plan.sp, plan.ring, plan.zero_stage)
                         : fmt::format("sp={} zero={}", plan.sp, plan.zero_stage);
   if (plan.offload_optimizer) text += " +optimizer-offload";

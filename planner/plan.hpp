@@ -91,8 +91,13 @@ struct PlanOptions : HeldChoices {
   // and the MLP's width with it, and outside those regions the residual stream split along the
   // sequence (a [S/(u r t), h] shard a rank). The t ranks hold one sequence's u r share together.
   int64_t tp = 1;
-  // Ranks one model replica spans: t x u x r (world = dp x t x u x r).
-  int64_t model_parallel_ranks() const { return tp * sp * ring; }
+  // Megatron-Core's pipeline parallelism: the decoder layers split evenly into `pp` stages on
+  // different ranks, run by the 1F1B schedule over the gradient-accumulation micro-batches
+  // (reference-megatron-core M4.1): stage 0 holds min(pp, m) micro-batches' activations, the last
+  // one; the step pays (pp - 1) micro-batches of bubble.
+  int64_t pp = 1;
+  // Ranks one model replica spans: t x u x r x p (world = dp x t x u x r x p).
+  int64_t model_parallel_ranks() const { return tp * sp * ring * pp; }
   int zero_stage = 3;                   // 0..3
   bool offload_optimizer = false;       // fp32 master, Adam states and fp32 gradients on the host
   bool offload_params = false;          // ZeRO-3 offload_param: bf16 weight partitions on the host

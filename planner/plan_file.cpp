@@ -49,7 +49,8 @@ std::string plan_file_to_json(const PlanFile& file) {
                          {"fpdt", p.fpdt},
                          {"fpdt_chunk_tokens", p.fpdt_chunk_tokens},
                          {"micro_batch", p.micro_batch}};
-  if (p.tp > 1) plan["tp"] = p.tp;  // (written only under tensor parallelism, which longseq's executor refuses)
+  if (p.tp > 1) plan["tp"] = p.tp;  // (written only under Megatron's model parallelism, which longseq's executor refuses)
+  if (p.pp > 1) plan["pp"] = p.pp;
   if (p.lora()) {  // (written only for adapters: a full-training plan's file is as before)
     plan["lora_rank"] = p.lora_rank;
     plan["lora_targets"] = p.lora_all_linear ? "all-linear" : "q,v";
@@ -101,7 +102,7 @@ PlanFile plan_file_parse(const std::string& text, const std::string& source) {
   const JsonView plan = root["plan"];
   keys_check(plan, {"sp", "ring", "zero_stage", "offload_optimizer", "offload_params", "activation_checkpointing", "checkpoint_offload",
                     "tiled_mlp", "mlp_tiles", "tiled_loss", "loss_tiles", "fpdt", "fpdt_chunk_tokens", "micro_batch", "lora_rank",
-                    "lora_targets", "tp"});
+                    "lora_targets", "tp", "pp"});
   PlanOptions& p = file.plan;
   p.sp = plan["sp"].integer(1, 1 << 20);
   p.ring = plan.has("ring") ? plan["ring"].integer(1, 1 << 20) : 1;
@@ -118,13 +119,14 @@ PlanFile plan_file_parse(const std::string& text, const std::string& source) {
   if (plan.has("fpdt_chunk_tokens")) p.fpdt_chunk_tokens = plan["fpdt_chunk_tokens"].integer(1, int64_t{1} << 40);
   p.micro_batch = plan.has("micro_batch") ? plan["micro_batch"].integer(1, 1'000'000) : 1;
   p.tp = plan.has("tp") ? plan["tp"].integer(1, 1 << 20) : 1;
+  p.pp = plan.has("pp") ? plan["pp"].integer(1, 1 << 20) : 1;
   if (plan.has("lora_rank")) p.lora_rank = plan["lora_rank"].integer(1, 4096);
   if (plan.has("lora_targets")) {
     if (!p.lora()) plan["lora_targets"].fail("given without lora_rank");
     p.lora_all_linear = HeldChoices::lora_targets_parse(plan["lora_targets"].string(), source, "plan.lora_targets");
   }
   if (file.ranks % p.model_parallel_ranks() != 0)
-    plan["sp"].fail(fmt::format("tp={} x sp={} x ring={} does not divide the plan's {} ranks", p.tp, p.sp, p.ring, file.ranks));
+    plan["sp"].fail(fmt::format("tp={} x sp={} x ring={} x pp={} does not divide the plan's {} ranks", p.tp, p.sp, p.ring, p.pp, file.ranks));
   return file;
 }
 

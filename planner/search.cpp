@@ -25,25 +25,28 @@ std::vector<PlanOptions> plans_enumerate(const ClusterSpec& cluster, const Searc
   checkpointing_modes.push_back({true, true, 1});
   std::vector<PlanOptions> plans;
   for (int64_t tp : options.tensor_parallel) {
-  if (tp < 1 || cluster.gpus % tp != 0) continue;
-  for (int64_t sequence_ranks = 1; sequence_ranks * tp <= cluster.gpus; ++sequence_ranks) {
-    if (cluster.gpus % (sequence_ranks * tp) != 0) continue;  // world = dp x tp x sp x ring: only divisors are plans at all
+  for (int64_t pp : options.pipeline_parallel) {
+  if (tp < 1 || pp < 1 || cluster.gpus % (tp * pp) != 0) continue;
+  // Megatron's model parallelism is planned as Megatron runs it (plan_problems): its distributed
+  // optimizer (ZeRO-1's layout) or none, no offload, no ALST tiling or FPDT.
+  const bool megatron = tp > 1 || pp > 1;
+  for (int64_t sequence_ranks = 1; sequence_ranks * tp * pp <= cluster.gpus; ++sequence_ranks) {
+    if (cluster.gpus % (sequence_ranks * tp * pp) != 0) continue;  // world = dp x tp x sp x ring x pp: only divisors are plans at all
     for (int64_t ring = 1; ring <= (options.explore_ring ? sequence_ranks : 1); ++ring) {
       if (sequence_ranks % ring != 0) continue;
       const int64_t sp = sequence_ranks / ring;
       for (int zero = 0; zero <= 3; ++zero) {
-        // Tensor parallelism is planned as Megatron runs it: its distributed optimizer (ZeRO-1's
-        // layout) or none, no offload, no ALST tiling or FPDT (plan_problems).
-        if (tp > 1 && zero > 1) continue;
+        if (megatron && zero > 1) continue;
         for (bool offload_optimizer : {false, true}) {
           if (offload_optimizer && zero == 0) continue;  // ZeRO-Offload needs a ZeRO stage
-          if (offload_optimizer && tp > 1) continue;
+          if (offload_optimizer && megatron) continue;
           for (bool offload_params : {false, true}) {
             if (offload_params && zero != 3) continue;  // offload_param is a ZeRO-3 feature
             for (const Checkpointing& checkpointing : checkpointing_modes) {
-              if (tp > 1 && checkpointing.offload) continue;
+              if (megatron && (checkpointing.offload || checkpointing.every > 1 || checkpointing.ops)) continue;
               PlanOptions plan;
               plan.tp = tp;
+              plan.pp = pp;
               plan.sp = sp;
               plan.ring = ring;
               plan.zero_stage = zero;
@@ -59,12 +62,12 @@ std::vector<PlanOptions> plans_enumerate(const ClusterSpec& cluster, const Searc
                   plan.tiled_mlp = tiled_mlp;
                   plan.tiled_loss = tiled_loss;
                   if (checkpointing.ops && tiled_mlp) continue;  // not modelled together (plan_problems)
-                  if (tp > 1 && (tiled_mlp || tiled_loss)) continue;
+                  if (megatron && (tiled_mlp || tiled_loss)) continue;
                   if (!options.admits || options.admits(plan)) plans.push_back(plan);
                 }
               }
               // FPDT runs with every layer checkpointed, and without the ring.
-              if (!checkpointing.on || checkpointing.every > 1 || checkpointing.ops || ring > 1 || tp > 1) continue;
+              if (!checkpointing.on || checkpointing.every > 1 || checkpointing.ops || ring > 1 || megatron) continue;
               plan.tiled_mlp = plan.tiled_loss = false;
               plan.fpdt = true;
               for (int64_t chunk : options.fpdt_chunks) {
@@ -77,6 +80,7 @@ std::vector<PlanOptions> plans_enumerate(const ClusterSpec& cluster, const Searc
         }
       }
     }
+  }
   }
   }
   return plans;
@@ -105,7 +109,7 @@ namespace {
 // offload, 4 checkpointing/offload, 5 tiling/FPDT.
 constexpr int kPlanFields = 6;
 bool same_except(const PlanOptions& a, const PlanOptions& b, int field) {
-  if (field != 0 && (a.sp != b.sp || a.ring != b.ring || a.tp != b.tp)) return false;
+  if (field != 0 && (a.sp != b.sp || a.ring != b.ring || a.tp != b.tp || a.pp != b.pp)) return false;
   if (field != 1 && a.zero_stage != b.zero_stage) return false;
   if (field != 2 && a.offload_optimizer != b.offload_optimizer) return false;
   if (field != 3 && a.offload_params != b.offload_params) return false;
@@ -355,6 +359,9 @@ std::vector<SearchAlternative> search_notable_alternatives(const SearchResult& r
   auto describe = [&](const PlanOptions& p, int field) -> std::string {
     switch (field) {
       case 0:
+        if (p.pp != w.pp || p.pp > 1)
+          return fmt::format("tp={} pp={} sp={} ring={} instead of tp={} pp={} sp={} ring={}", p.tp, p.pp, p.sp, p.ring, w.tp, w.pp, w.sp,
+                             w.ring);
         if (p.tp != w.tp || p.tp > 1)
           return fmt::format("tp={} sp={} ring={} instead of tp={} sp={} ring={}", p.tp, p.sp, p.ring, w.tp, w.sp, w.ring);
         if (p.ring != w.ring || p.ring > 1)
@@ -380,6 +387,11 @@ std::vector<SearchAlternative> search_notable_alternatives(const SearchResult& r
     std::vector<std::string> seen;
     for (const auto& candidate : result.candidates) {
       if (&candidate == winner || !same_except(candidate.plan, w, field)) continue;
+      // One thing changed in the layout: the TP degree, the pipeline stages, or the sequence's
+      // spread (sp and ring), each alone (the rest of a layout's combinations are in the full list).
+      const PlanOptions& c = candidate.plan;
+      const int layout_changes = (c.tp != w.tp) + (c.pp != w.pp) + (c.sp != w.sp || c.ring != w.ring);
+      if (field == 0 && layout_changes > 1) continue;
       const std::string change = describe(candidate.plan, field);
       if (std::find(seen.begin(), seen.end(), change) != seen.end()) continue;
       seen.push_back(change);

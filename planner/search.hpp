@@ -52,8 +52,9 @@ struct SearchOptions {
   std::vector<int64_t> checkpoint_every = {1};
   // Op-level selective checkpointing (PlanOptions::checkpoint_ops) tried beside them, likewise.
   bool checkpoint_ops = false;
-  // Tensor-parallel degrees tried (PlanOptions::tp), where the framework runs it.
+  // Tensor-parallel degrees and pipeline stages tried (PlanOptions::tp, pp), where the framework runs them.
   std::vector<int64_t> tensor_parallel = {1};
+  std::vector<int64_t> pipeline_parallel = {1};
 };
 
 // How many memory-saving features a plan turns on (offloads, checkpointing, tiling, FPDT, the ZeRO

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "planner/comm_model.hpp"
+#include "planner/pipeline.hpp"
 
 namespace longseq {
 
@@ -21,6 +22,8 @@ StepTime& StepTime::operator+=(const StepTime& other) {
   ring_exposed_s += other.ring_exposed_s;
   ring_final_hop_s += other.ring_final_hop_s;
   tensor_parallel_exposed_s += other.tensor_parallel_exposed_s;
+  pipeline_bubble_s += other.pipeline_bubble_s;
+  pipeline_p2p_s += other.pipeline_p2p_s;
   gradient_offload_s += other.gradient_offload_s;
   optimizer_s += other.optimizer_s;
   elementwise_s += other.elementwise_s;
@@ -29,8 +32,8 @@ StepTime& StepTime::operator+=(const StepTime& other) {
 
 double StepTime::total_s() const {
   return matmul_s + attention_s + ulysses_all_to_all_s + zero_communication_exposed_s + checkpoint_offload_s +
-         fpdt_fetch_exposed_s + ring_exposed_s + ring_final_hop_s + tensor_parallel_exposed_s + gradient_offload_s + optimizer_s +
-         elementwise_s;
+         fpdt_fetch_exposed_s + ring_exposed_s + ring_final_hop_s + tensor_parallel_exposed_s + pipeline_bubble_s + pipeline_p2p_s +
+         gradient_offload_s + optimizer_s + elementwise_s;
 }
 
 double layer_elementwise_bytes_per_token(const ModelSpec& model, int64_t activation_bytes) {
@@ -392,10 +395,24 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   // optimizer's gradients come down every micro-step where they are reduced every micro-step
   // (ZeRO-2/3 accumulate them in the host's fp32 partition), at the boundary under ZeRO-1.
   prediction.accumulation_steps = gradient_accumulation_steps(cluster, plan);
-  for (double* per_micro_step : {&time.matmul_s, &time.attention_s, &time.ulysses_all_to_all_s, &time.checkpoint_offload_s,
-                                 &time.fpdt_fetch_exposed_s, &time.ring_exposed_s, &time.ring_final_hop_s, &time.tensor_parallel_exposed_s,
-                                 &time.elementwise_s})
-    *per_micro_step *= micro_steps;
+  const std::initializer_list<double*> per_micro_step_parts = {&time.matmul_s, &time.attention_s, &time.ulysses_all_to_all_s,
+                                                                &time.checkpoint_offload_s, &time.fpdt_fetch_exposed_s, &time.ring_exposed_s,
+                                                                &time.ring_final_hop_s, &time.tensor_parallel_exposed_s, &time.elementwise_s};
+  double micro_batch_slot_s = 0;  // one micro-batch's forward and backward on one (pipeline stage of a) rank
+  for (const double* part : per_micro_step_parts) micro_batch_slot_s += *part;
+  for (double* per_micro_step : per_micro_step_parts) *per_micro_step *= micro_steps;
+  if (plan.pp > 1) {
+    // 1F1B (reference-megatron-core M4.1): m micro-batches through p stages take m + p - 1 slots; the
+    // p - 1 beyond the micro-batches are the bubble. Each slot sends the stage's output forward and
+    // receives its gradient back, [S/(u r t), b, h] under sequence parallelism, between ranks t u r
+    // dp apart (Megatron's rank order puts pp outermost, parallel_state.py L562): across nodes
+    // once a stage's ranks fill one.
+    time.pipeline_bubble_s = as_double(plan.pp - 1) * micro_batch_slot_s;
+    const Link link = link_for_group(cluster, cluster.gpus);
+    const double boundary_bytes = as_double(plan.micro_batch) * as_double(seqlen / plan.sequence_ranks()) * as_double(model.hidden_size) *
+                                  as_double(profile.activation_bytes) / as_double(std::max<int64_t>(1, plan.tp));
+    time.pipeline_p2p_s = as_double(pipeline_slots(cluster, plan)) * 2.0 * (link.latency_us * 1e-6 + boundary_bytes / (link.busbw_gbps * 1e9));
+  }
   time.gradient_offload_s *= reducing_micro_steps;
 
   const double step_s = time.total_s();

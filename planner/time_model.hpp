@@ -31,6 +31,8 @@ struct StepTime {
   double ring_exposed_s = 0;                // ring attention's key/value passing not hidden behind attention
   double ring_final_hop_s = 0;              // backward's dk/dv accumulators going home after the last step
   double tensor_parallel_exposed_s = 0;     // Megatron's sequence-parallel all-gathers and reduce-scatters not hidden behind GEMMs
+  double pipeline_bubble_s = 0;             // 1F1B's pp - 1 idle micro-batch slots
+  double pipeline_p2p_s = 0;                // activations and their gradients sent between pipeline stages
   double gradient_offload_s = 0;            // offloaded optimizer: gradient partitions copied to the host in backward
   double optimizer_s = 0;                   // optimizer step (host or GPU) and the updated weights' copy up
   double elementwise_s = 0;                 // norms, RoPE, SwiGLU, residual adds and the loss's softmax, by bytes moved

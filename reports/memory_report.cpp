@@ -155,6 +155,8 @@ std::string time_table_render(const TimePrediction& prediction, const TimeContex
   line("ring attention passing (exposed)", time.ring_exposed_s);
   line("ring dk/dv final hop", time.ring_final_hop_s);
   line("tensor parallel gathers/scatters (exposed)", time.tensor_parallel_exposed_s);
+  line("pipeline bubble (1F1B's pp - 1 idle slots)", time.pipeline_bubble_s);
+  line("pipeline sends between stages", time.pipeline_p2p_s);
   line("gradients to the host (in backward)", time.gradient_offload_s);
   line("optimizer step", time.optimizer_s);
   line("element-wise (norms, RoPE, SwiGLU, loss softmax)", time.elementwise_s);
@@ -203,6 +205,8 @@ nlohmann::json time_prediction_to_json(const TimePrediction& prediction, const T
         {"ring_exposed", time.ring_exposed_s},
         {"ring_final_hop", time.ring_final_hop_s},
         {"tensor_parallel_exposed", time.tensor_parallel_exposed_s},
+        {"pipeline_bubble", time.pipeline_bubble_s},
+        {"pipeline_p2p", time.pipeline_p2p_s},
         {"gradient_offload", time.gradient_offload_s},
         {"optimizer", time.optimizer_s},
         {"elementwise", time.elementwise_s}}},

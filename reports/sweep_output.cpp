@@ -78,6 +78,7 @@ nlohmann::json sweep_results_to_json(const Scenario& scenario, const std::vector
       const PlanOptions& plan = *row.plan;
       json["plan"] = plan_describe(plan);
       json["tp"] = plan.tp;
+      json["pp"] = plan.pp;
       json["sp"] = plan.sp;
       json["ring"] = plan.ring;
       json["dp"] = row.gpus / plan.model_parallel_ranks();

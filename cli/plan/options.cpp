@@ -55,6 +55,10 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
                       "Megatron tensor-parallel degree t with its sequence parallelism (world = dp x t x sp x ring; default 1). "
                       "Runs in Megatron-Core (--framework megatron-core), with its distributed optimizer (--zero 1) or none (--zero 0)")
       ->check(CLI::Range(1, 1 << 20));
+  command->add_option("--pp", args->pp,
+                      "Megatron pipeline stages p (the layers split evenly, 1F1B over the --global-batch's micro-batches; world = dp x t x "
+                      "sp x ring x p; default 1). Runs in Megatron-Core (--framework megatron-core)")
+      ->check(CLI::Range(1, 1 << 20));
   command->add_option("--zero", args->zero_stage, "ZeRO stage 0..3 (default 3)");
   command->add_flag("--search", args->search,
                     "search the plan space (the default when no plan flag is given): sp, ZeRO stage, offloads, "
@@ -242,7 +246,7 @@ int64_t global_batch_samples(const PlanCommandArgs& args, std::optional<int64_t>
 }
 
 bool plan_flags_given(const PlanCommandArgs& args) {
-  return args.alst || args.baseline || args.sp || args.ring || args.tp || args.zero_stage || args.mlp_tiles || args.loss_tiles || args.fpdt ||
+  return args.alst || args.baseline || args.sp || args.ring || args.tp || args.pp || args.zero_stage || args.mlp_tiles || args.loss_tiles || args.fpdt ||
          args.checkpoint_every || args.checkpoint_ops ||
          args.fpdt_chunk ||
          args.offload_optimizer_on + args.offload_optimizer_off + args.offload_params_on + args.offload_params_off +
@@ -265,10 +269,11 @@ PlanOptions plan_from_flags(const PlanCommandArgs& args, const ModelSpec& model,
     plan.ring = positive_or_default(args.ring, "--ring");
     if (args.sp == std::nullopt) plan.sp = sp_largest_valid(model, cluster.gpus / plan.ring);
   }
-  if (args.tp) {
+  if (args.tp || args.pp) {
     // Megatron's plan, not ALST's set: its distributed optimizer, no offload, no ALST tiling (each
     // flag below may still ask for one, and plan_problems says why not).
-    plan.tp = *args.tp;
+    plan.tp = args.tp.value_or(1);
+    plan.pp = args.pp.value_or(1);
     plan.zero_stage = 1;
     plan.offload_optimizer = plan.offload_params = plan.checkpoint_offload = plan.tiled_mlp = plan.tiled_loss = false;
     if (args.sp == std::nullopt) plan.sp = 1;  // Megatron's a2a (Ulysses) only where asked
@@ -402,7 +407,7 @@ std::function<bool(const PlanOptions&)> search_constraints(const PlanCommandArgs
                             checkpointing = held(args.checkpointing_on, args.checkpointing_off),
                             checkpoint_offload = held(args.checkpoint_offload_on, args.checkpoint_offload_off),
                             tiled_mlp = held(args.tiled_mlp_on, args.tiled_mlp_off), tiled_loss = held(args.tiled_loss_on, args.tiled_loss_off);
-  const std::optional<int64_t> sp = args.sp, ring = args.ring, tp = args.tp;
+  const std::optional<int64_t> sp = args.sp, ring = args.ring, tp = args.tp, pp = args.pp;
   const std::optional<int> zero = args.zero_stage;
   const bool fpdt = args.fpdt;
   const std::optional<int64_t> checkpoint_every = args.checkpoint_every;
@@ -410,7 +415,7 @@ std::function<bool(const PlanOptions&)> search_constraints(const PlanCommandArgs
   const std::optional<int64_t> chunk = args.fpdt_chunk ? std::optional<int64_t>(seqlen_parse(*args.fpdt_chunk, "--fpdt-chunk")) : std::nullopt;
   return [=](const PlanOptions& plan) {
     auto holds = [](const std::optional<bool>& wanted, bool value) { return !wanted || *wanted == value; };
-    return (!sp || plan.sp == *sp) && (!ring || plan.ring == *ring) && (!tp || plan.tp == *tp) && (!zero || plan.zero_stage == *zero) &&
+    return (!sp || plan.sp == *sp) && (!ring || plan.ring == *ring) && (!tp || plan.tp == *tp) && (!pp || plan.pp == *pp) && (!zero || plan.zero_stage == *zero) &&
            holds(offload_optimizer, plan.offload_optimizer) && holds(offload_params, plan.offload_params) &&
            holds(checkpointing, plan.activation_checkpointing) && holds(checkpoint_offload, plan.checkpoint_offload) &&
            holds(tiled_mlp, plan.tiled_mlp) && holds(tiled_loss, plan.tiled_loss) && (!fpdt || plan.fpdt) &&

@@ -45,7 +45,7 @@ extern const FrameworkDescription kAccelerateFsdp2 = {
     /*adam_8bit=*/false,
     /*tiles_moe_blocks=*/false,
     /*selective_checkpointing=*/false,
-    /*tensor_parallelism=*/false,
+    /*model_parallelism=*/false,
     nullptr,
     plan_refused,
 };

@@ -28,7 +28,7 @@ extern const FrameworkDescription kHfAccelerate = {
     /*adam_8bit=*/false,
     /*tiles_moe_blocks=*/false,
     /*selective_checkpointing=*/false,
-    /*tensor_parallelism=*/false,
+    /*model_parallelism=*/false,
     nullptr,
     plan_refused,
 };

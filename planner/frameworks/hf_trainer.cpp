@@ -33,7 +33,7 @@ extern const FrameworkDescription kHfTrainer = {
     /*adam_8bit=*/true,
     /*tiles_moe_blocks=*/false,
     /*selective_checkpointing=*/false,
-    /*tensor_parallelism=*/false,
+    /*model_parallelism=*/false,
     nullptr,
     plan_refused,
 };

@@ -56,7 +56,7 @@ extern const FrameworkDescription kMegatronCore = {
     // recompute_granularity full over every layer (uniform, recompute_num_layers 1) or none; its
     // selective recompute and block method are not modelled yet (M5.1-M5.2).
     /*selective_checkpointing=*/false,
-    /*tensor_parallelism=*/true,
+    /*model_parallelism=*/true,
     model_refused,
     plan_refused,
 };

@@ -49,7 +49,7 @@ extern const FrameworkDescription kMegatronDeepSpeed = {
     /*adam_8bit=*/false,
     /*tiles_moe_blocks=*/false,
     /*selective_checkpointing=*/false,
-    /*tensor_parallelism=*/false,
+    /*model_parallelism=*/false,
     model_refused,
     plan_refused,
 };

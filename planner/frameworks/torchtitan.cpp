@@ -93,7 +93,7 @@ extern const FrameworkDescription kTorchtitan = {
     /*adam_8bit=*/false,
     /*tiles_moe_blocks=*/false,
     /*selective_checkpointing=*/true,
-    /*tensor_parallelism=*/false,
+    /*model_parallelism=*/false,
     model_refused,
     plan_refused,
 };

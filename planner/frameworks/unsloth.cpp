@@ -35,7 +35,7 @@ extern const FrameworkDescription kUnsloth = {
     /*adam_8bit=*/true,
     /*tiles_moe_blocks=*/true,
     /*selective_checkpointing=*/false,
-    /*tensor_parallelism=*/false,
+    /*model_parallelism=*/false,
     nullptr,
     plan_refused,
 };

@@ -25,7 +25,7 @@ extern const FrameworkDescription kUsp = {
     /*adam_8bit=*/false,
     /*tiles_moe_blocks=*/false,
     /*selective_checkpointing=*/false,
-    /*tensor_parallelism=*/false,
+    /*model_parallelism=*/false,
     nullptr,
     plan_refused,
 };

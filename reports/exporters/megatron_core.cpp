@@ -77,7 +77,7 @@ ExportedConfig megatron_core_emit(const ExportRequest& r) {
     if (p.sp > 1 && p.ring > 1) cp += fmt::format(" --hierarchical-context-parallel-sizes {} {}", p.sp, p.ring);
     args.push_back(cp);
   }
-  args.push_back("--pipeline-model-parallel-size 1");
+  args.push_back(fmt::format("--pipeline-model-parallel-size {}", p.pp));
   if (p.zero_stage >= 1) args.push_back("--use-distributed-optimizer");
   // The gradient buffer in fp32, as the plan prices it (the megatron-core profile, M3.1).
   args.push_back("--accumulate-allreduce-grads-in-fp32");

@@ -61,7 +61,8 @@ def megatron_reads(script_path, world_size):
 
 
 # (plan flags, GPUs, what Megatron must derive): TP x p2p ring over two nodes with recompute; TP x
-# a2a x p2p (USP's layout); TP alone with data parallelism and no distributed optimizer; a2a alone.
+# a2a x p2p (USP's layout); TP alone with data parallelism and no distributed optimizer; TP x PP x
+# p2p; a2a alone.
 PLANS = [
     (["--model", "llama-3.1-8b", "--gpus", "16", "--tp", "4", "--ring", "4", "--seqlen", "128Ki"], 16,
      {"tensor_model_parallel_size": 4, "sequence_parallel": True, "context_parallel_size": 4, "cp_comm_type": ["p2p"],
@@ -73,6 +74,10 @@ PLANS = [
     (["--model", "llama-3.1-8b", "--gpus", "16", "--tp", "8", "--zero", "0", "--seqlen", "32Ki"], 16,
      {"tensor_model_parallel_size": 8, "context_parallel_size": 1, "data_parallel_size": 2, "use_distributed_optimizer": False,
       "recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}),
+    # Pipeline stages with a global batch of 8 micro-batches (1F1B).
+    (["--model", "llama-3.1-70b", "--gpus", "64", "--tp", "8", "--pp", "4", "--ring", "2", "--seqlen", "128Ki", "--global-batch", "8"], 64,
+     {"tensor_model_parallel_size": 8, "pipeline_model_parallel_size": 4, "context_parallel_size": 2, "data_parallel_size": 1,
+      "global_batch_size": 8}),
     (["--model", "qwen2.5-7b", "--gpus", "8", "--tp", "1", "--sp", "4", "--seqlen", "64Ki"], 8,
      {"tensor_model_parallel_size": 1, "context_parallel_size": 4, "cp_comm_type": ["a2a"], "data_parallel_size": 2}),
 ]
@@ -96,6 +101,7 @@ def test_megatron_lm_parses_and_validates_the_exported_arguments(flags, gpus, de
     assert args["micro_batch_size"] == plan["plan"]["micro_batch"]
     assert args["global_batch_size"] == plan["plan"]["global_batch"]
     assert args["tensor_model_parallel_size"] == plan["plan"]["tp"]
+    assert args["pipeline_model_parallel_size"] == plan["plan"]["pp"]
     assert args["context_parallel_size"] == plan["plan"]["sp"] * plan["plan"]["ring"]
     assert args["data_parallel_size"] == plan["plan"]["dp"]
     assert args["use_distributed_optimizer"] == (plan["plan"]["zero_stage"] == 1)

@@ -12,6 +12,7 @@
 #include "planner/compute_model.hpp"
 #include "planner/frameworks.hpp"
 #include "planner/memory_model.hpp"
+#include "planner/pipeline.hpp"
 #include "planner/search.hpp"
 #include "planner/time_model.hpp"
 #include "reports/export.hpp"
@@ -227,4 +228,76 @@ TEST_CASE("--emit megatron-core writes pretrain_gpt.py's arguments for the plan:
   CHECK(config_emit("megatron-core", request).text().find("--context-parallel-size 2 --cp-comm-type a2a \\\n") != std::string::npos);
   request.plan = megatron_plan(8, 1, 1, 1, true);
   CHECK(config_emit("megatron-core", request).text().find("--context-parallel-size") == std::string::npos);
+}
+
+TEST_CASE("pipeline stages under 1F1B: the first holds min(pp, m) micro-batches and the embedding, the last one and the head and loss") {
+  const ModelSpec model = model_load("llama-3.1-70b");  // 80 layers
+  const ClusterSpec cluster = h100s(256);
+  PlanOptions plan = megatron_plan(8, 1, 8, 1, true);
+  plan.pp = 4;
+  plan.global_batch = 16;  // dp = 256 / (8 x 8 x 4) = 1: 16 micro-batches
+  REQUIRE(plan_problems(model, cluster, plan).empty());
+  const ParameterCount params = parameter_count(model);
+  const std::vector<PipelineStage> stages = pipeline_stages(model, cluster, plan);
+  REQUIRE(stages.size() == 2);
+  CHECK(stages[0].layers == 20);
+  CHECK(stages[0].in_flight == 4);
+  CHECK(!stages[0].loss);
+  CHECK(stages[0].parameters == params.embedding + 20 * params.per_layer);
+  CHECK(stages[1].in_flight == 1);
+  CHECK(stages[1].loss);
+  CHECK(stages[1].parameters == 20 * params.per_layer + params.final_norm + params.lm_head);
+  CHECK(pipeline_slots(cluster, plan) == 16 + 3);
+  // Two micro-batches only: the first stage holds two (the warm-up is capped by them).
+  plan.global_batch = 2;
+  CHECK(pipeline_stages(model, cluster, plan)[0].in_flight == 2);
+
+  // The first stage's forward of its last layer: 4 micro-batches x 20 layers of sequence-parallel
+  // checkpoints, less the running layer's own input.
+  plan.global_batch = 16;
+  const RuntimeProfile profile = runtime_profile_load("megatron-core");
+  const MemoryPrediction prediction = memory_predict(model, cluster, plan, profile, 1'048'576);
+  const PhasePeak& first_forward = prediction.phases.front();
+  CHECK(first_forward.phase == "forward of the last decoder layer (first pipeline stage)");
+  const double checkpoint = 1'048'576.0 / 8 / 8 * 8192 * 2;  // [S / (r t), h] bf16
+  CHECK(item_bytes(first_forward.items, "hidden_states_checkpoints") == doctest::Approx(79 * checkpoint));
+  // The first stage holds the embedding's share and no head: its weights are the stage's parameters / t.
+  CHECK(item_bytes(first_forward.items, "weights") == doctest::Approx(static_cast<double>(stages[0].parameters) / 8 * 2));
+  // The last stage runs the loss; the first does not.
+  int loss_phases = 0;
+  for (const PhasePeak& phase : prediction.phases) loss_phases += phase.phase == "logits and loss (last pipeline stage)";
+  CHECK(loss_phases == 1);
+  CHECK(prediction.phases.size() == 5);
+}
+
+TEST_CASE("the 1F1B bubble is pp - 1 micro-batch slots of a stage's work, and a stage computes 1/pp of the layers") {
+  const ModelSpec model = model_load("llama-3.1-70b");
+  const ClusterSpec cluster = h100s(64);
+  const RuntimeProfile profile = runtime_profile_load("megatron-core");
+  PlanOptions flat = megatron_plan(8, 1, 8, 1, true);
+  flat.global_batch = 8;  // dp 1: 8 micro-batches
+  PlanOptions piped = flat;
+  piped.ring = 2;
+  piped.pp = 4;
+  const int64_t seqlen = 131'072;
+  const StepFlops one = step_flops_executed(model, megatron_plan(8, 1, 2, 1, true), seqlen);
+  const StepFlops staged = step_flops_executed(model, piped, seqlen);
+  CHECK(staged.total() == doctest::Approx(one.total() / 4));
+  const TimePrediction time = time_predict(model, cluster, piped, profile, seqlen);
+  const StepTime& t = time.time;
+  const double slot = (t.matmul_s + t.attention_s + t.ulysses_all_to_all_s + t.ring_exposed_s + t.ring_final_hop_s + t.tensor_parallel_exposed_s +
+                       t.elementwise_s) / 8;
+  CHECK(t.pipeline_bubble_s == doctest::Approx(3 * slot));
+  CHECK(t.pipeline_p2p_s > 0);
+  CHECK(time_predict(model, cluster, flat, profile, seqlen).time.pipeline_bubble_s == 0);
+  // Pipeline parallelism is Megatron-Core's alone.
+  PlanOptions pipeline_only = megatron_plan(1, 1, 1, 1, true);
+  pipeline_only.pp = 2;
+  CHECK(framework_unsupported(Framework::framework_hf_accelerate, model, pipeline_only, 64).find("no pipeline parallelism") != std::string::npos);
+  // Uneven stages are refused (Megatron's even split).
+  PlanOptions uneven = piped;
+  uneven.pp = 3;
+  const std::vector<std::string> problems = plan_problems(model, h100s(48), uneven);
+  REQUIRE(!problems.empty());
+  CHECK(problems.front().find("does not divide 80 decoder layers") != std::string::npos);
 }

@@ -1,0 +1,38 @@
+// pipeline.hpp: Megatron-Core's pipeline parallelism as the cost model sees it (PlanOptions::pp;
+// docs/reference-megatron-core.md M4): the stages whose memory can peak, and the 1F1B schedule's
+// micro-batches and bubble.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "models/model_spec.hpp"
+#include "planner/plan.hpp"
+
+namespace longseq {
+
+// One pipeline stage's share of a step: its decoder layers, the micro-batches whose activations it
+// holds at its peak, whether it runs the LM head and the loss, and the parameters it holds.
+struct PipelineStage {
+  std::string name;           // "" without pipeline parallelism
+  int64_t layers = 0;
+  int64_t in_flight = 1;
+  bool loss = true;
+  int64_t parameters = 0;
+};
+
+// The stages that can set the GPU peak: without pipeline parallelism the whole model, one micro-batch
+// in flight. With pp stages under 1F1B (schedules.py forward_backward_pipelining_without_interleaving
+// L2093-2096: pp - rank - 1 warm-up forwards, and one more before the first backward): the first
+// stage holds min(pp, m) micro-batches of its L / pp layers and the embedding; the last one
+// micro-batch, the final norm and the output layer (a tied one as a copy of the embedding: Megatron
+// keeps the word embeddings on the last stage for it) and runs the loss. The stages between hold
+// fewer micro-batches than the first and no embedding, so neither of the two is below them.
+std::vector<PipelineStage> pipeline_stages(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan);
+
+// The 1F1B schedule's length in micro-batch slots: m micro-batches through pp stages take m + pp - 1
+// slots of one micro-batch's forward and backward on one stage (the bubble is pp - 1 of them; M4.1).
+int64_t pipeline_slots(const ClusterSpec& cluster, const PlanOptions& plan);
+
+}  // namespace longseq
