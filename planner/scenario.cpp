@@ -21,7 +21,7 @@
 namespace longseq {
 
 bool PlanSettings::fixes_a_plan() const {
-  return preset || sp || ring || zero_stage || offload_optimizer || offload_params || activation_checkpointing || checkpoint_offload ||
+  return preset || sp || ring || tp || pp || zero_stage || offload_optimizer || offload_params || activation_checkpointing || checkpoint_offload ||
          tiled_mlp || tiled_loss || fpdt || mlp_tiles || loss_tiles || fpdt_chunk_tokens || checkpoint_every || checkpoint_ops;
 }
 
@@ -38,6 +38,8 @@ void PlanSettings::override_with(const PlanSettings& later) {
   take(search, later.search);
   take(sp, later.sp);
   take(ring, later.ring);
+  take(tp, later.tp);
+  take(pp, later.pp);
   take(zero_stage, later.zero_stage);
   take(offload_optimizer, later.offload_optimizer);
   take(offload_params, later.offload_params);
@@ -96,6 +98,8 @@ PlanSettings plan_settings_read(YamlReader& reader) {
   }
   if (reader.has("sp") && reader.get_string("sp") != "auto") settings.sp = reader.get_int("sp", 1, kMaxGpus);
   if (reader.has("ring")) settings.ring = reader.get_int("ring", 1, kMaxGpus);
+  if (reader.has("tp")) settings.tp = reader.get_int("tp", 1, kMaxGpus);
+  if (reader.has("pp")) settings.pp = reader.get_int("pp", 1, kMaxGpus);
   if (reader.has("zero_stage")) settings.zero_stage = static_cast<int>(reader.get_int("zero_stage", 0, 3));
   optional_bool("offload_optimizer", settings.offload_optimizer);
   optional_bool("offload_params", settings.offload_params);
@@ -286,7 +290,9 @@ namespace {
 
 PlanOptions plan_from_settings(const PlanSettings& settings, const ModelSpec& model, const ClusterSpec& cluster) {
   const int64_t ring = settings.ring.value_or(1);
-  const int64_t sp = settings.sp.value_or(sp_largest_valid(model, std::max<int64_t>(1, cluster.gpus / ring)));
+  // Under Megatron's model parallelism Ulysses (its a2a) is only where asked, as `plan --tp` has it.
+  const bool megatron = settings.tp || settings.pp;
+  const int64_t sp = settings.sp.value_or(megatron ? 1 : sp_largest_valid(model, std::max<int64_t>(1, cluster.gpus / ring)));
   PlanOptions plan;
   plan.sp = sp;
   if (settings.preset) {
@@ -297,6 +303,14 @@ PlanOptions plan_from_settings(const PlanSettings& settings, const ModelSpec& mo
     }
   }
   plan.ring = ring;
+  plan.tp = settings.tp.value_or(1);
+  plan.pp = settings.pp.value_or(1);
+  // Megatron's plan, not ALST's set (as `plan --tp`): its distributed optimizer, no offload or tiling
+  // unless a key asks for one.
+  if (megatron && !settings.preset) {
+    plan.zero_stage = 1;
+    plan.activation_checkpointing = true;
+  }
   if (settings.zero_stage) plan.zero_stage = *settings.zero_stage;
   if (settings.offload_optimizer) plan.offload_optimizer = *settings.offload_optimizer;
   if (settings.offload_params) plan.offload_params = *settings.offload_params;
@@ -446,6 +460,11 @@ std::vector<SweepRow> scenario_run(const Scenario& scenario, const std::function
                         if (every > 0 || settings.checkpoint_ops)
                           options.admits = [every, ops = settings.checkpoint_ops](const PlanOptions& candidate) {
                             return (every == 0 || candidate.checkpoint_every == every) && (!ops || candidate.checkpoint_ops == *ops);
+                          };
+                        // A TP degree or pipeline stages given are held, as `plan --search --tp T` holds them.
+                        if (settings.tp || settings.pp)
+                          options.admits = [previous = options.admits, tp = settings.tp, pp = settings.pp](const PlanOptions& candidate) {
+                            return (!previous || previous(candidate)) && (!tp || candidate.tp == *tp) && (!pp || candidate.pp == *pp);
                           };
                         return options;
                       };

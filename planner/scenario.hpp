@@ -31,6 +31,9 @@ struct PlanSettings {
   // Ring attention degree (USP's Ulysses x ring): a fixed plan uses it (sp "auto" then takes the
   // largest degree valid on gpus / ring); a search explores ring degrees unless it is 1.
   std::optional<int64_t> ring;
+  // Megatron-Core's tensor parallelism and pipeline stages (PlanOptions::tp, pp): a fixed plan uses
+  // them; a search holds each one given (--framework megatron-core's search tries them otherwise).
+  std::optional<int64_t> tp, pp;
   std::optional<int> zero_stage;
   std::optional<bool> offload_optimizer, offload_params, activation_checkpointing, checkpoint_offload, tiled_mlp,
       tiled_loss, fpdt;

@@ -13,6 +13,7 @@
 #include "planner/frameworks.hpp"
 #include "planner/memory_model.hpp"
 #include "planner/pipeline.hpp"
+#include "planner/scenario.hpp"
 #include "planner/search.hpp"
 #include "planner/time_model.hpp"
 #include "reports/export.hpp"
@@ -300,4 +301,23 @@ TEST_CASE("the 1F1B bubble is pp - 1 micro-batch slots of a stage's work, and a 
   const std::vector<std::string> problems = plan_problems(model, h100s(48), uneven);
   REQUIRE(!problems.empty());
   CHECK(problems.front().find("does not divide 80 decoder layers") != std::string::npos);
+}
+
+TEST_CASE("a scenario plans Megatron-Core's layouts: tp and pp fix a plan, or are held by a search") {
+  const std::string head = "name: x\nmodel: llama-3.1-70b\ncluster: {gpu: h100-sxm-80gb}\n";
+  // A fixed plan: tp 8 x pp 2 x ring 4 on 64 GPUs, the distributed optimizer and recompute by default.
+  const Scenario fixed = scenario_from_text(
+      head + "plan: {framework: megatron-core, tp: 8, pp: 2, ring: 4, global_batch: 8}\nsweep: {gpus: [64], seqlen: [256Ki]}\n", "x.yaml");
+  const std::vector<SweepRow> fixed_rows = scenario_run(fixed);
+  REQUIRE(fixed_rows.size() == 1);
+  REQUIRE(fixed_rows[0].plan);
+  CHECK(fixed_rows[0].error == "");
+  CHECK(plan_describe(*fixed_rows[0].plan) == "tp=8 pp=2 sp=1 ring=4 zero=1 +checkpointing global-batch=8");
+  // A search holding tp 4: every point's plan has it.
+  const Scenario held = scenario_from_text(head + "plan: {search: max-seqlen, framework: megatron-core, tp: 4}\nsweep: {gpus: [64]}\n", "x.yaml");
+  const std::vector<SweepRow> held_rows = scenario_run(held);
+  REQUIRE(held_rows.size() == 1);
+  REQUIRE(held_rows[0].plan);
+  CHECK(held_rows[0].plan->tp == 4);
+  CHECK(held_rows[0].framework == "megatron-core");
 }
