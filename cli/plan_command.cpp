@@ -206,8 +206,8 @@ int plan_command_run(const PlanCommandArgs& args) {
                                                             : "the runtime profile's";
     // Megatron-Core runs TE's attention backend on its context-parallel blocks too (no FPDT, no USP).
     if (profile.megatron_te_layer)
-      header += fmt::format("  attention {} ({}{}; Transformer Engine's backend on this GPU, its context parallelism's too)\n",
-                            attention_kernel_facts(kernel).label, source, profile.attention_kernel == "sdpa" ? ", SDPA's default on this GPU" : "");
+      header += fmt::format("  attention {} ({}; the rate of Transformer Engine's backend on this GPU, FusedAttention on Hopper and later, "
+                            "FlashAttention before; its context parallelism runs it too)\n", attention_kernel_facts(kernel).label, source);
     else
       header += fmt::format("  attention {} ({}{}; FPDT and USP's ring run FlashAttention-2{})\n", attention_kernel_facts(kernel).label, source,
                             profile.attention_kernel == "sdpa" ? ", SDPA's default on this GPU" : "",
