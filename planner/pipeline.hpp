@@ -12,8 +12,10 @@
 
 namespace longseq {
 
-// One pipeline stage's share of a step: its decoder layers, the micro-batches whose activations it
-// holds at its peak, whether it runs the LM head and the loss, and the parameters it holds.
+// One pipeline stage's share of a step: the decoder layers of the model chunk it runs at its peak
+// (all of its layers, or under interleaving one of its vpp chunks), the chunks' activations it holds
+// then (micro-batches of that chunk, counting the running one), whether it runs the LM head and the
+// loss, and the parameters it holds (all of its chunks).
 struct PipelineStage {
   std::string name;           // "" without pipeline parallelism
   int64_t layers = 0;
@@ -29,10 +31,15 @@ struct PipelineStage {
 // micro-batch, the final norm and the output layer (a tied one as a copy of the embedding: Megatron
 // keeps the word embeddings on the last stage for it) and runs the loss. The stages between hold
 // fewer micro-batches than the first and no embedding, so neither of the two is below them.
+// Interleaved (vpp chunks of L / (pp vpp) layers a rank; schedules.py get_pp_rank_microbatches
+// L926-938): rank r warms up (pp - r - 1) x 2 + (vpp - 1) x pp chunk forwards (the group of
+// micro-batches a virtual stage runs is pp, its default), capped at m x vpp, so the first rank holds
+// 2 (pp - 1) + (vpp - 1) pp + 1 chunks, the last (vpp - 1) pp + 1.
 std::vector<PipelineStage> pipeline_stages(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan);
 
 // The 1F1B schedule's length in micro-batch slots: m micro-batches through pp stages take m + pp - 1
-// slots of one micro-batch's forward and backward on one stage (the bubble is pp - 1 of them; M4.1).
-int64_t pipeline_slots(const ClusterSpec& cluster, const PlanOptions& plan);
+// slots of one micro-batch's forward and backward on one stage (the bubble is pp - 1 of them; M4.1);
+// interleaved over vpp chunks, the bubble shrinks to (pp - 1) / vpp slots (M4.2).
+double pipeline_slots(const ClusterSpec& cluster, const PlanOptions& plan);
 
 }  // namespace longseq

@@ -154,6 +154,8 @@ std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec
       problems.push_back("tensor parallelism is modelled as Megatron-Core runs it: without FPDT, ALST's tiling and the offloads");
     if (plan.zero_stage > 1) problems.push_back("tensor parallelism is modelled with Megatron's distributed optimizer (ZeRO-1's layout) or none");
   }
+  if (plan.vpp < 1) problems.push_back(fmt::format("vpp={} must be at least 1", plan.vpp));
+  else if (plan.vpp > 1 && plan.pp <= 1) problems.push_back("virtual pipeline stages (vpp) interleave a pipeline: give pp > 1");
   if (plan.pp < 1) {
     problems.push_back(fmt::format("pp={} must be at least 1", plan.pp));
   } else if (plan.pp > 1) {
@@ -165,6 +167,18 @@ std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec
     if (model.num_layers % plan.pp != 0)
       problems.push_back(fmt::format("pp={} does not divide {} decoder layers (Megatron's even split; uneven stages are not modelled)", plan.pp,
                                      model.num_layers));
+    if (plan.vpp > 1) {
+      // Megatron's interleaved schedule: whole chunks of layers per virtual stage (arguments.py
+      // L933-941), and micro-batches in groups of pp (microbatch_group_size_per_vp_stage's default,
+      // model_parallel_config.py L567-568; schedules.py L1132-1150 refuses fewer, or a remainder).
+      if (model.num_layers % (plan.pp * plan.vpp) != 0)
+        problems.push_back(fmt::format("pp={} x vpp={} does not divide {} decoder layers (each virtual stage holds whole layers)", plan.pp,
+                                       plan.vpp, model.num_layers));
+      const int64_t micro_batches = gradient_accumulation_steps(cluster, plan);
+      if (micro_batches % plan.pp != 0)
+        problems.push_back(fmt::format("the interleaved schedule runs micro-batches in groups of pp={}: {} micro-batches (--global-batch / "
+                                       "(micro batch x dp)) are not a multiple of it", plan.pp, micro_batches));
+    }
     if (model.is_moe()) problems.push_back(fmt::format("{}: pipeline parallelism of a mixture-of-experts model is not modelled yet", model.name));
     if (plan.lora()) problems.push_back("LoRA beside pipeline parallelism is not modelled");
     if (plan.fpdt || plan.tiled_mlp || plan.tiled_loss || plan.checkpoint_offload || plan.offload_params || plan.offload_optimizer ||
@@ -299,7 +313,7 @@ std::string attention_kernel_for(const RuntimeProfile& profile, const HardwareCa
 
 std::string plan_describe(const PlanOptions& plan) {
   std::string text = plan.tp > 1 ? fmt::format("tp={} ", plan.tp) : std::string();
-  if (plan.pp > 1) text += fmt::format("pp={} ", plan.pp);
+  if (plan.pp > 1) text += plan.vpp > 1 ? fmt::format("pp={} vpp={} ", plan.pp, plan.vpp) : fmt::format("pp={} ", plan.pp);
   text += plan.ring > 1 ? fmt::format("sp={} ring={} zero={}", plan.sp, plan.ring, plan.zero_stage)
                         : fmt::format("sp={} zero={}", plan.sp, plan.zero_stage);
   if (plan.offload_optimizer) text += " +optimizer-offload";

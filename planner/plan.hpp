@@ -96,6 +96,9 @@ struct PlanOptions : HeldChoices {
   // (reference-megatron-core M4.1): stage 0 holds min(pp, m) micro-batches' activations, the last
   // one; the step pays (pp - 1) micro-batches of bubble.
   int64_t pp = 1;
+  // The interleaved schedule (reference-megatron-core M4.2): each rank holds `vpp` model chunks of
+  // L / (pp vpp) layers (--num-virtual-stages-per-pipeline-rank); 1: plain 1F1B.
+  int64_t vpp = 1;
   // Ranks one model replica spans: t x u x r x p (world = dp x t x u x r x p).
   int64_t model_parallel_ranks() const { return tp * sp * ring * pp; }
   int zero_stage = 3;                   // 0..3

@@ -26,6 +26,7 @@ std::vector<PlanOptions> plans_enumerate(const ClusterSpec& cluster, const Searc
   std::vector<PlanOptions> plans;
   for (int64_t tp : options.tensor_parallel) {
   for (int64_t pp : options.pipeline_parallel) {
+  for (int64_t vpp : pp > 1 ? options.virtual_pipeline : std::vector<int64_t>{1}) {
   if (tp < 1 || pp < 1 || cluster.gpus % (tp * pp) != 0) continue;
   // Megatron's model parallelism is planned as Megatron runs it (plan_problems): its distributed
   // optimizer (ZeRO-1's layout) or none, no offload, no ALST tiling or FPDT.
@@ -47,6 +48,7 @@ std::vector<PlanOptions> plans_enumerate(const ClusterSpec& cluster, const Searc
               PlanOptions plan;
               plan.tp = tp;
               plan.pp = pp;
+              plan.vpp = vpp;
               plan.sp = sp;
               plan.ring = ring;
               plan.zero_stage = zero;
@@ -83,6 +85,7 @@ std::vector<PlanOptions> plans_enumerate(const ClusterSpec& cluster, const Searc
   }
   }
   }
+  }
   return plans;
 }
 
@@ -109,7 +112,7 @@ namespace {
 // offload, 4 checkpointing/offload, 5 tiling/FPDT.
 constexpr int kPlanFields = 6;
 bool same_except(const PlanOptions& a, const PlanOptions& b, int field) {
-  if (field != 0 && (a.sp != b.sp || a.ring != b.ring || a.tp != b.tp || a.pp != b.pp)) return false;
+  if (field != 0 && (a.sp != b.sp || a.ring != b.ring || a.tp != b.tp || a.pp != b.pp || a.vpp != b.vpp)) return false;
   if (field != 1 && a.zero_stage != b.zero_stage) return false;
   if (field != 2 && a.offload_optimizer != b.offload_optimizer) return false;
   if (field != 3 && a.offload_params != b.offload_params) return false;
@@ -359,9 +362,9 @@ std::vector<SearchAlternative> search_notable_alternatives(const SearchResult& r
   auto describe = [&](const PlanOptions& p, int field) -> std::string {
     switch (field) {
       case 0:
-        if (p.pp != w.pp || p.pp > 1)
-          return fmt::format("tp={} pp={} sp={} ring={} instead of tp={} pp={} sp={} ring={}", p.tp, p.pp, p.sp, p.ring, w.tp, w.pp, w.sp,
-                             w.ring);
+        if (p.pp != w.pp || p.vpp != w.vpp || p.pp > 1)
+          return fmt::format("tp={} pp={} vpp={} sp={} ring={} instead of tp={} pp={} vpp={} sp={} ring={}", p.tp, p.pp, p.vpp, p.sp, p.ring,
+                             w.tp, w.pp, w.vpp, w.sp, w.ring);
         if (p.tp != w.tp || p.tp > 1)
           return fmt::format("tp={} sp={} ring={} instead of tp={} sp={} ring={}", p.tp, p.sp, p.ring, w.tp, w.sp, w.ring);
         if (p.ring != w.ring || p.ring > 1)
@@ -390,7 +393,7 @@ std::vector<SearchAlternative> search_notable_alternatives(const SearchResult& r
       // One thing changed in the layout: the TP degree, the pipeline stages, or the sequence's
       // spread (sp and ring), each alone (the rest of a layout's combinations are in the full list).
       const PlanOptions& c = candidate.plan;
-      const int layout_changes = (c.tp != w.tp) + (c.pp != w.pp) + (c.sp != w.sp || c.ring != w.ring);
+      const int layout_changes = (c.tp != w.tp) + (c.pp != w.pp || c.vpp != w.vpp) + (c.sp != w.sp || c.ring != w.ring);
       if (field == 0 && layout_changes > 1) continue;
       const std::string change = describe(candidate.plan, field);
       if (std::find(seen.begin(), seen.end(), change) != seen.end()) continue;

@@ -55,6 +55,7 @@ struct SearchOptions {
   // Tensor-parallel degrees and pipeline stages tried (PlanOptions::tp, pp), where the framework runs them.
   std::vector<int64_t> tensor_parallel = {1};
   std::vector<int64_t> pipeline_parallel = {1};
+  std::vector<int64_t> virtual_pipeline = {1};  // virtual stages per rank tried with pp > 1 (PlanOptions::vpp)
 };
 
 // How many memory-saving features a plan turns on (offloads, checkpointing, tiling, FPDT, the ZeRO

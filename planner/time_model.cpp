@@ -403,15 +403,17 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   for (double* per_micro_step : per_micro_step_parts) *per_micro_step *= micro_steps;
   if (plan.pp > 1) {
     // 1F1B (reference-megatron-core M4.1): m micro-batches through p stages take m + p - 1 slots; the
-    // p - 1 beyond the micro-batches are the bubble. Each slot sends the stage's output forward and
+    // p - 1 beyond the micro-batches are the bubble ((p - 1) / vpp interleaved, M4.2). Each slot sends the stage's output forward and
     // receives its gradient back, [S/(u r t), b, h] under sequence parallelism, between ranks t u r
     // dp apart (Megatron's rank order puts pp outermost, parallel_state.py L562): across nodes
     // once a stage's ranks fill one.
-    time.pipeline_bubble_s = as_double(plan.pp - 1) * micro_batch_slot_s;
+    time.pipeline_bubble_s = (pipeline_slots(cluster, plan) - micro_steps) * micro_batch_slot_s;
     const Link link = link_for_group(cluster, cluster.gpus);
     const double boundary_bytes = as_double(plan.micro_batch) * as_double(seqlen / plan.sequence_ranks()) * as_double(model.hidden_size) *
                                   as_double(profile.activation_bytes) / as_double(std::max<int64_t>(1, plan.tp));
-    time.pipeline_p2p_s = as_double(pipeline_slots(cluster, plan)) * 2.0 * (link.latency_us * 1e-6 + boundary_bytes / (link.busbw_gbps * 1e9));
+    // Interleaved, each of a slot's vpp chunks sends its own.
+    time.pipeline_p2p_s = pipeline_slots(cluster, plan) * as_double(std::max<int64_t>(1, plan.vpp)) * 2.0 *
+                          (link.latency_us * 1e-6 + boundary_bytes / (link.busbw_gbps * 1e9));
   }
   time.gradient_offload_s *= reducing_micro_steps;
 

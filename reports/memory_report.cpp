@@ -155,7 +155,7 @@ std::string time_table_render(const TimePrediction& prediction, const TimeContex
   line("ring attention passing (exposed)", time.ring_exposed_s);
   line("ring dk/dv final hop", time.ring_final_hop_s);
   line("tensor parallel gathers/scatters (exposed)", time.tensor_parallel_exposed_s);
-  line("pipeline bubble (1F1B's pp - 1 idle slots)", time.pipeline_bubble_s);
+  line("pipeline bubble (1F1B idle: (pp - 1) / vpp slots)", time.pipeline_bubble_s);
   line("pipeline sends between stages", time.pipeline_p2p_s);
   line("gradients to the host (in backward)", time.gradient_offload_s);
   line("optimizer step", time.optimizer_s);

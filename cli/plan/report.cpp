@@ -5,7 +5,7 @@
 namespace longseq {
 
 nlohmann::json plan_to_json(const PlanOptions& plan, const ClusterSpec& cluster) {
-  nlohmann::json json = {{"tp", plan.tp}, {"pp", plan.pp}, {"sp", plan.sp}, {"ring", plan.ring}, {"dp", data_parallel_ranks(cluster, plan)}, {"zero_stage", plan.zero_stage},
+  nlohmann::json json = {{"tp", plan.tp}, {"pp", plan.pp}, {"vpp", plan.vpp}, {"sp", plan.sp}, {"ring", plan.ring}, {"dp", data_parallel_ranks(cluster, plan)}, {"zero_stage", plan.zero_stage},
                          {"offload_optimizer", plan.offload_optimizer}, {"offload_params", plan.offload_params},
                          {"activation_checkpointing", plan.activation_checkpointing}, {"checkpoint_every", plan.checkpoint_every},
                          {"checkpoint_ops", plan.checkpoint_ops},

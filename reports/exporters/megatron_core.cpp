@@ -77,7 +77,8 @@ ExportedConfig megatron_core_emit(const ExportRequest& r) {
     if (p.sp > 1 && p.ring > 1) cp += fmt::format(" --hierarchical-context-parallel-sizes {} {}", p.sp, p.ring);
     args.push_back(cp);
   }
-  args.push_back(fmt::format("--pipeline-model-parallel-size {}", p.pp));
+  args.push_back(p.vpp > 1 ? fmt::format("--pipeline-model-parallel-size {} --num-virtual-stages-per-pipeline-rank {}", p.pp, p.vpp)
+                           : fmt::format("--pipeline-model-parallel-size {}", p.pp));
   if (p.zero_stage >= 1) args.push_back("--use-distributed-optimizer");
   // The gradient buffer in fp32, as the plan prices it (the megatron-core profile, M3.1).
   args.push_back("--accumulate-allreduce-grads-in-fp32");

@@ -321,3 +321,33 @@ TEST_CASE("a scenario plans Megatron-Core's layouts: tp and pp fix a plan, or ar
   CHECK(held_rows[0].plan->tp == 4);
   CHECK(held_rows[0].framework == "megatron-core");
 }
+
+TEST_CASE("the interleaved schedule: chunks of L / (pp vpp) layers, the warm-up's chunks in flight, (pp - 1) / vpp slots of bubble") {
+  const ModelSpec model = model_load("llama-3.1-70b");  // 80 layers
+  const ClusterSpec cluster = h100s(256);
+  PlanOptions plan = megatron_plan(8, 1, 8, 1, true);
+  plan.pp = 4;
+  plan.vpp = 2;
+  plan.global_batch = 16;  // 16 micro-batches, 32 chunks
+  REQUIRE(plan_problems(model, cluster, plan).empty());
+  const std::vector<PipelineStage> stages = pipeline_stages(model, cluster, plan);
+  CHECK(stages[0].layers == 10);
+  // Rank 0 warms up (4 - 0 - 1) x 2 + (2 - 1) x 4 = 10 chunk forwards, then one more before its first backward.
+  CHECK(stages[0].in_flight == 11);
+  CHECK(stages[1].in_flight == 5);  // the last rank: (2 - 1) x 4 + 1
+  CHECK(pipeline_slots(cluster, plan) == doctest::Approx(16 + 1.5));
+  const MemoryPrediction prediction = memory_predict(model, cluster, plan, runtime_profile_load("megatron-core"), 1'048'576);
+  const double checkpoint = 1'048'576.0 / 8 / 8 * 8192 * 2;
+  CHECK(item_bytes(prediction.phases.front().items, "hidden_states_checkpoints") == doctest::Approx((11 * 10 - 1) * checkpoint));
+  // Micro-batches not in groups of pp are refused, as Megatron's schedule refuses them.
+  plan.global_batch = 6;
+  const std::vector<std::string> problems = plan_problems(model, cluster, plan);
+  REQUIRE(!problems.empty());
+  CHECK(problems.front().find("groups of pp=4") != std::string::npos);
+  // The export names the virtual stages.
+  plan.global_batch = 16;
+  ExportRequest request = testing::export_request("llama-3.1-70b", 256, plan, 1'048'576);
+  request.profile = runtime_profile_load("megatron-core");
+  CHECK(config_emit("megatron-core", request).text().find("--pipeline-model-parallel-size 4 --num-virtual-stages-per-pipeline-rank 2 \\\n") !=
+        std::string::npos);
+}
