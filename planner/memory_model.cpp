@@ -224,9 +224,10 @@ void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const Clus
   // ZeRO partitions over all ranks (data x sequence parallel; REFERENCE training configuration):
   // stage 1 the optimizer states and master weights, stage 2 also gradients (gradient_bytes_per_trainable),
   // stage 3 also weights; FSDP2's HSDP over one replica's ranks (Reference §11 F1.10). Megatron's
-  // distributed optimizer (stage 1's layout) shards a TP rank's share over the data x context
-  // parallel ranks holding the same share (reference-megatron-core M2.4, M3.2): world / t of them.
-  const double shards = as_double(plan.shard_ranks(cluster.gpus)) / tp;
+  // distributed optimizer (stage 1's layout) shards a TP rank's share of its pipeline stage over the
+  // data x context parallel ranks holding the same share (reference-megatron-core M2.4, M3.2):
+  // world / (t p) of them. (Under pipeline parallelism setup.params is the stage's.)
+  const double shards = as_double(plan.shard_ranks(cluster.gpus)) / tp / as_double(std::max<int64_t>(1, plan.pp));
   const double optimizer_shards = plan.zero_stage >= 1 ? shards : 1;
   const double weight_shards = plan.zero_stage >= 3 ? shards : 1;
   if (plan.lora()) {

@@ -262,12 +262,13 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   // With LoRA only the adapters have gradients (fp32) and change at the step; the frozen base is
   // gathered all the same (Reference §12 item 12).
   const double adapters = plan.lora() ? as_double(lora_parameter_count(model, plan.lora_rank, plan.lora_all_linear)) : 0.0;
-  // Under tensor parallelism a rank's share of the parameters, reduced over the ranks holding the
-  // same share (data x context parallel: world / t; reference-megatron-core M2.4).
-  const double tp = as_double(std::max<int64_t>(1, plan.tp));
-  const int64_t replica_ranks = cluster.gpus / std::max<int64_t>(1, plan.tp);
+  // Under tensor and pipeline parallelism a rank's share of the parameters (1/t of its stage's, a stage
+  // taken as 1/p of the model), reduced over the ranks holding the same share (data x context
+  // parallel: world / (t p); reference-megatron-core M2.4).
+  const int64_t share_divisor = std::max<int64_t>(1, plan.tp) * std::max<int64_t>(1, plan.pp);
+  const int64_t replica_ranks = cluster.gpus / share_divisor;
   const double gradient_bytes = plan.lora() ? adapters * lora_adapter_bytes(profile, plan)
-                                            : as_double(params.total) / tp * as_double(profile.reduce_bytes_or_default());
+                                            : as_double(params.total) / as_double(share_divisor) * as_double(profile.reduce_bytes_or_default());
   const double updated_weight_bytes = plan.lora() ? adapters * lora_adapter_bytes(profile, plan) : weight_bytes;
   const bool cpu_offload_policy = fsdp2_cpu_offload(profile, plan);
   if (plan.zero_stage == 3) {
@@ -294,7 +295,7 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   } else if (plan.zero_stage >= 1) {
     zero_overlappable_s += collective_seconds(Collective::collective_reduce_scatter, gradient_bytes, replica_ranks, world_link);
     // Updated weights are all-gathered after the step, outside backward.
-    zero_exposed_s += collective_seconds(Collective::collective_all_gather, updated_weight_bytes / tp, replica_ranks, world_link);
+    zero_exposed_s += collective_seconds(Collective::collective_all_gather, updated_weight_bytes / as_double(share_divisor), replica_ranks, world_link);
   } else {
     // DDP all-reduces every trainable gradient (a LoRA run: the fp32 adapters' alone).
     zero_overlappable_s += collective_seconds(Collective::collective_all_reduce, gradient_bytes, replica_ranks, world_link);
@@ -348,8 +349,8 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
 
   // Optimizer step (offloaded: offloaded_optimizer_step); on the GPU an Adam pass bound by HBM
   // bandwidth (fp32 master, m, v read and written, the gradient read, the bf16 weight written).
-  // (Under tensor parallelism a rank's share, P / t, sharded over world / t ranks: P / world alike.)
-  const double optimizer_shards = plan.zero_stage >= 1 ? as_double(plan.shard_ranks(cluster.gpus)) : tp;
+  // (Under tensor and pipeline parallelism a rank's share, P / (t p), sharded over world / (t p) ranks: P / world alike.)
+  const double optimizer_shards = plan.zero_stage >= 1 ? as_double(plan.shard_ranks(cluster.gpus)) : as_double(share_divisor);
   const double partition_params = as_double(params.total) / optimizer_shards;
   if (plan.lora() && plan.offload_optimizer) {
     // ZeRO-Offload's passes over the adapters' partition alone (the base has no optimizer state).

@@ -262,8 +262,12 @@ TEST_CASE("pipeline stages under 1F1B: the first holds min(pp, m) micro-batches 
   CHECK(first_forward.phase == "forward of the last decoder layer (first pipeline stage)");
   const double checkpoint = 1'048'576.0 / 8 / 8 * 8192 * 2;  // [S / (r t), h] bf16
   CHECK(item_bytes(first_forward.items, "hidden_states_checkpoints") == doctest::Approx(79 * checkpoint));
-  // The first stage holds the embedding's share and no head: its weights are the stage's parameters / t.
-  CHECK(item_bytes(first_forward.items, "weights") == doctest::Approx(static_cast<double>(stages[0].parameters) / 8 * 2));
+  // The first stage holds the embedding's share and no head: its weights are the stage's parameters / t,
+  // its fp32 gradient buffer whole, its optimizer states over dp x cp = 256 / (8 x 4) = 8 ranks.
+  const double stage_share = static_cast<double>(stages[0].parameters) / 8;
+  CHECK(item_bytes(first_forward.items, "weights") == doctest::Approx(stage_share * 2));
+  CHECK(item_bytes(first_forward.items, "gradients_fp32") == doctest::Approx(stage_share * 4));
+  CHECK(item_bytes(first_forward.items, "optimizer_states") == doctest::Approx(stage_share * 8 / 8));
   // The last stage runs the loss; the first does not.
   int loss_phases = 0;
   for (const PhasePeak& phase : prediction.phases) loss_phases += phase.phase == "logits and loss (last pipeline stage)";
