@@ -186,7 +186,8 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   const HardwareCard& card = cluster.hardware;
   const ParameterCount params = parameter_count(model);
   const double world = as_double(cluster.gpus);
-  const double layers = as_double(model.num_layers);
+  // A rank's decoder layers: its pipeline stage's (1/p of them), whose per-layer traffic it pays.
+  const double layers = as_double(model.num_layers) / as_double(std::max<int64_t>(1, plan.pp));
   const double recompute = recomputed_layer_share(model, plan);
   TimePrediction prediction;
   prediction.executed_flops = step_flops_executed(model, plan, seqlen);
@@ -404,8 +405,9 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   for (double* per_micro_step : per_micro_step_parts) *per_micro_step *= micro_steps;
   if (plan.pp > 1) {
     // 1F1B (reference-megatron-core M4.1): m micro-batches through p stages take m + p - 1 slots; the
-    // p - 1 beyond the micro-batches are the bubble ((p - 1) / vpp interleaved, M4.2). Each slot sends the stage's output forward and
-    // receives its gradient back, [S/(u r t), b, h] under sequence parallelism, between ranks t u r
+    // p - 1 beyond the micro-batches are the bubble ((p - 1) / vpp interleaved, M4.2). Each slot
+    // sends the stage's output forward and receives its gradient back, [S/(u r t), b, h] under
+    // sequence parallelism, between ranks t u r
     // dp apart (Megatron's rank order puts pp outermost, parallel_state.py L562): across nodes
     // once a stage's ranks fill one.
     time.pipeline_bubble_s = (pipeline_slots(cluster, plan) - micro_steps) * micro_batch_slot_s;
