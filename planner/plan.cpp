@@ -148,6 +148,8 @@ std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec
     if (model.num_kv_heads % plan.tp != 0)
       problems.push_back(fmt::format("tp={} does not divide {} key/value heads (num_query_groups % tp, Megatron's divide())", plan.tp,
                                      model.num_kv_heads));
+    else if (const int64_t kv_heads = model.num_kv_heads / plan.tp; plan.sp >= 1 && kv_heads % plan.sp != 0 && plan.sp % kv_heads != 0)
+      problems.push_back(fmt::format("sp={} neither divides nor is a multiple of the {} key/value heads a TP rank holds", plan.sp, kv_heads));
     if (model.is_moe()) problems.push_back(fmt::format("{}: tensor parallelism of a mixture-of-experts block is not modelled yet", model.name));
     if (plan.lora()) problems.push_back("LoRA beside tensor parallelism is not modelled");
     if (plan.fpdt || plan.tiled_mlp || plan.tiled_loss || plan.checkpoint_offload || plan.offload_params || plan.offload_optimizer)
