@@ -274,6 +274,7 @@ RuntimeProfile runtime_profile_from_text(const std::string& yaml_text, const std
                       fmt::format("expected {}, got '{}'", attention_kernel_choices(true), profile.attention_kernel));
   profile.calibrated_reserve_gib = reader.get_double("calibrated_reserve_gib", 0, 1024, 0);
   profile.published_runs = reader.get_int("published_runs", 0, 1 << 20, 0);
+  profile.published_evidence = reader.get_string("published_evidence", "");
   profile.usable_memory_headroom_gib = estimate_read(reader, "usable_memory_headroom_gib", 0, 1024, 0);
   profile.step_schedule = reader.get_string("step_schedule", "phases");
   if (profile.step_schedule != "phases" && profile.step_schedule != "executor")

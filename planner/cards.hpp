@@ -222,6 +222,9 @@ struct RuntimeProfile {
   // Published runs of this stack in the record (shared/data, reports/validation.md): 0 says its
   // predictions rest on code reading alone.
   int64_t published_runs = 0;
+  // What those runs showed, where no reserve is calibrated on them (one plain sentence, said with
+  // every plan of this stack); empty: nothing to add.
+  std::string published_evidence;
   // GPU memory a stack cannot use at its limit: a length fits when its peak stays this far below
   // the card's memory (ALST paper §5.3 footnote 17: "when trying to use the last few GiBs of GPU
   // memory the loss would go to NaN"). Not part of any peak; 0 = the whole card.

@@ -336,6 +336,9 @@ std::vector<std::string> plan_caveats(const ModelSpec& model, const ClusterSpec&
     caveats.push_back(fmt::format("runtime profile '{}': no published run of this stack is in the record, so it carries no calibrated "
                                   "reserve (the DeepSpeed stack's published maxima leave 8-23 GiB its sourced terms do not explain, "
                                   "REFERENCE §7.4): this length may be optimistic by that much memory", profile.name));
+  else if (!profile.published_evidence.empty())
+    caveats.push_back(fmt::format("runtime profile '{}': {} published runs of this stack are in the record: {}", profile.name,
+                                  profile.published_runs, profile.published_evidence));
   else if (profile.published_runs == 1 && profile.calibrated_reserve_gib == 0)
     caveats.push_back(fmt::format("runtime profile '{}': one published run of this stack is in the record (its peak predicted within "
                                   "10%, reports/validation.md); no reserve is calibrated on one run, so lengths far from it may be "
