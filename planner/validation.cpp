@@ -206,6 +206,17 @@ bool contains(const std::string& text, const char* word) { return text.find(word
 
 double relative_error(double predicted, double reference) { return (predicted - reference) / reference; }
 
+// A published figure beside its prediction, where the row publishes it.
+void figure_add(PointValidation& validation, FigureKind kind, std::optional<double> published, double predicted) {
+  if (!published) return;
+  FigureComparison figure;
+  figure.kind = kind;
+  figure.published = *published;
+  figure.predicted = predicted;
+  figure.relative_error = relative_error(predicted, *published);
+  validation.figures.push_back(figure);
+}
+
 // An attention kernel benchmark row (ring_published.csv): its heads from the model column, its
 // degrees, passes and split from the features, predicted by attention_benchmark_seconds.
 PointValidation attention_point_validate(const PublishedPoint& point) {
@@ -322,18 +333,9 @@ PointValidation megatron_point_validate(const PublishedPoint& point, const std::
   const int64_t seqlen = *point.seqlen;
   if (const std::vector<std::string> problems = seqlen_problems(plan, seqlen); !problems.empty()) return skip(problems.front());
   const TimePrediction timing = time_predict(*model, cluster, plan, profile, seqlen);
-  auto add = [&](FigureKind kind, std::optional<double> published, double predicted) {
-    if (!published) return;
-    FigureComparison figure;
-    figure.kind = kind;
-    figure.published = *published;
-    figure.predicted = predicted;
-    figure.relative_error = relative_error(predicted, *published);
-    validation.figures.push_back(figure);
-  };
-  add(FigureKind::figure_iteration_time, point.iter_time_s, timing.time.total_s());
-  add(FigureKind::figure_tflops, point.tflops, timing.mfu * hardware->peak_bf16_tflops);
-  add(FigureKind::figure_mfu, point.mfu, timing.mfu);
+  figure_add(validation, FigureKind::figure_iteration_time, point.iter_time_s, timing.time.total_s());
+  figure_add(validation, FigureKind::figure_tflops, point.tflops, timing.mfu * hardware->peak_bf16_tflops);
+  figure_add(validation, FigureKind::figure_mfu, point.mfu, timing.mfu);
   // The run ran at this length: a prediction that it does not fit is an error of the memory model.
   const MemoryPrediction memory = memory_predict(*model, cluster, plan, profile, seqlen, /*with_breakdown=*/false);
   if (!memory.fits())
@@ -517,18 +519,9 @@ PointValidation point_validate(const PublishedPoint& point, const std::string& p
   }
   if (point.iter_time_s || point.tflops || point.mfu) {
     const TimePrediction timing = time_predict(model, cluster, plan, profile, seqlen);
-    auto add = [&](FigureKind kind, std::optional<double> published, double predicted) {
-      if (!published) return;
-      FigureComparison figure;
-      figure.kind = kind;
-      figure.published = *published;
-      figure.predicted = predicted;
-      figure.relative_error = relative_error(predicted, *published);
-      validation.figures.push_back(figure);
-    };
-    add(FigureKind::figure_iteration_time, point.iter_time_s, timing.time.total_s());
-    add(FigureKind::figure_tflops, point.tflops, timing.megatron_tflops_per_gpu);
-    add(FigureKind::figure_mfu, point.mfu, timing.mfu);
+    figure_add(validation, FigureKind::figure_iteration_time, point.iter_time_s, timing.time.total_s());
+    figure_add(validation, FigureKind::figure_tflops, point.tflops, timing.megatron_tflops_per_gpu);
+    figure_add(validation, FigureKind::figure_mfu, point.mfu, timing.mfu);
   }
   return validation;
 }
