@@ -23,68 +23,73 @@ std::vector<PlanOptions> plans_enumerate(const ClusterSpec& cluster, const Searc
   for (int64_t every : options.checkpoint_every) checkpointing_modes.push_back({true, false, every});
   if (options.checkpoint_ops) checkpointing_modes.push_back({true, false, 1, true});
   checkpointing_modes.push_back({true, true, 1});
+  // Megatron's model parallelism (tensor parallelism, pipeline stages, their interleaving) where the
+  // framework runs it; {1, 1, 1} alone elsewhere.
+  struct ModelParallel {
+    int64_t tp, pp, vpp;
+  };
+  std::vector<ModelParallel> model_parallel_layouts;
+  for (int64_t tp : options.tensor_parallel)
+    for (int64_t pp : options.pipeline_parallel)
+      for (int64_t vpp : pp > 1 ? options.virtual_pipeline : std::vector<int64_t>{1})
+        if (tp >= 1 && pp >= 1 && cluster.gpus % (tp * pp) == 0) model_parallel_layouts.push_back({tp, pp, vpp});
   std::vector<PlanOptions> plans;
-  for (int64_t tp : options.tensor_parallel) {
-  for (int64_t pp : options.pipeline_parallel) {
-  for (int64_t vpp : pp > 1 ? options.virtual_pipeline : std::vector<int64_t>{1}) {
-  if (tp < 1 || pp < 1 || cluster.gpus % (tp * pp) != 0) continue;
-  // Megatron's model parallelism is planned as Megatron runs it (plan_problems): its distributed
-  // optimizer (ZeRO-1's layout) or none, no offload, no ALST tiling or FPDT.
-  const bool megatron = tp > 1 || pp > 1;
-  for (int64_t sequence_ranks = 1; sequence_ranks * tp * pp <= cluster.gpus; ++sequence_ranks) {
-    if (cluster.gpus % (sequence_ranks * tp * pp) != 0) continue;  // world = dp x tp x sp x ring x pp: only divisors are plans at all
-    for (int64_t ring = 1; ring <= (options.explore_ring ? sequence_ranks : 1); ++ring) {
-      if (sequence_ranks % ring != 0) continue;
-      const int64_t sp = sequence_ranks / ring;
-      for (int zero = 0; zero <= 3; ++zero) {
-        if (megatron && zero > 1) continue;
-        for (bool offload_optimizer : {false, true}) {
-          if (offload_optimizer && zero == 0) continue;  // ZeRO-Offload needs a ZeRO stage
-          if (offload_optimizer && megatron) continue;
-          for (bool offload_params : {false, true}) {
-            if (offload_params && zero != 3) continue;  // offload_param is a ZeRO-3 feature
-            for (const Checkpointing& checkpointing : checkpointing_modes) {
-              if (megatron && (checkpointing.offload || checkpointing.every > 1 || checkpointing.ops)) continue;
-              PlanOptions plan;
-              plan.tp = tp;
-              plan.pp = pp;
-              plan.vpp = vpp;
-              plan.sp = sp;
-              plan.ring = ring;
-              plan.zero_stage = zero;
-              plan.offload_optimizer = offload_optimizer;
-              plan.offload_params = offload_params;
-              plan.activation_checkpointing = checkpointing.on;
-              plan.checkpoint_offload = checkpointing.offload;
-              plan.checkpoint_every = checkpointing.every;
-              plan.checkpoint_ops = checkpointing.ops;
-              static_cast<HeldChoices&>(plan) = options.held;
-              for (bool tiled_mlp : {false, true}) {
-                for (bool tiled_loss : {false, true}) {
-                  plan.tiled_mlp = tiled_mlp;
-                  plan.tiled_loss = tiled_loss;
-                  if (checkpointing.ops && tiled_mlp) continue;  // not modelled together (plan_problems)
-                  if (megatron && (tiled_mlp || tiled_loss)) continue;
+  for (const auto& [tp, pp, vpp] : model_parallel_layouts) {
+    // Megatron's model parallelism is planned as Megatron runs it (plan_problems): its distributed
+    // optimizer (ZeRO-1's layout) or none, no offload, no ALST tiling or FPDT.
+    const bool megatron = tp > 1 || pp > 1;
+    for (int64_t sequence_ranks = 1; sequence_ranks * tp * pp <= cluster.gpus; ++sequence_ranks) {
+      if (cluster.gpus % (sequence_ranks * tp * pp) != 0) continue;  // world = dp x tp x sp x ring x pp: only divisors are plans at all
+      for (int64_t ring = 1; ring <= (options.explore_ring ? sequence_ranks : 1); ++ring) {
+        if (sequence_ranks % ring != 0) continue;
+        const int64_t sp = sequence_ranks / ring;
+        for (int zero = 0; zero <= 3; ++zero) {
+          if (megatron && zero > 1) continue;
+          for (bool offload_optimizer : {false, true}) {
+            if (offload_optimizer && zero == 0) continue;  // ZeRO-Offload needs a ZeRO stage
+            if (offload_optimizer && megatron) continue;
+            for (bool offload_params : {false, true}) {
+              if (offload_params && zero != 3) continue;  // offload_param is a ZeRO-3 feature
+              for (const Checkpointing& checkpointing : checkpointing_modes) {
+                if (megatron && (checkpointing.offload || checkpointing.every > 1 || checkpointing.ops)) continue;
+                PlanOptions plan;
+                plan.tp = tp;
+                plan.pp = pp;
+                plan.vpp = vpp;
+                plan.sp = sp;
+                plan.ring = ring;
+                plan.zero_stage = zero;
+                plan.offload_optimizer = offload_optimizer;
+                plan.offload_params = offload_params;
+                plan.activation_checkpointing = checkpointing.on;
+                plan.checkpoint_offload = checkpointing.offload;
+                plan.checkpoint_every = checkpointing.every;
+                plan.checkpoint_ops = checkpointing.ops;
+                static_cast<HeldChoices&>(plan) = options.held;
+                for (bool tiled_mlp : {false, true}) {
+                  for (bool tiled_loss : {false, true}) {
+                    plan.tiled_mlp = tiled_mlp;
+                    plan.tiled_loss = tiled_loss;
+                    if (checkpointing.ops && tiled_mlp) continue;  // not modelled together (plan_problems)
+                    if (megatron && (tiled_mlp || tiled_loss)) continue;
+                    if (!options.admits || options.admits(plan)) plans.push_back(plan);
+                  }
+                }
+                // FPDT runs with every layer checkpointed, and without the ring.
+                if (!checkpointing.on || checkpointing.every > 1 || checkpointing.ops || ring > 1 || megatron) continue;
+                plan.tiled_mlp = plan.tiled_loss = false;
+                plan.fpdt = true;
+                for (int64_t chunk : options.fpdt_chunks) {
+                  if (chunk % sp != 0) continue;
+                  plan.fpdt_chunk_tokens = chunk;
                   if (!options.admits || options.admits(plan)) plans.push_back(plan);
                 }
-              }
-              // FPDT runs with every layer checkpointed, and without the ring.
-              if (!checkpointing.on || checkpointing.every > 1 || checkpointing.ops || ring > 1 || megatron) continue;
-              plan.tiled_mlp = plan.tiled_loss = false;
-              plan.fpdt = true;
-              for (int64_t chunk : options.fpdt_chunks) {
-                if (chunk % sp != 0) continue;
-                plan.fpdt_chunk_tokens = chunk;
-                if (!options.admits || options.admits(plan)) plans.push_back(plan);
               }
             }
           }
         }
       }
     }
-  }
-  }
-  }
   }
   return plans;
 }
@@ -108,7 +113,7 @@ int64_t length_resolved(int64_t tokens) {
 
 namespace {
 
-// Plans equal except in one field. Fields: 0 the model-parallel layout (tp, sp and ring), 1 zero, 2 optimizer offload, 3 param
+// Plans equal except in one field. Fields: 0 the model-parallel layout (tp, pp, vpp, sp and ring), 1 zero, 2 optimizer offload, 3 param
 // offload, 4 checkpointing/offload, 5 tiling/FPDT.
 constexpr int kPlanFields = 6;
 bool same_except(const PlanOptions& a, const PlanOptions& b, int field) {
