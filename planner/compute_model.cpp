@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "models/adapters.hpp"
+#include "planner/pipeline.hpp"
 
 namespace longseq {
 
@@ -76,9 +77,10 @@ StepFlops step_flops(const ModelSpec& model, const PlanOptions& plan, int64_t se
   flops.matmul += 3.0 * lm_head_forward_flops(model, plan.micro_batch, seqlen, plan.sequence_ranks());
   // Tensor parallelism splits every linear's weight, the LM head's vocabulary and the attention's
   // heads over its t ranks (reference-megatron-core M1): each computes 1/t of its group's work.
-  // Pipeline parallelism gives each of p stages 1/p of the layers (the LM head's share rides with the
-  // last stage; spread evenly here, as a stage's time is what the schedule waits on).
-  const double split = as_double(std::max<int64_t>(1, plan.tp) * std::max<int64_t>(1, plan.pp));
+  // Pipeline parallelism gives each stage its layers; the schedule waits on the largest stage, whose
+  // share is priced (the LM head's share rides with the last stage; spread evenly here).
+  const double stage_share = plan.pp > 1 ? as_double(pipeline_split(model, plan).largest()) / as_double(model.num_layers) : 1.0;
+  const double split = as_double(std::max<int64_t>(1, plan.tp)) / stage_share;
   flops.matmul /= split;
   flops.attention /= split;
   return flops;

@@ -151,9 +151,10 @@ void search_options_for_framework(SearchOptions& options, Framework framework, c
   if (framework_description(framework).model_parallelism) {
     for (int64_t tp = 2; tp <= std::min(cluster.gpus_per_node, cluster.gpus); tp *= 2)
       if (cluster.gpus % tp == 0) options.tensor_parallel.push_back(tp);
-    // Pipeline stages: powers of two that divide the layers (Megatron's even split) and the GPUs.
-    for (int64_t pp = 2; pp <= std::min<int64_t>(cluster.gpus, 16); pp *= 2)
-      if (cluster.gpus % pp == 0 && model.num_layers % pp == 0) options.pipeline_parallel.push_back(pp);
+    // Pipeline stages: powers of two that divide the GPUs, the layers split evenly or as Megatron's
+    // uneven split does (pipeline_split), up to 16 and to a stage of two layers at least.
+    for (int64_t pp = 2; pp <= std::min<int64_t>(cluster.gpus, 16) && 2 * pp <= model.num_layers; pp *= 2)
+      if (cluster.gpus % pp == 0) options.pipeline_parallel.push_back(pp);
     // The interleaved schedule at two chunks a rank (it pays only with micro-batches in groups of pp).
     options.virtual_pipeline = {1, 2};
   }

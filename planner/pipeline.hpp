@@ -3,6 +3,7 @@
 // micro-batches and bubble.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -36,6 +37,19 @@ struct PipelineStage {
 // micro-batches a virtual stage runs is pp, its default), capped at m x vpp, so the first rank holds
 // 2 (pp - 1) + (vpp - 1) pp + 1 chunks, the last (vpp - 1) pp + 1.
 std::vector<PipelineStage> pipeline_stages(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan);
+
+// How the decoder layers split into pp stages: evenly where pp divides them; otherwise Megatron's
+// uneven split (--decoder-first-pipeline-num-layers, --decoder-last-pipeline-num-layers; megatron-core
+// 0.19.2 transformer_config.py L1986-2046: the middle stages share what the first and last leave,
+// evenly) with the middle stages at ceil(L / pp) and the first and last sharing the rest (Llama 3
+// 405B's 126 layers on 16 stages: 7, 8 x 14, 7, as its paper says Meta removed one layer from each).
+// first/last 0: no layers there (an invalid split: plan_problems says so).
+struct PipelineSplit {
+  int64_t first = 0, middle = 0, last = 0;
+  bool even() const { return first == middle && last == middle; }
+  int64_t largest() const { return std::max({first, middle, last}); }
+};
+PipelineSplit pipeline_split(const ModelSpec& model, const PlanOptions& plan);
 
 // The 1F1B schedule's length in micro-batch slots: m micro-batches through pp stages take m + pp - 1
 // slots of one micro-batch's forward and backward on one stage (the bubble is pp - 1 of them; M4.1);

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "io/config_error.hpp"
+#include "planner/pipeline.hpp"
 
 namespace longseq {
 
@@ -164,11 +165,15 @@ std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec
     if (plan.tp >= 1 && plan.sp >= 1 && plan.ring >= 1 && cluster.gpus % plan.model_parallel_ranks() != 0)
       problems.push_back(fmt::format("tp={} x sp={} x ring={} x pp={} does not divide {} GPUs (world = dp x tp x sp x ring x pp)", plan.tp,
                                      plan.sp, plan.ring, plan.pp, cluster.gpus));
-    // Megatron splits the layers evenly unless told otherwise (--decoder-first/last-pipeline-num-layers,
-    // not modelled): transformer_config.py asserts num_layers % pp == 0.
-    if (model.num_layers % plan.pp != 0)
-      problems.push_back(fmt::format("pp={} does not divide {} decoder layers (Megatron's even split; uneven stages are not modelled)", plan.pp,
-                                     model.num_layers));
+    // Where pp does not divide the layers, Megatron's uneven split (pipeline_split): the first and
+    // last stages need a layer each, and interleaving is planned on even splits only.
+    if (const PipelineSplit split = pipeline_split(model, plan); !split.even()) {
+      if (split.first < 1 || split.last < 1)
+        problems.push_back(fmt::format("pp={} leaves no layer to the first or last stage of {} decoder layers", plan.pp, model.num_layers));
+      if (plan.vpp > 1)
+        problems.push_back(fmt::format("pp={} does not divide {} decoder layers: the interleaved schedule is planned on an even split only",
+                                       plan.pp, model.num_layers));
+    }
     if (plan.vpp > 1) {
       // Megatron's interleaved schedule: whole chunks of layers per virtual stage (arguments.py
       // L933-941), and micro-batches in groups of pp (microbatch_group_size_per_vp_stage's default,

@@ -186,8 +186,9 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   const HardwareCard& card = cluster.hardware;
   const ParameterCount params = parameter_count(model);
   const double world = as_double(cluster.gpus);
-  // A rank's decoder layers: its pipeline stage's (1/p of them), whose per-layer traffic it pays.
-  const double layers = as_double(model.num_layers) / as_double(std::max<int64_t>(1, plan.pp));
+  // A rank's decoder layers: its pipeline stage's (the largest stage's, which the schedule waits on),
+  // whose per-layer traffic it pays.
+  const double layers = as_double(plan.pp > 1 ? pipeline_split(model, plan).largest() : model.num_layers);
   const double recompute = recomputed_layer_share(model, plan);
   TimePrediction prediction;
   prediction.executed_flops = step_flops_executed(model, plan, seqlen);

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "io/text_escape.hpp"
+#include "planner/pipeline.hpp"
 #include "planner/units.hpp"
 #include "reports/memory_report.hpp"
 
@@ -79,6 +80,9 @@ ExportedConfig megatron_core_emit(const ExportRequest& r) {
   }
   args.push_back(p.vpp > 1 ? fmt::format("--pipeline-model-parallel-size {} --num-virtual-stages-per-pipeline-rank {}", p.pp, p.vpp)
                            : fmt::format("--pipeline-model-parallel-size {}", p.pp));
+  // Megatron's uneven split where the stages do not divide the layers (pipeline_split).
+  if (const PipelineSplit split = pipeline_split(m, p); p.pp > 1 && !split.even())
+    args.push_back(fmt::format("--decoder-first-pipeline-num-layers {} --decoder-last-pipeline-num-layers {}", split.first, split.last));
   if (p.zero_stage >= 1) args.push_back("--use-distributed-optimizer");
   // The gradient buffer in fp32, as the plan prices it (the megatron-core profile, M3.1).
   args.push_back("--accumulate-allreduce-grads-in-fp32");

@@ -33,7 +33,7 @@ args.world_size = int(os.environ["WORLD_SIZE"])
 args.rank = 0
 arguments.validate_args(args, {})
 keys = ["tensor_model_parallel_size", "sequence_parallel", "context_parallel_size", "cp_comm_type",
-        "hierarchical_context_parallel_sizes", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size", "data_parallel_size",
+        "hierarchical_context_parallel_sizes", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size", "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers", "data_parallel_size",
         "use_distributed_optimizer", "recompute_granularity", "recompute_method", "recompute_num_layers",
         "accumulate_allreduce_grads_in_fp32", "seq_length", "micro_batch_size", "global_batch_size", "num_layers",
         "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "swiglu",
@@ -81,6 +81,10 @@ PLANS = [
     # Interleaved: two virtual stages a rank, 8 micro-batches in groups of pp = 4.
     (["--model", "llama-3.1-70b", "--gpus", "64", "--tp", "8", "--pp", "4", "--vpp", "2", "--ring", "2", "--seqlen", "128Ki", "--global-batch",
       "8"], 64, {"pipeline_model_parallel_size": 4, "virtual_pipeline_model_parallel_size": 2, "data_parallel_size": 1}),
+    # Uneven stages: Llama 3.1 405B's 126 layers on 16 stages (7, 8 x 14, 7).
+    (["--model", "llama-3.1-405b", "--gpus", "512", "--tp", "8", "--pp", "16", "--ring", "4", "--seqlen", "128Ki", "--global-batch", "16"],
+     512, {"pipeline_model_parallel_size": 16, "decoder_first_pipeline_num_layers": 7, "decoder_last_pipeline_num_layers": 7,
+           "data_parallel_size": 1}),
     (["--model", "qwen2.5-7b", "--gpus", "8", "--tp", "1", "--sp", "4", "--seqlen", "64Ki"], 8,
      {"tensor_model_parallel_size": 1, "context_parallel_size": 4, "cp_comm_type": ["a2a"], "data_parallel_size": 2}),
 ]

@@ -299,12 +299,12 @@ TEST_CASE("the 1F1B bubble is pp - 1 micro-batch slots of a stage's work, and a 
   PlanOptions pipeline_only = megatron_plan(1, 1, 1, 1, true);
   pipeline_only.pp = 2;
   CHECK(framework_unsupported(Framework::framework_hf_accelerate, model, pipeline_only, 64).find("no pipeline parallelism") != std::string::npos);
-  // Uneven stages are refused (Megatron's even split).
+  // 80 layers on three stages: Megatron's uneven split, ceil(80 / 3) = 27 in the middle stage and the
+  // other 53 shared, 26 first and 27 last.
   PlanOptions uneven = piped;
   uneven.pp = 3;
-  const std::vector<std::string> problems = plan_problems(model, h100s(48), uneven);
-  REQUIRE(!problems.empty());
-  CHECK(problems.front().find("does not divide 80 decoder layers") != std::string::npos);
+  const PipelineSplit split = pipeline_split(model, uneven);
+  CHECK((split.first == 26 && split.middle == 27 && split.last == 27));
 }
 
 TEST_CASE("a scenario plans Megatron-Core's layouts: tp and pp fix a plan, or are held by a search") {
@@ -354,4 +354,42 @@ TEST_CASE("the interleaved schedule: chunks of L / (pp vpp) layers, the warm-up'
   request.profile = runtime_profile_load("megatron-core");
   CHECK(config_emit("megatron-core", request).text().find("--pipeline-model-parallel-size 4 --num-virtual-stages-per-pipeline-rank 2 \\\n") !=
         std::string::npos);
+}
+
+TEST_CASE("uneven pipeline stages: Megatron's first and last stage layers where pp does not divide them, and the second stage's peak") {
+  const ModelSpec llama_405b = model_load("llama-3.1-405b");  // 126 layers
+  PlanOptions plan = megatron_plan(8, 1, 4, 1, true);
+  plan.pp = 16;
+  plan.global_batch = 16;
+  // 8 layers on each of the 14 middle stages, 7 on the first and the last (Llama 3's own split).
+  const PipelineSplit split = pipeline_split(llama_405b, plan);
+  CHECK(split.first == 7);
+  CHECK(split.middle == 8);
+  CHECK(split.last == 7);
+  const ClusterSpec cluster = h100s(512);
+  REQUIRE(plan_problems(llama_405b, cluster, plan).empty());
+  // The second stage holds 15 micro-batches of 8 layers (120 layers' checkpoints) against the first's
+  // 16 of 7 (112): it is predicted too.
+  const std::vector<PipelineStage> stages = pipeline_stages(llama_405b, cluster, plan);
+  REQUIRE(stages.size() == 3);
+  CHECK(stages[1].name == "second pipeline stage");
+  CHECK(stages[1].layers == 8);
+  CHECK(stages[1].in_flight == 15);
+  // The schedule waits on the 8-layer stages: a rank computes 8/126 of the model.
+  const StepFlops one = step_flops_executed(llama_405b, megatron_plan(8, 1, 4, 1, true), 131'072);
+  CHECK(step_flops_executed(llama_405b, plan, 131'072).total() == doctest::Approx(one.total() * 8.0 / 126.0));
+  // The export writes the split; Megatron-LM's own check of it is the frameworks check's.
+  ExportRequest request = testing::export_request("llama-3.1-405b", 512, plan, 131'072);
+  request.profile = runtime_profile_load("megatron-core");
+  CHECK(config_emit("megatron-core", request).text().find("--decoder-first-pipeline-num-layers 7 --decoder-last-pipeline-num-layers 7") !=
+        std::string::npos);
+  // Interleaving an uneven split is not planned; a split that leaves the first stage nothing is refused.
+  plan.vpp = 2;
+  CHECK(!plan_problems(llama_405b, cluster, plan).empty());
+  const ModelSpec llama_8b = model_load("llama-3.1-8b");  // 32 layers
+  PlanOptions thin = megatron_plan(1, 1, 1, 1, true);
+  thin.pp = 15;  // middle 3 x 13 = 39 > 32
+  const std::vector<std::string> problems = plan_problems(llama_8b, cluster_make(hardware_card_load("h100-sxm-80gb"), 15, 1, 15, 0), thin);
+  REQUIRE(!problems.empty());
+  CHECK(problems.front().find("leaves no layer to the first or last stage") != std::string::npos);
 }
