@@ -15,6 +15,8 @@
 // userbuffers overlap would add.
 #include "models/inventory/internal.hpp"
 
+#include <string_view>
+
 namespace longseq::inventory {
 
 namespace {
@@ -47,25 +49,46 @@ bool context_parallel(const LayerShape& shape) { return shape.sp > 1 || shape.ri
 // A column-parallel linear under sequence parallelism multiplies on its input gathered over the TP
 // ranks, in one transient buffer freed after the GEMM (M1.1; TE layernorm_linear.py L282-317,
 // L430-435). Without TP it multiplies on its input as it is.
-void column_parallel_gather(TensorTrace& trace, const LayerShape& shape, const MegatronBytes& bytes) {
-  if (shape.tp > 1) trace.alloc(L, "tp.gathered_input", bytes.gathered);
+void column_parallel_gather(TensorTrace& trace, const LayerShape& shape, const MegatronBytes& bytes, std::string_view category = L) {
+  if (shape.tp > 1) trace.alloc(category, "tp.gathered_input", bytes.gathered);
 }
 void column_parallel_gather_free(TensorTrace& trace, const LayerShape& shape) {
   if (shape.tp > 1) trace.free("tp.gathered_input");
 }
 
+// A norm and the column-parallel linear after it, forward (TELayerNormColumnParallelLinear, M1.1; the
+// final TENorm and the vocabulary-parallel output layer, M1.3, alike): the norm's output as this
+// rank's shard and its statistics are saved, the linear's `output` made on the gathered input.
+void layernorm_linear_forward(TensorTrace& trace, const LayerShape& shape, const MegatronBytes& bytes, std::string_view category,
+                              const char* norm_output, const char* norm_rsigma, const char* output, double output_bytes, bool keep) {
+  trace.alloc(category, norm_output, bytes.shard);
+  trace.alloc(category, norm_rsigma, bytes.rsigma);
+  column_parallel_gather(trace, shape, bytes, category);
+  trace.alloc(category, output, output_bytes);
+  column_parallel_gather_free(trace, shape);
+  if (!keep) {
+    trace.free(norm_output);
+    trace.free(norm_rsigma);
+  }
+}
+
 // A row-parallel linear's output: [T, h] partial sums reduce-scattered into this rank's [T/t, h]
 // (M1.2: RowParallelLinear.forward L1289-1290); the bias-add into the residual makes a new shard.
 void row_parallel_output(TensorTrace& trace, const LayerShape& shape, const MegatronBytes& bytes, const char* residual) {
-  if (shape.tp > 1) {
-    trace.alloc(L, "tp.row_parallel_partial", bytes.gathered);
-    trace.alloc(L, "tp.row_parallel_output", bytes.shard);
-    trace.free("tp.row_parallel_partial");
-  } else {
-    trace.alloc(L, "tp.row_parallel_output", bytes.shard);
-  }
+  if (shape.tp > 1) trace.alloc(L, "tp.row_parallel_partial", bytes.gathered);
+  trace.alloc(L, "tp.row_parallel_output", bytes.shard);
+  if (shape.tp > 1) trace.free("tp.row_parallel_partial");
   trace.alloc(L, residual, bytes.shard);
   trace.free("tp.row_parallel_output");
+}
+
+// A column-parallel linear's input gradient, produced whole ([T, h], `partial`), reduce-scattered to
+// this rank's shard (M1.1: L548-560); without TP the whole gradient is the shard, renamed.
+void input_gradient_to_shard(TensorTrace& trace, const LayerShape& shape, const MegatronBytes& bytes, std::string_view category,
+                             const char* partial, const char* shard) {
+  if (shape.tp > 1) trace.alloc(category, shard, bytes.shard);
+  else trace.alias(partial, category, shard);
+  trace.free(partial);
 }
 
 // A TE norm fused with a column-parallel linear, backward: the input gradient produced whole
@@ -77,13 +100,7 @@ void layernorm_linear_backward(TensorTrace& trace, const LayerShape& shape, cons
   trace.alloc(L, "tp.input_grad_partial", bytes.gathered);
   trace.free(output_grad);
   column_parallel_gather_free(trace, shape);
-  if (shape.tp > 1) {
-    trace.alloc(L, "tp.input_grad_shard", bytes.shard);
-    trace.free("tp.input_grad_partial");
-  } else {
-    trace.alias("tp.input_grad_partial", L, "tp.input_grad_shard");
-    trace.free("tp.input_grad_partial");
-  }
+  input_gradient_to_shard(trace, shape, bytes, L, "tp.input_grad_partial", "tp.input_grad_shard");
   trace.free(norm_output);
   // The norm's backward writes its input's gradient; the residual branch's is added into it.
   trace.alloc(L, input_grad, bytes.shard);
@@ -100,15 +117,7 @@ void megatron_layer_forward(TensorTrace& trace, const LayerShape& shape, const L
   // TELayerNormColumnParallelLinear (M1.1): saves the layer's input, the norm's output as this
   // rank's shard and the norm's statistics; multiplies on the gathered norm output.
   trace.set_moment("input norm and QKV");
-  trace.alloc(L, "attention_norm.output", bytes.shard);
-  trace.alloc(L, "attention_norm.rsigma_fp32", bytes.rsigma);
-  column_parallel_gather(trace, shape, bytes);
-  trace.alloc(L, "attention.qkv", bytes.qkv);
-  column_parallel_gather_free(trace, shape);
-  if (!keep) {
-    trace.free("attention_norm.output");
-    trace.free("attention_norm.rsigma_fp32");
-  }
+  layernorm_linear_forward(trace, shape, bytes, L, "attention_norm.output", "attention_norm.rsigma_fp32", "attention.qkv", bytes.qkv, keep);
 
   // q, k and v are views of the QKV output (attention.py get_query_key_value_tensors: torch.split /
   // SplitAlongDim along the head dim); RoPE writes new q and k (apply_rotary_pos_emb, fused or not),
@@ -163,15 +172,7 @@ void megatron_layer_forward(TensorTrace& trace, const LayerShape& shape, const L
   // The pre-MLP norm fused with fc1 (M1.1 again): saves its input (the residual), its output shard
   // and statistics.
   trace.set_moment("pre-MLP norm and fc1");
-  trace.alloc(L, "mlp_norm.output", bytes.shard);
-  trace.alloc(L, "mlp_norm.rsigma_fp32", bytes.rsigma);
-  column_parallel_gather(trace, shape, bytes);
-  trace.alloc(L, "mlp.fc1_output", bytes.fc1);
-  column_parallel_gather_free(trace, shape);
-  if (!keep) {
-    trace.free("mlp_norm.output");
-    trace.free("mlp_norm.rsigma_fp32");
-  }
+  layernorm_linear_forward(trace, shape, bytes, L, "mlp_norm.output", "mlp_norm.rsigma_fp32", "mlp.fc1_output", bytes.fc1, keep);
 
   // The activation (mlp.py MLP.forward): the fused bias_swiglu_impl / bias_gelu_impl saves its
   // input (fc1's output) only; the unfused glu's silu saves its output beside it.
@@ -271,11 +272,8 @@ void megatron_loss_forward_backward(TensorTrace& trace, const LayerShape& shape,
   trace.set_moment("logits and cross entropy");
   // The final norm (TENorm) saves its input and statistics; the output layer, column-parallel over
   // the vocabulary, saves its input's shard and multiplies on it gathered (M1.3).
-  trace.alloc(kCategoryLoss, "final_norm.output", bytes.shard);
-  trace.alloc(kCategoryLoss, "final_norm.rsigma_fp32", bytes.rsigma);
-  if (shape.tp > 1) trace.alloc(kCategoryLoss, "tp.gathered_input", bytes.gathered);
-  trace.alloc(kCategoryLoss, "logits", logits);
-  if (shape.tp > 1) trace.free("tp.gathered_input");
+  layernorm_linear_forward(trace, shape, bytes, kCategoryLoss, "final_norm.output", "final_norm.rsigma_fp32", "logits", logits,
+                           /*keep=*/true);
   if (impl.megatron_te_cross_entropy) {
     // TE's fused kernel (M1.4): a copy of the logits' shard at their dtype, which it turns into
     // their gradient in forward, and two fp32 statistics a row; the logits themselves go.
@@ -297,13 +295,7 @@ void megatron_loss_forward_backward(TensorTrace& trace, const LayerShape& shape,
   trace.alloc(kCategoryLoss, "output_layer.input_grad_partial", bytes.gathered);
   trace.free("cross_entropy.logits_grad");
   if (trace.is_live("cross_entropy.row_stats_fp32")) trace.free("cross_entropy.row_stats_fp32");
-  if (shape.tp > 1) {
-    trace.alloc(kCategoryLoss, "output_layer.input_grad_shard", bytes.shard);
-    trace.free("output_layer.input_grad_partial");
-  } else {
-    trace.alias("output_layer.input_grad_partial", kCategoryLoss, "output_layer.input_grad_shard");
-    trace.free("output_layer.input_grad_partial");
-  }
+  input_gradient_to_shard(trace, shape, bytes, kCategoryLoss, "output_layer.input_grad_partial", "output_layer.input_grad_shard");
   trace.set_moment("final norm backward");
   trace.alloc(L, "layer.output_grad", bytes.shard);
   trace.free("output_layer.input_grad_shard");
