@@ -840,7 +840,7 @@ std::vector<MemoryItem> layer_saved_tensors(const ModelSpec& model, const Cluste
 }
 
 // Under pipeline parallelism the stage with the highest GPU peak is the answer (its phases named by
-// stage); every stage's phases are listed, the peak's first.
+// stage); every stage's phases are listed, stage by stage.
 MemoryPrediction memory_predict(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan,
                                 const RuntimeProfile& profile, int64_t seqlen, bool with_breakdown) {
   MemoryPrediction worst;

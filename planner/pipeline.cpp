@@ -17,7 +17,6 @@ std::vector<PipelineStage> pipeline_stages(const ModelSpec& model, const Cluster
   const ParameterCount params = parameter_count(model);
   if (plan.pp <= 1) return {{"", model.num_layers, 1, true, params.total}};
   const PipelineSplit split = pipeline_split(model, plan);
-  const int64_t stage_layers = split.first;
   const int64_t micro_batches = gradient_accumulation_steps(cluster, plan);
   const int64_t head = params.lm_head > 0 ? params.lm_head : params.embedding;
   const int64_t first_parameters = params.embedding + split.first * params.per_layer;
@@ -32,7 +31,7 @@ std::vector<PipelineStage> pipeline_stages(const ModelSpec& model, const Cluster
                                          split.middle * params.per_layer});
     return stages;
   }
-  const int64_t chunk_layers = stage_layers / plan.vpp;
+  const int64_t chunk_layers = split.first / plan.vpp;  // (interleaving is planned on even splits only)
   const int64_t chunks = micro_batches * plan.vpp;
   return {{"first pipeline stage", chunk_layers, std::min(2 * (plan.pp - 1) + (plan.vpp - 1) * plan.pp + 1, chunks), false, first_parameters},
           {"last pipeline stage", chunk_layers, std::min((plan.vpp - 1) * plan.pp + 1, chunks), true, last_parameters}};

@@ -133,12 +133,26 @@ std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec
     if (model.num_kv_heads % plan.sp != 0 && plan.sp % model.num_kv_heads != 0)
       problems.push_back(fmt::format("sp={} neither divides nor is a multiple of {} key/value heads", plan.sp, model.num_kv_heads));
   }
-  if (plan.tp < 1) {
-    problems.push_back(fmt::format("tp={} must be at least 1", plan.tp));
-  } else if (plan.tp > 1) {
+  if (plan.tp < 1) problems.push_back(fmt::format("tp={} must be at least 1", plan.tp));
+  if (plan.pp < 1) problems.push_back(fmt::format("pp={} must be at least 1", plan.pp));
+  if (plan.vpp < 1) problems.push_back(fmt::format("vpp={} must be at least 1", plan.vpp));
+  else if (plan.vpp > 1 && plan.pp <= 1) problems.push_back("virtual pipeline stages (vpp) interleave a pipeline: give pp > 1");
+  // Megatron's model parallelism (tensor parallelism, pipeline stages) is modelled as Megatron-Core
+  // runs it: its own layer and distributed optimizer, nothing of DeepSpeed's or ALST's.
+  if (plan.tp >= 1 && plan.pp >= 1 && (plan.tp > 1 || plan.pp > 1)) {
     if (plan.sp >= 1 && plan.ring >= 1 && cluster.gpus % plan.model_parallel_ranks() != 0)
-      problems.push_back(fmt::format("tp={} x sp={} x ring={} does not divide {} GPUs (world = dp x tp x sp x ring)", plan.tp, plan.sp,
-                                     plan.ring, cluster.gpus));
+      problems.push_back(fmt::format("tp={} x sp={} x ring={} x pp={} does not divide {} GPUs (world = dp x tp x sp x ring x pp)", plan.tp,
+                                     plan.sp, plan.ring, plan.pp, cluster.gpus));
+    if (model.is_moe())
+      problems.push_back(fmt::format("{}: Megatron's tensor and pipeline parallelism of a mixture-of-experts model are not modelled yet",
+                                     model.name));
+    if (plan.lora()) problems.push_back("LoRA beside Megatron's tensor or pipeline parallelism is not modelled");
+    if (plan.fpdt || plan.tiled_mlp || plan.tiled_loss || plan.checkpoint_offload || plan.offload_params || plan.offload_optimizer ||
+        plan.zero_stage > 1 || plan.checkpoint_every > 1 || plan.checkpoint_ops)
+      problems.push_back("Megatron's tensor and pipeline parallelism are modelled as Megatron-Core runs them: its distributed optimizer "
+                         "(ZeRO-1's layout) or none, full or no recompute, without FPDT, ALST's tiling and the offloads");
+  }
+  if (plan.tp > 1) {
     // Megatron-Core splits the query heads and the key/value groups over the TP ranks
     // (transformer/attention.py: num_attention_heads_per_partition, num_query_groups_per_partition
     // by divide(), which asserts divisibility), and Ulysses then splits a TP rank's heads.
@@ -151,20 +165,8 @@ std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec
                                      model.num_kv_heads));
     else if (const int64_t kv_heads = model.num_kv_heads / plan.tp; plan.sp >= 1 && kv_heads % plan.sp != 0 && plan.sp % kv_heads != 0)
       problems.push_back(fmt::format("sp={} neither divides nor is a multiple of the {} key/value heads a TP rank holds", plan.sp, kv_heads));
-    if (model.is_moe()) problems.push_back(fmt::format("{}: tensor parallelism of a mixture-of-experts block is not modelled yet", model.name));
-    if (plan.lora()) problems.push_back("LoRA beside tensor parallelism is not modelled");
-    if (plan.fpdt || plan.tiled_mlp || plan.tiled_loss || plan.checkpoint_offload || plan.offload_params || plan.offload_optimizer)
-      problems.push_back("tensor parallelism is modelled as Megatron-Core runs it: without FPDT, ALST's tiling and the offloads");
-    if (plan.zero_stage > 1) problems.push_back("tensor parallelism is modelled with Megatron's distributed optimizer (ZeRO-1's layout) or none");
   }
-  if (plan.vpp < 1) problems.push_back(fmt::format("vpp={} must be at least 1", plan.vpp));
-  else if (plan.vpp > 1 && plan.pp <= 1) problems.push_back("virtual pipeline stages (vpp) interleave a pipeline: give pp > 1");
-  if (plan.pp < 1) {
-    problems.push_back(fmt::format("pp={} must be at least 1", plan.pp));
-  } else if (plan.pp > 1) {
-    if (plan.tp >= 1 && plan.sp >= 1 && plan.ring >= 1 && cluster.gpus % plan.model_parallel_ranks() != 0)
-      problems.push_back(fmt::format("tp={} x sp={} x ring={} x pp={} does not divide {} GPUs (world = dp x tp x sp x ring x pp)", plan.tp,
-                                     plan.sp, plan.ring, plan.pp, cluster.gpus));
+  if (plan.pp > 1) {
     // Where pp does not divide the layers, Megatron's uneven split (pipeline_split): the first and
     // last stages need a layer each, and interleaving is planned on even splits only.
     if (const PipelineSplit split = pipeline_split(model, plan); !split.even()) {
@@ -186,12 +188,6 @@ std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec
         problems.push_back(fmt::format("the interleaved schedule runs micro-batches in groups of pp={}: {} micro-batches (--global-batch / "
                                        "(micro batch x dp)) are not a multiple of it", plan.pp, micro_batches));
     }
-    if (model.is_moe()) problems.push_back(fmt::format("{}: pipeline parallelism of a mixture-of-experts model is not modelled yet", model.name));
-    if (plan.lora()) problems.push_back("LoRA beside pipeline parallelism is not modelled");
-    if (plan.fpdt || plan.tiled_mlp || plan.tiled_loss || plan.checkpoint_offload || plan.offload_params || plan.offload_optimizer ||
-        plan.zero_stage > 1 || plan.checkpoint_every > 1 || plan.checkpoint_ops)
-      problems.push_back("pipeline parallelism is modelled as Megatron-Core runs it: its distributed optimizer or none, full or no "
-                         "recompute, without FPDT, ALST's tiling and the offloads");
   }
   if (plan.zero_stage < 0 || plan.zero_stage > 3) problems.push_back(fmt::format("ZeRO stage {} is not 0..3", plan.zero_stage));
   if (plan.offload_optimizer && plan.zero_stage < 1)

@@ -305,12 +305,9 @@ PlanOptions plan_from_settings(const PlanSettings& settings, const ModelSpec& mo
   plan.ring = ring;
   plan.tp = settings.tp.value_or(1);
   plan.pp = settings.pp.value_or(1);
-  // Megatron's plan, not ALST's set (as `plan --tp`): its distributed optimizer, no offload or tiling
-  // unless a key asks for one.
-  if (megatron && !settings.preset) {
-    plan.zero_stage = 1;
-    plan.activation_checkpointing = true;
-  }
+  // Megatron's plan, not ALST's set (as `plan --tp`): its distributed optimizer (with PlanOptions'
+  // recompute and no offload or tiling) unless a key asks otherwise.
+  if (megatron && !settings.preset) plan.zero_stage = 1;
   if (settings.zero_stage) plan.zero_stage = *settings.zero_stage;
   if (settings.offload_optimizer) plan.offload_optimizer = *settings.offload_optimizer;
   if (settings.offload_params) plan.offload_params = *settings.offload_params;

@@ -286,7 +286,7 @@ std::optional<ModelSpec> model_for_free_text(const std::string& text) {
   }
 }
 
-// A Megatron run in free text (ring_published.csv's USP rows: "Megatron-LM@... + yunchang USP; ...;
+// A Megatron run in free text, not in FP8 (ring_published.csv's USP rows: "Megatron-LM@... + yunchang USP; ...;
 // tp=4; u=2; r=2; dp=1; pp=1; gbs=1"): Megatron's GPT layer under tensor parallelism with sequence
 // parallelism, its distributed optimizer ("ZeRO-1"), Ulysses x ring attention over the context
 // group. Priced as Megatron-Core's TE layer with its a2a+p2p context parallelism, the same layout
@@ -300,7 +300,6 @@ PointValidation megatron_point_validate(const PublishedPoint& point, const std::
     validation.skipped_reason = reason;
     return validation;
   };
-  if (contains(features, "fp8") || contains(features, "float8")) return skip("FP8 training is not modelled");
   const auto tp = number_after(features, "tp="), u = number_after(features, "u="), r = number_after(features, "r=");
   if (!tp || !u || !r) return skip("Megatron row: no 'tp=N; u=N; r=N'");
   if (const auto pp = number_after(features, "pp="); pp && *pp > 1) return skip(fmt::format("pipeline parallelism (pp={}) is not modelled yet", *pp));
@@ -359,10 +358,10 @@ PointValidation point_validate(const PublishedPoint& point, const std::string& p
   // Features in free text (ring_published.csv's): what the model leaves out, named first.
   if (point.features.find_first_of(" ;") != std::string::npos) {
     const std::string features = text_to_lower(point.features);
-    if (contains(features, "megatron-lm") && contains(features, "u=") && contains(features, "r="))
-      return megatron_point_validate(point, features, profile_name, reserve_gib);
     // FP8 first: it decides a row whatever its layout (NeMo's are Megatron-Core runs, in FP8).
     if (contains(features, "fp8") || contains(features, "float8")) return skip("FP8 training is not modelled");
+    if (contains(features, "megatron-lm") && contains(features, "u=") && contains(features, "r="))
+      return megatron_point_validate(point, features, profile_name, reserve_gib);
     const std::optional<int64_t> tp = number_after(features, "tp=");
     if (tp && *tp > 1) return skip(fmt::format("tensor parallelism (tp={}) outside Megatron is not modelled", *tp));
     if (contains(features, "lora")) return skip("LoRA in free text: adapter rows are read from the + features (lora, qlora) with their rank in the notes");
