@@ -78,6 +78,9 @@ struct LayerShape {
   // parallelism keeps every tensor of the residual stream as [T/tp, h] (hidden_state_tokens).
   int64_t tp = 1;
   int64_t hidden_state_tokens() const { return tokens / (tp > 0 ? tp : 1); }
+  // Megatron-Core's expert parallelism (1: none): a rank holds experts / ep of the experts and its
+  // dispatcher exchanges the routed tokens with the other ep - 1 ranks (megatron_moe.cpp).
+  int64_t ep = 1;
 };
 
 // How the experts of a mixture-of-experts block run (Reference §12 items 45-47, 80):
@@ -185,6 +188,11 @@ double decoder_layer_saved_bytes(const LayerShape& shape, const LayerImplementat
 // For a dense SwiGLU layer with separate projections and no biases (addmm is not in the list),
 // which is what torchtitan's llama3 and qwen3 flavors build.
 double decoder_layer_op_selective_saved_bytes(const LayerShape& shape, const LayerImplementation& impl);
+
+// Bytes each Megatron MoE layer's all-to-all dispatcher keeps from its forward to its next one (its
+// probabilities, routing map and permutation map: attributes nothing clears), through recompute and
+// backward alike; 0 for a dense layer. Per layer and rank, beside what the layer saves for backward.
+double megatron_moe_dispatcher_held_bytes(const LayerShape& shape, const LayerImplementation& impl);
 
 // What a pinned host allocation of `bytes` takes. PyTorch's pinned host allocator
 // (CachingHostAllocator.h, allocate) rounds every allocation up to the next power of two

@@ -104,6 +104,8 @@ std::string framework_unsupported(Framework framework, const ModelSpec& model, c
     return fmt::format("{}: no tensor parallelism (tp={}): Megatron-Core's (--framework megatron-core)", name, plan.tp);
   if (plan.pp > 1 && !description.model_parallelism)
     return fmt::format("{}: no pipeline parallelism (pp={}) planned here: Megatron-Core's (--framework megatron-core)", name, plan.pp);
+  if (plan.ep > 1 && !description.model_parallelism)
+    return fmt::format("{}: no expert parallelism (ep={}) planned here: Megatron-Core's (--framework megatron-core)", name, plan.ep);
   // HSDP's 2-D mesh is FSDP2's (Reference §11 F1.10, F1.17, F6.2).
   if (plan.dp_replicate > 1 && !pytorch_cp)
     return fmt::format("{}: no replicate x shard mesh (HSDP is FSDP2's: --framework accelerate-fsdp2 or torchtitan)", name);
@@ -148,6 +150,7 @@ void search_options_for_framework(SearchOptions& options, Framework framework, c
   options.tensor_parallel = {1};
   options.pipeline_parallel = {1};
   options.virtual_pipeline = {1};
+  options.expert_parallel = {1};
   if (framework_description(framework).model_parallelism) {
     for (int64_t tp = 2; tp <= std::min(cluster.gpus_per_node, cluster.gpus); tp *= 2)
       if (cluster.gpus % tp == 0) options.tensor_parallel.push_back(tp);
@@ -157,6 +160,11 @@ void search_options_for_framework(SearchOptions& options, Framework framework, c
       if (cluster.gpus % pp == 0) options.pipeline_parallel.push_back(pp);
     // The interleaved schedule at two chunks a rank (it pays only with micro-batches in groups of pp).
     options.virtual_pipeline = {1, 2};
+    // Expert parallelism for a MoE model: the powers of two that divide its experts and the GPUs.
+    // Which ep divides a stage's ranks is plan_problems' to say.
+    if (model.is_moe())
+      for (int64_t ep = 2; ep <= std::min(cluster.gpus, model.experts); ep *= 2)
+        if (model.experts % ep == 0 && cluster.gpus % ep == 0) options.expert_parallel.push_back(ep);
   }
 }
 

@@ -55,7 +55,15 @@ struct Setup {
   double trainable_total = 0, trainable_per_layer = 0, largest_trainable_matrix = 0;
   // QLoRA: a decoder layer's packed NF4 values (what ZeRO-3 gathers of its linears).
   double qlora_packed_per_layer = 0;
+  // The routed experts' parameters in setup.params.total (its pipeline stage's under PP): what
+  // Megatron's expert parallelism splits over ep ranks rather than over the TP ranks.
+  double expert_parameters = 0;
 };
+
+// A routed expert's parameters in one decoder layer: E gated experts of three h x I_e matrices.
+double layer_expert_parameters(const ModelSpec& model) {
+  return as_double(model.experts) * 3.0 * as_double(model.hidden_size) * as_double(model.expert_intermediate_size);
+}
 
 Setup setup_make(const ModelSpec& model, const HardwareCard& card, const PlanOptions& plan, const RuntimeProfile& profile, int64_t seqlen) {
   Setup setup;
@@ -71,6 +79,7 @@ Setup setup_make(const ModelSpec& model, const HardwareCard& card, const PlanOpt
       setup.largest_trainable_matrix = std::max(setup.largest_trainable_matrix, as_double(plan.lora_rank * std::max(linear.in, linear.out)));
   }
   if (plan.qlora) setup.qlora_packed_per_layer = nf4_layer_bytes(model, /*double_quant=*/true).packed;
+  setup.expert_parameters = as_double(model.num_layers) * layer_expert_parameters(model);
   LayerShape& shape = setup.shape;
   shape.tokens = plan.micro_batch * (seqlen / plan.sequence_ranks());
   shape.sp = plan.sp;
@@ -80,6 +89,7 @@ Setup setup_make(const ModelSpec& model, const HardwareCard& card, const PlanOpt
   // (Megatron's column-parallel splits, reference-megatron-core M1), and 1/t of the residual stream.
   const int64_t tp = std::max<int64_t>(1, plan.tp);
   shape.tp = tp;
+  shape.ep = std::max<int64_t>(1, plan.ep);
   shape.q_width = model.q_width() / tp;
   shape.kv_width = model.kv_width() / tp;
   shape.kv_replication = tp > 1 ? std::max<int64_t>(1, plan.sp / std::max<int64_t>(1, model.num_kv_heads / tp))
@@ -221,6 +231,12 @@ void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const Clus
   // (vocabulary-parallel); the norms' weights, replicated over the TP ranks, are a rounding error.
   const double tp = as_double(std::max<int64_t>(1, plan.tp));
   const double params = as_double(setup.params.total) / tp;
+  // Under expert parallelism a rank holds its ep share of the experts, whole (expert tensor
+  // parallelism 1), and its TP share of the rest (reference-megatron-core M6.3): the weights and the
+  // DDP's gradient buffer. Without it every parameter is split over the TP ranks.
+  const double ep = as_double(std::max<int64_t>(1, plan.ep));
+  const double rank_params = plan.ep > 1 ? (as_double(setup.params.total) - setup.expert_parameters) / tp + setup.expert_parameters / ep
+                                         : params;
   // ZeRO partitions over all ranks (data x sequence parallel; REFERENCE training configuration):
   // stage 1 the optimizer states and master weights, stage 2 also gradients (gradient_bytes_per_trainable),
   // stage 3 also weights; FSDP2's HSDP over one replica's ranks (Reference §11 F1.10). Megatron's
@@ -230,6 +246,14 @@ void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const Clus
   const double shards = as_double(plan.shard_ranks(cluster.gpus)) / tp / as_double(std::max<int64_t>(1, plan.pp));
   const double optimizer_shards = plan.zero_stage >= 1 ? shards : 1;
   const double weight_shards = plan.zero_stage >= 3 ? shards : 1;
+  // The distributed optimizer shards the experts' share over the expert-data-parallel ranks that
+  // hold the same experts, world / (ep p) of them (distrib_optimizer.py builds one buffer per
+  // group, expert parameters with expt_dp_group), the rest as above.
+  const double optimizer_params =
+      plan.ep > 1 ? (as_double(setup.params.total) - setup.expert_parameters) / tp / optimizer_shards +
+                        setup.expert_parameters / ep /
+                            (plan.zero_stage >= 1 ? as_double(plan.shard_ranks(cluster.gpus)) / ep / as_double(std::max<int64_t>(1, plan.pp)) : 1.0)
+                  : params / optimizer_shards;
   if (plan.lora()) {
     // A frozen base and fp32 adapters (Reference §12 (i)): the base in its storage dtype with no
     // gradient, master or optimizer state (items 11-12); QLoRA's linears in NF4 with double
@@ -284,16 +308,17 @@ void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const Clus
       trace.alloc(kCategoryModelStates, "lora_optimizer_states", adapters * 2.0 * moment_bytes / optimizer_shards);
   } else {
     if (!plan.offload_params)
-      trace.alloc(kCategoryModelStates, "weights", params * as_double(profile.weight_bytes) / weight_shards);
+      trace.alloc(kCategoryModelStates, "weights", rank_params * as_double(profile.weight_bytes) / weight_shards);
     if (!plan.offload_optimizer) {
       // Named by dtype: the optimizer's copy is fp32 beside bf16 weights (DeepSpeed, FSDP2's upcast),
       // or the parameter's own dtype in the pure-bf16 regime (Reference §11 F1.5).
-      if (with_gradients) trace.alloc(kCategoryModelStates, gradients_name(plan, profile), params * gradient_bytes_per_trainable(cluster, plan, profile));
-      trace.alloc(kCategoryModelStates, "master_weights", params * as_double(profile.master_weight_bytes) / optimizer_shards);
+      if (with_gradients)
+        trace.alloc(kCategoryModelStates, gradients_name(plan, profile), rank_params * gradient_bytes_per_trainable(cluster, plan, profile));
+      trace.alloc(kCategoryModelStates, "master_weights", optimizer_params * as_double(profile.master_weight_bytes));
       if (plan.adam_8bit)
         trace.alloc(kCategoryModelStates, "optimizer_states_8bit", adam_8bit_model_state_bytes(model) / optimizer_shards);
       else
-        trace.alloc(kCategoryModelStates, "optimizer_states", params * as_double(profile.optimizer_state_bytes) / optimizer_shards);
+        trace.alloc(kCategoryModelStates, "optimizer_states", optimizer_params * as_double(profile.optimizer_state_bytes));
     }
   }
 
@@ -514,7 +539,10 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
   if (!plan_problems(model, cluster, plan).empty() || !seqlen_problems(plan, seqlen).empty())
     throw std::invalid_argument("memory_predict: invalid plan or sequence length (check plan_problems first)");
   Setup setup = setup_make(model, cluster.hardware, plan, profile, seqlen);
-  if (plan.pp > 1) setup.params.total = stage.parameters, setup.trainable_total = as_double(stage.parameters);
+  if (plan.pp > 1) {
+    setup.params.total = stage.parameters, setup.trainable_total = as_double(stage.parameters);
+    setup.expert_parameters = as_double(stage.layers) * layer_expert_parameters(model);
+  }
   const double layers = as_double(stage.layers);
   // Under 1F1B the micro-batches before this one are in flight whole: their layers' activations too.
   const double earlier_micro_batch_layers = as_double(stage.in_flight - 1) * layers;
@@ -527,7 +555,11 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
   first_layer_shape.input_requires_grad = !plan.lora();
   const double saved_first_layer = layers_save ? decoder_layer_saved_bytes(first_layer_shape, setup.impl) : 0;
   const double router_logits_bytes = as_double(setup.shape.tokens) * as_double(model.experts) * as_double(profile.activation_bytes);
-  const bool aux_loss = model.is_moe() && (plan.moe_aux_loss || model.output_router_logits);
+  // transformers' load-balancing loss over every layer's kept logits (Megatron's router computes
+  // its own per layer, inside the layer's inventory).
+  const bool aux_loss = model.is_moe() && !setup.impl.megatron_te_layer && (plan.moe_aux_loss || model.output_router_logits);
+  // What each of the stage's Megatron MoE layers' dispatchers keeps all step (M6.5).
+  const double dispatcher_held_bytes = setup.impl.megatron_te_layer ? megatron_moe_dispatcher_held_bytes(setup.shape, setup.impl) : 0.0;
   // The usable GPU memory: the card's less the headroom the profile keeps free.
   const double headroom = profile.usable_memory_headroom_gib.at(profile.bound) * kBytesPerGib;
   const double capacity = cluster.hardware.gpu_memory_gib * kBytesPerGib - headroom;
@@ -548,6 +580,7 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
     static_tensors_place(result.trace, model, cluster, plan, profile, setup, seqlen, inputs, /*with_gradients=*/!gradients_in_backward);
     resident_activations_place(result.trace, plan, profile, setup, resident_layers + earlier_micro_batch_layers,
                                layers + earlier_micro_batch_layers, saved_per_layer, saved_first_layer);
+    if (dispatcher_held_bytes > 0) result.trace.alloc(kCategoryCheckpoints, "moe.dispatcher_state", layers * dispatcher_held_bytes, layers);
     return result.trace;
   };
   // Gradients backward has produced before a decoder layer's own: the LM head's and final norm's

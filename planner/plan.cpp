@@ -139,17 +139,24 @@ std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec
   else if (plan.vpp > 1 && plan.pp <= 1) problems.push_back("virtual pipeline stages (vpp) interleave a pipeline: give pp > 1");
   // Megatron's model parallelism (tensor parallelism, pipeline stages) is modelled as Megatron-Core
   // runs it: its own layer and distributed optimizer, nothing of DeepSpeed's or ALST's.
-  if (plan.tp >= 1 && plan.pp >= 1 && (plan.tp > 1 || plan.pp > 1)) {
+  if (plan.ep < 1) problems.push_back(fmt::format("ep={} must be at least 1", plan.ep));
+  if (plan.ep > 1) {
+    // Megatron's expert grid (etp-ep-edp-pp over the same world) and MoELayer's local experts:
+    // num_moe_experts % ep == 0 (moe_layer.py), ep dividing a stage's ranks.
+    if (!model.is_moe()) problems.push_back(fmt::format("{} has no experts to split (ep={})", model.name, plan.ep));
+    else if (model.experts % plan.ep != 0)
+      problems.push_back(fmt::format("ep={} does not divide {}'s {} experts", plan.ep, model.name, model.experts));
+    if (plan.pp >= 1 && (cluster.gpus % plan.pp != 0 || (cluster.gpus / plan.pp) % plan.ep != 0))
+      problems.push_back(fmt::format("ep={} does not divide the {} ranks of a pipeline stage", plan.ep, cluster.gpus / std::max<int64_t>(1, plan.pp)));
+  }
+  if (plan.tp >= 1 && plan.pp >= 1 && plan.ep >= 1 && (plan.tp > 1 || plan.pp > 1 || plan.ep > 1)) {
     if (plan.sp >= 1 && plan.ring >= 1 && cluster.gpus % plan.model_parallel_ranks() != 0)
       problems.push_back(fmt::format("tp={} x sp={} x ring={} x pp={} does not divide {} GPUs (world = dp x tp x sp x ring x pp)", plan.tp,
                                      plan.sp, plan.ring, plan.pp, cluster.gpus));
-    if (model.is_moe())
-      problems.push_back(fmt::format("{}: Megatron's tensor and pipeline parallelism of a mixture-of-experts model are not modelled yet",
-                                     model.name));
-    if (plan.lora()) problems.push_back("LoRA beside Megatron's tensor or pipeline parallelism is not modelled");
+    if (plan.lora()) problems.push_back("LoRA beside Megatron's tensor, pipeline or expert parallelism is not modelled");
     if (plan.fpdt || plan.tiled_mlp || plan.tiled_loss || plan.checkpoint_offload || plan.offload_params || plan.offload_optimizer ||
         plan.zero_stage > 1 || plan.checkpoint_every > 1 || plan.checkpoint_ops)
-      problems.push_back("Megatron's tensor and pipeline parallelism are modelled as Megatron-Core runs them: its distributed optimizer "
+      problems.push_back("Megatron's tensor, pipeline and expert parallelism are modelled as Megatron-Core runs them: its distributed optimizer "
                          "(ZeRO-1's layout) or none, full or no recompute, without FPDT, ALST's tiling and the offloads");
   }
   if (plan.tp > 1) {
@@ -317,6 +324,7 @@ std::string attention_kernel_for(const RuntimeProfile& profile, const HardwareCa
 std::string plan_describe(const PlanOptions& plan) {
   std::string text = plan.tp > 1 ? fmt::format("tp={} ", plan.tp) : std::string();
   if (plan.pp > 1) text += plan.vpp > 1 ? fmt::format("pp={} vpp={} ", plan.pp, plan.vpp) : fmt::format("pp={} ", plan.pp);
+  if (plan.ep > 1) text += fmt::format("ep={} ", plan.ep);
   text += plan.ring > 1 ? fmt::format("sp={} ring={} zero={}", plan.sp, plan.ring, plan.zero_stage)
                         : fmt::format("sp={} zero={}", plan.sp, plan.zero_stage);
   if (plan.offload_optimizer) text += " +optimizer-offload";

@@ -99,6 +99,11 @@ struct PlanOptions : HeldChoices {
   // The interleaved schedule (reference-megatron-core M4.2): each rank holds `vpp` model chunks of
   // L / (pp vpp) layers (--num-virtual-stages-per-pipeline-rank); 1: plain 1F1B.
   int64_t vpp = 1;
+  // Megatron-Core's expert parallelism (reference-megatron-core M6.3): a MoE layer's experts split
+  // over `ep` ranks, each holding experts / ep whole (expert_tensor_parallel_size 1), the routed tokens
+  // exchanged among them by all-to-all. The expert ranks come from the same world as the dense
+  // layout's (ep divides world / pp: Megatron's expert grid etp-ep-edp-pp), so ep adds no rank.
+  int64_t ep = 1;
   // Ranks one model replica spans: t x u x r x p (world = dp x t x u x r x p).
   int64_t model_parallel_ranks() const { return tp * sp * ring * pp; }
   int zero_stage = 3;                   // 0..3

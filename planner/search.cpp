@@ -26,18 +26,20 @@ std::vector<PlanOptions> plans_enumerate(const ClusterSpec& cluster, const Searc
   // Megatron's model parallelism (tensor parallelism, pipeline stages, their interleaving) where the
   // framework runs it; {1, 1, 1} alone elsewhere.
   struct ModelParallel {
-    int64_t tp, pp, vpp;
+    int64_t tp, pp, vpp, ep;
   };
   std::vector<ModelParallel> model_parallel_layouts;
   for (int64_t tp : options.tensor_parallel)
     for (int64_t pp : options.pipeline_parallel)
       for (int64_t vpp : pp > 1 ? options.virtual_pipeline : std::vector<int64_t>{1})
-        if (tp >= 1 && pp >= 1 && cluster.gpus % (tp * pp) == 0) model_parallel_layouts.push_back({tp, pp, vpp});
+        for (int64_t ep : options.expert_parallel)
+          if (tp >= 1 && pp >= 1 && ep >= 1 && cluster.gpus % (tp * pp) == 0 && (cluster.gpus / pp) % ep == 0)
+            model_parallel_layouts.push_back({tp, pp, vpp, ep});
   std::vector<PlanOptions> plans;
-  for (const auto& [tp, pp, vpp] : model_parallel_layouts) {
+  for (const auto& [tp, pp, vpp, ep] : model_parallel_layouts) {
     // Megatron's model parallelism is planned as Megatron runs it (plan_problems): its distributed
     // optimizer (ZeRO-1's layout) or none, no offload, no ALST tiling or FPDT.
-    const bool megatron = tp > 1 || pp > 1;
+    const bool megatron = tp > 1 || pp > 1 || ep > 1;
     for (int64_t sequence_ranks = 1; sequence_ranks * tp * pp <= cluster.gpus; ++sequence_ranks) {
       if (cluster.gpus % (sequence_ranks * tp * pp) != 0) continue;  // world = dp x tp x sp x ring x pp: only divisors are plans at all
       for (int64_t ring = 1; ring <= (options.explore_ring ? sequence_ranks : 1); ++ring) {
@@ -56,6 +58,7 @@ std::vector<PlanOptions> plans_enumerate(const ClusterSpec& cluster, const Searc
                 plan.tp = tp;
                 plan.pp = pp;
                 plan.vpp = vpp;
+                plan.ep = ep;
                 plan.sp = sp;
                 plan.ring = ring;
                 plan.zero_stage = zero;
@@ -113,11 +116,11 @@ int64_t length_resolved(int64_t tokens) {
 
 namespace {
 
-// Plans equal except in one field. Fields: 0 the model-parallel layout (tp, pp, vpp, sp and ring), 1 zero, 2 optimizer offload, 3 param
+// Plans equal except in one field. Fields: 0 the model-parallel layout (tp, pp, vpp, ep, sp and ring), 1 zero, 2 optimizer offload, 3 param
 // offload, 4 checkpointing/offload, 5 tiling/FPDT.
 constexpr int kPlanFields = 6;
 bool same_except(const PlanOptions& a, const PlanOptions& b, int field) {
-  if (field != 0 && (a.sp != b.sp || a.ring != b.ring || a.tp != b.tp || a.pp != b.pp || a.vpp != b.vpp)) return false;
+  if (field != 0 && (a.sp != b.sp || a.ring != b.ring || a.tp != b.tp || a.pp != b.pp || a.vpp != b.vpp || a.ep != b.ep)) return false;
   if (field != 1 && a.zero_stage != b.zero_stage) return false;
   if (field != 2 && a.offload_optimizer != b.offload_optimizer) return false;
   if (field != 3 && a.offload_params != b.offload_params) return false;
@@ -367,6 +370,9 @@ std::vector<SearchAlternative> search_notable_alternatives(const SearchResult& r
   auto describe = [&](const PlanOptions& p, int field) -> std::string {
     switch (field) {
       case 0:
+        if (p.ep != w.ep || p.ep > 1)
+          return fmt::format("tp={} pp={} ep={} sp={} ring={} instead of tp={} pp={} ep={} sp={} ring={}", p.tp, p.pp, p.ep, p.sp, p.ring, w.tp,
+                             w.pp, w.ep, w.sp, w.ring);
         if (p.pp != w.pp || p.vpp != w.vpp || p.pp > 1)
           return fmt::format("tp={} pp={} vpp={} sp={} ring={} instead of tp={} pp={} vpp={} sp={} ring={}", p.tp, p.pp, p.vpp, p.sp, p.ring,
                              w.tp, w.pp, w.vpp, w.sp, w.ring);
@@ -395,10 +401,10 @@ std::vector<SearchAlternative> search_notable_alternatives(const SearchResult& r
     std::vector<std::string> seen;
     for (const auto& candidate : result.candidates) {
       if (&candidate == winner || !same_except(candidate.plan, w, field)) continue;
-      // One thing changed in the layout: the TP degree, the pipeline stages, or the sequence's
-      // spread (sp and ring), each alone (the rest of a layout's combinations are in the full list).
+      // One thing changed in the layout: the TP degree, the pipeline stages, the expert ranks, or the
+      // sequence's spread (sp and ring), each alone (the rest of a layout's combinations are in the full list).
       const PlanOptions& c = candidate.plan;
-      const int layout_changes = (c.tp != w.tp) + (c.pp != w.pp || c.vpp != w.vpp) + (c.sp != w.sp || c.ring != w.ring);
+      const int layout_changes = (c.tp != w.tp) + (c.pp != w.pp || c.vpp != w.vpp) + (c.ep != w.ep) + (c.sp != w.sp || c.ring != w.ring);
       if (field == 0 && layout_changes > 1) continue;
       const std::string change = describe(candidate.plan, field);
       if (std::find(seen.begin(), seen.end(), change) != seen.end()) continue;

@@ -56,6 +56,7 @@ struct SearchOptions {
   std::vector<int64_t> tensor_parallel = {1};
   std::vector<int64_t> pipeline_parallel = {1};
   std::vector<int64_t> virtual_pipeline = {1};  // virtual stages per rank tried with pp > 1 (PlanOptions::vpp)
+  std::vector<int64_t> expert_parallel = {1};   // expert-parallel degrees tried for a MoE model (PlanOptions::ep)
 };
 
 // How many memory-saving features a plan turns on (offloads, checkpointing, tiling, FPDT, the ZeRO

@@ -22,6 +22,7 @@ StepTime& StepTime::operator+=(const StepTime& other) {
   ring_exposed_s += other.ring_exposed_s;
   ring_final_hop_s += other.ring_final_hop_s;
   tensor_parallel_exposed_s += other.tensor_parallel_exposed_s;
+  expert_all_to_all_s += other.expert_all_to_all_s;
   pipeline_bubble_s += other.pipeline_bubble_s;
   pipeline_p2p_s += other.pipeline_p2p_s;
   gradient_offload_s += other.gradient_offload_s;
@@ -32,7 +33,7 @@ StepTime& StepTime::operator+=(const StepTime& other) {
 
 double StepTime::total_s() const {
   return matmul_s + attention_s + ulysses_all_to_all_s + zero_communication_exposed_s + checkpoint_offload_s +
-         fpdt_fetch_exposed_s + ring_exposed_s + ring_final_hop_s + tensor_parallel_exposed_s + pipeline_bubble_s + pipeline_p2p_s +
+         fpdt_fetch_exposed_s + ring_exposed_s + ring_final_hop_s + tensor_parallel_exposed_s + expert_all_to_all_s + pipeline_bubble_s + pipeline_p2p_s +
          gradient_offload_s + optimizer_s + elementwise_s;
 }
 
@@ -250,6 +251,21 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
                                      std::max(0.0, layers * backward_hidden_s - backward_matmul_s);
   }
 
+  // Megatron's expert parallelism (reference-megatron-core M6.4): each MoE layer's all-to-all
+  // dispatcher sends a rank's T_s k routed token copies ([T/t tokens x k, h]) to the expert ranks and
+  // receives as many back after the experts (token_dispatch, token_combine), the (ep - 1) / ep that
+  // leave the rank over the link its ep consecutive ranks share (the expert grid etp-ep-edp-pp puts
+  // them side by side); backward mirrors both, the recompute repeats the forward's. On the compute
+  // stream, exposed: the dispatch waits for routing and the experts for the dispatch. The probabilities'
+  // exchange ([T_s k] values) is left out beside the tokens'.
+  if (plan.ep > 1 && model.is_moe()) {
+    const Link link = link_for_group(cluster, plan.ep);
+    const double routed_bytes = as_double(plan.micro_batch) * as_double(seqlen / plan.sequence_ranks()) / as_double(std::max<int64_t>(1, plan.tp)) *
+                                as_double(model.experts_per_token) * as_double(model.hidden_size) * as_double(profile.activation_bytes);
+    const double exchange_s = collective_seconds(Collective::collective_all_to_all, routed_bytes, plan.ep, link);
+    time.expert_all_to_all_s = layers * (2.0 * (1.0 + recompute) + 2.0) * exchange_s;
+  }
+
   // ZeRO traffic, overlapped with the layers' compute by DeepSpeed's prefetching and bucketing.
   const Link world_link = link_for_group(cluster, cluster.gpus);
   double zero_overlappable_s = 0;
@@ -269,8 +285,16 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   // parallel: world / (t p); reference-megatron-core M2.4).
   const int64_t share_divisor = std::max<int64_t>(1, plan.tp) * std::max<int64_t>(1, plan.pp);
   const int64_t replica_ranks = cluster.gpus / share_divisor;
+  // Under expert parallelism the experts' share is 1/(ep p) of them, reduced over the ranks holding the
+  // same experts (world / (ep p)); the two groups are about as large, so the reduction is priced on
+  // the dense group's ranks with the sum of the two shares.
+  const double expert_parameters = plan.ep > 1 ? as_double(model.num_layers) * as_double(model.experts) * 3.0 * as_double(model.hidden_size) *
+                                                     as_double(model.expert_intermediate_size)
+                                               : 0.0;
+  const double rank_gradient_parameters = (as_double(params.total) - expert_parameters) / as_double(share_divisor) +
+                                          expert_parameters / as_double(std::max<int64_t>(1, plan.ep) * std::max<int64_t>(1, plan.pp));
   const double gradient_bytes = plan.lora() ? adapters * lora_adapter_bytes(profile, plan)
-                                            : as_double(params.total) / as_double(share_divisor) * as_double(profile.reduce_bytes_or_default());
+                                            : rank_gradient_parameters * as_double(profile.reduce_bytes_or_default());
   const double updated_weight_bytes = plan.lora() ? adapters * lora_adapter_bytes(profile, plan) : weight_bytes;
   const bool cpu_offload_policy = fsdp2_cpu_offload(profile, plan);
   if (plan.zero_stage == 3) {
@@ -400,7 +424,8 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   prediction.accumulation_steps = gradient_accumulation_steps(cluster, plan);
   const std::initializer_list<double*> per_micro_step_parts = {&time.matmul_s, &time.attention_s, &time.ulysses_all_to_all_s,
                                                                 &time.checkpoint_offload_s, &time.fpdt_fetch_exposed_s, &time.ring_exposed_s,
-                                                                &time.ring_final_hop_s, &time.tensor_parallel_exposed_s, &time.elementwise_s};
+                                                                &time.ring_final_hop_s, &time.tensor_parallel_exposed_s, &time.expert_all_to_all_s,
+                                                                &time.elementwise_s};
   double micro_batch_slot_s = 0;  // one micro-batch's forward and backward on one (pipeline stage of a) rank
   for (const double* part : per_micro_step_parts) micro_batch_slot_s += *part;
   for (double* per_micro_step : per_micro_step_parts) *per_micro_step *= micro_steps;

@@ -79,6 +79,7 @@ nlohmann::json sweep_results_to_json(const Scenario& scenario, const std::vector
       json["plan"] = plan_describe(plan);
       json["tp"] = plan.tp;
       json["pp"] = plan.pp;
+      json["ep"] = plan.ep;
       json["vpp"] = plan.vpp;
       json["sp"] = plan.sp;
       json["ring"] = plan.ring;

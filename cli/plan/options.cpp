@@ -63,6 +63,11 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
                       "virtual pipeline stages a rank holds with --pp (Megatron's interleaved 1F1B: a smaller bubble, more activations "
                       "in flight; needs micro-batches in groups of pp; default 1)")
       ->check(CLI::Range(1, 1 << 20));
+  command->add_option("--ep", args->ep,
+                      "Megatron expert-parallel degree of a mixture-of-experts model: its experts split over ep ranks, the routed tokens "
+                      "exchanged by all-to-all (ep divides the experts and a stage's ranks; default 1). Runs in Megatron-Core "
+                      "(--framework megatron-core)")
+      ->check(CLI::Range(1, 1 << 20));
   command->add_option("--zero", args->zero_stage, "ZeRO stage 0..3 (default 3)");
   command->add_flag("--search", args->search,
                     "search the plan space (the default when no plan flag is given): sp, ZeRO stage, offloads, "
@@ -155,8 +160,9 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
                       "write the (chosen) plan as a framework's files instead of the report: arctic-training (recipe YAML), "
                       "accelerate (Accelerate YAML + the DeepSpeed JSON it names), megatron-deepspeed (launch arguments + "
                       "DeepSpeed JSON), deepspeed or usp (DeepSpeed JSON for a plain loop), accelerate-fsdp2 (Accelerate's FSDP2 + "
-                      "context-parallelism YAML + the TRL SFTTrainer script it launches, STEM.train.py), torchtitan (its TOML job), unsloth (a FastLanguageModel script) or hf-trainer (a TRL "
-                      "SFTTrainer script, with PEFT's LoraConfig for adapters)");
+                      "context-parallelism YAML + the TRL SFTTrainer script it launches, STEM.train.py), torchtitan (its TOML job), unsloth (a FastLanguageModel script), hf-trainer (a TRL "
+                      "SFTTrainer script, with PEFT's LoraConfig for adapters) or megatron-core (Megatron-LM's pretrain_gpt.py torchrun "
+                      "script)");
   command->add_option("--emit-length", args->emit_length,
                       "the length --emit writes when longseq finds the maximum: safe (default: the band's low end, every "
                       "estimate at its high end) or point (the point estimate, at 100% of usable memory)")
@@ -250,7 +256,7 @@ int64_t global_batch_samples(const PlanCommandArgs& args, std::optional<int64_t>
 }
 
 bool plan_flags_given(const PlanCommandArgs& args) {
-  return args.alst || args.baseline || args.sp || args.ring || args.tp || args.pp || args.vpp || args.zero_stage || args.mlp_tiles || args.loss_tiles || args.fpdt ||
+  return args.alst || args.baseline || args.sp || args.ring || args.tp || args.pp || args.vpp || args.ep || args.zero_stage || args.mlp_tiles || args.loss_tiles || args.fpdt ||
          args.checkpoint_every || args.checkpoint_ops ||
          args.fpdt_chunk ||
          args.offload_optimizer_on + args.offload_optimizer_off + args.offload_params_on + args.offload_params_off +
@@ -273,12 +279,13 @@ PlanOptions plan_from_flags(const PlanCommandArgs& args, const ModelSpec& model,
     plan.ring = positive_or_default(args.ring, "--ring");
     if (args.sp == std::nullopt) plan.sp = sp_largest_valid(model, cluster.gpus / plan.ring);
   }
-  if (args.tp || args.pp || args.vpp) {
+  if (args.tp || args.pp || args.vpp || args.ep) {
     // Megatron's plan, not ALST's set: its distributed optimizer, no offload, no ALST tiling (each
     // flag below may still ask for one, and plan_problems says why not).
     plan.tp = args.tp.value_or(1);
     plan.pp = args.pp.value_or(1);
     plan.vpp = args.vpp.value_or(1);
+    plan.ep = args.ep.value_or(1);
     plan.zero_stage = 1;
     plan.offload_optimizer = plan.offload_params = plan.checkpoint_offload = plan.tiled_mlp = plan.tiled_loss = false;
     if (args.sp == std::nullopt) plan.sp = 1;  // Megatron's a2a (Ulysses) only where asked
@@ -412,7 +419,7 @@ std::function<bool(const PlanOptions&)> search_constraints(const PlanCommandArgs
                             checkpointing = held(args.checkpointing_on, args.checkpointing_off),
                             checkpoint_offload = held(args.checkpoint_offload_on, args.checkpoint_offload_off),
                             tiled_mlp = held(args.tiled_mlp_on, args.tiled_mlp_off), tiled_loss = held(args.tiled_loss_on, args.tiled_loss_off);
-  const std::optional<int64_t> sp = args.sp, ring = args.ring, tp = args.tp, pp = args.pp, vpp = args.vpp;
+  const std::optional<int64_t> sp = args.sp, ring = args.ring, tp = args.tp, pp = args.pp, vpp = args.vpp, ep = args.ep;
   const std::optional<int> zero = args.zero_stage;
   const bool fpdt = args.fpdt;
   const std::optional<int64_t> checkpoint_every = args.checkpoint_every;
@@ -420,7 +427,7 @@ std::function<bool(const PlanOptions&)> search_constraints(const PlanCommandArgs
   const std::optional<int64_t> chunk = args.fpdt_chunk ? std::optional<int64_t>(seqlen_parse(*args.fpdt_chunk, "--fpdt-chunk")) : std::nullopt;
   return [=](const PlanOptions& plan) {
     auto holds = [](const std::optional<bool>& wanted, bool value) { return !wanted || *wanted == value; };
-    return (!sp || plan.sp == *sp) && (!ring || plan.ring == *ring) && (!tp || plan.tp == *tp) && (!pp || plan.pp == *pp) && (!vpp || plan.vpp == *vpp) && (!zero || plan.zero_stage == *zero) &&
+    return (!sp || plan.sp == *sp) && (!ring || plan.ring == *ring) && (!tp || plan.tp == *tp) && (!pp || plan.pp == *pp) && (!vpp || plan.vpp == *vpp) && (!ep || plan.ep == *ep) && (!zero || plan.zero_stage == *zero) &&
            holds(offload_optimizer, plan.offload_optimizer) && holds(offload_params, plan.offload_params) &&
            holds(checkpointing, plan.activation_checkpointing) && holds(checkpoint_offload, plan.checkpoint_offload) &&
            holds(tiled_mlp, plan.tiled_mlp) && holds(tiled_loss, plan.tiled_loss) && (!fpdt || plan.fpdt) &&

@@ -5,7 +5,7 @@
 namespace longseq {
 
 nlohmann::json plan_to_json(const PlanOptions& plan, const ClusterSpec& cluster) {
-  nlohmann::json json = {{"tp", plan.tp}, {"pp", plan.pp}, {"vpp", plan.vpp}, {"sp", plan.sp}, {"ring", plan.ring}, {"dp", data_parallel_ranks(cluster, plan)}, {"zero_stage", plan.zero_stage},
+  nlohmann::json json = {{"tp", plan.tp}, {"pp", plan.pp}, {"vpp", plan.vpp}, {"ep", plan.ep}, {"sp", plan.sp}, {"ring", plan.ring}, {"dp", data_parallel_ranks(cluster, plan)}, {"zero_stage", plan.zero_stage},
                          {"offload_optimizer", plan.offload_optimizer}, {"offload_params", plan.offload_params},
                          {"activation_checkpointing", plan.activation_checkpointing}, {"checkpoint_every", plan.checkpoint_every},
                          {"checkpoint_ops", plan.checkpoint_ops},
@@ -362,7 +362,14 @@ std::vector<std::string> plan_caveats(const ModelSpec& model, const ClusterSpec&
                                   "another backend here (the memory-efficient one, or cuDNN's where it takes the size); priced as {}, "
                                   "whose speed and buffers may differ",
                                   model.head_dim, attention_kernel_facts(kernel).label));
-  if (model.is_moe())
+  if (model.is_moe() && profile.megatron_te_layer)
+    caveats.push_back(fmt::format(
+        "mixture of experts: no published long-sequence MoE run in the record; Megatron's MoE layer is priced from code reading "
+        "(megatron-core 0.19.2's all-to-all dispatcher and TE's grouped experts, docs/reference-megatron-core.md M6) with routing taken "
+        "as balanced (a skewed router gives its busiest expert's rank more tokens, and the dropless dispatcher then more memory), {}",
+        plan.ep > 1 ? fmt::format("the experts split over ep={} ranks and their all-to-all priced on the link those ranks share", plan.ep)
+                    : std::string("every rank holding every expert (ep=1)")));
+  else if (model.is_moe())
     caveats.push_back(fmt::format(
         "mixture of experts: no published long-sequence MoE run in the record; its block is priced from code reading ({}, Reference "
         "§12 4.9) with routing taken as balanced (a skewed router gives its busiest expert more tokens), {} and without expert "

@@ -242,5 +242,9 @@ void megatron_layer_forward(TensorTrace& trace, const LayerShape& shape, const L
 void megatron_layer_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl);
 double megatron_layer_saved_bytes(const LayerShape& shape, const LayerImplementation& impl);
 void megatron_loss_forward_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl);
+// Megatron's MoE layer (megatron_moe.cpp) in place of the layer's MLP: forward expects
+// "residual.attention" live and leaves "layer.output"; backward leaves "residual.attention_grad".
+void megatron_moe_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep);
+void megatron_moe_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl);
 
 }  // namespace longseq::inventory

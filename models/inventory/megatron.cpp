@@ -26,6 +26,8 @@ struct MegatronBytes {
   double gathered;     // [T, h]: a column-parallel linear's input gathered over the TP ranks
   double rsigma;       // fp32 [T/t]: a TE norm's saved statistic (RMSNorm: rsigma; LayerNorm adds the mean)
   double qkv, q, kv, lse;
+  double k_heads;               // [T, n_kv d / t]: the key heads as the QKV output holds them (no Ulysses replication)
+  double q_rsigma, k_rsigma;    // fp32 [T, n_q / t], [T, n_kv / t]: a q/k norm's statistics, one per head
   double fc1, activation;
   MegatronBytes(const LayerShape& shape, const LayerImplementation& impl) {
     const double a = static_cast<double>(impl.activation_bytes);
@@ -38,6 +40,9 @@ struct MegatronBytes {
     kv = tokens * static_cast<double>(shape.kv_width * shape.kv_replication) * a;
     qkv = tokens * static_cast<double>(shape.q_width + 2 * shape.kv_width) * a;
     lse = tokens * static_cast<double>(shape.num_q_heads) * 4.0;
+    k_heads = tokens * static_cast<double>(shape.kv_width) * a;
+    q_rsigma = tokens * static_cast<double>(shape.num_q_heads) * 4.0;
+    k_rsigma = tokens * static_cast<double>(shape.num_kv_heads) * 4.0;
     const double f = static_cast<double>(shape.intermediate);
     fc1 = tokens * (shape.mlp_kind == MlpKind::mlp_kind_swiglu ? 2.0 * f : f) * a;
     activation = tokens * f * a;
@@ -123,8 +128,23 @@ void megatron_layer_forward(TensorTrace& trace, const LayerShape& shape, const L
   // SplitAlongDim along the head dim); RoPE writes new q and k (apply_rotary_pos_emb, fused or not),
   // while v stays a view, keeping the whole QKV output alive as long as attention saves v.
   trace.set_moment("RoPE");
+  if (shape.qk_norm) {
+    // qk_layernorm (Qwen3): TENorms on the q and k views (attention.py get_query_key_value_tensors
+    // L1918-1922). TE's RMSNorm makes its input contiguous and saves that copy with one statistic a
+    // row (TE ops/basic/rmsnorm.py L189, L209); RoPE then writes new q and k from the norms' outputs.
+    trace.alloc(L, "attention.q_norm_input", bytes.q);
+    trace.alloc(L, "attention.q_norm_rsigma_fp32", bytes.q_rsigma);
+    trace.alloc(L, "attention.q_norm_output", bytes.q);
+    trace.alloc(L, "attention.k_norm_input", bytes.k_heads);
+    trace.alloc(L, "attention.k_norm_rsigma_fp32", bytes.k_rsigma);
+    trace.alloc(L, "attention.k_norm_output", bytes.k_heads);
+  }
   trace.alloc(L, "attention.q", bytes.q);
   trace.alloc(L, "attention.k", bytes.kv);
+  if (shape.qk_norm) {
+    trace.free("attention.q_norm_output");
+    trace.free("attention.k_norm_output");
+  }
   if (cp) {
     // Under context parallelism TE makes q, k and v contiguous (dot_product_attention.py L2529-2532):
     // v becomes its own tensor and the QKV output is released.
@@ -161,6 +181,9 @@ void megatron_layer_forward(TensorTrace& trace, const LayerShape& shape, const L
       trace.free(cp ? "attention.v" : "attention.qkv");
     }
     trace.free("attention.lse_fp32");
+    if (shape.qk_norm)
+      for (const char* name : {"attention.q_norm_input", "attention.q_norm_rsigma_fp32", "attention.k_norm_input", "attention.k_norm_rsigma_fp32"})
+        trace.free(name);
   }
 
   // TERowParallelLinear saves its input, the attention output (M1.2); the residual add makes the
@@ -168,6 +191,9 @@ void megatron_layer_forward(TensorTrace& trace, const LayerShape& shape, const L
   trace.set_moment("output projection and residual");
   row_parallel_output(trace, shape, bytes, "residual.attention");
   if (!keep) trace.free("attention.output");
+
+  // A MoE model's layer runs Megatron's MoE layer in place of the MLP (megatron_moe.cpp).
+  if (shape.experts > 0) return megatron_moe_forward(trace, shape, impl, keep);
 
   // The pre-MLP norm fused with fc1 (M1.1 again): saves its input (the residual), its output shard
   // and statistics.
@@ -198,24 +224,28 @@ void megatron_layer_backward(TensorTrace& trace, const LayerShape& shape, const 
   const MegatronBytes bytes(shape, impl);
   const bool cp = context_parallel(shape);
 
-  // fc2 (row-parallel) backward: the output gradient gathered over the TP ranks, the activation's
-  // gradient produced; the weight gradient goes into the DDP's gradient buffer (model states, M3.1).
-  trace.set_moment("fc2 backward");
-  column_parallel_gather(trace, shape, bytes);
-  trace.alloc(L, "mlp.activation_output_grad", bytes.activation);
-  column_parallel_gather_free(trace, shape);
-  trace.free("mlp.activation_output");
-  if (trace.is_live("layer.output")) trace.free("layer.output");
+  if (shape.experts > 0) {
+    megatron_moe_backward(trace, shape, impl);
+  } else {
+    // fc2 (row-parallel) backward: the output gradient gathered over the TP ranks, the activation's
+    // gradient produced; the weight gradient goes into the DDP's gradient buffer (model states, M3.1).
+    trace.set_moment("fc2 backward");
+    column_parallel_gather(trace, shape, bytes);
+    trace.alloc(L, "mlp.activation_output_grad", bytes.activation);
+    column_parallel_gather_free(trace, shape);
+    trace.free("mlp.activation_output");
+    if (trace.is_live("layer.output")) trace.free("layer.output");
 
-  trace.set_moment("activation backward");
-  trace.alloc(L, "mlp.fc1_output_grad", bytes.fc1);
-  trace.free("mlp.activation_output_grad");
-  if (trace.is_live("mlp.silu_output")) trace.free("mlp.silu_output");
-  trace.free("mlp.fc1_output");
+    trace.set_moment("activation backward");
+    trace.alloc(L, "mlp.fc1_output_grad", bytes.fc1);
+    trace.free("mlp.activation_output_grad");
+    if (trace.is_live("mlp.silu_output")) trace.free("mlp.silu_output");
+    trace.free("mlp.fc1_output");
 
-  trace.set_moment("fc1 and pre-MLP norm backward");
-  layernorm_linear_backward(trace, shape, bytes, "mlp.fc1_output_grad", "mlp_norm.output", "mlp_norm.rsigma_fp32", "residual.attention_grad");
-  trace.free("residual.attention");
+    trace.set_moment("fc1 and pre-MLP norm backward");
+    layernorm_linear_backward(trace, shape, bytes, "mlp.fc1_output_grad", "mlp_norm.output", "mlp_norm.rsigma_fp32", "residual.attention_grad");
+    trace.free("residual.attention");
+  }
 
   // The output projection (row-parallel) backward: its output gradient gathered, the attention
   // output's gradient produced.
@@ -244,10 +274,17 @@ void megatron_layer_backward(TensorTrace& trace, const LayerShape& shape, const 
     trace.free("attention.k");
     trace.free(cp ? "attention.v" : "attention.qkv");
   }
-  // RoPE's backward rotates dq and dk back into the QKV output's gradient.
+  // RoPE's backward rotates dq and dk back (through the q/k norms' backward, each writing its
+  // input's gradient) into the QKV output's gradient.
   trace.set_moment("RoPE backward");
+  if (shape.qk_norm) {
+    trace.alloc(L, "attention.qk_norm_input_grad", bytes.q + bytes.k_heads);
+    for (const char* name : {"attention.q_norm_input", "attention.q_norm_rsigma_fp32", "attention.k_norm_input", "attention.k_norm_rsigma_fp32"})
+      trace.free(name);
+  }
   trace.alloc(L, "attention.qkv_grad", bytes.qkv);
   trace.free("attention.dqkv");
+  if (shape.qk_norm) trace.free("attention.qk_norm_input_grad");
 
   trace.set_moment("QKV and input norm backward");
   layernorm_linear_backward(trace, shape, bytes, "attention.qkv_grad", "attention_norm.output", "attention_norm.rsigma_fp32", "layer.input_grad");

@@ -68,6 +68,21 @@ ExportedConfig megatron_core_emit(const ExportRequest& r) {
   if (!m.tied_embeddings) args.push_back("--untie-embeddings-and-output-weights");
   if (!m.mlp_bias && !m.o_proj_bias) args.push_back("--disable-bias-linear");
   if (m.qkv_bias && !m.mlp_bias) args.push_back("--add-qkv-bias");
+  if (m.qk_norm) args.push_back("--qk-layernorm");
+  if (m.is_moe()) {
+    // Megatron's MoE layer as the plan prices it (megatron_moe.cpp, reference-megatron-core M6): TE's
+    // grouped experts, the all-to-all dispatcher with TE's fused permute, experts whole on each of the
+    // ep ranks, the load-balancing loss at the coefficient Megatron-Bridge sets for Qwen3-MoE
+    // (qwen3_moe_bridge.py L64-68; Megatron-LM's default is 0). A router that renormalizes the k
+    // chosen (norm_topk_prob) is Megatron's default top-k then softmax; one that does not is its
+    // pre-softmax (the bridge's moe_router_pre_softmax = not norm_topk_prob).
+    args.push_back(fmt::format("--num-experts {} --moe-router-topk {} --moe-ffn-hidden-size {}", m.experts, m.experts_per_token,
+                               m.expert_intermediate_size));
+    args.push_back(fmt::format("--expert-model-parallel-size {} --expert-tensor-parallel-size 1", p.ep));
+    args.push_back("--moe-grouped-gemm --moe-token-dispatcher-type alltoall --moe-permute-fusion");
+    args.push_back("--moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff 1e-3");
+    if (!m.moe_normalize_topk) args.push_back("--moe-router-pre-softmax");
+  }
   args.push_back(fmt::format("--vocab-size {}", m.vocab_size));
   args.push_back("--attention-dropout 0 --hidden-dropout 0");
   args.push_back(fmt::format("--micro-batch-size {} --global-batch-size {}", p.micro_batch, global_batch(r)));

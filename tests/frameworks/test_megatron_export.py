@@ -6,9 +6,10 @@ size, with the environment the script exports; then the parallel layout Megatron
 scripts/frameworks-check.sh installs that wheel into its own folder (requirements-megatron.txt) and
 names it in LONGSEQ_MEGATRON_PATH; without it the tests skip, saying so.
 
-Two stand-ins, because this machine is not the one Megatron runs on: Python 3.12's typing.override,
-which megatron/training imports (the environment's Python is 3.11), is the identity; and
-get_device_arch_version, the only question validate_args asks a GPU, answers 9 (Hopper)."""
+Stand-ins, because this machine is not the one Megatron runs on: Python 3.12's typing.override,
+which megatron/training imports (the environment's Python is 3.11), is the identity; and the two
+questions validate_args asks a GPU answer Hopper: get_device_arch_version 9, and
+torch.cuda.get_device_capability (9, 0) (asked under --moe-grouped-gemm)."""
 import json
 import os
 import re
@@ -27,6 +28,7 @@ if not hasattr(typing, "override"):
     typing.override = lambda function: function
 from megatron.training import arguments
 arguments.get_device_arch_version = lambda: 9
+arguments.torch.cuda.get_device_capability = lambda *args, **kwargs: (9, 0)
 sys.argv = ["pretrain_gpt.py"] + json.loads(sys.argv[1])
 args = arguments.parse_args()
 args.world_size = int(os.environ["WORLD_SIZE"])
@@ -38,7 +40,10 @@ keys = ["tensor_model_parallel_size", "sequence_parallel", "context_parallel_siz
         "accumulate_allreduce_grads_in_fp32", "seq_length", "micro_batch_size", "global_batch_size", "num_layers",
         "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "swiglu",
         "normalization", "rotary_base", "untie_embeddings_and_output_weights", "add_bias_linear", "vocab_size",
-        "transformer_impl", "bf16", "cross_entropy_loss_fusion"]
+        "transformer_impl", "bf16", "cross_entropy_loss_fusion", "qk_layernorm", "num_experts", "moe_router_topk",
+        "moe_ffn_hidden_size", "expert_model_parallel_size", "expert_tensor_parallel_size", "moe_grouped_gemm",
+        "moe_token_dispatcher_type", "moe_permute_fusion", "moe_router_load_balancing_type", "moe_aux_loss_coeff",
+        "moe_router_pre_softmax"]
 print("MEGATRON_ARGS " + json.dumps({key: getattr(args, key, None) for key in keys}))
 """
 
@@ -87,6 +92,15 @@ PLANS = [
            "data_parallel_size": 1}),
     (["--model", "qwen2.5-7b", "--gpus", "8", "--tp", "1", "--sp", "4", "--seqlen", "64Ki"], 8,
      {"tensor_model_parallel_size": 1, "context_parallel_size": 4, "cp_comm_type": ["a2a"], "data_parallel_size": 2}),
+    # Qwen3-30B-A3B's experts over 8 ranks with TP 4 and a p2p ring (the search's plan on 8 H100s),
+    # and over 16 ranks across two nodes with TP 2 and data parallelism: Megatron's MoE layer with
+    # the all-to-all dispatcher and grouped experts, q/k norms.
+    (["--model", "qwen3-30b-a3b", "--gpus", "8", "--tp", "4", "--ep", "8", "--ring", "2", "--seqlen", "48Ki"], 8,
+     {"tensor_model_parallel_size": 4, "expert_model_parallel_size": 8, "expert_tensor_parallel_size": 1, "context_parallel_size": 2,
+      "data_parallel_size": 1, "moe_token_dispatcher_type": "alltoall", "moe_grouped_gemm": True, "moe_permute_fusion": True,
+      "qk_layernorm": True, "moe_router_pre_softmax": False}),
+    (["--model", "qwen3-30b-a3b", "--gpus", "16", "--tp", "2", "--ep", "16", "--seqlen", "16Ki"], 16,
+     {"tensor_model_parallel_size": 2, "expert_model_parallel_size": 16, "context_parallel_size": 1, "data_parallel_size": 8}),
 ]
 
 
@@ -125,3 +139,13 @@ def test_megatron_lm_parses_and_validates_the_exported_arguments(flags, gpus, de
     assert args["swiglu"] == (model["mlp"] == "swiglu")
     assert args["untie_embeddings_and_output_weights"] == (not model["tied_embeddings"])
     assert args["vocab_size"] == model["vocab_size"]
+    # A mixture of experts as planned: its experts, their width and the k a token takes, split over the
+    # planned expert ranks whole; no experts for a dense model.
+    if model.get("moe"):
+        moe = model["moe"]
+        assert (args["num_experts"], args["moe_router_topk"], args["moe_ffn_hidden_size"]) == (
+            moe["experts"], moe["experts_per_token"], moe["expert_intermediate_size"])
+        assert args["expert_model_parallel_size"] == plan["plan"]["ep"]
+        assert args["moe_router_load_balancing_type"] == "aux_loss" and args["moe_aux_loss_coeff"] == 1e-3
+    else:
+        assert args["num_experts"] is None and args["expert_model_parallel_size"] == 1

@@ -1,0 +1,183 @@
+// megatron_moe.cpp: Megatron-Core's MoE layer in place of the GPT layer's MLP (MoELayer with the
+// all-to-all token dispatcher and TE's grouped experts, as the TE spec builds it for a MoE model:
+// gpt_layer_specs.py L157, pre_mlp_layernorm a TENorm; moe_module_specs.py, TEGroupedMLP), forward
+// and backward, under expert parallelism with expert_tensor_parallel_size 1. Facts and citations:
+// docs/reference-megatron-core.md M6 (megatron-core 0.19.2, megatron/core/transformer/moe/).
+//
+// Sizes a rank holds (T_s = T/t: the tokens of this rank's sequence-parallel shard, which its router
+// routes, M6.4; P = T_s k token-expert pairs, as many arriving as leaving under balanced routing):
+//   the pre-MLP norm's output, the block's output        [T_s, h]
+//   permuted, dispatched, sorted and combined tokens      [P, h]
+//   the grouped fc1's output, the weighted SwiGLU's       [P, 2 f_e], [P, f_e]
+//   the router's logits and probabilities                 [T_s, E]
+// What each layer's dispatcher keeps between steps (its probabilities, routing map and permutation
+// map, M6.5) is not a layer's working set: megatron_moe_dispatcher_held_bytes prices it per layer.
+#include "models/inventory/internal.hpp"
+
+namespace longseq::inventory {
+
+namespace {
+
+struct MegatronMoeBytes {
+  double shard;        // [T_s, h]
+  double rsigma;       // fp32 [T_s] x 2: a TE norm's saved statistics (as megatron.cpp's)
+  double logits;       // [T_s, E] in the router's dtype (the input's: moe_router_dtype unset)
+  double scores_fp32;  // [T_s, E] fp32: the aux loss's softmax over every expert
+  double topk_fp32;    // [T_s, k] fp32: the softmax over the chosen experts' logits
+  double pairs_x;      // [P, h]
+  double pairs_f;      // [P, f_e]
+  double pair_probs;   // [P] in the router's dtype: the permuted probabilities
+  MegatronMoeBytes(const LayerShape& shape, const LayerImplementation& impl) {
+    const double a = static_cast<double>(impl.activation_bytes);
+    const double tokens = static_cast<double>(shape.hidden_state_tokens());
+    const double experts = static_cast<double>(shape.experts), k = static_cast<double>(shape.experts_per_token);
+    const double pairs = tokens * k;
+    shard = tokens * static_cast<double>(shape.hidden) * a;
+    rsigma = tokens * 4.0 * 2.0;
+    logits = tokens * experts * a;
+    scores_fp32 = tokens * experts * 4.0;
+    topk_fp32 = tokens * k * 4.0;
+    pairs_x = pairs * static_cast<double>(shape.hidden) * a;
+    pairs_f = pairs * static_cast<double>(shape.expert_intermediate) * a;
+    pair_probs = pairs * a;
+  }
+};
+
+// The all-to-all over the expert-parallel ranks writes a new tensor; over one rank it hands back its
+// input (tensor_parallel/mappings.py _AllToAll.forward: world_size 1 returns the input).
+bool exchanges(const LayerShape& shape) { return shape.ep > 1; }
+// Sorting the arrived tokens by local expert (sort_chunks_by_idxs) copies them when a rank holds
+// more than one expert (token_dispatcher.py dispatch_postprocess L747-775).
+bool sorts(const LayerShape& shape) { return shape.experts / std::max<int64_t>(1, shape.ep) > 1; }
+
+// A step that writes `name` anew (an all-to-all, a sort): the copy and the original both live until
+// the original goes, then the copy carries the name.
+void copy_over(TensorTrace& trace, const char* name, double bytes) {
+  const int64_t copy = trace.alloc(L, "moe.copy_in_flight", bytes);
+  trace.free(name);
+  trace.rename_storage(copy, name);
+}
+
+}  // namespace
+
+void megatron_moe_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep) {
+  const MegatronMoeBytes bytes(shape, impl);
+  // The pre-MLP TENorm (gpt_layer_specs.py L157) saves its input, the residual, and its statistics;
+  // its output is saved by the router's linear (router.py gating: router_gating_linear saves its input).
+  trace.set_moment("pre-MLP norm and router");
+  trace.alloc(L, "mlp_norm.output", bytes.shard);
+  trace.alloc(L, "mlp_norm.rsigma_fp32", bytes.rsigma);
+  // Router (router.py L87-125, moe_utils.py topk_routing_with_score_function L835-895): the logits
+  // [T_s, E]; top-k on them, a softmax over the k chosen in fp32 (saved) cast back; the dense
+  // probabilities and routing map scattered to [T_s, E]. The load-balancing loss (aux_loss, as the
+  // Bridge's Qwen3-MoE sets) takes a softmax over every expert in fp32, which it saves.
+  trace.alloc(L, "moe.router_logits", bytes.logits);
+  trace.alloc(L, "moe.topk_softmax_fp32", bytes.topk_fp32);
+  trace.alloc(L, "moe.aux_loss_scores_fp32", bytes.scores_fp32);
+  trace.free("moe.router_logits");
+  // Permutation 1 (TE's fused permute with probabilities, moe_permute_fusion as the Bridge's recipes
+  // set): the tokens gathered into [P, h] by expert rank; what it saves (the row-id map) the
+  // dispatcher holds, priced per layer (M6.5).
+  trace.set_moment("moe dispatch");
+  trace.alloc(L, "moe.permuted_tokens", bytes.pairs_x);
+  trace.alloc(L, "moe.permuted_probs", bytes.pair_probs);  // saved by the weighted SwiGLU
+  // The all-to-all to the expert ranks (token_dispatcher.py token_dispatch L675-719). MoELayer's
+  // forward keeps its Python names for the permuted and the dispatched tokens until it returns
+  // (moe_layer.py custom_forward L660-690), so both stay live through the experts.
+  if (exchanges(shape)) trace.alloc(L, "moe.dispatched_tokens", bytes.pairs_x);
+  // Permutation 2: sorted by local expert; the grouped fc1 saves this copy.
+  if (sorts(shape)) trace.alloc(L, "moe.expert_inputs", bytes.pairs_x);
+  // TEGroupedMLP (experts.py L728-905): fc1's [P, 2 f_e] output saved by the fused weighted SwiGLU
+  // (weighted_bias_swiglu_impl: its input and the probabilities), whose [P, f_e] output fc2 saves.
+  trace.set_moment("moe experts");
+  trace.alloc(L, "moe.fc1_output", 2.0 * bytes.pairs_f);
+  trace.alloc(L, "moe.activation_output", bytes.pairs_f);
+  trace.alloc(L, "moe.fc2_output", bytes.pairs_x);
+  // Unsorting (combine_preprocess) and the all-to-all back (token_combine) each write a copy.
+  trace.set_moment("moe combine");
+  if (sorts(shape)) trace.alloc(L, "moe.unsorted_output", bytes.pairs_x);
+  if (exchanges(shape)) trace.alloc(L, "moe.combined_output", bytes.pairs_x);
+  // Unpermute (fused, no merging probabilities: they were applied in the experts) sums each token's
+  // k outputs into [T_s, h]; the residual add writes the layer's output.
+  trace.alloc(L, "moe.output", bytes.shard);
+  for (const char* name : {"moe.fc2_output", "moe.unsorted_output", "moe.combined_output", "moe.dispatched_tokens", "moe.permuted_tokens"})
+    if (trace.is_live(name)) trace.free(name);
+  trace.alloc(L, "layer.output", bytes.shard);
+  trace.free("moe.output");
+  if (!keep) {
+    for (const char* name : {"mlp_norm.output", "mlp_norm.rsigma_fp32", "moe.topk_softmax_fp32", "moe.aux_loss_scores_fp32", "moe.permuted_probs",
+                             "moe.expert_inputs", "moe.fc1_output", "moe.activation_output"})
+      if (trace.is_live(name)) trace.free(name);
+    trace.free("residual.attention");
+  }
+}
+
+void megatron_moe_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl) {
+  const MegatronMoeBytes bytes(shape, impl);
+  if (trace.is_live("layer.output")) trace.free("layer.output");
+  // Unpermute's backward gathers each token's gradient to its k pairs; the all-to-all carries them to
+  // the expert ranks and the sort orders them by local expert, each a new [P, h].
+  trace.set_moment("moe combine backward");
+  trace.alloc(L, "moe.pairs_grad", bytes.pairs_x);
+  if (exchanges(shape)) copy_over(trace, "moe.pairs_grad", bytes.pairs_x);
+  if (sorts(shape)) copy_over(trace, "moe.pairs_grad", bytes.pairs_x);
+  // fc2's data gradient [P, f_e]; the weighted SwiGLU's [P, 2 f_e] and the probabilities' [P];
+  // fc1's data gradient [P, h]. The weight gradients go to the DDP's buffer (model states).
+  trace.set_moment("moe experts backward");
+  trace.alloc(L, "moe.activation_output_grad", bytes.pairs_f);
+  trace.free("moe.pairs_grad");
+  trace.free("moe.activation_output");
+  trace.alloc(L, "moe.fc1_output_grad", 2.0 * bytes.pairs_f);
+  trace.alloc(L, "moe.permuted_probs_grad", bytes.pair_probs);
+  trace.free("moe.activation_output_grad");
+  trace.free("moe.fc1_output");
+  trace.alloc(L, "moe.expert_inputs_grad", bytes.pairs_x);
+  trace.free("moe.fc1_output_grad");
+  if (trace.is_live("moe.expert_inputs")) trace.free("moe.expert_inputs");
+  // Back through the sort and the all-to-all, then permute's backward sums the k pairs of a token.
+  trace.set_moment("moe dispatch backward");
+  if (sorts(shape)) copy_over(trace, "moe.expert_inputs_grad", bytes.pairs_x);
+  if (exchanges(shape)) copy_over(trace, "moe.expert_inputs_grad", bytes.pairs_x);
+  trace.alloc(L, "moe.tokens_grad", bytes.shard);
+  trace.free("moe.expert_inputs_grad");
+  // The router's backward: the permuted probabilities' gradient scattered to [T_s, E], through the
+  // chosen experts' softmax and top-k to the logits, the aux loss's softmax gradient added, and the
+  // gating linear's input gradient summed into the tokens'.
+  trace.set_moment("router backward");
+  trace.alloc(L, "moe.probs_grad", bytes.logits);
+  trace.free("moe.permuted_probs_grad");
+  trace.free("moe.permuted_probs");
+  trace.alloc(L, "moe.aux_loss_scores_grad_fp32", bytes.scores_fp32);
+  trace.alloc(L, "moe.router_logits_grad", bytes.logits);
+  trace.free("moe.aux_loss_scores_grad_fp32");
+  trace.free("moe.aux_loss_scores_fp32");
+  trace.free("moe.topk_softmax_fp32");
+  trace.free("moe.probs_grad");
+  trace.alloc(L, "moe.router_input_grad", bytes.shard);
+  trace.free("moe.router_logits_grad");
+  trace.free("moe.router_input_grad");
+  // The pre-MLP norm's backward: its input's gradient, to which the residual branch's is added.
+  trace.set_moment("pre-MLP norm backward");
+  trace.alloc(L, "residual.attention_grad", bytes.shard);
+  trace.free("moe.tokens_grad");
+  trace.free("mlp_norm.output");
+  trace.free("mlp_norm.rsigma_fp32");
+  trace.free("residual.attention");
+}
+
+}  // namespace longseq::inventory
+
+namespace longseq {
+
+double megatron_moe_dispatcher_held_bytes(const LayerShape& shape, const LayerImplementation& impl) {
+  if (shape.experts <= 0) return 0;
+  // MoEAlltoAllTokenDispatcher.dispatch_preprocess (token_dispatcher.py L636-672) keeps the router's
+  // dense probabilities [T_s, E] (the activation dtype), its bool routing map [T_s, E] and the fused
+  // permute's int32 row-id map [T_s, 2E + 1] (TE triton/permutation.py make_row_id_map) as
+  // attributes, and nothing clears them: each MoE layer holds its last micro-batch's until its next
+  // forward overwrites them, through recompute and backward alike (M6.5).
+  const double tokens = static_cast<double>(shape.hidden_state_tokens()), experts = static_cast<double>(shape.experts);
+  return tokens * experts * static_cast<double>(impl.activation_bytes) + tokens * experts + tokens * (2.0 * experts + 1.0) * 4.0;
+}
+
+}  // namespace longseq

@@ -1,0 +1,214 @@
+// Megatron-Core's MoE layer and expert parallelism (issue 42): the layer's saved tensors with q/k
+// norms and its routed experts, what each layer's all-to-all dispatcher keeps all step, a rank's
+// model states with its experts split over ep ranks, the dispatcher's all-to-all in the step time,
+// the rules of ep, the search and the export. Every expected figure is derived by hand from
+// docs/reference-megatron-core.md (M6) and megatron-core 0.19.2's code it cites.
+#include <doctest/doctest.h>
+
+#include "models/layer_inventory.hpp"
+#include "models/model_loader.hpp"
+#include "planner/cards.hpp"
+#include "planner/comm_model.hpp"
+#include "planner/frameworks.hpp"
+#include "planner/memory_model.hpp"
+#include "planner/search.hpp"
+#include "planner/time_model.hpp"
+#include "reports/export.hpp"
+#include "support/export_request.hpp"
+#include "support/memory_items.hpp"
+
+using namespace longseq;
+using testing::item_bytes;
+
+namespace {
+
+ClusterSpec h100s(int64_t gpus) { return cluster_make(hardware_card_load("h100-sxm-80gb"), gpus, 0, 0, 0); }
+
+// Qwen3-30B-A3B's layer on one of 2 TP ranks: 16 of 32 query heads, 2 of 4 key/value heads (d = 128),
+// q/k norms; 128 experts of width 768, 8 a token, over `ep` ranks; 16,384 tokens of which the
+// residual stream (and the router) holds 8,192.
+LayerShape qwen3_moe_tp2_shape(int64_t ep, int64_t ring = 1) {
+  LayerShape shape;
+  shape.tokens = 16'384;
+  shape.tp = 2;
+  shape.ep = ep;
+  shape.ring = ring;
+  shape.hidden = 2048;
+  shape.q_width = 2048;
+  shape.kv_width = 256;
+  shape.num_q_heads = 16;
+  shape.num_kv_heads = 2;
+  shape.head_dim = 128;
+  shape.qk_norm = true;
+  shape.intermediate = 3072;
+  shape.vocab = 151'936 / 2;
+  shape.experts = 128;
+  shape.experts_per_token = 8;
+  shape.expert_intermediate = 768;
+  return shape;
+}
+
+LayerImplementation megatron_impl() {
+  LayerImplementation impl;
+  impl.activation_bytes = 2;
+  impl.megatron_te_layer = true;
+  return impl;
+}
+
+PlanOptions megatron_plan(int64_t tp, int64_t ep, int64_t ring, bool recompute) {
+  PlanOptions plan;
+  plan.tp = tp;
+  plan.ep = ep;
+  plan.ring = ring;
+  plan.zero_stage = 1;
+  plan.activation_checkpointing = recompute;
+  return plan;
+}
+
+constexpr double kSharedTokens = 8192;  // T_s = T / t
+constexpr double kPairs = 8192.0 * 8;   // P = T_s k
+
+}  // namespace
+
+TEST_CASE("Megatron's MoE layer saves the norms, the router's fp32 scores and the sorted tokens, fc1's output and the weighted SwiGLU's") {
+  const double tokens = 16'384, shard = kSharedTokens * 2048 * 2, rsigma = kSharedTokens * 8;
+  // Attention (M1.1-M1.2 as the dense layer's) with q/k norms: the input, the input norm's output and
+  // statistics, the QKV output (v is a view of it), each q/k norm's contiguous input copy and per-head
+  // fp32 statistics, the rotated q and k, the attention output and its fp32 lse, the residual.
+  const double attention = shard + shard + rsigma + tokens * (2048 + 2 * 256) * 2 + tokens * 2048 * 2 + tokens * 16 * 4 + tokens * 256 * 2 +
+                           tokens * 2 * 4 + tokens * 2048 * 2 + tokens * 256 * 2 + tokens * 2048 * 2 + tokens * 16 * 4 + shard;
+  // The MoE layer (M6.4): the pre-MLP norm's output and statistics; the top-k softmax [T_s, k] and the
+  // aux loss's softmax [T_s, E], fp32; the permuted probabilities [P]; the tokens sorted by local
+  // expert [P, h] (16 experts a rank); fc1's [P, 2 f_e] and the weighted SwiGLU's [P, f_e].
+  const double moe = shard + rsigma + kSharedTokens * 8 * 4 + kSharedTokens * 128 * 4 + kPairs * 2 + kPairs * 2048 * 2 + kPairs * 2 * 768 * 2 +
+                     kPairs * 768 * 2;
+  CHECK(decoder_layer_saved_bytes(qwen3_moe_tp2_shape(8), megatron_impl()) == doctest::Approx(attention + moe).epsilon(1e-12));
+  // One rank with every expert sorts them all the same; 128 ranks of one expert each sort nothing.
+  CHECK(decoder_layer_saved_bytes(qwen3_moe_tp2_shape(1), megatron_impl()) == doctest::Approx(attention + moe).epsilon(1e-12));
+  CHECK(decoder_layer_saved_bytes(qwen3_moe_tp2_shape(128), megatron_impl()) ==
+        doctest::Approx(attention + moe - kPairs * 2048 * 2).epsilon(1e-12));
+}
+
+TEST_CASE("the MoE layer's forward holds the permuted, dispatched and sorted tokens at once, and its backward frees all it made") {
+  for (const int64_t ep : {1, 8, 128}) {
+    for (const int64_t ring : {1, 2}) {
+      TensorTrace trace;
+      const LayerShape shape = qwen3_moe_tp2_shape(ep, ring);
+      const double shard = kSharedTokens * 2048 * 2;
+      trace.alloc(kCategoryLayer, "layer.input", shard);
+      decoder_layer_forward(trace, shape, megatron_impl(), /*keep_for_backward=*/true);
+      trace.alloc(kCategoryLayer, "layer.output_grad", shard);
+      decoder_layer_backward(trace, shape, megatron_impl());
+      REQUIRE(trace.live_items().size() == 1);
+      CHECK(trace.live_items().front().name == "layer.input_grad");
+      CHECK(trace.current_bytes() == shard);
+    }
+  }
+  // At the forward's peak (the combine), MoELayer still names the permuted tokens and the
+  // all-to-all's output beside the sorted copy fc1 saved, fc2's output and its two copies back.
+  TensorTrace trace;
+  trace.set_record_peak_items(true);
+  trace.alloc(kCategoryLayer, "layer.input", kSharedTokens * 2048 * 2);
+  decoder_layer_forward(trace, qwen3_moe_tp2_shape(8), megatron_impl(), /*keep_for_backward=*/false);
+  auto peak_bytes_of = [&](std::string_view name) {
+    for (const TraceItem& item : trace.peak_items())
+      if (item.name == name) return item.bytes;
+    return 0.0;
+  };
+  for (const char* name : {"moe.permuted_tokens", "moe.dispatched_tokens", "moe.expert_inputs", "moe.fc2_output", "moe.unsorted_output",
+                           "moe.combined_output"})
+    CHECK_MESSAGE(peak_bytes_of(name) == doctest::Approx(kPairs * 2048 * 2), name);
+}
+
+TEST_CASE("each MoE layer's dispatcher keeps its probabilities, routing map and row-id map: bf16, bool and int32 [T_s, 2E + 1]") {
+  const double expected = kSharedTokens * 128 * 2 + kSharedTokens * 128 * 1 + kSharedTokens * (2 * 128 + 1) * 4;
+  CHECK(megatron_moe_dispatcher_held_bytes(qwen3_moe_tp2_shape(8), megatron_impl()) == doctest::Approx(expected));
+  LayerShape dense = qwen3_moe_tp2_shape(1);
+  dense.experts = 0;
+  CHECK(megatron_moe_dispatcher_held_bytes(dense, megatron_impl()) == 0);
+}
+
+TEST_CASE("under expert parallelism a rank holds 1/ep of the experts whole and 1/t of the rest, the optimizer each over its group") {
+  const ModelSpec model = model_load("qwen3-30b-a3b");
+  const ClusterSpec cluster = h100s(16);
+  const RuntimeProfile profile = runtime_profile_load("megatron-core");
+  const double total = static_cast<double>(parameter_count(model).total);
+  const double experts = 48.0 * 128 * 3 * 2048 * 768;
+  const PlanOptions plan = megatron_plan(2, 16, 1, true);  // dp = 8
+  REQUIRE(plan_problems(model, cluster, plan).empty());
+  const MemoryPrediction prediction = memory_predict(model, cluster, plan, profile, 16'384);
+  const std::vector<MemoryItem>& items = prediction.phases.front().items;
+  const double rank_parameters = (total - experts) / 2 + experts / 16;
+  CHECK(item_bytes(items, "weights") == doctest::Approx(rank_parameters * 2));
+  CHECK(item_bytes(items, "gradients_fp32") == doctest::Approx(rank_parameters * 4));
+  // The dense share over dp x cp = 16 / 2 ranks, the experts' over the expert-data-parallel 16 / 16.
+  const double optimizer_parameters = (total - experts) / 2 / 8 + experts / 16 / 1;
+  CHECK(item_bytes(items, "master_weights") == doctest::Approx(optimizer_parameters * 4));
+  CHECK(item_bytes(items, "optimizer_states") == doctest::Approx(optimizer_parameters * 8));
+  // 48 layers' dispatchers, each with the [8,192, E] probabilities and maps of its last forward.
+  CHECK(item_bytes(items, "moe.dispatcher_state") == doctest::Approx(48 * megatron_moe_dispatcher_held_bytes(qwen3_moe_tp2_shape(16),
+                                                                                                              megatron_impl())));
+}
+
+TEST_CASE("the dispatcher's all-to-all: the routed T_s k tokens out and back, forward, recompute and backward, over the ep ranks' link") {
+  const ModelSpec model = model_load("qwen3-30b-a3b");
+  const ClusterSpec cluster = h100s(8);
+  const RuntimeProfile profile = runtime_profile_load("megatron-core");
+  const int64_t seqlen = 32'768;
+  const TimePrediction time = time_predict(model, cluster, megatron_plan(2, 8, 1, true), profile, seqlen);
+  const Link link = link_for_group(cluster, 8);
+  const double routed = 32'768.0 / 2 * 8 * 2048 * 2;  // [T_s k, h] bf16
+  // Dispatch and combine in the forward and again in the recompute, both mirrored in backward.
+  CHECK(time.time.expert_all_to_all_s == doctest::Approx(48 * 6 * collective_seconds(Collective::collective_all_to_all, routed, 8, link)));
+  CHECK(time_predict(model, cluster, megatron_plan(2, 1, 1, true), profile, seqlen).time.expert_all_to_all_s == 0);
+  // Without recompute, four exchanges a layer.
+  CHECK(time_predict(model, cluster, megatron_plan(2, 8, 1, false), profile, seqlen).time.expert_all_to_all_s ==
+        doctest::Approx(48 * 4 * collective_seconds(Collective::collective_all_to_all, routed, 8, link)));
+}
+
+TEST_CASE("expert parallelism: Megatron-Core's alone, ep dividing the experts and a stage's ranks, and the search choosing it") {
+  const ModelSpec model = model_load("qwen3-30b-a3b");
+  const ClusterSpec cluster = h100s(8);
+  CHECK(framework_unsupported(Framework::framework_megatron_core, model, megatron_plan(2, 8, 1, true), 8).empty());
+  const std::string refusal = framework_unsupported(Framework::framework_deepspeed, model, megatron_plan(1, 8, 1, true), 8);
+  CHECK(refusal.find("no expert parallelism") != std::string::npos);
+  auto first_problem = [&](const ModelSpec& m, const ClusterSpec& c, const PlanOptions& p) {
+    const std::vector<std::string> problems = plan_problems(m, c, p);
+    return problems.empty() ? std::string() : problems.front();
+  };
+  CHECK(first_problem(model, h100s(6), megatron_plan(1, 3, 1, true)).find("does not divide Qwen3-30B-A3B's 128 experts") != std::string::npos);
+  PlanOptions staged = megatron_plan(1, 8, 1, true);
+  staged.pp = 2;  // 8 ranks a stage of 16: ep 8 fits, 16 does not
+  CHECK(plan_problems(model, h100s(16), staged).empty());
+  staged.ep = 16;
+  CHECK(first_problem(model, h100s(16), staged).find("ranks of a pipeline stage") != std::string::npos);
+  CHECK(first_problem(model_load("llama-3.1-8b"), cluster, megatron_plan(1, 2, 1, true)).find("has no experts") != std::string::npos);
+  // Shared experts (Qwen1.5-MoE's) are not in longseq's Megatron MoE layer yet: refused by name.
+  CHECK(framework_unsupported(Framework::framework_megatron_core, model_load("qwen1.5-moe-a2.7b"), megatron_plan(1, 1, 1, true), 8)
+            .find("shared experts") != std::string::npos);
+
+  SearchOptions options;
+  search_options_for_framework(options, Framework::framework_megatron_core, model, cluster);
+  CHECK(options.expert_parallel == std::vector<int64_t>{1, 2, 4, 8});
+  const SearchResult result = plan_search(model, cluster, runtime_profile_load("megatron-core"), options);
+  REQUIRE(result.winner() != nullptr);
+  // 30.5B parameters' states on 8 GPUs leave room for activations only with the experts split 8 ways.
+  CHECK(result.winner()->plan.ep == 8);
+}
+
+TEST_CASE("--emit megatron-core writes the MoE layer as planned: experts, top-k, their width, ep with ETP 1, the all-to-all dispatcher") {
+  PlanOptions plan = megatron_plan(4, 8, 2, true);
+  ExportRequest request = testing::export_request("qwen3-30b-a3b", 8, plan, 49'152);
+  request.profile = runtime_profile_load("megatron-core");
+  const std::string script = config_emit("megatron-core", request).text();
+  for (const char* expected :
+       {"  --qk-layernorm \\\n", "  --num-experts 128 --moe-router-topk 8 --moe-ffn-hidden-size 768 \\\n",
+        "  --expert-model-parallel-size 8 --expert-tensor-parallel-size 1 \\\n",
+        "  --moe-grouped-gemm --moe-token-dispatcher-type alltoall --moe-permute-fusion \\\n",
+        "  --moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff 1e-3 \\\n"})
+    CHECK_MESSAGE(script.find(expected) != std::string::npos, expected);
+  CHECK(script.find("--moe-router-pre-softmax") == std::string::npos);  // Qwen3 renormalizes its top-k (norm_topk_prob)
+  request = testing::export_request("llama-3.1-8b", 8, megatron_plan(2, 1, 1, true), 32'768);
+  request.profile = runtime_profile_load("megatron-core");
+  CHECK(config_emit("megatron-core", request).text().find("--num-experts") == std::string::npos);
+}
