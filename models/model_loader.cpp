@@ -95,6 +95,9 @@ ModelSpec model_from_card_text(const std::string& yaml_text, const std::string& 
   model.rope_theta = any_number_or("rope_theta", 10000);
   if (reader.has("rope_scaling")) model.rope_scaling = reader.get_string("rope_scaling");
   model.sliding_window = any_int_or("sliding_window", 0);
+  model.windowed_layers = any_int_or("windowed_layers", 0);
+  model.attention_sinks = reader.get_bool("attention_sinks", false);
+  model.swiglu_limit = any_number_or("swiglu_limit", 0);
   model.max_position_embeddings = any_int_or("max_position_embeddings", 0);
   model.norms_per_layer = any_int_or("norms_per_layer", 2);
   model.norm_scale_fp32 = reader.get_bool("norm_scale_fp32", false);
@@ -117,11 +120,14 @@ namespace {
 // their config.json keys (Reference §12 items 50, 52, 54).
 // Returns the keys this config.json names the expert fields by (for ModelSpec::validate's messages).
 ModelSpecKeys moe_read(const JsonView& config, const std::string& source_name, const std::string& architecture, bool is_mixtral,
-                       bool is_qwen2_moe, ModelSpec& model) {
+                       bool is_qwen2_moe, bool is_gpt_oss, ModelSpec& model) {
   ModelSpecKeys keys;
-  keys.experts = is_mixtral ? "num_local_experts" : "num_experts";
+  // gpt-oss names its experts as Mixtral does (GptOssConfig: num_local_experts, intermediate_size
+  // the expert's width, num_experts_per_tok).
+  const bool mixtral_keys = is_mixtral || is_gpt_oss;
+  keys.experts = mixtral_keys ? "num_local_experts" : "num_experts";
   keys.experts_per_token = "num_experts_per_tok";
-  keys.expert_intermediate_size = is_mixtral ? "intermediate_size" : "moe_intermediate_size";
+  keys.expert_intermediate_size = mixtral_keys ? "intermediate_size" : "moe_intermediate_size";
   model.experts = config[keys.experts].integer();
   // The architecture is a MoE block: no experts would plan a dense model of another shape.
   if (model.experts < 1)
@@ -133,13 +139,14 @@ ModelSpecKeys moe_read(const JsonView& config, const std::string& source_name, c
   model.expert_intermediate_size = config[keys.expert_intermediate_size].integer();
   // Mixtral renormalizes always (softmax over the top-k logits); the Qwen MoE blocks when
   // norm_topk_prob (its default false: Qwen2MoeConfig, Qwen3MoeConfig).
-  if (!is_mixtral) model.moe_normalize_topk = config.has("norm_topk_prob") && config["norm_topk_prob"].boolean();
+  // gpt-oss's router takes the softmax over its top-k logits (GptOssTopKRouter.forward): renormalized too.
+  if (!mixtral_keys) model.moe_normalize_topk = config.has("norm_topk_prob") && config["norm_topk_prob"].boolean();
   model.moe_routing_weights_fp32 = is_mixtral;  // MixtralTopKRouter returns fp32 weights; the Qwen routers cast them
   if (is_qwen2_moe) {
     model.shared_expert_intermediate_size = config["shared_expert_intermediate_size"].integer();
     model.shared_expert_gate = model.shared_expert_intermediate_size > 0;  // Qwen2MoeSparseMoeBlock's shared_expert_gate
   }
-  if (!is_mixtral) {
+  if (!mixtral_keys) {
     // Every decoder layer is taken as MoE: a layer i is one iff i is not in mlp_only_layers and
     // (i + 1) % decoder_sparse_step == 0 (Qwen3MoeDecoderLayer.__init__, §12 item 54).
     if (config.has("decoder_sparse_step") && config["decoder_sparse_step"].integer() != 1)
@@ -176,16 +183,17 @@ ModelSpec model_from_hf_config_text(const std::string& json_text, const std::str
   const bool is_mixtral = architecture == "MixtralForCausalLM";
   const bool is_qwen2_moe = architecture == "Qwen2MoeForCausalLM";
   const bool is_qwen3_moe = architecture == "Qwen3MoeForCausalLM";
-  const bool is_moe = is_mixtral || is_qwen2_moe || is_qwen3_moe;
+  const bool is_gpt_oss = architecture == "GptOssForCausalLM";
+  const bool is_moe = is_mixtral || is_qwen2_moe || is_qwen3_moe || is_gpt_oss;
   // Architectures whose layers longseq cannot price are refused by what they hold (Reference §12
-  // part B): other mixture-of-experts blocks (gpt-oss's biased experts and sinks, DeepSeek's
-  // group-limited fp32 router, Llama 4's dense bmm over all experts) and DeepSeek's multi-head
+  // part B): other mixture-of-experts blocks (DeepSeek's group-limited fp32 router, Llama 4's dense
+  // bmm over all experts) and DeepSeek's multi-head
   // latent attention (Ulysses' shape asserts fail on it, §12 item 74).
   if (!is_moe)
     for (const char* key : {"num_local_experts", "num_experts", "n_routed_experts"})
       if (config.has(key) && config[key].raw().is_number_integer() && config[key].integer() > 1)
         throw ConfigError(source_name, key, fmt::format("{} is a mixture-of-experts model ({} experts) whose block longseq does not model "
-                                                        "(it models Mixtral, Qwen2-MoE and Qwen3-MoE)", architecture, config[key].integer()));
+                                                        "(it models Mixtral, Qwen2-MoE, Qwen3-MoE and gpt-oss)", architecture, config[key].integer()));
   if (config.has("kv_lora_rank") && !config["kv_lora_rank"].raw().is_null())
     throw ConfigError(source_name, "kv_lora_rank", fmt::format("{} uses multi-head latent attention: not modelled, and DeepSpeed's Ulysses "
                                                                "refuses it (its q/k/v shapes fail UlyssesSPAttentionHF's asserts)", architecture));
@@ -204,10 +212,10 @@ ModelSpec model_from_hf_config_text(const std::string& json_text, const std::str
   const bool is_gemma2 = architecture == "Gemma2ForCausalLM";
   const bool is_gemma3 = architecture == "Gemma3ForCausalLM";
   const bool is_phi3 = architecture == "Phi3ForCausalLM";
-  if (!is_llama && !is_qwen2 && !is_qwen3 && !is_gemma2 && !is_gemma3 && !is_phi3)
+  if (!is_llama && !is_qwen2 && !is_qwen3 && !is_gemma2 && !is_gemma3 && !is_phi3 && !is_gpt_oss)
     throw ConfigError(source_name, "architectures",
                       fmt::format("unsupported architecture '{}' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-                                  "Qwen3ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM (and Gemma3ForConditionalGeneration's "
+                                  "Qwen3ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, GptOssForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM (and Gemma3ForConditionalGeneration's "
                                   "text_config), Phi3ForCausalLM)", architecture));
   // Gemma's gated MLP runs GELU-tanh where Llama's runs SiLU: the same three matrices and saved tensors.
   const char* activation = is_gemma2 || is_gemma3 ? "gelu_pytorch_tanh" : "silu";
@@ -253,6 +261,14 @@ ModelSpec model_from_hf_config_text(const std::string& json_text, const std::str
     model.qkv_bias = get_bool("attention_bias", false);  // Qwen3Attention: q, k, v and o share the flag
     model.o_proj_bias = model.qkv_bias;
     model.qk_norm = true;  // Qwen3Attention always has q_norm and k_norm over head_dim
+  } else if (is_gpt_oss) {
+    // GptOssAttention: attention_bias (default true) on q, k, v and o, and its sinks, a learnable
+    // logit per head; GptOssExperts' gate_up_proj_bias and down_proj_bias and the router's bias.
+    model.qkv_bias = get_bool("attention_bias", true);
+    model.o_proj_bias = model.qkv_bias;
+    model.mlp_bias = true;
+    model.attention_sinks = true;
+    model.swiglu_limit = config.has("swiglu_limit") ? config["swiglu_limit"].number() : 7.0;
   } else if (is_gemma2 || is_gemma3) {
     // Gemma2/3DecoderLayer: input, post-attention, pre-feedforward and post-feedforward RMSNorms;
     // Gemma 3 adds q/k norms; attention_bias on q, k, v and o.
@@ -273,13 +289,25 @@ ModelSpec model_from_hf_config_text(const std::string& json_text, const std::str
   // another type or out of range is refused (validate), not taken as no window.
   if (config.has("sliding_window") && !(config.has("use_sliding_window") && !config["use_sliding_window"].boolean()))
     model.sliding_window = config["sliding_window"].integer();
+  // gpt-oss's window: GptOssConfig's defaults where its config.json leaves them out (sliding_window
+  // 128; layer_types every other layer "sliding_attention", from the first).
+  if (is_gpt_oss) {
+    if (!config.has("sliding_window")) model.sliding_window = 128;
+    model.windowed_layers = (model.num_layers + 1) / 2;
+    if (config.has("layer_types")) {
+      if (!config["layer_types"].raw().is_array()) config["layer_types"].fail("expected a list of layer types");
+      model.windowed_layers = 0;
+      for (const auto& type : config["layer_types"].raw())
+        if (type == "sliding_attention") ++model.windowed_layers;
+    }
+  }
   if (config.has("max_position_embeddings") && !config["max_position_embeddings"].raw().is_null())
     model.max_position_embeddings = config["max_position_embeddings"].integer();
   if (config.has("rope_scaling") && config["rope_scaling"].raw().is_object()) {
     const JsonView scaling = config["rope_scaling"];
     model.rope_scaling = scaling.string_or("rope_type", scaling.string_or("type", "unknown"));
   }
-  const ModelSpecKeys keys = is_moe ? moe_read(config, source_name, architecture, is_mixtral, is_qwen2_moe, model) : ModelSpecKeys{};
+  const ModelSpecKeys keys = is_moe ? moe_read(config, source_name, architecture, is_mixtral, is_qwen2_moe, is_gpt_oss, model) : ModelSpecKeys{};
   model.validate(source_name, keys);
   return model;
 }
@@ -329,7 +357,6 @@ ModelSpec model_load(const std::string& name_or_path) {
       {"deepseek-v", "DeepSeek-V2/V3 use multi-head latent attention and a group-limited router"},
       {"deepseek-r1", "DeepSeek-R1 is DeepSeek-V3's architecture: multi-head latent attention and a group-limited router"},
       {"kimi-k2", "Kimi K2 is DeepSeek-V3's architecture: multi-head latent attention and a group-limited router"},
-      {"gpt-oss", "gpt-oss's experts carry biases and its attention sinks"},
       {"llama-4", "Llama 4's experts run as a dense bmm over all experts"},
   };
   const std::string lowered = text_to_lower(name_or_path);

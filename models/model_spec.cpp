@@ -29,6 +29,12 @@ void ModelSpec::validate(const std::string& source, const ModelSpecKeys& keys) c
     throw ConfigError(source, "norms_per_layer", fmt::format("{}: expected 2 (before attention and the MLP) or 4 (after each too, "
                                                              "Gemma 2/3)", norms_per_layer));
   require_within(sliding_window, 0, kModelDimensionLimit, "sliding_window");  // 0: no window
+  require_within(windowed_layers, 0, num_layers, "windowed_layers");
+  if (!(swiglu_limit >= 0 && swiglu_limit <= 1e6)) throw ConfigError(source, "swiglu_limit", fmt::format("{}: expected 0 (none) to 1e6", swiglu_limit));
+  if (swiglu_limit > 0 && mlp_kind != MlpKind::mlp_kind_swiglu)
+    throw ConfigError(source, "swiglu_limit", "a clamped SwiGLU needs mlp: swiglu");
+  if (windowed_layers > 0 && sliding_window == 0)
+    throw ConfigError(source, "windowed_layers", fmt::format("{} layers attend within a window, but sliding_window is not given", windowed_layers));
   require_within(max_position_embeddings, 0, kModelDimensionLimit, "max_position_embeddings");  // 0: not known
   if (!(rope_theta >= 1 && rope_theta <= 1e12)) throw ConfigError(source, "rope_theta", fmt::format("{} is out of range [1, 1e12]", rope_theta));
   if (!(final_logit_softcapping >= 0 && final_logit_softcapping <= 1e6))
@@ -74,6 +80,7 @@ ParameterCount parameter_count(const ModelSpec& model) {
   if (model.qkv_bias) count.per_layer_attention += qkv_out;
   if (model.o_proj_bias) count.per_layer_attention += h;
   if (model.qk_norm) count.per_layer_attention += 2 * model.head_dim;
+  if (model.attention_sinks) count.per_layer_attention += model.num_q_heads;
 
   // MLP: SwiGLU has gate, up, down; GELU has up, down.
   const int64_t mlp_matrices = model.mlp_kind == MlpKind::mlp_kind_swiglu ? 3 : 2;
@@ -88,7 +95,10 @@ ParameterCount parameter_count(const ModelSpec& model) {
     const int64_t expert = 3 * h * model.expert_intermediate_size;
     count.per_layer_mlp = h * model.experts + model.experts * expert + 3 * h * model.shared_expert_intermediate_size +
                           (model.shared_expert_gate ? h : 0);
-    unused_expert_parameters = (model.experts - model.experts_per_token) * expert;
+    // Biased experts (gpt-oss's gate_up_proj_bias [E, 2 I_e] and down_proj_bias [E, h]) and router (bias [E]).
+    if (model.mlp_bias) count.per_layer_mlp += model.experts * (2 * model.expert_intermediate_size + h) + model.experts;
+    // An expert a token is not routed to leaves its biases unused too.
+    unused_expert_parameters = (model.experts - model.experts_per_token) * (expert + (model.mlp_bias ? 2 * model.expert_intermediate_size + h : 0));
   }
   count.per_layer = count.per_layer_attention + count.per_layer_mlp + count.per_layer_norms;
   count.total = count.embedding + model.num_layers * count.per_layer + count.final_norm + count.lm_head;

@@ -68,6 +68,16 @@ struct ModelSpec {
   // Planned as full causal attention (a kernel that honours the window does less work; longseq's
   // plans say so where it applies).
   int64_t sliding_window = 0;
+  // How many of the layers attend within sliding_window (config.json's layer_types, "sliding_attention";
+  // gpt-oss alternates: every other layer). 0 with a window: which layers is not known.
+  int64_t windowed_layers = 0;
+  // A learnable logit per head in each softmax's denominator (gpt-oss's sinks, GptOssAttention.sinks;
+  // Megatron's softmax_type "learnable"): n_q parameters a layer, no activation of its own.
+  bool attention_sinks = false;
+  // gpt-oss's gated activation: SwiGLU with its gate and linear halves clamped to this limit, the
+  // linear half offset by 1 and the gate's SiLU at alpha 1.702 (GptOssExperts._apply_gate,
+  // swiglu_limit 7.0); 0 for the plain SwiGLU. The same three matrices and saved tensors.
+  double swiglu_limit = 0;
   // The positions the model was trained on (config.json's max_position_embeddings, or a card's):
   // past them RoPE runs on angles it never saw unless the run scales it. 0: not known.
   int64_t max_position_embeddings = 0;

@@ -30,6 +30,14 @@ LayerForwardFlops layer_forward_flops(const ModelSpec& model, int64_t micro_batc
   // 4 * S^2 * d per head, halved by the causal mask, over this rank's n_q/sp heads.
   const double s = as_double(seqlen);
   flops.attention = as_double(micro_batch) * 2.0 * s * s * as_double(model.head_dim) * as_double(model.num_q_heads) / as_double(sp);
+  // Layers that attend within a sliding window of W tokens (layer_types' sliding_attention) score
+  // about S W pairs where a causal layer scores S^2 / 2: the average layer's share. Where which layers
+  // are windowed is not known (windowed_layers 0), every layer is priced as full attention.
+  if (model.windowed_layers > 0 && model.sliding_window > 0) {
+    const double windowed_share = std::min(1.0, 2.0 * as_double(model.sliding_window) / s);
+    flops.attention *= (as_double(model.num_layers - model.windowed_layers) + as_double(model.windowed_layers) * windowed_share) /
+                       as_double(model.num_layers);
+  }
   return flops;
 }
 

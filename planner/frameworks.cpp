@@ -82,6 +82,11 @@ std::string framework_unsupported(Framework framework, const ModelSpec& model, c
   // framework also lacks.
   if (description.model_refused)
     if (std::string refusal = description.model_refused(name, model); !refusal.empty()) return refusal;
+  // Attention sinks (gpt-oss): planned where the attention kernel's sinks are in the sources read,
+  // TE's fused attention under Megatron-Core (reference-megatron-core M7.2).
+  if (model.attention_sinks && !description.attention_sinks)
+    return fmt::format("{}: {}'s attention sinks (a learnable logit per head) are planned under Megatron-Core only "
+                       "(--framework megatron-core)", name, model.name);
   // Ring attention: neither DeepSpeed nor the trainers on it have one (REFERENCE §8); USP's
   // LongContextAttention composes it with Ulysses, and so does longseq's executor.
   const bool pytorch_cp = description.pytorch_context_parallelism;

@@ -71,6 +71,9 @@ struct FrameworkDescription {
   // the linears split over TP ranks inside a node, the residual stream split along the sequence)
   // and pipeline parallelism (PlanOptions::pp: the layers split into stages, 1F1B).
   bool model_parallelism;
+  // Attention with a learnable sink logit per head (gpt-oss): Megatron-Core's softmax_type
+  // "learnable" in TE's fused attention.
+  bool attention_sinks;
   // Why it cannot build `model` whatever the plan (nullptr: it builds what longseq reads), then why
   // it cannot run `plan` on `gpus` GPUs (0: not known); "" when it can.
   std::string (*model_refused)(const char* name, const ModelSpec& model);

@@ -231,12 +231,12 @@ void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const Clus
   // (vocabulary-parallel); the norms' weights, replicated over the TP ranks, are a rounding error.
   const double tp = as_double(std::max<int64_t>(1, plan.tp));
   const double params = as_double(setup.params.total) / tp;
-  // Under expert parallelism a rank holds its ep share of the experts, whole (expert tensor
-  // parallelism 1), and its TP share of the rest (reference-megatron-core M6.3): the weights and the
-  // DDP's gradient buffer. Without it every parameter is split over the TP ranks.
+  // A rank holds its ep share of the experts, whole (expert tensor parallelism 1, as the export
+  // writes it: every TP rank holds its ep share), and its TP share of the rest (reference-megatron-core
+  // M6.3): the weights and the DDP's gradient buffer. Without Megatron's layouts (t = ep = 1) that is
+  // every parameter.
   const double ep = as_double(std::max<int64_t>(1, plan.ep));
-  const double rank_params = plan.ep > 1 ? (as_double(setup.params.total) - setup.expert_parameters) / tp + setup.expert_parameters / ep
-                                         : params;
+  const double rank_params = (as_double(setup.params.total) - setup.expert_parameters) / tp + setup.expert_parameters / ep;
   // ZeRO partitions over all ranks (data x sequence parallel; REFERENCE training configuration):
   // stage 1 the optimizer states and master weights, stage 2 also gradients (gradient_bytes_per_trainable),
   // stage 3 also weights; FSDP2's HSDP over one replica's ranks (Reference §11 F1.10). Megatron's
@@ -249,11 +249,10 @@ void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const Clus
   // The distributed optimizer shards the experts' share over the expert-data-parallel ranks that
   // hold the same experts, world / (ep p) of them (distrib_optimizer.py builds one buffer per
   // group, expert parameters with expt_dp_group), the rest as above.
+  const double expert_optimizer_shards =
+      plan.zero_stage >= 1 ? as_double(plan.shard_ranks(cluster.gpus)) / ep / as_double(std::max<int64_t>(1, plan.pp)) : 1.0;
   const double optimizer_params =
-      plan.ep > 1 ? (as_double(setup.params.total) - setup.expert_parameters) / tp / optimizer_shards +
-                        setup.expert_parameters / ep /
-                            (plan.zero_stage >= 1 ? as_double(plan.shard_ranks(cluster.gpus)) / ep / as_double(std::max<int64_t>(1, plan.pp)) : 1.0)
-                  : params / optimizer_shards;
+      (as_double(setup.params.total) - setup.expert_parameters) / tp / optimizer_shards + setup.expert_parameters / ep / expert_optimizer_shards;
   if (plan.lora()) {
     // A frozen base and fp32 adapters (Reference §12 (i)): the base in its storage dtype with no
     // gradient, master or optimizer state (items 11-12); QLoRA's linears in NF4 with double

@@ -19,6 +19,9 @@ struct Exporter {
   // context parallelism itself, or the framework has no ring.
   bool ring_note;
   bool adapters;  // its files train LoRA adapters as planned
+  // A MoE model runs the model code's own block (said in a note: moe_note); false where the
+  // framework builds its own MoE layer and its file says how (Megatron-Core's arguments).
+  bool model_moe_block = true;
 };
 
 constexpr CompanionFile kDeepSpeedJson = {".deepspeed.json", "ds_config.deepspeed.json"};
@@ -32,7 +35,7 @@ constexpr Exporter kExporters[] = {
     {"unsloth", unsloth_script_emit, {}, false, true},
     {"torchtitan", torchtitan_job_emit, {}, false, false},
     {"megatron-deepspeed", megatron_deepspeed_emit, kDeepSpeedJson, true, false},
-    {"megatron-core", megatron_core_emit, {}, false, false},
+    {"megatron-core", megatron_core_emit, {}, false, false, false},
     {"deepspeed", deepspeed_config_emit, {}, true, false},
     {"usp", deepspeed_config_emit, {}, true, false},
 };
@@ -62,7 +65,7 @@ ExportedConfig config_emit(const std::string& target, const ExportRequest& reque
                                                 "megatron-deepspeed, megatron-core, deepspeed or usp, got '{}'", target));
   ExportedConfig exported = exporter->write(request);
   if (exporter->ring_note) exporters::ring_note(request, exported);
-  exporters::moe_note(target, request, exported);
+  if (exporter->model_moe_block) exporters::moe_note(target, request, exported);
   return exported;
 }
 

@@ -76,6 +76,17 @@ std::string sequence_parallelism_describe(const PlanOptions& plan, const Runtime
   return "none (data parallel)";
 }
 
+// The plan's layout in the "each framework's best" column: Megatron's model parallelism first (its
+// tensor parallelism spreads the sequence too, through its sequence parallelism), then the sequence's.
+std::string layout_describe(const PlanOptions& plan, const RuntimeProfile& profile) {
+  std::string model_parallel;
+  if (plan.tp > 1) model_parallel += fmt::format("tp={} ", plan.tp);
+  if (plan.pp > 1) model_parallel += fmt::format("pp={} ", plan.pp);
+  if (plan.ep > 1) model_parallel += fmt::format("ep={} ", plan.ep);
+  if (model_parallel.empty()) return sequence_parallelism_describe(plan, profile);
+  if (plan.sequence_ranks() == 1) return model_parallel.substr(0, model_parallel.size() - 1);
+  return model_parallel + "x " + sequence_parallelism_describe(plan, profile);
+}
 
 // Every framework's best plan on this cluster, best first, each from its own search and runtime
 // profile: the side-by-side answer to "Ulysses, USP's ring or PyTorch CP?".
@@ -96,11 +107,12 @@ std::string frameworks_compared_render(std::vector<FrameworkWinner> winners, Fra
     }
     const SearchCandidate& c = *w.winner;
     const std::string spread = sequence_parallelism_describe(c.plan, w.profile);
+    const std::string layout = layout_describe(c.plan, w.profile);
     if (by_length)
-      out += fmt::format("  {:<20} {:<32} max {:>13} tokens, {:.1f} s/step there (limited by {})\n", name, spread,
+      out += fmt::format("  {:<20} {:<32} max {:>13} tokens, {:.1f} s/step there (limited by {})\n", name, layout,
                          integer_with_commas(c.max_seqlen), c.time.time.total_s(), c.binding_constraint);
     else
-      out += fmt::format("  {:<20} {:<32} {:>9.0f} tokens/s, peak {:.1f} GiB\n", name, spread, c.time.tokens_per_s,
+      out += fmt::format("  {:<20} {:<32} {:>9.0f} tokens/s, peak {:.1f} GiB\n", name, layout, c.time.tokens_per_s,
                          bytes_to_gib(c.memory.gpu_peak_bytes));
     compared.push_back({{"framework", framework_name(w.framework)}, {"fits", true}, {"sequence_parallelism", spread},
                         {"plan", plan_describe(c.plan)}, {"max_seqlen_tokens", by_length ? nlohmann::json(c.max_seqlen) : nullptr},

@@ -46,6 +46,7 @@ extern const FrameworkDescription kAccelerateFsdp2 = {
     /*tiles_moe_blocks=*/false,
     /*selective_checkpointing=*/false,
     /*model_parallelism=*/false,
+    /*attention_sinks=*/false,
     nullptr,
     plan_refused,
 };

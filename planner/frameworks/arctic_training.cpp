@@ -49,6 +49,7 @@ extern const FrameworkDescription kArcticTraining = {
     /*tiles_moe_blocks=*/false,
     /*selective_checkpointing=*/false,
     /*model_parallelism=*/false,
+    /*attention_sinks=*/false,
     model_refused,
     plan_refused,
 };

@@ -26,6 +26,7 @@ extern const FrameworkDescription kDeepSpeed = {
     /*tiles_moe_blocks=*/false,
     /*selective_checkpointing=*/false,
     /*model_parallelism=*/false,
+    /*attention_sinks=*/false,
     nullptr,
     plan_refused,
 };

@@ -29,6 +29,7 @@ extern const FrameworkDescription kHfAccelerate = {
     /*tiles_moe_blocks=*/false,
     /*selective_checkpointing=*/false,
     /*model_parallelism=*/false,
+    /*attention_sinks=*/false,
     nullptr,
     plan_refused,
 };

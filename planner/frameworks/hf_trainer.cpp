@@ -34,6 +34,7 @@ extern const FrameworkDescription kHfTrainer = {
     /*tiles_moe_blocks=*/false,
     /*selective_checkpointing=*/false,
     /*model_parallelism=*/false,
+    /*attention_sinks=*/false,
     nullptr,
     plan_refused,
 };

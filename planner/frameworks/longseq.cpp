@@ -30,6 +30,7 @@ extern const FrameworkDescription kLongseq = {
     /*tiles_moe_blocks=*/false,
     /*selective_checkpointing=*/false,
     /*model_parallelism=*/false,
+    /*attention_sinks=*/false,
     nullptr,
     plan_refused,
 };

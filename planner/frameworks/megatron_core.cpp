@@ -21,13 +21,22 @@ std::string model_refused(const char* name, const ModelSpec& model) {
   if (model.is_moe() && model.mlp_kind != MlpKind::mlp_kind_swiglu)
     return fmt::format("{}: {}'s experts are not SwiGLU, the only experts longseq's Megatron MoE layer builds", name, model.name);
   if (model.norms_per_layer == 4) return fmt::format("{}: {}'s post-norms are not in longseq's Megatron layer yet", name, model.name);
-  if (model.sliding_window > 0)
-    return fmt::format("{}: {}'s sliding-window layers (TE's window_size) are not in longseq's Megatron layer yet", name, model.name);
+  // Sliding windows as Megatron expresses them (window_size on every layer, every window_attn_skip_freq-th
+  // layer full): all layers windowed, or every other one (gpt-oss; Megatron-Bridge's
+  // gpt_oss_bridge.py L87-88). A window on layers not known, or in another pattern, is refused.
+  if (model.sliding_window > 0 && model.windowed_layers != model.num_layers && 2 * model.windowed_layers != model.num_layers)
+    return fmt::format("{}: {}'s sliding-window layers are not in a pattern Megatron's window_size and window_attn_skip_freq express "
+                       "(all layers, or every other one, from its layer_types)", name, model.name);
   if (model.final_logit_softcapping > 0) return fmt::format("{}: {}'s logit soft-capping is not modelled under Megatron", name, model.name);
   return "";
 }
 
-std::string plan_refused(const char* name, const ModelSpec& /*model*/, const PlanOptions& plan, int64_t /*gpus*/) {
+std::string plan_refused(const char* name, const ModelSpec& model, const PlanOptions& plan, int64_t /*gpus*/) {
+  // TE's context parallelism runs sliding windows with cp_comm_type a2a or all_gather, and a
+  // learnable softmax (sinks) with a2a alone (TE 2.20.2 context_parallel.py L5688-5701, M7.2).
+  if (plan.ring > 1 && (model.sliding_window > 0 || model.attention_sinks))
+    return fmt::format("{}: {}'s {} run under TE's context parallelism with cp_comm_type a2a only, not p2p's ring: --sp", name, model.name,
+                       model.attention_sinks ? "attention sinks" : "sliding windows");
   if (plan.fpdt) return fmt::format("{}: no FPDT (it exists only in Megatron-DeepSpeed)", name);
   if (plan.tiled_mlp || plan.tiled_loss) return fmt::format("{}: no ALST tiling (TiledMLP and the tiled loss are DeepSpeed's)", name);
   // The distributed optimizer shards the fp32 main parameters and Adam's moments over data x context
@@ -60,6 +69,7 @@ extern const FrameworkDescription kMegatronCore = {
     // selective recompute and block method are not modelled yet (M5.1-M5.2).
     /*selective_checkpointing=*/false,
     /*model_parallelism=*/true,
+    /*attention_sinks=*/true,
     model_refused,
     plan_refused,
 };

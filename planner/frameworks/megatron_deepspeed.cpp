@@ -50,6 +50,7 @@ extern const FrameworkDescription kMegatronDeepSpeed = {
     /*tiles_moe_blocks=*/false,
     /*selective_checkpointing=*/false,
     /*model_parallelism=*/false,
+    /*attention_sinks=*/false,
     model_refused,
     plan_refused,
 };

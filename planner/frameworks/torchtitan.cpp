@@ -94,6 +94,7 @@ extern const FrameworkDescription kTorchtitan = {
     /*tiles_moe_blocks=*/false,
     /*selective_checkpointing=*/true,
     /*model_parallelism=*/false,
+    /*attention_sinks=*/false,
     model_refused,
     plan_refused,
 };

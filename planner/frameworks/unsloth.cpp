@@ -36,6 +36,7 @@ extern const FrameworkDescription kUnsloth = {
     /*tiles_moe_blocks=*/true,
     /*selective_checkpointing=*/false,
     /*model_parallelism=*/false,
+    /*attention_sinks=*/false,
     nullptr,
     plan_refused,
 };

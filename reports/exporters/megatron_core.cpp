@@ -62,13 +62,25 @@ ExportedConfig megatron_core_emit(const ExportRequest& r) {
   if (m.num_kv_heads != m.num_q_heads) args.push_back(fmt::format("--group-query-attention --num-query-groups {}", m.num_kv_heads));
   args.push_back(fmt::format("--kv-channels {}", m.head_dim));
   args.push_back(fmt::format("--seq-length {} --max-position-embeddings {}", r.seqlen, std::max(r.seqlen, m.max_position_embeddings)));
-  if (swiglu) args.push_back("--swiglu");
+  // gpt-oss's clamped SwiGLU is Megatron's quick-GeGLU (x sigmoid(1.702 x)) with the linear half
+  // offset by 1 and both clamped, as Megatron-Bridge sets it (gpt_oss_bridge.py L82-84).
+  if (swiglu && m.swiglu_limit > 0)
+    args.push_back(fmt::format("--quick-geglu --glu-linear-offset 1.0 --activation-func-clamp-value {}", m.swiglu_limit));
+  else if (swiglu) args.push_back("--swiglu");
   args.push_back(m.norm_kind == NormKind::norm_kind_rmsnorm ? "--normalization RMSNorm" : "--normalization LayerNorm");
   args.push_back(fmt::format("--position-embedding-type rope --rotary-base {:.0f}", std::floor(m.rope_theta)));
   if (!m.tied_embeddings) args.push_back("--untie-embeddings-and-output-weights");
   if (!m.mlp_bias && !m.o_proj_bias) args.push_back("--disable-bias-linear");
   if (m.qkv_bias && !m.mlp_bias) args.push_back("--add-qkv-bias");
   if (m.qk_norm) args.push_back("--qk-layernorm");
+  // Sliding windows as Megatron's TE layer takes them (window_size (W - 1, 0): the query and the
+  // W - 1 before it, Megatron-Bridge's gpt_oss_bridge.py L87-88), every other layer full where only
+  // half are windowed; the sinks as TE's learnable softmax offset.
+  if (m.sliding_window > 0)
+    args.push_back(2 * m.windowed_layers == m.num_layers
+                       ? fmt::format("--window-size {},0 --window-attn-skip-freq 2", m.sliding_window - 1)
+                       : fmt::format("--window-size {},0", m.sliding_window - 1));
+  if (m.attention_sinks) args.push_back("--softmax-type learnable");
   if (m.is_moe()) {
     // Megatron's MoE layer as the plan prices it (megatron_moe.cpp, reference-megatron-core M6): TE's
     // grouped experts, the all-to-all dispatcher with TE's fused permute, experts whole on each of the

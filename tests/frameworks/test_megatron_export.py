@@ -43,7 +43,8 @@ keys = ["tensor_model_parallel_size", "sequence_parallel", "context_parallel_siz
         "transformer_impl", "bf16", "cross_entropy_loss_fusion", "qk_layernorm", "num_experts", "moe_router_topk",
         "moe_ffn_hidden_size", "expert_model_parallel_size", "expert_tensor_parallel_size", "moe_grouped_gemm",
         "moe_token_dispatcher_type", "moe_permute_fusion", "moe_router_load_balancing_type", "moe_aux_loss_coeff",
-        "moe_router_pre_softmax"]
+        "moe_router_pre_softmax", "window_size", "window_attn_skip_freq", "softmax_type", "quick_geglu", "glu_linear_offset",
+        "activation_func_clamp_value"]
 print("MEGATRON_ARGS " + json.dumps({key: getattr(args, key, None) for key in keys}))
 """
 
@@ -101,6 +102,12 @@ PLANS = [
       "qk_layernorm": True, "moe_router_pre_softmax": False}),
     (["--model", "qwen3-30b-a3b", "--gpus", "16", "--tp", "2", "--ep", "16", "--seqlen", "16Ki"], 16,
      {"tensor_model_parallel_size": 2, "expert_model_parallel_size": 16, "context_parallel_size": 1, "data_parallel_size": 8}),
+    # gpt-oss-20b: its sliding window on every other layer, its sinks (TE's learnable softmax), biased
+    # linears, 32 experts over 8 ranks, context parallelism by a2a (the only one TE runs sinks with).
+    (["--model", "gpt-oss-20b", "--gpus", "16", "--tp", "4", "--ep", "8", "--sp", "2", "--seqlen", "128Ki"], 16,
+     {"tensor_model_parallel_size": 4, "expert_model_parallel_size": 8, "context_parallel_size": 2, "cp_comm_type": ["a2a"],
+      "window_size": [127, 0], "window_attn_skip_freq": 2, "softmax_type": "learnable", "add_bias_linear": True, "quick_geglu": True,
+      "glu_linear_offset": 1.0, "activation_func_clamp_value": 7.0}),
 ]
 
 
@@ -136,7 +143,7 @@ def test_megatron_lm_parses_and_validates_the_exported_arguments(flags, gpus, de
         model["layers"], model["hidden_size"], model["intermediate_size"], model["q_heads"], model["head_dim"])
     if model["kv_heads"] != model["q_heads"]:
         assert args["num_query_groups"] == model["kv_heads"]
-    assert args["swiglu"] == (model["mlp"] == "swiglu")
+    assert (args["swiglu"] or args["quick_geglu"]) == (model["mlp"] == "swiglu")
     assert args["untie_embeddings_and_output_weights"] == (not model["tied_embeddings"])
     assert args["vocab_size"] == model["vocab_size"]
     # A mixture of experts as planned: its experts, their width and the k a token takes, split over the

@@ -207,10 +207,6 @@ TEST_CASE("config.json of Gemma 2, Gemma 3 (its text_config) and Phi-3 is read, 
   CHECK(parameter_count(phi3).total == 3'821'079'552);
   CHECK(phi3.head_dim == 96);
   const std::string bad = std::string(LONGSEQ_TEST_DATA_DIR) + "/bad/";
-  // A trimmed gpt-oss config.json: biased experts, sinks and alternating windows are not modelled.
-  CHECK_THROWS_WITH_AS(model_load(bad + "gpt-oss-20b.config.json"),
-                       doctest::Contains("key 'num_local_experts': GptOssForCausalLM is a mixture-of-experts model (32 experts) whose "
-                                         "block longseq does not model"), ConfigError);
   // A trimmed DeepSeek-V2-Lite config.json (its MLA keys only).
   CHECK_THROWS_WITH_AS(model_load(bad + "deepseek-v2-lite.config.json"),
                        doctest::Contains("key 'kv_lora_rank': DeepseekV2ForCausalLM uses multi-head latent attention"), ConfigError);
@@ -245,6 +241,40 @@ TEST_CASE("config.json of Mixtral, Qwen2-MoE and Qwen3-MoE gives their cards' sh
   // output_router_logits: true trains with the auxiliary loss, which the plan then prices (§12 item 67).
   CHECK(model_load(hf + "qwen3-moe-router-logits.config.json").output_router_logits);
   CHECK_FALSE(model_load(hf + "qwen3-30b-a3b.config.json").output_router_logits);
+}
+
+TEST_CASE("gpt-oss: its config.json gives its card (biased experts, sinks, every other layer windowed, the clamped SwiGLU), and its "
+          "parameters are OpenAI's") {
+  const std::string hf = std::string(LONGSEQ_TEST_DATA_DIR) + "/hf/";
+  const ModelSpec read = model_load(hf + "gpt-oss-20b.config.json"), card = model_load("gpt-oss-20b");
+  for (const ModelSpec* model : {&read, &card}) {
+    CHECK(model->experts == 32);
+    CHECK(model->experts_per_token == 4);
+    CHECK(model->expert_intermediate_size == 2880);  // intermediate_size is the expert's, as Mixtral's
+    CHECK(model->attention_sinks);
+    CHECK(model->sliding_window == 128);
+    CHECK(model->windowed_layers == 12);  // layer_types: "sliding_attention" on every other layer
+    CHECK(model->swiglu_limit == 7.0);
+    CHECK(model->qkv_bias);
+    CHECK(model->o_proj_bias);
+    CHECK(model->mlp_bias);
+    CHECK(model->moe_normalize_topk);  // GptOssTopKRouter: the softmax over the top-k logits
+  }
+  CHECK(parameter_count(read).total == parameter_count(card).total);
+  // By hand: embedding and head 2 V h; a layer's attention (q 64 x 64, k and v 8 x 64, o, their
+  // biases, 64 sinks), its router (h x 32 and a bias), 32 experts of 3 h I and their biases (2 I + h),
+  // two norms; the final norm.
+  const int64_t h = 2880, v = 201'088, experts = 32, width = 2880;
+  const int64_t attention = h * (4096 + 2 * 512) + 4096 * h + (4096 + 2 * 512) + h + 64;
+  const int64_t moe = h * experts + experts + experts * 3 * h * width + experts * (2 * width + h);
+  const int64_t total = 2 * v * h + 24 * (attention + moe + 2 * h) + h;
+  CHECK(parameter_count(card).total == total);
+  // OpenAI's model card: 20.91B in all, 3.61B active (the embedding not counted), and 116.83B and 5.13B.
+  CHECK(static_cast<double>(total) == doctest::Approx(20.91e9).epsilon(0.001));
+  CHECK(static_cast<double>(parameter_count(card).active - v * h) == doctest::Approx(3.61e9).epsilon(0.002));
+  const ModelSpec large = model_load("gpt-oss-120b");
+  CHECK(static_cast<double>(parameter_count(large).total) == doctest::Approx(116.83e9).epsilon(0.001));
+  CHECK(static_cast<double>(parameter_count(large).active - v * h) == doctest::Approx(5.13e9).epsilon(0.002));
 }
 
 TEST_CASE("mixture-of-experts cards: total and active parameters as published, hand-derived for one") {

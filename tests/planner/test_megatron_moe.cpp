@@ -1,14 +1,16 @@
 // Megatron-Core's MoE layer and expert parallelism (issue 42): the layer's saved tensors with q/k
 // norms and its routed experts, what each layer's all-to-all dispatcher keeps all step, a rank's
 // model states with its experts split over ep ranks, the dispatcher's all-to-all in the step time,
-// the rules of ep, the search and the export. Every expected figure is derived by hand from
-// docs/reference-megatron-core.md (M6) and megatron-core 0.19.2's code it cites.
+// the rules of ep, the search and the export; gpt-oss (windows, sinks, its clamped SwiGLU) under it.
+// Every expected figure is derived by hand from docs/reference-megatron-core.md (M6) and
+// megatron-core 0.19.2's code it cites.
 #include <doctest/doctest.h>
 
 #include "models/layer_inventory.hpp"
 #include "models/model_loader.hpp"
 #include "planner/cards.hpp"
 #include "planner/comm_model.hpp"
+#include "planner/compute_model.hpp"
 #include "planner/frameworks.hpp"
 #include "planner/memory_model.hpp"
 #include "planner/search.hpp"
@@ -211,4 +213,49 @@ TEST_CASE("--emit megatron-core writes the MoE layer as planned: experts, top-k,
   request = testing::export_request("llama-3.1-8b", 8, megatron_plan(2, 1, 1, true), 32'768);
   request.profile = runtime_profile_load("megatron-core");
   CHECK(config_emit("megatron-core", request).text().find("--num-experts") == std::string::npos);
+}
+
+TEST_CASE("gpt-oss under Megatron-Core: windows on every other layer cut their attention to S W pairs, sinks run with a2a only") {
+  const ModelSpec model = model_load("gpt-oss-20b");
+  // 12 of 24 layers attend within 128 tokens: the average layer's attention is (12 + 12 x 2 x 128 / S) / 24
+  // of a causal one's.
+  ModelSpec full = model;
+  full.windowed_layers = 0;
+  const int64_t seqlen = 131'072;
+  CHECK(layer_forward_flops(model, 1, seqlen, 1).attention ==
+        doctest::Approx(layer_forward_flops(full, 1, seqlen, 1).attention * (12 + 12 * 2.0 * 128 / 131'072) / 24));
+  CHECK(layer_forward_flops(model, 1, seqlen, 1).mlp == layer_forward_flops(full, 1, seqlen, 1).mlp);
+
+  // Sinks are TE's learnable softmax, planned under Megatron-Core alone; TE's context parallelism runs
+  // them (and sliding windows) with cp_comm_type a2a only.
+  CHECK(framework_unsupported(Framework::framework_deepspeed, model, PlanOptions{}, 8).find("attention sinks") != std::string::npos);
+  PlanOptions ulysses = megatron_plan(4, 8, 1, true);
+  ulysses.sp = 2;
+  CHECK(framework_unsupported(Framework::framework_megatron_core, model, ulysses, 16).empty());
+  CHECK(framework_unsupported(Framework::framework_megatron_core, model, megatron_plan(4, 8, 2, true), 16).find("a2a only") !=
+        std::string::npos);
+  // A window on layers config.json does not name (Mistral v0.1's) is not in a pattern Megatron expresses.
+  CHECK(framework_unsupported(Framework::framework_megatron_core, model_load("mistral-7b-v0.1"), megatron_plan(1, 1, 1, true), 8)
+            .find("not in a pattern") != std::string::npos);
+
+  // 20.9B parameters' states on 8 GPUs: the search splits the experts.
+  const ClusterSpec cluster = h100s(8);
+  SearchOptions options;
+  search_options_for_framework(options, Framework::framework_megatron_core, model, cluster);
+  const SearchResult result = plan_search(model, cluster, runtime_profile_load("megatron-core"), options);
+  REQUIRE(result.winner() != nullptr);
+  CHECK(result.winner()->plan.ep == 8);
+  CHECK(result.winner()->plan.ring == 1);
+
+  // Its export: the window (W - 1, 0) with every other layer full, the sinks, the clamped SwiGLU as
+  // Megatron's quick-GeGLU with an offset.
+  ExportRequest request = testing::export_request("gpt-oss-20b", 16, ulysses, 131'072);
+  request.profile = runtime_profile_load("megatron-core");
+  const std::string script = config_emit("megatron-core", request).text();
+  for (const char* expected :
+       {"  --window-size 127,0 --window-attn-skip-freq 2 \\\n", "  --softmax-type learnable \\\n",
+        "  --quick-geglu --glu-linear-offset 1.0 --activation-func-clamp-value 7 \\\n", "  --context-parallel-size 2 --cp-comm-type a2a \\\n"})
+    CHECK_MESSAGE(script.find(expected) != std::string::npos, expected);
+  CHECK(script.find("--swiglu") == std::string::npos);
+  CHECK(script.find("--disable-bias-linear") == std::string::npos);  // its linears carry biases
 }
