@@ -244,10 +244,15 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
     const double all_gather_s = link.latency_us * 1e-6 + collective_seconds(Collective::collective_all_gather, gathered_bytes, plan.tp, link);
     const double reduce_scatter_s =
         link.latency_us * 1e-6 + collective_seconds(Collective::collective_reduce_scatter, gathered_bytes, plan.tp, link);
-    const double forward_s = 2.0 * (all_gather_s + reduce_scatter_s);
-    const double backward_hidden_s = 2.0 * (all_gather_s + reduce_scatter_s);
+    // A MoE layer's MLP runs on the sequence shard with expert tensor parallelism 1: its dispatcher's
+    // TP group is the expert TP group (token_dispatcher.py L83: pg_collection.expt_tp), of one rank,
+    // so it gathers nothing (dispatch_postprocess L734) and only the attention's gather and
+    // reduce-scatter remain.
+    const double regions = model.is_moe() ? 1.0 : 2.0;
+    const double forward_s = regions * (all_gather_s + reduce_scatter_s);
+    const double backward_hidden_s = regions * (all_gather_s + reduce_scatter_s);
     const double backward_matmul_s = time.matmul_s * 2.0 / (3.0 + recompute);  // backward's share of the GEMMs
-    time.tensor_parallel_exposed_s = layers * ((1.0 + recompute) * forward_s + 2.0 * all_gather_s) +
+    time.tensor_parallel_exposed_s = layers * ((1.0 + recompute) * forward_s + regions * all_gather_s) +
                                      std::max(0.0, layers * backward_hidden_s - backward_matmul_s);
   }
 

@@ -166,6 +166,15 @@ TEST_CASE("the dispatcher's all-to-all: the routed T_s k tokens out and back, fo
   // Without recompute, four exchanges a layer.
   CHECK(time_predict(model, cluster, megatron_plan(2, 8, 1, false), profile, seqlen).time.expert_all_to_all_s ==
         doctest::Approx(48 * 4 * collective_seconds(Collective::collective_all_to_all, routed, 8, link)));
+  // The MoE layer gathers nothing over the TP ranks (its expert TP group is one rank): the attention's
+  // gather and reduce-scatter alone, in the forward and the recompute, and the backward's gather.
+  const Link tp_link = link_for_group(cluster, 2);
+  const double gathered = 32'768.0 * 2048 * 2;  // [T, h] bf16
+  const double all_gather = tp_link.latency_us * 1e-6 + collective_seconds(Collective::collective_all_gather, gathered, 2, tp_link);
+  const double reduce_scatter = tp_link.latency_us * 1e-6 + collective_seconds(Collective::collective_reduce_scatter, gathered, 2, tp_link);
+  const double backward_matmul = time.time.matmul_s * 2.0 / 4.0;  // backward's share of the GEMMs, recompute on
+  CHECK(time.time.tensor_parallel_exposed_s ==
+        doctest::Approx(48 * (2 * (all_gather + reduce_scatter) + all_gather) + std::max(0.0, 48 * (all_gather + reduce_scatter) - backward_matmul)));
 }
 
 TEST_CASE("expert parallelism: Megatron-Core's alone, ep dividing the experts and a stage's ranks, and the search choosing it") {
