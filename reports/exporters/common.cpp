@@ -190,14 +190,19 @@ void moe_note(const std::string& target, const ExportRequest& r, ExportedConfig&
     exported.notes.push_back("MoE: ArcticTraining swaps the experts for ArcticMoE whenever the model has experts (arctic_moe \"auto\", "
                              "arctic_training/model/moe on main) and trains it with ZeRO stage 2 at most; planned with "
                              "expert_parallel_size 1 (every rank holds every expert: expert parallelism is not modelled)");
-  else if (r.plan.moe_aux_loss || r.model.output_router_logits)
-    exported.notes.push_back("MoE: the model's own sparse-MoE block, a ZeRO-3 leaf module by default from DeepSpeed 0.18.0 (every "
-                             "expert of a layer gathered at once); set output_router_logits true in the model's config: the plan "
-                             "priced the auxiliary loss's kept, concatenated and one-hot router logits");
-  else
-    exported.notes.push_back("MoE: the model's own sparse-MoE block, a ZeRO-3 leaf module by default from DeepSpeed 0.18.0 (every "
-                             "expert of a layer gathered at once); keep output_router_logits false: the auxiliary loss's "
-                             "concatenation of every layer's router logits is not in the plan");
+  else {
+    // How the block's experts are gathered: with their decoder layer's FSDP2 unit (Accelerate wraps
+    // each decoder layer, Reference §11 F1.16), or as a ZeRO-3 leaf module (DeepSpeed 0.18.0 on).
+    const char* gathered = target == "accelerate-fsdp2" ? "gathered with its decoder layer's FSDP2 unit (every expert of a layer at once)"
+                                                        : "a ZeRO-3 leaf module by default from DeepSpeed 0.18.0 (every expert of a layer "
+                                                          "gathered at once)";
+    exported.notes.push_back(
+        r.plan.moe_aux_loss || r.model.output_router_logits
+            ? fmt::format("MoE: the model's own sparse-MoE block, {}; set output_router_logits true in the model's config: the plan "
+                          "priced the auxiliary loss's kept, concatenated and one-hot router logits", gathered)
+            : fmt::format("MoE: the model's own sparse-MoE block, {}; keep output_router_logits false: the auxiliary loss's "
+                          "concatenation of every layer's router logits is not in the plan", gathered));
+  }
 }
 
 namespace {

@@ -219,6 +219,19 @@ TEST_CASE("--emit megatron-core writes the MoE layer as planned: experts, top-k,
         "  --moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff 1e-3 \\\n"})
     CHECK_MESSAGE(script.find(expected) != std::string::npos, expected);
   CHECK(script.find("--moe-router-pre-softmax") == std::string::npos);  // Qwen3 renormalizes its top-k (norm_topk_prob)
+  // Megatron builds its own MoE layer: no note about the model code's block, which DeepSpeed gathers as
+  // a ZeRO-3 leaf module and FSDP2 with its decoder layer's unit.
+  auto moe_note_of = [](const ExportedConfig& exported) {
+    for (const std::string& note : exported.notes)
+      if (note.rfind("MoE: ", 0) == 0) return note;
+    return std::string();
+  };
+  CHECK(moe_note_of(config_emit("megatron-core", request)).empty());
+  PlanOptions zero3;
+  zero3.zero_stage = 3;
+  const ExportRequest hf_request = testing::export_request("qwen3-30b-a3b", 8, zero3, 16'384);
+  CHECK(moe_note_of(config_emit("deepspeed", hf_request)).find("a ZeRO-3 leaf module") != std::string::npos);
+  CHECK(moe_note_of(config_emit("accelerate-fsdp2", hf_request)).find("its decoder layer's FSDP2 unit") != std::string::npos);
   request = testing::export_request("llama-3.1-8b", 8, megatron_plan(2, 1, 1, true), 32'768);
   request.profile = runtime_profile_load("megatron-core");
   CHECK(config_emit("megatron-core", request).text().find("--num-experts") == std::string::npos);
