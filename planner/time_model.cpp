@@ -247,8 +247,8 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
     // A MoE layer's MLP runs on the sequence shard with expert tensor parallelism 1: its dispatcher's
     // TP group is the expert TP group (token_dispatcher.py L83: pg_collection.expt_tp), of one rank,
     // so it gathers nothing (dispatch_postprocess L734) and only the attention's gather and
-    // reduce-scatter remain.
-    const double regions = model.is_moe() ? 1.0 : 2.0;
+    // reduce-scatter remain, and the shared experts' where it has them (a TP-split MLP).
+    const double regions = model.is_moe() && model.shared_expert_intermediate_size == 0 ? 1.0 : 2.0;  // shared experts: an MLP's two
     const double forward_s = regions * (all_gather_s + reduce_scatter_s);
     const double backward_hidden_s = regions * (all_gather_s + reduce_scatter_s);
     const double backward_matmul_s = time.matmul_s * 2.0 / (3.0 + recompute);  // backward's share of the GEMMs

@@ -27,6 +27,9 @@ struct MegatronMoeBytes {
   double pairs_x;      // [P, h]
   double pairs_f;      // [P, f_e]
   double pair_probs;   // [P] in the router's dtype: the permuted probabilities
+  double gathered;     // [T, h]: the shared experts' input gathered over the TP ranks
+  double shared_fc1, shared_activation;  // [T, 2 I_s / t], [T, I_s / t]: the shared experts' (a TP rank's share)
+  double shared_gate;  // [T_s, 1]: the shared experts' sigmoid gate
   MegatronMoeBytes(const LayerShape& shape, const LayerImplementation& impl) {
     const double a = static_cast<double>(impl.activation_bytes);
     const double tokens = static_cast<double>(shape.hidden_state_tokens());
@@ -40,6 +43,11 @@ struct MegatronMoeBytes {
     pairs_x = pairs * static_cast<double>(shape.hidden) * a;
     pairs_f = pairs * static_cast<double>(shape.expert_intermediate) * a;
     pair_probs = pairs * a;
+    const double all_tokens = static_cast<double>(shape.tokens), t = static_cast<double>(std::max<int64_t>(1, shape.tp));
+    gathered = all_tokens * static_cast<double>(shape.hidden) * a;
+    shared_activation = all_tokens * static_cast<double>(shape.shared_expert_intermediate) / t * a;
+    shared_fc1 = 2.0 * shared_activation;
+    shared_gate = tokens * a;
   }
 };
 
@@ -58,6 +66,61 @@ void copy_over(TensorTrace& trace, const char* name, double bytes) {
   trace.rename_storage(copy, name);
 }
 
+// Megatron's SharedExpertMLP (shared_experts.py L102-202), computed before the router where not
+// overlapped with the dispatch (moe_layer.py shared_experts_compute): Megatron's MLP with TE's
+// column- and row-parallel linears on the pre-MLP norm's output. fc1 saves that shard (already saved
+// for the router) and multiplies on it gathered over the TP ranks; the fused SwiGLU saves fc1's
+// output, fc2 the activation's; fc2's output is reduce-scattered back to the shard (M1.1-M1.2). With
+// moe_shared_expert_gate a sigmoid gate [T_s, 1] scales it: the multiply saves both.
+void shared_experts_forward(TensorTrace& trace, const LayerShape& shape, const MegatronMoeBytes& bytes) {
+  trace.set_moment("shared experts");
+  if (shape.tp > 1) trace.alloc(L, "tp.gathered_input", bytes.gathered);
+  trace.alloc(L, "shared_experts.fc1_output", bytes.shared_fc1);
+  if (shape.tp > 1) trace.free("tp.gathered_input");
+  trace.alloc(L, "shared_experts.activation_output", bytes.shared_activation);
+  if (shape.tp > 1) trace.alloc(L, "tp.row_parallel_partial", bytes.gathered);
+  const int64_t mlp_output = trace.alloc(L, "shared_experts.mlp_output", bytes.shard);
+  if (shape.tp > 1) trace.free("tp.row_parallel_partial");
+  if (shape.shared_expert_gate) {
+    trace.alloc(L, "shared_experts.gate_logits", bytes.shared_gate);
+    trace.alloc(L, "shared_experts.gate_score", bytes.shared_gate);
+    trace.free("shared_experts.gate_logits");
+    trace.alloc(L, "shared_experts.output", bytes.shard);
+  } else {
+    trace.rename_storage(mlp_output, "shared_experts.output");  // the MLP's output is the shared experts'
+  }
+}
+
+// Its backward, after the router's (the autograd engine reaches the shared experts' branch of the
+// output's sum once the routed branch's gradient has passed): the gate's, fc2's (its output gradient
+// gathered), the SwiGLU's, and fc1's input gradient, produced whole and reduce-scattered, summed
+// into the norm output's.
+void shared_experts_backward(TensorTrace& trace, const LayerShape& shape, const MegatronMoeBytes& bytes) {
+  trace.set_moment("shared experts backward");
+  if (shape.shared_expert_gate) {
+    trace.alloc(L, "shared_experts.mlp_output_grad", bytes.shard);
+    trace.free("shared_experts.gate_score");
+  }
+  if (shape.tp > 1) trace.alloc(L, "tp.gathered_input", bytes.gathered);
+  trace.alloc(L, "shared_experts.activation_output_grad", bytes.shared_activation);
+  if (shape.tp > 1) trace.free("tp.gathered_input");
+  if (shape.shared_expert_gate) {
+    trace.free("shared_experts.mlp_output_grad");
+    trace.free("shared_experts.mlp_output");
+  }
+  trace.free("shared_experts.activation_output");
+  trace.alloc(L, "shared_experts.fc1_output_grad", bytes.shared_fc1);
+  trace.free("shared_experts.activation_output_grad");
+  trace.free("shared_experts.fc1_output");
+  if (shape.tp > 1) trace.alloc(L, "tp.gathered_input", bytes.gathered);  // fc1's input again, for its weight gradient
+  trace.alloc(L, "shared_experts.input_grad_partial", bytes.gathered);
+  trace.free("shared_experts.fc1_output_grad");
+  if (shape.tp > 1) trace.free("tp.gathered_input");
+  trace.alloc(L, "shared_experts.input_grad", bytes.shard);
+  trace.free("shared_experts.input_grad_partial");
+  trace.free("shared_experts.input_grad");
+}
+
 }  // namespace
 
 void megatron_moe_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep) {
@@ -67,6 +130,7 @@ void megatron_moe_forward(TensorTrace& trace, const LayerShape& shape, const Lay
   trace.set_moment("pre-MLP norm and router");
   trace.alloc(L, "mlp_norm.output", bytes.shard);
   trace.alloc(L, "mlp_norm.rsigma_fp32", bytes.rsigma);
+  if (shape.shared_expert_intermediate > 0) shared_experts_forward(trace, shape, bytes);
   // Router (router.py L87-125, moe_utils.py topk_routing_with_score_function L835-895): the logits
   // [T_s, E]; top-k on them, a softmax over the k chosen in fp32 (saved) cast back; the dense
   // probabilities and routing map scattered to [T_s, E]. The load-balancing loss (aux_loss, as the
@@ -102,11 +166,17 @@ void megatron_moe_forward(TensorTrace& trace, const LayerShape& shape, const Lay
   trace.alloc(L, "moe.output", bytes.shard);
   for (const char* name : {"moe.fc2_output", "moe.unsorted_output", "moe.combined_output", "moe.dispatched_tokens", "moe.permuted_tokens"})
     if (trace.is_live(name)) trace.free(name);
+  // postprocess: the shared experts' output added (moe_layer.py L575-590).
+  if (shape.shared_expert_intermediate > 0) {
+    copy_over(trace, "moe.output", bytes.shard);
+    trace.free("shared_experts.output");  // saved by nothing (gated, the multiply saved its inputs)
+  }
   trace.alloc(L, "layer.output", bytes.shard);
   trace.free("moe.output");
   if (!keep) {
     for (const char* name : {"mlp_norm.output", "mlp_norm.rsigma_fp32", "moe.topk_softmax_fp32", "moe.aux_loss_scores_fp32", "moe.permuted_probs",
-                             "moe.expert_inputs", "moe.fc1_output", "moe.activation_output"})
+                             "moe.expert_inputs", "moe.fc1_output", "moe.activation_output", "shared_experts.fc1_output",
+                             "shared_experts.activation_output", "shared_experts.mlp_output", "shared_experts.gate_score"})
       if (trace.is_live(name)) trace.free(name);
     trace.free("residual.attention");
   }
@@ -156,6 +226,7 @@ void megatron_moe_backward(TensorTrace& trace, const LayerShape& shape, const La
   trace.alloc(L, "moe.router_input_grad", bytes.shard);
   trace.free("moe.router_logits_grad");
   trace.free("moe.router_input_grad");
+  if (shape.shared_expert_intermediate > 0) shared_experts_backward(trace, shape, bytes);
   // The pre-MLP norm's backward: its input's gradient, to which the residual branch's is added.
   trace.set_moment("pre-MLP norm backward");
   trace.alloc(L, "residual.attention_grad", bytes.shard);

@@ -14,10 +14,10 @@ namespace {
 // What longseq's Megatron layer (models/inventory/megatron.cpp) does not build yet, though
 // Megatron-Core does: a refusal by name rather than a plan priced for another layer.
 std::string model_refused(const char* name, const ModelSpec& model) {
-  // Megatron's MoE layer as models/inventory/megatron_moe.cpp builds it: routed SwiGLU experts.
-  // Its shared experts (SharedExpertMLP) and their gate are not built there yet.
-  if (model.is_moe() && model.shared_expert_intermediate_size > 0)
-    return fmt::format("{}: {}'s shared experts (Megatron's SharedExpertMLP) are not in longseq's Megatron MoE layer yet", name, model.name);
+  // Megatron's MoE layer as models/inventory/megatron_moe.cpp builds it: routed SwiGLU experts,
+  // shared experts (SharedExpertMLP, without biases: shared_experts.py L124) and their gate.
+  if (model.is_moe() && model.shared_expert_intermediate_size > 0 && model.mlp_bias)
+    return fmt::format("{}: {}'s shared experts carry biases, which Megatron's SharedExpertMLP refuses", name, model.name);
   if (model.is_moe() && model.mlp_kind != MlpKind::mlp_kind_swiglu)
     return fmt::format("{}: {}'s experts are not SwiGLU, the only experts longseq's Megatron MoE layer builds", name, model.name);
   if (model.norms_per_layer == 4) return fmt::format("{}: {}'s post-norms are not in longseq's Megatron layer yet", name, model.name);

@@ -94,6 +94,9 @@ ExportedConfig megatron_core_emit(const ExportRequest& r) {
     args.push_back("--moe-grouped-gemm --moe-token-dispatcher-type alltoall --moe-permute-fusion");
     args.push_back("--moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff 1e-3");
     if (!m.moe_normalize_topk) args.push_back("--moe-router-pre-softmax");
+    if (m.shared_expert_intermediate_size > 0)
+      args.push_back(fmt::format("--moe-shared-expert-intermediate-size {}{}", m.shared_expert_intermediate_size,
+                                 m.shared_expert_gate ? " --moe-shared-expert-gate" : ""));
   }
   args.push_back(fmt::format("--vocab-size {}", m.vocab_size));
   args.push_back("--attention-dropout 0 --hidden-dropout 0");

@@ -122,6 +122,42 @@ TEST_CASE("the MoE layer's forward holds the permuted, dispatched and sorted tok
     CHECK_MESSAGE(peak_bytes_of(name) == doctest::Approx(kPairs * 2048 * 2), name);
 }
 
+TEST_CASE("shared experts (Qwen2-MoE's, gated): fc1's and the SwiGLU's outputs at a TP rank's width, and the gate's multiply inputs") {
+  LayerShape shared = qwen3_moe_tp2_shape(8);
+  shared.shared_expert_intermediate = 5632;
+  const double tokens = 16'384, shard = kSharedTokens * 2048 * 2;
+  const double ungated_extra = tokens * 2 * (5632 / 2) * 2 + tokens * (5632 / 2) * 2;  // fc1 [T, 2 I_s / t], SwiGLU [T, I_s / t]
+  const double base = decoder_layer_saved_bytes(qwen3_moe_tp2_shape(8), megatron_impl());
+  CHECK(decoder_layer_saved_bytes(shared, megatron_impl()) == doctest::Approx(base + ungated_extra).epsilon(1e-12));
+  // Gated: the multiply saves the MLP's output [T_s, h] and the sigmoid's [T_s, 1].
+  shared.shared_expert_gate = true;
+  CHECK(decoder_layer_saved_bytes(shared, megatron_impl()) == doctest::Approx(base + ungated_extra + shard + kSharedTokens * 2).epsilon(1e-12));
+  for (const bool gate : {false, true}) {
+    for (const int64_t tp : {1, 2}) {
+      LayerShape shape = shared;
+      shape.shared_expert_gate = gate;
+      shape.tp = tp;
+      TensorTrace trace;
+      const double input = static_cast<double>(shape.hidden_state_tokens()) * 2048 * 2;
+      trace.alloc(kCategoryLayer, "layer.input", input);
+      decoder_layer_forward(trace, shape, megatron_impl(), /*keep_for_backward=*/true);
+      trace.alloc(kCategoryLayer, "layer.output_grad", input);
+      decoder_layer_backward(trace, shape, megatron_impl());
+      REQUIRE(trace.live_items().size() == 1);
+      CHECK(trace.current_bytes() == input);
+    }
+  }
+  // Megatron-Core plans Qwen1.5-MoE (60 experts, a gated shared expert) with its experts split: ep
+  // divides the 60 (4 here), and its export names the shared expert and its gate.
+  const ModelSpec model = model_load("qwen1.5-moe-a2.7b");
+  CHECK(framework_unsupported(Framework::framework_megatron_core, model, megatron_plan(2, 4, 1, true), 8).empty());
+  ExportRequest request = testing::export_request("qwen1.5-moe-a2.7b", 8, megatron_plan(2, 4, 1, true), 32'768);
+  request.profile = runtime_profile_load("megatron-core");
+  const std::string script = config_emit("megatron-core", request).text();
+  CHECK(script.find("  --moe-shared-expert-intermediate-size 5632 --moe-shared-expert-gate \\\n") != std::string::npos);
+  CHECK(script.find("  --moe-router-pre-softmax \\\n") != std::string::npos);  // norm_topk_prob false: softmax over all, then top-k
+}
+
 TEST_CASE("each MoE layer's dispatcher keeps its probabilities, routing map and row-id map: bf16, bool and int32 [T_s, 2E + 1]") {
   const double expected = kSharedTokens * 128 * 2 + kSharedTokens * 128 * 1 + kSharedTokens * (2 * 128 + 1) * 4;
   CHECK(megatron_moe_dispatcher_held_bytes(qwen3_moe_tp2_shape(8), megatron_impl()) == doctest::Approx(expected));
@@ -194,9 +230,6 @@ TEST_CASE("expert parallelism: Megatron-Core's alone, ep dividing the experts an
   staged.ep = 16;
   CHECK(first_problem(model, h100s(16), staged).find("ranks of a pipeline stage") != std::string::npos);
   CHECK(first_problem(model_load("llama-3.1-8b"), cluster, megatron_plan(1, 2, 1, true)).find("has no experts") != std::string::npos);
-  // Shared experts (Qwen1.5-MoE's) are not in longseq's Megatron MoE layer yet: refused by name.
-  CHECK(framework_unsupported(Framework::framework_megatron_core, model_load("qwen1.5-moe-a2.7b"), megatron_plan(1, 1, 1, true), 8)
-            .find("shared experts") != std::string::npos);
 
   SearchOptions options;
   search_options_for_framework(options, Framework::framework_megatron_core, model, cluster);
