@@ -109,6 +109,9 @@ std::string framework_unsupported(Framework framework, const ModelSpec& model, c
     return fmt::format("{}: no tensor parallelism (tp={}): Megatron-Core's (--framework megatron-core)", name, plan.tp);
   if (plan.pp > 1 && !description.model_parallelism)
     return fmt::format("{}: no pipeline parallelism (pp={}) planned here: Megatron-Core's (--framework megatron-core)", name, plan.pp);
+  if (plan.offload_activation_layers > 0 && !description.te_activation_offload)
+    return fmt::format("{}: no layer-wise activation offloading (--offload-activations is Transformer Engine's under Megatron-Core: "
+                       "--framework megatron-core; checkpoint offload is --checkpoint-offload)", name);
   if (plan.ep > 1 && !description.model_parallelism)
     return fmt::format("{}: no expert parallelism (ep={}) planned here: Megatron-Core's (--framework megatron-core)", name, plan.ep);
   // HSDP's 2-D mesh is FSDP2's (Reference §11 F1.10, F1.17, F6.2).
@@ -150,6 +153,12 @@ void search_options_for_framework(SearchOptions& options, Framework framework, c
   const bool selective = framework_description(framework).selective_checkpointing;
   options.checkpoint_every = selective ? std::vector<int64_t>{1, 2, 3, 4} : std::vector<int64_t>{1};
   options.checkpoint_ops = selective;
+  // TE's activation offloading without recompute: half and three quarters of the layers (Megatron
+  // takes any count below the model's; the search tries two).
+  options.offload_activation_layers = {0};
+  if (framework_description(framework).te_activation_offload)
+    for (const int64_t offloaded : {model.num_layers / 2, 3 * model.num_layers / 4})
+      if (offloaded > 0) options.offload_activation_layers.push_back(offloaded);
   // Tensor parallelism inside a node (its collectives run every layer, on NVLink): the powers of two
   // up to the node's GPUs, as Megatron's recipes choose them.
   options.tensor_parallel = {1};

@@ -74,6 +74,9 @@ struct FrameworkDescription {
   // Attention with a learnable sink logit per head (gpt-oss): Megatron-Core's softmax_type
   // "learnable" in TE's fused attention.
   bool attention_sinks;
+  // Transformer Engine's activation offloading of the first n layers (Megatron-Core's cpu_offloading:
+  // PlanOptions::offload_activation_layers).
+  bool te_activation_offload;
   // Why it cannot build `model` whatever the plan (nullptr: it builds what longseq reads), then why
   // it cannot run `plan` on `gpus` GPUs (0: not known); "" when it can.
   std::string (*model_refused)(const char* name, const ModelSpec& model);

@@ -478,6 +478,10 @@ void resident_activations_place(TensorTrace& trace, const PlanOptions& plan, con
     // on the GPU beyond the layer input the schedule already holds.
     return;
   }
+  // TE's activation offloading (M5.3): the first n layers' saved activations are on the host by the
+  // time the last n layers run (each copy finished before layer L - n + i; cpu_offload.py L602-622),
+  // and reloaded as backward reaches layer L - 1 - n + i: the GPU holds L - n layers' at most.
+  if (plan.offload_activation_layers > 0) layers = std::max(0.0, layers - as_double(plan.offload_activation_layers));
   if (layers <= 0) return;
   // The layers below: the checkpointed ones keep their input, the others every tensor they save
   // (all of them without checkpointing; all but one in every N under torchtitan's layer SAC).
@@ -845,6 +849,8 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
       host_add("hidden_states_checkpoints", offloaded * per_layer);
     }
     host_add("fpdt_chunks_pinned", fpdt_host_bytes(setup.shape, setup.impl, profile.pinned_host_allocations_power_of_two));
+    // TE's offloaded layers' saved activations, in pinned host buffers (cpu_offload.py L292).
+    host_add("te_offloaded_activations_pinned", as_double(plan.offload_activation_layers) * saved_per_layer);
   }
   host_add("dataloader_buffers", profile.dataloader_host_bytes_per_token * as_double(seqlen) * as_double(plan.micro_batch));
   for (const auto& item : prediction.host_items) prediction.host_bytes_per_node += item.bytes;

@@ -140,6 +140,19 @@ std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec
   // Megatron's model parallelism (tensor parallelism, pipeline stages) is modelled as Megatron-Core
   // runs it: its own layer and distributed optimizer, nothing of DeepSpeed's or ALST's.
   if (plan.ep < 1) problems.push_back(fmt::format("ep={} must be at least 1", plan.ep));
+  // TE's activation offloading as Megatron-Core takes it (transformer_config.py L1707-1722): fewer
+  // layers than the model's, no pipeline stages, no recompute.
+  if (plan.offload_activation_layers < 0)
+    problems.push_back(fmt::format("--offload-activations {} must be at least 0", plan.offload_activation_layers));
+  if (plan.offload_activation_layers > 0) {
+    if (plan.offload_activation_layers >= model.num_layers)
+      problems.push_back(fmt::format("--offload-activations {}: Megatron offloads fewer layers than the model's {}", plan.offload_activation_layers,
+                                     model.num_layers));
+    if (plan.activation_checkpointing)
+      problems.push_back("--offload-activations runs without recompute (Megatron: \"CPU offloading does not work when activation "
+                         "recomputation is enabled\"): add --no-checkpointing");
+    if (plan.pp > 1) problems.push_back("--offload-activations runs without pipeline stages (Megatron refuses it with pp > 1)");
+  }
   if (plan.ep > 1) {
     // Megatron's expert grid (etp-ep-edp-pp over the same world) and MoELayer's local experts:
     // num_moe_experts % ep == 0 (moe_layer.py), ep dividing a stage's ranks.
@@ -334,6 +347,7 @@ std::string plan_describe(const PlanOptions& plan) {
           : plan.checkpoint_every > 1    ? fmt::format(" +checkpointing(1 in {})", plan.checkpoint_every)
                                          : " +checkpointing";
   if (plan.checkpoint_offload) text += " +checkpoint-offload";
+  if (plan.offload_activation_layers > 0) text += fmt::format(" +offload-activations({})", plan.offload_activation_layers);
   if (plan.tiled_mlp) text += plan.mlp_tiles > 0 ? fmt::format(" +tiled-mlp({})", plan.mlp_tiles) : " +tiled-mlp";
   if (plan.tiled_loss) text += plan.loss_tiles > 0 ? fmt::format(" +tiled-loss({})", plan.loss_tiles) : " +tiled-loss";
   if (plan.fpdt) text += fmt::format(" +fpdt(chunk {})", plan.fpdt_chunk_tokens);

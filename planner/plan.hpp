@@ -127,6 +127,10 @@ struct PlanOptions : HeldChoices {
   // gate_proj's, down_proj's), and its backward recomputes only the rest (decoder_layer_op_selective_saved_bytes).
   bool checkpoint_ops = false;
   bool checkpoint_offload = false;      // the checkpointed hidden_states go to the host
+  // Megatron-Core's TE activation offloading (cpu_offloading, --cpu-offloading-num-layers; reference-
+  // megatron-core M5.3): without recompute, the saved activations of the first `n` layers copied to
+  // pinned host memory in forward and back in backward, so the GPU holds L - n layers' (0: none).
+  int64_t offload_activation_layers = 0;
   bool tiled_mlp = false;
   int64_t mlp_tiles = 0;                // 0: DeepSpeed's rule ceil(S_l / hidden)
   bool tiled_loss = false;

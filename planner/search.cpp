@@ -18,8 +18,10 @@ std::vector<PlanOptions> plans_enumerate(const ClusterSpec& cluster, const Searc
     bool on, offload;
     int64_t every;
     bool ops = false;
+    int64_t offloaded_layers = 0;  // TE's layer-wise activation offloading, without recompute
   };
-  std::vector<Checkpointing> checkpointing_modes = {{false, false, 1}};
+  std::vector<Checkpointing> checkpointing_modes;
+  for (int64_t offloaded : options.offload_activation_layers) checkpointing_modes.push_back({false, false, 1, false, offloaded});
   for (int64_t every : options.checkpoint_every) checkpointing_modes.push_back({true, false, every});
   if (options.checkpoint_ops) checkpointing_modes.push_back({true, false, 1, true});
   checkpointing_modes.push_back({true, true, 1});
@@ -68,6 +70,7 @@ std::vector<PlanOptions> plans_enumerate(const ClusterSpec& cluster, const Searc
                 plan.checkpoint_offload = checkpointing.offload;
                 plan.checkpoint_every = checkpointing.every;
                 plan.checkpoint_ops = checkpointing.ops;
+                plan.offload_activation_layers = checkpointing.offloaded_layers;
                 static_cast<HeldChoices&>(plan) = options.held;
                 for (bool tiled_mlp : {false, true}) {
                   for (bool tiled_loss : {false, true}) {
@@ -125,7 +128,8 @@ bool same_except(const PlanOptions& a, const PlanOptions& b, int field) {
   if (field != 2 && a.offload_optimizer != b.offload_optimizer) return false;
   if (field != 3 && a.offload_params != b.offload_params) return false;
   if (field != 4 && (a.activation_checkpointing != b.activation_checkpointing || a.checkpoint_offload != b.checkpoint_offload ||
-                     a.checkpoint_every != b.checkpoint_every || a.checkpoint_ops != b.checkpoint_ops))
+                     a.checkpoint_every != b.checkpoint_every || a.checkpoint_ops != b.checkpoint_ops ||
+                     a.offload_activation_layers != b.offload_activation_layers))
     return false;
   if (field != 5 && (a.tiled_mlp != b.tiled_mlp || a.tiled_loss != b.tiled_loss || a.fpdt != b.fpdt ||
                      (a.fpdt && a.fpdt_chunk_tokens != b.fpdt_chunk_tokens)))
@@ -384,7 +388,15 @@ std::vector<SearchAlternative> search_notable_alternatives(const SearchResult& r
       case 1: return fmt::format("ZeRO-{} instead of ZeRO-{}", p.zero_stage, w.zero_stage);
       case 2: return p.offload_optimizer ? "with optimizer offload" : "without optimizer offload";
       case 3: return p.offload_params ? "with parameter offload" : "without parameter offload";
-      case 4: return !p.activation_checkpointing ? "without activation checkpointing"
+      case 4: return !p.activation_checkpointing
+                         ? (p.offload_activation_layers > 0
+                                ? fmt::format("without recompute, {} layers' activations offloaded", p.offload_activation_layers)
+                                : "without activation checkpointing")
+                     : !w.activation_checkpointing  // the winner recomputes nothing: say which checkpointing this is
+                         ? (p.checkpoint_offload      ? std::string("checkpointing every layer, offloaded")
+                            : p.checkpoint_ops        ? std::string("op-level selective checkpointing")
+                            : p.checkpoint_every > 1  ? fmt::format("checkpointing 1 layer in {}", p.checkpoint_every)
+                                                      : std::string("checkpointing every layer"))
                      : p.checkpoint_ops != w.checkpoint_ops
                          ? (p.checkpoint_ops ? "op-level selective checkpointing" : "checkpointing whole layers")
                      : p.checkpoint_every != w.checkpoint_every

@@ -52,6 +52,9 @@ struct SearchOptions {
   std::vector<int64_t> checkpoint_every = {1};
   // Op-level selective checkpointing (PlanOptions::checkpoint_ops) tried beside them, likewise.
   bool checkpoint_ops = false;
+  // Layers whose saved activations Transformer Engine offloads without recompute, tried beside no
+  // checkpointing where the framework runs it (PlanOptions::offload_activation_layers; 0 alone elsewhere).
+  std::vector<int64_t> offload_activation_layers = {0};
   // Tensor-parallel degrees and pipeline stages tried (PlanOptions::tp, pp), where the framework runs them.
   std::vector<int64_t> tensor_parallel = {1};
   std::vector<int64_t> pipeline_parallel = {1};

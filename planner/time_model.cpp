@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "planner/comm_model.hpp"
+#include "planner/memory_model.hpp"
 #include "planner/pipeline.hpp"
 
 namespace longseq {
@@ -23,6 +24,7 @@ StepTime& StepTime::operator+=(const StepTime& other) {
   ring_final_hop_s += other.ring_final_hop_s;
   tensor_parallel_exposed_s += other.tensor_parallel_exposed_s;
   expert_all_to_all_s += other.expert_all_to_all_s;
+  activation_offload_s += other.activation_offload_s;
   pipeline_bubble_s += other.pipeline_bubble_s;
   pipeline_p2p_s += other.pipeline_p2p_s;
   gradient_offload_s += other.gradient_offload_s;
@@ -33,7 +35,7 @@ StepTime& StepTime::operator+=(const StepTime& other) {
 
 double StepTime::total_s() const {
   return matmul_s + attention_s + ulysses_all_to_all_s + zero_communication_exposed_s + checkpoint_offload_s +
-         fpdt_fetch_exposed_s + ring_exposed_s + ring_final_hop_s + tensor_parallel_exposed_s + expert_all_to_all_s + pipeline_bubble_s + pipeline_p2p_s +
+         fpdt_fetch_exposed_s + ring_exposed_s + ring_final_hop_s + tensor_parallel_exposed_s + expert_all_to_all_s + activation_offload_s + pipeline_bubble_s + pipeline_p2p_s +
          gradient_offload_s + optimizer_s + elementwise_s;
 }
 
@@ -353,6 +355,17 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
     time.checkpoint_offload_s = overlapped ? std::max(0.0, copies_s - layer_compute_s) : copies_s;
   }
 
+  // TE's activation offloading (M5.3): the first n layers' saved activations down in forward and up
+  // in backward, on a side stream; each copy has the other L - n layers' compute to hide behind
+  // (finished before layer L - n + i, reloaded from layer L - 1 - n + i on).
+  if (plan.offload_activation_layers > 0) {
+    double saved_bytes = 0;
+    for (const MemoryItem& item : layer_saved_tensors(model, cluster, plan, profile, seqlen)) saved_bytes += item.bytes;
+    const double offloaded = as_double(plan.offload_activation_layers);
+    const double copies_s = offloaded * (pcie_seconds(saved_bytes, card.pcie_device_to_host_gbps) + pcie_seconds(saved_bytes, card.pcie_host_to_device_gbps));
+    time.activation_offload_s = std::max(0.0, copies_s - layer_compute_s * (layers - offloaded) / layers);
+  }
+
   // FPDT's chunk traffic over PCIe, per layer (REFERENCE §3.6). With u chunks, forward stores
   // the q, k, v, output and lse chunks and the input chunks, and fetches k/v chunk j for every
   // q chunk i >= j: u(u+1)/2 fetches of 2 K/u bytes = (u+1) K. Backward fetches q, output, lse and
@@ -428,7 +441,7 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   prediction.accumulation_steps = gradient_accumulation_steps(cluster, plan);
   const std::initializer_list<double*> per_micro_step_parts = {&time.matmul_s, &time.attention_s, &time.ulysses_all_to_all_s,
                                                                 &time.checkpoint_offload_s, &time.fpdt_fetch_exposed_s, &time.ring_exposed_s,
-                                                                &time.ring_final_hop_s, &time.tensor_parallel_exposed_s, &time.expert_all_to_all_s,
+                                                                &time.ring_final_hop_s, &time.tensor_parallel_exposed_s, &time.expert_all_to_all_s, &time.activation_offload_s,
                                                                 &time.elementwise_s};
   double micro_batch_slot_s = 0;  // one micro-batch's forward and backward on one (pipeline stage of a) rank
   for (const double* part : per_micro_step_parts) micro_batch_slot_s += *part;

@@ -30,6 +30,7 @@ struct StepTime {
   double fpdt_fetch_exposed_s = 0;          // FPDT chunk traffic not hidden behind attention
   double ring_exposed_s = 0;                // ring attention's key/value passing not hidden behind attention
   double ring_final_hop_s = 0;              // backward's dk/dv accumulators going home after the last step
+  double activation_offload_s = 0;          // TE's layer-wise activation offloading's copies not hidden behind the other layers
   double expert_all_to_all_s = 0;           // Megatron's MoE dispatcher exchanging the routed tokens over the ep ranks
   double tensor_parallel_exposed_s = 0;     // Megatron's sequence-parallel all-gathers and reduce-scatters not hidden behind GEMMs
   double pipeline_bubble_s = 0;             // 1F1B's pp - 1 idle micro-batch slots

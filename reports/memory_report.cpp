@@ -156,6 +156,7 @@ std::string time_table_render(const TimePrediction& prediction, const TimeContex
   line("ring dk/dv final hop", time.ring_final_hop_s);
   line("tensor parallel gathers/scatters (exposed)", time.tensor_parallel_exposed_s);
   line("expert-parallel all-to-all (dispatch, combine)", time.expert_all_to_all_s);
+  line("activation offload to the host (exposed)", time.activation_offload_s);
   line("pipeline bubble (1F1B idle: (pp - 1) / vpp slots)", time.pipeline_bubble_s);
   line("pipeline sends between stages", time.pipeline_p2p_s);
   line("gradients to the host (in backward)", time.gradient_offload_s);
@@ -207,6 +208,7 @@ nlohmann::json time_prediction_to_json(const TimePrediction& prediction, const T
         {"ring_final_hop", time.ring_final_hop_s},
         {"tensor_parallel_exposed", time.tensor_parallel_exposed_s},
         {"expert_all_to_all", time.expert_all_to_all_s},
+        {"activation_offload", time.activation_offload_s},
         {"pipeline_bubble", time.pipeline_bubble_s},
         {"pipeline_p2p", time.pipeline_p2p_s},
         {"gradient_offload", time.gradient_offload_s},

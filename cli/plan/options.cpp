@@ -68,6 +68,11 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
                       "exchanged by all-to-all (ep divides the experts and a stage's ranks; default 1). Runs in Megatron-Core "
                       "(--framework megatron-core)")
       ->check(CLI::Range(1, 1 << 20));
+  command->add_option("--offload-activations", args->offload_activations,
+                      "Megatron-Core without recompute: Transformer Engine offloads the saved activations of the first N layers to "
+                      "pinned host memory and reloads them in backward (--cpu-offloading-num-layers), so the GPU holds the other "
+                      "layers' (with --no-checkpointing; no --pp)")
+      ->check(CLI::Range(1, 1 << 20));
   command->add_option("--zero", args->zero_stage, "ZeRO stage 0..3 (default 3)");
   command->add_flag("--search", args->search,
                     "search the plan space (the default when no plan flag is given): sp, ZeRO stage, offloads, "
@@ -256,7 +261,7 @@ int64_t global_batch_samples(const PlanCommandArgs& args, std::optional<int64_t>
 }
 
 bool plan_flags_given(const PlanCommandArgs& args) {
-  return args.alst || args.baseline || args.sp || args.ring || args.tp || args.pp || args.vpp || args.ep || args.zero_stage || args.mlp_tiles || args.loss_tiles || args.fpdt ||
+  return args.alst || args.baseline || args.sp || args.ring || args.tp || args.pp || args.vpp || args.ep || args.offload_activations || args.zero_stage || args.mlp_tiles || args.loss_tiles || args.fpdt ||
          args.checkpoint_every || args.checkpoint_ops ||
          args.fpdt_chunk ||
          args.offload_optimizer_on + args.offload_optimizer_off + args.offload_params_on + args.offload_params_off +
@@ -279,13 +284,14 @@ PlanOptions plan_from_flags(const PlanCommandArgs& args, const ModelSpec& model,
     plan.ring = positive_or_default(args.ring, "--ring");
     if (args.sp == std::nullopt) plan.sp = sp_largest_valid(model, cluster.gpus / plan.ring);
   }
-  if (args.tp || args.pp || args.vpp || args.ep) {
+  if (args.tp || args.pp || args.vpp || args.ep || args.offload_activations) {
     // Megatron's plan, not ALST's set: its distributed optimizer, no offload, no ALST tiling (each
     // flag below may still ask for one, and plan_problems says why not).
     plan.tp = args.tp.value_or(1);
     plan.pp = args.pp.value_or(1);
     plan.vpp = args.vpp.value_or(1);
     plan.ep = args.ep.value_or(1);
+    plan.offload_activation_layers = args.offload_activations.value_or(0);
     plan.zero_stage = 1;
     plan.offload_optimizer = plan.offload_params = plan.checkpoint_offload = plan.tiled_mlp = plan.tiled_loss = false;
     if (args.sp == std::nullopt) plan.sp = 1;  // Megatron's a2a (Ulysses) only where asked
@@ -419,7 +425,8 @@ std::function<bool(const PlanOptions&)> search_constraints(const PlanCommandArgs
                             checkpointing = held(args.checkpointing_on, args.checkpointing_off),
                             checkpoint_offload = held(args.checkpoint_offload_on, args.checkpoint_offload_off),
                             tiled_mlp = held(args.tiled_mlp_on, args.tiled_mlp_off), tiled_loss = held(args.tiled_loss_on, args.tiled_loss_off);
-  const std::optional<int64_t> sp = args.sp, ring = args.ring, tp = args.tp, pp = args.pp, vpp = args.vpp, ep = args.ep;
+  const std::optional<int64_t> sp = args.sp, ring = args.ring, tp = args.tp, pp = args.pp, vpp = args.vpp, ep = args.ep,
+                               offload_activations = args.offload_activations;
   const std::optional<int> zero = args.zero_stage;
   const bool fpdt = args.fpdt;
   const std::optional<int64_t> checkpoint_every = args.checkpoint_every;
@@ -427,7 +434,8 @@ std::function<bool(const PlanOptions&)> search_constraints(const PlanCommandArgs
   const std::optional<int64_t> chunk = args.fpdt_chunk ? std::optional<int64_t>(seqlen_parse(*args.fpdt_chunk, "--fpdt-chunk")) : std::nullopt;
   return [=](const PlanOptions& plan) {
     auto holds = [](const std::optional<bool>& wanted, bool value) { return !wanted || *wanted == value; };
-    return (!sp || plan.sp == *sp) && (!ring || plan.ring == *ring) && (!tp || plan.tp == *tp) && (!pp || plan.pp == *pp) && (!vpp || plan.vpp == *vpp) && (!ep || plan.ep == *ep) && (!zero || plan.zero_stage == *zero) &&
+    return (!sp || plan.sp == *sp) && (!ring || plan.ring == *ring) && (!tp || plan.tp == *tp) && (!pp || plan.pp == *pp) && (!vpp || plan.vpp == *vpp) && (!ep || plan.ep == *ep) &&
+           (!offload_activations || plan.offload_activation_layers == *offload_activations) && (!zero || plan.zero_stage == *zero) &&
            holds(offload_optimizer, plan.offload_optimizer) && holds(offload_params, plan.offload_params) &&
            holds(checkpointing, plan.activation_checkpointing) && holds(checkpoint_offload, plan.checkpoint_offload) &&
            holds(tiled_mlp, plan.tiled_mlp) && holds(tiled_loss, plan.tiled_loss) && (!fpdt || plan.fpdt) &&

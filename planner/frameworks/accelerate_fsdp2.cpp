@@ -47,6 +47,7 @@ extern const FrameworkDescription kAccelerateFsdp2 = {
     /*selective_checkpointing=*/false,
     /*model_parallelism=*/false,
     /*attention_sinks=*/false,
+    /*te_activation_offload=*/false,
     nullptr,
     plan_refused,
 };

@@ -50,6 +50,7 @@ extern const FrameworkDescription kArcticTraining = {
     /*selective_checkpointing=*/false,
     /*model_parallelism=*/false,
     /*attention_sinks=*/false,
+    /*te_activation_offload=*/false,
     model_refused,
     plan_refused,
 };

@@ -30,6 +30,7 @@ extern const FrameworkDescription kHfAccelerate = {
     /*selective_checkpointing=*/false,
     /*model_parallelism=*/false,
     /*attention_sinks=*/false,
+    /*te_activation_offload=*/false,
     nullptr,
     plan_refused,
 };

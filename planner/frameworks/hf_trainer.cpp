@@ -35,6 +35,7 @@ extern const FrameworkDescription kHfTrainer = {
     /*selective_checkpointing=*/false,
     /*model_parallelism=*/false,
     /*attention_sinks=*/false,
+    /*te_activation_offload=*/false,
     nullptr,
     plan_refused,
 };

@@ -31,6 +31,7 @@ extern const FrameworkDescription kLongseq = {
     /*selective_checkpointing=*/false,
     /*model_parallelism=*/false,
     /*attention_sinks=*/false,
+    /*te_activation_offload=*/false,
     nullptr,
     plan_refused,
 };

@@ -46,9 +46,11 @@ std::string plan_refused(const char* name, const ModelSpec& model, const PlanOpt
                        "(Megatron-FSDP is not modelled)", name);
   if (plan.offload_optimizer || plan.offload_params)
     return fmt::format("{}: its optimizer CPU offload (optimizer_cpu_offload) is not modelled; no ZeRO offload", name);
-  // TE's activation offloading (cpu_offloading) is refused with recompute by Megatron itself
-  // (transformer_config.py L1149, M5.3) and not modelled without it yet.
-  if (plan.checkpoint_offload) return fmt::format("{}: TE's activation offloading (cpu_offloading) is not modelled yet", name);
+  // Offloading each checkpoint is DeepSpeed's and the trainers'; Megatron offloads whole layers'
+  // saved activations without recompute (TE's cpu_offloading, M5.3): --offload-activations.
+  if (plan.checkpoint_offload)
+    return fmt::format("{}: no checkpoint offload (TE's activation offloading moves whole layers' activations without recompute: "
+                       "--no-checkpointing --offload-activations N)", name);
   // PyTorch CP's all-to-all rotation is PyTorch's; Megatron's a2a is Ulysses' layout: sp.
   if (plan.cp_all_to_all) return fmt::format("{}: --cp-rotate is PyTorch's; Megatron's cp_comm_type a2a is its Ulysses layout (--sp)", name);
   return "";
@@ -70,6 +72,7 @@ extern const FrameworkDescription kMegatronCore = {
     /*selective_checkpointing=*/false,
     /*model_parallelism=*/true,
     /*attention_sinks=*/true,
+    /*te_activation_offload=*/true,
     model_refused,
     plan_refused,
 };

@@ -95,6 +95,7 @@ extern const FrameworkDescription kTorchtitan = {
     /*selective_checkpointing=*/true,
     /*model_parallelism=*/false,
     /*attention_sinks=*/false,
+    /*te_activation_offload=*/false,
     model_refused,
     plan_refused,
 };

@@ -37,6 +37,7 @@ extern const FrameworkDescription kUnsloth = {
     /*selective_checkpointing=*/false,
     /*model_parallelism=*/false,
     /*attention_sinks=*/false,
+    /*te_activation_offload=*/false,
     nullptr,
     plan_refused,
 };

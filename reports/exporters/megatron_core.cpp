@@ -117,6 +117,9 @@ ExportedConfig megatron_core_emit(const ExportRequest& r) {
   // The gradient buffer in fp32, as the plan prices it (the megatron-core profile, M3.1).
   args.push_back("--accumulate-allreduce-grads-in-fp32");
   if (p.activation_checkpointing) args.push_back("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1");
+  // TE's activation offloading of the first N layers (cpu_offloading; arguments.py L1869-1870 turns
+  // it on from the count).
+  if (p.offload_activation_layers > 0) args.push_back(fmt::format("--cpu-offloading-num-layers {}", p.offload_activation_layers));
 
   std::string script = "#!/usr/bin/env bash\n";
   script += hash_comments(header_lines(r, "Megatron-LM (pretrain_gpt.py on Megatron-Core)", exported.notes));

@@ -44,7 +44,8 @@ keys = ["tensor_model_parallel_size", "sequence_parallel", "context_parallel_siz
         "moe_ffn_hidden_size", "expert_model_parallel_size", "expert_tensor_parallel_size", "moe_grouped_gemm",
         "moe_token_dispatcher_type", "moe_permute_fusion", "moe_router_load_balancing_type", "moe_aux_loss_coeff",
         "moe_router_pre_softmax", "window_size", "window_attn_skip_freq", "softmax_type", "quick_geglu", "glu_linear_offset",
-        "activation_func_clamp_value", "moe_shared_expert_intermediate_size", "moe_shared_expert_gate"]
+        "activation_func_clamp_value", "moe_shared_expert_intermediate_size", "moe_shared_expert_gate", "cpu_offloading",
+        "cpu_offloading_num_layers"]
 print("MEGATRON_ARGS " + json.dumps({key: getattr(args, key, None) for key in keys}))
 """
 
@@ -108,6 +109,9 @@ PLANS = [
      {"tensor_model_parallel_size": 4, "expert_model_parallel_size": 8, "context_parallel_size": 2, "cp_comm_type": ["a2a"],
       "window_size": [127, 0], "window_attn_skip_freq": 2, "softmax_type": "learnable", "add_bias_linear": True, "quick_geglu": True,
       "glu_linear_offset": 1.0, "activation_func_clamp_value": 7.0}),
+    # TE's activation offloading of 24 of 32 layers' activations, without recompute.
+    (["--model", "llama-3.1-8b", "--gpus", "8", "--tp", "8", "--no-checkpointing", "--offload-activations", "24", "--seqlen", "64Ki"], 8,
+     {"cpu_offloading": True, "cpu_offloading_num_layers": 24, "recompute_granularity": None}),
     # Qwen1.5-MoE: 60 experts over 4 ranks, a gated shared expert, softmax over every expert before the
     # top-k (norm_topk_prob false).
     (["--model", "qwen1.5-moe-a2.7b", "--gpus", "8", "--tp", "2", "--ep", "4", "--seqlen", "64Ki"], 8,

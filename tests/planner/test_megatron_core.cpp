@@ -393,3 +393,67 @@ TEST_CASE("uneven pipeline stages: Megatron's first and last stage layers where 
   REQUIRE(!problems.empty());
   CHECK(problems.front().find("leaves no layer to the first or last stage") != std::string::npos);
 }
+
+TEST_CASE("TE's activation offloading: the GPU holds L - n layers' saved activations, the host n, the copies hidden behind L - n layers") {
+  const ModelSpec model = model_load("llama-3.1-8b");
+  const ClusterSpec cluster = h100s(8);
+  const RuntimeProfile profile = runtime_profile_load("megatron-core");
+  const int64_t seqlen = 65'536;
+  PlanOptions plan = megatron_plan(8, 1, 1, 1, false);
+  plan.offload_activation_layers = 24;
+  REQUIRE(plan_problems(model, cluster, plan).empty());
+  CHECK(framework_unsupported(Framework::framework_megatron_core, model, plan, 8).empty());
+  // A TP 8 layer's saved set at 65,536 tokens (8,192 a rank in the residual stream).
+  LayerShape shape = llama_tp4_shape(1, 1);
+  shape.tokens = 65'536;
+  shape.tp = 8;
+  shape.q_width = 512;
+  shape.kv_width = 128;
+  shape.num_q_heads = 4;
+  shape.num_kv_heads = 1;
+  shape.intermediate = 1792;
+  shape.vocab = (128'256 + 7) / 8;
+  LayerImplementation impl = megatron_impl();
+  impl.megatron_te_cross_entropy = false;
+  impl.flash_attention_dq_accumulator = true;
+  const double saved = decoder_layer_saved_bytes(shape, impl);
+  const MemoryPrediction prediction = memory_predict(model, cluster, plan, profile, seqlen);
+  const PhasePeak* loss = nullptr;
+  for (const PhasePeak& phase : prediction.phases)
+    if (phase.phase == "logits and loss") loss = &phase;
+  REQUIRE(loss != nullptr);
+  // At the loss the first 24 layers' sets are on the host (cpu_offload.py L602-622): 8 on the GPU.
+  CHECK(item_bytes(loss->items, "saved_activations") == doctest::Approx(8 * saved).epsilon(1e-9));
+  CHECK(item_bytes(prediction.host_items, "te_offloaded_activations_pinned") == doctest::Approx(8 * 24 * saved).epsilon(1e-9));
+
+  // The copies, 24 sets down and up over PCIe, hide behind the other 8 layers' compute.
+  const TimePrediction time = time_predict(model, cluster, plan, profile, seqlen);
+  const HardwareCard& card = cluster.hardware;
+  const double copies_s = 24 * saved * (1 / (card.pcie_device_to_host_gbps * 1e9) + 1 / (card.pcie_host_to_device_gbps * 1e9));
+  CHECK(time.time.activation_offload_s == doctest::Approx(std::max(0.0, copies_s - (time.time.matmul_s + time.time.attention_s) * 8 / 32)));
+  CHECK(time.time.activation_offload_s > 0);
+
+  // Megatron refuses it with recompute, with pipeline stages and for every layer (transformer_config.py
+  // L1707-1722); the other frameworks have no layer-wise offload.
+  PlanOptions recompute = plan;
+  recompute.activation_checkpointing = true;
+  CHECK_FALSE(plan_problems(model, cluster, recompute).empty());
+  PlanOptions staged = plan;
+  staged.pp = 2;
+  CHECK_FALSE(plan_problems(model, cluster, staged).empty());
+  PlanOptions every = plan;
+  every.offload_activation_layers = 32;
+  CHECK_FALSE(plan_problems(model, cluster, every).empty());
+  PlanOptions deepspeed;
+  deepspeed.activation_checkpointing = false;
+  deepspeed.offload_activation_layers = 16;
+  CHECK(framework_unsupported(Framework::framework_deepspeed, model, deepspeed, 8).find("no layer-wise activation offloading") !=
+        std::string::npos);
+
+  // The export turns it on by the count (arguments.py L1869-1870).
+  ExportRequest request = testing::export_request("llama-3.1-8b", 8, plan, seqlen);
+  request.profile = profile;
+  const std::string script = config_emit("megatron-core", request).text();
+  CHECK(script.find("  --cpu-offloading-num-layers 24 ") != std::string::npos);
+  CHECK(script.find("--recompute-granularity") == std::string::npos);
+}
