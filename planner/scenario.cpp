@@ -100,6 +100,7 @@ PlanSettings plan_settings_read(YamlReader& reader) {
   if (reader.has("ring")) settings.ring = reader.get_int("ring", 1, kMaxGpus);
   if (reader.has("tp")) settings.tp = reader.get_int("tp", 1, kMaxGpus);
   if (reader.has("pp")) settings.pp = reader.get_int("pp", 1, kMaxGpus);
+  if (reader.has("ep")) settings.ep = reader.get_int("ep", 1, kMaxGpus);
   if (reader.has("zero_stage")) settings.zero_stage = static_cast<int>(reader.get_int("zero_stage", 0, 3));
   optional_bool("offload_optimizer", settings.offload_optimizer);
   optional_bool("offload_params", settings.offload_params);
@@ -291,7 +292,7 @@ namespace {
 PlanOptions plan_from_settings(const PlanSettings& settings, const ModelSpec& model, const ClusterSpec& cluster) {
   const int64_t ring = settings.ring.value_or(1);
   // Under Megatron's model parallelism Ulysses (its a2a) is only where asked, as `plan --tp` has it.
-  const bool megatron = settings.tp || settings.pp;
+  const bool megatron = settings.tp || settings.pp || settings.ep;
   const int64_t sp = settings.sp.value_or(megatron ? 1 : sp_largest_valid(model, std::max<int64_t>(1, cluster.gpus / ring)));
   PlanOptions plan;
   plan.sp = sp;
@@ -305,6 +306,7 @@ PlanOptions plan_from_settings(const PlanSettings& settings, const ModelSpec& mo
   plan.ring = ring;
   plan.tp = settings.tp.value_or(1);
   plan.pp = settings.pp.value_or(1);
+  plan.ep = settings.ep.value_or(1);
   // Megatron's plan, not ALST's set (as `plan --tp`): its distributed optimizer (with PlanOptions'
   // recompute and no offload or tiling) unless a key asks otherwise.
   if (megatron && !settings.preset) plan.zero_stage = 1;
@@ -458,10 +460,12 @@ std::vector<SweepRow> scenario_run(const Scenario& scenario, const std::function
                           options.admits = [every, ops = settings.checkpoint_ops](const PlanOptions& candidate) {
                             return (every == 0 || candidate.checkpoint_every == every) && (!ops || candidate.checkpoint_ops == *ops);
                           };
-                        // A TP degree or pipeline stages given are held, as `plan --search --tp T` holds them.
-                        if (settings.tp || settings.pp)
-                          options.admits = [previous = options.admits, tp = settings.tp, pp = settings.pp](const PlanOptions& candidate) {
-                            return (!previous || previous(candidate)) && (!tp || candidate.tp == *tp) && (!pp || candidate.pp == *pp);
+                        // A TP degree, pipeline stages or expert ranks given are held, as `plan --search --tp T` holds them.
+                        if (settings.tp || settings.pp || settings.ep)
+                          options.admits = [previous = options.admits, tp = settings.tp, pp = settings.pp,
+                                            ep = settings.ep](const PlanOptions& candidate) {
+                            return (!previous || previous(candidate)) && (!tp || candidate.tp == *tp) && (!pp || candidate.pp == *pp) &&
+                                   (!ep || candidate.ep == *ep);
                           };
                         return options;
                       };

@@ -33,7 +33,7 @@ struct PlanSettings {
   std::optional<int64_t> ring;
   // Megatron-Core's tensor parallelism and pipeline stages (PlanOptions::tp, pp): a fixed plan uses
   // them; a search holds each one given (--framework megatron-core's search tries them otherwise).
-  std::optional<int64_t> tp, pp;
+  std::optional<int64_t> tp, pp, ep;
   std::optional<int> zero_stage;
   std::optional<bool> offload_optimizer, offload_params, activation_checkpointing, checkpoint_offload, tiled_mlp,
       tiled_loss, fpdt;

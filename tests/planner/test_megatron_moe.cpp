@@ -13,6 +13,7 @@
 #include "planner/compute_model.hpp"
 #include "planner/frameworks.hpp"
 #include "planner/memory_model.hpp"
+#include "planner/scenario.hpp"
 #include "planner/search.hpp"
 #include "planner/time_model.hpp"
 #include "reports/export.hpp"
@@ -313,4 +314,20 @@ TEST_CASE("gpt-oss under Megatron-Core: windows on every other layer cut their a
     CHECK_MESSAGE(script.find(expected) != std::string::npos, expected);
   CHECK(script.find("--swiglu") == std::string::npos);
   CHECK(script.find("--disable-bias-linear") == std::string::npos);  // its linears carry biases
+}
+
+TEST_CASE("a scenario plans expert parallelism: ep fixes a plan's expert ranks, or is held by a search") {
+  const std::string head = "name: x\nmodel: qwen3-30b-a3b\ncluster: {gpu: h100-sxm-80gb}\n";
+  const Scenario fixed = scenario_from_text(head + "plan: {framework: megatron-core, tp: 4, ep: 8, ring: 2}\nsweep: {gpus: [8], seqlen: [32Ki]}\n",
+                                            "x.yaml");
+  const std::vector<SweepRow> fixed_rows = scenario_run(fixed);
+  REQUIRE(fixed_rows.size() == 1);
+  REQUIRE(fixed_rows[0].plan);
+  CHECK(fixed_rows[0].error == "");
+  CHECK(plan_describe(*fixed_rows[0].plan) == "tp=4 ep=8 sp=1 ring=2 zero=1 +checkpointing");
+  const Scenario held = scenario_from_text(head + "plan: {search: max-seqlen, framework: megatron-core, ep: 4}\nsweep: {gpus: [16]}\n", "x.yaml");
+  const std::vector<SweepRow> held_rows = scenario_run(held);
+  REQUIRE(held_rows.size() == 1);
+  REQUIRE(held_rows[0].plan);
+  CHECK(held_rows[0].plan->ep == 4);
 }
