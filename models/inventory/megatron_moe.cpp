@@ -23,7 +23,7 @@ struct MegatronMoeBytes {
   double rsigma;       // fp32 [T_s] x 2: a TE norm's saved statistics (as megatron.cpp's)
   double logits;       // [T_s, E] in the router's dtype (the input's: moe_router_dtype unset)
   double scores_fp32;  // [T_s, E] fp32: the aux loss's softmax over every expert
-  double topk_fp32;    // [T_s, k] fp32: the softmax over the chosen experts' logits
+  double topk_fp32;    // fp32: the router's saved softmax, [T_s, k] over the chosen, [T_s, E] before the top-k
   double pairs_x;      // [P, h]
   double pairs_f;      // [P, f_e]
   double pair_probs;   // [P] in the router's dtype: the permuted probabilities
@@ -39,7 +39,9 @@ struct MegatronMoeBytes {
     rsigma = tokens * 4.0 * 2.0;
     logits = tokens * experts * a;
     scores_fp32 = tokens * experts * 4.0;
-    topk_fp32 = tokens * k * 4.0;
+    // A router that renormalizes its k (norm_topk_prob) is Megatron's top-k then softmax over the k;
+    // one that does not, its pre-softmax over every expert, then the top-k (moe_utils.py L840-853).
+    topk_fp32 = tokens * (shape.moe_normalize_topk ? k : experts) * 4.0;
     pairs_x = pairs * static_cast<double>(shape.hidden) * a;
     pairs_f = pairs * static_cast<double>(shape.expert_intermediate) * a;
     pair_probs = pairs * a;
@@ -132,7 +134,8 @@ void megatron_moe_forward(TensorTrace& trace, const LayerShape& shape, const Lay
   trace.alloc(L, "mlp_norm.rsigma_fp32", bytes.rsigma);
   if (shape.shared_expert_intermediate > 0) shared_experts_forward(trace, shape, bytes);
   // Router (router.py L87-125, moe_utils.py topk_routing_with_score_function L835-895): the logits
-  // [T_s, E]; top-k on them, a softmax over the k chosen in fp32 (saved) cast back; the dense
+  // [T_s, E]; top-k on them, a softmax over the k chosen in fp32 (saved) cast back (or, pre-softmax,
+  // the softmax over every expert first, saved, then the top-k); the dense
   // probabilities and routing map scattered to [T_s, E]. The load-balancing loss (aux_loss, as the
   // Bridge's Qwen3-MoE sets) takes a softmax over every expert in fp32, which it saves.
   trace.alloc(L, "moe.router_logits", bytes.logits);

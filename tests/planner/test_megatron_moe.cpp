@@ -157,6 +157,10 @@ TEST_CASE("shared experts (Qwen2-MoE's, gated): fc1's and the SwiGLU's outputs a
   const std::string script = config_emit("megatron-core", request).text();
   CHECK(script.find("  --moe-shared-expert-intermediate-size 5632 --moe-shared-expert-gate \\\n") != std::string::npos);
   CHECK(script.find("  --moe-router-pre-softmax \\\n") != std::string::npos);  // norm_topk_prob false: softmax over all, then top-k
+  // That softmax, over all 128 experts in fp32, is what the router saves in place of the top-k's [T_s, k].
+  LayerShape pre_softmax = qwen3_moe_tp2_shape(8);
+  pre_softmax.moe_normalize_topk = false;
+  CHECK(decoder_layer_saved_bytes(pre_softmax, megatron_impl()) == doctest::Approx(base + kSharedTokens * (128 - 8) * 4).epsilon(1e-12));
 }
 
 TEST_CASE("each MoE layer's dispatcher keeps its probabilities, routing map and row-id map: bf16, bool and int32 [T_s, 2E + 1]") {
