@@ -187,8 +187,8 @@ ModelSpec model_from_hf_config_text(const std::string& json_text, const std::str
   const bool is_moe = is_mixtral || is_qwen2_moe || is_qwen3_moe || is_gpt_oss;
   // Architectures whose layers longseq cannot price are refused by what they hold (Reference §12
   // part B): other mixture-of-experts blocks (DeepSeek's group-limited fp32 router, Llama 4's dense
-  // bmm over all experts) and DeepSeek's multi-head
-  // latent attention (Ulysses' shape asserts fail on it, §12 item 74).
+  // bmm over all experts) and DeepSeek's multi-head latent attention (Ulysses' shape asserts fail on
+  // it, §12 item 74).
   if (!is_moe)
     for (const char* key : {"num_local_experts", "num_experts", "n_routed_experts"})
       if (config.has(key) && config[key].raw().is_number_integer() && config[key].integer() > 1)
