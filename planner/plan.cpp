@@ -137,8 +137,6 @@ std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec
   if (plan.pp < 1) problems.push_back(fmt::format("pp={} must be at least 1", plan.pp));
   if (plan.vpp < 1) problems.push_back(fmt::format("vpp={} must be at least 1", plan.vpp));
   else if (plan.vpp > 1 && plan.pp <= 1) problems.push_back("virtual pipeline stages (vpp) interleave a pipeline: give pp > 1");
-  // Megatron's model parallelism (tensor parallelism, pipeline stages) is modelled as Megatron-Core
-  // runs it: its own layer and distributed optimizer, nothing of DeepSpeed's or ALST's.
   if (plan.ep < 1) problems.push_back(fmt::format("ep={} must be at least 1", plan.ep));
   // TE's activation offloading as Megatron-Core takes it (transformer_config.py L1707-1722): fewer
   // layers than the model's, no pipeline stages, no recompute.
@@ -162,6 +160,8 @@ std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec
     if (plan.pp >= 1 && (cluster.gpus % plan.pp != 0 || (cluster.gpus / plan.pp) % plan.ep != 0))
       problems.push_back(fmt::format("ep={} does not divide the {} ranks of a pipeline stage", plan.ep, cluster.gpus / std::max<int64_t>(1, plan.pp)));
   }
+  // Megatron's model parallelism (tensor parallelism, pipeline stages, expert parallelism) is modelled
+  // as Megatron-Core runs it: its own layer and distributed optimizer, nothing of DeepSpeed's or ALST's.
   if (plan.tp >= 1 && plan.pp >= 1 && plan.ep >= 1 && (plan.tp > 1 || plan.pp > 1 || plan.ep > 1)) {
     if (plan.sp >= 1 && plan.ring >= 1 && cluster.gpus % plan.model_parallel_ranks() != 0)
       problems.push_back(fmt::format("tp={} x sp={} x ring={} x pp={} does not divide {} GPUs (world = dp x tp x sp x ring x pp)", plan.tp,
