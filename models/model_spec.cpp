@@ -93,7 +93,8 @@ ParameterCount parameter_count(const ModelSpec& model) {
   int64_t unused_expert_parameters = 0;
   if (model.is_moe()) {
     const int64_t expert = 3 * h * model.expert_intermediate_size;
-    count.per_layer_mlp = h * model.experts + model.experts * expert + 3 * h * model.shared_expert_intermediate_size +
+    count.per_layer_routed_experts = model.experts * expert;
+    count.per_layer_mlp = h * model.experts + count.per_layer_routed_experts + 3 * h * model.shared_expert_intermediate_size +
                           (model.shared_expert_gate ? h : 0);
     // Biased experts (gpt-oss's gate_up_proj_bias [E, 2 I_e] and down_proj_bias [E, h]) and router (bias [E]).
     if (model.mlp_bias) count.per_layer_mlp += model.experts * (2 * model.expert_intermediate_size + h) + model.experts;

@@ -126,6 +126,9 @@ struct ParameterCount {
   int64_t per_layer_attention = 0;
   int64_t per_layer_mlp = 0;
   int64_t per_layer_norms = 0;    // also what ZeRO-3 keeps unpartitioned (below its persistence threshold)
+  // Of per_layer_mlp, the routed experts' matrices (E gated experts, 3 h x I_e each): what Megatron's
+  // expert parallelism splits over ep ranks (0 for a dense model).
+  int64_t per_layer_routed_experts = 0;
   int64_t final_norm = 0;
   int64_t lm_head = 0;            // 0 when tied
   int64_t largest_layer_matrix = 0;  // largest weight tensor in a decoder layer (its gradient is produced whole)

@@ -60,11 +60,6 @@ struct Setup {
   double expert_parameters = 0;
 };
 
-// A routed expert's parameters in one decoder layer: E gated experts of three h x I_e matrices.
-double layer_expert_parameters(const ModelSpec& model) {
-  return as_double(model.experts) * 3.0 * as_double(model.hidden_size) * as_double(model.expert_intermediate_size);
-}
-
 Setup setup_make(const ModelSpec& model, const HardwareCard& card, const PlanOptions& plan, const RuntimeProfile& profile, int64_t seqlen) {
   Setup setup;
   setup.params = parameter_count(model);
@@ -79,7 +74,7 @@ Setup setup_make(const ModelSpec& model, const HardwareCard& card, const PlanOpt
       setup.largest_trainable_matrix = std::max(setup.largest_trainable_matrix, as_double(plan.lora_rank * std::max(linear.in, linear.out)));
   }
   if (plan.qlora) setup.qlora_packed_per_layer = nf4_layer_bytes(model, /*double_quant=*/true).packed;
-  setup.expert_parameters = as_double(model.num_layers) * layer_expert_parameters(model);
+  setup.expert_parameters = as_double(model.num_layers) * as_double(setup.params.per_layer_routed_experts);
   LayerShape& shape = setup.shape;
   shape.tokens = plan.micro_batch * (seqlen / plan.sequence_ranks());
   shape.sp = plan.sp;
@@ -544,7 +539,7 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
   Setup setup = setup_make(model, cluster.hardware, plan, profile, seqlen);
   if (plan.pp > 1) {
     setup.params.total = stage.parameters, setup.trainable_total = as_double(stage.parameters);
-    setup.expert_parameters = as_double(stage.layers) * layer_expert_parameters(model);
+    setup.expert_parameters = as_double(stage.layers) * as_double(setup.params.per_layer_routed_experts);
   }
   const double layers = as_double(stage.layers);
   // Under 1F1B the micro-batches before this one are in flight whole: their layers' activations too.

@@ -295,8 +295,7 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   // The experts' share is 1/(ep p) of them (whole on every TP rank: expert tensor parallelism 1),
   // reduced over the ranks holding the same experts (world / (ep p)); the two groups are about as
   // large, so the reduction is priced on the dense group's ranks with the sum of the two shares.
-  const double expert_parameters =
-      as_double(model.num_layers) * as_double(model.experts) * 3.0 * as_double(model.hidden_size) * as_double(model.expert_intermediate_size);
+  const double expert_parameters = as_double(model.num_layers) * as_double(params.per_layer_routed_experts);
   const double rank_gradient_parameters = (as_double(params.total) - expert_parameters) / as_double(share_divisor) +
                                           expert_parameters / as_double(std::max<int64_t>(1, plan.ep) * std::max<int64_t>(1, plan.pp));
   const double gradient_bytes = plan.lora() ? adapters * lora_adapter_bytes(profile, plan)
