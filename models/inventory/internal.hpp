@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -242,6 +243,16 @@ void megatron_layer_forward(TensorTrace& trace, const LayerShape& shape, const L
 void megatron_layer_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl);
 double megatron_layer_saved_bytes(const LayerShape& shape, const LayerImplementation& impl);
 void megatron_loss_forward_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl);
+// Megatron's column- and row-parallel linears under sequence parallelism (megatron.cpp, M1.1-M1.2),
+// which its layer and its MoE layer's shared experts share: the input gathered over the TP ranks
+// around a column-parallel GEMM ("tp.gathered_input"), a row-parallel GEMM's partial sums
+// reduce-scattered into `output` (its storage id returned), and a column-parallel linear's input
+// gradient reduce-scattered from `partial` into `shard` (renamed, without TP).
+void column_parallel_gather(TensorTrace& trace, const LayerShape& shape, double gathered_bytes, std::string_view category = L);
+void column_parallel_gather_free(TensorTrace& trace, const LayerShape& shape);
+int64_t row_parallel_reduce_scatter(TensorTrace& trace, const LayerShape& shape, double gathered_bytes, double shard_bytes, const char* output);
+void input_gradient_to_shard(TensorTrace& trace, const LayerShape& shape, double shard_bytes, std::string_view category, const char* partial,
+                             const char* shard);
 // Megatron's MoE layer (megatron_moe.cpp) in place of the layer's MLP: forward expects
 // "residual.attention" live and leaves "layer.output"; backward leaves "residual.attention_grad".
 void megatron_moe_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep);

@@ -19,6 +19,34 @@
 
 namespace longseq::inventory {
 
+// A column-parallel linear under sequence parallelism multiplies on its input gathered over the TP
+// ranks, in one transient buffer freed after the GEMM (M1.1; TE layernorm_linear.py L282-317,
+// L430-435). Without TP it multiplies on its input as it is.
+void column_parallel_gather(TensorTrace& trace, const LayerShape& shape, double gathered_bytes, std::string_view category) {
+  if (shape.tp > 1) trace.alloc(category, "tp.gathered_input", gathered_bytes);
+}
+void column_parallel_gather_free(TensorTrace& trace, const LayerShape& shape) {
+  if (shape.tp > 1) trace.free("tp.gathered_input");
+}
+
+// A row-parallel linear's output: [T, h] partial sums reduce-scattered into this rank's [T/t, h]
+// (M1.2: RowParallelLinear.forward L1289-1290); without TP the GEMM writes the shard itself.
+int64_t row_parallel_reduce_scatter(TensorTrace& trace, const LayerShape& shape, double gathered_bytes, double shard_bytes, const char* output) {
+  if (shape.tp > 1) trace.alloc(L, "tp.row_parallel_partial", gathered_bytes);
+  const int64_t id = trace.alloc(L, output, shard_bytes);
+  if (shape.tp > 1) trace.free("tp.row_parallel_partial");
+  return id;
+}
+
+// A column-parallel linear's input gradient, produced whole ([T, h], `partial`), reduce-scattered to
+// this rank's shard (M1.1: L548-560); without TP the whole gradient is the shard, renamed.
+void input_gradient_to_shard(TensorTrace& trace, const LayerShape& shape, double shard_bytes, std::string_view category, const char* partial,
+                             const char* shard) {
+  if (shape.tp > 1) trace.alloc(category, shard, shard_bytes);
+  else trace.alias(partial, category, shard);
+  trace.free(partial);
+}
+
 namespace {
 
 struct MegatronBytes {
@@ -51,16 +79,6 @@ struct MegatronBytes {
 
 bool context_parallel(const LayerShape& shape) { return shape.sp > 1 || shape.ring > 1; }
 
-// A column-parallel linear under sequence parallelism multiplies on its input gathered over the TP
-// ranks, in one transient buffer freed after the GEMM (M1.1; TE layernorm_linear.py L282-317,
-// L430-435). Without TP it multiplies on its input as it is.
-void column_parallel_gather(TensorTrace& trace, const LayerShape& shape, const MegatronBytes& bytes, std::string_view category = L) {
-  if (shape.tp > 1) trace.alloc(category, "tp.gathered_input", bytes.gathered);
-}
-void column_parallel_gather_free(TensorTrace& trace, const LayerShape& shape) {
-  if (shape.tp > 1) trace.free("tp.gathered_input");
-}
-
 // A norm and the column-parallel linear after it, forward (TELayerNormColumnParallelLinear, M1.1; the
 // final TENorm and the vocabulary-parallel output layer, M1.3, alike): the norm's output as this
 // rank's shard and its statistics are saved, the linear's `output` made on the gathered input.
@@ -68,7 +86,7 @@ void layernorm_linear_forward(TensorTrace& trace, const LayerShape& shape, const
                               const char* norm_output, const char* norm_rsigma, const char* output, double output_bytes, bool keep) {
   trace.alloc(category, norm_output, bytes.shard);
   trace.alloc(category, norm_rsigma, bytes.rsigma);
-  column_parallel_gather(trace, shape, bytes, category);
+  column_parallel_gather(trace, shape, bytes.gathered, category);
   trace.alloc(category, output, output_bytes);
   column_parallel_gather_free(trace, shape);
   if (!keep) {
@@ -77,23 +95,12 @@ void layernorm_linear_forward(TensorTrace& trace, const LayerShape& shape, const
   }
 }
 
-// A row-parallel linear's output: [T, h] partial sums reduce-scattered into this rank's [T/t, h]
-// (M1.2: RowParallelLinear.forward L1289-1290); the bias-add into the residual makes a new shard.
+// A row-parallel linear's output reduce-scattered (row_parallel_reduce_scatter); the bias-add into
+// the residual makes a new shard.
 void row_parallel_output(TensorTrace& trace, const LayerShape& shape, const MegatronBytes& bytes, const char* residual) {
-  if (shape.tp > 1) trace.alloc(L, "tp.row_parallel_partial", bytes.gathered);
-  trace.alloc(L, "tp.row_parallel_output", bytes.shard);
-  if (shape.tp > 1) trace.free("tp.row_parallel_partial");
+  row_parallel_reduce_scatter(trace, shape, bytes.gathered, bytes.shard, "tp.row_parallel_output");
   trace.alloc(L, residual, bytes.shard);
   trace.free("tp.row_parallel_output");
-}
-
-// A column-parallel linear's input gradient, produced whole ([T, h], `partial`), reduce-scattered to
-// this rank's shard (M1.1: L548-560); without TP the whole gradient is the shard, renamed.
-void input_gradient_to_shard(TensorTrace& trace, const LayerShape& shape, const MegatronBytes& bytes, std::string_view category,
-                             const char* partial, const char* shard) {
-  if (shape.tp > 1) trace.alloc(category, shard, bytes.shard);
-  else trace.alias(partial, category, shard);
-  trace.free(partial);
 }
 
 // A TE norm fused with a column-parallel linear, backward: the input gradient produced whole
@@ -101,11 +108,11 @@ void input_gradient_to_shard(TensorTrace& trace, const LayerShape& shape, const 
 // weight gradient (M1.1: L515-527, L548-560).
 void layernorm_linear_backward(TensorTrace& trace, const LayerShape& shape, const MegatronBytes& bytes, const char* output_grad,
                                const char* norm_output, const char* norm_rsigma, const char* input_grad) {
-  column_parallel_gather(trace, shape, bytes);
+  column_parallel_gather(trace, shape, bytes.gathered);
   trace.alloc(L, "tp.input_grad_partial", bytes.gathered);
   trace.free(output_grad);
   column_parallel_gather_free(trace, shape);
-  input_gradient_to_shard(trace, shape, bytes, L, "tp.input_grad_partial", "tp.input_grad_shard");
+  input_gradient_to_shard(trace, shape, bytes.shard, L, "tp.input_grad_partial", "tp.input_grad_shard");
   trace.free(norm_output);
   // The norm's backward writes its input's gradient; the residual branch's is added into it.
   trace.alloc(L, input_grad, bytes.shard);
@@ -230,7 +237,7 @@ void megatron_layer_backward(TensorTrace& trace, const LayerShape& shape, const 
     // fc2 (row-parallel) backward: the output gradient gathered over the TP ranks, the activation's
     // gradient produced; the weight gradient goes into the DDP's gradient buffer (model states, M3.1).
     trace.set_moment("fc2 backward");
-    column_parallel_gather(trace, shape, bytes);
+    column_parallel_gather(trace, shape, bytes.gathered);
     trace.alloc(L, "mlp.activation_output_grad", bytes.activation);
     column_parallel_gather_free(trace, shape);
     trace.free("mlp.activation_output");
@@ -250,7 +257,7 @@ void megatron_layer_backward(TensorTrace& trace, const LayerShape& shape, const 
   // The output projection (row-parallel) backward: its output gradient gathered, the attention
   // output's gradient produced.
   trace.set_moment("output projection backward");
-  column_parallel_gather(trace, shape, bytes);
+  column_parallel_gather(trace, shape, bytes.gathered);
   trace.alloc(L, "attention.output_grad", bytes.q);
   column_parallel_gather_free(trace, shape);
 
@@ -332,7 +339,7 @@ void megatron_loss_forward_backward(TensorTrace& trace, const LayerShape& shape,
   trace.alloc(kCategoryLoss, "output_layer.input_grad_partial", bytes.gathered);
   trace.free("cross_entropy.logits_grad");
   if (trace.is_live("cross_entropy.row_stats_fp32")) trace.free("cross_entropy.row_stats_fp32");
-  input_gradient_to_shard(trace, shape, bytes, kCategoryLoss, "output_layer.input_grad_partial", "output_layer.input_grad_shard");
+  input_gradient_to_shard(trace, shape, bytes.shard, kCategoryLoss, "output_layer.input_grad_partial", "output_layer.input_grad_shard");
   trace.set_moment("final norm backward");
   trace.alloc(L, "layer.output_grad", bytes.shard);
   trace.free("output_layer.input_grad_shard");

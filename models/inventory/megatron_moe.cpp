@@ -76,13 +76,11 @@ void copy_over(TensorTrace& trace, const char* name, double bytes) {
 // moe_shared_expert_gate a sigmoid gate [T_s, 1] scales it: the multiply saves both.
 void shared_experts_forward(TensorTrace& trace, const LayerShape& shape, const MegatronMoeBytes& bytes) {
   trace.set_moment("shared experts");
-  if (shape.tp > 1) trace.alloc(L, "tp.gathered_input", bytes.gathered);
+  column_parallel_gather(trace, shape, bytes.gathered);
   trace.alloc(L, "shared_experts.fc1_output", bytes.shared_fc1);
-  if (shape.tp > 1) trace.free("tp.gathered_input");
+  column_parallel_gather_free(trace, shape);
   trace.alloc(L, "shared_experts.activation_output", bytes.shared_activation);
-  if (shape.tp > 1) trace.alloc(L, "tp.row_parallel_partial", bytes.gathered);
-  const int64_t mlp_output = trace.alloc(L, "shared_experts.mlp_output", bytes.shard);
-  if (shape.tp > 1) trace.free("tp.row_parallel_partial");
+  const int64_t mlp_output = row_parallel_reduce_scatter(trace, shape, bytes.gathered, bytes.shard, "shared_experts.mlp_output");
   if (shape.shared_expert_gate) {
     trace.alloc(L, "shared_experts.gate_logits", bytes.shared_gate);
     trace.alloc(L, "shared_experts.gate_score", bytes.shared_gate);
@@ -103,9 +101,9 @@ void shared_experts_backward(TensorTrace& trace, const LayerShape& shape, const 
     trace.alloc(L, "shared_experts.mlp_output_grad", bytes.shard);
     trace.free("shared_experts.gate_score");
   }
-  if (shape.tp > 1) trace.alloc(L, "tp.gathered_input", bytes.gathered);
+  column_parallel_gather(trace, shape, bytes.gathered);  // fc2's output gradient, gathered
   trace.alloc(L, "shared_experts.activation_output_grad", bytes.shared_activation);
-  if (shape.tp > 1) trace.free("tp.gathered_input");
+  column_parallel_gather_free(trace, shape);
   if (shape.shared_expert_gate) {
     trace.free("shared_experts.mlp_output_grad");
     trace.free("shared_experts.mlp_output");
@@ -114,12 +112,11 @@ void shared_experts_backward(TensorTrace& trace, const LayerShape& shape, const 
   trace.alloc(L, "shared_experts.fc1_output_grad", bytes.shared_fc1);
   trace.free("shared_experts.activation_output_grad");
   trace.free("shared_experts.fc1_output");
-  if (shape.tp > 1) trace.alloc(L, "tp.gathered_input", bytes.gathered);  // fc1's input again, for its weight gradient
+  column_parallel_gather(trace, shape, bytes.gathered);  // fc1's input again, for its weight gradient
   trace.alloc(L, "shared_experts.input_grad_partial", bytes.gathered);
   trace.free("shared_experts.fc1_output_grad");
-  if (shape.tp > 1) trace.free("tp.gathered_input");
-  trace.alloc(L, "shared_experts.input_grad", bytes.shard);
-  trace.free("shared_experts.input_grad_partial");
+  column_parallel_gather_free(trace, shape);
+  input_gradient_to_shard(trace, shape, bytes.shard, L, "shared_experts.input_grad_partial", "shared_experts.input_grad");
   trace.free("shared_experts.input_grad");
 }
 
