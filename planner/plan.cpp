@@ -334,10 +334,17 @@ std::string attention_kernel_for(const RuntimeProfile& profile, const HardwareCa
   return stack;
 }
 
-std::string plan_describe(const PlanOptions& plan) {
+std::string model_parallel_describe(const PlanOptions& plan) {
   std::string text = plan.tp > 1 ? fmt::format("tp={} ", plan.tp) : std::string();
   if (plan.pp > 1) text += plan.vpp > 1 ? fmt::format("pp={} vpp={} ", plan.pp, plan.vpp) : fmt::format("pp={} ", plan.pp);
   if (plan.ep > 1) text += fmt::format("ep={} ", plan.ep);
+  if (!text.empty()) text.pop_back();
+  return text;
+}
+
+std::string plan_describe(const PlanOptions& plan) {
+  std::string text = model_parallel_describe(plan);
+  if (!text.empty()) text += ' ';
   text += plan.ring > 1 ? fmt::format("sp={} ring={} zero={}", plan.sp, plan.ring, plan.zero_stage)
                         : fmt::format("sp={} zero={}", plan.sp, plan.zero_stage);
   if (plan.offload_optimizer) text += " +optimizer-offload";

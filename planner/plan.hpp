@@ -171,6 +171,8 @@ int64_t kv_replication_factor(const ModelSpec& model, int64_t sp);
 // zigzag split; an FPDT plan's chunk).
 int64_t seqlen_granule(const PlanOptions& plan);
 
+// Megatron's layouts of a plan, "tp=8 pp=2 vpp=2 ep=8" ("" without any): plan_describe's head.
+std::string model_parallel_describe(const PlanOptions& plan);
 std::string plan_describe(const PlanOptions& plan);
 
 // The bytes a LoRA adapter parameter is trained in where the stack keeps no master copy (its

@@ -79,13 +79,10 @@ std::string sequence_parallelism_describe(const PlanOptions& plan, const Runtime
 // The plan's layout in the "each framework's best" column: Megatron's model parallelism first (its
 // tensor parallelism spreads the sequence too, through its sequence parallelism), then the sequence's.
 std::string layout_describe(const PlanOptions& plan, const RuntimeProfile& profile) {
-  std::string model_parallel;
-  if (plan.tp > 1) model_parallel += fmt::format("tp={} ", plan.tp);
-  if (plan.pp > 1) model_parallel += fmt::format("pp={} ", plan.pp);
-  if (plan.ep > 1) model_parallel += fmt::format("ep={} ", plan.ep);
+  const std::string model_parallel = model_parallel_describe(plan);
   if (model_parallel.empty()) return sequence_parallelism_describe(plan, profile);
-  if (plan.sequence_ranks() == 1) return model_parallel.substr(0, model_parallel.size() - 1);
-  return model_parallel + "x " + sequence_parallelism_describe(plan, profile);
+  if (plan.sequence_ranks() == 1) return model_parallel;
+  return model_parallel + " x " + sequence_parallelism_describe(plan, profile);
 }
 
 // Every framework's best plan on this cluster, best first, each from its own search and runtime
