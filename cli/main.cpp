@@ -57,7 +57,13 @@ int models_json() {
     if (model.is_moe())
       card["moe"] = {{"experts", model.experts}, {"experts_per_token", model.experts_per_token},
                      {"expert_intermediate_size", model.expert_intermediate_size},
-                     {"shared_expert_intermediate_size", model.shared_expert_intermediate_size}};
+                     {"shared_expert_intermediate_size", model.shared_expert_intermediate_size},
+                     {"dense_layers", model.dense_layers}, {"router", model.moe_router_sigmoid ? "sigmoid" : "softmax"}};
+    card["latent_attention"] = nullptr;
+    if (model.is_latent_attention())
+      card["latent_attention"] = {{"q_lora_rank", model.latent_attention.q_lora_rank}, {"kv_lora_rank", model.latent_attention.kv_lora_rank},
+                                  {"qk_rope_head_dim", model.latent_attention.qk_rope_head_dim},
+                                  {"v_head_dim", model.latent_attention.v_head_dim}};
     cards.push_back(std::move(card));
   }
   fmt::print("{}\n", nlohmann::json{{"schema_version", 1}, {"command", "models"}, {"models", cards}}.dump(2));

@@ -81,6 +81,18 @@ struct LayerShape {
   // Megatron-Core's expert parallelism (1: none): a rank holds experts / ep of the experts and its
   // dispatcher exchanges the routed tokens with the other ep - 1 ranks (megatron_moe.cpp).
   int64_t ep = 1;
+  // Multi-head latent attention (ModelSpec::LatentAttention; kv rank 0: none), as Megatron-Core builds
+  // it (megatron_mla.cpp): the q latent's width (0: q projected directly), the kv latent's, the
+  // rotary key's (one per token, shared by the heads). q_width and kv_width are then q's and k's
+  // (this rank's heads of head_dim), v_width the values' and the attention output's.
+  int64_t mla_q_rank = 0, mla_kv_rank = 0, mla_rope_dim = 0;
+  int64_t v_width = 0;  // 0: kv_width (the values as wide as the keys)
+  int64_t value_width() const { return v_width > 0 ? v_width : kv_width; }
+  // Megatron's router as DeepSeek-V3 runs it (ModelSpec::moe_router_sigmoid): sigmoid scores over
+  // every expert, and its logits in fp32 (moe_router_dtype "fp32", as Megatron-Bridge's DeepSeek
+  // provider sets and longseq's export writes).
+  bool moe_router_sigmoid = false;
+  bool moe_router_fp32 = false;
 };
 
 // How the experts of a mixture-of-experts block run (Reference §12 items 45-47, 80):

@@ -109,6 +109,19 @@ ModelSpec model_from_card_text(const std::string& yaml_text, const std::string& 
   model.shared_expert_gate = reader.get_bool("shared_expert_gate", false);
   model.moe_normalize_topk = reader.get_bool("normalize_topk", true);
   model.moe_routing_weights_fp32 = reader.get_bool("routing_weights_fp32", false);
+  const std::string router_score = reader.get_string("router_score", "softmax");
+  if (router_score != "softmax" && router_score != "sigmoid")
+    throw ConfigError(source_name, "router_score", fmt::format("expected softmax or sigmoid, got '{}'", router_score));
+  model.moe_router_sigmoid = router_score == "sigmoid";
+  model.moe_router_groups = any_int_or("router_groups", 1);
+  model.moe_router_group_topk = any_int_or("router_group_topk", 1);
+  model.moe_routed_scaling_factor = any_number_or("routed_scaling_factor", 1.0);
+  model.dense_layers = any_int_or("dense_layers", 0);
+  model.mtp_layers = any_int_or("mtp_layers", 0);
+  model.latent_attention.q_lora_rank = any_int_or("q_lora_rank", 0);
+  model.latent_attention.kv_lora_rank = any_int_or("kv_lora_rank", 0);
+  model.latent_attention.qk_rope_head_dim = any_int_or("qk_rope_head_dim", 0);
+  model.latent_attention.v_head_dim = any_int_or("v_head_dim", 0);
   reader.reject_unknown_keys();
   model.validate(source_name);
   return model;
@@ -165,6 +178,44 @@ ModelSpecKeys moe_read(const JsonView& config, const std::string& source_name, c
   return keys;
 }
 
+constexpr ModelSpecKeys kDeepseekV3Keys{"n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts",
+                                         "first_k_dense_replace", "n_group", "topk_group", "routed_scaling_factor", "num_nextn_predict_layers"};
+
+// DeepseekV3ForCausalLM (transformers' modeling_deepseek_v3.py; docs/reference-megatron-core.md M8):
+// multi-head latent attention, and from layer first_k_dense_replace on a MoE layer of
+// n_routed_experts routed and n_shared_experts shared experts of moe_intermediate_size (the shared
+// ones ungated), routed by DeepseekV3TopkRouter's sigmoid over groups.
+void deepseek_v3_read(const JsonView& config, const std::string& source_name, ModelSpec& model) {
+  auto get_int_or = [&](const char* key, int64_t default_value) -> int64_t {
+    return config.has(key) && !config[key].raw().is_null() ? config[key].integer() : default_value;
+  };
+  ModelSpec::LatentAttention& mla = model.latent_attention;
+  mla.q_lora_rank = get_int_or("q_lora_rank", 0);  // null: q projected directly (DeepSeek-V2-Lite's shape)
+  mla.kv_lora_rank = config["kv_lora_rank"].integer();
+  mla.qk_rope_head_dim = config["qk_rope_head_dim"].integer();
+  mla.v_head_dim = config["v_head_dim"].integer();
+  model.qkv_bias = model.o_proj_bias = config.has("attention_bias") && config["attention_bias"].boolean();
+  if (model.qkv_bias)
+    throw ConfigError(source_name, "attention_bias", "biased latent projections are not modelled (DeepSeek-V3 has none)");
+  model.experts = config["n_routed_experts"].integer();
+  model.experts_per_token = config["num_experts_per_tok"].integer();
+  model.expert_intermediate_size = config["moe_intermediate_size"].integer();
+  model.shared_expert_intermediate_size = get_int_or("n_shared_experts", 0) * model.expert_intermediate_size;
+  model.moe_normalize_topk = config.has("norm_topk_prob") && config["norm_topk_prob"].boolean();
+  // DeepseekV3TopkRouter scores by sigmoid whatever scoring_func says; a config naming another is
+  // a model transformers would run differently from its name.
+  if (config.has("scoring_func") && config["scoring_func"].raw() != "sigmoid")
+    throw ConfigError(source_name, "scoring_func", fmt::format("DeepseekV3ForCausalLM's router scores by sigmoid, got {}", config["scoring_func"].raw().dump()));
+  model.moe_router_sigmoid = true;
+  model.moe_router_groups = get_int_or("n_group", 1);
+  model.moe_router_group_topk = get_int_or("topk_group", 1);
+  if (config.has("routed_scaling_factor")) model.moe_routed_scaling_factor = config["routed_scaling_factor"].number();
+  model.dense_layers = get_int_or("first_k_dense_replace", 0);
+  if (get_int_or("moe_layer_freq", 1) != 1)
+    throw ConfigError(source_name, "moe_layer_freq", "only every layer after the dense first ones MoE (moe_layer_freq 1) is modelled");
+  model.mtp_layers = get_int_or("num_nextn_predict_layers", 0);
+}
+
 }  // namespace
 
 ModelSpec model_from_hf_config_text(const std::string& json_text, const std::string& source_name) {
@@ -184,19 +235,19 @@ ModelSpec model_from_hf_config_text(const std::string& json_text, const std::str
   const bool is_qwen2_moe = architecture == "Qwen2MoeForCausalLM";
   const bool is_qwen3_moe = architecture == "Qwen3MoeForCausalLM";
   const bool is_gpt_oss = architecture == "GptOssForCausalLM";
-  const bool is_moe = is_mixtral || is_qwen2_moe || is_qwen3_moe || is_gpt_oss;
+  const bool is_deepseek_v3 = architecture == "DeepseekV3ForCausalLM";
+  const bool is_moe = is_mixtral || is_qwen2_moe || is_qwen3_moe || is_gpt_oss || is_deepseek_v3;
   // Architectures whose layers longseq cannot price are refused by what they hold (Reference §12
-  // part B): other mixture-of-experts blocks (DeepSeek's group-limited fp32 router, Llama 4's dense
-  // bmm over all experts) and DeepSeek's multi-head latent attention (Ulysses' shape asserts fail on
-  // it, §12 item 74).
+  // part B): other mixture-of-experts blocks (DeepSeek-V2's softmax group-limited router, Llama 4's
+  // dense bmm over all experts) and multi-head latent attention outside DeepSeek-V3's layer.
   if (!is_moe)
     for (const char* key : {"num_local_experts", "num_experts", "n_routed_experts"})
       if (config.has(key) && config[key].raw().is_number_integer() && config[key].integer() > 1)
         throw ConfigError(source_name, key, fmt::format("{} is a mixture-of-experts model ({} experts) whose block longseq does not model "
-                                                        "(it models Mixtral, Qwen2-MoE, Qwen3-MoE and gpt-oss)", architecture, config[key].integer()));
-  if (config.has("kv_lora_rank") && !config["kv_lora_rank"].raw().is_null())
-    throw ConfigError(source_name, "kv_lora_rank", fmt::format("{} uses multi-head latent attention: not modelled, and DeepSpeed's Ulysses "
-                                                               "refuses it (its q/k/v shapes fail UlyssesSPAttentionHF's asserts)", architecture));
+                                                        "(it models Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss and DeepSeek-V3)", architecture, config[key].integer()));
+  if (!is_deepseek_v3 && config.has("kv_lora_rank") && !config["kv_lora_rank"].raw().is_null())
+    throw ConfigError(source_name, "kv_lora_rank", fmt::format("{} uses multi-head latent attention, which longseq models in "
+                                                               "DeepseekV3ForCausalLM's layer only", architecture));
   // Multimodal wrappers keep the language model in text_config (Gemma 3, Llama 4).
   if (config.has("text_config") && config["text_config"].raw().is_object() &&
       (architecture == "Gemma3ForConditionalGeneration" || architecture == "Llama4ForConditionalGeneration")) {
@@ -212,10 +263,10 @@ ModelSpec model_from_hf_config_text(const std::string& json_text, const std::str
   const bool is_gemma2 = architecture == "Gemma2ForCausalLM";
   const bool is_gemma3 = architecture == "Gemma3ForCausalLM";
   const bool is_phi3 = architecture == "Phi3ForCausalLM";
-  if (!is_llama && !is_qwen2 && !is_qwen3 && !is_gemma2 && !is_gemma3 && !is_phi3 && !is_gpt_oss)
+  if (!is_llama && !is_qwen2 && !is_qwen3 && !is_gemma2 && !is_gemma3 && !is_phi3 && !is_gpt_oss && !is_deepseek_v3)
     throw ConfigError(source_name, "architectures",
                       fmt::format("unsupported architecture '{}' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-                                  "Qwen3ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, GptOssForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM (and Gemma3ForConditionalGeneration's "
+                                  "Qwen3ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, GptOssForCausalLM, DeepseekV3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM (and Gemma3ForConditionalGeneration's "
                                   "text_config), Phi3ForCausalLM)", architecture));
   // Gemma's gated MLP runs GELU-tanh where Llama's runs SiLU: the same three matrices and saved tensors.
   const char* activation = is_gemma2 || is_gemma3 ? "gelu_pytorch_tanh" : "silu";
@@ -233,7 +284,11 @@ ModelSpec model_from_hf_config_text(const std::string& json_text, const std::str
   model.num_q_heads = get_int("num_attention_heads");
   // HF defaults: no num_key_value_heads means multi-head attention; no head_dim means h / n_q.
   model.num_kv_heads = config.has("num_key_value_heads") ? get_int("num_key_value_heads") : model.num_q_heads;
-  if (config.has("head_dim")) {
+  if (is_deepseek_v3) {
+    // DeepseekV3Attention: q and k heads of qk_nope_head_dim + qk_rope_head_dim (its config's
+    // head_dim is the rotary part's, DeepseekV3Config.__init__); v heads of v_head_dim.
+    model.head_dim = get_int("qk_nope_head_dim") + get_int("qk_rope_head_dim");
+  } else if (config.has("head_dim")) {
     model.head_dim = get_int("head_dim");
   } else {
     if (model.num_q_heads <= 0 || model.hidden_size % model.num_q_heads != 0)
@@ -307,6 +362,11 @@ ModelSpec model_from_hf_config_text(const std::string& json_text, const std::str
     const JsonView scaling = config["rope_scaling"];
     model.rope_scaling = scaling.string_or("rope_type", scaling.string_or("type", "unknown"));
   }
+  if (is_deepseek_v3) {
+    deepseek_v3_read(config, source_name, model);
+    model.validate(source_name, kDeepseekV3Keys);
+    return model;
+  }
   const ModelSpecKeys keys = is_moe ? moe_read(config, source_name, architecture, is_mixtral, is_qwen2_moe, is_gpt_oss, model) : ModelSpecKeys{};
   model.validate(source_name, keys);
   return model;
@@ -354,16 +414,15 @@ ModelSpec model_load(const std::string& name_or_path) {
   // Published families whose layers longseq refuses when given their config.json (above): said by
   // name here too, instead of suggesting unrelated cards.
   static const std::pair<const char*, const char*> kRefusedFamilies[] = {
-      {"deepseek-v", "DeepSeek-V2/V3 use multi-head latent attention and a group-limited router"},
-      {"deepseek-r1", "DeepSeek-R1 is DeepSeek-V3's architecture: multi-head latent attention and a group-limited router"},
-      {"kimi-k2", "Kimi K2 is DeepSeek-V3's architecture: multi-head latent attention and a group-limited router"},
+      {"deepseek-v2", "DeepSeek-V2's router is a softmax over groups (DeepSeek-V3's card and config.json are modelled)"},
+      {"kimi-k2", "Kimi K2 is DeepSeek-V3's architecture with 384 experts and 64 heads: pass its config.json"},
       {"llama-4", "Llama 4's experts run as a dense bmm over all experts"},
   };
   const std::string lowered = text_to_lower(name_or_path);
   for (const auto& [family, why] : kRefusedFamilies)
     if (lowered.find(family) != std::string::npos)
       throw ConfigError("--model", "", fmt::format("'{}' is not modelled: {}, which longseq does not price (Reference §12 part B; it "
-                                                   "models dense Llama/Qwen/Mistral/Gemma/Phi layers and Mixtral, Qwen2-MoE and Qwen3-MoE blocks)",
+                                                   "models dense Llama/Qwen/Mistral/Gemma/Phi layers and Mixtral, Qwen2-MoE, Qwen3-MoE, gpt-oss and DeepSeek-V3 blocks)",
                                                    name_or_path, why));
   // The nearest names, to suggest.
   std::vector<std::pair<size_t, std::string>> nearest;

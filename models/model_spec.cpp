@@ -46,6 +46,26 @@ void ModelSpec::validate(const std::string& source, const ModelSpecKeys& keys) c
     require_positive(expert_intermediate_size, keys.expert_intermediate_size);
     require_within(shared_expert_intermediate_size, 0, kModelDimensionLimit, keys.shared_expert_intermediate_size);
   }
+  require_within(dense_layers, 0, experts > 0 ? num_layers - 1 : 0, keys.dense_layers);
+  require_within(mtp_layers, 0, kModelLayerLimit, keys.mtp_layers);
+  if (experts > 0) {
+    require_within(moe_router_groups, 1, experts, keys.router_groups);
+    if (experts % moe_router_groups != 0)
+      throw ConfigError(source, keys.router_groups, fmt::format("{} experts do not split into {} groups", experts, moe_router_groups));
+    require_within(moe_router_group_topk, 1, moe_router_groups, keys.router_group_topk);
+    if (!(moe_routed_scaling_factor > 0 && moe_routed_scaling_factor <= 1e6))
+      throw ConfigError(source, keys.routed_scaling_factor, fmt::format("{}: expected a positive factor up to 1e6", moe_routed_scaling_factor));
+  }
+  if (is_latent_attention()) {
+    const LatentAttention& mla = latent_attention;
+    require_within(mla.q_lora_rank, 0, kModelDimensionLimit, "q_lora_rank");  // 0: q projected directly
+    require_positive(mla.kv_lora_rank, "kv_lora_rank");
+    require_within(mla.qk_rope_head_dim, 1, head_dim - 1, "qk_rope_head_dim");  // head_dim = qk_nope_head_dim + qk_rope_head_dim
+    require_positive(mla.v_head_dim, "v_head_dim");
+    if (num_kv_heads != num_q_heads)
+      throw ConfigError(source, "num_key_value_heads", fmt::format("multi-head latent attention up-projects k and v for every one of the {} "
+                                                                   "query heads, got {}", num_q_heads, num_kv_heads));
+  }
   if (num_q_heads % num_kv_heads != 0)
     throw ConfigError(source, "num_key_value_heads",
                       fmt::format("{} query heads are not a multiple of {} key/value heads", num_q_heads, num_kv_heads));
@@ -77,6 +97,16 @@ ParameterCount parameter_count(const ModelSpec& model) {
   // Attention: q, k, v, o projections (+ biases) and Qwen3's per-head q/k norms.
   const int64_t qkv_out = model.q_width() + 2 * model.kv_width();
   count.per_layer_attention = h * qkv_out + model.q_width() * h;
+  if (model.is_latent_attention()) {
+    // DeepseekV3Attention: q_a_proj [h -> r_q] with q_a_layernorm and q_b_proj [r_q -> n d_qk] (or
+    // q_proj [h -> n d_qk] where q_lora_rank is null), kv_a_proj_with_mqa [h -> r_kv + d_rope] with
+    // kv_a_layernorm, kv_b_proj [r_kv -> n (d_nope + d_v)], o_proj [n d_v -> h].
+    const ModelSpec::LatentAttention& mla = model.latent_attention;
+    const int64_t q_rank = mla.q_lora_rank, kv_rank = mla.kv_lora_rank, d_nope = model.head_dim - mla.qk_rope_head_dim;
+    count.per_layer_attention = (q_rank > 0 ? h * q_rank + q_rank + q_rank * model.q_width() : h * model.q_width()) +
+                                h * (kv_rank + mla.qk_rope_head_dim) + kv_rank + kv_rank * model.num_q_heads * (d_nope + mla.v_head_dim) +
+                                model.v_width() * h;
+  }
   if (model.qkv_bias) count.per_layer_attention += qkv_out;
   if (model.o_proj_bias) count.per_layer_attention += h;
   if (model.qk_norm) count.per_layer_attention += 2 * model.head_dim;
@@ -102,12 +132,17 @@ ParameterCount parameter_count(const ModelSpec& model) {
     unused_expert_parameters = (model.experts - model.experts_per_token) * (expert + (model.mlp_bias ? 2 * model.expert_intermediate_size + h : 0));
   }
   count.per_layer = count.per_layer_attention + count.per_layer_mlp + count.per_layer_norms;
-  count.total = count.embedding + model.num_layers * count.per_layer + count.final_norm + count.lm_head;
-  count.active = count.total - model.num_layers * unused_expert_parameters;
+  if (model.dense_layers > 0)
+    count.per_dense_layer = count.per_layer_attention + mlp_matrices * h * f + (model.mlp_bias ? (mlp_matrices - 1) * f + h : 0) +
+                            count.per_layer_norms;
+  count.total = count.embedding + model.moe_layers() * count.per_layer + model.dense_layers * count.per_dense_layer +
+                (model.is_moe() ? 0 : model.num_layers * count.per_layer) + count.final_norm + count.lm_head;
+  count.active = count.total - model.moe_layers() * unused_expert_parameters;
   // Dense: the MLP's or q_proj's; MoE (an expert loop's nn.Linear each): an expert's, the router's
   // or a shared expert's (a grouped-GEMM implementation's stacked [E, ...] weights: memory_model).
   count.largest_layer_matrix = model.is_moe() ? std::max({h * model.expert_intermediate_size, h * model.experts,
-                                                          h * model.shared_expert_intermediate_size, h * model.q_width()})
+                                                          h * model.shared_expert_intermediate_size, h * model.q_width(),
+                                                          model.dense_layers > 0 ? h * f : 0})
                                               : std::max(h * f, h * model.q_width());
   return count;
 }

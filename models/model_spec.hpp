@@ -35,6 +35,11 @@ struct ModelSpecKeys {
   const char* experts_per_token = "experts_per_token";
   const char* expert_intermediate_size = "expert_intermediate_size";
   const char* shared_expert_intermediate_size = "shared_expert_intermediate_size";
+  const char* dense_layers = "dense_layers";
+  const char* router_groups = "router_groups";
+  const char* router_group_topk = "router_group_topk";
+  const char* routed_scaling_factor = "routed_scaling_factor";
+  const char* mtp_layers = "mtp_layers";
 };
 
 struct ModelSpec {
@@ -109,14 +114,43 @@ struct ModelSpec {
   // config.json's output_router_logits: the model trains with its auxiliary load-balancing loss
   // (priced as PlanOptions::moe_aux_loss is; Reference §12 item 67).
   bool output_router_logits = false;
+  // DeepSeek-V3's MoE layer (DeepseekV3TopkRouter; Megatron's moe_router_score_function "sigmoid"):
+  // the router scores each expert by a sigmoid, picks the k among the best `router_group_topk` of
+  // `router_groups` groups by the scores plus a per-expert bias that balances the load (a buffer,
+  // not trained by gradient: e_score_correction_bias), and scales the renormalized k by
+  // `routed_scaling_factor`. Softmax routers: router_sigmoid false, groups 1.
+  bool moe_router_sigmoid = false;
+  int64_t moe_router_groups = 1, moe_router_group_topk = 1;
+  double moe_routed_scaling_factor = 1.0;
+  // The first this-many decoder layers keep the dense MLP of width intermediate_size (config.json's
+  // first_k_dense_replace: DeepSeek-V3's 3); the rest are MoE. 0: every layer MoE (or dense).
+  int64_t dense_layers = 0;
+  // Multi-token prediction modules the checkpoint carries (num_nextn_predict_layers): not built by
+  // transformers' model nor counted in the parameters; a plan trains without them and says so.
+  int64_t mtp_layers = 0;
   bool is_moe() const { return experts > 0; }
+  int64_t moe_layers() const { return is_moe() ? num_layers - dense_layers : 0; }
+
+  // Multi-head latent attention (DeepSeek-V2/V3; config.json's q_lora_rank, kv_lora_rank,
+  // qk_nope_head_dim, qk_rope_head_dim, v_head_dim): q through a rank-q_lora_rank bottleneck (0:
+  // projected directly), k and v up-projected per head from a shared kv_lora_rank latent, each head's
+  // q and k a qk_nope_head_dim part and a qk_rope_head_dim part (the rotary part of k is one per
+  // token, shared by the heads), v of v_head_dim. Attention then runs as multi-head attention with
+  // head_dim = qk_nope + qk_rope for q and k (num_kv_heads = num_q_heads) and v_head_dim for v.
+  struct LatentAttention {
+    int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_rope_head_dim = 0, v_head_dim = 0;
+  };
+  LatentAttention latent_attention;
+  bool is_latent_attention() const { return latent_attention.kv_lora_rank > 0; }
 
   // Throws ConfigError(source, key, reason) on an impossible shape or a value out of its range: the
   // one rule for each field, whichever file (card, config.json) it was read from.
   void validate(const std::string& source, const ModelSpecKeys& keys = {}) const;
 
   int64_t q_width() const { return num_q_heads * head_dim; }    // q_proj output features
-  int64_t kv_width() const { return num_kv_heads * head_dim; }  // k_proj / v_proj output features
+  int64_t kv_width() const { return num_kv_heads * head_dim; }  // k_proj / v_proj output features (MLA: k's)
+  // The value heads' width: kv_width, or MLA's n_q * v_head_dim (the attention output's width too).
+  int64_t v_width() const { return is_latent_attention() ? num_q_heads * latent_attention.v_head_dim : kv_width(); }
 };
 
 // Exact parameter counts, by where they live (ZeRO-3 gathers them per module).
@@ -129,6 +163,9 @@ struct ParameterCount {
   // Of per_layer_mlp, the routed experts' matrices (E gated experts, 3 h x I_e each): what Megatron's
   // expert parallelism splits over ep ranks (0 for a dense model).
   int64_t per_layer_routed_experts = 0;
+  // A model whose first layers are dense (ModelSpec::dense_layers): per_layer above is a MoE layer's,
+  // this a dense layer's (its attention, norms and the dense MLP); 0 when every layer is alike.
+  int64_t per_dense_layer = 0;
   int64_t final_norm = 0;
   int64_t lm_head = 0;            // 0 when tied
   int64_t largest_layer_matrix = 0;  // largest weight tensor in a decoder layer (its gradient is produced whole)

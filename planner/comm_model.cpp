@@ -31,8 +31,10 @@ double ulysses_layer_all_to_all_bytes(const ModelSpec& model, int64_t micro_batc
                                       int64_t bytes_per_element) {
   if (sp <= 1) return 0;
   const double tokens = static_cast<double>(micro_batch) * static_cast<double>(seqlen / sp);
-  const double kv_width = static_cast<double>(model.kv_width() * kv_replication_factor(model, sp));
-  const double width = 2.0 * static_cast<double>(model.q_width()) + 2.0 * kv_width;  // q, out; k, v
+  const int64_t replication = kv_replication_factor(model, sp);
+  // q, k, v and the output; MLA's v and output heads are v_head_dim wide, its q and k heads head_dim.
+  const double out_width = static_cast<double>(model.is_latent_attention() ? model.v_width() : model.q_width());
+  const double width = static_cast<double>(model.q_width()) + out_width + static_cast<double>((model.kv_width() + model.v_width()) * replication);
   return tokens * width * static_cast<double>(bytes_per_element);
 }
 

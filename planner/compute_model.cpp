@@ -17,6 +17,17 @@ LayerForwardFlops layer_forward_flops(const ModelSpec& model, int64_t micro_batc
   const double qkv_width = as_double(model.q_width() + 2 * model.kv_width());
   LayerForwardFlops flops;
   flops.projections = 2.0 * tokens * h * qkv_width + 2.0 * tokens * as_double(model.q_width()) * h;
+  if (model.is_latent_attention()) {
+    // MLA's projections, each a matrix of parameter_count's: q's down and up (or q_proj), kv's down
+    // and up, the output's.
+    const ModelSpec::LatentAttention& mla = model.latent_attention;
+    const double q_rank = as_double(mla.q_lora_rank), kv_rank = as_double(mla.kv_lora_rank);
+    const double d_nope = as_double(model.head_dim - mla.qk_rope_head_dim);
+    const double q_matrices = mla.q_lora_rank > 0 ? h * q_rank + q_rank * as_double(model.q_width()) : h * as_double(model.q_width());
+    flops.projections = 2.0 * tokens * (q_matrices + h * (kv_rank + as_double(mla.qk_rope_head_dim)) +
+                                        kv_rank * as_double(model.num_q_heads) * (d_nope + as_double(mla.v_head_dim)) +
+                                        as_double(model.v_width()) * h);
+  }
   const double mlp_matrices = model.mlp_kind == MlpKind::mlp_kind_swiglu ? 3.0 : 2.0;
   flops.mlp = mlp_matrices * 2.0 * tokens * h * as_double(model.intermediate_size);
   if (model.is_moe()) {
@@ -26,10 +37,16 @@ LayerForwardFlops layer_forward_flops(const ModelSpec& model, int64_t micro_batc
                                           as_double(model.shared_expert_intermediate_size)) +
                                    as_double(model.experts) + (model.shared_expert_gate ? 1.0 : 0.0);
     flops.mlp = 2.0 * tokens * h * per_token_width;
+    // Dense first layers (DeepSeek-V3's): the average layer's share of their dense MLPs.
+    if (model.dense_layers > 0)
+      flops.mlp = (flops.mlp * as_double(model.moe_layers()) + mlp_matrices * 2.0 * tokens * h * as_double(model.intermediate_size) *
+                                                                  as_double(model.dense_layers)) / as_double(model.num_layers);
   }
-  // 4 * S^2 * d per head, halved by the causal mask, over this rank's n_q/sp heads.
+  // 2 S^2 per head for each of QK^T (over the q/k head_dim) and PV (over the value heads' width),
+  // halved by the causal mask, over this rank's n_q/sp heads.
   const double s = as_double(seqlen);
-  flops.attention = as_double(micro_batch) * 2.0 * s * s * as_double(model.head_dim) * as_double(model.num_q_heads) / as_double(sp);
+  const double v_head_dim = as_double(model.v_width()) / as_double(model.num_kv_heads);
+  flops.attention = as_double(micro_batch) * s * s * (as_double(model.head_dim) + v_head_dim) * as_double(model.num_q_heads) / as_double(sp);
   // Layers that attend within a sliding window of W tokens (layer_types' sliding_attention) score
   // about S W pairs where a causal layer scores S^2 / 2: the average layer's share. Where which layers
   // are windowed is not known (windowed_layers 0), every layer is priced as full attention.

@@ -87,6 +87,10 @@ std::string framework_unsupported(Framework framework, const ModelSpec& model, c
   if (model.attention_sinks && !description.attention_sinks)
     return fmt::format("{}: {}'s attention sinks (a learnable logit per head) are planned under Megatron-Core only "
                        "(--framework megatron-core)", name, model.name);
+  if ((model.is_latent_attention() || model.moe_router_sigmoid || model.dense_layers > 0) && !description.deepseek_v3_layers)
+    return fmt::format("{}: {}'s {} planned under Megatron-Core only (--framework megatron-core): longseq models Megatron's MLA and "
+                       "MoE layers, not the Hugging Face DeepSeek layer {} runs", name, model.name,
+                       model.is_latent_attention() ? "multi-head latent attention is" : "sigmoid router and dense first layers are", name);
   // Ring attention: neither DeepSpeed nor the trainers on it have one (REFERENCE §8); USP's
   // LongContextAttention composes it with Ulysses, and so does longseq's executor.
   const bool pytorch_cp = description.pytorch_context_parallelism;

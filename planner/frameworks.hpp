@@ -77,6 +77,10 @@ struct FrameworkDescription {
   // Transformer Engine's activation offloading of the first n layers (Megatron-Core's cpu_offloading:
   // PlanOptions::offload_activation_layers).
   bool te_activation_offload;
+  // DeepSeek-V3's layers (ModelSpec::is_latent_attention, moe_router_sigmoid, dense_layers): multi-head
+  // latent attention, the sigmoid router over groups, the dense first layers, as Megatron-Core builds
+  // them (reference-megatron-core M8); the Hugging Face layers' under the other stacks are not modelled.
+  bool deepseek_v3_layers;
   // Why it cannot build `model` whatever the plan (nullptr: it builds what longseq reads), then why
   // it cannot run `plan` on `gpus` GPUs (0: not known); "" when it can.
   std::string (*model_refused)(const char* name, const ModelSpec& model);

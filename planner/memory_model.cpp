@@ -74,7 +74,7 @@ Setup setup_make(const ModelSpec& model, const HardwareCard& card, const PlanOpt
       setup.largest_trainable_matrix = std::max(setup.largest_trainable_matrix, as_double(plan.lora_rank * std::max(linear.in, linear.out)));
   }
   if (plan.qlora) setup.qlora_packed_per_layer = nf4_layer_bytes(model, /*double_quant=*/true).packed;
-  setup.expert_parameters = as_double(model.num_layers) * as_double(setup.params.per_layer_routed_experts);
+  setup.expert_parameters = as_double(model.moe_layers()) * as_double(setup.params.per_layer_routed_experts);
   LayerShape& shape = setup.shape;
   shape.tokens = plan.micro_batch * (seqlen / plan.sequence_ranks());
   shape.sp = plan.sp;
@@ -107,6 +107,16 @@ Setup setup_make(const ModelSpec& model, const HardwareCard& card, const PlanOpt
   shape.shared_expert_gate = model.shared_expert_gate;
   shape.moe_normalize_topk = model.moe_normalize_topk;
   shape.moe_routing_weights_fp32 = model.moe_routing_weights_fp32;
+  shape.moe_router_sigmoid = model.moe_router_sigmoid;
+  // moe_router_dtype fp32: what Megatron-Bridge's DeepSeek providers set and the export writes for a
+  // sigmoid router (deepseek_v3_bridge.py L75).
+  shape.moe_router_fp32 = model.moe_router_sigmoid;
+  if (model.is_latent_attention()) {
+    shape.mla_q_rank = model.latent_attention.q_lora_rank;
+    shape.mla_kv_rank = model.latent_attention.kv_lora_rank;
+    shape.mla_rope_dim = model.latent_attention.qk_rope_head_dim;
+    shape.v_width = model.v_width() / tp;
+  }
   shape.lora_rank = plan.lora_rank;
   shape.lora_all_linear = plan.lora_all_linear;
   shape.qlora = plan.qlora;
@@ -339,10 +349,12 @@ void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const Clus
   trace.alloc(kCategoryInputs, "input_ids_and_labels", tokens * 16.0);
   trace.alloc(kCategoryInputs, "position_ids", as_double(plan.micro_batch) * as_double(plan.sp > 1 ? seqlen / plan.ring : seqlen / plan.sequence_ranks()) * 8.0);
   if (inputs != StepInputs::batch_and_rope) return;
+  // MLA rotates only its qk_rope_head_dim part (YarnRotaryEmbedding over qk_pos_emb_head_dim, M8.1).
+  const double rotary_dim = as_double(model.is_latent_attention() ? model.latent_attention.qk_rope_head_dim : model.head_dim);
   if (profile.rope_table_whole_sequence_fp32)
-    trace.alloc(kCategoryInputs, "rope_table_whole_sequence", as_double(seqlen) * as_double(model.head_dim) * 4.0);
+    trace.alloc(kCategoryInputs, "rope_table_whole_sequence", as_double(seqlen) * rotary_dim * 4.0);
   else
-    trace.alloc(kCategoryInputs, "rope_cos_sin", 2.0 * tokens * as_double(model.head_dim) * as_double(profile.activation_bytes));
+    trace.alloc(kCategoryInputs, "rope_cos_sin", 2.0 * tokens * rotary_dim * as_double(profile.activation_bytes));
 }
 
 // ZeRO-2/3's gradient bucket, allocated at the first gradient and held through backward
@@ -539,7 +551,7 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
   Setup setup = setup_make(model, cluster.hardware, plan, profile, seqlen);
   if (plan.pp > 1) {
     setup.params.total = stage.parameters, setup.trainable_total = as_double(stage.parameters);
-    setup.expert_parameters = as_double(stage.layers) * as_double(setup.params.per_layer_routed_experts);
+    setup.expert_parameters = as_double(stage.moe_layers) * as_double(setup.params.per_layer_routed_experts);
   }
   const double layers = as_double(stage.layers);
   // Under 1F1B the micro-batches before this one are in flight whole: their layers' activations too.
@@ -578,7 +590,9 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
     static_tensors_place(result.trace, model, cluster, plan, profile, setup, seqlen, inputs, /*with_gradients=*/!gradients_in_backward);
     resident_activations_place(result.trace, plan, profile, setup, resident_layers + earlier_micro_batch_layers,
                                layers + earlier_micro_batch_layers, saved_per_layer, saved_first_layer);
-    if (dispatcher_held_bytes > 0) result.trace.alloc(kCategoryCheckpoints, "moe.dispatcher_state", layers * dispatcher_held_bytes, layers);
+    // One per MoE layer the rank holds (all its chunks', under interleaving), whatever micro-batches are in flight.
+    if (dispatcher_held_bytes > 0 && stage.moe_layers > 0)
+      result.trace.alloc(kCategoryCheckpoints, "moe.dispatcher_state", as_double(stage.moe_layers) * dispatcher_held_bytes, as_double(stage.moe_layers));
     return result.trace;
   };
   // Gradients backward has produced before a decoder layer's own: the LM head's and final norm's

@@ -23,6 +23,9 @@ struct PipelineStage {
   int64_t in_flight = 1;
   bool loss = true;
   int64_t parameters = 0;
+  // Of its layers (all of its chunks'), the MoE layers, whose routed experts expert parallelism splits
+  // (a model's dense first layers sit on the first stage).
+  int64_t moe_layers = 0;
 };
 
 // The stages that can set the GPU peak: without pipeline parallelism the whole model, one micro-batch

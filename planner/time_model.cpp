@@ -129,7 +129,7 @@ RingLayerPassing ring_layer_passing(const ModelSpec& model, const ClusterSpec& c
   const Link link = link_for_group(cluster, sp * ring * rank_stride);
   const double r = as_double(ring), a = as_double(activation_bytes);
   const double tokens = as_double(micro_batch) * as_double(seqlen / (sp * ring));
-  const double block_bytes = 2.0 * tokens * as_double(model.kv_width() * kv_replication_factor(model, sp)) * a;
+  const double block_bytes = tokens * as_double((model.kv_width() + model.v_width()) * kv_replication_factor(model, sp)) * a;  // K and V
   const double accumulator_bytes = block_bytes / a * 4.0;
   if (all_gather_rotation) {
     const double gather_s = link.latency_us * 1e-6 + collective_seconds(Collective::collective_all_gather, r * block_bytes, ring, link);
@@ -251,8 +251,19 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
     // so it gathers nothing (dispatch_postprocess L734) and only the attention's gather and
     // reduce-scatter remain, and the shared experts' where it has them (a TP-split MLP).
     const double regions = model.is_moe() && model.shared_expert_intermediate_size == 0 ? 1.0 : 2.0;  // shared experts: an MLP's two
-    const double forward_s = regions * (all_gather_s + reduce_scatter_s);
-    const double backward_hidden_s = regions * (all_gather_s + reduce_scatter_s);
+    // Multi-head latent attention gathers narrower inputs (M8.1): its down-projections run on the
+    // sequence shard (TELinear, parallel_mode "duplicated"), and what is gathered is the q latent (or
+    // the norm's output where q is projected directly), the kv latent and the shared rotary key.
+    double attention_gather_s = all_gather_s;
+    if (model.is_latent_attention()) {
+      const ModelSpec::LatentAttention& mla = model.latent_attention;
+      const double gathered_width = as_double((mla.q_lora_rank > 0 ? mla.q_lora_rank : model.hidden_size) + mla.kv_lora_rank + mla.qk_rope_head_dim);
+      attention_gather_s = link.latency_us * 1e-6 + collective_seconds(Collective::collective_all_gather,
+                                                                       gathered_bytes * gathered_width / as_double(model.hidden_size), plan.tp, link);
+    }
+    const double gathers_s = attention_gather_s + (regions - 1.0) * all_gather_s;
+    const double forward_s = gathers_s + regions * reduce_scatter_s;
+    const double backward_hidden_s = gathers_s + regions * reduce_scatter_s;
     const double backward_matmul_s = time.matmul_s * 2.0 / (3.0 + recompute);  // backward's share of the GEMMs
     time.tensor_parallel_exposed_s = layers * ((1.0 + recompute) * forward_s + regions * all_gather_s) +
                                      std::max(0.0, layers * backward_hidden_s - backward_matmul_s);
@@ -270,7 +281,9 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
     const double routed_bytes = as_double(plan.micro_batch) * as_double(seqlen / plan.sequence_ranks()) / as_double(std::max<int64_t>(1, plan.tp)) *
                                 as_double(model.experts_per_token) * as_double(model.hidden_size) * as_double(profile.activation_bytes);
     const double exchange_s = collective_seconds(Collective::collective_all_to_all, routed_bytes, plan.ep, link);
-    time.expert_all_to_all_s = layers * (2.0 * (1.0 + recompute) + 2.0) * exchange_s;
+    // A model's dense first layers dispatch nothing: the MoE layers' share of the stage's (spread evenly).
+    const double moe_share = as_double(model.moe_layers()) / as_double(model.num_layers);
+    time.expert_all_to_all_s = layers * moe_share * (2.0 * (1.0 + recompute) + 2.0) * exchange_s;
   }
 
   // ZeRO traffic, overlapped with the layers' compute by DeepSpeed's prefetching and bucketing.
@@ -295,7 +308,7 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   // The experts' share is 1/(ep p) of them (whole on every TP rank: expert tensor parallelism 1),
   // reduced over the ranks holding the same experts (world / (ep p)); the two groups are about as
   // large, so the reduction is priced on the dense group's ranks with the sum of the two shares.
-  const double expert_parameters = as_double(model.num_layers) * as_double(params.per_layer_routed_experts);
+  const double expert_parameters = as_double(model.moe_layers()) * as_double(params.per_layer_routed_experts);
   const double rank_gradient_parameters = (as_double(params.total) - expert_parameters) / as_double(share_divisor) +
                                           expert_parameters / as_double(std::max<int64_t>(1, plan.ep) * std::max<int64_t>(1, plan.pp));
   const double gradient_bytes = plan.lora() ? adapters * lora_adapter_bytes(profile, plan)

@@ -388,6 +388,16 @@ std::vector<std::string> plan_caveats(const ModelSpec& model, const ClusterSpec&
                                                                : "transformers 4's loop over the experts",
         plan.moe_aux_loss || model.output_router_logits ? "with the auxiliary loss's kept, concatenated and one-hot router logits (--moe-aux-loss)"
                           : "without the auxiliary loss's router logits (output_router_logits must stay false; --moe-aux-loss prices them)"));
+  if (model.is_latent_attention() || model.dense_layers > 0 || model.moe_router_sigmoid)
+    caveats.push_back(fmt::format(
+        "{}: multi-head latent attention and the sigmoid group-limited router are priced from Megatron-Core's code "
+        "(docs/reference-megatron-core.md M8), with no published run of them in the record; {}{}", model.name,
+        model.dense_layers > 0 ? fmt::format("its {} dense first layers are priced with a MoE layer's activations (the larger of the "
+                                             "two) and their own parameters, ", model.dense_layers)
+                               : std::string(),
+        model.mtp_layers > 0 ? fmt::format("and it trains without its {} multi-token-prediction module(s) (num_nextn_predict_layers: not "
+                                           "modelled; the export leaves --mtp-num-layers unset)", model.mtp_layers)
+                             : std::string("and nothing it carries is left out")));
   return caveats;
 }
 

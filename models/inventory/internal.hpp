@@ -253,6 +253,11 @@ void column_parallel_gather_free(TensorTrace& trace, const LayerShape& shape);
 int64_t row_parallel_reduce_scatter(TensorTrace& trace, const LayerShape& shape, double gathered_bytes, double shard_bytes, const char* output);
 void input_gradient_to_shard(TensorTrace& trace, const LayerShape& shape, double shard_bytes, std::string_view category, const char* partial,
                              const char* shard);
+// Megatron's multi-head latent attention before the core attention (megatron_mla.cpp): forward
+// expects "layer.input" live and leaves "attention.q", "attention.k" and "attention.v" (and with
+// `keep` what its backward reads); backward takes "attention.dqkv" and leaves "layer.input_grad".
+void megatron_mla_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep);
+void megatron_mla_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl);
 // Megatron's MoE layer (megatron_moe.cpp) in place of the layer's MLP: forward expects
 // "residual.attention" live and leaves "layer.output"; backward leaves "residual.attention_grad".
 void megatron_moe_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep);

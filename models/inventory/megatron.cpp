@@ -53,7 +53,7 @@ struct MegatronBytes {
   double shard;        // [T/t, h]: the residual stream and the norms' outputs
   double gathered;     // [T, h]: a column-parallel linear's input gathered over the TP ranks
   double rsigma;       // fp32 [T/t]: a TE norm's saved statistic (RMSNorm: rsigma; LayerNorm adds the mean)
-  double qkv, q, kv, lse;
+  double qkv, q, kv, v, out, lse;  // kv: the keys' (and, but under MLA, the values'); v, out: the values' and the attention output's
   double k_heads;               // [T, n_kv d / t]: the key heads as the QKV output holds them (no Ulysses replication)
   double q_rsigma, k_rsigma;    // fp32 [T, n_q / t], [T, n_kv / t]: a q/k norm's statistics, one per head
   double fc1, activation;
@@ -66,6 +66,8 @@ struct MegatronBytes {
     rsigma = shard_tokens * 4.0 * 2.0;  // TE saves mean and rsigma alike (LayerNorm); RMSNorm's mean slot is empty: an upper bound
     q = tokens * static_cast<double>(shape.q_width) * a;
     kv = tokens * static_cast<double>(shape.kv_width * shape.kv_replication) * a;
+    v = tokens * static_cast<double>(shape.value_width() * shape.kv_replication) * a;
+    out = shape.mla_kv_rank > 0 ? tokens * static_cast<double>(shape.value_width()) * a : q;
     qkv = tokens * static_cast<double>(shape.q_width + 2 * shape.kv_width) * a;
     lse = tokens * static_cast<double>(shape.num_q_heads) * 4.0;
     k_heads = tokens * static_cast<double>(shape.kv_width) * a;
@@ -125,7 +127,13 @@ void layernorm_linear_backward(TensorTrace& trace, const LayerShape& shape, cons
 void megatron_layer_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep) {
   const MegatronBytes bytes(shape, impl);
   const bool cp = context_parallel(shape);
+  const bool mla = shape.mla_kv_rank > 0;
+  // v its own tensor (not a view of the QKV output): under context parallelism and MLA.
+  const bool separate_v = cp || mla;
 
+  if (mla) {
+    megatron_mla_forward(trace, shape, impl, keep);  // leaves q, k and v (megatron_mla.cpp)
+  } else {
   // TELayerNormColumnParallelLinear (M1.1): saves the layer's input, the norm's output as this
   // rank's shard and the norm's statistics; multiplies on the gathered norm output.
   trace.set_moment("input norm and QKV");
@@ -158,34 +166,35 @@ void megatron_layer_forward(TensorTrace& trace, const LayerShape& shape, const L
     trace.alloc(L, "attention.v", bytes.kv);
     trace.free("attention.qkv");
   }
+  }
 
   trace.set_moment("attention");
   if (shape.sp > 1) {
     // cp_comm_type a2a (M2.2: AttnFuncWithCPAndQKVOA2A): q, k and v exchanged to the whole sequence
     // at n/u heads through staging copies (TE's buffers unread: priced as DeepSpeed's Ulysses, two
     // copies of what is exchanged, REFERENCE §3.1).
-    trace.alloc(L, "attention.a2a_staging", static_cast<double>(impl.ulysses_staging_copies) * (bytes.q + 2.0 * bytes.kv));
+    trace.alloc(L, "attention.a2a_staging", static_cast<double>(impl.ulysses_staging_copies) * (bytes.q + bytes.kv + bytes.v));
   }
   if (shape.ring > 1) {
     // cp_comm_type p2p (M2.3): the local K and V concatenated into one block and a second block for
     // the one in flight; the block last received is what attention saves, the local k and v go.
-    trace.alloc(L, "ring.kv_blocks", 2.0 * 2.0 * bytes.kv);
+    trace.alloc(L, "ring.kv_blocks", 2.0 * (bytes.kv + bytes.v));
   }
   if (shape.sp > 1) trace.free("attention.a2a_staging");
-  trace.alloc(L, "attention.output", bytes.q);
+  trace.alloc(L, "attention.output", bytes.out);
   trace.alloc(L, "attention.lse_fp32", bytes.lse);
   if (shape.ring > 1) {
     trace.free("ring.kv_blocks");
     trace.free("attention.k");
     trace.free("attention.v");
-    trace.alloc(L, "attention.kv_block_saved", 2.0 * bytes.kv);
+    trace.alloc(L, "attention.kv_block_saved", bytes.kv + bytes.v);
   }
   if (!keep) {
     trace.free("attention.q");
     if (shape.ring > 1) trace.free("attention.kv_block_saved");
     else {
       trace.free("attention.k");
-      trace.free(cp ? "attention.v" : "attention.qkv");
+      trace.free(separate_v ? "attention.v" : "attention.qkv");
     }
     trace.free("attention.lse_fp32");
     if (shape.qk_norm)
@@ -230,6 +239,8 @@ void megatron_layer_forward(TensorTrace& trace, const LayerShape& shape, const L
 void megatron_layer_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl) {
   const MegatronBytes bytes(shape, impl);
   const bool cp = context_parallel(shape);
+  const bool mla = shape.mla_kv_rank > 0;
+  const bool separate_v = cp || mla;
 
   if (shape.experts > 0) {
     megatron_moe_backward(trace, shape, impl);
@@ -258,7 +269,7 @@ void megatron_layer_backward(TensorTrace& trace, const LayerShape& shape, const 
   // output's gradient produced.
   trace.set_moment("output projection backward");
   column_parallel_gather(trace, shape, bytes.gathered);
-  trace.alloc(L, "attention.output_grad", bytes.q);
+  trace.alloc(L, "attention.output_grad", bytes.out);
   column_parallel_gather_free(trace, shape);
 
   // The attention's backward: dq, dk, dv at their dtype with an fp32 dq accumulator where the
@@ -266,9 +277,9 @@ void megatron_layer_backward(TensorTrace& trace, const LayerShape& shape, const 
   // with a dq buffer (M2.3: L2622-2628); under a2a the exchange's staging copies again.
   trace.set_moment("attention backward");
   if (impl.flash_attention_dq_accumulator) trace.alloc(L, "attention.dq_accumulator_fp32", bytes.q / static_cast<double>(impl.activation_bytes) * 4.0);
-  if (shape.ring > 1) trace.alloc(L, "ring.backward_blocks", 4.0 * 2.0 * bytes.kv + bytes.q);
-  if (shape.sp > 1) trace.alloc(L, "attention.a2a_staging", static_cast<double>(impl.ulysses_staging_copies) * (bytes.q + 2.0 * bytes.kv));
-  trace.alloc(L, "attention.dqkv", bytes.q + 2.0 * bytes.kv);
+  if (shape.ring > 1) trace.alloc(L, "ring.backward_blocks", 4.0 * (bytes.kv + bytes.v) + bytes.q);
+  if (shape.sp > 1) trace.alloc(L, "attention.a2a_staging", static_cast<double>(impl.ulysses_staging_copies) * (bytes.q + bytes.kv + bytes.v));
+  trace.alloc(L, "attention.dqkv", bytes.q + bytes.kv + bytes.v);
   if (shape.sp > 1) trace.free("attention.a2a_staging");
   if (shape.ring > 1) trace.free("ring.backward_blocks");
   if (impl.flash_attention_dq_accumulator) trace.free("attention.dq_accumulator_fp32");
@@ -279,8 +290,11 @@ void megatron_layer_backward(TensorTrace& trace, const LayerShape& shape, const 
   if (shape.ring > 1) trace.free("attention.kv_block_saved");
   else {
     trace.free("attention.k");
-    trace.free(cp ? "attention.v" : "attention.qkv");
+    trace.free(separate_v ? "attention.v" : "attention.qkv");
   }
+  if (mla) {
+    megatron_mla_backward(trace, shape, impl);  // to the layer input's gradient (megatron_mla.cpp)
+  } else {
   // RoPE's backward rotates dq and dk back (through the q/k norms' backward, each writing its
   // input's gradient) into the QKV output's gradient.
   trace.set_moment("RoPE backward");
@@ -295,6 +309,7 @@ void megatron_layer_backward(TensorTrace& trace, const LayerShape& shape, const 
 
   trace.set_moment("QKV and input norm backward");
   layernorm_linear_backward(trace, shape, bytes, "attention.qkv_grad", "attention_norm.output", "attention_norm.rsigma_fp32", "layer.input_grad");
+  }
   trace.free("residual.attention_grad");
   trace.free("layer.output_grad");
   if (trace.is_live("layer.input")) trace.free("layer.input");

@@ -21,9 +21,9 @@ namespace {
 struct MegatronMoeBytes {
   double shard;        // [T_s, h]
   double rsigma;       // fp32 [T_s] x 2: a TE norm's saved statistics (as megatron.cpp's)
-  double logits;       // [T_s, E] in the router's dtype (the input's: moe_router_dtype unset)
+  double logits;       // [T_s, E] in the router's dtype (the input's, or fp32: moe_router_dtype)
   double scores_fp32;  // [T_s, E] fp32: the aux loss's softmax over every expert
-  double topk_fp32;    // fp32: the router's saved softmax, [T_s, k] over the chosen, [T_s, E] before the top-k
+  double topk_fp32;    // fp32: what the router's scoring saves (a softmax's, or the sigmoid's)
   double pairs_x;      // [P, h]
   double pairs_f;      // [P, f_e]
   double pair_probs;   // [P] in the router's dtype: the permuted probabilities
@@ -37,14 +37,19 @@ struct MegatronMoeBytes {
     const double pairs = tokens * k;
     shard = tokens * static_cast<double>(shape.hidden) * a;
     rsigma = tokens * 4.0 * 2.0;
-    logits = tokens * experts * a;
+    const double router_bytes = shape.moe_router_fp32 ? 4.0 : a;
+    logits = tokens * experts * router_bytes;
     scores_fp32 = tokens * experts * 4.0;
     // A router that renormalizes its k (norm_topk_prob) is Megatron's top-k then softmax over the k;
     // one that does not, its pre-softmax over every expert, then the top-k (moe_utils.py L840-853).
     topk_fp32 = tokens * (shape.moe_normalize_topk ? k : experts) * 4.0;
+    // A sigmoid router (DeepSeek-V3's; L855-868): the sigmoid saves its fp32 output over every expert,
+    // the gather of the chosen k its int64 indices, the renormalizing division the k scores and their
+    // sum (the group limit and the expert bias only choose: their tensors are transient).
+    if (shape.moe_router_sigmoid) topk_fp32 = tokens * experts * 4.0 + tokens * k * (4.0 + 8.0) + tokens * 4.0;
     pairs_x = pairs * static_cast<double>(shape.hidden) * a;
     pairs_f = pairs * static_cast<double>(shape.expert_intermediate) * a;
-    pair_probs = pairs * a;
+    pair_probs = pairs * router_bytes;  // probs.type_as(logits)
     const double all_tokens = static_cast<double>(shape.tokens), t = static_cast<double>(std::max<int64_t>(1, shape.tp));
     gathered = all_tokens * static_cast<double>(shape.hidden) * a;
     shared_activation = all_tokens * static_cast<double>(shape.shared_expert_intermediate) / t * a;
@@ -130,7 +135,8 @@ void megatron_moe_forward(TensorTrace& trace, const LayerShape& shape, const Lay
   trace.alloc(L, "mlp_norm.output", bytes.shard);
   trace.alloc(L, "mlp_norm.rsigma_fp32", bytes.rsigma);
   if (shape.shared_expert_intermediate > 0) shared_experts_forward(trace, shape, bytes);
-  // Router (router.py L87-125, moe_utils.py topk_routing_with_score_function L835-895): the logits
+  // Router (router.py L87-125, moe_utils.py topk_routing_with_score_function L835-895; the sigmoid's
+  // saved tensors are MegatronMoeBytes::topk_fp32's, under the same name): the logits
   // [T_s, E]; top-k on them, a softmax over the k chosen in fp32 (saved) cast back (or, pre-softmax,
   // the softmax over every expert first, saved, then the top-k); the dense
   // probabilities and routing map scattered to [T_s, E]. The load-balancing loss (aux_loss, as the
@@ -243,12 +249,13 @@ namespace longseq {
 double megatron_moe_dispatcher_held_bytes(const LayerShape& shape, const LayerImplementation& impl) {
   if (shape.experts <= 0) return 0;
   // MoEAlltoAllTokenDispatcher.dispatch_preprocess (token_dispatcher.py L636-672) keeps the router's
-  // dense probabilities [T_s, E] (the activation dtype), its bool routing map [T_s, E] and the fused
+  // dense probabilities [T_s, E] (the router's dtype), its bool routing map [T_s, E] and the fused
   // permute's int32 row-id map [T_s, 2E + 1] (TE triton/permutation.py make_row_id_map) as
   // attributes, and nothing clears them: each MoE layer holds its last micro-batch's until its next
   // forward overwrites them, through recompute and backward alike (M6.5).
   const double tokens = static_cast<double>(shape.hidden_state_tokens()), experts = static_cast<double>(shape.experts);
-  return tokens * experts * static_cast<double>(impl.activation_bytes) + tokens * experts + tokens * (2.0 * experts + 1.0) * 4.0;
+  const double probs_bytes = shape.moe_router_fp32 ? 4.0 : static_cast<double>(impl.activation_bytes);  // the logits' dtype
+  return tokens * experts * probs_bytes + tokens * experts + tokens * (2.0 * experts + 1.0) * 4.0;
 }
 
 }  // namespace longseq

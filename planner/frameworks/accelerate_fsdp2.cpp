@@ -48,6 +48,7 @@ extern const FrameworkDescription kAccelerateFsdp2 = {
     /*model_parallelism=*/false,
     /*attention_sinks=*/false,
     /*te_activation_offload=*/false,
+    /*deepseek_v3_layers=*/false,
     nullptr,
     plan_refused,
 };

@@ -51,6 +51,7 @@ extern const FrameworkDescription kArcticTraining = {
     /*model_parallelism=*/false,
     /*attention_sinks=*/false,
     /*te_activation_offload=*/false,
+    /*deepseek_v3_layers=*/false,
     model_refused,
     plan_refused,
 };

@@ -31,6 +31,7 @@ extern const FrameworkDescription kHfAccelerate = {
     /*model_parallelism=*/false,
     /*attention_sinks=*/false,
     /*te_activation_offload=*/false,
+    /*deepseek_v3_layers=*/false,
     nullptr,
     plan_refused,
 };

@@ -73,6 +73,7 @@ extern const FrameworkDescription kMegatronCore = {
     /*model_parallelism=*/true,
     /*attention_sinks=*/true,
     /*te_activation_offload=*/true,
+    /*deepseek_v3_layers=*/true,
     model_refused,
     plan_refused,
 };

@@ -96,6 +96,7 @@ extern const FrameworkDescription kTorchtitan = {
     /*model_parallelism=*/false,
     /*attention_sinks=*/false,
     /*te_activation_offload=*/false,
+    /*deepseek_v3_layers=*/false,
     model_refused,
     plan_refused,
 };

@@ -28,6 +28,7 @@ extern const FrameworkDescription kUsp = {
     /*model_parallelism=*/false,
     /*attention_sinks=*/false,
     /*te_activation_offload=*/false,
+    /*deepseek_v3_layers=*/false,
     nullptr,
     plan_refused,
 };

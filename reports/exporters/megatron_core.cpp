@@ -48,8 +48,13 @@ ExportedConfig megatron_core_emit(const ExportRequest& r) {
                                          "--use-rope-scaling or YaRN's arguments for your model yourself)",
                                          integer_with_commas(r.seqlen), integer_with_commas(rope.original_window)));
   if (!m.rope_scaling.empty())
-    exported.notes.push_back(fmt::format("RoPE scaling '{}' of {} is not written: set Megatron's matching arguments (--use-rope-scaling "
-                                         "for Llama 3's)", m.rope_scaling, m.name));
+    exported.notes.push_back(fmt::format("RoPE scaling '{}' of {} is not written: set Megatron's matching arguments ({})", m.rope_scaling,
+                                         m.name, m.is_latent_attention() ? "MLA takes YaRN by default: --rotary-scaling-factor, --mscale and "
+                                                                           "--mscale-all-dim from the model's rope_scaling"
+                                                                         : "--use-rope-scaling for Llama 3's"));
+  if (m.mtp_layers > 0)
+    exported.notes.push_back(fmt::format("multi-token prediction: {} carries {} MTP module(s); the plan trains without them, so "
+                                         "--mtp-num-layers is not set", m.name, m.mtp_layers));
   if (m.rope_theta != std::floor(m.rope_theta))
     exported.notes.push_back(fmt::format("RoPE base {} is not a whole number; --rotary-base takes an int", m.rope_theta));
   if (r.cluster.nodes > 1)
@@ -60,7 +65,17 @@ ExportedConfig megatron_core_emit(const ExportRequest& r) {
       fmt::format("--num-layers {}", m.num_layers), fmt::format("--hidden-size {}", m.hidden_size),
       fmt::format("--ffn-hidden-size {}", m.intermediate_size), fmt::format("--num-attention-heads {}", m.num_q_heads)};
   if (m.num_kv_heads != m.num_q_heads) args.push_back(fmt::format("--group-query-attention --num-query-groups {}", m.num_kv_heads));
-  args.push_back(fmt::format("--kv-channels {}", m.head_dim));
+  if (m.is_latent_attention()) {
+    // MLA as the plan prices it (megatron_mla.cpp, M8.1): the latents' ranks and the heads' parts,
+    // the latents' norms fused into the up-projections (qk_layernorm, as Megatron-Bridge's DeepSeek
+    // providers set, deepseek_v3_bridge.py L62-63).
+    const ModelSpec::LatentAttention& mla = m.latent_attention;
+    args.push_back(fmt::format("--multi-latent-attention{} --kv-lora-rank {} --qk-head-dim {} --qk-pos-emb-head-dim {} --v-head-dim {}",
+                               mla.q_lora_rank > 0 ? fmt::format(" --q-lora-rank {}", mla.q_lora_rank) : std::string(), mla.kv_lora_rank,
+                               m.head_dim - mla.qk_rope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim));
+  } else {
+    args.push_back(fmt::format("--kv-channels {}", m.head_dim));
+  }
   args.push_back(fmt::format("--seq-length {} --max-position-embeddings {}", r.seqlen, std::max(r.seqlen, m.max_position_embeddings)));
   // gpt-oss's clamped SwiGLU is Megatron's quick-GeGLU (x sigmoid(1.702 x)) with the linear half
   // offset by 1 and both clamped, as Megatron-Bridge sets it (gpt_oss_bridge.py L82-84).
@@ -72,7 +87,7 @@ ExportedConfig megatron_core_emit(const ExportRequest& r) {
   if (!m.tied_embeddings) args.push_back("--untie-embeddings-and-output-weights");
   if (!m.mlp_bias && !m.o_proj_bias) args.push_back("--disable-bias-linear");
   if (m.qkv_bias && !m.mlp_bias) args.push_back("--add-qkv-bias");
-  if (m.qk_norm) args.push_back("--qk-layernorm");
+  if (m.qk_norm || m.is_latent_attention()) args.push_back("--qk-layernorm");
   // Sliding windows as Megatron's TE layer takes them (window_size (W - 1, 0): the query and the
   // W - 1 before it, Megatron-Bridge's gpt_oss_bridge.py L87-88), every other layer full where only
   // half are windowed; the sinks as TE's learnable softmax offset.
@@ -92,8 +107,22 @@ ExportedConfig megatron_core_emit(const ExportRequest& r) {
                                m.expert_intermediate_size));
     args.push_back(fmt::format("--expert-model-parallel-size {} --expert-tensor-parallel-size 1", p.ep));
     args.push_back("--moe-grouped-gemm --moe-token-dispatcher-type alltoall --moe-permute-fusion");
-    args.push_back("--moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff 1e-3");
-    if (!m.moe_normalize_topk) args.push_back("--moe-router-pre-softmax");
+    if (m.moe_router_sigmoid) {
+      // DeepSeek-V3's router as Megatron-Bridge maps it (deepseek_v3_bridge.py L66-76): sigmoid scores
+      // with the load-balancing expert bias, the group limit, the routed scale, in fp32, and the
+      // sequence-wise auxiliary loss at the config's aux_loss_alpha (DeepSeek-V3's 1e-3).
+      args.push_back(fmt::format("--moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-dtype fp32"
+                                 " --moe-router-topk-scaling-factor {}", m.moe_routed_scaling_factor));
+      if (m.moe_router_groups > 1)
+        args.push_back(fmt::format("--moe-router-num-groups {} --moe-router-group-topk {}", m.moe_router_groups, m.moe_router_group_topk));
+      args.push_back("--moe-router-load-balancing-type seq_aux_loss --moe-aux-loss-coeff 1e-3");
+    } else {
+      args.push_back("--moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff 1e-3");
+      if (!m.moe_normalize_topk) args.push_back("--moe-router-pre-softmax");
+    }
+    // Dense first layers: Megatron's layer pattern, 0 dense and 1 MoE (a list of integers only).
+    if (m.dense_layers > 0)
+      args.push_back(fmt::format("--moe-layer-freq '([0]*{}+[1]*{})'", m.dense_layers, m.moe_layers()));
     if (m.shared_expert_intermediate_size > 0)
       args.push_back(fmt::format("--moe-shared-expert-intermediate-size {}{}", m.shared_expert_intermediate_size,
                                  m.shared_expert_gate ? " --moe-shared-expert-gate" : ""));

@@ -45,7 +45,9 @@ keys = ["tensor_model_parallel_size", "sequence_parallel", "context_parallel_siz
         "moe_token_dispatcher_type", "moe_permute_fusion", "moe_router_load_balancing_type", "moe_aux_loss_coeff",
         "moe_router_pre_softmax", "window_size", "window_attn_skip_freq", "softmax_type", "quick_geglu", "glu_linear_offset",
         "activation_func_clamp_value", "moe_shared_expert_intermediate_size", "moe_shared_expert_gate", "cpu_offloading",
-        "cpu_offloading_num_layers"]
+        "cpu_offloading_num_layers", "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
+        "v_head_dim", "moe_router_score_function", "moe_router_enable_expert_bias", "moe_router_num_groups", "moe_router_group_topk",
+        "moe_router_topk_scaling_factor", "moe_router_dtype", "moe_layer_freq"]
 print("MEGATRON_ARGS " + json.dumps({key: getattr(args, key, None) for key in keys}))
 """
 
@@ -117,6 +119,16 @@ PLANS = [
     (["--model", "qwen1.5-moe-a2.7b", "--gpus", "8", "--tp", "2", "--ep", "4", "--seqlen", "64Ki"], 8,
      {"expert_model_parallel_size": 4, "moe_shared_expert_intermediate_size": 5632, "moe_shared_expert_gate": True,
       "moe_router_pre_softmax": True, "data_parallel_size": 4}),
+    # DeepSeek-V3 (the search's plan on 256 H100s): multi-head latent attention, a p2p ring of 32, its
+    # 3 dense first layers and 58 MoE ones, the sigmoid router over 8 groups with its expert bias,
+    # one expert a rank.
+    (["--model", "deepseek-v3", "--gpus", "256", "--tp", "8", "--ep", "256", "--ring", "32", "--seqlen", "1Mi"], 256,
+     {"tensor_model_parallel_size": 8, "expert_model_parallel_size": 256, "context_parallel_size": 32, "cp_comm_type": ["p2p"],
+      "data_parallel_size": 1, "multi_latent_attention": True, "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_head_dim": 128,
+      "qk_pos_emb_head_dim": 64, "v_head_dim": 128, "qk_layernorm": True, "moe_router_score_function": "sigmoid",
+      "moe_router_enable_expert_bias": True, "moe_router_num_groups": 8, "moe_router_group_topk": 4,
+      "moe_router_topk_scaling_factor": 2.5, "moe_router_dtype": "fp32", "moe_layer_freq": [0] * 3 + [1] * 58,
+      "moe_router_load_balancing_type": "seq_aux_loss", "moe_shared_expert_intermediate_size": 2048}),
 ]
 
 
@@ -148,8 +160,16 @@ def test_megatron_lm_parses_and_validates_the_exported_arguments(flags, gpus, de
     assert args["transformer_impl"] == "transformer_engine" and args["bf16"] is True
     cards = json.loads(subprocess.run([longseq_binary, "models", "--json"], capture_output=True, text=True, check=True).stdout)["models"]
     model = next(card for card in cards if card["card"] == flags[flags.index("--model") + 1])
-    assert (args["num_layers"], args["hidden_size"], args["ffn_hidden_size"], args["num_attention_heads"], args["kv_channels"]) == (
-        model["layers"], model["hidden_size"], model["intermediate_size"], model["q_heads"], model["head_dim"])
+    assert (args["num_layers"], args["hidden_size"], args["ffn_hidden_size"], args["num_attention_heads"]) == (
+        model["layers"], model["hidden_size"], model["intermediate_size"], model["q_heads"])
+    mla = model.get("latent_attention")
+    if mla:  # q and k heads of qk_head_dim + qk_pos_emb_head_dim, v heads of v_head_dim
+        assert args["multi_latent_attention"] is True
+        assert (args["qk_head_dim"] + args["qk_pos_emb_head_dim"], args["qk_pos_emb_head_dim"], args["kv_lora_rank"], args["v_head_dim"]) == (
+            model["head_dim"], mla["qk_rope_head_dim"], mla["kv_lora_rank"], mla["v_head_dim"])
+        assert args["q_lora_rank"] == (mla["q_lora_rank"] or None)
+    else:
+        assert not args["multi_latent_attention"] and args["kv_channels"] == model["head_dim"]
     if model["kv_heads"] != model["q_heads"]:
         assert args["num_query_groups"] == model["kv_heads"]
     assert (args["swiglu"] or args["quick_geglu"]) == (model["mlp"] == "swiglu")
@@ -162,6 +182,10 @@ def test_megatron_lm_parses_and_validates_the_exported_arguments(flags, gpus, de
         assert (args["num_experts"], args["moe_router_topk"], args["moe_ffn_hidden_size"]) == (
             moe["experts"], moe["experts_per_token"], moe["expert_intermediate_size"])
         assert args["expert_model_parallel_size"] == plan["plan"]["ep"]
-        assert args["moe_router_load_balancing_type"] == "aux_loss" and args["moe_aux_loss_coeff"] == 1e-3
+        assert args["moe_router_load_balancing_type"] == ("seq_aux_loss" if moe["router"] == "sigmoid" else "aux_loss")
+        assert args["moe_aux_loss_coeff"] == 1e-3
+        assert args["moe_router_score_function"] == moe["router"]
+        if moe["dense_layers"]:
+            assert args["moe_layer_freq"] == [0] * moe["dense_layers"] + [1] * (model["layers"] - moe["dense_layers"])
     else:
         assert args["num_experts"] is None and args["expert_model_parallel_size"] == 1
