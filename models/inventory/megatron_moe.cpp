@@ -155,8 +155,11 @@ void megatron_moe_forward(TensorTrace& trace, const LayerShape& shape, const Lay
   // forward keeps its Python names for the permuted and the dispatched tokens until it returns
   // (moe_layer.py custom_forward L660-690), so both stay live through the experts.
   if (exchanges(shape)) trace.alloc(L, "moe.dispatched_tokens", bytes.pairs_x);
-  // Permutation 2: sorted by local expert; the grouped fc1 saves this copy.
+  // Permutation 2: sorted by local expert; the grouped fc1 saves this copy. A rank of one expert
+  // hands the experts the tokens as they arrived (dispatch_postprocess L750: no sort), and fc1 saves
+  // those: the all-to-all's output (or, without one, the permuted tokens) under a second name.
   if (sorts(shape)) trace.alloc(L, "moe.expert_inputs", bytes.pairs_x);
+  else trace.alias(exchanges(shape) ? "moe.dispatched_tokens" : "moe.permuted_tokens", L, "moe.expert_inputs");
   // TEGroupedMLP (experts.py L728-905): fc1's [P, 2 f_e] output saved by the fused weighted SwiGLU
   // (weighted_bias_swiglu_impl: its input and the probabilities), whose [P, f_e] output fc2 saves.
   trace.set_moment("moe experts");

@@ -1,0 +1,207 @@
+// DeepSeek-V3 under Megatron-Core (issue 42): multi-head latent attention's saved tensors and its
+// backward, the sigmoid router's, the dense first layers in the parameter count and the pipeline's
+// stages, MLA's FLOPs and exchanges, and the model read from its card and its config.json. Every
+// expected figure is derived by hand from docs/reference-megatron-core.md M8 and the code it cites
+// (megatron-core 0.19.2 multi_latent_attention.py, moe_utils.py; transformers' DeepseekV3 classes).
+#include <doctest/doctest.h>
+
+#include "models/layer_inventory.hpp"
+#include "models/model_loader.hpp"
+#include "planner/cards.hpp"
+#include "planner/comm_model.hpp"
+#include "planner/compute_model.hpp"
+#include "planner/pipeline.hpp"
+
+using namespace longseq;
+
+namespace {
+
+// DeepSeek-V3's layer on one of 8 TP ranks: 16 of 128 heads, q and k heads of 192 (128 + a rotary
+// 64), v heads of 128, a q latent of 1536 and a kv latent of 512; 16,384 tokens on the rank, of
+// which the residual stream holds 2,048. Dense (its first layers' MLP, 18432 / 8 wide) unless
+// `experts`: then its MoE layer, 256 experts of 2048 over `ep` ranks, 8 a token, a shared expert.
+LayerShape deepseek_v3_tp8_shape(bool experts = false, int64_t ep = 256) {
+  LayerShape shape;
+  shape.tokens = 16'384;
+  shape.tp = 8;
+  shape.ep = ep;
+  shape.hidden = 7168;
+  shape.num_q_heads = 16;
+  shape.num_kv_heads = 16;
+  shape.head_dim = 192;
+  shape.q_width = 16 * 192;
+  shape.kv_width = 16 * 192;
+  shape.v_width = 16 * 128;
+  shape.mla_q_rank = 1536;
+  shape.mla_kv_rank = 512;
+  shape.mla_rope_dim = 64;
+  shape.intermediate = 18'432 / 8;
+  shape.vocab = 129'280 / 8;
+  if (experts) {
+    shape.experts = 256;
+    shape.experts_per_token = 8;
+    shape.expert_intermediate = 2048;
+    shape.shared_expert_intermediate = 2048;
+    shape.moe_router_sigmoid = true;
+    shape.moe_router_fp32 = true;
+  }
+  return shape;
+}
+
+LayerImplementation megatron_impl() {
+  LayerImplementation impl;
+  impl.activation_bytes = 2;
+  impl.megatron_te_layer = true;
+  return impl;
+}
+
+constexpr double kTokens = 16'384, kShardTokens = 2048;
+
+}  // namespace
+
+TEST_CASE("MLA under TP saves the input norm's output, both latents and their norms' outputs, then q, k, v at 192, 192 and 128 a head") {
+  const double h_shard = kShardTokens * 7168 * 2, rsigma = kShardTokens * 8;
+  // The layer's input and the input norm's output and statistics (a TENorm of its own: the down-
+  // projections run on the shard, not gathered); the q latent [T_s, 1536] (q_up's norm input) and its
+  // norm's output and statistics; the kv latent's contiguous copy [T_s, 512] and its norm's; query
+  // and key [T, 16 x 192], value [T, 16 x 128]; the attention output [T, 16 x 128] and its fp32 lse
+  // [T, 16]; the residual after the output projection.
+  const double attention = h_shard + h_shard + rsigma + 2 * (kShardTokens * 1536 * 2) + rsigma + 2 * (kShardTokens * 512 * 2) + rsigma +
+                           2 * (kTokens * 16 * 192 * 2) + kTokens * 16 * 128 * 2 + kTokens * 16 * 128 * 2 + kTokens * 16 * 4 + h_shard;
+  // The dense MLP (M1.1-M1.2): the pre-MLP norm's output and statistics, fc1's [T, 2 f/t] and the
+  // SwiGLU's [T, f/t].
+  const double mlp = h_shard + rsigma + kTokens * 2 * 2304 * 2 + kTokens * 2304 * 2;
+  CHECK(decoder_layer_saved_bytes(deepseek_v3_tp8_shape(), megatron_impl()) == doctest::Approx(attention + mlp).epsilon(1e-12));
+  // q projected directly (no q latent, DeepSeek-V2-Lite's shape): no latent, norm or statistics for q.
+  LayerShape direct_q = deepseek_v3_tp8_shape();
+  direct_q.mla_q_rank = 0;
+  CHECK(decoder_layer_saved_bytes(direct_q, megatron_impl()) ==
+        doctest::Approx(attention + mlp - 2 * (kShardTokens * 1536 * 2) - rsigma).epsilon(1e-12));
+}
+
+TEST_CASE("MLA's forward and backward free all they make, under TP or not, with a ring or a2a, with a q latent or without") {
+  for (const int64_t tp : {1, 8})
+    for (const int64_t q_rank : {0, 1536})
+      for (const bool experts : {false, true})
+        for (const auto& [sp, ring] : {std::pair<int64_t, int64_t>{1, 1}, {1, 2}, {2, 1}}) {
+          LayerShape shape = deepseek_v3_tp8_shape(experts);
+          shape.tp = tp;
+          shape.mla_q_rank = q_rank;
+          shape.sp = sp;
+          shape.ring = ring;
+          const double shard = static_cast<double>(shape.hidden_state_tokens()) * 7168 * 2;
+          TensorTrace trace;
+          trace.alloc(kCategoryLayer, "layer.input", shard);
+          decoder_layer_forward(trace, shape, megatron_impl(), /*keep_for_backward=*/true);
+          trace.alloc(kCategoryLayer, "layer.output_grad", shard);
+          decoder_layer_backward(trace, shape, megatron_impl());
+          REQUIRE(trace.live_items().size() == 1);
+          CHECK(trace.live_items().front().name == "layer.input_grad");
+          CHECK(trace.current_bytes() == shard);
+        }
+}
+
+TEST_CASE("the sigmoid router in fp32 saves the scores over every expert, the chosen k with their int64 indices, the probabilities in fp32") {
+  LayerShape sigmoid = deepseek_v3_tp8_shape(/*experts=*/true);
+  LayerShape softmax = sigmoid;
+  softmax.moe_router_sigmoid = false;
+  softmax.moe_router_fp32 = false;
+  const double experts = 256, k = 8, pairs = kShardTokens * k;
+  // Softmax (normalized top-k, bf16 logits): the fp32 softmax over the k [T_s, k] and bf16 permuted
+  // probabilities [P]. Sigmoid in fp32: its fp32 output [T_s, E], the gathered k scores (fp32) and
+  // their int64 indices, the sum [T_s, 1] the division saves, and fp32 permuted probabilities.
+  const double softmax_router = kShardTokens * k * 4 + pairs * 2;
+  const double sigmoid_router = kShardTokens * experts * 4 + kShardTokens * k * (4 + 8) + kShardTokens * 4 + pairs * 4;
+  CHECK(decoder_layer_saved_bytes(sigmoid, megatron_impl()) - decoder_layer_saved_bytes(softmax, megatron_impl()) ==
+        doctest::Approx(sigmoid_router - softmax_router).epsilon(1e-9));
+  // The dispatcher keeps the dense probabilities in the logits' dtype: fp32 here, beside the bool
+  // routing map and TE's int32 row-id map [T_s, 2E + 1].
+  CHECK(megatron_moe_dispatcher_held_bytes(sigmoid, megatron_impl()) ==
+        doctest::Approx(kShardTokens * experts * 4 + kShardTokens * experts + kShardTokens * (2 * experts + 1) * 4).epsilon(1e-12));
+}
+
+TEST_CASE("DeepSeek-V3's dense first layers save less and peak lower than its MoE layers (what the plan prices them with)") {
+  for (const int64_t tokens : {8'192, 16'384, 262'144}) {
+    LayerShape dense = deepseek_v3_tp8_shape(), moe = deepseek_v3_tp8_shape(/*experts=*/true);
+    dense.tokens = moe.tokens = tokens;
+    CHECK(decoder_layer_saved_bytes(dense, megatron_impl()) < decoder_layer_saved_bytes(moe, megatron_impl()));
+    auto step_peak = [](const LayerShape& shape) {
+      TensorTrace trace;
+      const double shard = static_cast<double>(shape.hidden_state_tokens()) * 7168 * 2;
+      trace.alloc(kCategoryLayer, "layer.input", shard);
+      decoder_layer_forward(trace, shape, megatron_impl(), true);
+      trace.alloc(kCategoryLayer, "layer.output_grad", shard);
+      decoder_layer_backward(trace, shape, megatron_impl());
+      return trace.peak_bytes();
+    };
+    CHECK(step_peak(dense) < step_peak(moe));
+  }
+}
+
+TEST_CASE("DeepSeek-V3's parameters: MLA's projections, 3 dense layers and 58 MoE ones, 671.03B in all and 37.55B active") {
+  const ModelSpec model = model_load("deepseek-v3");
+  const ParameterCount count = parameter_count(model);
+  // q_a_proj 7168 x 1536 and its norm, q_b_proj 1536 x 128 x 192, kv_a_proj_with_mqa 7168 x 576, its
+  // norm 512, kv_b_proj 512 x 128 x (128 + 128), o_proj 128 x 128 x 7168.
+  const int64_t attention = 7168LL * 1536 + 1536 + 1536LL * 128 * 192 + 7168LL * 576 + 512 + 512LL * 128 * 256 + 128LL * 128 * 7168;
+  CHECK(count.per_layer_attention == attention);
+  CHECK(attention == 187'107'328);
+  const int64_t norms = 2 * 7168;
+  const int64_t dense = attention + 3LL * 7168 * 18'432 + norms;
+  // The router 7168 x 256 (its expert bias a buffer, untrained), 256 experts and one shared of 3 x 7168 x 2048.
+  const int64_t moe = attention + 7168LL * 256 + 257LL * 3 * 7168 * 2048 + norms;
+  CHECK(count.per_dense_layer == dense);
+  CHECK(count.per_layer == moe);
+  CHECK(count.per_layer_routed_experts == 256LL * 3 * 7168 * 2048);
+  const int64_t embedding = 129'280LL * 7168;
+  CHECK(count.total == 2 * embedding + 3 * dense + 58 * moe + 7168);
+  CHECK(count.total == 671'026'404'352);
+  CHECK(count.active == count.total - 58LL * 248 * 3 * 7168 * 2048);
+  CHECK(count.active == 37'552'282'624);
+  CHECK(model.moe_layers() == 58);
+  // Its config.json reads as the card: the same shape, router and latents.
+  const ModelSpec config = model_load(std::string(LONGSEQ_TEST_DATA_DIR) + "/hf/deepseek-v3.config.json");
+  CHECK(parameter_count(config).total == count.total);
+  CHECK(parameter_count(config).active == count.active);
+  CHECK(config.head_dim == 192);
+  CHECK(config.v_width() == 128 * 128);
+  CHECK((config.latent_attention.q_lora_rank == 1536 && config.latent_attention.kv_lora_rank == 512 &&
+         config.latent_attention.qk_rope_head_dim == 64));
+  CHECK((config.moe_router_sigmoid && config.moe_router_groups == 8 && config.moe_router_group_topk == 4));
+  CHECK(config.moe_routed_scaling_factor == 2.5);
+  CHECK((config.dense_layers == 3 && config.mtp_layers == 1 && config.shared_expert_intermediate_size == 2048 && !config.shared_expert_gate));
+  CHECK(config.rope_scaling == "yarn");
+}
+
+TEST_CASE("pipeline stages hold the dense first layers on the first stage: its parameters and MoE layers, and the last stage's") {
+  const ModelSpec model = model_load("deepseek-v3");
+  const ParameterCount count = parameter_count(model);
+  PlanOptions plan;
+  plan.pp = 4;
+  plan.tp = 8;
+  plan.ep = 64;
+  const ClusterSpec cluster = cluster_make(hardware_card_load("h100-sxm-80gb"), 256, 0, 0, 0);
+  // 61 layers on 4 stages: middle stages of ceil(61 / 4) = 16, the first and last sharing 29: 14 and 15.
+  const std::vector<PipelineStage> stages = pipeline_stages(model, cluster, plan);
+  REQUIRE(stages.size() >= 2);
+  CHECK(stages.front().layers == 14);
+  CHECK(stages.front().moe_layers == 11);
+  CHECK(stages.front().parameters == count.embedding + 3 * count.per_dense_layer + 11 * count.per_layer);
+  CHECK(stages.back().layers == 15);
+  CHECK(stages.back().moe_layers == 15);
+  CHECK(stages.back().parameters == 15 * count.per_layer + count.final_norm + count.lm_head);
+}
+
+TEST_CASE("MLA's FLOPs: its five projections, attention over 192-wide scores and 128-wide values, the dense layers' MLP averaged in") {
+  const ModelSpec model = model_load("deepseek-v3");
+  const double s = 4096, h = 7168;
+  const LayerForwardFlops flops = layer_forward_flops(model, 1, 4096, 1);
+  CHECK(flops.projections == doctest::Approx(2 * s * (h * 1536 + 1536 * 128 * 192 + h * 576 + 512 * 128 * 256 + 128 * 128 * h)).epsilon(1e-12));
+  // Causal: QK^T over 192 and PV over 128 a head, each 2 S^2 d halved.
+  CHECK(flops.attention == doctest::Approx(s * s * (192 + 128) * 128).epsilon(1e-12));
+  // 58 MoE layers (router, 8 routed and 1 shared expert a token) and 3 dense ones (18432 wide).
+  const double moe_mlp = 2 * s * h * (3.0 * (8 * 2048 + 2048) + 256), dense_mlp = 3 * 2 * s * h * 18'432;
+  CHECK(flops.mlp == doctest::Approx((58 * moe_mlp + 3 * dense_mlp) / 61).epsilon(1e-12));
+  // Ulysses (cp_comm_type a2a) exchanges q and k at 192 a head, v and the output at 128.
+  CHECK(ulysses_layer_all_to_all_bytes(model, 1, 65'536, 8, 2) == doctest::Approx(65'536.0 / 8 * 128 * (192 + 128 + 192 + 128) * 2).epsilon(1e-12));
+}
