@@ -181,7 +181,7 @@ ModelSpecKeys moe_read(const JsonView& config, const std::string& source_name, c
 constexpr ModelSpecKeys kDeepseekV3Keys{"n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts",
                                          "first_k_dense_replace", "n_group", "topk_group", "routed_scaling_factor", "num_nextn_predict_layers"};
 
-// DeepseekV3ForCausalLM (transformers' modeling_deepseek_v3.py; docs/reference-megatron-core.md M8):
+// DeepseekV3ForCausalLM (transformers' modeling_deepseek_v3.py; docs/reference-megatron-core.md M9):
 // multi-head latent attention, and from layer first_k_dense_replace on a MoE layer of
 // n_routed_experts routed and n_shared_experts shared experts of moe_intermediate_size (the shared
 // ones ungated), routed by DeepseekV3TopkRouter's sigmoid over groups.

@@ -79,7 +79,7 @@ struct FrameworkDescription {
   bool te_activation_offload;
   // DeepSeek-V3's layers (ModelSpec::is_latent_attention, moe_router_sigmoid, dense_layers): multi-head
   // latent attention, the sigmoid router over groups, the dense first layers, as Megatron-Core builds
-  // them (reference-megatron-core M8); the Hugging Face layers' under the other stacks are not modelled.
+  // them (reference-megatron-core M9); the Hugging Face layers' under the other stacks are not modelled.
   bool deepseek_v3_layers;
   // Why it cannot build `model` whatever the plan (nullptr: it builds what longseq reads), then why
   // it cannot run `plan` on `gpus` GPUs (0: not known); "" when it can.

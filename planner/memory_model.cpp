@@ -349,7 +349,7 @@ void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const Clus
   trace.alloc(kCategoryInputs, "input_ids_and_labels", tokens * 16.0);
   trace.alloc(kCategoryInputs, "position_ids", as_double(plan.micro_batch) * as_double(plan.sp > 1 ? seqlen / plan.ring : seqlen / plan.sequence_ranks()) * 8.0);
   if (inputs != StepInputs::batch_and_rope) return;
-  // MLA rotates only its qk_rope_head_dim part (YarnRotaryEmbedding over qk_pos_emb_head_dim, M8.1).
+  // MLA rotates only its qk_rope_head_dim part (YarnRotaryEmbedding over qk_pos_emb_head_dim, M9.1).
   const double rotary_dim = as_double(model.is_latent_attention() ? model.latent_attention.qk_rope_head_dim : model.head_dim);
   if (profile.rope_table_whole_sequence_fp32)
     trace.alloc(kCategoryInputs, "rope_table_whole_sequence", as_double(seqlen) * rotary_dim * 4.0);

@@ -251,7 +251,7 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
     // so it gathers nothing (dispatch_postprocess L734) and only the attention's gather and
     // reduce-scatter remain, and the shared experts' where it has them (a TP-split MLP).
     const double regions = model.is_moe() && model.shared_expert_intermediate_size == 0 ? 1.0 : 2.0;  // shared experts: an MLP's two
-    // Multi-head latent attention gathers narrower inputs (M8.1): its down-projections run on the
+    // Multi-head latent attention gathers narrower inputs (M9.1): its down-projections run on the
     // sequence shard (TELinear, parallel_mode "duplicated"), and what is gathered is the q latent (or
     // the norm's output where q is projected directly), the kv latent and the shared rotary key.
     double attention_gather_s = all_gather_s;

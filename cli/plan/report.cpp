@@ -391,7 +391,7 @@ std::vector<std::string> plan_caveats(const ModelSpec& model, const ClusterSpec&
   if (model.is_latent_attention() || model.dense_layers > 0 || model.moe_router_sigmoid)
     caveats.push_back(fmt::format(
         "{}: multi-head latent attention and the sigmoid group-limited router are priced from Megatron-Core's code "
-        "(docs/reference-megatron-core.md M8), with no published run of them in the record; {}{}", model.name,
+        "(docs/reference-megatron-core.md M9), with no published run of them in the record; {}{}", model.name,
         model.dense_layers > 0 ? fmt::format("its {} dense first layers are priced with a MoE layer's activations (the larger of the "
                                              "two) and their own parameters, ", model.dense_layers)
                                : std::string(),

@@ -4,7 +4,7 @@
 // down-projections, TELayerNormColumnParallelLinear for the up-projections with the latents' norms
 // fused, qk_layernorm true as Megatron-Bridge's DeepSeek providers set), unfused RoPE
 // (apply_rope_fusion false in deepseek_v3_bridge.py L78). Facts and citations:
-// docs/reference-megatron-core.md M8.1 (megatron-core 0.19.2 multi_latent_attention.py).
+// docs/reference-megatron-core.md M9.1 (megatron-core 0.19.2 multi_latent_attention.py).
 //
 // Sizes a rank holds (T = b S/(u r) tokens, T_s = T/t its sequence-parallel shard, n = heads / t,
 // d_qk = head_dim, d_v, d_rope, r_q and r_kv the latents' widths):
@@ -90,7 +90,7 @@ void megatron_mla_forward(TensorTrace& trace, const LayerShape& shape, const Lay
   if (projects_q_latent(shape)) trace.alloc(L, "mla.q_latent", bytes.q_latent);
   trace.alloc(L, "mla.kv_down_output", bytes.kv_combined);
   // Split into the kv latent and the rotary key (views); under sequence parallelism the rotary key is
-  // gathered whole for the up-projected heads (get_query_key_value_tensors L722-730).
+  // gathered whole for the up-projected heads (get_query_key_value_tensors L752-754).
   if (shape.tp > 1) trace.alloc(L, "mla.rope_key_gathered", bytes.rope_key);
 
   trace.set_moment("MLA up-projections");
@@ -109,7 +109,7 @@ void megatron_mla_forward(TensorTrace& trace, const LayerShape& shape, const Lay
   up_projection_forward(trace, shape, "mla.kv_norm_output", "mla.kv_norm_rsigma_fp32", bytes.kv_latent, bytes.rsigma,
                         bytes.kv_latent_gathered, "mla.kv_up_output", bytes.kv_up);
 
-  // qkv_up_proj_and_rope_apply (L846-975): RoPE on q's and the key's rotary parts (new tensors; it
+  // qkv_up_proj_and_rope_apply (L846-970): RoPE on q's and the key's rotary parts (new tensors; it
   // saves its cos and sin only), query and key concatenated anew, value made contiguous; the
   // up-projections' outputs and the down-projection's then have no reader.
   trace.set_moment("MLA RoPE and q/k/v");

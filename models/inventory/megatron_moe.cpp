@@ -43,7 +43,7 @@ struct MegatronMoeBytes {
     // A router that renormalizes its k (norm_topk_prob) is Megatron's top-k then softmax over the k;
     // one that does not, its pre-softmax over every expert, then the top-k (moe_utils.py L840-853).
     topk_fp32 = tokens * (shape.moe_normalize_topk ? k : experts) * 4.0;
-    // A sigmoid router (DeepSeek-V3's; L855-868): the sigmoid saves its fp32 output over every expert,
+    // A sigmoid router (DeepSeek-V3's; L854-875, M9.2): the sigmoid saves its fp32 output over every expert,
     // the gather of the chosen k its int64 indices, the renormalizing division the k scores and their
     // sum (the group limit and the expert bias only choose: their tensors are transient).
     if (shape.moe_router_sigmoid) topk_fp32 = tokens * experts * 4.0 + tokens * k * (4.0 + 8.0) + tokens * 4.0;

@@ -66,7 +66,7 @@ ExportedConfig megatron_core_emit(const ExportRequest& r) {
       fmt::format("--ffn-hidden-size {}", m.intermediate_size), fmt::format("--num-attention-heads {}", m.num_q_heads)};
   if (m.num_kv_heads != m.num_q_heads) args.push_back(fmt::format("--group-query-attention --num-query-groups {}", m.num_kv_heads));
   if (m.is_latent_attention()) {
-    // MLA as the plan prices it (megatron_mla.cpp, M8.1): the latents' ranks and the heads' parts,
+    // MLA as the plan prices it (megatron_mla.cpp, M9.1): the latents' ranks and the heads' parts,
     // the latents' norms fused into the up-projections (qk_layernorm, as Megatron-Bridge's DeepSeek
     // providers set, deepseek_v3_bridge.py L62-63).
     const ModelSpec::LatentAttention& mla = m.latent_attention;

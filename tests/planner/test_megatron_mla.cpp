@@ -1,7 +1,7 @@
 // DeepSeek-V3 under Megatron-Core (issue 42): multi-head latent attention's saved tensors and its
 // backward, the sigmoid router's, the dense first layers in the parameter count and the pipeline's
 // stages, MLA's FLOPs and exchanges, and the model read from its card and its config.json. Every
-// expected figure is derived by hand from docs/reference-megatron-core.md M8 and the code it cites
+// expected figure is derived by hand from docs/reference-megatron-core.md M9 and the code it cites
 // (megatron-core 0.19.2 multi_latent_attention.py, moe_utils.py; transformers' DeepseekV3 classes).
 #include <doctest/doctest.h>
 
