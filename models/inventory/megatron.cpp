@@ -122,18 +122,11 @@ void layernorm_linear_backward(TensorTrace& trace, const LayerShape& shape, cons
   trace.free(norm_rsigma);
 }
 
-}  // namespace
-
-void megatron_layer_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep) {
-  const MegatronBytes bytes(shape, impl);
+// The input norm fused with QKV and RoPE (GPT's attention; MLA's is megatron_mla.cpp), forward:
+// leaves "attention.q", "attention.k" and either "attention.v" (under context parallelism) or the QKV
+// output v is a view of.
+void qkv_forward(TensorTrace& trace, const LayerShape& shape, const MegatronBytes& bytes, bool keep) {
   const bool cp = context_parallel(shape);
-  const bool mla = shape.mla_kv_rank > 0;
-  // v its own tensor (not a view of the QKV output): under context parallelism and MLA.
-  const bool separate_v = cp || mla;
-
-  if (mla) {
-    megatron_mla_forward(trace, shape, impl, keep);  // leaves q, k and v (megatron_mla.cpp)
-  } else {
   // TELayerNormColumnParallelLinear (M1.1): saves the layer's input, the norm's output as this
   // rank's shard and the norm's statistics; multiplies on the gathered norm output.
   trace.set_moment("input norm and QKV");
@@ -166,7 +159,37 @@ void megatron_layer_forward(TensorTrace& trace, const LayerShape& shape, const L
     trace.alloc(L, "attention.v", bytes.kv);
     trace.free("attention.qkv");
   }
+}
+
+// Its backward, from "attention.dqkv" to the layer input's gradient.
+void qkv_backward(TensorTrace& trace, const LayerShape& shape, const MegatronBytes& bytes) {
+  // RoPE's backward rotates dq and dk back (through the q/k norms' backward, each writing its
+  // input's gradient) into the QKV output's gradient.
+  trace.set_moment("RoPE backward");
+  if (shape.qk_norm) {
+    trace.alloc(L, "attention.qk_norm_input_grad", bytes.q + bytes.k_heads);
+    for (const char* name : {"attention.q_norm_input", "attention.q_norm_rsigma_fp32", "attention.k_norm_input", "attention.k_norm_rsigma_fp32"})
+      trace.free(name);
   }
+  trace.alloc(L, "attention.qkv_grad", bytes.qkv);
+  trace.free("attention.dqkv");
+  if (shape.qk_norm) trace.free("attention.qk_norm_input_grad");
+
+  trace.set_moment("QKV and input norm backward");
+  layernorm_linear_backward(trace, shape, bytes, "attention.qkv_grad", "attention_norm.output", "attention_norm.rsigma_fp32", "layer.input_grad");
+}
+
+}  // namespace
+
+void megatron_layer_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep) {
+  const MegatronBytes bytes(shape, impl);
+  const bool cp = context_parallel(shape);
+  const bool mla = shape.mla_kv_rank > 0;
+  // v its own tensor (not a view of the QKV output): under context parallelism and MLA.
+  const bool separate_v = cp || mla;
+
+  if (mla) megatron_mla_forward(trace, shape, impl, keep);  // leaves q, k and v (megatron_mla.cpp)
+  else qkv_forward(trace, shape, bytes, keep);
 
   trace.set_moment("attention");
   if (shape.sp > 1) {
@@ -292,24 +315,8 @@ void megatron_layer_backward(TensorTrace& trace, const LayerShape& shape, const 
     trace.free("attention.k");
     trace.free(separate_v ? "attention.v" : "attention.qkv");
   }
-  if (mla) {
-    megatron_mla_backward(trace, shape, impl);  // to the layer input's gradient (megatron_mla.cpp)
-  } else {
-  // RoPE's backward rotates dq and dk back (through the q/k norms' backward, each writing its
-  // input's gradient) into the QKV output's gradient.
-  trace.set_moment("RoPE backward");
-  if (shape.qk_norm) {
-    trace.alloc(L, "attention.qk_norm_input_grad", bytes.q + bytes.k_heads);
-    for (const char* name : {"attention.q_norm_input", "attention.q_norm_rsigma_fp32", "attention.k_norm_input", "attention.k_norm_rsigma_fp32"})
-      trace.free(name);
-  }
-  trace.alloc(L, "attention.qkv_grad", bytes.qkv);
-  trace.free("attention.dqkv");
-  if (shape.qk_norm) trace.free("attention.qk_norm_input_grad");
-
-  trace.set_moment("QKV and input norm backward");
-  layernorm_linear_backward(trace, shape, bytes, "attention.qkv_grad", "attention_norm.output", "attention_norm.rsigma_fp32", "layer.input_grad");
-  }
+  if (mla) megatron_mla_backward(trace, shape, impl);  // to the layer input's gradient (megatron_mla.cpp)
+  else qkv_backward(trace, shape, bytes);
   trace.free("residual.attention_grad");
   trace.free("layer.output_grad");
   if (trace.is_live("layer.input")) trace.free("layer.input");
