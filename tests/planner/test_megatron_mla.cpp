@@ -11,6 +11,7 @@
 #include "planner/comm_model.hpp"
 #include "planner/compute_model.hpp"
 #include "planner/pipeline.hpp"
+#include "support/megatron_layer.hpp"
 
 using namespace longseq;
 
@@ -48,13 +49,6 @@ LayerShape deepseek_v3_tp8_shape(bool experts = false, int64_t ep = 256) {
   return shape;
 }
 
-LayerImplementation megatron_impl() {
-  LayerImplementation impl;
-  impl.activation_bytes = 2;
-  impl.megatron_te_layer = true;
-  return impl;
-}
-
 constexpr double kTokens = 16'384, kShardTokens = 2048;
 
 }  // namespace
@@ -71,11 +65,11 @@ TEST_CASE("MLA under TP saves the input norm's output, both latents and their no
   // The dense MLP (M1.1-M1.2): the pre-MLP norm's output and statistics, fc1's [T, 2 f/t] and the
   // SwiGLU's [T, f/t].
   const double mlp = h_shard + rsigma + kTokens * 2 * 2304 * 2 + kTokens * 2304 * 2;
-  CHECK(decoder_layer_saved_bytes(deepseek_v3_tp8_shape(), megatron_impl()) == doctest::Approx(attention + mlp).epsilon(1e-12));
+  CHECK(decoder_layer_saved_bytes(deepseek_v3_tp8_shape(), testing::megatron_te_layer_impl()) == doctest::Approx(attention + mlp).epsilon(1e-12));
   // q projected directly (no q latent, DeepSeek-V2-Lite's shape): no latent, norm or statistics for q.
   LayerShape direct_q = deepseek_v3_tp8_shape();
   direct_q.mla_q_rank = 0;
-  CHECK(decoder_layer_saved_bytes(direct_q, megatron_impl()) ==
+  CHECK(decoder_layer_saved_bytes(direct_q, testing::megatron_te_layer_impl()) ==
         doctest::Approx(attention + mlp - 2 * (kShardTokens * 1536 * 2) - rsigma).epsilon(1e-12));
 }
 
@@ -92,9 +86,9 @@ TEST_CASE("MLA's forward and backward free all they make, under TP or not, with 
           const double shard = static_cast<double>(shape.hidden_state_tokens()) * 7168 * 2;
           TensorTrace trace;
           trace.alloc(kCategoryLayer, "layer.input", shard);
-          decoder_layer_forward(trace, shape, megatron_impl(), /*keep_for_backward=*/true);
+          decoder_layer_forward(trace, shape, testing::megatron_te_layer_impl(), /*keep_for_backward=*/true);
           trace.alloc(kCategoryLayer, "layer.output_grad", shard);
-          decoder_layer_backward(trace, shape, megatron_impl());
+          decoder_layer_backward(trace, shape, testing::megatron_te_layer_impl());
           REQUIRE(trace.live_items().size() == 1);
           CHECK(trace.live_items().front().name == "layer.input_grad");
           CHECK(trace.current_bytes() == shard);
@@ -112,11 +106,11 @@ TEST_CASE("the sigmoid router in fp32 saves the scores over every expert, the ch
   // their int64 indices, the sum [T_s, 1] the division saves, and fp32 permuted probabilities.
   const double softmax_router = kShardTokens * k * 4 + pairs * 2;
   const double sigmoid_router = kShardTokens * experts * 4 + kShardTokens * k * (4 + 8) + kShardTokens * 4 + pairs * 4;
-  CHECK(decoder_layer_saved_bytes(sigmoid, megatron_impl()) - decoder_layer_saved_bytes(softmax, megatron_impl()) ==
+  CHECK(decoder_layer_saved_bytes(sigmoid, testing::megatron_te_layer_impl()) - decoder_layer_saved_bytes(softmax, testing::megatron_te_layer_impl()) ==
         doctest::Approx(sigmoid_router - softmax_router).epsilon(1e-9));
   // The dispatcher keeps the dense probabilities in the logits' dtype: fp32 here, beside the bool
   // routing map and TE's int32 row-id map [T_s, 2E + 1].
-  CHECK(megatron_moe_dispatcher_held_bytes(sigmoid, megatron_impl()) ==
+  CHECK(megatron_moe_dispatcher_held_bytes(sigmoid, testing::megatron_te_layer_impl()) ==
         doctest::Approx(kShardTokens * experts * 4 + kShardTokens * experts + kShardTokens * (2 * experts + 1) * 4).epsilon(1e-12));
 }
 
@@ -124,14 +118,14 @@ TEST_CASE("DeepSeek-V3's dense first layers save less and peak lower than its Mo
   for (const int64_t tokens : {8'192, 16'384, 262'144}) {
     LayerShape dense = deepseek_v3_tp8_shape(), moe = deepseek_v3_tp8_shape(/*experts=*/true);
     dense.tokens = moe.tokens = tokens;
-    CHECK(decoder_layer_saved_bytes(dense, megatron_impl()) < decoder_layer_saved_bytes(moe, megatron_impl()));
+    CHECK(decoder_layer_saved_bytes(dense, testing::megatron_te_layer_impl()) < decoder_layer_saved_bytes(moe, testing::megatron_te_layer_impl()));
     auto step_peak = [](const LayerShape& shape) {
       TensorTrace trace;
       const double shard = static_cast<double>(shape.hidden_state_tokens()) * 7168 * 2;
       trace.alloc(kCategoryLayer, "layer.input", shard);
-      decoder_layer_forward(trace, shape, megatron_impl(), true);
+      decoder_layer_forward(trace, shape, testing::megatron_te_layer_impl(), true);
       trace.alloc(kCategoryLayer, "layer.output_grad", shard);
-      decoder_layer_backward(trace, shape, megatron_impl());
+      decoder_layer_backward(trace, shape, testing::megatron_te_layer_impl());
       return trace.peak_bytes();
     };
     CHECK(step_peak(dense) < step_peak(moe));

@@ -19,6 +19,7 @@
 #include "reports/export.hpp"
 #include "support/export_request.hpp"
 #include "support/memory_items.hpp"
+#include "support/megatron_layer.hpp"
 
 using namespace longseq;
 using testing::item_bytes;
@@ -51,13 +52,6 @@ LayerShape qwen3_moe_tp2_shape(int64_t ep, int64_t ring = 1) {
   return shape;
 }
 
-LayerImplementation megatron_impl() {
-  LayerImplementation impl;
-  impl.activation_bytes = 2;
-  impl.megatron_te_layer = true;
-  return impl;
-}
-
 PlanOptions megatron_plan(int64_t tp, int64_t ep, int64_t ring, bool recompute) {
   PlanOptions plan;
   plan.tp = tp;
@@ -85,11 +79,11 @@ TEST_CASE("Megatron's MoE layer saves the norms, the router's fp32 scores and th
   // expert [P, h] (16 experts a rank); fc1's [P, 2 f_e] and the weighted SwiGLU's [P, f_e].
   const double moe = shard + rsigma + kSharedTokens * 8 * 4 + kSharedTokens * 128 * 4 + kPairs * 2 + kPairs * 2048 * 2 + kPairs * 2 * 768 * 2 +
                      kPairs * 768 * 2;
-  CHECK(decoder_layer_saved_bytes(qwen3_moe_tp2_shape(8), megatron_impl()) == doctest::Approx(attention + moe).epsilon(1e-12));
+  CHECK(decoder_layer_saved_bytes(qwen3_moe_tp2_shape(8), testing::megatron_te_layer_impl()) == doctest::Approx(attention + moe).epsilon(1e-12));
   // One rank with every expert sorts them all the same; 128 ranks of one expert each sort nothing, and
   // fc1 saves the tokens as the all-to-all delivered them: as many bytes.
-  CHECK(decoder_layer_saved_bytes(qwen3_moe_tp2_shape(1), megatron_impl()) == doctest::Approx(attention + moe).epsilon(1e-12));
-  CHECK(decoder_layer_saved_bytes(qwen3_moe_tp2_shape(128), megatron_impl()) == doctest::Approx(attention + moe).epsilon(1e-12));
+  CHECK(decoder_layer_saved_bytes(qwen3_moe_tp2_shape(1), testing::megatron_te_layer_impl()) == doctest::Approx(attention + moe).epsilon(1e-12));
+  CHECK(decoder_layer_saved_bytes(qwen3_moe_tp2_shape(128), testing::megatron_te_layer_impl()) == doctest::Approx(attention + moe).epsilon(1e-12));
 }
 
 TEST_CASE("the MoE layer's forward holds the permuted, dispatched and sorted tokens at once, and its backward frees all it made") {
@@ -99,9 +93,9 @@ TEST_CASE("the MoE layer's forward holds the permuted, dispatched and sorted tok
       const LayerShape shape = qwen3_moe_tp2_shape(ep, ring);
       const double shard = kSharedTokens * 2048 * 2;
       trace.alloc(kCategoryLayer, "layer.input", shard);
-      decoder_layer_forward(trace, shape, megatron_impl(), /*keep_for_backward=*/true);
+      decoder_layer_forward(trace, shape, testing::megatron_te_layer_impl(), /*keep_for_backward=*/true);
       trace.alloc(kCategoryLayer, "layer.output_grad", shard);
-      decoder_layer_backward(trace, shape, megatron_impl());
+      decoder_layer_backward(trace, shape, testing::megatron_te_layer_impl());
       REQUIRE(trace.live_items().size() == 1);
       CHECK(trace.live_items().front().name == "layer.input_grad");
       CHECK(trace.current_bytes() == shard);
@@ -112,7 +106,7 @@ TEST_CASE("the MoE layer's forward holds the permuted, dispatched and sorted tok
   TensorTrace trace;
   trace.set_record_peak_items(true);
   trace.alloc(kCategoryLayer, "layer.input", kSharedTokens * 2048 * 2);
-  decoder_layer_forward(trace, qwen3_moe_tp2_shape(8), megatron_impl(), /*keep_for_backward=*/false);
+  decoder_layer_forward(trace, qwen3_moe_tp2_shape(8), testing::megatron_te_layer_impl(), /*keep_for_backward=*/false);
   auto peak_bytes_of = [&](std::string_view name) {
     for (const TraceItem& item : trace.peak_items())
       if (item.name == name) return item.bytes;
@@ -128,11 +122,11 @@ TEST_CASE("shared experts (Qwen2-MoE's, gated): fc1's and the SwiGLU's outputs a
   shared.shared_expert_intermediate = 5632;
   const double tokens = 16'384, shard = kSharedTokens * 2048 * 2;
   const double ungated_extra = tokens * 2 * (5632 / 2) * 2 + tokens * (5632 / 2) * 2;  // fc1 [T, 2 I_s / t], SwiGLU [T, I_s / t]
-  const double base = decoder_layer_saved_bytes(qwen3_moe_tp2_shape(8), megatron_impl());
-  CHECK(decoder_layer_saved_bytes(shared, megatron_impl()) == doctest::Approx(base + ungated_extra).epsilon(1e-12));
+  const double base = decoder_layer_saved_bytes(qwen3_moe_tp2_shape(8), testing::megatron_te_layer_impl());
+  CHECK(decoder_layer_saved_bytes(shared, testing::megatron_te_layer_impl()) == doctest::Approx(base + ungated_extra).epsilon(1e-12));
   // Gated: the multiply saves the MLP's output [T_s, h] and the sigmoid's [T_s, 1].
   shared.shared_expert_gate = true;
-  CHECK(decoder_layer_saved_bytes(shared, megatron_impl()) == doctest::Approx(base + ungated_extra + shard + kSharedTokens * 2).epsilon(1e-12));
+  CHECK(decoder_layer_saved_bytes(shared, testing::megatron_te_layer_impl()) == doctest::Approx(base + ungated_extra + shard + kSharedTokens * 2).epsilon(1e-12));
   for (const bool gate : {false, true}) {
     for (const int64_t tp : {1, 2}) {
       LayerShape shape = shared;
@@ -141,9 +135,9 @@ TEST_CASE("shared experts (Qwen2-MoE's, gated): fc1's and the SwiGLU's outputs a
       TensorTrace trace;
       const double input = static_cast<double>(shape.hidden_state_tokens()) * 2048 * 2;
       trace.alloc(kCategoryLayer, "layer.input", input);
-      decoder_layer_forward(trace, shape, megatron_impl(), /*keep_for_backward=*/true);
+      decoder_layer_forward(trace, shape, testing::megatron_te_layer_impl(), /*keep_for_backward=*/true);
       trace.alloc(kCategoryLayer, "layer.output_grad", input);
-      decoder_layer_backward(trace, shape, megatron_impl());
+      decoder_layer_backward(trace, shape, testing::megatron_te_layer_impl());
       REQUIRE(trace.live_items().size() == 1);
       CHECK(trace.current_bytes() == input);
     }
@@ -160,15 +154,15 @@ TEST_CASE("shared experts (Qwen2-MoE's, gated): fc1's and the SwiGLU's outputs a
   // That softmax, over all 128 experts in fp32, is what the router saves in place of the top-k's [T_s, k].
   LayerShape pre_softmax = qwen3_moe_tp2_shape(8);
   pre_softmax.moe_normalize_topk = false;
-  CHECK(decoder_layer_saved_bytes(pre_softmax, megatron_impl()) == doctest::Approx(base + kSharedTokens * (128 - 8) * 4).epsilon(1e-12));
+  CHECK(decoder_layer_saved_bytes(pre_softmax, testing::megatron_te_layer_impl()) == doctest::Approx(base + kSharedTokens * (128 - 8) * 4).epsilon(1e-12));
 }
 
 TEST_CASE("each MoE layer's dispatcher keeps its probabilities, routing map and row-id map: bf16, bool and int32 [T_s, 2E + 1]") {
   const double expected = kSharedTokens * 128 * 2 + kSharedTokens * 128 * 1 + kSharedTokens * (2 * 128 + 1) * 4;
-  CHECK(megatron_moe_dispatcher_held_bytes(qwen3_moe_tp2_shape(8), megatron_impl()) == doctest::Approx(expected));
+  CHECK(megatron_moe_dispatcher_held_bytes(qwen3_moe_tp2_shape(8), testing::megatron_te_layer_impl()) == doctest::Approx(expected));
   LayerShape dense = qwen3_moe_tp2_shape(1);
   dense.experts = 0;
-  CHECK(megatron_moe_dispatcher_held_bytes(dense, megatron_impl()) == 0);
+  CHECK(megatron_moe_dispatcher_held_bytes(dense, testing::megatron_te_layer_impl()) == 0);
 }
 
 TEST_CASE("under expert parallelism a rank holds 1/ep of the experts whole and 1/t of the rest, the optimizer each over its group") {
@@ -190,7 +184,7 @@ TEST_CASE("under expert parallelism a rank holds 1/ep of the experts whole and 1
   CHECK(item_bytes(items, "optimizer_states") == doctest::Approx(optimizer_parameters * 8));
   // 48 layers' dispatchers, each with the [8,192, E] probabilities and maps of its last forward.
   CHECK(item_bytes(items, "moe.dispatcher_state") == doctest::Approx(48 * megatron_moe_dispatcher_held_bytes(qwen3_moe_tp2_shape(16),
-                                                                                                              megatron_impl())));
+                                                                                                              testing::megatron_te_layer_impl())));
 }
 
 TEST_CASE("the dispatcher's all-to-all: the routed T_s k tokens out and back, forward, recompute and backward, over the ep ranks' link") {
