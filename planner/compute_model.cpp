@@ -63,6 +63,12 @@ double lm_head_forward_flops(const ModelSpec& model, int64_t micro_batch, int64_
 }
 
 double recomputed_layer_share(const ModelSpec& model, const PlanOptions& plan) {
+  // Block recompute: the first n of each model chunk's layers (a stage's, or under interleaving a
+  // vpp-th of it), on the largest stage the step waits on.
+  if (plan.activation_checkpointing && plan.recompute_block_layers > 0) {
+    const double chunk_layers = as_double(pipeline_split(model, plan).largest()) / as_double(std::max<int64_t>(1, plan.vpp));
+    return chunk_layers > 0 ? std::min(1.0, as_double(plan.recompute_block_layers) / chunk_layers) : 0.0;
+  }
   return model.num_layers > 0 ? as_double(plan.checkpointed_layers(model.num_layers)) / as_double(model.num_layers) : 0.0;
 }
 

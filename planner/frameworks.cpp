@@ -116,6 +116,9 @@ std::string framework_unsupported(Framework framework, const ModelSpec& model, c
   if (plan.offload_activation_layers > 0 && !description.te_activation_offload)
     return fmt::format("{}: no layer-wise activation offloading (--offload-activations is Transformer Engine's under Megatron-Core: "
                        "--framework megatron-core; checkpoint offload is --checkpoint-offload)", name);
+  if (plan.recompute_block_layers > 0 && !description.block_recompute)
+    return fmt::format("{}: no block recompute (--recompute-block-layers is Megatron-Core's recompute_method block: --framework "
+                       "megatron-core; torchtitan checkpoints one layer in every N: --checkpoint-every)", name);
   if (plan.ep > 1 && !description.model_parallelism)
     return fmt::format("{}: no expert parallelism (ep={}) planned here: Megatron-Core's (--framework megatron-core)", name, plan.ep);
   // HSDP's 2-D mesh is FSDP2's (Reference §11 F1.10, F1.17, F6.2).
@@ -163,6 +166,10 @@ void search_options_for_framework(SearchOptions& options, Framework framework, c
   if (framework_description(framework).te_activation_offload)
     for (const int64_t offloaded : {model.num_layers / 2, 3 * model.num_layers / 4})
       if (offloaded > 0) options.offload_activation_layers.push_back(offloaded);
+  // Block recompute: the first half or three quarters of a model chunk's layers (PlanOptions holds
+  // the count; the search takes these shares of each layout's chunk).
+  options.recompute_block_shares = {};
+  if (framework_description(framework).block_recompute) options.recompute_block_shares = {0.5, 0.75};
   // Tensor parallelism inside a node (its collectives run every layer, on NVLink): the powers of two
   // up to the node's GPUs, as Megatron's recipes choose them.
   options.tensor_parallel = {1};

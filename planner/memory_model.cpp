@@ -470,8 +470,12 @@ void trl_forward_stash_place(TensorTrace& trace, const PlanOptions& plan, double
 // Checkpoints (or, without checkpointing, whole saved activation sets) of `layers` layers.
 // Without checkpointing the first layer may keep less than the others (`first_layer_saved_bytes`:
 // LayerShape::input_requires_grad).
+// `layers` resident below the running one, of `total_layers`; of them `earlier_chunks` whole copies of
+// the stage's (or chunk's) `chunk_layers` from earlier micro-batches in flight (1F1B), whose
+// checkpointed layers block recompute counts a copy at a time.
 void resident_activations_place(TensorTrace& trace, const PlanOptions& plan, const RuntimeProfile& profile, const Setup& setup,
-                                double layers, double total_layers, double saved_bytes_per_layer, double first_layer_saved_bytes) {
+                                double layers, double total_layers, double saved_bytes_per_layer, double first_layer_saved_bytes,
+                                double chunk_layers = 0, double earlier_chunks = 0) {
   const double x_bytes = as_double(setup.shape.hidden_state_tokens()) * as_double(setup.shape.hidden) * as_double(setup.impl.activation_bytes);
   if (plan.activation_checkpointing && plan.checkpoint_offload) {
     // Unsloth's offload reloads into reused device buffers (one or two of the largest hidden
@@ -493,7 +497,13 @@ void resident_activations_place(TensorTrace& trace, const PlanOptions& plan, con
   // The layers below: the checkpointed ones keep their input, the others every tensor they save
   // (all of them without checkpointing; all but one in every N under torchtitan's layer SAC).
   const int64_t resident = static_cast<int64_t>(layers);
-  const double checkpointed = as_double(plan.checkpointed_layers(resident));
+  double checkpointed = as_double(plan.checkpointed_layers(resident));
+  // Block recompute checkpoints the first n layers of each chunk: n of every earlier micro-batch's
+  // copy, and of the running micro-batch's layers below the first n of them.
+  if (plan.recompute_block_layers > 0 && chunk_layers > 0) {
+    const int64_t whole = static_cast<int64_t>(chunk_layers), running = resident - static_cast<int64_t>(earlier_chunks) * whole;
+    checkpointed = earlier_chunks * as_double(plan.checkpointed_layers(whole)) + as_double(plan.checkpointed_layers(std::max<int64_t>(0, running)));
+  }
   const double saving = layers - checkpointed;
   if (saving > 0) {
     const bool first_saves = !plan.layer_checkpointed(0);
@@ -558,7 +568,7 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
   const double earlier_micro_batch_layers = as_double(stage.in_flight - 1) * layers;
   const double x_bytes = as_double(setup.shape.hidden_state_tokens()) * as_double(model.hidden_size) * as_double(profile.activation_bytes);
   // What a layer that is not checkpointed keeps for its backward (no layer, under full checkpointing).
-  const bool layers_save = !plan.activation_checkpointing || plan.checkpoint_every > 1;
+  const bool layers_save = !plan.activation_checkpointing || plan.checkpoint_every > 1 || plan.recompute_block_layers > 0;
   const double saved_per_layer = layers_save ? decoder_layer_saved_bytes(setup.shape, setup.impl) : 0;
   // LoRA freezes the embedding, so the first layer's input needs no gradient (LayerShape::input_requires_grad).
   LayerShape first_layer_shape = setup.shape;
@@ -589,7 +599,7 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
     result.trace.set_record_peak_items(with_breakdown);
     static_tensors_place(result.trace, model, cluster, plan, profile, setup, seqlen, inputs, /*with_gradients=*/!gradients_in_backward);
     resident_activations_place(result.trace, plan, profile, setup, resident_layers + earlier_micro_batch_layers,
-                               layers + earlier_micro_batch_layers, saved_per_layer, saved_first_layer);
+                               layers + earlier_micro_batch_layers, saved_per_layer, saved_first_layer, layers, as_double(stage.in_flight - 1));
     // One per MoE layer the rank holds (all its chunks', under interleaving), whatever micro-batches are in flight.
     if (dispatcher_held_bytes > 0 && stage.moe_layers > 0)
       result.trace.alloc(kCategoryCheckpoints, "moe.dispatcher_state", as_double(stage.moe_layers) * dispatcher_held_bytes, as_double(stage.moe_layers));
@@ -661,7 +671,8 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
       // down_proj's appears only at the layer's end).
       if (plan.checkpoint_ops)
         trace.alloc(kCategoryCheckpoints, "layer.op_selective_saved", decoder_layer_op_selective_saved_bytes(setup.shape, setup.impl) - x_bytes);
-      decoder_layer_forward(trace, setup.shape, setup.impl, /*keep=*/!plan.layer_checkpointed(model.num_layers - 1));
+      // The stage's (or chunk's) last layer, counted from its first (block recompute counts there).
+      decoder_layer_forward(trace, setup.shape, setup.impl, /*keep=*/!plan.layer_checkpointed(static_cast<int64_t>(layers) - 1));
       return trace.peak_bytes();
     };
     // Logits and loss: every layer's checkpoint is resident, the LM head is gathered.

@@ -219,6 +219,21 @@ std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec
     if (plan.checkpoint_offload) problems.push_back("checkpoint offload with one layer in every N checkpointed is not modelled");
     if (plan.fpdt) problems.push_back("FPDT checkpoints every layer (its recipe); one in every N is not modelled with it");
   }
+  // Megatron's block recompute (M5.2): the first n layers of each model chunk, fewer than the chunk's
+  // (as many is every layer: uniform, the default).
+  if (plan.recompute_block_layers < 0)
+    problems.push_back(fmt::format("--recompute-block-layers {} must be at least 0", plan.recompute_block_layers));
+  if (plan.recompute_block_layers > 0) {
+    if (!plan.activation_checkpointing) problems.push_back("--recompute-block-layers recomputes the first layers of a stage: it needs checkpointing");
+    if (plan.checkpoint_every > 1 || plan.checkpoint_ops || plan.checkpoint_offload)
+      problems.push_back("--recompute-block-layers is Megatron's full recompute of a stage's first layers: not with --checkpoint-every, "
+                         "--checkpoint-ops or checkpoint offload");
+    const int64_t chunk_layers = model.num_layers / std::max<int64_t>(1, plan.pp) / std::max<int64_t>(1, plan.vpp);
+    if (plan.pp >= 1 && plan.vpp >= 1 && plan.recompute_block_layers >= chunk_layers)
+      problems.push_back(fmt::format("--recompute-block-layers {}: a {} holds about {} layers, and recomputing as many is every layer's "
+                                     "recompute (leave the flag out)", plan.recompute_block_layers,
+                                     plan.vpp > 1 ? "model chunk" : plan.pp > 1 ? "pipeline stage" : "model", chunk_layers));
+  }
   if (plan.checkpoint_ops) {
     if (!plan.activation_checkpointing) problems.push_back("op-level selective checkpointing needs activation checkpointing");
     if (plan.checkpoint_every > 1) problems.push_back("op-level selective checkpointing wraps every layer: not with one layer in every N");
@@ -352,6 +367,7 @@ std::string plan_describe(const PlanOptions& plan) {
   text += !plan.activation_checkpointing ? " -checkpointing"
           : plan.checkpoint_ops          ? " +checkpointing(ops)"
           : plan.checkpoint_every > 1    ? fmt::format(" +checkpointing(1 in {})", plan.checkpoint_every)
+          : plan.recompute_block_layers > 0 ? fmt::format(" +checkpointing(first {} of a stage)", plan.recompute_block_layers)
                                          : " +checkpointing";
   if (plan.checkpoint_offload) text += " +checkpoint-offload";
   if (plan.offload_activation_layers > 0) text += fmt::format(" +offload-activations({})", plan.offload_activation_layers);

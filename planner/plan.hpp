@@ -2,6 +2,7 @@
 // make a plan impossible reported as reasons rather than crashes.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -114,12 +115,22 @@ struct PlanOptions : HeldChoices {
   // others keep every tensor they save (torchtitan's layer-selective AC, activation_checkpoint.py
   // _apply_layer_sac: its counter starts at 1, so layers N, 2N, ... (1-based) are wrapped).
   int64_t checkpoint_every = 1;
-  // Whether the decoder layer at 0-based `index` is checkpointed, and how many of the first `count` are.
+  // With checkpointing, Megatron-Core's block recompute (recompute_method "block", recompute_num_layers
+  // n; reference-megatron-core M5.2): only the first n decoder layers of each pipeline stage (of each
+  // model chunk under interleaving) are checkpointed, the others keep every tensor they save. 0: every
+  // layer checkpointed (uniform, one layer a chunk).
+  int64_t recompute_block_layers = 0;
+  // Whether the decoder layer at 0-based `index` (counted from its stage's, or chunk's, first) is
+  // checkpointed, and how many of the first `count` are.
   bool layer_checkpointed(int64_t index) const {
-    return activation_checkpointing && (checkpoint_every <= 1 || (index + 1) % checkpoint_every == 0);
+    if (!activation_checkpointing) return false;
+    if (recompute_block_layers > 0) return index < recompute_block_layers;
+    return checkpoint_every <= 1 || (index + 1) % checkpoint_every == 0;
   }
   int64_t checkpointed_layers(int64_t count) const {
-    return !activation_checkpointing ? 0 : checkpoint_every <= 1 ? count : count / checkpoint_every;
+    if (!activation_checkpointing) return 0;
+    if (recompute_block_layers > 0) return std::min(count, recompute_block_layers);
+    return checkpoint_every <= 1 ? count : count / checkpoint_every;
   }
   // With checkpointing, every decoder layer under torchtitan's op-level selective AC instead
   // (activation_checkpoint.py _apply_op_sac, selective_ac_option = "op"): each layer keeps its input

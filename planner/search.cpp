@@ -11,7 +11,7 @@ namespace longseq {
 
 namespace {
 
-std::vector<PlanOptions> plans_enumerate(const ClusterSpec& cluster, const SearchOptions& options) {
+std::vector<PlanOptions> plans_enumerate(const ModelSpec& model, const ClusterSpec& cluster, const SearchOptions& options) {
   // The checkpointing a plan can have, in the enumeration's order: none; every layer kept, or one
   // layer in every N kept (each N the framework offers); every layer offloaded.
   struct Checkpointing {
@@ -19,11 +19,13 @@ std::vector<PlanOptions> plans_enumerate(const ClusterSpec& cluster, const Searc
     int64_t every;
     bool ops = false;
     int64_t offloaded_layers = 0;  // TE's layer-wise activation offloading, without recompute
+    double block_share = 0;        // Megatron's block recompute: this share of a model chunk's layers
   };
   std::vector<Checkpointing> checkpointing_modes;
   for (int64_t offloaded : options.offload_activation_layers) checkpointing_modes.push_back({false, false, 1, false, offloaded});
   for (int64_t every : options.checkpoint_every) checkpointing_modes.push_back({true, false, every});
   if (options.checkpoint_ops) checkpointing_modes.push_back({true, false, 1, true});
+  for (double share : options.recompute_block_shares) checkpointing_modes.push_back({true, false, 1, false, 0, share});
   checkpointing_modes.push_back({true, true, 1});
   // Megatron's model parallelism (tensor parallelism, pipeline stages, their interleaving) where the
   // framework runs it; {1, 1, 1} alone elsewhere.
@@ -71,6 +73,12 @@ std::vector<PlanOptions> plans_enumerate(const ClusterSpec& cluster, const Searc
                 plan.checkpoint_every = checkpointing.every;
                 plan.checkpoint_ops = checkpointing.ops;
                 plan.offload_activation_layers = checkpointing.offloaded_layers;
+                if (checkpointing.block_share > 0) {
+                  // The first share of each model chunk's layers; none, or all of them, is no block plan.
+                  const int64_t chunk_layers = model.num_layers / (pp * vpp);
+                  plan.recompute_block_layers = static_cast<int64_t>(checkpointing.block_share * static_cast<double>(chunk_layers));
+                  if (plan.recompute_block_layers < 1 || plan.recompute_block_layers >= chunk_layers) continue;
+                }
                 static_cast<HeldChoices&>(plan) = options.held;
                 for (bool tiled_mlp : {false, true}) {
                   for (bool tiled_loss : {false, true}) {
@@ -122,6 +130,14 @@ namespace {
 // Plans equal except in one field. Fields: 0 the model-parallel layout (tp, pp, vpp, ep, sp and ring), 1 zero, 2 optimizer offload, 3 param
 // offload, 4 checkpointing/offload, 5 tiling/FPDT.
 constexpr int kPlanFields = 6;
+// Which layers a checkpointing plan recomputes, in the "why not" list's words.
+std::string checkpointing_describe(const PlanOptions& p) {
+  if (p.checkpoint_ops) return "op-level selective checkpointing";
+  if (p.checkpoint_every > 1) return fmt::format("checkpointing 1 layer in {}", p.checkpoint_every);
+  if (p.recompute_block_layers > 0) return fmt::format("recomputing the first {} layers of a stage (block)", p.recompute_block_layers);
+  return "checkpointing every layer";
+}
+
 bool same_except(const PlanOptions& a, const PlanOptions& b, int field) {
   if (field != 0 && (a.sp != b.sp || a.ring != b.ring || a.tp != b.tp || a.pp != b.pp || a.vpp != b.vpp || a.ep != b.ep)) return false;
   if (field != 1 && a.zero_stage != b.zero_stage) return false;
@@ -129,7 +145,7 @@ bool same_except(const PlanOptions& a, const PlanOptions& b, int field) {
   if (field != 3 && a.offload_params != b.offload_params) return false;
   if (field != 4 && (a.activation_checkpointing != b.activation_checkpointing || a.checkpoint_offload != b.checkpoint_offload ||
                      a.checkpoint_every != b.checkpoint_every || a.checkpoint_ops != b.checkpoint_ops ||
-                     a.offload_activation_layers != b.offload_activation_layers))
+                     a.offload_activation_layers != b.offload_activation_layers || a.recompute_block_layers != b.recompute_block_layers))
     return false;
   if (field != 5 && (a.tiled_mlp != b.tiled_mlp || a.tiled_loss != b.tiled_loss || a.fpdt != b.fpdt ||
                      (a.fpdt && a.fpdt_chunk_tokens != b.fpdt_chunk_tokens)))
@@ -237,7 +253,7 @@ SearchResult plan_search(const ModelSpec& model, const ClusterSpec& cluster, con
   const auto start = std::chrono::steady_clock::now();
   SearchResult result;
   const bool by_length = options.objective == SearchObjective::objective_max_seqlen;
-  const std::vector<PlanOptions> plans = plans_enumerate(cluster, options);
+  const std::vector<PlanOptions> plans = plans_enumerate(model, cluster, options);
   result.candidates.reserve(plans.size());
   for (const PlanOptions& plan : plans) {
     SearchCandidate candidate;
@@ -393,14 +409,11 @@ std::vector<SearchAlternative> search_notable_alternatives(const SearchResult& r
                                 ? fmt::format("without recompute, {} layers' activations offloaded", p.offload_activation_layers)
                                 : "without activation checkpointing")
                      : !w.activation_checkpointing  // the winner recomputes nothing: say which checkpointing this is
-                         ? (p.checkpoint_offload      ? std::string("checkpointing every layer, offloaded")
-                            : p.checkpoint_ops        ? std::string("op-level selective checkpointing")
-                            : p.checkpoint_every > 1  ? fmt::format("checkpointing 1 layer in {}", p.checkpoint_every)
-                                                      : std::string("checkpointing every layer"))
+                         ? (p.checkpoint_offload ? std::string("checkpointing every layer, offloaded") : checkpointing_describe(p))
                      : p.checkpoint_ops != w.checkpoint_ops
                          ? (p.checkpoint_ops ? "op-level selective checkpointing" : "checkpointing whole layers")
-                     : p.checkpoint_every != w.checkpoint_every
-                         ? (p.checkpoint_every > 1 ? fmt::format("checkpointing 1 layer in {}", p.checkpoint_every) : "checkpointing every layer")
+                     : p.checkpoint_every != w.checkpoint_every || p.recompute_block_layers != w.recompute_block_layers
+                         ? checkpointing_describe(p)
                      : p.checkpoint_offload ? "with checkpoint offload"
                                             : "without checkpoint offload";
       default:

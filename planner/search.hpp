@@ -55,6 +55,9 @@ struct SearchOptions {
   // Layers whose saved activations Transformer Engine offloads without recompute, tried beside no
   // checkpointing where the framework runs it (PlanOptions::offload_activation_layers; 0 alone elsewhere).
   std::vector<int64_t> offload_activation_layers = {0};
+  // Megatron's block recompute where the framework runs it: the shares of a model chunk's layers
+  // checkpointed (PlanOptions::recompute_block_layers = share x the chunk's layers); empty elsewhere.
+  std::vector<double> recompute_block_shares;
   // Tensor-parallel degrees and pipeline stages tried (PlanOptions::tp, pp), where the framework runs them.
   std::vector<int64_t> tensor_parallel = {1};
   std::vector<int64_t> pipeline_parallel = {1};

@@ -52,7 +52,7 @@ struct PlanCommandArgs {
   std::optional<double> host_memory_gib;
   std::optional<double> gpu_memory_gib;  // --gpu-mem-gib: the card's memory, overridden
   std::optional<std::string> seqlen;
-  std::optional<int64_t> sp, ring, tp, pp, vpp, ep, offload_activations;
+  std::optional<int64_t> sp, ring, tp, pp, vpp, ep, offload_activations, recompute_block_layers;
   std::optional<int> zero_stage;
   bool baseline = false;
   bool alst = false;

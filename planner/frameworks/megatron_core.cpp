@@ -67,13 +67,14 @@ extern const FrameworkDescription kMegatronCore = {
     /*trl_activation_offload=*/false,
     /*adam_8bit=*/false,
     /*tiles_moe_blocks=*/false,
-    // recompute_granularity full over every layer (uniform, recompute_num_layers 1) or none; its
-    // selective recompute and block method are not modelled yet (M5.1-M5.2).
+    // recompute_granularity full over every layer (uniform, recompute_num_layers 1), over a stage's
+    // first n (block, block_recompute below), or none; its selective recompute is not modelled yet (M5.1).
     /*selective_checkpointing=*/false,
     /*model_parallelism=*/true,
     /*attention_sinks=*/true,
     /*te_activation_offload=*/true,
     /*deepseek_v3_layers=*/true,
+    /*block_recompute=*/true,
     model_refused,
     plan_refused,
 };

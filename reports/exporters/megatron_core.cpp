@@ -145,7 +145,11 @@ ExportedConfig megatron_core_emit(const ExportRequest& r) {
   if (p.zero_stage >= 1) args.push_back("--use-distributed-optimizer");
   // The gradient buffer in fp32, as the plan prices it (the megatron-core profile, M3.1).
   args.push_back("--accumulate-allreduce-grads-in-fp32");
-  if (p.activation_checkpointing) args.push_back("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1");
+  // Every layer recomputed (uniform, one layer a chunk), or block recompute's first n of each stage (M5.2).
+  if (p.activation_checkpointing)
+    args.push_back(p.recompute_block_layers > 0
+                       ? fmt::format("--recompute-granularity full --recompute-method block --recompute-num-layers {}", p.recompute_block_layers)
+                       : "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1");
   // TE's activation offloading of the first N layers (cpu_offloading; arguments.py L1869-1870 turns
   // it on from the count).
   if (p.offload_activation_layers > 0) args.push_back(fmt::format("--cpu-offloading-num-layers {}", p.offload_activation_layers));

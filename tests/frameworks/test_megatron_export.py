@@ -87,6 +87,10 @@ PLANS = [
     (["--model", "llama-3.1-70b", "--gpus", "64", "--tp", "8", "--pp", "4", "--ring", "2", "--seqlen", "128Ki", "--global-batch", "8"], 64,
      {"tensor_model_parallel_size": 8, "pipeline_model_parallel_size": 4, "context_parallel_size": 2, "data_parallel_size": 1,
       "global_batch_size": 8}),
+    # Block recompute: the first 12 of each stage's 20 layers recomputed, the other 8 keeping theirs.
+    (["--model", "llama-3.1-70b", "--gpus", "64", "--tp", "8", "--pp", "4", "--ring", "2", "--recompute-block-layers", "12", "--seqlen",
+      "32Ki", "--global-batch", "8"], 64,
+     {"pipeline_model_parallel_size": 4, "recompute_granularity": "full", "recompute_method": "block", "recompute_num_layers": 12}),
     # Interleaved: two virtual stages a rank, 8 micro-batches in groups of pp = 4.
     (["--model", "llama-3.1-70b", "--gpus", "64", "--tp", "8", "--pp", "4", "--vpp", "2", "--ring", "2", "--seqlen", "128Ki", "--global-batch",
       "8"], 64, {"pipeline_model_parallel_size": 4, "virtual_pipeline_model_parallel_size": 2, "data_parallel_size": 1}),

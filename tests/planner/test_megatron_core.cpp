@@ -457,3 +457,46 @@ TEST_CASE("TE's activation offloading: the GPU holds L - n layers' saved activat
   CHECK(script.find("  --cpu-offloading-num-layers 24 ") != std::string::npos);
   CHECK(script.find("--recompute-granularity") == std::string::npos);
 }
+
+TEST_CASE("block recompute: the first n layers of a stage keep their input, the others what they save, n a copy in every micro-batch in flight") {
+  const ModelSpec model = model_load("llama-3.1-70b");  // 80 layers: 20 a stage on 4
+  const ClusterSpec cluster = h100s(256);
+  const RuntimeProfile profile = runtime_profile_load("megatron-core");
+  PlanOptions plan = megatron_plan(8, 1, 8, 1, true);
+  plan.pp = 4;
+  plan.global_batch = 16;  // dp 1: 16 micro-batches; the first stage holds 4
+  plan.recompute_block_layers = 12;
+  REQUIRE(plan_problems(model, cluster, plan).empty());
+  const int64_t seqlen = 262'144;
+  const MemoryPrediction prediction = memory_predict(model, cluster, plan, profile, seqlen);
+  // The first stage's backward of its last layer (index 19, not checkpointed: 19 >= 12): below it 3
+  // earlier micro-batches' 20 layers (12 checkpointed, 8 saving each) and this one's 19 (12 and 7).
+  const PhasePeak* backward = nullptr;
+  for (const PhasePeak& phase : prediction.phases)
+    if (phase.phase == "backward of the last decoder layer (first pipeline stage)") backward = &phase;
+  REQUIRE(backward != nullptr);
+  const double checkpoint = 262'144.0 / 8 / 8 * 8192 * 2;  // [S / (r t), h] bf16
+  CHECK(item_bytes(backward->items, "hidden_states_checkpoints") == doctest::Approx(48 * checkpoint));
+  // A saving layer's bytes, from the same stage without recompute (3 x 20 + 19 layers saving).
+  PlanOptions no_recompute = plan;
+  no_recompute.activation_checkpointing = false;
+  no_recompute.recompute_block_layers = 0;
+  double per_layer = 0;
+  for (const PhasePeak& phase : memory_predict(model, cluster, no_recompute, profile, seqlen).phases)
+    if (phase.phase == backward->phase) per_layer = item_bytes(phase.items, "saved_activations") / 79;
+  REQUIRE(per_layer > 0);
+  CHECK(item_bytes(backward->items, "saved_activations") == doctest::Approx(31 * per_layer).epsilon(1e-9));
+  // The step recomputes 12 of each stage's 20 layers: 12 / 20 of the forward again.
+  CHECK(recomputed_layer_share(model, plan) == doctest::Approx(0.6));
+  // As many as a stage holds is every layer's recompute: refused, as the flag outside Megatron-Core is.
+  plan.recompute_block_layers = 20;
+  CHECK(!plan_problems(model, cluster, plan).empty());
+  plan.recompute_block_layers = 12;
+  PlanOptions fsdp;  // a torchtitan plan but for the block recompute
+  fsdp.recompute_block_layers = 12;
+  CHECK(framework_unsupported(Framework::framework_torchtitan, model, fsdp, 256).find("no block recompute") != std::string::npos);
+  // The export writes Megatron's block method with the count.
+  ExportRequest request = testing::export_request("llama-3.1-70b", 256, plan, seqlen);
+  CHECK(config_emit("megatron-core", request).text().find("--recompute-granularity full --recompute-method block --recompute-num-layers 12") !=
+        std::string::npos);
+}
