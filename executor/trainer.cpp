@@ -93,6 +93,8 @@ std::vector<std::string> executor_plan_problems(const PlanOptions& plan, const s
   if (plan.adam_8bit) problems.push_back("8-bit AdamW: the executor's optimizer is fp32 AdamW");
   if (plan.moe_aux_loss) problems.push_back("the auxiliary load-balancing loss: the executor's MoE block trains without it");
   if (plan.trl_activation_offload) problems.push_back("TRL's activation offloading is TRL's: the executor offloads checkpoints itself (--checkpoint-offload)");
+  if (plan.recompute_modules.any())
+    problems.push_back("selective recompute of modules is Megatron-Core's: the executor checkpoints every layer or none");
   if (plan.recompute_block_layers > 0)
     problems.push_back("block recompute is Megatron-Core's: the executor checkpoints every layer or none (--checkpointing, --no-checkpointing)");
   if (plan.offload_activation_layers > 0)

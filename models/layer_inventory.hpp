@@ -20,6 +20,18 @@
 
 namespace longseq {
 
+// Megatron-Core's selective recompute (recompute_granularity "selective" with recompute_modules;
+// reference-megatron-core M5.1): outputs discarded once the forward that reads them is done and
+// recomputed in backward (tensor_parallel.CheckpointWithoutOutput), the layer otherwise keeping what
+// it saves: a separate input or pre-MLP norm's output ("layernorm": MLA's input norm, the MoE layer's
+// pre-MLP norm), the MoE experts' activation ("moe_act") and MLA's up-projected q, k and v
+// ("mla_up_proj", planned without context parallelism).
+struct MegatronRecomputeModules {
+  bool layernorm = false, moe_act = false, mla_up_proj = false;
+  bool any() const { return layernorm || moe_act || mla_up_proj; }
+  bool operator==(const MegatronRecomputeModules&) const = default;
+};
+
 struct LayerShape {
   int64_t tokens = 0;          // T = b * S_l
   int64_t sp = 1;              // Ulysses degree (1: no all-to-all)
@@ -93,6 +105,7 @@ struct LayerShape {
   // provider sets and longseq's export writes).
   bool moe_router_sigmoid = false;
   bool moe_router_fp32 = false;
+  MegatronRecomputeModules recompute;  // Megatron's selective recompute (none: every output kept)
 };
 
 // How the experts of a mixture-of-experts block run (Reference §12 items 45-47, 80):

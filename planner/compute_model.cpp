@@ -96,6 +96,14 @@ StepFlops step_flops(const ModelSpec& model, const PlanOptions& plan, int64_t se
   // backward is the input gradient alone (1x); the adapters add 2 T r (in + out) a linear, trained.
   const double backward = plan.lora() ? 1.0 : 2.0;
   flops.matmul = as_double(model.num_layers) * ((layer.projections + layer.mlp) * (1.0 + backward) + layer.mlp * tiled_mlp_recompute);
+  // Selective recompute of MLA's up-projections (M5.1) runs their two GEMMs again in backward.
+  if (with_recompute && plan.recompute_modules.mla_up_proj && model.is_latent_attention()) {
+    const ModelSpec::LatentAttention& mla = model.latent_attention;
+    const double tokens = as_double(plan.micro_batch) * as_double(seqlen / plan.sequence_ranks()), heads = as_double(model.num_q_heads);
+    const double q_up = mla.q_lora_rank > 0 ? as_double(mla.q_lora_rank) : as_double(model.hidden_size);
+    flops.matmul += as_double(model.num_layers) * 2.0 * tokens * heads *
+                    (q_up * as_double(model.head_dim) + as_double(mla.kv_lora_rank) * as_double(model.head_dim - mla.qk_rope_head_dim + mla.v_head_dim));
+  }
   if (with_recompute && plan.activation_checkpointing && plan.checkpoint_ops)
     flops.matmul += as_double(model.num_layers) * op_selective_recomputed_matmul_flops(model, plan.micro_batch, seqlen, plan.sequence_ranks());
   else flops.matmul += as_double(model.num_layers) * (layer.projections + layer.mlp) * recompute;

@@ -116,9 +116,12 @@ std::string framework_unsupported(Framework framework, const ModelSpec& model, c
   if (plan.offload_activation_layers > 0 && !description.te_activation_offload)
     return fmt::format("{}: no layer-wise activation offloading (--offload-activations is Transformer Engine's under Megatron-Core: "
                        "--framework megatron-core; checkpoint offload is --checkpoint-offload)", name);
-  if (plan.recompute_block_layers > 0 && !description.block_recompute)
+  if (plan.recompute_block_layers > 0 && !description.megatron_recompute)
     return fmt::format("{}: no block recompute (--recompute-block-layers is Megatron-Core's recompute_method block: --framework "
                        "megatron-core; torchtitan checkpoints one layer in every N: --checkpoint-every)", name);
+  if (plan.recompute_modules.any() && !description.megatron_recompute)
+    return fmt::format("{}: no selective recompute of modules (--recompute-modules is Megatron-Core's recompute_granularity selective: "
+                       "--framework megatron-core)", name);
   if (plan.ep > 1 && !description.model_parallelism)
     return fmt::format("{}: no expert parallelism (ep={}) planned here: Megatron-Core's (--framework megatron-core)", name, plan.ep);
   // HSDP's 2-D mesh is FSDP2's (Reference §11 F1.10, F1.17, F6.2).
@@ -169,7 +172,12 @@ void search_options_for_framework(SearchOptions& options, Framework framework, c
   // Block recompute: the first half or three quarters of a model chunk's layers (PlanOptions holds
   // the count; the search takes these shares of each layout's chunk).
   options.recompute_block_shares = {};
-  if (framework_description(framework).block_recompute) options.recompute_block_shares = {0.5, 0.75};
+  if (framework_description(framework).megatron_recompute) options.recompute_block_shares = {0.5, 0.75};
+  // Selective recompute: every module the model has (its separate norms under MLA or MoE, the
+  // experts' activation, MLA's up-projections).
+  options.recompute_modules = {};
+  if (framework_description(framework).megatron_recompute)
+    options.recompute_modules = {model.is_latent_attention() || model.is_moe(), model.is_moe(), model.is_latent_attention()};
   // Tensor parallelism inside a node (its collectives run every layer, on NVLink): the powers of two
   // up to the node's GPUs, as Megatron's recipes choose them.
   options.tensor_parallel = {1};

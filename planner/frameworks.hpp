@@ -81,9 +81,10 @@ struct FrameworkDescription {
   // latent attention, the sigmoid router over groups, the dense first layers, as Megatron-Core builds
   // them (reference-megatron-core M9); the Hugging Face layers' under the other stacks are not modelled.
   bool deepseek_v3_layers;
-  // Megatron-Core's block recompute: the first n layers of a stage checkpointed, the rest not
-  // (PlanOptions::recompute_block_layers; reference-megatron-core M5.2).
-  bool block_recompute;
+  // Megatron-Core's recompute beyond every layer's: block recompute, the first n layers of a stage
+  // (PlanOptions::recompute_block_layers, M5.2), and selective recompute of modules' outputs
+  // (PlanOptions::recompute_modules, M5.1).
+  bool megatron_recompute;
   // Why it cannot build `model` whatever the plan (nullptr: it builds what longseq reads), then why
   // it cannot run `plan` on `gpus` GPUs (0: not known); "" when it can.
   std::string (*model_refused)(const char* name, const ModelSpec& model);

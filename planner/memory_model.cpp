@@ -111,6 +111,7 @@ Setup setup_make(const ModelSpec& model, const HardwareCard& card, const PlanOpt
   // moe_router_dtype fp32: what Megatron-Bridge's DeepSeek providers set and the export writes for a
   // sigmoid router (deepseek_v3_bridge.py L75).
   shape.moe_router_fp32 = model.moe_router_sigmoid;
+  shape.recompute = plan.recompute_modules;
   if (model.is_latent_attention()) {
     shape.mla_q_rank = model.latent_attention.q_lora_rank;
     shape.mla_kv_rank = model.latent_attention.kv_lora_rank;
@@ -568,7 +569,7 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
   const double earlier_micro_batch_layers = as_double(stage.in_flight - 1) * layers;
   const double x_bytes = as_double(setup.shape.hidden_state_tokens()) * as_double(model.hidden_size) * as_double(profile.activation_bytes);
   // What a layer that is not checkpointed keeps for its backward (no layer, under full checkpointing).
-  const bool layers_save = !plan.activation_checkpointing || plan.checkpoint_every > 1 || plan.recompute_block_layers > 0;
+  const bool layers_save = !plan.activation_checkpointing || plan.checkpoint_every > 1 || plan.recompute_block_layers > 0;  // (selective: none checkpointed)
   const double saved_per_layer = layers_save ? decoder_layer_saved_bytes(setup.shape, setup.impl) : 0;
   // LoRA freezes the embedding, so the first layer's input needs no gradient (LayerShape::input_requires_grad).
   LayerShape first_layer_shape = setup.shape;

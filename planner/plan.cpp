@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "io/config_error.hpp"
 #include "planner/pipeline.hpp"
@@ -234,6 +235,22 @@ std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec
                                      "recompute (leave the flag out)", plan.recompute_block_layers,
                                      plan.vpp > 1 ? "model chunk" : plan.pp > 1 ? "pipeline stage" : "model", chunk_layers));
   }
+  // Megatron's selective recompute (M5.1): instead of full recompute, of modules the model has.
+  if (plan.recompute_modules.any()) {
+    if (plan.activation_checkpointing)
+      problems.push_back("--recompute-modules is Megatron's selective recompute, instead of recomputing whole layers: add --no-checkpointing");
+    if (plan.offload_activation_layers > 0) problems.push_back("--recompute-modules with --offload-activations is not modelled");
+    if (plan.recompute_modules.layernorm && !model.is_latent_attention() && !model.is_moe())
+      problems.push_back(fmt::format("--recompute-modules layernorm: {}'s layer fuses its norms into the next linear (TE's "
+                                     "LayerNormColumnParallelLinear), leaving no norm output to recompute", model.name));
+    if (plan.recompute_modules.moe_act && !model.is_moe())
+      problems.push_back(fmt::format("--recompute-modules moe_act: {} has no experts", model.name));
+    if (plan.recompute_modules.mla_up_proj && !model.is_latent_attention())
+      problems.push_back(fmt::format("--recompute-modules mla_up_proj: {} has no multi-head latent attention", model.name));
+    if (plan.recompute_modules.mla_up_proj && (plan.sp > 1 || plan.ring > 1))
+      problems.push_back("--recompute-modules mla_up_proj under context parallelism is not modelled (TE's context-parallel attention "
+                         "saves its own copies of q, k and v)");
+  }
   if (plan.checkpoint_ops) {
     if (!plan.activation_checkpointing) problems.push_back("op-level selective checkpointing needs activation checkpointing");
     if (plan.checkpoint_every > 1) problems.push_back("op-level selective checkpointing wraps every layer: not with one layer in every N");
@@ -357,6 +374,31 @@ std::string model_parallel_describe(const PlanOptions& plan) {
   return text;
 }
 
+std::string megatron_recompute_modules_describe(const MegatronRecomputeModules& modules, const char* separator) {
+  std::vector<std::string> names;
+  if (modules.layernorm) names.push_back("layernorm");
+  if (modules.moe_act) names.push_back("moe_act");
+  if (modules.mla_up_proj) names.push_back("mla_up_proj");
+  return fmt::format("{}", fmt::join(names, separator));
+}
+
+MegatronRecomputeModules megatron_recompute_modules_parse(const std::string& text, const std::string& source, const std::string& key) {
+  MegatronRecomputeModules modules;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t end = std::min(text.find(',', start), text.size());
+    const std::string name = text.substr(start, end - start);
+    if (name == "layernorm") modules.layernorm = true;
+    else if (name == "moe_act") modules.moe_act = true;
+    else if (name == "mla_up_proj") modules.mla_up_proj = true;
+    else
+      throw ConfigError(source, key, fmt::format("unknown recompute module '{}' (modelled: layernorm, moe_act, mla_up_proj; Megatron's "
+                                                 "core_attn, mlp, moe and shared_experts are not)", name));
+    start = end + 1;
+  }
+  return modules;
+}
+
 std::string plan_describe(const PlanOptions& plan) {
   std::string text = model_parallel_describe(plan);
   if (!text.empty()) text += ' ';
@@ -370,6 +412,7 @@ std::string plan_describe(const PlanOptions& plan) {
           : plan.recompute_block_layers > 0 ? fmt::format(" +checkpointing(first {} of a stage)", plan.recompute_block_layers)
                                          : " +checkpointing";
   if (plan.checkpoint_offload) text += " +checkpoint-offload";
+  if (plan.recompute_modules.any()) text += fmt::format(" +recompute({})", megatron_recompute_modules_describe(plan.recompute_modules));
   if (plan.offload_activation_layers > 0) text += fmt::format(" +offload-activations({})", plan.offload_activation_layers);
   if (plan.tiled_mlp) text += plan.mlp_tiles > 0 ? fmt::format(" +tiled-mlp({})", plan.mlp_tiles) : " +tiled-mlp";
   if (plan.tiled_loss) text += plan.loss_tiles > 0 ? fmt::format(" +tiled-loss({})", plan.loss_tiles) : " +tiled-loss";

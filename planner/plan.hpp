@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "models/layer_inventory.hpp"
 #include "models/model_spec.hpp"
 #include "planner/cards.hpp"
 
@@ -120,6 +121,9 @@ struct PlanOptions : HeldChoices {
   // model chunk under interleaving) are checkpointed, the others keep every tensor they save. 0: every
   // layer checkpointed (uniform, one layer a chunk).
   int64_t recompute_block_layers = 0;
+  // Without checkpointing, Megatron-Core's selective recompute of these modules' outputs
+  // (MegatronRecomputeModules; --recompute-granularity selective --recompute-modules).
+  MegatronRecomputeModules recompute_modules;
   // Whether the decoder layer at 0-based `index` (counted from its stage's, or chunk's, first) is
   // checkpointed, and how many of the first `count` are.
   bool layer_checkpointed(int64_t index) const {
@@ -185,6 +189,10 @@ int64_t seqlen_granule(const PlanOptions& plan);
 // Megatron's layouts of a plan, "tp=8 pp=2 vpp=2 ep=8" ("" without any): plan_describe's head.
 std::string model_parallel_describe(const PlanOptions& plan);
 std::string plan_describe(const PlanOptions& plan);
+// Megatron's recompute_modules names ("layernorm", "moe_act", "mla_up_proj"), joined by `separator`;
+// and read back from a comma-separated list (ConfigError(source, key) naming an unknown one).
+std::string megatron_recompute_modules_describe(const MegatronRecomputeModules& modules, const char* separator = ",");
+MegatronRecomputeModules megatron_recompute_modules_parse(const std::string& text, const std::string& source, const std::string& key);
 
 // The bytes a LoRA adapter parameter is trained in where the stack keeps no master copy (its
 // gradient and AdamW moments take its dtype): fp32 (PEFT), or the profile's under QLoRA (TRL: bf16).

@@ -20,12 +20,14 @@ std::vector<PlanOptions> plans_enumerate(const ModelSpec& model, const ClusterSp
     bool ops = false;
     int64_t offloaded_layers = 0;  // TE's layer-wise activation offloading, without recompute
     double block_share = 0;        // Megatron's block recompute: this share of a model chunk's layers
+    bool selective = false;        // Megatron's selective recompute of SearchOptions::recompute_modules, without checkpointing
   };
   std::vector<Checkpointing> checkpointing_modes;
   for (int64_t offloaded : options.offload_activation_layers) checkpointing_modes.push_back({false, false, 1, false, offloaded});
   for (int64_t every : options.checkpoint_every) checkpointing_modes.push_back({true, false, every});
   if (options.checkpoint_ops) checkpointing_modes.push_back({true, false, 1, true});
   for (double share : options.recompute_block_shares) checkpointing_modes.push_back({true, false, 1, false, 0, share});
+  if (options.recompute_modules.any()) checkpointing_modes.push_back({false, false, 1, false, 0, 0, true});
   checkpointing_modes.push_back({true, true, 1});
   // Megatron's model parallelism (tensor parallelism, pipeline stages, their interleaving) where the
   // framework runs it; {1, 1, 1} alone elsewhere.
@@ -73,6 +75,12 @@ std::vector<PlanOptions> plans_enumerate(const ModelSpec& model, const ClusterSp
                 plan.checkpoint_every = checkpointing.every;
                 plan.checkpoint_ops = checkpointing.ops;
                 plan.offload_activation_layers = checkpointing.offloaded_layers;
+                if (checkpointing.selective) {
+                  // MLA's up-projections are planned without context parallelism (plan_problems).
+                  plan.recompute_modules = options.recompute_modules;
+                  if (sequence_ranks > 1) plan.recompute_modules.mla_up_proj = false;
+                  if (!plan.recompute_modules.any()) continue;
+                }
                 if (checkpointing.block_share > 0) {
                   // The first share of each model chunk's layers; none, or all of them, is no block plan.
                   const int64_t chunk_layers = model.num_layers / (pp * vpp);
@@ -145,7 +153,8 @@ bool same_except(const PlanOptions& a, const PlanOptions& b, int field) {
   if (field != 3 && a.offload_params != b.offload_params) return false;
   if (field != 4 && (a.activation_checkpointing != b.activation_checkpointing || a.checkpoint_offload != b.checkpoint_offload ||
                      a.checkpoint_every != b.checkpoint_every || a.checkpoint_ops != b.checkpoint_ops ||
-                     a.offload_activation_layers != b.offload_activation_layers || a.recompute_block_layers != b.recompute_block_layers))
+                     a.offload_activation_layers != b.offload_activation_layers || a.recompute_block_layers != b.recompute_block_layers ||
+                     !(a.recompute_modules == b.recompute_modules)))
     return false;
   if (field != 5 && (a.tiled_mlp != b.tiled_mlp || a.tiled_loss != b.tiled_loss || a.fpdt != b.fpdt ||
                      (a.fpdt && a.fpdt_chunk_tokens != b.fpdt_chunk_tokens)))
@@ -407,6 +416,8 @@ std::vector<SearchAlternative> search_notable_alternatives(const SearchResult& r
       case 4: return !p.activation_checkpointing
                          ? (p.offload_activation_layers > 0
                                 ? fmt::format("without recompute, {} layers' activations offloaded", p.offload_activation_layers)
+                            : p.recompute_modules.any()
+                                ? fmt::format("recomputing {} only (selective)", megatron_recompute_modules_describe(p.recompute_modules, ", "))
                                 : "without activation checkpointing")
                      : !w.activation_checkpointing  // the winner recomputes nothing: say which checkpointing this is
                          ? (p.checkpoint_offload ? std::string("checkpointing every layer, offloaded") : checkpointing_describe(p))

@@ -58,6 +58,9 @@ struct SearchOptions {
   // Megatron's block recompute where the framework runs it: the shares of a model chunk's layers
   // checkpointed (PlanOptions::recompute_block_layers = share x the chunk's layers); empty elsewhere.
   std::vector<double> recompute_block_shares;
+  // Megatron's selective recompute where the framework runs it: every module the model has (the
+  // search's one selective mode beside none; none elsewhere).
+  MegatronRecomputeModules recompute_modules;
   // Tensor-parallel degrees and pipeline stages tried (PlanOptions::tp, pp), where the framework runs them.
   std::vector<int64_t> tensor_parallel = {1};
   std::vector<int64_t> pipeline_parallel = {1};

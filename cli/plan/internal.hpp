@@ -53,6 +53,7 @@ struct PlanCommandArgs {
   std::optional<double> gpu_memory_gib;  // --gpu-mem-gib: the card's memory, overridden
   std::optional<std::string> seqlen;
   std::optional<int64_t> sp, ring, tp, pp, vpp, ep, offload_activations, recompute_block_layers;
+  std::optional<std::string> recompute_modules;
   std::optional<int> zero_stage;
   bool baseline = false;
   bool alst = false;

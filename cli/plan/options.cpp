@@ -78,6 +78,11 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
                       "are recomputed in backward, the others keep their activations (--recompute-method block "
                       "--recompute-num-layers N; fewer than a stage's layers). The Megatron-Core search tries half and three quarters")
       ->check(CLI::Range(1, 1 << 20));
+  command->add_option("--recompute-modules", args->recompute_modules,
+                      "Megatron-Core's selective recompute, with --no-checkpointing: these modules' outputs are dropped after forward "
+                      "and recomputed in backward, the layers keeping the rest (comma-separated: layernorm = MLA's input norm and the MoE "
+                      "layer's pre-MLP norm, moe_act = the experts' activation, mla_up_proj = MLA's q, k and v; "
+                      "--recompute-granularity selective --recompute-modules). The Megatron-Core search tries every one the model has");
   command->add_option("--zero", args->zero_stage, "ZeRO stage 0..3 (default 3)");
   command->add_flag("--search", args->search,
                     "search the plan space (the default when no plan flag is given): sp, ZeRO stage, offloads, "
@@ -266,7 +271,7 @@ int64_t global_batch_samples(const PlanCommandArgs& args, std::optional<int64_t>
 }
 
 bool plan_flags_given(const PlanCommandArgs& args) {
-  return args.alst || args.baseline || args.sp || args.ring || args.tp || args.pp || args.vpp || args.ep || args.offload_activations || args.recompute_block_layers || args.zero_stage || args.mlp_tiles || args.loss_tiles || args.fpdt ||
+  return args.alst || args.baseline || args.sp || args.ring || args.tp || args.pp || args.vpp || args.ep || args.offload_activations || args.recompute_block_layers || args.recompute_modules || args.zero_stage || args.mlp_tiles || args.loss_tiles || args.fpdt ||
          args.checkpoint_every || args.checkpoint_ops ||
          args.fpdt_chunk ||
          args.offload_optimizer_on + args.offload_optimizer_off + args.offload_params_on + args.offload_params_off +
@@ -289,7 +294,7 @@ PlanOptions plan_from_flags(const PlanCommandArgs& args, const ModelSpec& model,
     plan.ring = positive_or_default(args.ring, "--ring");
     if (args.sp == std::nullopt) plan.sp = sp_largest_valid(model, cluster.gpus / plan.ring);
   }
-  if (args.tp || args.pp || args.vpp || args.ep || args.offload_activations || args.recompute_block_layers) {
+  if (args.tp || args.pp || args.vpp || args.ep || args.offload_activations || args.recompute_block_layers || args.recompute_modules) {
     // Megatron's plan, not ALST's set: its distributed optimizer, no offload, no ALST tiling (each
     // flag below may still ask for one, and plan_problems says why not).
     plan.tp = args.tp.value_or(1);
@@ -298,6 +303,7 @@ PlanOptions plan_from_flags(const PlanCommandArgs& args, const ModelSpec& model,
     plan.ep = args.ep.value_or(1);
     plan.offload_activation_layers = args.offload_activations.value_or(0);
     plan.recompute_block_layers = args.recompute_block_layers.value_or(0);
+    if (args.recompute_modules) plan.recompute_modules = megatron_recompute_modules_parse(*args.recompute_modules, "--recompute-modules", "");
     plan.zero_stage = 1;
     plan.offload_optimizer = plan.offload_params = plan.checkpoint_offload = plan.tiled_mlp = plan.tiled_loss = false;
     if (args.sp == std::nullopt) plan.sp = 1;  // Megatron's a2a (Ulysses) only where asked
@@ -433,6 +439,8 @@ std::function<bool(const PlanOptions&)> search_constraints(const PlanCommandArgs
                             tiled_mlp = held(args.tiled_mlp_on, args.tiled_mlp_off), tiled_loss = held(args.tiled_loss_on, args.tiled_loss_off);
   const std::optional<int64_t> sp = args.sp, ring = args.ring, tp = args.tp, pp = args.pp, vpp = args.vpp, ep = args.ep,
                                offload_activations = args.offload_activations, recompute_block_layers = args.recompute_block_layers;
+  const std::optional<MegatronRecomputeModules> recompute_modules =
+      args.recompute_modules ? std::optional(megatron_recompute_modules_parse(*args.recompute_modules, "--recompute-modules", "")) : std::nullopt;
   const std::optional<int> zero = args.zero_stage;
   const bool fpdt = args.fpdt;
   const std::optional<int64_t> checkpoint_every = args.checkpoint_every;
@@ -442,7 +450,8 @@ std::function<bool(const PlanOptions&)> search_constraints(const PlanCommandArgs
     auto holds = [](const std::optional<bool>& wanted, bool value) { return !wanted || *wanted == value; };
     return (!sp || plan.sp == *sp) && (!ring || plan.ring == *ring) && (!tp || plan.tp == *tp) && (!pp || plan.pp == *pp) && (!vpp || plan.vpp == *vpp) && (!ep || plan.ep == *ep) &&
            (!offload_activations || plan.offload_activation_layers == *offload_activations) &&
-           (!recompute_block_layers || plan.recompute_block_layers == *recompute_block_layers) && (!zero || plan.zero_stage == *zero) &&
+           (!recompute_block_layers || plan.recompute_block_layers == *recompute_block_layers) &&
+           (!recompute_modules || plan.recompute_modules == *recompute_modules) && (!zero || plan.zero_stage == *zero) &&
            holds(offload_optimizer, plan.offload_optimizer) && holds(offload_params, plan.offload_params) &&
            holds(checkpointing, plan.activation_checkpointing) && holds(checkpoint_offload, plan.checkpoint_offload) &&
            holds(tiled_mlp, plan.tiled_mlp) && holds(tiled_loss, plan.tiled_loss) && (!fpdt || plan.fpdt) &&

@@ -10,6 +10,7 @@ nlohmann::json plan_to_json(const PlanOptions& plan, const ClusterSpec& cluster)
                          {"activation_checkpointing", plan.activation_checkpointing}, {"checkpoint_every", plan.checkpoint_every},
                          {"checkpoint_ops", plan.checkpoint_ops}, {"recompute_block_layers", plan.recompute_block_layers},
                          {"offload_activation_layers", plan.offload_activation_layers},
+                         {"recompute_modules", megatron_recompute_modules_describe(plan.recompute_modules)},
                          {"checkpoint_offload", plan.checkpoint_offload}, {"tiled_mlp", plan.tiled_mlp},
                          {"tiled_loss", plan.tiled_loss}, {"fpdt", plan.fpdt}, {"micro_batch", plan.micro_batch},
                          {"global_batch", plan.global_batch > 0 ? plan.global_batch : plan.micro_batch * data_parallel_ranks(cluster, plan)},

@@ -258,6 +258,9 @@ void input_gradient_to_shard(TensorTrace& trace, const LayerShape& shape, double
 // `keep` what its backward reads); backward takes "attention.dqkv" and leaves "layer.input_grad".
 void megatron_mla_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep);
 void megatron_mla_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl);
+// Selective recompute's rerun of MLA's up-projections and RoPE in backward (recompute_modules
+// "mla_up_proj"): leaves q, k and v live again, the up-projections' outputs freed.
+void megatron_mla_up_projection_recompute(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl);
 // Megatron's MoE layer (megatron_moe.cpp) in place of the layer's MLP: forward expects
 // "residual.attention" live and leaves "layer.output"; backward leaves "residual.attention_grad".
 void megatron_moe_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep);

@@ -225,11 +225,20 @@ void megatron_layer_forward(TensorTrace& trace, const LayerShape& shape, const L
         trace.free(name);
   }
 
+  // Selective recompute of MLA's up-projections (M5.1): q, k and v, which the core attention saved,
+  // discarded once it has run (multi_latent_attention.py L454-457: their storage released), and
+  // recomputed as backward reaches the attention (below).
+  if (keep && mla && shape.recompute.mla_up_proj)
+    for (const char* name : {"attention.q", "attention.k", "attention.v"}) trace.free(name);
+
   // TERowParallelLinear saves its input, the attention output (M1.2); the residual add makes the
   // next shard (bias_dropout_add with hidden_dropout 0).
   trace.set_moment("output projection and residual");
   row_parallel_output(trace, shape, bytes, "residual.attention");
   if (!keep) trace.free("attention.output");
+  // Selective recompute of a separate input norm ("layernorm", transformer_layer.py L681-686): its
+  // output discarded after the attention block, recomputed when backward reaches the block.
+  if (keep && mla && shape.recompute.layernorm) trace.free("attention_norm.output");
 
   // A MoE model's layer runs Megatron's MoE layer in place of the MLP (megatron_moe.cpp).
   if (shape.experts > 0) return megatron_moe_forward(trace, shape, impl, keep);
@@ -289,11 +298,16 @@ void megatron_layer_backward(TensorTrace& trace, const LayerShape& shape, const 
   }
 
   // The output projection (row-parallel) backward: its output gradient gathered, the attention
-  // output's gradient produced.
+  // output's gradient produced. A recomputed input norm's output comes back first (its hook is on
+  // the attention block's output gradient).
   trace.set_moment("output projection backward");
+  if (mla && shape.recompute.layernorm) trace.alloc(L, "attention_norm.output", bytes.shard);
   column_parallel_gather(trace, shape, bytes.gathered);
   trace.alloc(L, "attention.output_grad", bytes.out);
   column_parallel_gather_free(trace, shape);
+  // MLA's up-projections recomputed (their hook is on the attention output's gradient): the
+  // up-projections' outputs beside the rebuilt q, k and v (megatron_mla.cpp's forward again).
+  if (mla && shape.recompute.mla_up_proj) megatron_mla_up_projection_recompute(trace, shape, impl);
 
   // The attention's backward: dq, dk, dv at their dtype with an fp32 dq accumulator where the
   // kernel keeps one (the profile's); under p2p two K/V blocks and their gradients travel the ring

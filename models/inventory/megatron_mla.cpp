@@ -126,6 +126,25 @@ void megatron_mla_forward(TensorTrace& trace, const LayerShape& shape, const Lay
       if (trace.is_live(name)) trace.free(name);
 }
 
+void megatron_mla_up_projection_recompute(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl) {
+  const MlaBytes bytes(shape, impl);
+  trace.set_moment("MLA up-projections recomputed");
+  // q's up-projection (or q_proj on the input norm's output), then kv's, each on its input gathered.
+  column_parallel_gather(trace, shape, projects_q_latent(shape) ? bytes.q_latent_gathered : bytes.gathered);
+  trace.alloc(L, "mla.q_up_output", bytes.q);
+  column_parallel_gather_free(trace, shape);
+  column_parallel_gather(trace, shape, bytes.kv_latent_gathered);
+  trace.alloc(L, "mla.kv_up_output", bytes.kv_up);
+  column_parallel_gather_free(trace, shape);
+  if (shape.tp > 1) trace.alloc(L, "mla.rope_key_gathered", bytes.rope_key);
+  trace.alloc(L, "attention.q", bytes.q);
+  trace.alloc(L, "attention.k", bytes.k);
+  trace.alloc(L, "attention.v", bytes.v);
+  trace.free("mla.q_up_output");
+  trace.free("mla.kv_up_output");
+  if (shape.tp > 1) trace.free("mla.rope_key_gathered");
+}
+
 void megatron_mla_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl) {
   const MlaBytes bytes(shape, impl);
   // The concatenations and splits undone: the up-projections' output gradients, RoPE's backward

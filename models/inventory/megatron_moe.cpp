@@ -166,6 +166,9 @@ void megatron_moe_forward(TensorTrace& trace, const LayerShape& shape, const Lay
   trace.alloc(L, "moe.fc1_output", 2.0 * bytes.pairs_f);
   trace.alloc(L, "moe.activation_output", bytes.pairs_f);
   trace.alloc(L, "moe.fc2_output", bytes.pairs_x);
+  // Selective recompute of the activation ("moe_act", experts.py L882-893): discarded once fc2 has
+  // run, recomputed as backward reaches fc2.
+  if (keep && shape.recompute.moe_act) trace.free("moe.activation_output");
   // Unsorting (combine_preprocess) and the all-to-all back (token_combine) each write a copy.
   trace.set_moment("moe combine");
   if (sorts(shape)) trace.alloc(L, "moe.unsorted_output", bytes.pairs_x);
@@ -182,6 +185,9 @@ void megatron_moe_forward(TensorTrace& trace, const LayerShape& shape, const Lay
   }
   trace.alloc(L, "layer.output", bytes.shard);
   trace.free("moe.output");
+  // Selective recompute of the pre-MLP norm ("layernorm", transformer_layer.py L977-982): its output
+  // discarded after the MoE layer, recomputed when backward reaches it.
+  if (keep && shape.recompute.layernorm) trace.free("mlp_norm.output");
   if (!keep) {
     for (const char* name : {"mlp_norm.output", "mlp_norm.rsigma_fp32", "moe.topk_softmax_fp32", "moe.aux_loss_scores_fp32", "moe.permuted_probs",
                              "moe.expert_inputs", "moe.fc1_output", "moe.activation_output", "shared_experts.fc1_output",
@@ -194,6 +200,7 @@ void megatron_moe_forward(TensorTrace& trace, const LayerShape& shape, const Lay
 void megatron_moe_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl) {
   const MegatronMoeBytes bytes(shape, impl);
   if (trace.is_live("layer.output")) trace.free("layer.output");
+  if (shape.recompute.layernorm) trace.alloc(L, "mlp_norm.output", bytes.shard);  // recomputed (its hook: the layer's output gradient)
   // Unpermute's backward gathers each token's gradient to its k pairs; the all-to-all carries them to
   // the expert ranks and the sort orders them by local expert, each a new [P, h].
   trace.set_moment("moe combine backward");
@@ -203,6 +210,7 @@ void megatron_moe_backward(TensorTrace& trace, const LayerShape& shape, const La
   // fc2's data gradient [P, f_e]; the weighted SwiGLU's [P, 2 f_e] and the probabilities' [P];
   // fc1's data gradient [P, h]. The weight gradients go to the DDP's buffer (model states).
   trace.set_moment("moe experts backward");
+  if (shape.recompute.moe_act) trace.alloc(L, "moe.activation_output", bytes.pairs_f);  // recomputed from fc1's output
   trace.alloc(L, "moe.activation_output_grad", bytes.pairs_f);
   trace.free("moe.pairs_grad");
   trace.free("moe.activation_output");

@@ -52,7 +52,7 @@ extern const FrameworkDescription kArcticTraining = {
     /*attention_sinks=*/false,
     /*te_activation_offload=*/false,
     /*deepseek_v3_layers=*/false,
-    /*block_recompute=*/false,
+    /*megatron_recompute=*/false,
     model_refused,
     plan_refused,
 };

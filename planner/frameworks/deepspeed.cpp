@@ -29,7 +29,7 @@ extern const FrameworkDescription kDeepSpeed = {
     /*attention_sinks=*/false,
     /*te_activation_offload=*/false,
     /*deepseek_v3_layers=*/false,
-    /*block_recompute=*/false,
+    /*megatron_recompute=*/false,
     nullptr,
     plan_refused,
 };

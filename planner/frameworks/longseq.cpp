@@ -33,7 +33,7 @@ extern const FrameworkDescription kLongseq = {
     /*attention_sinks=*/false,
     /*te_activation_offload=*/false,
     /*deepseek_v3_layers=*/false,
-    /*block_recompute=*/false,
+    /*megatron_recompute=*/false,
     nullptr,
     plan_refused,
 };

@@ -74,7 +74,7 @@ extern const FrameworkDescription kMegatronCore = {
     /*attention_sinks=*/true,
     /*te_activation_offload=*/true,
     /*deepseek_v3_layers=*/true,
-    /*block_recompute=*/true,
+    /*megatron_recompute=*/true,
     model_refused,
     plan_refused,
 };

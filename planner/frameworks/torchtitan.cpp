@@ -97,7 +97,7 @@ extern const FrameworkDescription kTorchtitan = {
     /*attention_sinks=*/false,
     /*te_activation_offload=*/false,
     /*deepseek_v3_layers=*/false,
-    /*block_recompute=*/false,
+    /*megatron_recompute=*/false,
     model_refused,
     plan_refused,
 };

@@ -146,6 +146,8 @@ ExportedConfig megatron_core_emit(const ExportRequest& r) {
   // The gradient buffer in fp32, as the plan prices it (the megatron-core profile, M3.1).
   args.push_back("--accumulate-allreduce-grads-in-fp32");
   // Every layer recomputed (uniform, one layer a chunk), or block recompute's first n of each stage (M5.2).
+  if (p.recompute_modules.any())
+    args.push_back(fmt::format("--recompute-granularity selective --recompute-modules {}", megatron_recompute_modules_describe(p.recompute_modules, " ")));
   if (p.activation_checkpointing)
     args.push_back(p.recompute_block_layers > 0
                        ? fmt::format("--recompute-granularity full --recompute-method block --recompute-num-layers {}", p.recompute_block_layers)

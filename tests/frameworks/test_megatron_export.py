@@ -47,7 +47,7 @@ keys = ["tensor_model_parallel_size", "sequence_parallel", "context_parallel_siz
         "activation_func_clamp_value", "moe_shared_expert_intermediate_size", "moe_shared_expert_gate", "cpu_offloading",
         "cpu_offloading_num_layers", "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
         "v_head_dim", "moe_router_score_function", "moe_router_enable_expert_bias", "moe_router_num_groups", "moe_router_group_topk",
-        "moe_router_topk_scaling_factor", "moe_router_dtype", "moe_layer_freq"]
+        "moe_router_topk_scaling_factor", "moe_router_dtype", "moe_layer_freq", "recompute_modules"]
 print("MEGATRON_ARGS " + json.dumps({key: getattr(args, key, None) for key in keys}))
 """
 
@@ -133,6 +133,10 @@ PLANS = [
       "moe_router_enable_expert_bias": True, "moe_router_num_groups": 8, "moe_router_group_topk": 4,
       "moe_router_topk_scaling_factor": 2.5, "moe_router_dtype": "fp32", "moe_layer_freq": [0] * 3 + [1] * 58,
       "moe_router_load_balancing_type": "seq_aux_loss", "moe_shared_expert_intermediate_size": 2048}),
+    # Selective recompute of the separate norms, the experts' activation and MLA's up-projections.
+    (["--model", "deepseek-v3", "--gpus", "256", "--tp", "8", "--ep", "256", "--no-checkpointing", "--recompute-modules",
+      "layernorm,moe_act,mla_up_proj", "--seqlen", "8Ki"], 256,
+     {"recompute_granularity": "selective", "recompute_modules": ["layernorm", "moe_act", "mla_up_proj"], "data_parallel_size": 32}),
 ]
 
 
@@ -159,6 +163,7 @@ def test_megatron_lm_parses_and_validates_the_exported_arguments(flags, gpus, de
     assert args["data_parallel_size"] == plan["plan"]["dp"]
     assert args["use_distributed_optimizer"] == (plan["plan"]["zero_stage"] == 1)
     assert (args["recompute_granularity"] == "full") == plan["plan"]["activation_checkpointing"]
+    assert (args["recompute_granularity"] == "selective") == bool(plan["plan"]["recompute_modules"])
     assert args["accumulate_allreduce_grads_in_fp32"] is True  # the fp32 gradient buffer the plan prices
     assert args["cross_entropy_loss_fusion"] is False  # the native loss the plan prices
     assert args["transformer_impl"] == "transformer_engine" and args["bf16"] is True

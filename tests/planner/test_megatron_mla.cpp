@@ -10,7 +10,9 @@
 #include "planner/cards.hpp"
 #include "planner/comm_model.hpp"
 #include "planner/compute_model.hpp"
+#include "io/config_error.hpp"
 #include "planner/pipeline.hpp"
+#include "planner/plan.hpp"
 #include "support/megatron_layer.hpp"
 
 using namespace longseq;
@@ -198,4 +200,65 @@ TEST_CASE("MLA's FLOPs: its five projections, attention over 192-wide scores and
   CHECK(flops.mlp == doctest::Approx((58 * moe_mlp + 3 * dense_mlp) / 61).epsilon(1e-12));
   // Ulysses (cp_comm_type a2a) exchanges q and k at 192 a head, v and the output at 128.
   CHECK(ulysses_layer_all_to_all_bytes(model, 1, 65'536, 8, 2) == doctest::Approx(65'536.0 / 8 * 128 * (192 + 128 + 192 + 128) * 2).epsilon(1e-12));
+}
+
+TEST_CASE("selective recompute drops MLA's input norm output and q, k, v, the pre-MLP norm's output and the experts' activation") {
+  const LayerShape full = deepseek_v3_tp8_shape(/*experts=*/true);
+  LayerShape selective = full;
+  selective.recompute = {/*layernorm=*/true, /*moe_act=*/true, /*mla_up_proj=*/true};
+  const double h_shard = kShardTokens * 7168 * 2, pairs = kShardTokens * 8;
+  // Dropped: the two norms' outputs [T_s, h]; q and k [T, 16 x 192], v [T, 16 x 128]; the weighted
+  // SwiGLU's output [P, 2048] (one expert a rank: P = T_s k tokens arrive).
+  const double dropped = 2 * h_shard + 2 * (kTokens * 16 * 192 * 2) + kTokens * 16 * 128 * 2 + pairs * 2048 * 2;
+  CHECK(decoder_layer_saved_bytes(full, testing::megatron_te_layer_impl()) - decoder_layer_saved_bytes(selective, testing::megatron_te_layer_impl()) ==
+        doctest::Approx(dropped).epsilon(1e-12));
+  // Each one alone drops its own.
+  LayerShape one = full;
+  one.recompute.moe_act = true;
+  CHECK(decoder_layer_saved_bytes(full, testing::megatron_te_layer_impl()) - decoder_layer_saved_bytes(one, testing::megatron_te_layer_impl()) ==
+        doctest::Approx(pairs * 2048 * 2).epsilon(1e-12));
+  // Backward recomputes them and frees all it makes, under TP or not, with or without a q latent.
+  for (const int64_t tp : {1, 8})
+    for (const int64_t q_rank : {0, 1536}) {
+      LayerShape shape = selective;
+      shape.tp = tp;
+      shape.mla_q_rank = q_rank;
+      const double shard = static_cast<double>(shape.hidden_state_tokens()) * 7168 * 2;
+      TensorTrace trace;
+      trace.alloc(kCategoryLayer, "layer.input", shard);
+      decoder_layer_forward(trace, shape, testing::megatron_te_layer_impl(), /*keep_for_backward=*/true);
+      trace.alloc(kCategoryLayer, "layer.output_grad", shard);
+      decoder_layer_backward(trace, shape, testing::megatron_te_layer_impl());
+      REQUIRE(trace.live_items().size() == 1);
+      CHECK(trace.live_items().front().name == "layer.input_grad");
+    }
+}
+
+TEST_CASE("selective recompute in a plan: without full recompute, of modules the model has, MLA's without context parallelism") {
+  const ModelSpec deepseek = model_load("deepseek-v3"), llama = model_load("llama-3.1-8b");
+  const ClusterSpec cluster = cluster_make(hardware_card_load("h100-sxm-80gb"), 256, 0, 0, 0);
+  PlanOptions plan;
+  plan.tp = 8;
+  plan.ep = 256;
+  plan.zero_stage = 1;
+  plan.activation_checkpointing = false;
+  plan.recompute_modules = megatron_recompute_modules_parse("layernorm,moe_act,mla_up_proj", "--recompute-modules", "");
+  CHECK(plan_problems(deepseek, cluster, plan).empty());
+  CHECK(plan_describe(plan).find("+recompute(layernorm,moe_act,mla_up_proj)") != std::string::npos);
+  // MLA's up-projections recomputed: their two GEMMs again, per layer 2 T n (r_q d_qk + r_kv (d_nope + d_v)), over t.
+  PlanOptions none = plan;
+  none.recompute_modules = {};
+  const double tokens = 8192, extra = 61 * 2 * tokens * 128 * (1536.0 * 192 + 512.0 * 256) / 8;
+  CHECK(step_flops_executed(deepseek, plan, 8192).matmul - step_flops_executed(deepseek, none, 8192).matmul == doctest::Approx(extra).epsilon(1e-9));
+  plan.ring = 2;  // TE's context-parallel attention keeps its own q, k, v
+  CHECK(!plan_problems(deepseek, cluster, plan).empty());
+  plan.ring = 1;
+  plan.activation_checkpointing = true;  // selective is instead of full
+  CHECK(!plan_problems(deepseek, cluster, plan).empty());
+  // A dense GPT layer fuses its norms and has no experts or latents.
+  PlanOptions dense;
+  dense.activation_checkpointing = false;
+  dense.recompute_modules.layernorm = true;
+  CHECK(!plan_problems(llama, cluster, dense).empty());
+  CHECK_THROWS_AS(megatron_recompute_modules_parse("core_attn", "--recompute-modules", ""), ConfigError);
 }
