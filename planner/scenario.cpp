@@ -21,7 +21,7 @@
 namespace longseq {
 
 bool PlanSettings::fixes_a_plan() const {
-  return preset || sp || ring || tp || pp || zero_stage || offload_optimizer || offload_params || activation_checkpointing || checkpoint_offload ||
+  return preset || sp || ring || tp || pp || ep || offload_activation_layers || recompute_block_layers || recompute_modules || zero_stage || offload_optimizer || offload_params || activation_checkpointing || checkpoint_offload ||
          tiled_mlp || tiled_loss || fpdt || mlp_tiles || loss_tiles || fpdt_chunk_tokens || checkpoint_every || checkpoint_ops;
 }
 
@@ -40,6 +40,10 @@ void PlanSettings::override_with(const PlanSettings& later) {
   take(ring, later.ring);
   take(tp, later.tp);
   take(pp, later.pp);
+  take(ep, later.ep);
+  take(offload_activation_layers, later.offload_activation_layers);
+  take(recompute_block_layers, later.recompute_block_layers);
+  take(recompute_modules, later.recompute_modules);
   take(zero_stage, later.zero_stage);
   take(offload_optimizer, later.offload_optimizer);
   take(offload_params, later.offload_params);
@@ -101,6 +105,11 @@ PlanSettings plan_settings_read(YamlReader& reader) {
   if (reader.has("tp")) settings.tp = reader.get_int("tp", 1, kMaxGpus);
   if (reader.has("pp")) settings.pp = reader.get_int("pp", 1, kMaxGpus);
   if (reader.has("ep")) settings.ep = reader.get_int("ep", 1, kMaxGpus);
+  if (reader.has("offload_activation_layers")) settings.offload_activation_layers = reader.get_int("offload_activation_layers", 1, kMaxGpus);
+  if (reader.has("recompute_block_layers")) settings.recompute_block_layers = reader.get_int("recompute_block_layers", 1, kMaxGpus);
+  if (reader.has("recompute_modules"))
+    settings.recompute_modules =
+        megatron_recompute_modules_parse(reader.get_string("recompute_modules"), reader.source_name(), reader.key_name("recompute_modules"));
   if (reader.has("zero_stage")) settings.zero_stage = static_cast<int>(reader.get_int("zero_stage", 0, 3));
   optional_bool("offload_optimizer", settings.offload_optimizer);
   optional_bool("offload_params", settings.offload_params);
@@ -292,7 +301,8 @@ namespace {
 PlanOptions plan_from_settings(const PlanSettings& settings, const ModelSpec& model, const ClusterSpec& cluster) {
   const int64_t ring = settings.ring.value_or(1);
   // Under Megatron's model parallelism Ulysses (its a2a) is only where asked, as `plan --tp` has it.
-  const bool megatron = settings.tp || settings.pp || settings.ep;
+  const bool megatron = settings.tp || settings.pp || settings.ep || settings.offload_activation_layers || settings.recompute_block_layers ||
+                        settings.recompute_modules;
   const int64_t sp = settings.sp.value_or(megatron ? 1 : sp_largest_valid(model, std::max<int64_t>(1, cluster.gpus / ring)));
   PlanOptions plan;
   plan.sp = sp;
@@ -307,6 +317,9 @@ PlanOptions plan_from_settings(const PlanSettings& settings, const ModelSpec& mo
   plan.tp = settings.tp.value_or(1);
   plan.pp = settings.pp.value_or(1);
   plan.ep = settings.ep.value_or(1);
+  plan.offload_activation_layers = settings.offload_activation_layers.value_or(0);
+  plan.recompute_block_layers = settings.recompute_block_layers.value_or(0);
+  plan.recompute_modules = settings.recompute_modules.value_or(MegatronRecomputeModules{});
   // Megatron's plan, not ALST's set (as `plan --tp`): its distributed optimizer (with PlanOptions'
   // recompute and no offload or tiling) unless a key asks otherwise.
   if (megatron && !settings.preset) plan.zero_stage = 1;
@@ -461,11 +474,16 @@ std::vector<SweepRow> scenario_run(const Scenario& scenario, const std::function
                             return (every == 0 || candidate.checkpoint_every == every) && (!ops || candidate.checkpoint_ops == *ops);
                           };
                         // A TP degree, pipeline stages or expert ranks given are held, as `plan --search --tp T` holds them.
-                        if (settings.tp || settings.pp || settings.ep)
-                          options.admits = [previous = options.admits, tp = settings.tp, pp = settings.pp,
-                                            ep = settings.ep](const PlanOptions& candidate) {
+                        // So are Megatron's offloading and recompute choices.
+                        if (settings.tp || settings.pp || settings.ep || settings.offload_activation_layers || settings.recompute_block_layers ||
+                            settings.recompute_modules)
+                          options.admits = [previous = options.admits, tp = settings.tp, pp = settings.pp, ep = settings.ep,
+                                            offloaded = settings.offload_activation_layers, block = settings.recompute_block_layers,
+                                            modules = settings.recompute_modules](const PlanOptions& candidate) {
                             return (!previous || previous(candidate)) && (!tp || candidate.tp == *tp) && (!pp || candidate.pp == *pp) &&
-                                   (!ep || candidate.ep == *ep);
+                                   (!ep || candidate.ep == *ep) && (!offloaded || candidate.offload_activation_layers == *offloaded) &&
+                                   (!block || candidate.recompute_block_layers == *block) &&
+                                   (!modules || candidate.recompute_modules == *modules);
                           };
                         return options;
                       };
@@ -577,6 +595,9 @@ ScenarioRunOptions scenario_run_options(const Scenario& scenario) {
   if (plan.global_batch) refuse("plan.global_batch", "the executor runs one micro batch a step");
   if (plan.checkpoint_every.value_or(1) != 1) refuse("plan.checkpoint_every", "the executor checkpoints every layer or none");
   if (plan.checkpoint_ops.value_or(false)) refuse("plan.checkpoint_ops", "the executor checkpoints whole layers");
+  if (plan.offload_activation_layers) refuse("plan.offload_activation_layers", "TE's activation offloading is Megatron-Core's, not the executor's");
+  if (plan.recompute_block_layers) refuse("plan.recompute_block_layers", "the executor checkpoints every layer or none");
+  if (plan.recompute_modules) refuse("plan.recompute_modules", "the executor checkpoints every layer or none");
   if (scenario.runtime_profile_given && scenario.runtime_profile != "native" && scenario.runtime_profile != "native-cuda")
     refuse("runtime_profile", fmt::format("a run's prediction is priced for longseq's executor (native, or native-cuda on a GPU), not '{}'",
                                           scenario.runtime_profile));

@@ -34,6 +34,11 @@ struct PlanSettings {
   // Megatron-Core's tensor parallelism and pipeline stages (PlanOptions::tp, pp): a fixed plan uses
   // them; a search holds each one given (--framework megatron-core's search tries them otherwise).
   std::optional<int64_t> tp, pp, ep;
+  // Megatron-Core's layer-wise activation offloading, block recompute and selective recompute
+  // (PlanOptions::offload_activation_layers, recompute_block_layers, recompute_modules: "layernorm,
+  // moe_act, mla_up_proj" as --recompute-modules spells them): part of a fixed plan, held by a search.
+  std::optional<int64_t> offload_activation_layers, recompute_block_layers;
+  std::optional<MegatronRecomputeModules> recompute_modules;
   std::optional<int> zero_stage;
   std::optional<bool> offload_optimizer, offload_params, activation_checkpointing, checkpoint_offload, tiled_mlp,
       tiled_loss, fpdt;

@@ -13,6 +13,7 @@
 #include "io/config_error.hpp"
 #include "planner/pipeline.hpp"
 #include "planner/plan.hpp"
+#include "planner/scenario.hpp"
 #include "support/megatron_layer.hpp"
 
 using namespace longseq;
@@ -261,4 +262,27 @@ TEST_CASE("selective recompute in a plan: without full recompute, of modules the
   dense.recompute_modules.layernorm = true;
   CHECK(!plan_problems(llama, cluster, dense).empty());
   CHECK_THROWS_AS(megatron_recompute_modules_parse("core_attn", "--recompute-modules", ""), ConfigError);
+}
+
+TEST_CASE("a scenario fixes or holds Megatron's recompute: recompute_block_layers, recompute_modules, offload_activation_layers") {
+  const std::string head = "name: x\nmodel: deepseek-v3\ncluster: {gpu: h100-sxm-80gb}\n";
+  const Scenario fixed = scenario_from_text(
+      head + "plan: {framework: megatron-core, tp: 8, ep: 256, activation_checkpointing: false, recompute_modules: \"layernorm,moe_act,mla_up_proj\"}\n"
+             "sweep: {gpus: [256], seqlen: [8Ki]}\n",
+      "x.yaml");
+  const std::vector<SweepRow> rows = scenario_run(fixed);
+  REQUIRE(rows.size() == 1);
+  REQUIRE(rows[0].plan);
+  CHECK(rows[0].error == "");
+  CHECK(plan_describe(*rows[0].plan) == "tp=8 ep=256 sp=1 zero=1 -checkpointing +recompute(layernorm,moe_act,mla_up_proj)");
+  // A search holds a block recompute count given.
+  const Scenario held = scenario_from_text("name: x\nmodel: llama-3.1-70b\ncluster: {gpu: h100-sxm-80gb}\n"
+                                           "plan: {search: max-seqlen, framework: megatron-core, pp: 2, recompute_block_layers: 20}\nsweep: {gpus: [32]}\n",
+                                           "x.yaml");
+  const std::vector<SweepRow> held_rows = scenario_run(held);
+  REQUIRE(held_rows.size() == 1);
+  REQUIRE(held_rows[0].plan);
+  CHECK(held_rows[0].plan->recompute_block_layers == 20);
+  CHECK_THROWS_WITH_AS(scenario_from_text(head + "plan: {recompute_modules: \"core_attn\"}\nsweep: {gpus: [8]}\n", "x.yaml"),
+                       doctest::Contains("unknown recompute module 'core_attn'"), ConfigError);
 }
