@@ -471,12 +471,20 @@ void trl_forward_stash_place(TensorTrace& trace, const PlanOptions& plan, double
 // Checkpoints (or, without checkpointing, whole saved activation sets) of `layers` layers.
 // Without checkpointing the first layer may keep less than the others (`first_layer_saved_bytes`:
 // LayerShape::input_requires_grad).
+// A MoE model's dense first layers (ModelSpec::dense_layers) among a stage's (chunk's) first layers:
+// how many, and what one saves for backward where it is not checkpointed.
+struct DenseFirstLayers {
+  int64_t in_chunk = 0;
+  double saved_bytes = 0;
+};
+
 // `layers` resident below the running one, of `total_layers`; of them `earlier_chunks` whole copies of
 // the stage's (or chunk's) `chunk_layers` from earlier micro-batches in flight (1F1B), whose
-// checkpointed layers block recompute counts a copy at a time.
+// checkpointed layers block recompute counts a copy at a time, and whose first `dense.in_chunk`
+// layers save a dense layer's tensors rather than `saved_bytes_per_layer`.
 void resident_activations_place(TensorTrace& trace, const PlanOptions& plan, const RuntimeProfile& profile, const Setup& setup,
                                 double layers, double total_layers, double saved_bytes_per_layer, double first_layer_saved_bytes,
-                                double chunk_layers = 0, double earlier_chunks = 0) {
+                                double chunk_layers = 0, double earlier_chunks = 0, const DenseFirstLayers& dense = {}) {
   const double x_bytes = as_double(setup.shape.hidden_state_tokens()) * as_double(setup.shape.hidden) * as_double(setup.impl.activation_bytes);
   if (plan.activation_checkpointing && plan.checkpoint_offload) {
     // Unsloth's offload reloads into reused device buffers (one or two of the largest hidden
@@ -508,8 +516,19 @@ void resident_activations_place(TensorTrace& trace, const PlanOptions& plan, con
   const double saving = layers - checkpointed;
   if (saving > 0) {
     const bool first_saves = !plan.layer_checkpointed(0);
-    trace.alloc(kCategoryCheckpoints, "saved_activations",
-                (first_saves ? first_layer_saved_bytes : 0.0) + saved_bytes_per_layer * (saving - (first_saves ? 1.0 : 0.0)), saving);
+    double saved = (first_saves ? first_layer_saved_bytes : 0.0) + saved_bytes_per_layer * (saving - (first_saves ? 1.0 : 0.0));
+    // The dense first layers that save, in each earlier copy and below the running layer.
+    if (dense.in_chunk > 0 && chunk_layers > 0) {
+      auto dense_saving = [&](int64_t resident_in_copy) {
+        int64_t count = 0;
+        for (int64_t index = 0; index < std::min(dense.in_chunk, resident_in_copy); ++index) count += plan.layer_checkpointed(index) ? 0 : 1;
+        return as_double(count);
+      };
+      const int64_t whole = static_cast<int64_t>(chunk_layers), running = resident - static_cast<int64_t>(earlier_chunks) * whole;
+      const double dense_saving_layers = earlier_chunks * dense_saving(whole) + dense_saving(std::max<int64_t>(0, running));
+      saved -= dense_saving_layers * (saved_bytes_per_layer - dense.saved_bytes);
+    }
+    trace.alloc(kCategoryCheckpoints, "saved_activations", saved, saving);
   }
   if (checkpointed <= 0) return;
   // Under op-level selective checkpointing a layer keeps its save list's outputs beside its input.
@@ -575,6 +594,15 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
   LayerShape first_layer_shape = setup.shape;
   first_layer_shape.input_requires_grad = !plan.lora();
   const double saved_first_layer = layers_save ? decoder_layer_saved_bytes(first_layer_shape, setup.impl) : 0;
+  // A MoE model's dense first layers where the stage holds them: the dense MLP's tensors (its
+  // intermediate_size over the TP ranks) in place of the MoE layer's.
+  DenseFirstLayers dense;
+  if (layers_save && stage.dense_layers > 0) {
+    LayerShape dense_shape = setup.shape;
+    dense_shape.experts = 0;
+    dense.in_chunk = stage.dense_layers;
+    dense.saved_bytes = decoder_layer_saved_bytes(dense_shape, setup.impl);
+  }
   const double router_logits_bytes = as_double(setup.shape.tokens) * as_double(model.experts) * as_double(profile.activation_bytes);
   // transformers' load-balancing loss over every layer's kept logits (Megatron's router computes
   // its own per layer, inside the layer's inventory).
@@ -600,7 +628,8 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
     result.trace.set_record_peak_items(with_breakdown);
     static_tensors_place(result.trace, model, cluster, plan, profile, setup, seqlen, inputs, /*with_gradients=*/!gradients_in_backward);
     resident_activations_place(result.trace, plan, profile, setup, resident_layers + earlier_micro_batch_layers,
-                               layers + earlier_micro_batch_layers, saved_per_layer, saved_first_layer, layers, as_double(stage.in_flight - 1));
+                               layers + earlier_micro_batch_layers, saved_per_layer, saved_first_layer, layers, as_double(stage.in_flight - 1),
+                               dense);
     // One per MoE layer the rank holds (all its chunks', under interleaving), whatever micro-batches are in flight.
     if (dispatcher_held_bytes > 0 && stage.moe_layers > 0)
       result.trace.alloc(kCategoryCheckpoints, "moe.dispatcher_state", as_double(stage.moe_layers) * dispatcher_held_bytes, as_double(stage.moe_layers));

@@ -15,7 +15,7 @@ PipelineSplit pipeline_split(const ModelSpec& model, const PlanOptions& plan) {
 
 std::vector<PipelineStage> pipeline_stages(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan) {
   const ParameterCount params = parameter_count(model);
-  if (plan.pp <= 1) return {{"", model.num_layers, 1, true, params.total, model.moe_layers()}};
+  if (plan.pp <= 1) return {{"", model.num_layers, 1, true, params.total, model.moe_layers(), model.is_moe() ? model.dense_layers : 0}};
   const PipelineSplit split = pipeline_split(model, plan);
   const int64_t micro_batches = gradient_accumulation_steps(cluster, plan);
   const int64_t head = params.lm_head > 0 ? params.lm_head : params.embedding;
@@ -25,6 +25,7 @@ std::vector<PipelineStage> pipeline_stages(const ModelSpec& model, const Cluster
   auto moe_layers_of = [&](int64_t first_layer, int64_t count) {
     return model.is_moe() ? count - std::clamp<int64_t>(dense_layers - first_layer, 0, count) : 0;
   };
+  auto dense_layers_of = [&](int64_t first_layer, int64_t count) { return std::clamp<int64_t>(dense_layers - first_layer, 0, count); };
   auto layer_parameters = [&](int64_t first_layer, int64_t count) {
     const int64_t dense = std::clamp<int64_t>(dense_layers - first_layer, 0, count);
     return dense * params.per_dense_layer + (count - dense) * params.per_layer;
@@ -34,13 +35,16 @@ std::vector<PipelineStage> pipeline_stages(const ModelSpec& model, const Cluster
   const int64_t last_parameters = layer_parameters(last_first_layer, split.last) + params.final_norm + head;
   if (plan.vpp <= 1) {
     std::vector<PipelineStage> stages = {
-        {"first pipeline stage", split.first, std::min(plan.pp, micro_batches), false, first_parameters, moe_layers_of(0, split.first)},
-        {"last pipeline stage", split.last, 1, true, last_parameters, moe_layers_of(last_first_layer, split.last)}};
+        {"first pipeline stage", split.first, std::min(plan.pp, micro_batches), false, first_parameters, moe_layers_of(0, split.first),
+         dense_layers_of(0, split.first)},
+        {"last pipeline stage", split.last, 1, true, last_parameters, moe_layers_of(last_first_layer, split.last),
+         dense_layers_of(last_first_layer, split.last)}};
     // Uneven: the second stage holds one micro-batch fewer than the first but more layers, and may
     // hold more activations.
     if (!split.even() && plan.pp > 2 && split.middle * std::min(plan.pp - 1, micro_batches) > split.first * std::min(plan.pp, micro_batches))
       stages.insert(stages.begin() + 1, {"second pipeline stage", split.middle, std::min(plan.pp - 1, micro_batches), false,
-                                         layer_parameters(split.first, split.middle), moe_layers_of(split.first, split.middle)});
+                                         layer_parameters(split.first, split.middle), moe_layers_of(split.first, split.middle),
+                                         dense_layers_of(split.first, split.middle)});
     return stages;
   }
   // Interleaved, rank r runs chunks r, r + pp, ...: the first rank's first chunk holds the first layers.
@@ -56,9 +60,9 @@ std::vector<PipelineStage> pipeline_stages(const ModelSpec& model, const Cluster
     last_rank_moe_layers += moe_layers_of(last_rank_first_layer, chunk_layers);
   }
   return {{"first pipeline stage", chunk_layers, std::min(2 * (plan.pp - 1) + (plan.vpp - 1) * plan.pp + 1, chunks), false,
-           first_rank_parameters, first_rank_moe_layers},
+           first_rank_parameters, first_rank_moe_layers, dense_layers_of(0, chunk_layers)},
           {"last pipeline stage", chunk_layers, std::min((plan.vpp - 1) * plan.pp + 1, chunks), true, last_rank_parameters,
-           last_rank_moe_layers}};
+           last_rank_moe_layers, dense_layers_of((plan.pp - 1) * chunk_layers, chunk_layers)}};
 }
 
 double pipeline_slots(const ClusterSpec& cluster, const PlanOptions& plan) {

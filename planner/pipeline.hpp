@@ -26,6 +26,9 @@ struct PipelineStage {
   // Of its layers (all of its chunks'), the MoE layers, whose routed experts expert parallelism splits
   // (a model's dense first layers sit on the first stage).
   int64_t moe_layers = 0;
+  // Of the layers it runs at its peak (`layers`: its first chunk's under interleaving), the model's
+  // dense first layers (a MoE model's; 0 elsewhere).
+  int64_t dense_layers = 0;
 };
 
 // The stages that can set the GPU peak: without pipeline parallelism the whole model, one micro-batch

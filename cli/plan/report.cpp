@@ -394,8 +394,8 @@ std::vector<std::string> plan_caveats(const ModelSpec& model, const ClusterSpec&
     caveats.push_back(fmt::format(
         "{}: multi-head latent attention and the sigmoid group-limited router are priced from Megatron-Core's code "
         "(docs/reference-megatron-core.md M9), with no published run of them in the record; {}{}", model.name,
-        model.dense_layers > 0 ? fmt::format("its {} dense first layers are priced with a MoE layer's activations (the larger of the "
-                                             "two) and their own parameters, ", model.dense_layers)
+        model.dense_layers > 0 ? fmt::format("its {} dense first layers with their own parameters and saved tensors (a working set "
+                                             "priced as a MoE layer's, the larger), ", model.dense_layers)
                                : std::string(),
         model.mtp_layers > 0 ? fmt::format("and it trains without its {} multi-token-prediction module(s) (num_nextn_predict_layers: not "
                                            "modelled; the export leaves --mtp-num-layers unset)", model.mtp_layers)

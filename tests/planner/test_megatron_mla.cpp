@@ -13,8 +13,10 @@
 #include "io/config_error.hpp"
 #include "planner/pipeline.hpp"
 #include "planner/plan.hpp"
+#include "planner/memory_model.hpp"
 #include "planner/scenario.hpp"
 #include "support/megatron_layer.hpp"
+#include "support/memory_items.hpp"
 
 using namespace longseq;
 
@@ -285,4 +287,27 @@ TEST_CASE("a scenario fixes or holds Megatron's recompute: recompute_block_layer
   CHECK(held_rows[0].plan->recompute_block_layers == 20);
   CHECK_THROWS_WITH_AS(scenario_from_text(head + "plan: {recompute_modules: \"core_attn\"}\nsweep: {gpus: [8]}\n", "x.yaml"),
                        doctest::Contains("unknown recompute module 'core_attn'"), ConfigError);
+}
+
+TEST_CASE("without recompute DeepSeek-V3's 3 dense first layers keep a dense layer's tensors and its 58 MoE layers a MoE layer's") {
+  const ModelSpec model = model_load("deepseek-v3");
+  const ClusterSpec cluster = cluster_make(hardware_card_load("h100-sxm-80gb"), 256, 0, 0, 0);
+  PlanOptions plan;
+  plan.tp = 8;
+  plan.ep = 256;
+  plan.zero_stage = 1;
+  plan.activation_checkpointing = false;
+  const MemoryPrediction prediction = memory_predict(model, cluster, plan, runtime_profile_load("megatron-core"), 4096);
+  // At the loss every layer's tensors are resident: T = 4,096 tokens, T_s = 512 on a TP rank.
+  LayerShape moe = deepseek_v3_tp8_shape(/*experts=*/true), dense = deepseek_v3_tp8_shape();
+  moe.tokens = dense.tokens = 4096;
+  const double expected = 3 * decoder_layer_saved_bytes(dense, testing::megatron_te_layer_impl()) +
+                          58 * decoder_layer_saved_bytes(moe, testing::megatron_te_layer_impl());
+  int loss_phases = 0;
+  for (const PhasePeak& phase : prediction.phases)
+    if (phase.phase == "logits and loss") {
+      ++loss_phases;
+      CHECK(testing::item_bytes(phase.items, "saved_activations") == doctest::Approx(expected).epsilon(1e-9));
+    }
+  CHECK(loss_phases == 1);
 }
