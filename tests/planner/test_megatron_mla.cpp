@@ -119,7 +119,7 @@ TEST_CASE("the sigmoid router in fp32 saves the scores over every expert, the ch
         doctest::Approx(kShardTokens * experts * 4 + kShardTokens * experts + kShardTokens * (2 * experts + 1) * 4).epsilon(1e-12));
 }
 
-TEST_CASE("DeepSeek-V3's dense first layers save less and peak lower than its MoE layers (what the plan prices them with)") {
+TEST_CASE("DeepSeek-V3's dense first layers save less and peak lower than its MoE layers (the running layer is priced as a MoE layer)") {
   for (const int64_t tokens : {8'192, 16'384, 262'144}) {
     LayerShape dense = deepseek_v3_tp8_shape(), moe = deepseek_v3_tp8_shape(/*experts=*/true);
     dense.tokens = moe.tokens = tokens;
