@@ -76,6 +76,17 @@ void up_projection_backward(TensorTrace& trace, const LayerShape& shape, const c
   trace.free(latent);
 }
 
+// RoPE and the concatenations (qkv_up_proj_and_rope_apply L846-970): query, key and value made from
+// the up-projections' outputs and the gathered rotary key, which then have no reader.
+void query_key_value_from_up_projections(TensorTrace& trace, const LayerShape& shape, const MlaBytes& bytes) {
+  trace.alloc(L, "attention.q", bytes.q);
+  trace.alloc(L, "attention.k", bytes.k);
+  trace.alloc(L, "attention.v", bytes.v);
+  trace.free("mla.q_up_output");
+  trace.free("mla.kv_up_output");
+  if (shape.tp > 1) trace.free("mla.rope_key_gathered");
+}
+
 }  // namespace
 
 void megatron_mla_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep) {
@@ -113,13 +124,8 @@ void megatron_mla_forward(TensorTrace& trace, const LayerShape& shape, const Lay
   // saves its cos and sin only), query and key concatenated anew, value made contiguous; the
   // up-projections' outputs and the down-projection's then have no reader.
   trace.set_moment("MLA RoPE and q/k/v");
-  trace.alloc(L, "attention.q", bytes.q);
-  trace.alloc(L, "attention.k", bytes.k);
-  trace.alloc(L, "attention.v", bytes.v);
-  trace.free("mla.q_up_output");
-  trace.free("mla.kv_up_output");
+  query_key_value_from_up_projections(trace, shape, bytes);
   trace.free("mla.kv_down_output");
-  if (shape.tp > 1) trace.free("mla.rope_key_gathered");
   if (!keep)
     for (const char* name : {"attention_norm.output", "attention_norm.rsigma_fp32", "mla.q_latent", "mla.q_norm_output", "mla.q_norm_rsigma_fp32",
                              "mla.kv_latent", "mla.kv_norm_output", "mla.kv_norm_rsigma_fp32"})
@@ -137,12 +143,7 @@ void megatron_mla_up_projection_recompute(TensorTrace& trace, const LayerShape& 
   trace.alloc(L, "mla.kv_up_output", bytes.kv_up);
   column_parallel_gather_free(trace, shape);
   if (shape.tp > 1) trace.alloc(L, "mla.rope_key_gathered", bytes.rope_key);
-  trace.alloc(L, "attention.q", bytes.q);
-  trace.alloc(L, "attention.k", bytes.k);
-  trace.alloc(L, "attention.v", bytes.v);
-  trace.free("mla.q_up_output");
-  trace.free("mla.kv_up_output");
-  if (shape.tp > 1) trace.free("mla.rope_key_gathered");
+  query_key_value_from_up_projections(trace, shape, bytes);
 }
 
 void megatron_mla_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl) {

@@ -88,15 +88,10 @@ TEST_CASE("MLA's forward and backward free all they make, under TP or not, with 
           shape.mla_q_rank = q_rank;
           shape.sp = sp;
           shape.ring = ring;
-          const double shard = static_cast<double>(shape.hidden_state_tokens()) * 7168 * 2;
-          TensorTrace trace;
-          trace.alloc(kCategoryLayer, "layer.input", shard);
-          decoder_layer_forward(trace, shape, testing::megatron_te_layer_impl(), /*keep_for_backward=*/true);
-          trace.alloc(kCategoryLayer, "layer.output_grad", shard);
-          decoder_layer_backward(trace, shape, testing::megatron_te_layer_impl());
+          const TensorTrace trace = testing::megatron_layer_step(shape);
           REQUIRE(trace.live_items().size() == 1);
           CHECK(trace.live_items().front().name == "layer.input_grad");
-          CHECK(trace.current_bytes() == shard);
+          CHECK(trace.current_bytes() == static_cast<double>(shape.hidden_state_tokens()) * 7168 * 2);
         }
 }
 
@@ -124,16 +119,7 @@ TEST_CASE("DeepSeek-V3's dense first layers save less and peak lower than its Mo
     LayerShape dense = deepseek_v3_tp8_shape(), moe = deepseek_v3_tp8_shape(/*experts=*/true);
     dense.tokens = moe.tokens = tokens;
     CHECK(decoder_layer_saved_bytes(dense, testing::megatron_te_layer_impl()) < decoder_layer_saved_bytes(moe, testing::megatron_te_layer_impl()));
-    auto step_peak = [](const LayerShape& shape) {
-      TensorTrace trace;
-      const double shard = static_cast<double>(shape.hidden_state_tokens()) * 7168 * 2;
-      trace.alloc(kCategoryLayer, "layer.input", shard);
-      decoder_layer_forward(trace, shape, testing::megatron_te_layer_impl(), true);
-      trace.alloc(kCategoryLayer, "layer.output_grad", shard);
-      decoder_layer_backward(trace, shape, testing::megatron_te_layer_impl());
-      return trace.peak_bytes();
-    };
-    CHECK(step_peak(dense) < step_peak(moe));
+    CHECK(testing::megatron_layer_step(dense).peak_bytes() < testing::megatron_layer_step(moe).peak_bytes());
   }
 }
 
@@ -226,12 +212,7 @@ TEST_CASE("selective recompute drops MLA's input norm output and q, k, v, the pr
       LayerShape shape = selective;
       shape.tp = tp;
       shape.mla_q_rank = q_rank;
-      const double shard = static_cast<double>(shape.hidden_state_tokens()) * 7168 * 2;
-      TensorTrace trace;
-      trace.alloc(kCategoryLayer, "layer.input", shard);
-      decoder_layer_forward(trace, shape, testing::megatron_te_layer_impl(), /*keep_for_backward=*/true);
-      trace.alloc(kCategoryLayer, "layer.output_grad", shard);
-      decoder_layer_backward(trace, shape, testing::megatron_te_layer_impl());
+      const TensorTrace trace = testing::megatron_layer_step(shape);
       REQUIRE(trace.live_items().size() == 1);
       CHECK(trace.live_items().front().name == "layer.input_grad");
     }

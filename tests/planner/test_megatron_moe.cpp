@@ -89,16 +89,10 @@ TEST_CASE("Megatron's MoE layer saves the norms, the router's fp32 scores and th
 TEST_CASE("the MoE layer's forward holds the permuted, dispatched and sorted tokens at once, and its backward frees all it made") {
   for (const int64_t ep : {1, 8, 128}) {
     for (const int64_t ring : {1, 2}) {
-      TensorTrace trace;
-      const LayerShape shape = qwen3_moe_tp2_shape(ep, ring);
-      const double shard = kSharedTokens * 2048 * 2;
-      trace.alloc(kCategoryLayer, "layer.input", shard);
-      decoder_layer_forward(trace, shape, testing::megatron_te_layer_impl(), /*keep_for_backward=*/true);
-      trace.alloc(kCategoryLayer, "layer.output_grad", shard);
-      decoder_layer_backward(trace, shape, testing::megatron_te_layer_impl());
+      const TensorTrace trace = testing::megatron_layer_step(qwen3_moe_tp2_shape(ep, ring));
       REQUIRE(trace.live_items().size() == 1);
       CHECK(trace.live_items().front().name == "layer.input_grad");
-      CHECK(trace.current_bytes() == shard);
+      CHECK(trace.current_bytes() == kSharedTokens * 2048 * 2);
     }
   }
   // At the forward's peak (the combine), MoELayer still names the permuted tokens and the
