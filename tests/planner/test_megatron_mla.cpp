@@ -56,6 +56,18 @@ LayerShape deepseek_v3_tp8_shape(bool experts = false, int64_t ep = 256) {
 
 constexpr double kTokens = 16'384, kShardTokens = 2048;
 
+ClusterSpec h100s(int64_t gpus) { return cluster_make(hardware_card_load("h100-sxm-80gb"), gpus, 0, 0, 0); }
+
+// DeepSeek-V3 on tp=8 x ep=256 with the distributed optimizer, without full recompute.
+PlanOptions deepseek_v3_tp8_ep256_plan() {
+  PlanOptions plan;
+  plan.tp = 8;
+  plan.ep = 256;
+  plan.zero_stage = 1;
+  plan.activation_checkpointing = false;
+  return plan;
+}
+
 }  // namespace
 
 TEST_CASE("MLA under TP saves the input norm's output, both latents and their norms' outputs, then q, k, v at 192, 192 and 128 a head") {
@@ -165,7 +177,7 @@ TEST_CASE("pipeline stages hold the dense first layers on the first stage: its p
   plan.pp = 4;
   plan.tp = 8;
   plan.ep = 64;
-  const ClusterSpec cluster = cluster_make(hardware_card_load("h100-sxm-80gb"), 256, 0, 0, 0);
+  const ClusterSpec cluster = h100s(256);
   // 61 layers on 4 stages: middle stages of ceil(61 / 4) = 16, the first and last sharing 29: 14 and 15.
   const std::vector<PipelineStage> stages = pipeline_stages(model, cluster, plan);
   REQUIRE(stages.size() >= 2);
@@ -220,12 +232,8 @@ TEST_CASE("selective recompute drops MLA's input norm output and q, k, v, the pr
 
 TEST_CASE("selective recompute in a plan: without full recompute, of modules the model has, MLA's without context parallelism") {
   const ModelSpec deepseek = model_load("deepseek-v3"), llama = model_load("llama-3.1-8b");
-  const ClusterSpec cluster = cluster_make(hardware_card_load("h100-sxm-80gb"), 256, 0, 0, 0);
-  PlanOptions plan;
-  plan.tp = 8;
-  plan.ep = 256;
-  plan.zero_stage = 1;
-  plan.activation_checkpointing = false;
+  const ClusterSpec cluster = h100s(256);
+  PlanOptions plan = deepseek_v3_tp8_ep256_plan();
   plan.recompute_modules = megatron_recompute_modules_parse("layernorm,moe_act,mla_up_proj", "--recompute-modules", "");
   CHECK(plan_problems(deepseek, cluster, plan).empty());
   CHECK(plan_describe(plan).find("+recompute(layernorm,moe_act,mla_up_proj)") != std::string::npos);
@@ -272,12 +280,8 @@ TEST_CASE("a scenario fixes or holds Megatron's recompute: recompute_block_layer
 
 TEST_CASE("without recompute DeepSeek-V3's 3 dense first layers keep a dense layer's tensors and its 58 MoE layers a MoE layer's") {
   const ModelSpec model = model_load("deepseek-v3");
-  const ClusterSpec cluster = cluster_make(hardware_card_load("h100-sxm-80gb"), 256, 0, 0, 0);
-  PlanOptions plan;
-  plan.tp = 8;
-  plan.ep = 256;
-  plan.zero_stage = 1;
-  plan.activation_checkpointing = false;
+  const ClusterSpec cluster = h100s(256);
+  const PlanOptions plan = deepseek_v3_tp8_ep256_plan();
   const MemoryPrediction prediction = memory_predict(model, cluster, plan, runtime_profile_load("megatron-core"), 4096);
   // At the loss every layer's tensors are resident: T = 4,096 tokens, T_s = 512 on a TP rank.
   LayerShape moe = deepseek_v3_tp8_shape(/*experts=*/true), dense = deepseek_v3_tp8_shape();
