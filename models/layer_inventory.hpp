@@ -100,6 +100,7 @@ struct LayerShape {
   int64_t mla_q_rank = 0, mla_kv_rank = 0, mla_rope_dim = 0;
   int64_t v_width = 0;  // 0: kv_width (the values as wide as the keys)
   int64_t value_width() const { return v_width > 0 ? v_width : kv_width; }
+  bool latent_attention() const { return mla_kv_rank > 0; }
   // Megatron's router as DeepSeek-V3 runs it (ModelSpec::moe_router_sigmoid): sigmoid scores over
   // every expert, and its logits in fp32 (moe_router_dtype "fp32", as Megatron-Bridge's DeepSeek
   // provider sets and longseq's export writes).

@@ -185,7 +185,8 @@ constexpr ModelSpecKeys kDeepseekV3Keys{"n_routed_experts", "num_experts_per_tok
 // multi-head latent attention, and from layer first_k_dense_replace on a MoE layer of
 // n_routed_experts routed and n_shared_experts shared experts of moe_intermediate_size (the shared
 // ones ungated), routed by DeepseekV3TopkRouter's sigmoid over groups.
-void deepseek_v3_read(const JsonView& config, const std::string& source_name, ModelSpec& model) {
+// Returns the keys its config.json names the fields by (for ModelSpec::validate's messages), as moe_read.
+ModelSpecKeys deepseek_v3_read(const JsonView& config, const std::string& source_name, ModelSpec& model) {
   auto get_int_or = [&](const char* key, int64_t default_value) -> int64_t {
     return config.has(key) && !config[key].raw().is_null() ? config[key].integer() : default_value;
   };
@@ -214,6 +215,7 @@ void deepseek_v3_read(const JsonView& config, const std::string& source_name, Mo
   if (get_int_or("moe_layer_freq", 1) != 1)
     throw ConfigError(source_name, "moe_layer_freq", "only every layer after the dense first ones MoE (moe_layer_freq 1) is modelled");
   model.mtp_layers = get_int_or("num_nextn_predict_layers", 0);
+  return kDeepseekV3Keys;
 }
 
 }  // namespace
@@ -362,12 +364,9 @@ ModelSpec model_from_hf_config_text(const std::string& json_text, const std::str
     const JsonView scaling = config["rope_scaling"];
     model.rope_scaling = scaling.string_or("rope_type", scaling.string_or("type", "unknown"));
   }
-  if (is_deepseek_v3) {
-    deepseek_v3_read(config, source_name, model);
-    model.validate(source_name, kDeepseekV3Keys);
-    return model;
-  }
-  const ModelSpecKeys keys = is_moe ? moe_read(config, source_name, architecture, is_mixtral, is_qwen2_moe, is_gpt_oss, model) : ModelSpecKeys{};
+  const ModelSpecKeys keys = is_deepseek_v3 ? deepseek_v3_read(config, source_name, model)
+                             : is_moe       ? moe_read(config, source_name, architecture, is_mixtral, is_qwen2_moe, is_gpt_oss, model)
+                                            : ModelSpecKeys{};
   model.validate(source_name, keys);
   return model;
 }

@@ -116,6 +116,7 @@ ParameterCount parameter_count(const ModelSpec& model) {
   const int64_t mlp_matrices = model.mlp_kind == MlpKind::mlp_kind_swiglu ? 3 : 2;
   count.per_layer_mlp = mlp_matrices * h * f;
   if (model.mlp_bias) count.per_layer_mlp += (mlp_matrices - 1) * f + h;
+  const int64_t dense_mlp = count.per_layer_mlp;  // (a MoE model's dense first layers keep it)
 
   count.per_layer_norms = model.norms_per_layer * norm_params;  // before attention and the MLP (and after them: Gemma)
   // Mixture of experts (Reference §12 item 4.11): the router h x E, E gated experts, the shared
@@ -132,11 +133,10 @@ ParameterCount parameter_count(const ModelSpec& model) {
     unused_expert_parameters = (model.experts - model.experts_per_token) * (expert + (model.mlp_bias ? 2 * model.expert_intermediate_size + h : 0));
   }
   count.per_layer = count.per_layer_attention + count.per_layer_mlp + count.per_layer_norms;
-  if (model.dense_layers > 0)
-    count.per_dense_layer = count.per_layer_attention + mlp_matrices * h * f + (model.mlp_bias ? (mlp_matrices - 1) * f + h : 0) +
-                            count.per_layer_norms;
-  count.total = count.embedding + model.moe_layers() * count.per_layer + model.dense_layers * count.per_dense_layer +
-                (model.is_moe() ? 0 : model.num_layers * count.per_layer) + count.final_norm + count.lm_head;
+  if (model.dense_layers > 0) count.per_dense_layer = count.per_layer_attention + dense_mlp + count.per_layer_norms;
+  // (validate holds dense_layers at 0 but for a MoE model)
+  count.total = count.embedding + (model.num_layers - model.dense_layers) * count.per_layer + model.dense_layers * count.per_dense_layer +
+                count.final_norm + count.lm_head;
   count.active = count.total - model.moe_layers() * unused_expert_parameters;
   // Dense: the MLP's or q_proj's; MoE (an expert loop's nn.Linear each): an expert's, the router's
   // or a shared expert's (a grouped-GEMM implementation's stacked [E, ...] weights: memory_model).

@@ -468,9 +468,6 @@ void trl_forward_stash_place(TensorTrace& trace, const PlanOptions& plan, double
   trace.alloc(kCategoryCheckpoints, "trl.offload_forward_stash", stashed * x_bytes, stashed);
 }
 
-// Checkpoints (or, without checkpointing, whole saved activation sets) of `layers` layers.
-// Without checkpointing the first layer may keep less than the others (`first_layer_saved_bytes`:
-// LayerShape::input_requires_grad).
 // A MoE model's dense first layers (ModelSpec::dense_layers) among a stage's (chunk's) first layers:
 // how many, and what one saves for backward where it is not checkpointed.
 struct DenseFirstLayers {
@@ -478,6 +475,9 @@ struct DenseFirstLayers {
   double saved_bytes = 0;
 };
 
+// Checkpoints (or, without checkpointing, whole saved activation sets) of `layers` layers.
+// Without checkpointing the first layer may keep less than the others (`first_layer_saved_bytes`:
+// LayerShape::input_requires_grad).
 // `layers` resident below the running one, of `total_layers`; of them `earlier_chunks` whole copies of
 // the stage's (or chunk's) `chunk_layers` from earlier micro-batches in flight (1F1B), whose
 // checkpointed layers block recompute counts a copy at a time, and whose first `dense.in_chunk`
@@ -506,13 +506,14 @@ void resident_activations_place(TensorTrace& trace, const PlanOptions& plan, con
   // The layers below: the checkpointed ones keep their input, the others every tensor they save
   // (all of them without checkpointing; all but one in every N under torchtitan's layer SAC).
   const int64_t resident = static_cast<int64_t>(layers);
+  // The resident layers as whole chunks of earlier micro-batches and the running one's layers below it.
+  const int64_t whole = static_cast<int64_t>(chunk_layers);
+  const int64_t running = std::max<int64_t>(0, resident - static_cast<int64_t>(earlier_chunks) * whole);
   double checkpointed = as_double(plan.checkpointed_layers(resident));
   // Block recompute checkpoints the first n layers of each chunk: n of every earlier micro-batch's
   // copy, and of the running micro-batch's layers below the first n of them.
-  if (plan.recompute_block_layers > 0 && chunk_layers > 0) {
-    const int64_t whole = static_cast<int64_t>(chunk_layers), running = resident - static_cast<int64_t>(earlier_chunks) * whole;
-    checkpointed = earlier_chunks * as_double(plan.checkpointed_layers(whole)) + as_double(plan.checkpointed_layers(std::max<int64_t>(0, running)));
-  }
+  if (plan.recompute_block_layers > 0 && chunk_layers > 0)
+    checkpointed = earlier_chunks * as_double(plan.checkpointed_layers(whole)) + as_double(plan.checkpointed_layers(running));
   const double saving = layers - checkpointed;
   if (saving > 0) {
     const bool first_saves = !plan.layer_checkpointed(0);
@@ -524,8 +525,7 @@ void resident_activations_place(TensorTrace& trace, const PlanOptions& plan, con
         for (int64_t index = 0; index < std::min(dense.in_chunk, resident_in_copy); ++index) count += plan.layer_checkpointed(index) ? 0 : 1;
         return as_double(count);
       };
-      const int64_t whole = static_cast<int64_t>(chunk_layers), running = resident - static_cast<int64_t>(earlier_chunks) * whole;
-      const double dense_saving_layers = earlier_chunks * dense_saving(whole) + dense_saving(std::max<int64_t>(0, running));
+      const double dense_saving_layers = earlier_chunks * dense_saving(whole) + dense_saving(running);
       saved -= dense_saving_layers * (saved_bytes_per_layer - dense.saved_bytes);
     }
     trace.alloc(kCategoryCheckpoints, "saved_activations", saved, saving);

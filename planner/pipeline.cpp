@@ -13,6 +13,10 @@ PipelineSplit pipeline_split(const ModelSpec& model, const PlanOptions& plan) {
   return {std::max<int64_t>(0, rest / 2), middle, std::max<int64_t>(0, rest - rest / 2)};
 }
 
+int64_t model_chunk_layers(const ModelSpec& model, const PlanOptions& plan) {
+  return model.num_layers / (std::max<int64_t>(1, plan.pp) * std::max<int64_t>(1, plan.vpp));
+}
+
 std::vector<PipelineStage> pipeline_stages(const ModelSpec& model, const ClusterSpec& cluster, const PlanOptions& plan) {
   const ParameterCount params = parameter_count(model);
   if (plan.pp <= 1) return {{"", model.num_layers, 1, true, params.total, model.moe_layers(), model.is_moe() ? model.dense_layers : 0}};
@@ -22,12 +26,10 @@ std::vector<PipelineStage> pipeline_stages(const ModelSpec& model, const Cluster
   // Layers from the model's first: its dense first layers (a MoE model's) are the first stage's; a
   // MoE model's other layers and every layer of any other model weigh per_layer.
   const int64_t dense_layers = model.is_moe() ? model.dense_layers : 0;
-  auto moe_layers_of = [&](int64_t first_layer, int64_t count) {
-    return model.is_moe() ? count - std::clamp<int64_t>(dense_layers - first_layer, 0, count) : 0;
-  };
   auto dense_layers_of = [&](int64_t first_layer, int64_t count) { return std::clamp<int64_t>(dense_layers - first_layer, 0, count); };
+  auto moe_layers_of = [&](int64_t first_layer, int64_t count) { return model.is_moe() ? count - dense_layers_of(first_layer, count) : 0; };
   auto layer_parameters = [&](int64_t first_layer, int64_t count) {
-    const int64_t dense = std::clamp<int64_t>(dense_layers - first_layer, 0, count);
+    const int64_t dense = dense_layers_of(first_layer, count);
     return dense * params.per_dense_layer + (count - dense) * params.per_layer;
   };
   const int64_t first_parameters = params.embedding + layer_parameters(0, split.first);

@@ -56,6 +56,9 @@ struct PipelineSplit {
   int64_t largest() const { return std::max({first, middle, last}); }
 };
 PipelineSplit pipeline_split(const ModelSpec& model, const PlanOptions& plan);
+// The layers of one model chunk, L / (pp vpp): a stage's, or under interleaving a vpp-th of it
+// (what Megatron's block recompute counts its first n layers in).
+int64_t model_chunk_layers(const ModelSpec& model, const PlanOptions& plan);
 
 // The 1F1B schedule's length in micro-batch slots: m micro-batches through pp stages take m + pp - 1
 // slots of one micro-batch's forward and backward on one stage (the bubble is pp - 1 of them; M4.1);

@@ -229,7 +229,7 @@ std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec
     if (plan.checkpoint_every > 1 || plan.checkpoint_ops || plan.checkpoint_offload)
       problems.push_back("--recompute-block-layers is Megatron's full recompute of a stage's first layers: not with --checkpoint-every, "
                          "--checkpoint-ops or checkpoint offload");
-    const int64_t chunk_layers = model.num_layers / std::max<int64_t>(1, plan.pp) / std::max<int64_t>(1, plan.vpp);
+    const int64_t chunk_layers = model_chunk_layers(model, plan);
     if (plan.pp >= 1 && plan.vpp >= 1 && plan.recompute_block_layers >= chunk_layers)
       problems.push_back(fmt::format("--recompute-block-layers {}: a {} holds about {} layers, and recomputing as many is every layer's "
                                      "recompute (leave the flag out)", plan.recompute_block_layers,

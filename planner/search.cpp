@@ -7,6 +7,8 @@
 #include <cmath>
 #include <fmt/format.h>
 
+#include "planner/pipeline.hpp"
+
 namespace longseq {
 
 namespace {
@@ -83,7 +85,7 @@ std::vector<PlanOptions> plans_enumerate(const ModelSpec& model, const ClusterSp
                 }
                 if (checkpointing.block_share > 0) {
                   // The first share of each model chunk's layers; none, or all of them, is no block plan.
-                  const int64_t chunk_layers = model.num_layers / (pp * vpp);
+                  const int64_t chunk_layers = model_chunk_layers(model, plan);
                   plan.recompute_block_layers = static_cast<int64_t>(checkpointing.block_share * static_cast<double>(chunk_layers));
                   if (plan.recompute_block_layers < 1 || plan.recompute_block_layers >= chunk_layers) continue;
                 }

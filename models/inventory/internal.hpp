@@ -253,6 +253,10 @@ void column_parallel_gather_free(TensorTrace& trace, const LayerShape& shape);
 int64_t row_parallel_reduce_scatter(TensorTrace& trace, const LayerShape& shape, double gathered_bytes, double shard_bytes, const char* output);
 void input_gradient_to_shard(TensorTrace& trace, const LayerShape& shape, double shard_bytes, std::string_view category, const char* partial,
                              const char* shard);
+// A column-parallel linear's whole backward: the input gathered again for the weight gradient beside
+// the input gradient `partial` made from `output_grad` (freed), then reduced to `shard`.
+void column_parallel_backward(TensorTrace& trace, const LayerShape& shape, double gathered_bytes, double shard_bytes, const char* output_grad,
+                              const char* partial, const char* shard);
 // Megatron's multi-head latent attention before the core attention (megatron_mla.cpp): forward
 // expects "layer.input" live and leaves "attention.q", "attention.k" and "attention.v" (and with
 // `keep` what its backward reads); backward takes "attention.dqkv" and leaves "layer.input_grad".

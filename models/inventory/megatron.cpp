@@ -47,6 +47,18 @@ void input_gradient_to_shard(TensorTrace& trace, const LayerShape& shape, double
   trace.free(partial);
 }
 
+// A column-parallel linear's backward (M1.1: L515-527, L548-560): its input gathered again for the
+// weight gradient while the input gradient is produced whole from `output_grad` (freed), then
+// reduce-scattered into `shard`.
+void column_parallel_backward(TensorTrace& trace, const LayerShape& shape, double gathered_bytes, double shard_bytes, const char* output_grad,
+                              const char* partial, const char* shard) {
+  column_parallel_gather(trace, shape, gathered_bytes);
+  trace.alloc(L, partial, gathered_bytes);
+  trace.free(output_grad);
+  column_parallel_gather_free(trace, shape);
+  input_gradient_to_shard(trace, shape, shard_bytes, L, partial, shard);
+}
+
 namespace {
 
 struct MegatronBytes {
@@ -67,7 +79,7 @@ struct MegatronBytes {
     q = tokens * static_cast<double>(shape.q_width) * a;
     kv = tokens * static_cast<double>(shape.kv_width * shape.kv_replication) * a;
     v = tokens * static_cast<double>(shape.value_width() * shape.kv_replication) * a;
-    out = shape.mla_kv_rank > 0 ? tokens * static_cast<double>(shape.value_width()) * a : q;
+    out = shape.latent_attention() ? tokens * static_cast<double>(shape.value_width()) * a : q;
     qkv = tokens * static_cast<double>(shape.q_width + 2 * shape.kv_width) * a;
     lse = tokens * static_cast<double>(shape.num_q_heads) * 4.0;
     k_heads = tokens * static_cast<double>(shape.kv_width) * a;
@@ -110,11 +122,7 @@ void row_parallel_output(TensorTrace& trace, const LayerShape& shape, const Mega
 // weight gradient (M1.1: L515-527, L548-560).
 void layernorm_linear_backward(TensorTrace& trace, const LayerShape& shape, const MegatronBytes& bytes, const char* output_grad,
                                const char* norm_output, const char* norm_rsigma, const char* input_grad) {
-  column_parallel_gather(trace, shape, bytes.gathered);
-  trace.alloc(L, "tp.input_grad_partial", bytes.gathered);
-  trace.free(output_grad);
-  column_parallel_gather_free(trace, shape);
-  input_gradient_to_shard(trace, shape, bytes.shard, L, "tp.input_grad_partial", "tp.input_grad_shard");
+  column_parallel_backward(trace, shape, bytes.gathered, bytes.shard, output_grad, "tp.input_grad_partial", "tp.input_grad_shard");
   trace.free(norm_output);
   // The norm's backward writes its input's gradient; the residual branch's is added into it.
   trace.alloc(L, input_grad, bytes.shard);
@@ -184,7 +192,7 @@ void qkv_backward(TensorTrace& trace, const LayerShape& shape, const MegatronByt
 void megatron_layer_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep) {
   const MegatronBytes bytes(shape, impl);
   const bool cp = context_parallel(shape);
-  const bool mla = shape.mla_kv_rank > 0;
+  const bool mla = shape.latent_attention();
   // v its own tensor (not a view of the QKV output): under context parallelism and MLA.
   const bool separate_v = cp || mla;
 
@@ -271,7 +279,7 @@ void megatron_layer_forward(TensorTrace& trace, const LayerShape& shape, const L
 void megatron_layer_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl) {
   const MegatronBytes bytes(shape, impl);
   const bool cp = context_parallel(shape);
-  const bool mla = shape.mla_kv_rank > 0;
+  const bool mla = shape.latent_attention();
   const bool separate_v = cp || mla;
 
   if (shape.experts > 0) {

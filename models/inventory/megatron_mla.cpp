@@ -64,11 +64,7 @@ void up_projection_forward(TensorTrace& trace, const LayerShape& shape, const ch
 // whole and reduce-scattered to the shard (M1.1), then the norm's backward writes the latent's.
 void up_projection_backward(TensorTrace& trace, const LayerShape& shape, const char* output_grad, const char* norm_output, const char* norm_rsigma,
                             const char* latent, double latent_bytes, double gathered_bytes, const char* latent_grad, double latent_grad_bytes) {
-  column_parallel_gather(trace, shape, gathered_bytes);
-  trace.alloc(L, "mla.up_input_grad_partial", gathered_bytes);
-  trace.free(output_grad);
-  column_parallel_gather_free(trace, shape);
-  input_gradient_to_shard(trace, shape, latent_bytes, L, "mla.up_input_grad_partial", "mla.up_input_grad");
+  column_parallel_backward(trace, shape, gathered_bytes, latent_bytes, output_grad, "mla.up_input_grad_partial", "mla.up_input_grad");
   trace.alloc(L, latent_grad, latent_grad_bytes);
   trace.free("mla.up_input_grad");
   trace.free(norm_output);
@@ -177,11 +173,8 @@ void megatron_mla_backward(TensorTrace& trace, const LayerShape& shape, const La
     trace.alloc(L, "mla.q_down_input_grad", bytes.shard);
     trace.free("mla.q_latent_grad");
   } else {
-    column_parallel_gather(trace, shape, bytes.gathered);
-    trace.alloc(L, "mla.q_proj_input_grad_partial", bytes.gathered);
-    trace.free("mla.q_up_output_grad");
-    column_parallel_gather_free(trace, shape);
-    input_gradient_to_shard(trace, shape, bytes.shard, L, "mla.q_proj_input_grad_partial", "mla.q_down_input_grad");
+    column_parallel_backward(trace, shape, bytes.gathered, bytes.shard, "mla.q_up_output_grad", "mla.q_proj_input_grad_partial",
+                             "mla.q_down_input_grad");
   }
   trace.free("mla.q_down_input_grad");
   // The input norm's backward writes its input's gradient; the residual branch's is added into it.

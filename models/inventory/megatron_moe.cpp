@@ -42,11 +42,11 @@ struct MegatronMoeBytes {
     scores_fp32 = tokens * experts * 4.0;
     // A router that renormalizes its k (norm_topk_prob) is Megatron's top-k then softmax over the k;
     // one that does not, its pre-softmax over every expert, then the top-k (moe_utils.py L840-853).
-    topk_fp32 = tokens * (shape.moe_normalize_topk ? k : experts) * 4.0;
-    // A sigmoid router (DeepSeek-V3's; L854-875, M9.2): the sigmoid saves its fp32 output over every expert,
-    // the gather of the chosen k its int64 indices, the renormalizing division the k scores and their
-    // sum (the group limit and the expert bias only choose: their tensors are transient).
-    if (shape.moe_router_sigmoid) topk_fp32 = tokens * experts * 4.0 + tokens * k * (4.0 + 8.0) + tokens * 4.0;
+    // A sigmoid router (DeepSeek-V3's; L854-875, M9.2) instead: the sigmoid saves its fp32 output over
+    // every expert, the gather of the chosen k its int64 indices, the renormalizing division the k
+    // scores and their sum (the group limit and the expert bias only choose: their tensors are transient).
+    topk_fp32 = shape.moe_router_sigmoid ? tokens * experts * 4.0 + tokens * k * (4.0 + 8.0) + tokens * 4.0
+                                         : tokens * (shape.moe_normalize_topk ? k : experts) * 4.0;
     pairs_x = pairs * static_cast<double>(shape.hidden) * a;
     pairs_f = pairs * static_cast<double>(shape.expert_intermediate) * a;
     pair_probs = pairs * router_bytes;  // probs.type_as(logits)
@@ -117,11 +117,9 @@ void shared_experts_backward(TensorTrace& trace, const LayerShape& shape, const 
   trace.alloc(L, "shared_experts.fc1_output_grad", bytes.shared_fc1);
   trace.free("shared_experts.activation_output_grad");
   trace.free("shared_experts.fc1_output");
-  column_parallel_gather(trace, shape, bytes.gathered);  // fc1's input again, for its weight gradient
-  trace.alloc(L, "shared_experts.input_grad_partial", bytes.gathered);
-  trace.free("shared_experts.fc1_output_grad");
-  column_parallel_gather_free(trace, shape);
-  input_gradient_to_shard(trace, shape, bytes.shard, L, "shared_experts.input_grad_partial", "shared_experts.input_grad");
+  // fc1's: its input gathered again for its weight gradient, its input gradient reduce-scattered.
+  column_parallel_backward(trace, shape, bytes.gathered, bytes.shard, "shared_experts.fc1_output_grad", "shared_experts.input_grad_partial",
+                           "shared_experts.input_grad");
   trace.free("shared_experts.input_grad");
 }
 

@@ -145,7 +145,8 @@ ExportedConfig megatron_core_emit(const ExportRequest& r) {
   if (p.zero_stage >= 1) args.push_back("--use-distributed-optimizer");
   // The gradient buffer in fp32, as the plan prices it (the megatron-core profile, M3.1).
   args.push_back("--accumulate-allreduce-grads-in-fp32");
-  // Every layer recomputed (uniform, one layer a chunk), or block recompute's first n of each stage (M5.2).
+  // Selective recompute of modules (M5.1); or every layer recomputed (uniform, one layer a chunk), or
+  // block recompute's first n of each stage (M5.2).
   if (p.recompute_modules.any())
     args.push_back(fmt::format("--recompute-granularity selective --recompute-modules {}", megatron_recompute_modules_describe(p.recompute_modules, " ")));
   if (p.activation_checkpointing)
