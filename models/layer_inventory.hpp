@@ -174,6 +174,12 @@ struct LayerImplementation {
   // The fused SwiGLU (bias_activation_fusion: bias_swiglu_impl saves only its input), or the
   // unfused glu (chunk, silu, multiply: silu's output saved beside the input).
   bool megatron_fused_swiglu = true;
+  // Transformer Engine's FP8 linears in Megatron's layer (PlanOptions::fp8; reference-megatron-core
+  // M10): each saves its input quantized, one byte an element, and quantizes the output gradient
+  // in backward; with `te_fp8_transposed_copies` (HardwareCard::fp8_transposed_copies) a tensor a
+  // GEMM reads both ways is held twice while both are needed (row-wise and transposed).
+  bool te_fp8 = false;
+  bool te_fp8_transposed_copies = true;
 };
 
 // Category names of traces and breakdowns, shared by the planner's predictions and the executor's

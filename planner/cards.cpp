@@ -158,6 +158,8 @@ HardwareCard hardware_card_from_text(const std::string& yaml_text, const std::st
     for (const auto& [node, name] : reader.get_sequence("names")) card.names.push_back(hardware_name_normalized(reader.node_to_string(node, name)));
   card.gpu_memory_gib = reader.get_double("gpu_memory_gib", 0.001, 1e6);
   card.peak_bf16_tflops = reader.get_double("peak_bf16_tflops", 0.001, 1e7);
+  card.peak_fp8_tflops = reader.get_double("peak_fp8_tflops", 0, 1e7, 0);
+  card.fp8_transposed_copies = reader.get_bool("fp8_transposed_copies", true);
   card.gpus_per_node = reader.get_int("gpus_per_node", 1, 1024);
   card.host_memory_gib = reader.get_double("host_memory_gib", 0.001, 1e9);
   card.pcie_host_to_device_gbps = reader.get_double("pcie_host_to_device_gbps", 0.001, 1e6);

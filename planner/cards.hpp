@@ -21,6 +21,14 @@ struct HardwareCard {
   std::vector<std::string> names;
   double gpu_memory_gib = 0;          // what the allocator can reach (nvidia-smi total)
   double peak_bf16_tflops = 0;        // dense
+  // Dense FP8 tensor peak (the datasheet's, half its "with sparsity" figure); 0: the card has no FP8
+  // tensor cores, or no datasheet figure is in its card, and FP8 plans are refused on it.
+  double peak_fp8_tflops = 0;
+  // FP8 GEMMs here take only the TN layout (compute capability below 10.0, or 12.x: Transformer Engine
+  // 2.20.2 utils.py is_non_tn_fp8_gemm_supported), so TE keeps a transposed copy beside each FP8
+  // tensor a GEMM reads both ways (Float8TensorStorage._transpose): two bytes an element, one on
+  // Blackwell's data-centre parts (10.x), which read the one copy either way.
+  bool fp8_transposed_copies = true;
   int64_t gpus_per_node = 0;
   double host_memory_gib = 0;         // per node
   double pcie_host_to_device_gbps = 0;

@@ -1,6 +1,7 @@
 #include "planner/compute_model.hpp"
 
 #include <algorithm>
+#include <utility>
 
 #include "models/adapters.hpp"
 #include "planner/pipeline.hpp"
@@ -112,6 +113,9 @@ StepFlops step_flops(const ModelSpec& model, const PlanOptions& plan, int64_t se
     flops.matmul += 2.0 * tokens * as_double(lora_parameter_count(model, plan.lora_rank, plan.lora_all_linear)) * (3.0 + recompute);
   }
   flops.attention = as_double(model.num_layers) * layer.attention * (1.0 + 2.5 + (with_recompute ? recomputed_attention_share(model, plan) : 0.0));
+  // In FP8 every GEMM of the decoder layers' linears is TE's FP8 GEMM (forward, input and weight
+  // gradients: Megatron's fp8_wgrad defaults to True, transformer_config.py L610); the LM head's are not.
+  if (plan.fp8) std::swap(flops.matmul, flops.matmul_fp8);
   // LM head: forward and both gradients, never recomputed (fused losses compute the gradient in forward).
   flops.matmul += 3.0 * lm_head_forward_flops(model, plan.micro_batch, seqlen, plan.sequence_ranks());
   // Tensor parallelism splits every linear's weight, the LM head's vocabulary and the attention's
@@ -121,6 +125,7 @@ StepFlops step_flops(const ModelSpec& model, const PlanOptions& plan, int64_t se
   const double stage_share = plan.pp > 1 ? as_double(pipeline_split(model, plan).largest()) / as_double(model.num_layers) : 1.0;
   const double split = as_double(std::max<int64_t>(1, plan.tp)) / stage_share;
   flops.matmul /= split;
+  flops.matmul_fp8 /= split;
   flops.attention /= split;
   return flops;
 }

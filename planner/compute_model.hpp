@@ -17,14 +17,18 @@ namespace longseq {
 
 // A sum through a struct: compute is added with +=, never tracked in loose scalars.
 struct StepFlops {
-  double matmul = 0;     // projections, MLP, LM head
+  double matmul = 0;     // projections, MLP, LM head (in the compute dtype, bf16)
+  // The decoder layers' linears in FP8 (PlanOptions::fp8: Transformer Engine's, forward, both
+  // gradients and the recompute), taken out of `matmul`; the LM head stays there (M10.3).
+  double matmul_fp8 = 0;
   double attention = 0;  // attention core (QK^T, PV), causal
   StepFlops& operator+=(const StepFlops& other) {
     matmul += other.matmul;
+    matmul_fp8 += other.matmul_fp8;
     attention += other.attention;
     return *this;
   }
-  double total() const { return matmul + attention; }
+  double total() const { return matmul + matmul_fp8 + attention; }
 };
 
 // One decoder layer's forward on one rank: `tokens` = b * S/sp local tokens; attention runs on

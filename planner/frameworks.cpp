@@ -122,6 +122,9 @@ std::string framework_unsupported(Framework framework, const ModelSpec& model, c
   if (plan.recompute_modules.any() && !description.megatron_recompute)
     return fmt::format("{}: no selective recompute of modules (--recompute-modules is Megatron-Core's recompute_granularity selective: "
                        "--framework megatron-core)", name);
+  if (plan.fp8 && !description.te_fp8)
+    return fmt::format("{}: its FP8 training is not modelled (--fp8 is Transformer Engine's under Megatron-Core: --framework megatron-core)",
+                       name);
   if (plan.ep > 1 && !description.model_parallelism)
     return fmt::format("{}: no expert parallelism (ep={}) planned here: Megatron-Core's (--framework megatron-core)", name, plan.ep);
   // HSDP's 2-D mesh is FSDP2's (Reference §11 F1.10, F1.17, F6.2).

@@ -85,6 +85,9 @@ struct FrameworkDescription {
   // (PlanOptions::recompute_block_layers, M5.2), and selective recompute of modules' outputs
   // (PlanOptions::recompute_modules, M5.1).
   bool megatron_recompute;
+  // Transformer Engine's FP8 linears (PlanOptions::fp8): Megatron-Core's --fp8-format (M10); the
+  // other stacks' FP8 (torchtitan's torchao Float8Linear, Accelerate's TE/MS-AMP) is not modelled.
+  bool te_fp8;
   // Why it cannot build `model` whatever the plan (nullptr: it builds what longseq reads), then why
   // it cannot run `plan` on `gpus` GPUs (0: not known); "" when it can.
   std::string (*model_refused)(const char* name, const ModelSpec& model);

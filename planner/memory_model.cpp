@@ -58,6 +58,9 @@ struct Setup {
   // The routed experts' parameters in setup.params.total (its pipeline stage's under PP): what
   // Megatron's expert parallelism splits over ep ranks rather than over the TP ranks.
   double expert_parameters = 0;
+  // Transformer Engine's FP8 copies of the decoder layers' linear weights (the rank's TP share of its
+  // stage's), kept from the step's first micro-batch to its end (M10.2); 0 without FP8.
+  double fp8_weight_copy_bytes = 0;
 };
 
 Setup setup_make(const ModelSpec& model, const HardwareCard& card, const PlanOptions& plan, const RuntimeProfile& profile, int64_t seqlen) {
@@ -153,6 +156,8 @@ Setup setup_make(const ModelSpec& model, const HardwareCard& card, const PlanOpt
   impl.megatron_te_layer = profile.megatron_te_layer;
   impl.megatron_te_cross_entropy = profile.megatron_te_cross_entropy;
   impl.megatron_fused_swiglu = profile.megatron_fused_swiglu;
+  impl.te_fp8 = plan.fp8 && profile.megatron_te_layer;
+  impl.te_fp8_transposed_copies = card.fp8_transposed_copies;
   // Liger's kernels are left out when the profile installs them only with the tiled loss and the
   // plan does not tile it: then neither its norm nor its SwiGLU runs. ALST also turns Liger's
   // SwiGLU off when TiledMLP is on (AT-code model/liger_factory.py).
@@ -327,6 +332,8 @@ void static_tensors_place(TensorTrace& trace, const ModelSpec& model, const Clus
     }
   }
 
+  if (setup.fp8_weight_copy_bytes > 0) trace.alloc(kCategoryModelStates, "fp8_weight_copies", setup.fp8_weight_copy_bytes);
+
   // DDP (replicas without ZeRO): its all-reduce buckets copy every gradient (PyTorch DDP docs,
   // gradient_as_bucket_view).
   if (profile.ddp_gradient_bucket_copy && plan.zero_stage == 0 && cluster.gpus > plan.sequence_ranks())
@@ -396,7 +403,6 @@ void zero_layer_buffers_place(TensorTrace& trace, const PlanOptions& plan, const
     // unit's all-gather in flight; in backward the unsharded layer, the previous unit's prefetched
     // all-gather, the unsharded gradients (param dtype) and the reduce-scatter's input and output
     // (reduce dtype). The [norm, lm_head] unit is never resharded after forward (F1.16).
-    const double gathered = as_double(profile.gathered_weight_bytes_or_default());
     const double reduced = as_double(profile.reduce_bytes_or_default());
     const double unit_bytes = fsdp_unit_bytes(plan, profile, setup);
     trace.alloc(kCategoryZero, "fsdp.unsharded_layer", unit_bytes);
@@ -584,6 +590,13 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
     setup.expert_parameters = as_double(stage.moe_layers) * as_double(setup.params.per_layer_routed_experts);
   }
   const double layers = as_double(stage.layers);
+  // TE's FP8 weight copies (M10.2): every linear of the layers the rank holds (all its chunks under
+  // interleaving), its TP share, quantized for both GEMMs that read it (forward and input gradient).
+  if (setup.impl.te_fp8) {
+    const double held_layers = plan.pp > 1 ? layers * as_double(std::max<int64_t>(1, plan.vpp)) : as_double(model.num_layers);
+    setup.fp8_weight_copy_bytes = as_double(layer_linear_parameter_count(model)) / as_double(model.num_layers) * held_layers /
+                                  as_double(std::max<int64_t>(1, plan.tp)) * (setup.impl.te_fp8_transposed_copies ? 2.0 : 1.0);
+  }
   // Under 1F1B the micro-batches before this one are in flight whole: their layers' activations too.
   const double earlier_micro_batch_layers = as_double(stage.in_flight - 1) * layers;
   const double x_bytes = as_double(setup.shape.hidden_state_tokens()) * as_double(model.hidden_size) * as_double(profile.activation_bytes);

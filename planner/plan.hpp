@@ -48,6 +48,11 @@ struct HeldChoices {
   // bitsandbytes' 8-bit AdamW (the Trainer's optim="adamw_8bit"): uint8 moments in blocks of 256
   // with an fp32 absmax each, fp32 moments for tensors under 4,096 values (Reference §12 item 23).
   bool adam_8bit = false;
+  // Transformer Engine's FP8 under Megatron-Core (--fp8-format hybrid: E4M3 activations and weights,
+  // E5M2 gradients; Megatron's default recipe, "delayed" per-tensor scaling; docs/reference-megatron-core.md
+  // M10): the decoder layers' linears run FP8 GEMMs, save their inputs in FP8 and keep FP8 copies of
+  // their weights across the step's micro-batches. Attention, the norms and the output layer stay bf16.
+  bool fp8 = false;
   // PyTorch context parallelism's K/V rotation: all-gather (false: its default, and Accelerate's
   // and torchtitan's) or all-to-all, passing one block to the next rank per step (Reference §11
   // F2.2-F2.3, F4.3, F6.1).

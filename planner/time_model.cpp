@@ -68,6 +68,17 @@ double attention_tflops(const HardwareCard& card, int64_t head_dim, const std::s
   return (hd64 + (hd128 - hd64) * (d - 64.0) / 64.0) * static_cast<double>(head_dim) / static_cast<double>(computed_head_dim);
 }
 
+double fp8_matmul_achieved_tflops(const HardwareCard& card) {
+  return card.peak_bf16_tflops > 0 ? card.peak_fp8_tflops * card.matmul_achieved_tflops / card.peak_bf16_tflops : 0.0;
+}
+
+std::string fp8_rate_caveat(const HardwareCard& card) {
+  return fmt::format("FP8: the decoder layers' GEMMs are priced at {:.0f} TFLOPS, {}'s measured bf16 matmul share of peak ({:.1f}%) "
+                     "applied to its dense FP8 peak of {:g} (no FP8 GEMM measurement is in the sources) [approx]",
+                     fp8_matmul_achieved_tflops(card), card.name, 100.0 * card.matmul_achieved_tflops / card.peak_bf16_tflops,
+                     card.peak_fp8_tflops);
+}
+
 std::string attention_kernel_problem(const RuntimeProfile& profile, const HardwareCard& card, int64_t head_dim) {
   const std::string kernel = attention_kernel_resolve(profile.attention_kernel, card);
   const AttentionKernelFacts& facts = attention_kernel_facts(kernel);
@@ -200,6 +211,7 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   prediction.attention_kernel = attention_kernel_for(profile, card, plan);
   StepTime& time = prediction.time;
   time.matmul_s = prediction.executed_flops.matmul / (card.matmul_achieved_tflops * 1e12);
+  if (prediction.executed_flops.matmul_fp8 > 0) time.matmul_s += prediction.executed_flops.matmul_fp8 / (fp8_matmul_achieved_tflops(card) * 1e12);
   time.attention_s = prediction.executed_flops.attention / (attention_tflops(card, model.head_dim, prediction.attention_kernel) * 1e12);
   const double layer_compute_s = time.matmul_s + time.attention_s;
   // A layer's attention time split into its passes: forward, the recompute's forward, and the
@@ -243,7 +255,10 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
     const Link link = link_for_group(cluster, plan.tp);
     const double gathered_bytes = as_double(plan.micro_batch) * as_double(seqlen / plan.sequence_ranks()) *
                                   as_double(model.hidden_size) * as_double(profile.activation_bytes);
-    const double all_gather_s = link.latency_us * 1e-6 + collective_seconds(Collective::collective_all_gather, gathered_bytes, plan.tp, link);
+    // In FP8 TE gathers the linears' inputs and the output gradients quantized, a byte an element
+    // (M10.1); the reduce-scatters carry the GEMMs' bf16 outputs.
+    const double all_gather_bytes = plan.fp8 ? gathered_bytes / as_double(profile.activation_bytes) : gathered_bytes;
+    const double all_gather_s = link.latency_us * 1e-6 + collective_seconds(Collective::collective_all_gather, all_gather_bytes, plan.tp, link);
     const double reduce_scatter_s =
         link.latency_us * 1e-6 + collective_seconds(Collective::collective_reduce_scatter, gathered_bytes, plan.tp, link);
     // A MoE layer's MLP runs on the sequence shard with expert tensor parallelism 1: its dispatcher's
@@ -439,8 +454,23 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   {
     const double tokens = as_double(plan.micro_batch) * as_double(seqlen / plan.sequence_ranks());
     const double layer_passes = 1.0 + recompute + 2.0;  // forward, recompute, backward at twice
-    const double bytes = tokens * (layers * layer_passes * layer_elementwise_bytes_per_token(model, profile.activation_bytes) +
-                                   12.0 * as_double(model.vocab_size));
+    double bytes = tokens * (layers * layer_passes * layer_elementwise_bytes_per_token(model, profile.activation_bytes) +
+                             12.0 * as_double(model.vocab_size));
+    // FP8's casts (M10.1): each forward (the recompute's too) quantizes the output projection's and
+    // fc2's inputs (the norms write theirs quantized), each backward its four linears' output
+    // gradients, each read at the activation dtype and written as its FP8 copies; and once a step
+    // every linear weight of the rank's layers (the first micro-batch's; the rest reuse the copies).
+    if (plan.fp8) {
+      const double a = as_double(profile.activation_bytes);
+      const double copies = card.fp8_transposed_copies ? 2.0 : 1.0;
+      const double mlp_width = as_double(model.intermediate_size), h = as_double(model.hidden_size);
+      const double forward_elements = as_double(model.q_width()) + mlp_width;
+      const double backward_elements = as_double(model.q_width() + 2 * model.kv_width()) + h +
+                                       (model.mlp_kind == MlpKind::mlp_kind_swiglu ? 2.0 : 1.0) * mlp_width + h;
+      bytes += tokens * layers * ((1.0 + recompute) * forward_elements + backward_elements) * (a + copies);
+      bytes += as_double(layer_linear_parameter_count(model)) / as_double(model.num_layers) * layers * (a + copies) /
+               micro_steps;
+    }
     const double gbps = card.elementwise_gbps > 0 ? card.elementwise_gbps : card.hbm_gbps;
     // Under tensor parallelism each rank's share: 1/t of the widths inside the attention and MLP, 1/t
     // of the tokens outside them (sequence parallelism), 1/t of the vocabulary.

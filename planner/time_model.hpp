@@ -92,6 +92,12 @@ double attention_benchmark_seconds(const AttentionBenchmark& benchmark, const Cl
 // figures throws).
 double attention_tflops(const HardwareCard& card, int64_t head_dim, const std::string& kernel = "fa2");
 
+// The FP8 GEMM rate a plan in FP8 is priced at: the card's measured bf16 matmul share of its bf16
+// peak applied to its dense FP8 peak. No FP8 GEMM measurement is in the sources, so it is an
+// approximation, and every FP8 plan says so (fp8_rate_caveat).
+double fp8_matmul_achieved_tflops(const HardwareCard& card);
+std::string fp8_rate_caveat(const HardwareCard& card);
+
 // The price of a billion tokens: the GPU-hours `gpus` GPUs take for them at `tokens_per_s` (the
 // cluster's), times `gpu_hour_cost`. 0 where either is not positive.
 double cost_per_billion_tokens(double tokens_per_s, int64_t gpus, double gpu_hour_cost);

@@ -82,6 +82,7 @@ struct PlanCommandArgs {
   std::optional<std::string> lora_targets;  // absent: all-linear
   bool qlora = false;
   bool adam_8bit = false;
+  bool fp8 = false;
   bool moe_aux_loss = false;
   bool trl_activation_offload = false;
   std::string cp_rotate = "allgather";

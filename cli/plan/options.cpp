@@ -132,6 +132,10 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
   command->add_flag("--qlora", args->qlora, "the base's linears in 4-bit NF4 with double quantization and bf16 compute (QLoRA); needs --lora");
   command->add_flag("--adam-8bit", args->adam_8bit,
                     "bitsandbytes' 8-bit AdamW (optim=\"adamw_8bit\": uint8 moments, ~2.03 bytes a parameter); the HF Trainer / TRL");
+  command->add_flag("--fp8", args->fp8,
+                    "Transformer Engine's FP8 under Megatron-Core (--fp8-format hybrid, the delayed recipe): the decoder layers' "
+                    "linears in FP8 (their GEMMs, saved inputs and weight copies), attention and the output layer in bf16; "
+                    "a card with FP8 tensor cores (Ada, Hopper, Blackwell); --framework megatron-core");
   command->add_flag("--trl-activation-offload", args->trl_activation_offload,
                     "TRL's activation_offloading=True in place of transformers' checkpoint offload: the same layer inputs to "
                     "pinned host memory, and up to 5 recently offloaded GPU copies kept alive through the forward (Reference "
@@ -217,6 +221,7 @@ void held_choices_apply(const PlanCommandArgs& args, HeldChoices& held) {
     held.qlora = args.qlora;
   }
   held.adam_8bit = args.adam_8bit;
+  held.fp8 = args.fp8;
   held.micro_batch = std::max<int64_t>(1, micro_batch_fixed(args));
   held.moe_aux_loss = args.moe_aux_loss;
   held.trl_activation_offload = args.trl_activation_offload;

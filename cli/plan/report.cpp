@@ -16,6 +16,7 @@ nlohmann::json plan_to_json(const PlanOptions& plan, const ClusterSpec& cluster)
                          {"global_batch", plan.global_batch > 0 ? plan.global_batch : plan.micro_batch * data_parallel_ranks(cluster, plan)},
                          {"gradient_accumulation_steps", gradient_accumulation_steps(cluster, plan)}};
   if (plan.fpdt) json["fpdt_chunk_tokens"] = plan.fpdt_chunk_tokens;
+  json["fp8"] = plan.fp8;
   if (plan.lora()) json["lora"] = {{"rank", plan.lora_rank}, {"targets", plan.lora_all_linear ? "all-linear" : "q,v"}, {"qlora", plan.qlora}};
   json["summary"] = plan_describe(plan);
   return json;
@@ -300,6 +301,7 @@ std::vector<std::string> plan_caveats(const ModelSpec& model, const ClusterSpec&
         "{:.0f} against {:.0f} TFLOPS here)",
         attention_tflops(cluster.hardware, model.head_dim, "fa2"), attention_tflops(cluster.hardware, model.head_dim, "sdpa-cudnn")));
   if (!cluster.hardware.approximate_rates.empty()) caveats.push_back(cluster.hardware.name + ": " + cluster.hardware.approximate_rates);
+  if (plan.fp8) caveats.push_back(fp8_rate_caveat(cluster.hardware));
   // The only published steps this short, the ALST paper's 32K baselines (ZeRO-3, the optimizer
   // offloaded, 1-32 GPUs), ran 5.4-17.5 s a step longer than predicted: a part no source sizes,
   // neither per parameter nor per token (reports/validation.md). The longer published steps are

@@ -10,8 +10,11 @@
 //   a column-parallel linear's gathered input [T, h]  (Megatron's global "mpu" buffer / TE's gather, M1.1)
 //   q, k, v, attention output, lse         [T, n d / t], fp32 [T, n_q / t]
 //   fc1 output, activation output          [T, 2f/t] (gated) or [T, f/t], [T, f/t]
+// In FP8 (LayerImplementation::te_fp8, M10) the linears' inputs are saved and gathered quantized, one
+// byte an element, and each backward quantizes its output gradient; the residual stream, attention and
+// the loss stay bf16.
 // Not modelled: dropout (the Llama-shaped recipes set hidden_dropout 0, Megatron-Bridge
-// llama_bridge.py L66; TE's fused attention draws its dropout in-kernel), FP8, and what TE's
+// llama_bridge.py L66; TE's fused attention draws its dropout in-kernel), and what TE's
 // userbuffers overlap would add.
 #include "models/inventory/internal.hpp"
 
@@ -69,8 +72,15 @@ struct MegatronBytes {
   double k_heads;               // [T, n_kv d / t]: the key heads as the QKV output holds them (no Ulysses replication)
   double q_rsigma, k_rsigma;    // fp32 [T, n_q / t], [T, n_kv / t]: a q/k norm's statistics, one per head
   double fc1, activation;
+  // FP8 (M10): the linears' saved and gathered inputs at one byte an element (norm_saved, gathered_input;
+  // else the activation dtype's), and `fp8_copies` bytes an element of a tensor a GEMM reads both ways
+  // (2 where TE keeps a transposed copy beside the row-wise one, 1 where the card reads one copy either way).
+  bool fp8;
+  double a, fp8_copies;
+  double norm_saved;      // [T/t, h]: a fused norm's output as its linear saves it
+  double gathered_input;  // [T, h]: that output gathered for a column-parallel GEMM
   MegatronBytes(const LayerShape& shape, const LayerImplementation& impl) {
-    const double a = static_cast<double>(impl.activation_bytes);
+    a = static_cast<double>(impl.activation_bytes);
     const double tokens = static_cast<double>(shape.tokens), shard_tokens = static_cast<double>(shape.hidden_state_tokens());
     const double h = static_cast<double>(shape.hidden);
     shard = shard_tokens * h * a;
@@ -88,7 +98,13 @@ struct MegatronBytes {
     const double f = static_cast<double>(shape.intermediate);
     fc1 = tokens * (shape.mlp_kind == MlpKind::mlp_kind_swiglu ? 2.0 * f : f) * a;
     activation = tokens * f * a;
+    fp8 = impl.te_fp8;
+    fp8_copies = impl.te_fp8_transposed_copies ? 2.0 : 1.0;
+    norm_saved = fp8 ? shard / a : shard;
+    gathered_input = fp8 ? gathered / a : gathered;
   }
+  // A tensor of `bf16_bytes` quantized for GEMMs that read it both ways.
+  double fp8_both(double bf16_bytes) const { return bf16_bytes / a * fp8_copies; }
 };
 
 bool context_parallel(const LayerShape& shape) { return shape.sp > 1 || shape.ring > 1; }
@@ -96,13 +112,21 @@ bool context_parallel(const LayerShape& shape) { return shape.sp > 1 || shape.ri
 // A norm and the column-parallel linear after it, forward (TELayerNormColumnParallelLinear, M1.1; the
 // final TENorm and the vocabulary-parallel output layer, M1.3, alike): the norm's output as this
 // rank's shard and its statistics are saved, the linear's `output` made on the gathered input.
+//
+// In FP8 the norm writes its output quantized (TE layernorm_linear.py L244-266, with_quantized_norm),
+// all-gathered in FP8 under TP (L282-307); without TP it writes both copies for a card that keeps a
+// transposed one, and the row-wise copy goes once the GEMM has run (the saved output keeps only its
+// column-wise usage, L476-486).
 void layernorm_linear_forward(TensorTrace& trace, const LayerShape& shape, const MegatronBytes& bytes, std::string_view category,
                               const char* norm_output, const char* norm_rsigma, const char* output, double output_bytes, bool keep) {
-  trace.alloc(category, norm_output, bytes.shard);
+  trace.alloc(category, norm_output, bytes.norm_saved);
   trace.alloc(category, norm_rsigma, bytes.rsigma);
-  column_parallel_gather(trace, shape, bytes.gathered, category);
+  const bool rowwise_copy = bytes.fp8 && shape.tp == 1 && bytes.fp8_copies > 1;
+  if (rowwise_copy) trace.alloc(category, "fp8.rowwise_copy", bytes.norm_saved);
+  column_parallel_gather(trace, shape, bytes.gathered_input, category);
   trace.alloc(category, output, output_bytes);
   column_parallel_gather_free(trace, shape);
+  if (rowwise_copy) trace.free("fp8.rowwise_copy");
   if (!keep) {
     trace.free(norm_output);
     trace.free(norm_rsigma);
@@ -110,9 +134,17 @@ void layernorm_linear_forward(TensorTrace& trace, const LayerShape& shape, const
 }
 
 // A row-parallel linear's output reduce-scattered (row_parallel_reduce_scatter); the bias-add into
-// the residual makes a new shard.
-void row_parallel_output(TensorTrace& trace, const LayerShape& shape, const MegatronBytes& bytes, const char* residual) {
+// the residual makes a new shard. In FP8 it first quantizes its input (`input_bytes` at the activation
+// dtype) and saves that instead (TE linear.py L514-533, L696-717: the row-wise copy, where there is a
+// transposed one beside it, dropped after the GEMM), as `fp8_saved_input`.
+void row_parallel_output(TensorTrace& trace, const LayerShape& shape, const MegatronBytes& bytes, const char* residual, double input_bytes,
+                         const char* fp8_saved_input) {
+  if (bytes.fp8) {
+    trace.alloc(L, fp8_saved_input, input_bytes / bytes.a);
+    if (bytes.fp8_copies > 1) trace.alloc(L, "fp8.rowwise_copy", input_bytes / bytes.a);
+  }
   row_parallel_reduce_scatter(trace, shape, bytes.gathered, bytes.shard, "tp.row_parallel_output");
+  if (bytes.fp8 && bytes.fp8_copies > 1) trace.free("fp8.rowwise_copy");
   trace.alloc(L, residual, bytes.shard);
   trace.free("tp.row_parallel_output");
 }
@@ -120,14 +152,32 @@ void row_parallel_output(TensorTrace& trace, const LayerShape& shape, const Mega
 // A TE norm fused with a column-parallel linear, backward: the input gradient produced whole
 // ([T, h]) and reduce-scattered to the shard, while the norm's output is gathered again for the
 // weight gradient (M1.1: L515-527, L548-560).
+//
+// In FP8 the output gradient (`output_grad_bytes`) is quantized for both GEMMs first (TE linear.py
+// L1240-1262), and under TP the saved FP8 shard gathered again is transposed for the weight gradient
+// where the card keeps transposed copies (L1300-1311, L1515-1520).
 void layernorm_linear_backward(TensorTrace& trace, const LayerShape& shape, const MegatronBytes& bytes, const char* output_grad,
-                               const char* norm_output, const char* norm_rsigma, const char* input_grad) {
-  column_parallel_backward(trace, shape, bytes.gathered, bytes.shard, output_grad, "tp.input_grad_partial", "tp.input_grad_shard");
+                               double output_grad_bytes, const char* norm_output, const char* norm_rsigma, const char* input_grad) {
+  if (bytes.fp8) trace.alloc(L, "fp8.output_grad", bytes.fp8_both(output_grad_bytes));
+  column_parallel_backward(trace, shape, bytes.fp8 ? bytes.fp8_both(bytes.gathered) : bytes.gathered, bytes.shard, output_grad,
+                           "tp.input_grad_partial", "tp.input_grad_shard");
+  if (bytes.fp8) trace.free("fp8.output_grad");
   trace.free(norm_output);
   // The norm's backward writes its input's gradient; the residual branch's is added into it.
   trace.alloc(L, input_grad, bytes.shard);
   trace.free("tp.input_grad_shard");
   trace.free(norm_rsigma);
+}
+
+// A row-parallel linear's output gradient as its backward GEMMs read it: gathered over the TP ranks
+// (M1.2), in FP8 quantized for both GEMMs, gathered so (TE linear.py L1240-1262), with or without TP.
+void row_parallel_output_grad(TensorTrace& trace, const LayerShape& shape, const MegatronBytes& bytes) {
+  if (bytes.fp8) trace.alloc(L, "fp8.output_grad", bytes.fp8_both(bytes.gathered));
+  else column_parallel_gather(trace, shape, bytes.gathered);
+}
+void row_parallel_output_grad_free(TensorTrace& trace, const LayerShape& shape, const MegatronBytes& bytes) {
+  if (bytes.fp8) trace.free("fp8.output_grad");
+  else column_parallel_gather_free(trace, shape);
 }
 
 // The input norm fused with QKV and RoPE (GPT's attention; MLA's is megatron_mla.cpp), forward:
@@ -184,7 +234,8 @@ void qkv_backward(TensorTrace& trace, const LayerShape& shape, const MegatronByt
   if (shape.qk_norm) trace.free("attention.qk_norm_input_grad");
 
   trace.set_moment("QKV and input norm backward");
-  layernorm_linear_backward(trace, shape, bytes, "attention.qkv_grad", "attention_norm.output", "attention_norm.rsigma_fp32", "layer.input_grad");
+  layernorm_linear_backward(trace, shape, bytes, "attention.qkv_grad", bytes.qkv, "attention_norm.output", "attention_norm.rsigma_fp32",
+                            "layer.input_grad");
 }
 
 }  // namespace
@@ -242,8 +293,11 @@ void megatron_layer_forward(TensorTrace& trace, const LayerShape& shape, const L
   // TERowParallelLinear saves its input, the attention output (M1.2); the residual add makes the
   // next shard (bias_dropout_add with hidden_dropout 0).
   trace.set_moment("output projection and residual");
-  row_parallel_output(trace, shape, bytes, "residual.attention");
-  if (!keep) trace.free("attention.output");
+  row_parallel_output(trace, shape, bytes, "residual.attention", bytes.out, "attention.output_fp8");
+  if (!keep) {
+    trace.free("attention.output");
+    if (bytes.fp8) trace.free("attention.output_fp8");
+  }
   // Selective recompute of a separate input norm ("layernorm", transformer_layer.py L681-686): its
   // output discarded after the attention block, recomputed when backward reaches the block.
   if (keep && mla && shape.recompute.layernorm) trace.free("attention_norm.output");
@@ -269,9 +323,11 @@ void megatron_layer_forward(TensorTrace& trace, const LayerShape& shape, const L
   // fc2, row-parallel, saves the activation output; its reduce-scattered output plus the residual
   // is the layer's output.
   trace.set_moment("fc2 and residual");
-  row_parallel_output(trace, shape, bytes, "layer.output");
+  row_parallel_output(trace, shape, bytes, "layer.output", bytes.activation, "mlp.activation_output_fp8");
+  // In FP8 fc2 saved its quantized input, and the activation's bf16 output goes with the MLP's forward.
+  if (!keep || bytes.fp8) trace.free("mlp.activation_output");
   if (!keep) {
-    trace.free("mlp.activation_output");
+    if (bytes.fp8) trace.free("mlp.activation_output_fp8");
     trace.free("residual.attention");
   }
 }
@@ -288,10 +344,10 @@ void megatron_layer_backward(TensorTrace& trace, const LayerShape& shape, const 
     // fc2 (row-parallel) backward: the output gradient gathered over the TP ranks, the activation's
     // gradient produced; the weight gradient goes into the DDP's gradient buffer (model states, M3.1).
     trace.set_moment("fc2 backward");
-    column_parallel_gather(trace, shape, bytes.gathered);
+    row_parallel_output_grad(trace, shape, bytes);
     trace.alloc(L, "mlp.activation_output_grad", bytes.activation);
-    column_parallel_gather_free(trace, shape);
-    trace.free("mlp.activation_output");
+    row_parallel_output_grad_free(trace, shape, bytes);
+    trace.free(bytes.fp8 ? "mlp.activation_output_fp8" : "mlp.activation_output");
     if (trace.is_live("layer.output")) trace.free("layer.output");
 
     trace.set_moment("activation backward");
@@ -301,7 +357,8 @@ void megatron_layer_backward(TensorTrace& trace, const LayerShape& shape, const 
     trace.free("mlp.fc1_output");
 
     trace.set_moment("fc1 and pre-MLP norm backward");
-    layernorm_linear_backward(trace, shape, bytes, "mlp.fc1_output_grad", "mlp_norm.output", "mlp_norm.rsigma_fp32", "residual.attention_grad");
+    layernorm_linear_backward(trace, shape, bytes, "mlp.fc1_output_grad", bytes.fc1, "mlp_norm.output", "mlp_norm.rsigma_fp32",
+                              "residual.attention_grad");
     trace.free("residual.attention");
   }
 
@@ -310,9 +367,10 @@ void megatron_layer_backward(TensorTrace& trace, const LayerShape& shape, const 
   // the attention block's output gradient).
   trace.set_moment("output projection backward");
   if (mla && shape.recompute.layernorm) trace.alloc(L, "attention_norm.output", bytes.shard);
-  column_parallel_gather(trace, shape, bytes.gathered);
+  row_parallel_output_grad(trace, shape, bytes);
   trace.alloc(L, "attention.output_grad", bytes.out);
-  column_parallel_gather_free(trace, shape);
+  row_parallel_output_grad_free(trace, shape, bytes);
+  if (bytes.fp8) trace.free("attention.output_fp8");
   // MLA's up-projections recomputed (their hook is on the attention output's gradient): the
   // up-projections' outputs beside the rebuilt q, k and v (megatron_mla.cpp's forward again).
   if (mla && shape.recompute.mla_up_proj) megatron_mla_up_projection_recompute(trace, shape, impl);
@@ -354,7 +412,11 @@ double megatron_layer_saved_bytes(const LayerShape& shape, const LayerImplementa
 }
 
 void megatron_loss_forward_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl) {
-  const MegatronBytes bytes(shape, impl);
+  // The final norm and the output layer run in bf16 under FP8 too (Megatron's output layer is its own
+  // ColumnParallelLinear, not TE's; transformer_config.py fp8_output_proj is MXFP8's alone).
+  LayerImplementation bf16 = impl;
+  bf16.te_fp8 = false;
+  const MegatronBytes bytes(shape, bf16);
   const double a = static_cast<double>(impl.activation_bytes);
   const double logits = static_cast<double>(shape.tokens) * static_cast<double>(shape.vocab) * a;  // [T, V/t]
   trace.set_moment("logits and cross entropy");

@@ -53,6 +53,7 @@ extern const FrameworkDescription kArcticTraining = {
     /*te_activation_offload=*/false,
     /*deepseek_v3_layers=*/false,
     /*megatron_recompute=*/false,
+    /*te_fp8=*/false,
     model_refused,
     plan_refused,
 };

@@ -30,6 +30,7 @@ extern const FrameworkDescription kDeepSpeed = {
     /*te_activation_offload=*/false,
     /*deepseek_v3_layers=*/false,
     /*megatron_recompute=*/false,
+    /*te_fp8=*/false,
     nullptr,
     plan_refused,
 };

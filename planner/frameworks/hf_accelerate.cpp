@@ -33,6 +33,7 @@ extern const FrameworkDescription kHfAccelerate = {
     /*te_activation_offload=*/false,
     /*deepseek_v3_layers=*/false,
     /*megatron_recompute=*/false,
+    /*te_fp8=*/false,
     nullptr,
     plan_refused,
 };

@@ -38,6 +38,7 @@ extern const FrameworkDescription kHfTrainer = {
     /*te_activation_offload=*/false,
     /*deepseek_v3_layers=*/false,
     /*megatron_recompute=*/false,
+    /*te_fp8=*/false,
     nullptr,
     plan_refused,
 };

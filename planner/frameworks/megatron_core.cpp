@@ -68,13 +68,15 @@ extern const FrameworkDescription kMegatronCore = {
     /*adam_8bit=*/false,
     /*tiles_moe_blocks=*/false,
     // recompute_granularity full over every layer (uniform, recompute_num_layers 1), over a stage's
-    // first n (block, block_recompute below), or none; its selective recompute is not modelled yet (M5.1).
+    // first n (block, --recompute-block-layers), or none; its selective recompute is megatron_recompute's (M5.1).
     /*selective_checkpointing=*/false,
     /*model_parallelism=*/true,
     /*attention_sinks=*/true,
     /*te_activation_offload=*/true,
     /*deepseek_v3_layers=*/true,
     /*megatron_recompute=*/true,
+    // Transformer Engine's FP8 linears (--fp8-format hybrid, its default delayed recipe: M10).
+    /*te_fp8=*/true,
     model_refused,
     plan_refused,
 };

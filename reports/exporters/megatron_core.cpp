@@ -131,6 +131,10 @@ ExportedConfig megatron_core_emit(const ExportRequest& r) {
   args.push_back("--attention-dropout 0 --hidden-dropout 0");
   args.push_back(fmt::format("--micro-batch-size {} --global-batch-size {}", p.micro_batch, global_batch(r)));
   args.push_back("--transformer-impl transformer_engine --bf16");
+  // TE's FP8 as the plan prices it (M10): E4M3 forward, E5M2 gradients, Megatron's default delayed
+  // recipe written out (transformer_config.py L566-579), attention and the output layer in bf16 (their
+  // FP8 switches, fp8_dot_product_attention and fp8_output_proj, stay off).
+  if (p.fp8) args.push_back("--fp8-format hybrid --fp8-recipe delayed");
   args.push_back(fmt::format("--tensor-model-parallel-size {}{}", p.tp, p.tp > 1 ? " --sequence-parallel" : ""));
   if (p.sequence_ranks() > 1) {
     std::string cp = fmt::format("--context-parallel-size {} --cp-comm-type {}", p.sequence_ranks(), cp_comm_type(p));

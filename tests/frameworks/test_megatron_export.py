@@ -47,7 +47,8 @@ keys = ["tensor_model_parallel_size", "sequence_parallel", "context_parallel_siz
         "activation_func_clamp_value", "moe_shared_expert_intermediate_size", "moe_shared_expert_gate", "cpu_offloading",
         "cpu_offloading_num_layers", "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
         "v_head_dim", "moe_router_score_function", "moe_router_enable_expert_bias", "moe_router_num_groups", "moe_router_group_topk",
-        "moe_router_topk_scaling_factor", "moe_router_dtype", "moe_layer_freq", "recompute_modules"]
+        "moe_router_topk_scaling_factor", "moe_router_dtype", "moe_layer_freq", "recompute_modules", "fp8", "fp8_recipe",
+        "fp8_param_gather"]
 print("MEGATRON_ARGS " + json.dumps({key: getattr(args, key, None) for key in keys}))
 """
 
@@ -94,6 +95,10 @@ PLANS = [
     # Interleaved: two virtual stages a rank, 8 micro-batches in groups of pp = 4.
     (["--model", "llama-3.1-70b", "--gpus", "64", "--tp", "8", "--pp", "4", "--vpp", "2", "--ring", "2", "--seqlen", "128Ki", "--global-batch",
       "8"], 64, {"pipeline_model_parallel_size": 4, "virtual_pipeline_model_parallel_size": 2, "data_parallel_size": 1}),
+    # Transformer Engine's FP8 (hybrid format, the delayed recipe), attention and the output layer in bf16.
+    (["--model", "llama-3.1-8b", "--gpus", "16", "--tp", "2", "--ring", "8", "--fp8", "--seqlen", "128Ki"], 16,
+     {"fp8": "hybrid", "fp8_recipe": "delayed", "fp8_param_gather": False,
+      "tensor_model_parallel_size": 2, "context_parallel_size": 8}),
     # Uneven stages: Llama 3.1 405B's 126 layers on 16 stages (7, 8 x 14, 7).
     (["--model", "llama-3.1-405b", "--gpus", "512", "--tp", "8", "--pp", "16", "--ring", "4", "--seqlen", "128Ki", "--global-batch", "16"],
      512, {"pipeline_model_parallel_size": 16, "decoder_first_pipeline_num_layers": 7, "decoder_last_pipeline_num_layers": 7,
@@ -167,6 +172,7 @@ def test_megatron_lm_parses_and_validates_the_exported_arguments(flags, gpus, de
     assert args["accumulate_allreduce_grads_in_fp32"] is True  # the fp32 gradient buffer the plan prices
     assert args["cross_entropy_loss_fusion"] is False  # the native loss the plan prices
     assert args["transformer_impl"] == "transformer_engine" and args["bf16"] is True
+    assert (args["fp8"] == "hybrid") == plan["plan"]["fp8"] and (args["fp8"] is None) == (not plan["plan"]["fp8"])
     cards = json.loads(subprocess.run([longseq_binary, "models", "--json"], capture_output=True, text=True, check=True).stdout)["models"]
     model = next(card for card in cards if card["card"] == flags[flags.index("--model") + 1])
     assert (args["num_layers"], args["hidden_size"], args["ffn_hidden_size"], args["num_attention_heads"]) == (
