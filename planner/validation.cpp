@@ -286,12 +286,14 @@ std::optional<ModelSpec> model_for_free_text(const std::string& text) {
   }
 }
 
-// A Megatron run in free text, not in FP8 (ring_published.csv's USP rows: "Megatron-LM@... + yunchang USP; ...;
-// tp=4; u=2; r=2; dp=1; pp=1; gbs=1"): Megatron's GPT layer under tensor parallelism with sequence
-// parallelism, its distributed optimizer ("ZeRO-1"), Ulysses x ring attention over the context
-// group. Priced as Megatron-Core's TE layer with its a2a+p2p context parallelism, the same layout
-// as yunchang's (u heads-wise inside, r ring-wise across). Figures: the step's MFU, and TFLOPS as
-// the row counts them ("MFU counts only causal-effective FLOPs": the model's causal FLOPs a second).
+// A Megatron run in free text: ring_published.csv's USP rows ("Megatron-LM@... + yunchang USP; ...; tp=4;
+// u=2; r=2; dp=1; pp=1; gbs=1") and NeMo's Megatron-Core rows ("NeMo 24.03.01; Megatron-Core CP (ring
+// P2P; TE); FP8; tp=4; pp=1; dp=8; cp=2; gbs=64"). Priced as Megatron-Core's TE layer under tensor
+// parallelism with sequence parallelism, the distributed optimizer, and context parallelism: USP's u x r
+// as Megatron's a2a+p2p layout (u heads-wise inside, r ring-wise across, as yunchang's), NeMo's cp as
+// its p2p ring; with FP8 where the row says so (M10). Figures: the step's MFU, and TFLOPS as the model's
+// causal FLOPs a second ("MFU counts only causal-effective FLOPs", the USP rows say; NeMo's tables do
+// not state their FLOP count, which the report says).
 PointValidation megatron_point_validate(const PublishedPoint& point, const std::string& features, const std::string& profile_name,
                                         std::optional<double> reserve_gib) {
   PointValidation validation;
@@ -300,37 +302,62 @@ PointValidation megatron_point_validate(const PublishedPoint& point, const std::
     validation.skipped_reason = reason;
     return validation;
   };
-  const auto tp = number_after(features, "tp="), u = number_after(features, "u="), r = number_after(features, "r=");
-  if (!tp || !u || !r) return skip("Megatron row: no 'tp=N; u=N; r=N'");
-  if (const auto pp = number_after(features, "pp="); pp && *pp > 1) return skip(fmt::format("pipeline parallelism (pp={}) is not modelled yet", *pp));
+  const auto tp = number_after(features, "tp="), u = number_after(features, "u="), r = number_after(features, "r="),
+             cp = number_after(features, "cp="), pp = number_after(features, "pp="), gbs = number_after(features, "gbs=");
+  const bool usp_layout = u && r;
+  if (!tp || !(usp_layout || cp)) return skip("Megatron row: no 'tp=N' with 'u=N; r=N' or 'cp=N'");
   const std::optional<ModelSpec> model = model_for_free_text(point.model);
   if (!model) return skip(fmt::format("no model card matches '{}'", point.model));
   const std::optional<HardwareCard> hardware = hardware_for_point(point);
   if (!hardware) return skip(fmt::format("no hardware card for {} with {:g} GiB", point.gpu_type, point.gpu_mem_gib));
   PlanOptions plan;
   plan.tp = *tp;
-  plan.sp = *u;
-  plan.ring = *r;
-  plan.zero_stage = contains(features, "zero-1") ? 1 : 0;
-  plan.activation_checkpointing = !contains(features, "no act-recompute") && contains(features, "recompute");
+  plan.sp = usp_layout ? *u : 1;
+  plan.ring = usp_layout ? *r : *cp;
+  plan.pp = pp.value_or(1);
+  // NeMo's global batch of samples (its rows' gbs: "gbs=1024 (4M tokens/step)" at 4,096 tokens) in micro
+  // batches of one sample. USP's rows are priced one sample a data-parallel rank, as their "no
+  // grad-accum" says (their gbs of 16 on one data-parallel rank is not a batch of sixteen 30K samples
+  // that would fit without recompute).
+  if (!usp_layout) plan.global_batch = gbs.value_or(0);
+  // The distributed optimizer: USP's rows say "ZeRO-1"; NeMo's recipes run Megatron's distributed
+  // optimizer (Megatron-Bridge's and NeMo's default optimizer config, use_distributed_optimizer True).
+  plan.zero_stage = usp_layout && !contains(features, "zero-1") ? 0 : 1;
+  plan.fp8 = contains(features, "fp8");
+  std::vector<std::string> assumptions;
+  const bool recompute_stated = contains(features, "recompute") && !contains(features, "recompute not stated");
+  plan.activation_checkpointing = recompute_stated && !contains(features, "no act-recompute");
   ClusterSpec cluster;
   try {
     cluster = cluster_make(*hardware, point.gpus, point.nodes, point.gpus_per_node.value_or(0), 0);
   } catch (const ConfigError& error) {
     return skip(fmt::format("cluster: {}", error.what()));
   }
+  if (const auto dp = number_after(features, "dp="); dp && *dp != data_parallel_ranks(cluster, plan))
+    return skip(fmt::format("dp={} is not the {} GPUs' share left by tp x cp x pp", *dp, point.gpus));
   if (const std::vector<std::string> problems = plan_problems(*model, cluster, plan); !problems.empty())
     return skip(fmt::format("plan: {}", problems.front()));
   if (const std::string refusal = framework_unsupported(Framework::framework_megatron_core, *model, plan, cluster.gpus); !refusal.empty())
     return skip(refusal);
   RuntimeProfile profile = runtime_profile_load(!profile_name.empty() ? profile_name : "megatron-core");
   if (reserve_gib) profile.calibrated_reserve_gib = *reserve_gib;
-  validation.plan = plan_describe(plan);
-  validation.profile_name = profile.name;
-  validation.profile = profile.name + " (Megatron's TE layer; the row's USP attention priced as Megatron-Core's a2a+p2p layout)";
   if (!point.seqlen) return skip("Megatron row without a sequence length");
   const int64_t seqlen = *point.seqlen;
   if (const std::vector<std::string> problems = seqlen_problems(plan, seqlen); !problems.empty()) return skip(problems.front());
+  // Recompute unstated (NeMo's tables): none where the step fits without it, else every layer's,
+  // what a run at that length needs; said so.
+  if (!recompute_stated) {
+    if (!memory_predict(*model, cluster, plan, profile, seqlen, /*with_breakdown=*/false).fits()) plan.activation_checkpointing = true;
+    assumptions.push_back(plan.activation_checkpointing ? "recompute unstated: full (it does not fit without)" : "recompute unstated: none (it fits)");
+  }
+  if (!usp_layout && !gbs) assumptions.push_back("one sample a step a data-parallel rank (no gbs)");
+  else if (!usp_layout && !contains(features, "mbs=")) assumptions.push_back("micro batch 1 (unstated)");
+  validation.plan = plan_describe(plan);
+  validation.profile_name = profile.name;
+  validation.profile = profile.name + (usp_layout ? " (Megatron's TE layer; the row's USP attention priced as Megatron-Core's a2a+p2p layout)"
+                                                  : " (Megatron-Core's TE layer, its p2p context parallelism)");
+  if (plan.fp8) validation.profile += "; FP8 GEMMs at an approximate rate (M10.3)";
+  for (const std::string& assumption : assumptions) validation.profile += "; " + assumption;
   const TimePrediction timing = time_predict(*model, cluster, plan, profile, seqlen);
   figure_add(validation, FigureKind::figure_iteration_time, point.iter_time_s, timing.time.total_s());
   figure_add(validation, FigureKind::figure_tflops, point.tflops, timing.mfu * hardware->peak_bf16_tflops);
@@ -358,10 +385,11 @@ PointValidation point_validate(const PublishedPoint& point, const std::string& p
   // Features in free text (ring_published.csv's): what the model leaves out, named first.
   if (point.features.find_first_of(" ;") != std::string::npos) {
     const std::string features = text_to_lower(point.features);
-    // FP8 first: it decides a row whatever its layout (NeMo's are Megatron-Core runs, in FP8).
-    if (contains(features, "fp8") || contains(features, "float8")) return skip("FP8 training is not modelled");
-    if (contains(features, "megatron-lm") && contains(features, "u=") && contains(features, "r="))
+    // Megatron's runs (USP's on Megatron-LM, NeMo's on Megatron-Core), FP8 among them (TE's, M10).
+    if ((contains(features, "megatron-lm") && contains(features, "u=") && contains(features, "r=")) || contains(features, "megatron-core"))
       return megatron_point_validate(point, features, profile_name, reserve_gib);
+    if (contains(features, "float8") || contains(features, "fp8"))
+      return skip("FP8 outside Megatron-Core (torchtitan's Float8 linears: torchao's) is not modelled");
     const std::optional<int64_t> tp = number_after(features, "tp=");
     if (tp && *tp > 1) return skip(fmt::format("tensor parallelism (tp={}) outside Megatron is not modelled", *tp));
     if (contains(features, "lora")) return skip("LoRA in free text: adapter rows are read from the + features (lora, qlora) with their rank in the notes");

@@ -60,8 +60,10 @@ struct PointValidation {
 // rows (FPDT's implementation runs under Megatron-DeepSpeed), deepspeed-hf for the others.
 // Rows of ring_published.csv (free-text features) are read too: an attention kernel benchmark
 // ("attention only: 32 q / 8 kv d=128" in the model column; "u=2; r=4", or a plain/zigzag/stripe
-// ring over the sp column's ranks; "fwd" or "fwd+bwd"; causal) is predicted as such; a row with
-// tensor parallelism, FP8 or a model without a card is skipped with the reason.
+// ring over the sp column's ranks; "fwd" or "fwd+bwd"; causal) is predicted as such, and so is a
+// Megatron run (USP's "Megatron-LM ... tp=; u=; r=", NeMo's "Megatron-Core ... tp=; pp=; cp=; gbs=",
+// in FP8 where it says so); another stack's tensor parallelism or FP8, or a model without a card, is
+// skipped with the reason.
 // `reserve_gib`, when set, replaces the profile's calibrated_reserve_gib (to show the fit and its
 // sensitivity, reports/validation.md).
 PointValidation point_validate(const PublishedPoint& point, const std::string& profile_name,

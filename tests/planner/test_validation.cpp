@@ -8,6 +8,7 @@
 #include "io/config_error.hpp"
 #include "models/model_loader.hpp"
 #include "planner/cards.hpp"
+#include "planner/time_model.hpp"
 #include "planner/validation.hpp"
 
 using namespace longseq;
@@ -161,11 +162,44 @@ TEST_CASE("free-text training rows name what is not modelled") {
     const auto point = published_points_parse(kHeader + "x,Llama-3-8B,8,A100,80,1,8,,\"" + features + "\",2,32768,,,1.0,,,\n", "r.csv").at(0);
     return point_validate(point, "").skipped_reason;
   };
-  CHECK(reason("Megatron-Core CP; tp=4; u=1; r=2") == "tensor parallelism (tp=4) outside Megatron is not modelled");
-  CHECK(reason("NeMo; Megatron-Core CP; FP8; tp=1; cp=2") == "FP8 training is not modelled");
+  CHECK(reason("torchtitan; tp=4; cp=2") == "tensor parallelism (tp=4) outside Megatron is not modelled");
+  CHECK(reason("torchtitan; Float8 linears; FSDP2=4; cp=2") == "FP8 outside Megatron-Core (torchtitan's Float8 linears: torchao's) is not modelled");
+  // Megatron's FP8 is TE's, on a card with FP8 tensor cores (the row's A100 has none).
+  CHECK(reason("NeMo; Megatron-Core CP; FP8; tp=1; cp=2").find("plan: --fp8: A100-80GB's card gives no FP8 tensor rate") == 0);
+  CHECK(reason("Megatron-LM@x; FP8; tp=2; u=1; r=2").find("plan: --fp8:") == 0);
   CHECK(reason("JAX ring attention; FSDP") == "features in free text: longseq reads them for attention kernel benchmarks only");
-  CHECK(reason("Megatron-LM@x + yunchang USP; tp=2; u=1; r=2; pp=2") == "pipeline parallelism (pp=2) is not modelled yet");
-  CHECK(reason("Megatron-LM@x; FP8; tp=2; u=1; r=2") == "FP8 training is not modelled");
+  CHECK(reason("Megatron-LM@x + yunchang USP; tp=2; u=1; r=2; pp=2") == "");  // pipeline stages are planned
+  CHECK(reason("NeMo; Megatron-Core CP; tp=2; pp=1; dp=3; cp=2") == "dp=3 is not the 8 GPUs' share left by tp x cp x pp");
+  CHECK(reason("NeMo; Megatron-Core; tp=2") == "Megatron row: no 'tp=N' with 'u=N; r=N' or 'cp=N'");
+}
+
+TEST_CASE("a NeMo row (Megatron-Core in FP8) is planned with its tp, cp, pp and global batch, says what it assumed, and predicts TFLOPS") {
+  // NeMo's Llama2-7B table's shape: 32 H100s, tp=2 x cp=2 x dp=8, FP8, a global batch of 128 samples of 32K.
+  const auto point = published_points_parse(kHeader + "x,Llama2-7B,32,H100-SXM-80GB (DGX-H100),80,4,8,,\"NeMo 24.03.01; Megatron-Core CP "
+                                                      "(ring P2P; TE); FP8; tp=2; pp=1; dp=8; cp=2; gbs=128 (4M tokens/step)\",2,32768,,,,610,,\n",
+                                            "r.csv")
+                         .at(0);
+  const PointValidation validation = point_validate(point, "");
+  REQUIRE(validation.skipped_reason.empty());
+  CHECK(validation.plan == "tp=2 sp=1 ring=2 zero=1 -checkpointing +fp8 global-batch=128");
+  CHECK(validation.profile.find("recompute unstated: none (it fits)") != std::string::npos);
+  CHECK(validation.profile.find("micro batch 1 (unstated)") != std::string::npos);
+  CHECK(validation.profile.find("FP8 GEMMs at an approximate rate") != std::string::npos);
+  REQUIRE(validation.figures.size() == 1);
+  CHECK(validation.figures[0].kind == FigureKind::figure_tflops);
+  // The TFLOPS: the plan's causal model FLOPs a second, as its MFU over the H100's 989 says.
+  const ModelSpec model = model_load("llama-2-7b");
+  PlanOptions plan;
+  plan.tp = 2;
+  plan.ring = 2;
+  plan.zero_stage = 1;
+  plan.activation_checkpointing = false;
+  plan.fp8 = true;
+  plan.global_batch = 128;
+  const TimePrediction time = time_predict(model, cluster_make(hardware_card_load("h100-sxm-80gb"), 32, 4, 8, 0), plan,
+                                           runtime_profile_load("megatron-core"), 32'768);
+  CHECK(time.accumulation_steps == 16);  // 128 samples over 8 data-parallel ranks
+  CHECK(validation.figures[0].predicted == doctest::Approx(time.mfu * 989.0));
 }
 
 TEST_CASE("a Megatron-LM row with tp, u and r in free text is predicted as Megatron-Core's plan: its MFU, and TFLOPS of causal FLOPs") {
