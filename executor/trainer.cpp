@@ -91,6 +91,7 @@ std::vector<std::string> executor_plan_problems(const PlanOptions& plan, const s
     problems.push_back(fmt::format("LoRA with ZeRO stage {}: the executor trains adapters without ZeRO (drop --zero)", plan.zero_stage));
   if (plan.qlora) problems.push_back("QLoRA: the executor has no 4-bit base yet (LoRA on the fp32/bf16 base runs)");
   if (plan.adam_8bit) problems.push_back("8-bit AdamW: the executor's optimizer is fp32 AdamW");
+  if (plan.cp_all_gather) problems.push_back("Megatron's all_gather context parallelism: the executor runs a ring of K/V blocks");
   if (plan.fp8) problems.push_back("FP8: the executor's GEMMs are fp32 on the CPU and bf16 on a GPU");
   if (plan.moe_aux_loss) problems.push_back("the auxiliary load-balancing loss: the executor's MoE block trains without it");
   if (plan.trl_activation_offload) problems.push_back("TRL's activation offloading is TRL's: the executor offloads checkpoints itself (--checkpoint-offload)");

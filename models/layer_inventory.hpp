@@ -180,6 +180,9 @@ struct LayerImplementation {
   // GEMM reads both ways is held twice while both are needed (row-wise and transposed).
   bool te_fp8 = false;
   bool te_fp8_transposed_copies = true;
+  // With shape.ring > 1 in Megatron's layer: its cp_comm_type all_gather (PlanOptions::cp_all_gather,
+  // M2.2) in place of p2p's ring of K/V blocks.
+  bool megatron_cp_all_gather = false;
 };
 
 // Category names of traces and breakdowns, shared by the planner's predictions and the executor's

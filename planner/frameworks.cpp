@@ -122,6 +122,8 @@ std::string framework_unsupported(Framework framework, const ModelSpec& model, c
   if (plan.recompute_modules.any() && !description.megatron_recompute)
     return fmt::format("{}: no selective recompute of modules (--recompute-modules is Megatron-Core's recompute_granularity selective: "
                        "--framework megatron-core)", name);
+  if (plan.cp_all_gather && !description.megatron_cp_all_gather)
+    return fmt::format("{}: --cp-all-gather is Megatron-Core's cp_comm_type all_gather (--framework megatron-core)", name);
   if (plan.fp8 && !description.te_fp8)
     return fmt::format("{}: its FP8 training is not modelled (--fp8 is Transformer Engine's under Megatron-Core: --framework megatron-core)",
                        name);

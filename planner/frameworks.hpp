@@ -88,6 +88,9 @@ struct FrameworkDescription {
   // Transformer Engine's FP8 linears (PlanOptions::fp8): Megatron-Core's --fp8-format (M10); the
   // other stacks' FP8 (torchtitan's torchao Float8Linear, Accelerate's TE/MS-AMP) is not modelled.
   bool te_fp8;
+  // Megatron-Core's cp_comm_type all_gather (PlanOptions::cp_all_gather, M2.2): the ring degree's
+  // K/V gathered whole before attention, not passed in a ring.
+  bool megatron_cp_all_gather;
   // Why it cannot build `model` whatever the plan (nullptr: it builds what longseq reads), then why
   // it cannot run `plan` on `gpus` GPUs (0: not known); "" when it can.
   std::string (*model_refused)(const char* name, const ModelSpec& model);

@@ -158,6 +158,7 @@ Setup setup_make(const ModelSpec& model, const HardwareCard& card, const PlanOpt
   impl.megatron_fused_swiglu = profile.megatron_fused_swiglu;
   impl.te_fp8 = plan.fp8 && profile.megatron_te_layer;
   impl.te_fp8_transposed_copies = card.fp8_transposed_copies;
+  impl.megatron_cp_all_gather = plan.cp_all_gather;
   // Liger's kernels are left out when the profile installs them only with the tiled loss and the
   // plan does not tile it: then neither its norm nor its SwiGLU runs. ALST also turns Liger's
   // SwiGLU off when TiledMLP is on (AT-code model/liger_factory.py).

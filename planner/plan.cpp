@@ -251,6 +251,10 @@ std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec
       problems.push_back("--recompute-modules mla_up_proj under context parallelism is not modelled (TE's context-parallel attention "
                          "saves its own copies of q, k and v)");
   }
+  // Megatron's all_gather over the ring degree alone (cp_comm_type "all_gather"; a2a+p2p is its
+  // hierarchical type, M2.2).
+  if (plan.cp_all_gather && (plan.ring < 2 || plan.sp > 1))
+    problems.push_back("--cp-all-gather gathers K/V over the context-parallel ranks of --ring R (R > 1), without --sp");
   // Transformer Engine's FP8 (M10): on a card with FP8 tensor cores, for the dense GPT layer (its MoE
   // and MLA layers' FP8 tensors are not modelled yet).
   if (plan.fp8) {
@@ -433,6 +437,7 @@ std::string plan_describe(const PlanOptions& plan) {
   if (plan.moe_aux_loss) text += " +moe-aux-loss";
   if (plan.trl_activation_offload) text += " +trl-activation-offload";
   if (plan.cp_all_to_all && plan.ring > 1) text += " cp-rotate=alltoall";
+  if (plan.cp_all_gather) text += " cp-comm=all_gather";
   if (plan.dp_replicate > 1) text += fmt::format(" dp-replicate={}", plan.dp_replicate);
   if (plan.micro_batch != 1) text += fmt::format(" micro-batch={}", plan.micro_batch);
   if (plan.global_batch > 0) text += fmt::format(" global-batch={}", plan.global_batch);

@@ -57,6 +57,10 @@ struct HeldChoices {
   // and torchtitan's) or all-to-all, passing one block to the next rank per step (Reference §11
   // F2.2-F2.3, F4.3, F6.1).
   bool cp_all_to_all = false;
+  // Megatron-Core's cp_comm_type all_gather (reference-megatron-core M2.2) for the ring degree: each
+  // attention gathers the whole sequence's K and V from the ring's ranks before it runs (not
+  // overlapped), and its backward gathers them again and reduce-scatters their gradients; false: p2p.
+  bool cp_all_gather = false;
   // A mixture-of-experts model trained with its auxiliary load-balancing loss (transformers'
   // output_router_logits): every layer's router logits kept through the forward and concatenated,
   // one-hot encoded and upcast at the loss (Reference §12 item 67).

@@ -57,6 +57,7 @@ std::string plan_file_to_json(const PlanFile& file) {
   if (p.recompute_modules.any()) plan["recompute_modules"] = megatron_recompute_modules_describe(p.recompute_modules);
   if (p.vpp > 1) plan["vpp"] = p.vpp;
   if (p.fp8) plan["fp8"] = true;
+  if (p.cp_all_gather) plan["cp_all_gather"] = true;
   if (p.lora()) {  // (written only for adapters: a full-training plan's file is as before)
     plan["lora_rank"] = p.lora_rank;
     plan["lora_targets"] = p.lora_all_linear ? "all-linear" : "q,v";
@@ -108,7 +109,7 @@ PlanFile plan_file_parse(const std::string& text, const std::string& source) {
   const JsonView plan = root["plan"];
   keys_check(plan, {"sp", "ring", "zero_stage", "offload_optimizer", "offload_params", "activation_checkpointing", "checkpoint_offload",
                     "tiled_mlp", "mlp_tiles", "tiled_loss", "loss_tiles", "fpdt", "fpdt_chunk_tokens", "micro_batch", "lora_rank",
-                    "lora_targets", "tp", "pp", "vpp", "ep", "offload_activation_layers", "recompute_block_layers", "recompute_modules", "fp8"});
+                    "lora_targets", "tp", "pp", "vpp", "ep", "offload_activation_layers", "recompute_block_layers", "recompute_modules", "fp8", "cp_all_gather"});
   PlanOptions& p = file.plan;
   p.sp = plan["sp"].integer(1, 1 << 20);
   p.ring = plan.has("ring") ? plan["ring"].integer(1, 1 << 20) : 1;
@@ -132,6 +133,7 @@ PlanFile plan_file_parse(const std::string& text, const std::string& source) {
   p.recompute_block_layers = plan.has("recompute_block_layers") ? plan["recompute_block_layers"].integer(1, 1 << 20) : 0;
   if (plan.has("recompute_modules")) p.recompute_modules = megatron_recompute_modules_parse(plan["recompute_modules"].string(), source, "plan.recompute_modules");
   p.fp8 = boolean_or(plan, "fp8", false);
+  p.cp_all_gather = boolean_or(plan, "cp_all_gather", false);
   if (plan.has("lora_rank")) p.lora_rank = plan["lora_rank"].integer(1, 4096);
   if (plan.has("lora_targets")) {
     if (!p.lora()) plan["lora_targets"].fail("given without lora_rank");

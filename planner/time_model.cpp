@@ -133,17 +133,22 @@ struct RingLayerPassing {
 // PyTorch context parallelism passes blocks the same way with its all-to-all rotation (and its
 // fp32 dK/dV always so, Reference §11 F2.5); with its default all-gather rotation each attention
 // pass gathers the whole sequence's K/V at once (F2.3: issued before the local block's compute and
-// waited for at the next step), so only the first step's compute hides the gather.
+// waited for at the next step), so only the first step's compute hides the gather. Megatron-Core's
+// all_gather (M2.2) gathers them before the attention runs, "not async, and cannot be overlapped", and
+// its backward gathers them again and reduce-scatters dK and dV in the activation dtype, all exposed.
+enum class KvExchange { kv_ring_blocks, kv_torch_all_gather, kv_megatron_all_gather };
 RingLayerPassing ring_layer_passing(const ModelSpec& model, const ClusterSpec& cluster, int64_t micro_batch, int64_t seqlen, int64_t sp,
-                                    int64_t ring, int64_t activation_bytes, double forward_attention_s, bool all_gather_rotation,
+                                    int64_t ring, int64_t activation_bytes, double forward_attention_s, KvExchange exchange,
                                     int64_t rank_stride = 1) {
   const Link link = link_for_group(cluster, sp * ring * rank_stride);
   const double r = as_double(ring), a = as_double(activation_bytes);
   const double tokens = as_double(micro_batch) * as_double(seqlen / (sp * ring));
   const double block_bytes = tokens * as_double((model.kv_width() + model.v_width()) * kv_replication_factor(model, sp)) * a;  // K and V
   const double accumulator_bytes = block_bytes / a * 4.0;
-  if (all_gather_rotation) {
-    const double gather_s = link.latency_us * 1e-6 + collective_seconds(Collective::collective_all_gather, r * block_bytes, ring, link);
+  const double gather_s = link.latency_us * 1e-6 + collective_seconds(Collective::collective_all_gather, r * block_bytes, ring, link);
+  if (exchange == KvExchange::kv_megatron_all_gather)
+    return {gather_s, gather_s + link.latency_us * 1e-6 + collective_seconds(Collective::collective_reduce_scatter, r * block_bytes, ring, link), 0.0};
+  if (exchange == KvExchange::kv_torch_all_gather) {
     return {std::max(0.0, gather_s - forward_attention_s / r),
             std::max(0.0, gather_s - 2.5 * forward_attention_s / r) + ring_exposed_pass_s(link, r, accumulator_bytes, 2.5 * forward_attention_s),
             ring_homecoming_s(link, accumulator_bytes)};
@@ -239,7 +244,10 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
   if (plan.ring > 1) {
     const RingLayerPassing passing = ring_layer_passing(rank_heads, cluster, plan.micro_batch, seqlen, plan.sp, plan.ring,
                                                         profile.activation_bytes, attention_per_layer_s * attention_forward_share,
-                                                        context_parallel_all_gather(profile, plan), std::max<int64_t>(1, plan.tp));
+                                                        plan.cp_all_gather                           ? KvExchange::kv_megatron_all_gather
+                                                        : context_parallel_all_gather(profile, plan) ? KvExchange::kv_torch_all_gather
+                                                                                                     : KvExchange::kv_ring_blocks,
+                                                        std::max<int64_t>(1, plan.tp));
     time.ring_exposed_s = layers * ((1.0 + recompute) * passing.forward_exposed_s + passing.backward_exposed_s);
     time.ring_final_hop_s = layers * passing.final_hop_s;
   }
@@ -536,7 +544,7 @@ double attention_benchmark_seconds(const AttentionBenchmark& benchmark, const Cl
   }
   if (benchmark.ring > 1) {
     const RingLayerPassing passing = ring_layer_passing(heads, cluster, benchmark.batch, benchmark.seqlen, benchmark.sp, benchmark.ring,
-                                                        benchmark.activation_bytes, forward_s, /*all_gather_rotation=*/false);
+                                                        benchmark.activation_bytes, forward_s, KvExchange::kv_ring_blocks);
     seconds += passing.forward_exposed_s;
     if (benchmark.backward) seconds += passing.backward_exposed_s + passing.final_hop_s;
   }

@@ -291,7 +291,11 @@ std::optional<ModelSpec> model_for_free_text(const std::string& text) {
 // P2P; TE); FP8; tp=4; pp=1; dp=8; cp=2; gbs=64"). Priced as Megatron-Core's TE layer under tensor
 // parallelism with sequence parallelism, the distributed optimizer, and context parallelism: USP's u x r
 // as Megatron's a2a+p2p layout (u heads-wise inside, r ring-wise across, as yunchang's), NeMo's cp as
-// its p2p ring; with FP8 where the row says so (M10). Figures: the step's MFU, and TFLOPS as the model's
+// its p2p ring; with FP8 where the row says so (M10). Meta's Llama 3 rows ("Meta 4D: tp=8; cp=1 ...;
+// pp=16 (interleaved); dp=64 (FSDP); batch/DP=32") are priced in the same layout: Meta's own stack, which
+// the row says; its FSDP as the distributed optimizer and its interleaved schedule, whose virtual stages
+// it does not state (and which Megatron plans on an even split only: 126 layers on 16 stages are not),
+// as 1F1B. Figures: the step's MFU, and TFLOPS as the model's
 // causal FLOPs a second ("MFU counts only causal-effective FLOPs", the USP rows say; NeMo's tables do
 // not state their FLOP count, which the report says).
 PointValidation megatron_point_validate(const PublishedPoint& point, const std::string& features, const std::string& profile_name,
@@ -303,7 +307,9 @@ PointValidation megatron_point_validate(const PublishedPoint& point, const std::
     return validation;
   };
   const auto tp = number_after(features, "tp="), u = number_after(features, "u="), r = number_after(features, "r="),
-             cp = number_after(features, "cp="), pp = number_after(features, "pp="), gbs = number_after(features, "gbs=");
+             cp = number_after(features, "cp="), pp = number_after(features, "pp="), gbs = number_after(features, "gbs="),
+             batch_per_dp = number_after(features, "batch/dp="), dp_stated = number_after(features, "dp=");
+  const bool meta = contains(features, "meta 4d");
   const bool usp_layout = u && r;
   if (!tp || !(usp_layout || cp)) return skip("Megatron row: no 'tp=N' with 'u=N; r=N' or 'cp=N'");
   const std::optional<ModelSpec> model = model_for_free_text(point.model);
@@ -320,10 +326,13 @@ PointValidation megatron_point_validate(const PublishedPoint& point, const std::
   // grad-accum" says (their gbs of 16 on one data-parallel rank is not a batch of sixteen 30K samples
   // that would fit without recompute).
   if (!usp_layout) plan.global_batch = gbs.value_or(0);
+  if (meta && batch_per_dp && dp_stated) plan.global_batch = *batch_per_dp * *dp_stated;
   // The distributed optimizer: USP's rows say "ZeRO-1"; NeMo's recipes run Megatron's distributed
   // optimizer (Megatron-Bridge's and NeMo's default optimizer config, use_distributed_optimizer True).
   plan.zero_stage = usp_layout && !contains(features, "zero-1") ? 0 : 1;
   plan.fp8 = contains(features, "fp8");
+  // Context parallelism that gathers K/V whole (Llama 3's: "all-gather KV CP") is Megatron's all_gather.
+  plan.cp_all_gather = plan.ring > 1 && plan.sp == 1 && contains(features, "all-gather");
   std::vector<std::string> assumptions;
   const bool recompute_stated = contains(features, "recompute") && !contains(features, "recompute not stated");
   plan.activation_checkpointing = recompute_stated && !contains(features, "no act-recompute");
@@ -333,8 +342,8 @@ PointValidation megatron_point_validate(const PublishedPoint& point, const std::
   } catch (const ConfigError& error) {
     return skip(fmt::format("cluster: {}", error.what()));
   }
-  if (const auto dp = number_after(features, "dp="); dp && *dp != data_parallel_ranks(cluster, plan))
-    return skip(fmt::format("dp={} is not the {} GPUs' share left by tp x cp x pp", *dp, point.gpus));
+  if (dp_stated && *dp_stated != data_parallel_ranks(cluster, plan))
+    return skip(fmt::format("dp={} is not the {} GPUs' share left by tp x cp x pp", *dp_stated, point.gpus));
   if (const std::vector<std::string> problems = plan_problems(*model, cluster, plan); !problems.empty())
     return skip(fmt::format("plan: {}", problems.front()));
   if (const std::string refusal = framework_unsupported(Framework::framework_megatron_core, *model, plan, cluster.gpus); !refusal.empty())
@@ -350,12 +359,16 @@ PointValidation megatron_point_validate(const PublishedPoint& point, const std::
     if (!memory_predict(*model, cluster, plan, profile, seqlen, /*with_breakdown=*/false).fits()) plan.activation_checkpointing = true;
     assumptions.push_back(plan.activation_checkpointing ? "recompute unstated: full (it does not fit without)" : "recompute unstated: none (it fits)");
   }
-  if (!usp_layout && !gbs) assumptions.push_back("one sample a step a data-parallel rank (no gbs)");
+  if (meta) assumptions.push_back("Meta's 4D stack priced as Megatron-Core's layout: FSDP as the distributed optimizer, its interleaved "
+                                  "schedule as 1F1B");
+  if (!usp_layout && !plan.global_batch) assumptions.push_back("one sample a step a data-parallel rank (no gbs)");
   else if (!usp_layout && !contains(features, "mbs=")) assumptions.push_back("micro batch 1 (unstated)");
   validation.plan = plan_describe(plan);
   validation.profile_name = profile.name;
   validation.profile = profile.name + (usp_layout ? " (Megatron's TE layer; the row's USP attention priced as Megatron-Core's a2a+p2p layout)"
-                                                  : " (Megatron-Core's TE layer, its p2p context parallelism)");
+                                                  : plan.cp_all_gather ? " (Megatron-Core's TE layer, its all_gather context parallelism)"
+                                                  : plan.ring > 1      ? " (Megatron-Core's TE layer, its p2p context parallelism)"
+                                                                       : " (Megatron-Core's TE layer)");
   if (plan.fp8) validation.profile += "; FP8 GEMMs at an approximate rate (M10.3)";
   for (const std::string& assumption : assumptions) validation.profile += "; " + assumption;
   const TimePrediction timing = time_predict(*model, cluster, plan, profile, seqlen);
@@ -386,7 +399,8 @@ PointValidation point_validate(const PublishedPoint& point, const std::string& p
   if (point.features.find_first_of(" ;") != std::string::npos) {
     const std::string features = text_to_lower(point.features);
     // Megatron's runs (USP's on Megatron-LM, NeMo's on Megatron-Core), FP8 among them (TE's, M10).
-    if ((contains(features, "megatron-lm") && contains(features, "u=") && contains(features, "r=")) || contains(features, "megatron-core"))
+    if ((contains(features, "megatron-lm") && contains(features, "u=") && contains(features, "r=")) || contains(features, "megatron-core") ||
+        contains(features, "meta 4d"))
       return megatron_point_validate(point, features, profile_name, reserve_gib);
     if (contains(features, "float8") || contains(features, "fp8"))
       return skip("FP8 outside Megatron-Core (torchtitan's Float8 linears: torchao's) is not modelled");

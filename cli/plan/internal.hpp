@@ -83,6 +83,7 @@ struct PlanCommandArgs {
   bool qlora = false;
   bool adam_8bit = false;
   bool fp8 = false;
+  bool cp_all_gather = false;
   bool moe_aux_loss = false;
   bool trl_activation_offload = false;
   std::string cp_rotate = "allgather";

@@ -132,6 +132,9 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
   command->add_flag("--qlora", args->qlora, "the base's linears in 4-bit NF4 with double quantization and bf16 compute (QLoRA); needs --lora");
   command->add_flag("--adam-8bit", args->adam_8bit,
                     "bitsandbytes' 8-bit AdamW (optim=\"adamw_8bit\": uint8 moments, ~2.03 bytes a parameter); the HF Trainer / TRL");
+  command->add_flag("--cp-all-gather", args->cp_all_gather,
+                    "Megatron-Core's cp_comm_type all_gather for --ring R: each attention gathers the whole sequence's K and V "
+                    "before it runs (not overlapped), in place of p2p's ring; --framework megatron-core");
   command->add_flag("--fp8", args->fp8,
                     "Transformer Engine's FP8 under Megatron-Core (--fp8-format hybrid, the delayed recipe): the decoder layers' "
                     "linears in FP8 (their GEMMs, saved inputs and weight copies), attention and the output layer in bf16; "
@@ -222,6 +225,7 @@ void held_choices_apply(const PlanCommandArgs& args, HeldChoices& held) {
   }
   held.adam_8bit = args.adam_8bit;
   held.fp8 = args.fp8;
+  held.cp_all_gather = args.cp_all_gather;
   held.micro_batch = std::max<int64_t>(1, micro_batch_fixed(args));
   held.moe_aux_loss = args.moe_aux_loss;
   held.trl_activation_offload = args.trl_activation_offload;

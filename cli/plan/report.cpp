@@ -17,6 +17,7 @@ nlohmann::json plan_to_json(const PlanOptions& plan, const ClusterSpec& cluster)
                          {"gradient_accumulation_steps", gradient_accumulation_steps(cluster, plan)}};
   if (plan.fpdt) json["fpdt_chunk_tokens"] = plan.fpdt_chunk_tokens;
   json["fp8"] = plan.fp8;
+  json["cp_all_gather"] = plan.cp_all_gather;
   if (plan.lora()) json["lora"] = {{"rank", plan.lora_rank}, {"targets", plan.lora_all_linear ? "all-linear" : "q,v"}, {"qlora", plan.qlora}};
   json["summary"] = plan_describe(plan);
   return json;

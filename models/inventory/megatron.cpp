@@ -108,6 +108,9 @@ struct MegatronBytes {
 };
 
 bool context_parallel(const LayerShape& shape) { return shape.sp > 1 || shape.ring > 1; }
+// The ring degree's two cp_comm_types (M2.2): p2p passes K/V blocks in a ring; all_gather gathers them whole.
+bool p2p_ring(const LayerShape& shape, const LayerImplementation& impl) { return shape.ring > 1 && !impl.megatron_cp_all_gather; }
+bool kv_all_gather(const LayerShape& shape, const LayerImplementation& impl) { return shape.ring > 1 && impl.megatron_cp_all_gather; }
 
 // A norm and the column-parallel linear after it, forward (TELayerNormColumnParallelLinear, M1.1; the
 // final TENorm and the vocabulary-parallel output layer, M1.3, alike): the norm's output as this
@@ -257,23 +260,27 @@ void megatron_layer_forward(TensorTrace& trace, const LayerShape& shape, const L
     // copies of what is exchanged, REFERENCE §3.1).
     trace.alloc(L, "attention.a2a_staging", static_cast<double>(impl.ulysses_staging_copies) * (bytes.q + bytes.kv + bytes.v));
   }
-  if (shape.ring > 1) {
+  if (p2p_ring(shape, impl)) {
     // cp_comm_type p2p (M2.3): the local K and V concatenated into one block and a second block for
     // the one in flight; the block last received is what attention saves, the local k and v go.
     trace.alloc(L, "ring.kv_blocks", 2.0 * (bytes.kv + bytes.v));
   }
+  // cp_comm_type all_gather (M2.2: AttnFuncWithCPAndKVAllGather): every ring rank's K and V gathered,
+  // and reordered by index_select into a second copy; the attention saves the local q, k, v.
+  if (kv_all_gather(shape, impl)) trace.alloc(L, "cp.kv_all_gathered", 2.0 * static_cast<double>(shape.ring) * (bytes.kv + bytes.v));
   if (shape.sp > 1) trace.free("attention.a2a_staging");
   trace.alloc(L, "attention.output", bytes.out);
   trace.alloc(L, "attention.lse_fp32", bytes.lse);
-  if (shape.ring > 1) {
+  if (p2p_ring(shape, impl)) {
     trace.free("ring.kv_blocks");
     trace.free("attention.k");
     trace.free("attention.v");
     trace.alloc(L, "attention.kv_block_saved", bytes.kv + bytes.v);
   }
+  if (kv_all_gather(shape, impl)) trace.free("cp.kv_all_gathered");
   if (!keep) {
     trace.free("attention.q");
-    if (shape.ring > 1) trace.free("attention.kv_block_saved");
+    if (p2p_ring(shape, impl)) trace.free("attention.kv_block_saved");
     else {
       trace.free("attention.k");
       trace.free(separate_v ? "attention.v" : "attention.qkv");
@@ -377,20 +384,24 @@ void megatron_layer_backward(TensorTrace& trace, const LayerShape& shape, const 
 
   // The attention's backward: dq, dk, dv at their dtype with an fp32 dq accumulator where the
   // kernel keeps one (the profile's); under p2p two K/V blocks and their gradients travel the ring
-  // with a dq buffer (M2.3: L2622-2628); under a2a the exchange's staging copies again.
+  // with a dq buffer (M2.3: L2622-2628); under all_gather K and V gathered again and reordered, and
+  // dK, dV of the whole sequence (L840-857, L868-890) with the two steps' partial gradients, about as
+  // much again, before they are reduce-scattered (L1259-1275); under a2a the exchange's staging copies again.
   trace.set_moment("attention backward");
   if (impl.flash_attention_dq_accumulator) trace.alloc(L, "attention.dq_accumulator_fp32", bytes.q / static_cast<double>(impl.activation_bytes) * 4.0);
-  if (shape.ring > 1) trace.alloc(L, "ring.backward_blocks", 4.0 * (bytes.kv + bytes.v) + bytes.q);
+  if (p2p_ring(shape, impl)) trace.alloc(L, "ring.backward_blocks", 4.0 * (bytes.kv + bytes.v) + bytes.q);
+  if (kv_all_gather(shape, impl)) trace.alloc(L, "cp.all_gather_backward", 4.0 * static_cast<double>(shape.ring) * (bytes.kv + bytes.v));
   if (shape.sp > 1) trace.alloc(L, "attention.a2a_staging", static_cast<double>(impl.ulysses_staging_copies) * (bytes.q + bytes.kv + bytes.v));
   trace.alloc(L, "attention.dqkv", bytes.q + bytes.kv + bytes.v);
   if (shape.sp > 1) trace.free("attention.a2a_staging");
-  if (shape.ring > 1) trace.free("ring.backward_blocks");
+  if (p2p_ring(shape, impl)) trace.free("ring.backward_blocks");
+  if (kv_all_gather(shape, impl)) trace.free("cp.all_gather_backward");
   if (impl.flash_attention_dq_accumulator) trace.free("attention.dq_accumulator_fp32");
   trace.free("attention.output_grad");
   trace.free("attention.output");
   trace.free("attention.lse_fp32");
   trace.free("attention.q");
-  if (shape.ring > 1) trace.free("attention.kv_block_saved");
+  if (p2p_ring(shape, impl)) trace.free("attention.kv_block_saved");
   else {
     trace.free("attention.k");
     trace.free(separate_v ? "attention.v" : "attention.qkv");

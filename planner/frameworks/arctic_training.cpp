@@ -54,6 +54,7 @@ extern const FrameworkDescription kArcticTraining = {
     /*deepseek_v3_layers=*/false,
     /*megatron_recompute=*/false,
     /*te_fp8=*/false,
+    /*megatron_cp_all_gather=*/false,
     model_refused,
     plan_refused,
 };

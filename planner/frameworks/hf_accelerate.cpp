@@ -34,6 +34,7 @@ extern const FrameworkDescription kHfAccelerate = {
     /*deepseek_v3_layers=*/false,
     /*megatron_recompute=*/false,
     /*te_fp8=*/false,
+    /*megatron_cp_all_gather=*/false,
     nullptr,
     plan_refused,
 };

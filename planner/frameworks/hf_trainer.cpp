@@ -39,6 +39,7 @@ extern const FrameworkDescription kHfTrainer = {
     /*deepseek_v3_layers=*/false,
     /*megatron_recompute=*/false,
     /*te_fp8=*/false,
+    /*megatron_cp_all_gather=*/false,
     nullptr,
     plan_refused,
 };

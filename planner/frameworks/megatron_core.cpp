@@ -77,6 +77,7 @@ extern const FrameworkDescription kMegatronCore = {
     /*megatron_recompute=*/true,
     // Transformer Engine's FP8 linears (--fp8-format hybrid, its default delayed recipe: M10).
     /*te_fp8=*/true,
+    /*megatron_cp_all_gather=*/true,
     model_refused,
     plan_refused,
 };

@@ -55,6 +55,7 @@ extern const FrameworkDescription kMegatronDeepSpeed = {
     /*deepseek_v3_layers=*/false,
     /*megatron_recompute=*/false,
     /*te_fp8=*/false,
+    /*megatron_cp_all_gather=*/false,
     model_refused,
     plan_refused,
 };

@@ -99,6 +99,7 @@ extern const FrameworkDescription kTorchtitan = {
     /*deepseek_v3_layers=*/false,
     /*megatron_recompute=*/false,
     /*te_fp8=*/false,
+    /*megatron_cp_all_gather=*/false,
     model_refused,
     plan_refused,
 };

@@ -25,6 +25,7 @@ namespace {
 // (its groups of u consecutive CP ranks) and p2p across them (a2a+p2p with
 // hierarchical_context_parallel_sizes [u, r]).
 const char* cp_comm_type(const PlanOptions& p) {
+  if (p.cp_all_gather) return "all_gather";
   if (p.sp > 1 && p.ring > 1) return "a2a+p2p";
   return p.sp > 1 ? "a2a" : "p2p";
 }

@@ -99,6 +99,9 @@ PLANS = [
     (["--model", "llama-3.1-8b", "--gpus", "16", "--tp", "2", "--ring", "8", "--fp8", "--seqlen", "128Ki"], 16,
      {"fp8": "hybrid", "fp8_recipe": "delayed", "fp8_param_gather": False,
       "tensor_model_parallel_size": 2, "context_parallel_size": 8}),
+    # cp_comm_type all_gather (Llama 3's context parallelism: K/V gathered whole).
+    (["--model", "llama-3.1-8b", "--gpus", "16", "--tp", "2", "--ring", "8", "--cp-all-gather", "--seqlen", "128Ki"], 16,
+     {"cp_comm_type": ["all_gather"], "context_parallel_size": 8}),
     # Uneven stages: Llama 3.1 405B's 126 layers on 16 stages (7, 8 x 14, 7).
     (["--model", "llama-3.1-405b", "--gpus", "512", "--tp", "8", "--pp", "16", "--ring", "4", "--seqlen", "128Ki", "--global-batch", "16"],
      512, {"pipeline_model_parallel_size": 16, "decoder_first_pipeline_num_layers": 7, "decoder_last_pipeline_num_layers": 7,

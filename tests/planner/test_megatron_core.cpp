@@ -500,3 +500,59 @@ TEST_CASE("block recompute: the first n layers of a stage keep their input, the 
   CHECK(config_emit("megatron-core", request).text().find("--recompute-granularity full --recompute-method block --recompute-num-layers 12") !=
         std::string::npos);
 }
+
+TEST_CASE("cp_comm_type all_gather: K and V of the whole sequence gathered twice in forward, four times their size in backward, all exposed") {
+  // llama_tp4_shape's K or V block is 16,384 tokens x 256 (2 kv heads of 128) in bf16.
+  const double kv_block = 16'384.0 * 256 * 2;
+  LayerImplementation all_gather = megatron_impl();
+  all_gather.megatron_cp_all_gather = true;
+  // Saved as p2p's: the local q, k, v (p2p saves the K/V block last received, as large), out and lse (M2.2).
+  CHECK(decoder_layer_saved_bytes(llama_tp4_shape(1, 4), all_gather) ==
+        doctest::Approx(decoder_layer_saved_bytes(llama_tp4_shape(1, 4), megatron_impl())));
+  // Forward's transient: K and V of all r ring ranks gathered and reordered (2 r (K + V)), the
+  // layer's peak on a ring of 64; backward's: gathered and reordered again, dK and dV of the whole
+  // sequence and the steps' partials (4 r (K + V)), its peak.
+  TensorTrace forward;
+  forward.alloc(kCategoryLayer, "layer.input", 4096.0 * 4096 * 2);
+  decoder_layer_forward(forward, llama_tp4_shape(1, 64), all_gather, true);
+  CHECK(forward.peak_moment() == "attention");
+  double gathered = 0;
+  for (const TraceItem& item : forward.peak_items())
+    if (item.name == "cp.kv_all_gathered") gathered = item.bytes;
+  CHECK(gathered == 2 * 64 * 2 * kv_block);
+  forward.alloc(kCategoryLayer, "layer.output_grad", 4096.0 * 4096 * 2);
+  decoder_layer_backward(forward, llama_tp4_shape(1, 64), all_gather);
+  REQUIRE(forward.live_items().size() == 1);
+  CHECK(forward.live_items().front().name == "layer.input_grad");
+  double backward_gathered = 0;
+  for (const TraceItem& item : forward.peak_items())
+    if (item.name == "cp.all_gather_backward") backward_gathered = item.bytes;
+  CHECK(backward_gathered == 4 * 64 * 2 * kv_block);
+
+  // Time: the gather exposed in each forward (the recompute's too), gather and reduce-scatter in backward.
+  const ModelSpec model = model_load("llama-3.1-8b");
+  const ClusterSpec cluster = h100s(16);
+  const RuntimeProfile profile = runtime_profile_load("megatron-core");
+  PlanOptions plan = megatron_plan(4, 1, 4, 1, true);
+  plan.cp_all_gather = true;
+  REQUIRE(plan_problems(model, cluster, plan).empty());
+  const int64_t seqlen = 65'536;
+  const TimePrediction time = time_predict(model, cluster, plan, profile, seqlen);
+  const Link link = link_for_group(cluster, 4 * 4);  // the ring's ranks lie t = 4 apart
+  const double block = 65'536.0 / 4 * (256 + 256) * 2;  // this rank's K and V at its 2 kv heads
+  const double gather = link.latency_us * 1e-6 + collective_seconds(Collective::collective_all_gather, 4 * block, 4, link);
+  const double scatter = link.latency_us * 1e-6 + collective_seconds(Collective::collective_reduce_scatter, 4 * block, 4, link);
+  CHECK(time.time.ring_exposed_s == doctest::Approx(32 * (2 * gather + gather + scatter)));
+  CHECK(time.time.ring_final_hop_s == 0);
+
+  // Megatron-Core's alone, over the ring degree alone; the export writes it.
+  PlanOptions without_ring = plan;
+  without_ring.ring = 1;
+  CHECK(plan_problems(model, cluster, without_ring).front().find("--cp-all-gather") == 0);
+  PlanOptions fsdp = megatron_plan(1, 1, 4, 3, true);
+  fsdp.cp_all_gather = true;
+  CHECK(framework_unsupported(Framework::framework_accelerate_fsdp2, model, fsdp, 16).find("--cp-all-gather") != std::string::npos);
+  ExportRequest request = testing::export_request("llama-3.1-8b", 16, plan, 65'536);
+  request.profile = profile;
+  CHECK(config_emit("megatron-core", request).text().find("--context-parallel-size 4 --cp-comm-type all_gather \\\n") != std::string::npos);
+}

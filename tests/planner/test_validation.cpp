@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include <fmt/format.h>
+
 #include "io/config_error.hpp"
 #include "models/model_loader.hpp"
 #include "planner/cards.hpp"
@@ -200,6 +202,24 @@ TEST_CASE("a NeMo row (Megatron-Core in FP8) is planned with its tp, cp, pp and 
                                            runtime_profile_load("megatron-core"), 32'768);
   CHECK(time.accumulation_steps == 16);  // 128 samples over 8 data-parallel ranks
   CHECK(validation.figures[0].predicted == doctest::Approx(time.mfu * 989.0));
+}
+
+TEST_CASE("Llama 3's 405B rows (Meta's 4D stack) are priced in Megatron-Core's layout, all-gather context parallelism where it says so") {
+  auto row = [&](int64_t gpus, const std::string& layout, int64_t cp, int64_t seqlen) {
+    return published_points_parse(kHeader + fmt::format("x,Llama3-405B (126L h16384 128q/8kv),{},H100-SXM-80GB HBM3 700W,80,{},8,,\"Meta 4D: "
+                                                         "tp=8; {}; BF16\",{},{},,,,400,0.4,\n", gpus, gpus / 8, layout, cp, seqlen),
+                                  "r.csv")
+        .at(0);
+  };
+  const PointValidation short_rows = point_validate(row(8192, "cp=1 (all-gather KV CP); pp=16 (interleaved); dp=64 (FSDP); batch/DP=32", 1, 8192), "");
+  REQUIRE(short_rows.skipped_reason.empty());
+  // 32 samples a data-parallel rank over 64 of them; the uneven 7 + 8 x 14 + 7 stages run 1F1B.
+  CHECK(short_rows.plan == "tp=8 pp=16 sp=1 zero=1 +checkpointing global-batch=2048");
+  CHECK(short_rows.profile.find("Meta's 4D stack priced as Megatron-Core's layout") != std::string::npos);
+  const PointValidation long_rows = point_validate(row(16384, "cp=16 (all-gather KV CP); pp=16 (interleaved); dp=8 (FSDP); batch/DP=16", 16, 131'072), "");
+  REQUIRE(long_rows.skipped_reason.empty());
+  CHECK(long_rows.plan == "tp=8 pp=16 sp=1 ring=16 zero=1 +checkpointing cp-comm=all_gather global-batch=128");
+  CHECK(long_rows.profile.find("its all_gather context parallelism") != std::string::npos);
 }
 
 TEST_CASE("a Megatron-LM row with tp, u and r in free text is predicted as Megatron-Core's plan: its MFU, and TFLOPS of causal FLOPs") {
