@@ -25,10 +25,12 @@ namespace longseq {
 // recomputed in backward (tensor_parallel.CheckpointWithoutOutput), the layer otherwise keeping what
 // it saves: a separate input or pre-MLP norm's output ("layernorm": MLA's input norm, the MoE layer's
 // pre-MLP norm), the MoE experts' activation ("moe_act") and MLA's up-projected q, k and v
-// ("mla_up_proj", planned without context parallelism).
+// ("mla_up_proj", planned without context parallelism); and, checkpointed whole (tensor_parallel.checkpoint:
+// its input kept, its forward rerun in backward, whose output is held through its backward), a dense
+// layer's MLP with the norm fused into fc1 ("mlp").
 struct MegatronRecomputeModules {
-  bool layernorm = false, moe_act = false, mla_up_proj = false;
-  bool any() const { return layernorm || moe_act || mla_up_proj; }
+  bool layernorm = false, moe_act = false, mla_up_proj = false, mlp = false;
+  bool any() const { return layernorm || moe_act || mla_up_proj || mlp; }
   bool operator==(const MegatronRecomputeModules&) const = default;
 };
 

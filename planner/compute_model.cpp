@@ -105,6 +105,8 @@ StepFlops step_flops(const ModelSpec& model, const PlanOptions& plan, int64_t se
     flops.matmul += as_double(model.num_layers) * 2.0 * tokens * heads *
                     (q_up * as_double(model.head_dim) + as_double(mla.kv_lora_rank) * as_double(model.head_dim - mla.qk_rope_head_dim + mla.v_head_dim));
   }
+  // Selective recompute of the dense MLP ("mlp") runs its three (or two) GEMMs' forward again in backward.
+  if (with_recompute && plan.recompute_modules.mlp) flops.matmul += as_double(model.num_layers) * layer.mlp;
   if (with_recompute && plan.activation_checkpointing && plan.checkpoint_ops)
     flops.matmul += as_double(model.num_layers) * op_selective_recomputed_matmul_flops(model, plan.micro_batch, seqlen, plan.sequence_ranks());
   else flops.matmul += as_double(model.num_layers) * (layer.projections + layer.mlp) * recompute;

@@ -179,10 +179,10 @@ void search_options_for_framework(SearchOptions& options, Framework framework, c
   options.recompute_block_shares = {};
   if (framework_description(framework).megatron_recompute) options.recompute_block_shares = {0.5, 0.75};
   // Selective recompute: every module the model has (its separate norms under MLA or MoE, the
-  // experts' activation, MLA's up-projections).
+  // experts' activation, MLA's up-projections, a dense model's MLP).
   options.recompute_modules = {};
   if (framework_description(framework).megatron_recompute)
-    options.recompute_modules = {model.is_latent_attention() || model.is_moe(), model.is_moe(), model.is_latent_attention()};
+    options.recompute_modules = {model.is_latent_attention() || model.is_moe(), model.is_moe(), model.is_latent_attention(), !model.is_moe()};
   // Tensor parallelism inside a node (its collectives run every layer, on NVLink): the powers of two
   // up to the node's GPUs, as Megatron's recipes choose them.
   options.tensor_parallel = {1};

@@ -245,6 +245,11 @@ std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec
                                      "LayerNormColumnParallelLinear), leaving no norm output to recompute", model.name));
     if (plan.recompute_modules.moe_act && !model.is_moe())
       problems.push_back(fmt::format("--recompute-modules moe_act: {} has no experts", model.name));
+    // transformer_layer.py L514-516: "mlp" checkpoints a dense layer's MLP only (recompute_mlp is not
+    // set on a MoE layer; a MoE model's dense first layers are not planned apart).
+    if (plan.recompute_modules.mlp && model.is_moe())
+      problems.push_back(fmt::format("--recompute-modules mlp: {}'s MoE layers are not checkpointed by it (Megatron's \"moe\" module, "
+                                     "not modelled)", model.name));
     if (plan.recompute_modules.mla_up_proj && !model.is_latent_attention())
       problems.push_back(fmt::format("--recompute-modules mla_up_proj: {} has no multi-head latent attention", model.name));
     if (plan.recompute_modules.mla_up_proj && (plan.sp > 1 || plan.ring > 1))
@@ -393,6 +398,7 @@ std::string megatron_recompute_modules_describe(const MegatronRecomputeModules& 
   if (modules.layernorm) names.push_back("layernorm");
   if (modules.moe_act) names.push_back("moe_act");
   if (modules.mla_up_proj) names.push_back("mla_up_proj");
+  if (modules.mlp) names.push_back("mlp");
   return fmt::format("{}", fmt::join(names, separator));
 }
 
@@ -405,9 +411,10 @@ MegatronRecomputeModules megatron_recompute_modules_parse(const std::string& tex
     if (name == "layernorm") modules.layernorm = true;
     else if (name == "moe_act") modules.moe_act = true;
     else if (name == "mla_up_proj") modules.mla_up_proj = true;
+    else if (name == "mlp") modules.mlp = true;
     else
-      throw ConfigError(source, key, fmt::format("unknown recompute module '{}' (modelled: layernorm, moe_act, mla_up_proj; Megatron's "
-                                                 "core_attn, mlp, moe and shared_experts are not)", name));
+      throw ConfigError(source, key, fmt::format("unknown recompute module '{}' (modelled: layernorm, moe_act, mla_up_proj, mlp; Megatron's "
+                                                 "core_attn, moe and shared_experts are not)", name));
     start = end + 1;
   }
   return modules;

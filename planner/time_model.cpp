@@ -288,7 +288,9 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
     const double forward_s = gathers_s + regions * reduce_scatter_s;
     const double backward_hidden_s = gathers_s + regions * reduce_scatter_s;
     const double backward_matmul_s = time.matmul_s * 2.0 / (3.0 + recompute);  // backward's share of the GEMMs
-    time.tensor_parallel_exposed_s = layers * ((1.0 + recompute) * forward_s + regions * all_gather_s) +
+    // A checkpointed dense MLP ("mlp" recompute) gathers and reduce-scatters once more in its rerun.
+    const double mlp_rerun_s = plan.recompute_modules.mlp ? all_gather_s + reduce_scatter_s : 0.0;
+    time.tensor_parallel_exposed_s = layers * ((1.0 + recompute) * forward_s + mlp_rerun_s + regions * all_gather_s) +
                                      std::max(0.0, layers * backward_hidden_s - backward_matmul_s);
   }
 

@@ -81,7 +81,8 @@ std::shared_ptr<PlanCommandArgs> plan_command_register(CLI::App& app) {
   command->add_option("--recompute-modules", args->recompute_modules,
                       "Megatron-Core's selective recompute, with --no-checkpointing: these modules' outputs are dropped after forward "
                       "and recomputed in backward, the layers keeping the rest (comma-separated: layernorm = MLA's input norm and the MoE "
-                      "layer's pre-MLP norm, moe_act = the experts' activation, mla_up_proj = MLA's q, k and v; "
+                      "layer's pre-MLP norm, moe_act = the experts' activation, mla_up_proj = MLA's q, k and v, mlp = a dense layer's "
+                      "MLP, checkpointed whole; "
                       "--recompute-granularity selective --recompute-modules). The Megatron-Core search tries every one the model has");
   command->add_option("--zero", args->zero_stage, "ZeRO stage 0..3 (default 3)");
   command->add_flag("--search", args->search,

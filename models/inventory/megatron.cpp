@@ -241,6 +241,34 @@ void qkv_backward(TensorTrace& trace, const LayerShape& shape, const MegatronByt
                             "layer.input_grad");
 }
 
+// The dense MLP's forward from the residual ("residual.attention") to `output` (the layer's), keeping
+// what its backward needs with `keep`.
+void dense_mlp_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, const MegatronBytes& bytes, bool keep,
+                       const char* output) {
+  // The pre-MLP norm fused with fc1 (M1.1 again): saves its input (the residual), its output shard
+  // and statistics.
+  trace.set_moment("pre-MLP norm and fc1");
+  layernorm_linear_forward(trace, shape, bytes, L, "mlp_norm.output", "mlp_norm.rsigma_fp32", "mlp.fc1_output", bytes.fc1, keep);
+
+  // The activation (mlp.py MLP.forward): the fused bias_swiglu_impl / bias_gelu_impl saves its
+  // input (fc1's output) only; the unfused glu's silu saves its output beside it.
+  trace.set_moment("activation");
+  if (!impl.megatron_fused_swiglu && shape.mlp_kind == MlpKind::mlp_kind_swiglu) trace.alloc(L, "mlp.silu_output", bytes.activation);
+  trace.alloc(L, "mlp.activation_output", bytes.activation);
+  if (!keep) {
+    trace.free("mlp.fc1_output");
+    if (trace.is_live("mlp.silu_output")) trace.free("mlp.silu_output");
+  }
+
+  // fc2, row-parallel, saves the activation output; its reduce-scattered output plus the residual
+  // is the layer's output.
+  trace.set_moment("fc2 and residual");
+  row_parallel_output(trace, shape, bytes, output, bytes.activation, "mlp.activation_output_fp8");
+  // In FP8 fc2 saved its quantized input, and the activation's bf16 output goes with the MLP's forward.
+  if (!keep || bytes.fp8) trace.free("mlp.activation_output");
+  if (!keep && bytes.fp8) trace.free("mlp.activation_output_fp8");
+}
+
 }  // namespace
 
 void megatron_layer_forward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl, bool keep) {
@@ -312,31 +340,11 @@ void megatron_layer_forward(TensorTrace& trace, const LayerShape& shape, const L
   // A MoE model's layer runs Megatron's MoE layer in place of the MLP (megatron_moe.cpp).
   if (shape.experts > 0) return megatron_moe_forward(trace, shape, impl, keep);
 
-  // The pre-MLP norm fused with fc1 (M1.1 again): saves its input (the residual), its output shard
-  // and statistics.
-  trace.set_moment("pre-MLP norm and fc1");
-  layernorm_linear_forward(trace, shape, bytes, L, "mlp_norm.output", "mlp_norm.rsigma_fp32", "mlp.fc1_output", bytes.fc1, keep);
-
-  // The activation (mlp.py MLP.forward): the fused bias_swiglu_impl / bias_gelu_impl saves its
-  // input (fc1's output) only; the unfused glu's silu saves its output beside it.
-  trace.set_moment("activation");
-  if (!impl.megatron_fused_swiglu && shape.mlp_kind == MlpKind::mlp_kind_swiglu) trace.alloc(L, "mlp.silu_output", bytes.activation);
-  trace.alloc(L, "mlp.activation_output", bytes.activation);
-  if (!keep) {
-    trace.free("mlp.fc1_output");
-    if (trace.is_live("mlp.silu_output")) trace.free("mlp.silu_output");
-  }
-
-  // fc2, row-parallel, saves the activation output; its reduce-scattered output plus the residual
-  // is the layer's output.
-  trace.set_moment("fc2 and residual");
-  row_parallel_output(trace, shape, bytes, "layer.output", bytes.activation, "mlp.activation_output_fp8");
-  // In FP8 fc2 saved its quantized input, and the activation's bf16 output goes with the MLP's forward.
-  if (!keep || bytes.fp8) trace.free("mlp.activation_output");
-  if (!keep) {
-    if (bytes.fp8) trace.free("mlp.activation_output_fp8");
-    trace.free("residual.attention");
-  }
+  // The dense MLP; under selective recompute of "mlp" (tensor_parallel.checkpoint over the MLP,
+  // transformer_layer.py L882-899) it keeps nothing but its input, the residual, which the
+  // checkpoint holds; backward reruns it (megatron_layer_backward).
+  dense_mlp_forward(trace, shape, impl, bytes, keep && !shape.recompute.mlp, "layer.output");
+  if (!keep) trace.free("residual.attention");
 }
 
 void megatron_layer_backward(TensorTrace& trace, const LayerShape& shape, const LayerImplementation& impl) {
@@ -348,6 +356,9 @@ void megatron_layer_backward(TensorTrace& trace, const LayerShape& shape, const 
   if (shape.experts > 0) {
     megatron_moe_backward(trace, shape, impl);
   } else {
+    // A checkpointed MLP ("mlp" recompute) runs its forward again first, its output held through its
+    // backward (the checkpoint's backward is torch.autograd.backward on the rerun's outputs).
+    if (shape.recompute.mlp) dense_mlp_forward(trace, shape, impl, bytes, /*keep=*/true, "mlp.rerun_output");
     // fc2 (row-parallel) backward: the output gradient gathered over the TP ranks, the activation's
     // gradient produced; the weight gradient goes into the DDP's gradient buffer (model states, M3.1).
     trace.set_moment("fc2 backward");
@@ -356,6 +367,7 @@ void megatron_layer_backward(TensorTrace& trace, const LayerShape& shape, const 
     row_parallel_output_grad_free(trace, shape, bytes);
     trace.free(bytes.fp8 ? "mlp.activation_output_fp8" : "mlp.activation_output");
     if (trace.is_live("layer.output")) trace.free("layer.output");
+    if (shape.recompute.mlp) trace.free("mlp.rerun_output");
 
     trace.set_moment("activation backward");
     trace.alloc(L, "mlp.fc1_output_grad", bytes.fc1);

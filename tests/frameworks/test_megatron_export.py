@@ -99,6 +99,9 @@ PLANS = [
     (["--model", "llama-3.1-8b", "--gpus", "16", "--tp", "2", "--ring", "8", "--fp8", "--seqlen", "128Ki"], 16,
      {"fp8": "hybrid", "fp8_recipe": "delayed", "fp8_param_gather": False,
       "tensor_model_parallel_size": 2, "context_parallel_size": 8}),
+    # Selective recompute of a dense layer's MLP.
+    (["--model", "llama-3.1-8b", "--gpus", "8", "--tp", "2", "--ring", "4", "--no-checkpointing", "--recompute-modules", "mlp", "--seqlen",
+      "128Ki"], 8, {"recompute_granularity": "selective", "recompute_modules": ["mlp"]}),
     # cp_comm_type all_gather (Llama 3's context parallelism: K/V gathered whole).
     (["--model", "llama-3.1-8b", "--gpus", "16", "--tp", "2", "--ring", "8", "--cp-all-gather", "--seqlen", "128Ki"], 16,
      {"cp_comm_type": ["all_gather"], "context_parallel_size": 8}),

@@ -556,3 +556,47 @@ TEST_CASE("cp_comm_type all_gather: K and V of the whole sequence gathered twice
   request.profile = profile;
   CHECK(config_emit("megatron-core", request).text().find("--context-parallel-size 4 --cp-comm-type all_gather \\\n") != std::string::npos);
 }
+
+TEST_CASE("selective recompute of a dense layer's MLP: it keeps only its input, reruns its forward and collectives in backward") {
+  const double tokens = 16'384, shard = 4096.0 * 4096 * 2, rsigma = 4096.0 * 8;
+  LayerShape mlp = llama_tp4_shape(1, 1);
+  mlp.recompute.mlp = true;
+  // Without the pre-MLP norm's output and statistics, fc1's output (gate and up) and the SwiGLU's output;
+  // the residual it starts from is the checkpoint's input, kept.
+  CHECK(decoder_layer_saved_bytes(llama_tp4_shape(1, 1), megatron_impl()) - decoder_layer_saved_bytes(mlp, megatron_impl()) ==
+        doctest::Approx(shard + rsigma + tokens * 2 * 3584 * 2 + tokens * 3584 * 2));
+  for (const int64_t ring : {1, 2}) {
+    LayerShape shape = llama_tp4_shape(1, ring);
+    shape.recompute.mlp = true;
+    TensorTrace trace;
+    trace.alloc(kCategoryLayer, "layer.input", shard);
+    decoder_layer_forward(trace, shape, megatron_impl(), true);
+    trace.alloc(kCategoryLayer, "layer.output_grad", shard);
+    decoder_layer_backward(trace, shape, megatron_impl());
+    REQUIRE(trace.live_items().size() == 1);
+    CHECK(trace.live_items().front().name == "layer.input_grad");
+  }
+  // The rerun's MLP GEMMs, and its gather and reduce-scatter (exposed, as the forward's).
+  const ModelSpec model = model_load("llama-3.1-8b");
+  PlanOptions selective = megatron_plan(4, 1, 1, 1, false);
+  selective.recompute_modules.mlp = true;
+  const PlanOptions none = megatron_plan(4, 1, 1, 1, false);
+  const int64_t seqlen = 32'768;
+  const LayerForwardFlops layer = layer_forward_flops(model, 1, seqlen, 1);
+  CHECK(step_flops_executed(model, selective, seqlen).matmul - step_flops_executed(model, none, seqlen).matmul ==
+        doctest::Approx(32 * layer.mlp / 4));
+  const ClusterSpec cluster = h100s(8);
+  const RuntimeProfile profile = runtime_profile_load("megatron-core");
+  const Link link = link_for_group(cluster, 4);
+  const double gathered = 32'768.0 * 4096 * 2;
+  const double rerun = 2 * link.latency_us * 1e-6 + collective_seconds(Collective::collective_all_gather, gathered, 4, link) +
+                       collective_seconds(Collective::collective_reduce_scatter, gathered, 4, link);
+  const double exposed_selective = time_predict(model, cluster, selective, profile, seqlen).time.tensor_parallel_exposed_s;
+  const double exposed_none = time_predict(model, cluster, none, profile, seqlen).time.tensor_parallel_exposed_s;
+  CHECK(exposed_selective - exposed_none == doctest::Approx(32 * rerun).epsilon(0.02));  // (the backward's hidden share moves a little)
+  // A MoE model's layers are not dense: refused; the export writes it.
+  CHECK(plan_problems(model_load("qwen3-30b-a3b"), cluster, selective).front().find("--recompute-modules mlp") == 0);
+  ExportRequest request = testing::export_request("llama-3.1-8b", 8, selective, seqlen);
+  request.profile = profile;
+  CHECK(config_emit("megatron-core", request).text().find("--recompute-granularity selective --recompute-modules mlp") != std::string::npos);
+}

@@ -93,12 +93,14 @@ TEST_CASE("in FP8 fc1's backward holds its output gradient quantized twice, its 
                           tokens * 8 * 4 + tokens * 1024 + shard + shard / 2 + rsigma + shard + tokens * 2 * 3584 * 2 +
                           tokens * 2 * 3584 * 2 + tokens * 4096 * 2 + tokens * 4096 * 2;
   CHECK(trace.peak_bytes() == doctest::Approx(expected).epsilon(1e-12));
-  // Everything it made is freed but the input gradient, on either card, with or without TP and CP.
+  // Everything it made is freed but the input gradient, on either card, with or without TP and CP,
+  // and with the MLP checkpointed (te_checkpoint, transformer_layer.py L882-890).
   for (const int64_t tp : {1, 4})
     for (const int64_t ring : {1, 2})
       for (const bool transposed : {true, false}) {
         LayerShape cp_shape = llama_shape(tp);
         cp_shape.ring = ring;
+        cp_shape.recompute.mlp = transposed && ring == 2;
         TensorTrace step;
         const double input = 16'384.0 / static_cast<double>(tp) * 4096 * 2;
         step.alloc(kCategoryLayer, "layer.input", input);
