@@ -19,6 +19,14 @@ namespace {
 const std::string kHeader =
     "# a comment\nsource,model,gpus,gpu_type,gpu_mem_gib,nodes,gpus_per_node,host_mem_gb,features,sp,seqlen,seqlen_fail,"
     "peak_mem_gib,iter_time_s,tflops,mfu,notes\n";
+
+// A ring_published.csv row of a Megatron run, its features in free text: `cluster` is "GPUS,GPU_TYPE,
+// GIB,NODES,8", `figures` its "tflops,mfu".
+PublishedPoint megatron_row(const std::string& model, const std::string& cluster, const std::string& features, int64_t sp, int64_t seqlen,
+                            const std::string& figures) {
+  return published_points_parse(kHeader + fmt::format("x,{},{},,\"{}\",{},{},,,,{},\n", model, cluster, features, sp, seqlen, figures), "r.csv")
+      .at(0);
+}
 }
 
 TEST_CASE("the project's copy of published_points.csv parses completely") {
@@ -177,10 +185,9 @@ TEST_CASE("free-text training rows name what is not modelled") {
 
 TEST_CASE("a NeMo row (Megatron-Core in FP8) is planned with its tp, cp, pp and global batch, says what it assumed, and predicts TFLOPS") {
   // NeMo's Llama2-7B table's shape: 32 H100s, tp=2 x cp=2 x dp=8, FP8, a global batch of 128 samples of 32K.
-  const auto point = published_points_parse(kHeader + "x,Llama2-7B,32,H100-SXM-80GB (DGX-H100),80,4,8,,\"NeMo 24.03.01; Megatron-Core CP "
-                                                      "(ring P2P; TE); FP8; tp=2; pp=1; dp=8; cp=2; gbs=128 (4M tokens/step)\",2,32768,,,,610,,\n",
-                                            "r.csv")
-                         .at(0);
+  const PublishedPoint point = megatron_row("Llama2-7B", "32,H100-SXM-80GB (DGX-H100),80,4,8",
+                                            "NeMo 24.03.01; Megatron-Core CP (ring P2P; TE); FP8; tp=2; pp=1; dp=8; cp=2; gbs=128 (4M tokens/step)",
+                                            2, 32'768, "610,");
   const PointValidation validation = point_validate(point, "");
   REQUIRE(validation.skipped_reason.empty());
   CHECK(validation.plan == "tp=2 sp=1 ring=2 zero=1 -checkpointing +fp8 global-batch=128");
@@ -206,10 +213,8 @@ TEST_CASE("a NeMo row (Megatron-Core in FP8) is planned with its tp, cp, pp and 
 
 TEST_CASE("Llama 3's 405B rows (Meta's 4D stack) are priced in Megatron-Core's layout, all-gather context parallelism where it says so") {
   auto row = [&](int64_t gpus, const std::string& layout, int64_t cp, int64_t seqlen) {
-    return published_points_parse(kHeader + fmt::format("x,Llama3-405B (126L h16384 128q/8kv),{},H100-SXM-80GB HBM3 700W,80,{},8,,\"Meta 4D: "
-                                                         "tp=8; {}; BF16\",{},{},,,,400,0.4,\n", gpus, gpus / 8, layout, cp, seqlen),
-                                  "r.csv")
-        .at(0);
+    return megatron_row("Llama3-405B (126L h16384 128q/8kv)", fmt::format("{},H100-SXM-80GB HBM3 700W,80,{},8", gpus, gpus / 8),
+                        "Meta 4D: tp=8; " + layout + "; BF16", cp, seqlen, "400,0.4");
   };
   const PointValidation short_rows = point_validate(row(8192, "cp=1 (all-gather KV CP); pp=16 (interleaved); dp=64 (FSDP); batch/DP=32", 1, 8192), "");
   REQUIRE(short_rows.skipped_reason.empty());
@@ -224,11 +229,10 @@ TEST_CASE("Llama 3's 405B rows (Meta's 4D stack) are priced in Megatron-Core's l
 
 TEST_CASE("a Megatron-LM row with tp, u and r in free text is predicted as Megatron-Core's plan: its MFU, and TFLOPS of causal FLOPs") {
   // USP's Table 6 shape: Llama3-8B on 16 A800s, tp=4 x u=2 x r=2, ZeRO-1, no recompute, 64K.
-  const auto point = published_points_parse(kHeader + "x,Llama3-8B (32L h4096 32q/8kv heads),16,A800-SXM4-80GB,80,2,8,,\"Megatron-LM@2196398 "
-                                                      "+ yunchang USP; ZeRO-1 over DP+SP; TP-sp on; no act-recompute; bf16; tp=4; u=2; r=2; "
-                                                      "dp=1; pp=1; gbs=1\",4,65536,,,,122.45,0.39,\n",
-                                            "r.csv")
-                         .at(0);
+  const PublishedPoint point = megatron_row("Llama3-8B (32L h4096 32q/8kv heads)", "16,A800-SXM4-80GB,80,2,8",
+                                            "Megatron-LM@2196398 + yunchang USP; ZeRO-1 over DP+SP; TP-sp on; no act-recompute; bf16; tp=4; u=2; "
+                                            "r=2; dp=1; pp=1; gbs=1",
+                                            4, 65'536, "122.45,0.39");
   const PointValidation validation = point_validate(point, "");
   REQUIRE(validation.skipped_reason.empty());
   CHECK(validation.plan == "tp=4 sp=2 ring=2 zero=1 -checkpointing");
