@@ -65,13 +65,16 @@ int plan_command_run(const PlanCommandArgs& args) {
                                                     ? "; --emit accelerate-fsdp2 writes TRL's SFTTrainer script beside its YAML"
                                                     : ""));
   // A held choice only one stack runs picks it when no framework is named: adapters and 8-bit Adam
-  // the HF Trainer / TRL path (PEFT, bitsandbytes), CP's rotation and HSDP Accelerate's FSDP2.
+  // the HF Trainer / TRL path (PEFT, bitsandbytes), CP's rotation and HSDP Accelerate's FSDP2, TE's
+  // FP8 and all_gather context parallelism Megatron-Core.
   const bool trainer_choice = args.lora_rank.has_value() || args.adam_8bit || args.trl_activation_offload;
   const bool fsdp2_choice = args.cp_rotate != "allgather" || args.dp_replicate.value_or(1) > 1;
-  const Framework default_framework = emitting        ? emit_framework
-                                      : trainer_choice ? Framework::framework_hf_trainer
-                                      : fsdp2_choice   ? Framework::framework_accelerate_fsdp2
-                                                       : kDefaultFramework;
+  const bool megatron_choice = args.fp8 || args.cp_all_gather;
+  const Framework default_framework = emitting          ? emit_framework
+                                      : trainer_choice   ? Framework::framework_hf_trainer
+                                      : fsdp2_choice     ? Framework::framework_accelerate_fsdp2
+                                      : megatron_choice  ? Framework::framework_megatron_core
+                                                         : kDefaultFramework;
   const Framework framework = machine ? Framework::framework_longseq : framework_given ? given_framework : default_framework;
   if (args.lora_rank && emitting && !export_writes_adapters(args.emit))
     throw ConfigError("--lora", "", "adapters are planned for the HF Trainer / TRL (alone, on DeepSpeed or on FSDP2) and Unsloth: --emit hf-trainer, accelerate, accelerate-fsdp2 or unsloth writes them");
@@ -193,6 +196,7 @@ int plan_command_run(const PlanCommandArgs& args) {
                           : args.lora_rank ? " (where adapters are planned: PEFT through the HF Trainer / TRL)"
                           : args.adam_8bit ? " (where 8-bit AdamW is planned: the HF Trainer / TRL)"
                           : fsdp2_choice   ? " (PyTorch FSDP2's: --cp-rotate / --dp-replicate)"
+                          : megatron_choice ? " (Transformer Engine's FP8 and all_gather context parallelism are planned for Megatron-Core)"
                                            : fmt::format(" (the default; --framework {})", others));
   }
   header += fmt::format("  cluster  {} x {} ({:.2f} GiB each), {} node(s) of {} GPUs, {:.0f} GiB host memory per node\n",
