@@ -58,6 +58,8 @@ void PlanSettings::override_with(const PlanSettings& later) {
   take(lora_rank, later.lora_rank);
   take(lora_all_linear, later.lora_all_linear);
   take(qlora, later.qlora);
+  take(fp8, later.fp8);
+  take(cp_all_gather, later.cp_all_gather);
   take(micro_batch, later.micro_batch);
   take(global_batch, later.global_batch);
   take(checkpoint_every, later.checkpoint_every);
@@ -128,6 +130,8 @@ PlanSettings plan_settings_read(YamlReader& reader) {
     settings.lora_all_linear =
         PlanOptions::lora_targets_parse(reader.get_string("lora_targets"), reader.source_name(), reader.key_name("lora_targets"));
   optional_bool("qlora", settings.qlora);
+  optional_bool("fp8", settings.fp8);
+  optional_bool("cp_all_gather", settings.cp_all_gather);
   if (reader.has("micro_batch")) settings.micro_batch = reader.get_int("micro_batch", 1, 1'000'000);
   if (reader.has("global_batch")) settings.global_batch = reader.get_int("global_batch", 1, 1'000'000'000);
   if (reader.has("checkpoint_every")) settings.checkpoint_every = reader.get_int("checkpoint_every", 1, int64_t{1} << 20);
@@ -337,6 +341,8 @@ PlanOptions plan_from_settings(const PlanSettings& settings, const ModelSpec& mo
   plan.lora_rank = settings.lora_rank.value_or(0);
   plan.lora_all_linear = settings.lora_all_linear.value_or(true);
   plan.qlora = settings.qlora.value_or(false);
+  plan.fp8 = settings.fp8.value_or(false);
+  plan.cp_all_gather = settings.cp_all_gather.value_or(false);
   plan.micro_batch = settings.micro_batch.value_or(1);
   plan.global_batch = settings.global_batch.value_or(0);
   if (settings.checkpoint_every) plan.checkpoint_every = *settings.checkpoint_every;
@@ -463,6 +469,8 @@ std::vector<SweepRow> scenario_run(const Scenario& scenario, const std::function
                         options.held.lora_rank = settings.lora_rank.value_or(0);
                         options.held.lora_all_linear = settings.lora_all_linear.value_or(true);
                         options.held.qlora = settings.qlora.value_or(false);
+                        options.held.fp8 = settings.fp8.value_or(false);
+                        options.held.cp_all_gather = settings.cp_all_gather.value_or(false);
                         options.held.micro_batch = settings.micro_batch.value_or(1);
                         options.held.global_batch = settings.global_batch.value_or(0);
                         // Held as --search --checkpoint-every and --checkpoint-ops hold them: every plan searched
@@ -587,6 +595,8 @@ ScenarioRunOptions scenario_run_options(const Scenario& scenario) {
   if (plan.search) refuse("plan.search", "a run trains one fixed plan (run.auto: true lets the planner choose it for this machine)");
   if (plan.framework) refuse("plan.framework", "a run trains with longseq's executor, not a framework's stack");
   if (plan.qlora.value_or(false)) refuse("plan.qlora", "the executor has no 4-bit base (LoRA on the kernels' dtype: lora_rank alone)");
+  if (plan.fp8.value_or(false)) refuse("plan.fp8", "Transformer Engine's FP8 is Megatron-Core's; the executor's GEMMs are fp32 or bf16");
+  if (plan.cp_all_gather.value_or(false)) refuse("plan.cp_all_gather", "all_gather context parallelism is Megatron-Core's; the executor runs a ring");
   if (plan.tiled_mlp == false && plan.mlp_tiles) refuse("plan.mlp_tiles", "given with tiled_mlp: false");
   if (plan.tiled_loss == false && plan.loss_tiles) refuse("plan.loss_tiles", "given with tiled_loss: false");
   if (plan.fpdt_chunk_tokens && !plan.fpdt.value_or(false)) refuse("plan.fpdt_chunk_tokens", "given without fpdt: true");

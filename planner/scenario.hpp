@@ -46,6 +46,9 @@ struct PlanSettings {
   // Adapters (PlanOptions' LoRA fields): held by a search, part of a fixed plan.
   std::optional<int64_t> lora_rank;
   std::optional<bool> lora_all_linear, qlora;
+  // Megatron-Core's TE FP8 and all_gather context parallelism (PlanOptions::fp8, cp_all_gather): held by
+  // a search, part of a fixed plan, as --fp8 and --cp-all-gather.
+  std::optional<bool> fp8, cp_all_gather;
   // Batches (held by a search, part of a fixed plan, as --micro-batch and --global-batch), and one
   // decoder layer in every N checkpointed (a plan option, as --checkpoint-every).
   std::optional<int64_t> micro_batch, global_batch, checkpoint_every;

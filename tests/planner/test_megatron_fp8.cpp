@@ -10,7 +10,9 @@
 #include "planner/cards.hpp"
 #include "planner/compute_model.hpp"
 #include "planner/frameworks.hpp"
+#include "io/config_error.hpp"
 #include "planner/memory_model.hpp"
+#include "planner/scenario.hpp"
 #include "planner/time_model.hpp"
 #include "reports/export.hpp"
 #include "support/export_request.hpp"
@@ -185,4 +187,25 @@ TEST_CASE("FP8 is Megatron-Core's, on a card with FP8 tensor cores, for its dens
   CHECK(script.find("  --fp8-format hybrid --fp8-recipe delayed \\\n") != std::string::npos);
   request.plan.fp8 = false;
   CHECK(config_emit("megatron-core", request).text().find("--fp8") == std::string::npos);
+}
+
+TEST_CASE("a scenario plans FP8 and all_gather context parallelism: fixed in a plan, held by a search, refused by a run") {
+  const std::string head = "name: x\nmodel: llama-3.1-8b\ncluster: {gpu: h100-sxm-80gb}\n";
+  const Scenario fixed = scenario_from_text(
+      head + "plan: {framework: megatron-core, tp: 2, ring: 8, fp8: true, cp_all_gather: true}\nsweep: {gpus: [16], seqlen: [128Ki]}\n", "x.yaml");
+  const std::vector<SweepRow> rows = scenario_run(fixed);
+  REQUIRE(rows.size() == 1);
+  REQUIRE(rows[0].plan);
+  CHECK(rows[0].error == "");
+  CHECK(plan_describe(*rows[0].plan) == "tp=2 sp=1 ring=8 zero=1 +checkpointing +fp8 cp-comm=all_gather");
+  const Scenario held = scenario_from_text(head + "plan: {search: max-seqlen, framework: megatron-core, tp: 2, fp8: true}\nsweep: {gpus: [16]}\n",
+                                           "x.yaml");
+  const std::vector<SweepRow> held_rows = scenario_run(held);
+  REQUIRE(held_rows.size() == 1);
+  REQUIRE(held_rows[0].plan);
+  CHECK(held_rows[0].plan->fp8);
+  CHECK_THROWS_WITH_AS(scenario_run_options(scenario_from_text("name: r\nmodel: llama-3.1-8b\ncluster: {gpu: cpu-device}\n"
+                                                                "plan: {fp8: true}\nrun: {steps: 1, seqlen: 1024}\n",
+                                                                "r.yaml")),
+                       doctest::Contains("plan.fp8"), ConfigError);
 }
