@@ -84,6 +84,16 @@ double op_selective_recomputed_matmul_flops(const ModelSpec& model, int64_t micr
   return 2.0 * tokens * h * (as_double(model.kv_width()) + as_double(model.q_width()) + as_double(model.intermediate_size));
 }
 
+double te_fp8_linear_parameters(const ModelSpec& model, const PlanOptions& plan, double dense_layers, double moe_layers) {
+  const double h = as_double(model.hidden_size), mlp_matrices = model.mlp_kind == MlpKind::mlp_kind_swiglu ? 3.0 : 2.0;
+  const double attention = 2.0 * h * as_double(model.q_width()) + 2.0 * h * as_double(model.kv_width());
+  const double dense_mlp = mlp_matrices * h * as_double(model.intermediate_size);
+  const double rank_experts =
+      as_double(model.experts) / as_double(std::max<int64_t>(1, plan.ep)) * mlp_matrices * h * as_double(model.expert_intermediate_size);
+  const double tp = as_double(std::max<int64_t>(1, plan.tp));
+  return dense_layers * (attention + dense_mlp) / tp + moe_layers * (attention / tp + rank_experts);
+}
+
 namespace {
 
 StepFlops step_flops(const ModelSpec& model, const PlanOptions& plan, int64_t seqlen, bool with_recompute) {

@@ -1,4 +1,5 @@
 #include "planner/memory_model.hpp"
+#include "planner/compute_model.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -436,7 +437,7 @@ void zero_layer_buffers_place(TensorTrace& trace, const PlanOptions& plan, const
     // weight, in bf16 storage elements) and the norms, which prepare_model_for_kbit_training or the
     // stack keeps in qlora_unquantized_weight_bytes (item 13).
     const double gathered_bytes = plan.qlora ? setup.qlora_packed_per_layer + as_double(setup.params.per_layer_norms) *
-                                                                                 as_double(profile.qlora_unquantized_weight_bytes)
+                                                                                 profile.qlora_unquantized_weight_bytes
                                              : layer_params * as_double(profile.weight_bytes);
     trace.alloc(kCategoryZero, "gathered_layer_weights", gathered_bytes);
     // The prefetch bucket counts elements of the stored parameters (bf16, or the packed values' bf16 storage).
@@ -592,11 +593,13 @@ MemoryPrediction memory_predict_phases(const ModelSpec& model, const ClusterSpec
   }
   const double layers = as_double(stage.layers);
   // TE's FP8 weight copies (M10.2): every linear of the layers the rank holds (all its chunks under
-  // interleaving), its TP share, quantized for both GEMMs that read it (forward and input gradient).
+  // interleaving), quantized for both GEMMs that read it (forward and input gradient): the attention's
+  // and a dense MLP's TP share, a MoE layer's experts its ep share, whole (M10.4; its router is not TE's).
   if (setup.impl.te_fp8) {
     const double held_layers = plan.pp > 1 ? layers * as_double(std::max<int64_t>(1, plan.vpp)) : as_double(model.num_layers);
-    setup.fp8_weight_copy_bytes = as_double(layer_linear_parameter_count(model)) / as_double(model.num_layers) * held_layers /
-                                  as_double(std::max<int64_t>(1, plan.tp)) * (setup.impl.te_fp8_transposed_copies ? 2.0 : 1.0);
+    const double held_moe_layers = !model.is_moe() ? 0.0 : plan.pp > 1 ? as_double(stage.moe_layers) : as_double(model.moe_layers());
+    setup.fp8_weight_copy_bytes = te_fp8_linear_parameters(model, plan, held_layers - held_moe_layers, held_moe_layers) *
+                                  (setup.impl.te_fp8_transposed_copies ? 2.0 : 1.0);
   }
   // Under 1F1B the micro-batches before this one are in flight whole: their layers' activations too.
   const double earlier_micro_batch_layers = as_double(stage.in_flight - 1) * layers;

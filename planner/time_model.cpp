@@ -473,18 +473,23 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
     if (plan.fp8) {
       const double a = as_double(profile.activation_bytes);
       const double copies = card.fp8_transposed_copies ? 2.0 : 1.0;
-      const double mlp_width = as_double(model.intermediate_size), h = as_double(model.hidden_size);
+      // A MoE layer's experts quantize their k routed copies of each token (M10.4).
+      const double mlp_width = model.is_moe() ? as_double(model.experts_per_token * model.expert_intermediate_size) : as_double(model.intermediate_size);
+      const double h = as_double(model.hidden_size);
       const double forward_elements = as_double(model.q_width()) + mlp_width;
       const double backward_elements = as_double(model.q_width() + 2 * model.kv_width()) + h +
                                        (model.mlp_kind == MlpKind::mlp_kind_swiglu ? 2.0 : 1.0) * mlp_width + h;
       bytes += tokens * layers * ((1.0 + recompute) * forward_elements + backward_elements) * (a + copies);
-      bytes += as_double(layer_linear_parameter_count(model)) / as_double(model.num_layers) * layers * (a + copies) /
-               micro_steps;
     }
     const double gbps = card.elementwise_gbps > 0 ? card.elementwise_gbps : card.hbm_gbps;
     // Under tensor parallelism each rank's share: 1/t of the widths inside the attention and MLP, 1/t
     // of the tokens outside them (sequence parallelism), 1/t of the vocabulary.
     time.elementwise_s = bytes / (gbps * 1e9) / as_double(std::max<int64_t>(1, plan.tp));
+    if (plan.fp8) {
+      const double moe_layers = layers * as_double(model.moe_layers()) / as_double(model.num_layers);
+      time.elementwise_s += te_fp8_linear_parameters(model, plan, layers - moe_layers, moe_layers) *
+                            (as_double(profile.activation_bytes) + (card.fp8_transposed_copies ? 2.0 : 1.0)) / micro_steps / (gbps * 1e9);
+    }
   }
 
   // One optimizer step: every micro-step's compute and traffic, the optimizer once. An offloaded

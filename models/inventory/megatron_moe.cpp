@@ -12,6 +12,8 @@
 //   the router's logits and probabilities                 [T_s, E]
 // What each layer's dispatcher keeps between steps (its probabilities, routing map and permutation
 // map, M6.5) is not a layer's working set: megatron_moe_dispatcher_held_bytes prices it per layer.
+// In FP8 (M10.4) the experts' inputs are padded per expert for TE's grouped GEMMs and saved quantized,
+// as fc2's are; the router and the dispatcher stay in their dtypes.
 #include "models/inventory/internal.hpp"
 
 namespace longseq::inventory {
@@ -30,8 +32,14 @@ struct MegatronMoeBytes {
   double gathered;     // [T, h]: the shared experts' input gathered over the TP ranks
   double shared_fc1, shared_activation;  // [T, 2 I_s / t], [T, I_s / t]: the shared experts' (a TP rank's share)
   double shared_gate;  // [T_s, 1]: the shared experts' sigmoid gate
+  // FP8 (M10.4): a byte an element of what the grouped linears save; `fp8_copies` bytes an element of a
+  // tensor quantized for GEMMs that read it both ways (MegatronBytes' rule).
+  bool fp8;
+  double a, fp8_copies;
   MegatronMoeBytes(const LayerShape& shape, const LayerImplementation& impl) {
-    const double a = static_cast<double>(impl.activation_bytes);
+    a = static_cast<double>(impl.activation_bytes);
+    fp8 = impl.te_fp8;
+    fp8_copies = impl.te_fp8_transposed_copies ? 2.0 : 1.0;
     const double tokens = static_cast<double>(shape.hidden_state_tokens());
     const double experts = static_cast<double>(shape.experts), k = static_cast<double>(shape.experts_per_token);
     const double pairs = tokens * k;
@@ -161,9 +169,32 @@ void megatron_moe_forward(TensorTrace& trace, const LayerShape& shape, const Lay
   // TEGroupedMLP (experts.py L728-905): fc1's [P, 2 f_e] output saved by the fused weighted SwiGLU
   // (weighted_bias_swiglu_impl: its input and the probabilities), whose [P, f_e] output fc2 saves.
   trace.set_moment("moe experts");
+  if (bytes.fp8) {
+    // FP8 (M10.4): each expert's tokens padded to a multiple of 16 rows (experts.py L767-780, TE
+    // Fp8Padding: a new [P', h] tensor and padded probabilities, P' ~ P), the weighted SwiGLU saving the
+    // padded probabilities; fc1 quantizes its input for both GEMMs and saves the column-wise copy.
+    trace.alloc(L, "moe.padded_inputs", bytes.pairs_x);
+    trace.alloc(L, "moe.padded_probs", bytes.pair_probs);
+    trace.alloc(L, "moe.expert_inputs_fp8", bytes.pairs_x / bytes.a);
+    if (bytes.fp8_copies > 1) trace.alloc(L, "fp8.rowwise_copy", bytes.pairs_x / bytes.a);
+  }
   trace.alloc(L, "moe.fc1_output", 2.0 * bytes.pairs_f);
+  if (bytes.fp8) {
+    if (bytes.fp8_copies > 1) trace.free("fp8.rowwise_copy");
+    trace.free("moe.padded_inputs");
+  }
   trace.alloc(L, "moe.activation_output", bytes.pairs_f);
+  if (bytes.fp8) {
+    // fc2 likewise saves its quantized input; the activation's bf16 output goes with the forward.
+    trace.alloc(L, "moe.activation_output_fp8", bytes.pairs_f / bytes.a);
+    if (bytes.fp8_copies > 1) trace.alloc(L, "fp8.rowwise_copy", bytes.pairs_f / bytes.a);
+  }
   trace.alloc(L, "moe.fc2_output", bytes.pairs_x);
+  if (bytes.fp8) {
+    if (bytes.fp8_copies > 1) trace.free("fp8.rowwise_copy");
+    trace.free("moe.activation_output");
+    copy_over(trace, "moe.fc2_output", bytes.pairs_x);  // Fp8Unpadding: the output without the padded rows
+  }
   // Selective recompute of the activation ("moe_act", experts.py L882-893): discarded once fc2 has
   // run, recomputed as backward reaches fc2.
   if (keep && shape.recompute.moe_act) trace.free("moe.activation_output");
@@ -176,6 +207,12 @@ void megatron_moe_forward(TensorTrace& trace, const LayerShape& shape, const Lay
   trace.alloc(L, "moe.output", bytes.shard);
   for (const char* name : {"moe.fc2_output", "moe.unsorted_output", "moe.combined_output", "moe.dispatched_tokens", "moe.permuted_tokens"})
     if (trace.is_live(name)) trace.free(name);
+  // In FP8 nothing saves the bf16 expert inputs (fc1 saved its quantized copy) or the unpadded
+  // probabilities (the SwiGLU saved the padded ones): they go with the forward.
+  if (bytes.fp8) {
+    if (trace.is_live("moe.expert_inputs")) trace.free("moe.expert_inputs");
+    trace.free("moe.permuted_probs");
+  }
   // postprocess: the shared experts' output added (moe_layer.py L575-590).
   if (shape.shared_expert_intermediate > 0) {
     copy_over(trace, "moe.output", bytes.shard);
@@ -188,7 +225,8 @@ void megatron_moe_forward(TensorTrace& trace, const LayerShape& shape, const Lay
   if (keep && shape.recompute.layernorm) trace.free("mlp_norm.output");
   if (!keep) {
     for (const char* name : {"mlp_norm.output", "mlp_norm.rsigma_fp32", "moe.topk_softmax_fp32", "moe.aux_loss_scores_fp32", "moe.permuted_probs",
-                             "moe.expert_inputs", "moe.fc1_output", "moe.activation_output", "shared_experts.fc1_output",
+                             "moe.expert_inputs", "moe.fc1_output", "moe.activation_output", "moe.padded_probs", "moe.expert_inputs_fp8",
+                             "moe.activation_output_fp8", "shared_experts.fc1_output",
                              "shared_experts.activation_output", "shared_experts.mlp_output", "shared_experts.gate_score"})
       if (trace.is_live(name)) trace.free(name);
     trace.free("residual.attention");
@@ -209,14 +247,27 @@ void megatron_moe_backward(TensorTrace& trace, const LayerShape& shape, const La
   // fc1's data gradient [P, h]. The weight gradients go to the DDP's buffer (model states).
   trace.set_moment("moe experts backward");
   if (shape.recompute.moe_act) trace.alloc(L, "moe.activation_output", bytes.pairs_f);  // recomputed from fc1's output
+  // In FP8 the gradient padded again (Fp8Unpadding's backward) and quantized for fc2's two GEMMs.
+  if (bytes.fp8) {
+    copy_over(trace, "moe.pairs_grad", bytes.pairs_x);
+    trace.alloc(L, "fp8.output_grad", bytes.pairs_x / bytes.a * bytes.fp8_copies);
+  }
   trace.alloc(L, "moe.activation_output_grad", bytes.pairs_f);
+  if (bytes.fp8) trace.free("fp8.output_grad");
   trace.free("moe.pairs_grad");
-  trace.free("moe.activation_output");
+  trace.free(bytes.fp8 ? "moe.activation_output_fp8" : "moe.activation_output");
   trace.alloc(L, "moe.fc1_output_grad", 2.0 * bytes.pairs_f);
   trace.alloc(L, "moe.permuted_probs_grad", bytes.pair_probs);
   trace.free("moe.activation_output_grad");
   trace.free("moe.fc1_output");
+  if (bytes.fp8) trace.alloc(L, "fp8.output_grad", 2.0 * bytes.pairs_f / bytes.a * bytes.fp8_copies);
   trace.alloc(L, "moe.expert_inputs_grad", bytes.pairs_x);
+  if (bytes.fp8) {
+    trace.free("fp8.output_grad");
+    trace.free("moe.expert_inputs_fp8");
+    trace.free("moe.padded_probs");
+    copy_over(trace, "moe.expert_inputs_grad", bytes.pairs_x);  // Fp8Padding's backward: the padded rows dropped
+  }
   trace.free("moe.fc1_output_grad");
   if (trace.is_live("moe.expert_inputs")) trace.free("moe.expert_inputs");
   // Back through the sort and the all-to-all, then permute's backward sums the k pairs of a token.
@@ -231,7 +282,7 @@ void megatron_moe_backward(TensorTrace& trace, const LayerShape& shape, const La
   trace.set_moment("router backward");
   trace.alloc(L, "moe.probs_grad", bytes.logits);
   trace.free("moe.permuted_probs_grad");
-  trace.free("moe.permuted_probs");
+  if (trace.is_live("moe.permuted_probs")) trace.free("moe.permuted_probs");
   trace.alloc(L, "moe.aux_loss_scores_grad_fp32", bytes.scores_fp32);
   trace.alloc(L, "moe.router_logits_grad", bytes.logits);
   trace.free("moe.aux_loss_scores_grad_fp32");

@@ -4,6 +4,8 @@
 // by hand from TE 2.20.2's linear.py / layernorm_linear.py and Megatron-Core 0.19.2 as M10 cites them.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include "models/adapters.hpp"
 #include "models/layer_inventory.hpp"
 #include "models/model_loader.hpp"
@@ -172,7 +174,10 @@ TEST_CASE("FP8 is Megatron-Core's, on a card with FP8 tensor cores, for its dens
   const std::vector<std::string> ampere = plan_problems(model, cluster_of("a100-80gb", 16), plan);
   REQUIRE(ampere.size() == 1);
   CHECK(ampere.front().find("no FP8 tensor rate") != std::string::npos);
-  CHECK(plan_problems(model_load("qwen3-30b-a3b"), cluster_of("h100-sxm-80gb", 16), plan).front().find("MoE") != std::string::npos);
+  const ClusterSpec h100s = cluster_of("h100-sxm-80gb", 16);
+  CHECK(plan_problems(model_load("qwen1.5-moe-a2.7b"), h100s, plan).front().find("shared experts") != std::string::npos);
+  const std::vector<std::string> deepseek = plan_problems(model_load("deepseek-v3"), cluster_of("h100-sxm-80gb", 256), plan);
+  CHECK(std::any_of(deepseek.begin(), deepseek.end(), [](const std::string& problem) { return problem.find("latent attention") != std::string::npos; }));
   CHECK(framework_unsupported(Framework::framework_megatron_core, model, plan, 16).empty());
   for (const Framework other : {Framework::framework_torchtitan, Framework::framework_accelerate_fsdp2, Framework::framework_arctic_training}) {
     PlanOptions single = plan;

@@ -323,3 +323,34 @@ TEST_CASE("a scenario plans expert parallelism: ep fixes a plan's expert ranks, 
   REQUIRE(held_rows[0].plan);
   CHECK(held_rows[0].plan->ep == 4);
 }
+
+TEST_CASE("the MoE layer in FP8: the experts' inputs padded, saved quantized as fc2's are, and every expert's weights copied in FP8") {
+  LayerImplementation fp8 = testing::megatron_te_layer_impl();
+  fp8.te_fp8 = true;
+  const double tokens = 16'384, shard = kSharedTokens * 2048 * 2;
+  // The attention as the dense layer's in FP8 (M10.1: the fused input norm's output a byte an element,
+  // a quantized copy of the attention output); the MoE layer's separate pre-MLP norm and router stay
+  // bf16; the sorted tokens fc1 saves [P, h] and the SwiGLU's output fc2 saves [P, f_e] a byte an
+  // element; the padded probabilities saved in place of the unpadded, as large (M10.4).
+  const double bf16 = decoder_layer_saved_bytes(qwen3_moe_tp2_shape(8), testing::megatron_te_layer_impl());
+  CHECK(decoder_layer_saved_bytes(qwen3_moe_tp2_shape(8), fp8) ==
+        doctest::Approx(bf16 - shard / 2 + tokens * 2048 - kPairs * 2048 - kPairs * 768).epsilon(1e-12));
+  // Its step frees all it makes, sorting or not, on either card.
+  for (const int64_t ep : {1, 8, 128})
+    for (const bool transposed : {true, false}) {
+      fp8.te_fp8_transposed_copies = transposed;
+      const TensorTrace step = testing::megatron_layer_step(qwen3_moe_tp2_shape(ep), fp8);
+      REQUIRE(step.live_items().size() == 1);
+      CHECK(step.live_items().front().name == "layer.input_grad");
+    }
+  // The weights' FP8 copies (two bytes a weight on Hopper): the attention's TP share and the rank's
+  // 16 experts whole, over 48 layers.
+  const ModelSpec model = model_load("qwen3-30b-a3b");
+  PlanOptions plan = megatron_plan(2, 8, 1, true);
+  plan.fp8 = true;
+  REQUIRE(plan_problems(model, h100s(8), plan).empty());
+  const MemoryPrediction prediction = memory_predict(model, h100s(8), plan, runtime_profile_load("megatron-core"), 16'384);
+  const double attention = 2.0 * 2048 * 4096 + 2.0 * 2048 * 512;  // q and o [2048, 32 x 128], k and v [2048, 4 x 128]
+  const double experts = 16.0 * 3 * 2048 * 768;
+  CHECK(item_bytes(prediction.phases.front().items, "fp8_weight_copies") == doctest::Approx(48 * (attention / 2 + experts) * 2));
+}
