@@ -264,8 +264,8 @@ std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec
   // and MLA layers' FP8 tensors are not modelled yet).
   if (plan.fp8) {
     if (!(cluster.hardware.peak_fp8_tflops > 0))
-      problems.push_back(fmt::format("--fp8: {}'s card gives no FP8 tensor rate (peak_fp8_tflops: FP8 tensor cores are Ada's, Hopper's "
-                                     "and Blackwell's)", cluster.hardware.name));
+      problems.push_back(fmt::format("--fp8: {}'s card gives no FP8 tensor rate (peak_fp8_tflops; the cards of NVIDIA's Ada, Hopper "
+                                     "and Blackwell data-centre parts carry their datasheets' figure)", cluster.hardware.name));
     if (model.shared_expert_intermediate_size > 0)
       problems.push_back(fmt::format("--fp8 with {}'s shared experts is not modelled yet (their TE linears in FP8)", model.name));
     if (plan.recompute_modules.moe_act)
