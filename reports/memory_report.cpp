@@ -146,7 +146,8 @@ std::string time_table_render(const TimePrediction& prediction, const TimeContex
   auto line = [&](const std::string& name, double seconds) {
     if (seconds > 0) out += fmt::format("    {:<48} {:>10.3f} s\n", name, seconds);
   };
-  line("matmul (GEMMs at measured MAMF)", time.matmul_s);
+  // With FP8 GEMMs among them their rate is an approximation (fp8_rate_caveat), and the label says so.
+  line(prediction.executed_flops.matmul_fp8 > 0 ? "matmul (bf16 at measured MAMF, FP8 approx.)" : "matmul (GEMMs at measured MAMF)", time.matmul_s);
   line(fmt::format("attention ({} fwd+bwd rate)", attention_kernel_facts(prediction.attention_kernel).label), time.attention_s);
   line("ulysses all-to-all (exposed)", time.ulysses_all_to_all_s);
   line("zero communication (exposed)", time.zero_communication_exposed_s);
