@@ -295,9 +295,9 @@ std::optional<ModelSpec> model_for_free_text(const std::string& text) {
 // pp=16 (interleaved); dp=64 (FSDP); batch/DP=32") are priced in the same layout: Meta's own stack, which
 // the row says; its FSDP as the distributed optimizer and its interleaved schedule, whose virtual stages
 // it does not state (and which Megatron plans on an even split only: 126 layers on 16 stages are not),
-// as 1F1B. Figures: the step's MFU, and TFLOPS as the model's
-// causal FLOPs a second ("MFU counts only causal-effective FLOPs", the USP rows say; NeMo's tables do
-// not state their FLOP count, which the report says).
+// as 1F1B. Figures: the step's MFU, and TFLOPS as the model's causal FLOPs a second ("MFU counts only
+// causal-effective FLOPs", the USP rows say; NeMo's tables do not state their FLOP count, which the
+// report says).
 PointValidation megatron_point_validate(const PublishedPoint& point, const std::string& features, const std::string& profile_name,
                                         std::optional<double> reserve_gib) {
   PointValidation validation;
