@@ -90,8 +90,9 @@ double te_fp8_linear_parameters(const ModelSpec& model, const PlanOptions& plan,
   const double dense_mlp = mlp_matrices * h * as_double(model.intermediate_size);
   const double rank_experts =
       as_double(model.experts) / as_double(std::max<int64_t>(1, plan.ep)) * mlp_matrices * h * as_double(model.expert_intermediate_size);
+  const double shared_experts = mlp_matrices * h * as_double(model.shared_expert_intermediate_size);  // TE's linears, over tp
   const double tp = as_double(std::max<int64_t>(1, plan.tp));
-  return dense_layers * (attention + dense_mlp) / tp + moe_layers * (attention / tp + rank_experts);
+  return dense_layers * (attention + dense_mlp) / tp + moe_layers * ((attention + shared_experts) / tp + rank_experts);
 }
 
 namespace {

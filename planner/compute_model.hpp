@@ -60,8 +60,8 @@ double recomputed_attention_share(const ModelSpec& model, const PlanOptions& pla
 double op_selective_recomputed_matmul_flops(const ModelSpec& model, int64_t micro_batch, int64_t seqlen, int64_t sp);
 
 // The linear weights of `dense_layers` dense and `moe_layers` MoE decoder layers that Transformer
-// Engine runs in FP8 on one rank (M10.2, M10.4): the attention's and a dense MLP's TP share, a MoE
-// layer's experts' ep share, whole (its router is Megatron's own linear, not TE's).
+// Engine runs in FP8 on one rank (M10.2, M10.4): the attention's, a dense MLP's and the shared experts'
+// TP share, a MoE layer's experts' ep share, whole (its router is Megatron's own linear, not TE's).
 double te_fp8_linear_parameters(const ModelSpec& model, const PlanOptions& plan, double dense_layers, double moe_layers);
 
 // Model FLOPs for MFU: forward + backward once, no recompute.

@@ -266,8 +266,6 @@ std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec
     if (!(cluster.hardware.peak_fp8_tflops > 0))
       problems.push_back(fmt::format("--fp8: {}'s card gives no FP8 tensor rate (peak_fp8_tflops; the cards of NVIDIA's Ada, Hopper "
                                      "and Blackwell data-centre parts carry their datasheets' figure)", cluster.hardware.name));
-    if (model.shared_expert_intermediate_size > 0)
-      problems.push_back(fmt::format("--fp8 with {}'s shared experts is not modelled yet (their TE linears in FP8)", model.name));
     if (plan.recompute_modules.moe_act)
       problems.push_back("--fp8 with --recompute-modules moe_act is not modelled (fc2 saves its own quantized copy of the activation)");
     if (model.is_latent_attention())

@@ -473,8 +473,9 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
     if (plan.fp8) {
       const double a = as_double(profile.activation_bytes);
       const double copies = card.fp8_transposed_copies ? 2.0 : 1.0;
-      // A MoE layer's experts quantize their k routed copies of each token (M10.4).
-      const double mlp_width = model.is_moe() ? as_double(model.experts_per_token * model.expert_intermediate_size) : as_double(model.intermediate_size);
+      // A MoE layer's experts quantize their k routed copies of each token (M10.4), its shared experts each token.
+      const double mlp_width = model.is_moe() ? as_double(model.experts_per_token * model.expert_intermediate_size + model.shared_expert_intermediate_size)
+                                              : as_double(model.intermediate_size);
       const double h = as_double(model.hidden_size);
       const double forward_elements = as_double(model.q_width()) + mlp_width;
       const double backward_elements = as_double(model.q_width() + 2 * model.kv_width()) + h +

@@ -87,13 +87,25 @@ void copy_over(TensorTrace& trace, const char* name, double bytes) {
 // for the router) and multiplies on it gathered over the TP ranks; the fused SwiGLU saves fc1's
 // output, fc2 the activation's; fc2's output is reduce-scattered back to the shard (M1.1-M1.2). With
 // moe_shared_expert_gate a sigmoid gate [T_s, 1] scales it: the multiply saves both.
+//
+// In FP8 (M10.1, as the dense layer's linears) fc1 quantizes its input, the norm's output, and saves
+// that copy a byte an element (gathered in FP8 under TP; without TP both usages until its GEMM), and
+// fc2 saves its quantized input in place of the activation's bf16 output.
 void shared_experts_forward(TensorTrace& trace, const LayerShape& shape, const MegatronMoeBytes& bytes) {
   trace.set_moment("shared experts");
-  column_parallel_gather(trace, shape, bytes.gathered);
+  const bool rowwise_copy = bytes.fp8 && bytes.fp8_copies > 1;
+  if (bytes.fp8) trace.alloc(L, "shared_experts.fc1_input_fp8", bytes.shard / bytes.a);
+  if (rowwise_copy && shape.tp == 1) trace.alloc(L, "fp8.rowwise_copy", bytes.shard / bytes.a);
+  column_parallel_gather(trace, shape, bytes.fp8 ? bytes.gathered / bytes.a : bytes.gathered);
   trace.alloc(L, "shared_experts.fc1_output", bytes.shared_fc1);
   column_parallel_gather_free(trace, shape);
+  if (rowwise_copy && shape.tp == 1) trace.free("fp8.rowwise_copy");
   trace.alloc(L, "shared_experts.activation_output", bytes.shared_activation);
+  if (bytes.fp8) trace.alloc(L, "shared_experts.activation_output_fp8", bytes.shared_activation / bytes.a);
+  if (rowwise_copy) trace.alloc(L, "fp8.rowwise_copy", bytes.shared_activation / bytes.a);
   const int64_t mlp_output = row_parallel_reduce_scatter(trace, shape, bytes.gathered, bytes.shard, "shared_experts.mlp_output");
+  if (rowwise_copy) trace.free("fp8.rowwise_copy");
+  if (bytes.fp8) trace.free("shared_experts.activation_output");
   if (shape.shared_expert_gate) {
     trace.alloc(L, "shared_experts.gate_logits", bytes.shared_gate);
     trace.alloc(L, "shared_experts.gate_score", bytes.shared_gate);
@@ -114,20 +126,29 @@ void shared_experts_backward(TensorTrace& trace, const LayerShape& shape, const 
     trace.alloc(L, "shared_experts.mlp_output_grad", bytes.shard);
     trace.free("shared_experts.gate_score");
   }
-  column_parallel_gather(trace, shape, bytes.gathered);  // fc2's output gradient, gathered
+  // fc2's output gradient, gathered (in FP8 quantized for both GEMMs, with or without TP).
+  if (bytes.fp8) trace.alloc(L, "fp8.output_grad", bytes.gathered / bytes.a * bytes.fp8_copies);
+  else column_parallel_gather(trace, shape, bytes.gathered);
   trace.alloc(L, "shared_experts.activation_output_grad", bytes.shared_activation);
-  column_parallel_gather_free(trace, shape);
+  if (bytes.fp8) trace.free("fp8.output_grad");
+  else column_parallel_gather_free(trace, shape);
   if (shape.shared_expert_gate) {
     trace.free("shared_experts.mlp_output_grad");
     trace.free("shared_experts.mlp_output");
   }
-  trace.free("shared_experts.activation_output");
+  trace.free(bytes.fp8 ? "shared_experts.activation_output_fp8" : "shared_experts.activation_output");
   trace.alloc(L, "shared_experts.fc1_output_grad", bytes.shared_fc1);
   trace.free("shared_experts.activation_output_grad");
   trace.free("shared_experts.fc1_output");
-  // fc1's: its input gathered again for its weight gradient, its input gradient reduce-scattered.
-  column_parallel_backward(trace, shape, bytes.gathered, bytes.shard, "shared_experts.fc1_output_grad", "shared_experts.input_grad_partial",
-                           "shared_experts.input_grad");
+  // fc1's: its input gathered again for its weight gradient (in FP8 the saved copy, transposed where
+  // the card keeps transposed copies), its output gradient quantized, its input gradient reduce-scattered.
+  if (bytes.fp8) trace.alloc(L, "fp8.output_grad", bytes.shared_fc1 / bytes.a * bytes.fp8_copies);
+  column_parallel_backward(trace, shape, bytes.fp8 ? bytes.gathered / bytes.a * bytes.fp8_copies : bytes.gathered, bytes.shard,
+                           "shared_experts.fc1_output_grad", "shared_experts.input_grad_partial", "shared_experts.input_grad");
+  if (bytes.fp8) {
+    trace.free("fp8.output_grad");
+    trace.free("shared_experts.fc1_input_fp8");
+  }
   trace.free("shared_experts.input_grad");
 }
 
@@ -226,7 +247,8 @@ void megatron_moe_forward(TensorTrace& trace, const LayerShape& shape, const Lay
   if (!keep) {
     for (const char* name : {"mlp_norm.output", "mlp_norm.rsigma_fp32", "moe.topk_softmax_fp32", "moe.aux_loss_scores_fp32", "moe.permuted_probs",
                              "moe.expert_inputs", "moe.fc1_output", "moe.activation_output", "moe.padded_probs", "moe.expert_inputs_fp8",
-                             "moe.activation_output_fp8", "shared_experts.fc1_output",
+                             "moe.activation_output_fp8", "shared_experts.fc1_input_fp8", "shared_experts.activation_output_fp8",
+                             "shared_experts.fc1_output",
                              "shared_experts.activation_output", "shared_experts.mlp_output", "shared_experts.gate_score"})
       if (trace.is_live(name)) trace.free(name);
     trace.free("residual.attention");

@@ -343,6 +343,27 @@ TEST_CASE("the MoE layer in FP8: the experts' inputs padded, saved quantized as 
       REQUIRE(step.live_items().size() == 1);
       CHECK(step.live_items().front().name == "layer.input_grad");
     }
+  // Shared experts (TE's linears, M10.1): fc1 saves its quantized input [T_s, h] beside the norm's
+  // output the router saves; fc2 its quantized input [T, I_s / t] in place of the SwiGLU's bf16 output.
+  LayerShape shared = qwen3_moe_tp2_shape(8);
+  shared.shared_expert_intermediate = 5632;
+  fp8.te_fp8_transposed_copies = true;
+  const double with_shared_bf16 = decoder_layer_saved_bytes(shared, testing::megatron_te_layer_impl());
+  CHECK(decoder_layer_saved_bytes(shared, fp8) - decoder_layer_saved_bytes(qwen3_moe_tp2_shape(8), fp8) ==
+        doctest::Approx(with_shared_bf16 - bf16 + kSharedTokens * 2048 - tokens * (5632 / 2)).epsilon(1e-12));
+  for (const int64_t tp : {1, 2})
+    for (const bool gate : {false, true}) {
+      LayerShape shape = shared;
+      shape.tp = tp;
+      shape.shared_expert_gate = gate;
+      const TensorTrace step = testing::megatron_layer_step(shape, fp8);
+      REQUIRE(step.live_items().size() == 1);
+      CHECK(step.live_items().front().name == "layer.input_grad");
+    }
+  // TE's linears in one MoE layer of Qwen1.5-MoE (q, k, v, o at 2048 x 2048, the shared expert's
+  // 3 x 2048 x 5632 over tp = 2; 15 of its 60 experts of 3 x 2048 x 1408 on each of ep = 4 ranks).
+  CHECK(te_fp8_linear_parameters(model_load("qwen1.5-moe-a2.7b"), megatron_plan(2, 4, 1, true), 0, 1) ==
+        doctest::Approx((4.0 * 2048 * 2048 + 3.0 * 2048 * 5632) / 2 + 15.0 * 3 * 2048 * 1408));
   // The weights' FP8 copies (two bytes a weight on Hopper): the attention's TP share and the rank's
   // 16 experts whole, over 48 layers.
   const ModelSpec model = model_load("qwen3-30b-a3b");
