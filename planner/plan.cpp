@@ -260,8 +260,8 @@ std::vector<std::string> plan_problems(const ModelSpec& model, const ClusterSpec
   // hierarchical type, M2.2).
   if (plan.cp_all_gather && (plan.ring < 2 || plan.sp > 1))
     problems.push_back("--cp-all-gather gathers K/V over the context-parallel ranks of --ring R (R > 1), without --sp");
-  // Transformer Engine's FP8 (M10): on a card with FP8 tensor cores, for the dense GPT layer (its MoE
-  // and MLA layers' FP8 tensors are not modelled yet).
+  // Transformer Engine's FP8 (M10): on a card with FP8 tensor cores, for the GPT and MoE layers (MLA's
+  // FP8 tensors are not modelled yet).
   if (plan.fp8) {
     if (!(cluster.hardware.peak_fp8_tflops > 0))
       problems.push_back(fmt::format("--fp8: {}'s card gives no FP8 tensor rate (peak_fp8_tflops; the cards of NVIDIA's Ada, Hopper "
