@@ -257,6 +257,33 @@ void input_gradient_to_shard(TensorTrace& trace, const LayerShape& shape, double
 // the input gradient `partial` made from `output_grad` (freed), then reduced to `shard`.
 void column_parallel_backward(TensorTrace& trace, const LayerShape& shape, double gathered_bytes, double shard_bytes, const char* output_grad,
                               const char* partial, const char* shard);
+// Transformer Engine's FP8 tensors around its linears (LayerImplementation::te_fp8, M10.1), which
+// Megatron's layer and its MoE layer share; each placement is nothing where `on` is false (bf16).
+// A tensor is quantized to a byte an element (`one`), twice over where a GEMM reads it both ways on a
+// card that keeps a transposed copy beside the row-wise one (`both`).
+struct TeFp8 {
+  bool on;
+  double activation_bytes, copies;
+  explicit TeFp8(const LayerImplementation& impl)
+      : on(impl.te_fp8), activation_bytes(static_cast<double>(impl.activation_bytes)), copies(impl.te_fp8_transposed_copies ? 2.0 : 1.0) {}
+  double one(double bf16_bytes) const { return bf16_bytes / activation_bytes; }
+  double both(double bf16_bytes) const { return one(bf16_bytes) * copies; }
+  // The row-wise copy a GEMM reads of its input (`input_bytes` at the activation dtype) beside the
+  // column-wise one the linear saves, until the GEMM has run: where the card keeps transposed copies
+  // and the input is not `gathered` over TP (a gathered input is row-wise only, gathered in FP8).
+  void rowwise_copy_alloc(TensorTrace& trace, double input_bytes, bool gathered) const;
+  void rowwise_copy_free(TensorTrace& trace, bool gathered) const;
+  // A linear that quantizes its own input: the copy it saves, `saved`, and the GEMM's row-wise one.
+  void input_quantize(TensorTrace& trace, const char* saved, double input_bytes, bool gathered) const;
+  // A backward's output gradient (`grad_bytes` at the activation dtype) quantized for both its GEMMs,
+  // held until they have run ("fp8.output_grad").
+  void output_grad_quantize(TensorTrace& trace, double grad_bytes) const;
+  void output_grad_free(TensorTrace& trace) const;
+};
+// A row-parallel linear's output gradient as its backward GEMMs read it: gathered over the TP ranks
+// (M1.2), in FP8 quantized for both GEMMs, gathered so, with or without TP (TE linear.py L1240-1262).
+void row_parallel_output_grad(TensorTrace& trace, const LayerShape& shape, const TeFp8& fp8, double gathered_bytes);
+void row_parallel_output_grad_free(TensorTrace& trace, const LayerShape& shape, const TeFp8& fp8);
 // Megatron's multi-head latent attention before the core attention (megatron_mla.cpp): forward
 // expects "layer.input" live and leaves "attention.q", "attention.k" and "attention.v" (and with
 // `keep` what its backward reads); backward takes "attention.dqkv" and leaves "layer.input_grad".

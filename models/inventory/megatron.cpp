@@ -62,6 +62,33 @@ void column_parallel_backward(TensorTrace& trace, const LayerShape& shape, doubl
   input_gradient_to_shard(trace, shape, shard_bytes, L, partial, shard);
 }
 
+void TeFp8::rowwise_copy_alloc(TensorTrace& trace, double input_bytes, bool gathered) const {
+  if (on && copies > 1 && !gathered) trace.alloc(L, "fp8.rowwise_copy", one(input_bytes));
+}
+void TeFp8::rowwise_copy_free(TensorTrace& trace, bool gathered) const {
+  if (on && copies > 1 && !gathered) trace.free("fp8.rowwise_copy");
+}
+void TeFp8::input_quantize(TensorTrace& trace, const char* saved, double input_bytes, bool gathered) const {
+  if (!on) return;
+  trace.alloc(L, saved, one(input_bytes));
+  rowwise_copy_alloc(trace, input_bytes, gathered);
+}
+void TeFp8::output_grad_quantize(TensorTrace& trace, double grad_bytes) const {
+  if (on) trace.alloc(L, "fp8.output_grad", both(grad_bytes));
+}
+void TeFp8::output_grad_free(TensorTrace& trace) const {
+  if (on) trace.free("fp8.output_grad");
+}
+
+void row_parallel_output_grad(TensorTrace& trace, const LayerShape& shape, const TeFp8& fp8, double gathered_bytes) {
+  if (fp8.on) fp8.output_grad_quantize(trace, gathered_bytes);
+  else column_parallel_gather(trace, shape, gathered_bytes);
+}
+void row_parallel_output_grad_free(TensorTrace& trace, const LayerShape& shape, const TeFp8& fp8) {
+  if (fp8.on) fp8.output_grad_free(trace);
+  else column_parallel_gather_free(trace, shape);
+}
+
 namespace {
 
 struct MegatronBytes {
@@ -73,14 +100,12 @@ struct MegatronBytes {
   double q_rsigma, k_rsigma;    // fp32 [T, n_q / t], [T, n_kv / t]: a q/k norm's statistics, one per head
   double fc1, activation;
   // FP8 (M10): the linears' saved and gathered inputs at one byte an element (norm_saved, gathered_input;
-  // else the activation dtype's), and `fp8_copies` bytes an element of a tensor a GEMM reads both ways
-  // (2 where TE keeps a transposed copy beside the row-wise one, 1 where the card reads one copy either way).
-  bool fp8;
-  double a, fp8_copies;
+  // else the activation dtype's).
+  TeFp8 fp8;
   double norm_saved;      // [T/t, h]: a fused norm's output as its linear saves it
   double gathered_input;  // [T, h]: that output gathered for a column-parallel GEMM
-  MegatronBytes(const LayerShape& shape, const LayerImplementation& impl) {
-    a = static_cast<double>(impl.activation_bytes);
+  MegatronBytes(const LayerShape& shape, const LayerImplementation& impl) : fp8(impl) {
+    const double a = static_cast<double>(impl.activation_bytes);
     const double tokens = static_cast<double>(shape.tokens), shard_tokens = static_cast<double>(shape.hidden_state_tokens());
     const double h = static_cast<double>(shape.hidden);
     shard = shard_tokens * h * a;
@@ -98,13 +123,9 @@ struct MegatronBytes {
     const double f = static_cast<double>(shape.intermediate);
     fc1 = tokens * (shape.mlp_kind == MlpKind::mlp_kind_swiglu ? 2.0 * f : f) * a;
     activation = tokens * f * a;
-    fp8 = impl.te_fp8;
-    fp8_copies = impl.te_fp8_transposed_copies ? 2.0 : 1.0;
-    norm_saved = fp8 ? shard / a : shard;
-    gathered_input = fp8 ? gathered / a : gathered;
+    norm_saved = fp8.on ? fp8.one(shard) : shard;
+    gathered_input = fp8.on ? fp8.one(gathered) : gathered;
   }
-  // A tensor of `bf16_bytes` quantized for GEMMs that read it both ways.
-  double fp8_both(double bf16_bytes) const { return bf16_bytes / a * fp8_copies; }
 };
 
 bool context_parallel(const LayerShape& shape) { return shape.sp > 1 || shape.ring > 1; }
@@ -124,12 +145,11 @@ void layernorm_linear_forward(TensorTrace& trace, const LayerShape& shape, const
                               const char* norm_output, const char* norm_rsigma, const char* output, double output_bytes, bool keep) {
   trace.alloc(category, norm_output, bytes.norm_saved);
   trace.alloc(category, norm_rsigma, bytes.rsigma);
-  const bool rowwise_copy = bytes.fp8 && shape.tp == 1 && bytes.fp8_copies > 1;
-  if (rowwise_copy) trace.alloc(category, "fp8.rowwise_copy", bytes.norm_saved);
+  bytes.fp8.rowwise_copy_alloc(trace, bytes.shard, /*gathered=*/shape.tp > 1);
   column_parallel_gather(trace, shape, bytes.gathered_input, category);
   trace.alloc(category, output, output_bytes);
   column_parallel_gather_free(trace, shape);
-  if (rowwise_copy) trace.free("fp8.rowwise_copy");
+  bytes.fp8.rowwise_copy_free(trace, /*gathered=*/shape.tp > 1);
   if (!keep) {
     trace.free(norm_output);
     trace.free(norm_rsigma);
@@ -142,12 +162,9 @@ void layernorm_linear_forward(TensorTrace& trace, const LayerShape& shape, const
 // transposed one beside it, dropped after the GEMM), as `fp8_saved_input`.
 void row_parallel_output(TensorTrace& trace, const LayerShape& shape, const MegatronBytes& bytes, const char* residual, double input_bytes,
                          const char* fp8_saved_input) {
-  if (bytes.fp8) {
-    trace.alloc(L, fp8_saved_input, input_bytes / bytes.a);
-    if (bytes.fp8_copies > 1) trace.alloc(L, "fp8.rowwise_copy", input_bytes / bytes.a);
-  }
+  bytes.fp8.input_quantize(trace, fp8_saved_input, input_bytes, /*gathered=*/false);
   row_parallel_reduce_scatter(trace, shape, bytes.gathered, bytes.shard, "tp.row_parallel_output");
-  if (bytes.fp8 && bytes.fp8_copies > 1) trace.free("fp8.rowwise_copy");
+  bytes.fp8.rowwise_copy_free(trace, /*gathered=*/false);
   trace.alloc(L, residual, bytes.shard);
   trace.free("tp.row_parallel_output");
 }
@@ -161,26 +178,15 @@ void row_parallel_output(TensorTrace& trace, const LayerShape& shape, const Mega
 // where the card keeps transposed copies (L1300-1311, L1515-1520).
 void layernorm_linear_backward(TensorTrace& trace, const LayerShape& shape, const MegatronBytes& bytes, const char* output_grad,
                                double output_grad_bytes, const char* norm_output, const char* norm_rsigma, const char* input_grad) {
-  if (bytes.fp8) trace.alloc(L, "fp8.output_grad", bytes.fp8_both(output_grad_bytes));
-  column_parallel_backward(trace, shape, bytes.fp8 ? bytes.fp8_both(bytes.gathered) : bytes.gathered, bytes.shard, output_grad,
+  bytes.fp8.output_grad_quantize(trace, output_grad_bytes);
+  column_parallel_backward(trace, shape, bytes.fp8.on ? bytes.fp8.both(bytes.gathered) : bytes.gathered, bytes.shard, output_grad,
                            "tp.input_grad_partial", "tp.input_grad_shard");
-  if (bytes.fp8) trace.free("fp8.output_grad");
+  bytes.fp8.output_grad_free(trace);
   trace.free(norm_output);
   // The norm's backward writes its input's gradient; the residual branch's is added into it.
   trace.alloc(L, input_grad, bytes.shard);
   trace.free("tp.input_grad_shard");
   trace.free(norm_rsigma);
-}
-
-// A row-parallel linear's output gradient as its backward GEMMs read it: gathered over the TP ranks
-// (M1.2), in FP8 quantized for both GEMMs, gathered so (TE linear.py L1240-1262), with or without TP.
-void row_parallel_output_grad(TensorTrace& trace, const LayerShape& shape, const MegatronBytes& bytes) {
-  if (bytes.fp8) trace.alloc(L, "fp8.output_grad", bytes.fp8_both(bytes.gathered));
-  else column_parallel_gather(trace, shape, bytes.gathered);
-}
-void row_parallel_output_grad_free(TensorTrace& trace, const LayerShape& shape, const MegatronBytes& bytes) {
-  if (bytes.fp8) trace.free("fp8.output_grad");
-  else column_parallel_gather_free(trace, shape);
 }
 
 // The input norm fused with QKV and RoPE (GPT's attention; MLA's is megatron_mla.cpp), forward:
@@ -265,8 +271,8 @@ void dense_mlp_forward(TensorTrace& trace, const LayerShape& shape, const LayerI
   trace.set_moment("fc2 and residual");
   row_parallel_output(trace, shape, bytes, output, bytes.activation, "mlp.activation_output_fp8");
   // In FP8 fc2 saved its quantized input, and the activation's bf16 output goes with the MLP's forward.
-  if (!keep || bytes.fp8) trace.free("mlp.activation_output");
-  if (!keep && bytes.fp8) trace.free("mlp.activation_output_fp8");
+  if (!keep || bytes.fp8.on) trace.free("mlp.activation_output");
+  if (!keep && bytes.fp8.on) trace.free("mlp.activation_output_fp8");
 }
 
 }  // namespace
@@ -331,7 +337,7 @@ void megatron_layer_forward(TensorTrace& trace, const LayerShape& shape, const L
   row_parallel_output(trace, shape, bytes, "residual.attention", bytes.out, "attention.output_fp8");
   if (!keep) {
     trace.free("attention.output");
-    if (bytes.fp8) trace.free("attention.output_fp8");
+    if (bytes.fp8.on) trace.free("attention.output_fp8");
   }
   // Selective recompute of a separate input norm ("layernorm", transformer_layer.py L681-686): its
   // output discarded after the attention block, recomputed when backward reaches the block.
@@ -362,10 +368,10 @@ void megatron_layer_backward(TensorTrace& trace, const LayerShape& shape, const 
     // fc2 (row-parallel) backward: the output gradient gathered over the TP ranks, the activation's
     // gradient produced; the weight gradient goes into the DDP's gradient buffer (model states, M3.1).
     trace.set_moment("fc2 backward");
-    row_parallel_output_grad(trace, shape, bytes);
+    row_parallel_output_grad(trace, shape, bytes.fp8, bytes.gathered);
     trace.alloc(L, "mlp.activation_output_grad", bytes.activation);
-    row_parallel_output_grad_free(trace, shape, bytes);
-    trace.free(bytes.fp8 ? "mlp.activation_output_fp8" : "mlp.activation_output");
+    row_parallel_output_grad_free(trace, shape, bytes.fp8);
+    trace.free(bytes.fp8.on ? "mlp.activation_output_fp8" : "mlp.activation_output");
     if (trace.is_live("layer.output")) trace.free("layer.output");
     if (shape.recompute.mlp) trace.free("mlp.rerun_output");
 
@@ -386,10 +392,10 @@ void megatron_layer_backward(TensorTrace& trace, const LayerShape& shape, const 
   // the attention block's output gradient).
   trace.set_moment("output projection backward");
   if (mla && shape.recompute.layernorm) trace.alloc(L, "attention_norm.output", bytes.shard);
-  row_parallel_output_grad(trace, shape, bytes);
+  row_parallel_output_grad(trace, shape, bytes.fp8, bytes.gathered);
   trace.alloc(L, "attention.output_grad", bytes.out);
-  row_parallel_output_grad_free(trace, shape, bytes);
-  if (bytes.fp8) trace.free("attention.output_fp8");
+  row_parallel_output_grad_free(trace, shape, bytes.fp8);
+  if (bytes.fp8.on) trace.free("attention.output_fp8");
   // MLA's up-projections recomputed (their hook is on the attention output's gradient): the
   // up-projections' outputs beside the rebuilt q, k and v (megatron_mla.cpp's forward again).
   if (mla && shape.recompute.mla_up_proj) megatron_mla_up_projection_recompute(trace, shape, impl);

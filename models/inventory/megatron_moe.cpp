@@ -32,14 +32,9 @@ struct MegatronMoeBytes {
   double gathered;     // [T, h]: the shared experts' input gathered over the TP ranks
   double shared_fc1, shared_activation;  // [T, 2 I_s / t], [T, I_s / t]: the shared experts' (a TP rank's share)
   double shared_gate;  // [T_s, 1]: the shared experts' sigmoid gate
-  // FP8 (M10.4): a byte an element of what the grouped linears save; `fp8_copies` bytes an element of a
-  // tensor quantized for GEMMs that read it both ways (MegatronBytes' rule).
-  bool fp8;
-  double a, fp8_copies;
-  MegatronMoeBytes(const LayerShape& shape, const LayerImplementation& impl) {
-    a = static_cast<double>(impl.activation_bytes);
-    fp8 = impl.te_fp8;
-    fp8_copies = impl.te_fp8_transposed_copies ? 2.0 : 1.0;
+  TeFp8 fp8;  // FP8 (M10.4): what the grouped and the shared experts' linears quantize
+  MegatronMoeBytes(const LayerShape& shape, const LayerImplementation& impl) : fp8(impl) {
+    const double a = static_cast<double>(impl.activation_bytes);
     const double tokens = static_cast<double>(shape.hidden_state_tokens());
     const double experts = static_cast<double>(shape.experts), k = static_cast<double>(shape.experts_per_token);
     const double pairs = tokens * k;
@@ -93,19 +88,17 @@ void copy_over(TensorTrace& trace, const char* name, double bytes) {
 // fc2 saves its quantized input in place of the activation's bf16 output.
 void shared_experts_forward(TensorTrace& trace, const LayerShape& shape, const MegatronMoeBytes& bytes) {
   trace.set_moment("shared experts");
-  const bool rowwise_copy = bytes.fp8 && bytes.fp8_copies > 1;
-  if (bytes.fp8) trace.alloc(L, "shared_experts.fc1_input_fp8", bytes.shard / bytes.a);
-  if (rowwise_copy && shape.tp == 1) trace.alloc(L, "fp8.rowwise_copy", bytes.shard / bytes.a);
-  column_parallel_gather(trace, shape, bytes.fp8 ? bytes.gathered / bytes.a : bytes.gathered);
+  const bool gathered = shape.tp > 1;
+  bytes.fp8.input_quantize(trace, "shared_experts.fc1_input_fp8", bytes.shard, gathered);
+  column_parallel_gather(trace, shape, bytes.fp8.on ? bytes.fp8.one(bytes.gathered) : bytes.gathered);
   trace.alloc(L, "shared_experts.fc1_output", bytes.shared_fc1);
   column_parallel_gather_free(trace, shape);
-  if (rowwise_copy && shape.tp == 1) trace.free("fp8.rowwise_copy");
+  bytes.fp8.rowwise_copy_free(trace, gathered);
   trace.alloc(L, "shared_experts.activation_output", bytes.shared_activation);
-  if (bytes.fp8) trace.alloc(L, "shared_experts.activation_output_fp8", bytes.shared_activation / bytes.a);
-  if (rowwise_copy) trace.alloc(L, "fp8.rowwise_copy", bytes.shared_activation / bytes.a);
+  bytes.fp8.input_quantize(trace, "shared_experts.activation_output_fp8", bytes.shared_activation, /*gathered=*/false);
   const int64_t mlp_output = row_parallel_reduce_scatter(trace, shape, bytes.gathered, bytes.shard, "shared_experts.mlp_output");
-  if (rowwise_copy) trace.free("fp8.rowwise_copy");
-  if (bytes.fp8) trace.free("shared_experts.activation_output");
+  bytes.fp8.rowwise_copy_free(trace, /*gathered=*/false);
+  if (bytes.fp8.on) trace.free("shared_experts.activation_output");
   if (shape.shared_expert_gate) {
     trace.alloc(L, "shared_experts.gate_logits", bytes.shared_gate);
     trace.alloc(L, "shared_experts.gate_score", bytes.shared_gate);
@@ -126,29 +119,24 @@ void shared_experts_backward(TensorTrace& trace, const LayerShape& shape, const 
     trace.alloc(L, "shared_experts.mlp_output_grad", bytes.shard);
     trace.free("shared_experts.gate_score");
   }
-  // fc2's output gradient, gathered (in FP8 quantized for both GEMMs, with or without TP).
-  if (bytes.fp8) trace.alloc(L, "fp8.output_grad", bytes.gathered / bytes.a * bytes.fp8_copies);
-  else column_parallel_gather(trace, shape, bytes.gathered);
+  row_parallel_output_grad(trace, shape, bytes.fp8, bytes.gathered);  // fc2's output gradient
   trace.alloc(L, "shared_experts.activation_output_grad", bytes.shared_activation);
-  if (bytes.fp8) trace.free("fp8.output_grad");
-  else column_parallel_gather_free(trace, shape);
+  row_parallel_output_grad_free(trace, shape, bytes.fp8);
   if (shape.shared_expert_gate) {
     trace.free("shared_experts.mlp_output_grad");
     trace.free("shared_experts.mlp_output");
   }
-  trace.free(bytes.fp8 ? "shared_experts.activation_output_fp8" : "shared_experts.activation_output");
+  trace.free(bytes.fp8.on ? "shared_experts.activation_output_fp8" : "shared_experts.activation_output");
   trace.alloc(L, "shared_experts.fc1_output_grad", bytes.shared_fc1);
   trace.free("shared_experts.activation_output_grad");
   trace.free("shared_experts.fc1_output");
   // fc1's: its input gathered again for its weight gradient (in FP8 the saved copy, transposed where
   // the card keeps transposed copies), its output gradient quantized, its input gradient reduce-scattered.
-  if (bytes.fp8) trace.alloc(L, "fp8.output_grad", bytes.shared_fc1 / bytes.a * bytes.fp8_copies);
-  column_parallel_backward(trace, shape, bytes.fp8 ? bytes.gathered / bytes.a * bytes.fp8_copies : bytes.gathered, bytes.shard,
+  bytes.fp8.output_grad_quantize(trace, bytes.shared_fc1);
+  column_parallel_backward(trace, shape, bytes.fp8.on ? bytes.fp8.both(bytes.gathered) : bytes.gathered, bytes.shard,
                            "shared_experts.fc1_output_grad", "shared_experts.input_grad_partial", "shared_experts.input_grad");
-  if (bytes.fp8) {
-    trace.free("fp8.output_grad");
-    trace.free("shared_experts.fc1_input_fp8");
-  }
+  bytes.fp8.output_grad_free(trace);
+  if (bytes.fp8.on) trace.free("shared_experts.fc1_input_fp8");
   trace.free("shared_experts.input_grad");
 }
 
@@ -190,29 +178,25 @@ void megatron_moe_forward(TensorTrace& trace, const LayerShape& shape, const Lay
   // TEGroupedMLP (experts.py L728-905): fc1's [P, 2 f_e] output saved by the fused weighted SwiGLU
   // (weighted_bias_swiglu_impl: its input and the probabilities), whose [P, f_e] output fc2 saves.
   trace.set_moment("moe experts");
-  if (bytes.fp8) {
+  if (bytes.fp8.on) {
     // FP8 (M10.4): each expert's tokens padded to a multiple of 16 rows (experts.py L767-780, TE
     // Fp8Padding: a new [P', h] tensor and padded probabilities, P' ~ P), the weighted SwiGLU saving the
     // padded probabilities; fc1 quantizes its input for both GEMMs and saves the column-wise copy.
     trace.alloc(L, "moe.padded_inputs", bytes.pairs_x);
     trace.alloc(L, "moe.padded_probs", bytes.pair_probs);
-    trace.alloc(L, "moe.expert_inputs_fp8", bytes.pairs_x / bytes.a);
-    if (bytes.fp8_copies > 1) trace.alloc(L, "fp8.rowwise_copy", bytes.pairs_x / bytes.a);
+    bytes.fp8.input_quantize(trace, "moe.expert_inputs_fp8", bytes.pairs_x, /*gathered=*/false);
   }
   trace.alloc(L, "moe.fc1_output", 2.0 * bytes.pairs_f);
-  if (bytes.fp8) {
-    if (bytes.fp8_copies > 1) trace.free("fp8.rowwise_copy");
+  if (bytes.fp8.on) {
+    bytes.fp8.rowwise_copy_free(trace, /*gathered=*/false);
     trace.free("moe.padded_inputs");
   }
   trace.alloc(L, "moe.activation_output", bytes.pairs_f);
-  if (bytes.fp8) {
-    // fc2 likewise saves its quantized input; the activation's bf16 output goes with the forward.
-    trace.alloc(L, "moe.activation_output_fp8", bytes.pairs_f / bytes.a);
-    if (bytes.fp8_copies > 1) trace.alloc(L, "fp8.rowwise_copy", bytes.pairs_f / bytes.a);
-  }
+  // fc2 likewise saves its quantized input; the activation's bf16 output goes with the forward.
+  bytes.fp8.input_quantize(trace, "moe.activation_output_fp8", bytes.pairs_f, /*gathered=*/false);
   trace.alloc(L, "moe.fc2_output", bytes.pairs_x);
-  if (bytes.fp8) {
-    if (bytes.fp8_copies > 1) trace.free("fp8.rowwise_copy");
+  if (bytes.fp8.on) {
+    bytes.fp8.rowwise_copy_free(trace, /*gathered=*/false);
     trace.free("moe.activation_output");
     copy_over(trace, "moe.fc2_output", bytes.pairs_x);  // Fp8Unpadding: the output without the padded rows
   }
@@ -230,7 +214,7 @@ void megatron_moe_forward(TensorTrace& trace, const LayerShape& shape, const Lay
     if (trace.is_live(name)) trace.free(name);
   // In FP8 nothing saves the bf16 expert inputs (fc1 saved its quantized copy) or the unpadded
   // probabilities (the SwiGLU saved the padded ones): they go with the forward.
-  if (bytes.fp8) {
+  if (bytes.fp8.on) {
     if (trace.is_live("moe.expert_inputs")) trace.free("moe.expert_inputs");
     trace.free("moe.permuted_probs");
   }
@@ -270,22 +254,20 @@ void megatron_moe_backward(TensorTrace& trace, const LayerShape& shape, const La
   trace.set_moment("moe experts backward");
   if (shape.recompute.moe_act) trace.alloc(L, "moe.activation_output", bytes.pairs_f);  // recomputed from fc1's output
   // In FP8 the gradient padded again (Fp8Unpadding's backward) and quantized for fc2's two GEMMs.
-  if (bytes.fp8) {
-    copy_over(trace, "moe.pairs_grad", bytes.pairs_x);
-    trace.alloc(L, "fp8.output_grad", bytes.pairs_x / bytes.a * bytes.fp8_copies);
-  }
+  if (bytes.fp8.on) copy_over(trace, "moe.pairs_grad", bytes.pairs_x);
+  bytes.fp8.output_grad_quantize(trace, bytes.pairs_x);
   trace.alloc(L, "moe.activation_output_grad", bytes.pairs_f);
-  if (bytes.fp8) trace.free("fp8.output_grad");
+  bytes.fp8.output_grad_free(trace);
   trace.free("moe.pairs_grad");
-  trace.free(bytes.fp8 ? "moe.activation_output_fp8" : "moe.activation_output");
+  trace.free(bytes.fp8.on ? "moe.activation_output_fp8" : "moe.activation_output");
   trace.alloc(L, "moe.fc1_output_grad", 2.0 * bytes.pairs_f);
   trace.alloc(L, "moe.permuted_probs_grad", bytes.pair_probs);
   trace.free("moe.activation_output_grad");
   trace.free("moe.fc1_output");
-  if (bytes.fp8) trace.alloc(L, "fp8.output_grad", 2.0 * bytes.pairs_f / bytes.a * bytes.fp8_copies);
+  bytes.fp8.output_grad_quantize(trace, 2.0 * bytes.pairs_f);
   trace.alloc(L, "moe.expert_inputs_grad", bytes.pairs_x);
-  if (bytes.fp8) {
-    trace.free("fp8.output_grad");
+  bytes.fp8.output_grad_free(trace);
+  if (bytes.fp8.on) {
     trace.free("moe.expert_inputs_fp8");
     trace.free("moe.padded_probs");
     copy_over(trace, "moe.expert_inputs_grad", bytes.pairs_x);  // Fp8Padding's backward: the padded rows dropped
