@@ -353,10 +353,15 @@ PointValidation megatron_point_validate(const PublishedPoint& point, const std::
   if (!point.seqlen) return skip("Megatron row without a sequence length");
   const int64_t seqlen = *point.seqlen;
   if (const std::vector<std::string> problems = seqlen_problems(plan, seqlen); !problems.empty()) return skip(problems.front());
+  // The run ran at this length: a prediction that it does not fit is an error of the memory model.
   // Recompute unstated (NeMo's tables): none where the step fits without it, else every layer's,
   // what a run at that length needs; said so.
+  MemoryPrediction memory = memory_predict(*model, cluster, plan, profile, seqlen, /*with_breakdown=*/false);
   if (!recompute_stated) {
-    if (!memory_predict(*model, cluster, plan, profile, seqlen, /*with_breakdown=*/false).fits()) plan.activation_checkpointing = true;
+    if (!memory.fits()) {
+      plan.activation_checkpointing = true;
+      memory = memory_predict(*model, cluster, plan, profile, seqlen, /*with_breakdown=*/false);
+    }
     assumptions.push_back(plan.activation_checkpointing ? "recompute unstated: full (it does not fit without)" : "recompute unstated: none (it fits)");
   }
   if (meta) assumptions.push_back("Meta's 4D stack priced as Megatron-Core's layout: FSDP as the distributed optimizer, its interleaved "
@@ -375,8 +380,6 @@ PointValidation megatron_point_validate(const PublishedPoint& point, const std::
   figure_add(validation, FigureKind::figure_iteration_time, point.iter_time_s, timing.time.total_s());
   figure_add(validation, FigureKind::figure_tflops, point.tflops, timing.mfu * hardware->peak_bf16_tflops);
   figure_add(validation, FigureKind::figure_mfu, point.mfu, timing.mfu);
-  // The run ran at this length: a prediction that it does not fit is an error of the memory model.
-  const MemoryPrediction memory = memory_predict(*model, cluster, plan, profile, seqlen, /*with_breakdown=*/false);
   if (!memory.fits())
     validation.profile += fmt::format("; predicted NOT to fit ({:.1f} of {:.1f} GiB) at a length the row ran", bytes_to_gib(memory.gpu_peak_bytes),
                                       bytes_to_gib(memory.gpu_capacity_bytes));
