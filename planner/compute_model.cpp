@@ -1,6 +1,7 @@
 #include "planner/compute_model.hpp"
 
 #include <algorithm>
+#include <string_view>
 #include <utility>
 
 #include "models/adapters.hpp"
@@ -85,12 +86,17 @@ double op_selective_recomputed_matmul_flops(const ModelSpec& model, int64_t micr
 }
 
 double te_fp8_linear_parameters(const ModelSpec& model, const PlanOptions& plan, double dense_layers, double moe_layers) {
-  const double h = as_double(model.hidden_size), mlp_matrices = model.mlp_kind == MlpKind::mlp_kind_swiglu ? 3.0 : 2.0;
-  const double attention = 2.0 * h * as_double(model.q_width()) + 2.0 * h * as_double(model.kv_width());
-  const double dense_mlp = mlp_matrices * h * as_double(model.intermediate_size);
-  const double rank_experts =
-      as_double(model.experts) / as_double(std::max<int64_t>(1, plan.ep)) * mlp_matrices * h * as_double(model.expert_intermediate_size);
-  const double shared_experts = mlp_matrices * h * as_double(model.shared_expert_intermediate_size);  // TE's linears, over tp
+  // The weight matrices alone (TE's FP8 copies hold no bias or norm): a layer's linears as LoRA and
+  // QLoRA count them, the attention's (q, k, v, o) and the dense MLP's.
+  double attention = 0, dense_mlp = 0;
+  for (const LayerLinear& linear : decoder_layer_linears(model)) {
+    const std::string_view name = linear.name;
+    (name == "q_proj" || name == "k_proj" || name == "v_proj" || name == "o_proj" ? attention : dense_mlp) += as_double(linear.in * linear.out);
+  }
+  // A MoE layer's routed experts as parameter_count splits them out, and its shared experts (gated,
+  // three matrices, as parameter_count counts them), TE's linears over tp.
+  const double rank_experts = as_double(parameter_count(model).per_layer_routed_experts) / as_double(std::max<int64_t>(1, plan.ep));
+  const double shared_experts = 3.0 * as_double(model.hidden_size) * as_double(model.shared_expert_intermediate_size);
   const double tp = as_double(std::max<int64_t>(1, plan.tp));
   return dense_layers * (attention + dense_mlp) / tp + moe_layers * ((attention + shared_experts) / tp + rank_experts);
 }
