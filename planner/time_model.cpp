@@ -39,11 +39,20 @@ double StepTime::total_s() const {
          gradient_offload_s + optimizer_s + elementwise_s;
 }
 
+namespace {
+
+// The MLP's width a token passes through: a dense layer's intermediate size, or a MoE layer's k
+// routed experts' and its shared experts'.
+double mlp_width_per_token(const ModelSpec& model) {
+  return static_cast<double>(model.is_moe() ? model.experts_per_token * model.expert_intermediate_size + model.shared_expert_intermediate_size
+                                            : model.intermediate_size);
+}
+
+}  // namespace
+
 double layer_elementwise_bytes_per_token(const ModelSpec& model, int64_t activation_bytes) {
   const double h = static_cast<double>(model.hidden_size), a = static_cast<double>(activation_bytes);
-  const double mlp_width = static_cast<double>(model.is_moe() ? model.experts_per_token * model.expert_intermediate_size +
-                                                                    model.shared_expert_intermediate_size
-                                                              : model.intermediate_size);
+  const double mlp_width = mlp_width_per_token(model);
   const double gated = model.mlp_kind == MlpKind::mlp_kind_swiglu ? 3.0 : 2.0;
   return a * (2.0 * 2.0 * h + 2.0 * static_cast<double>(model.q_width() + model.kv_width()) + 2.0 * 3.0 * h + gated * mlp_width);
 }
@@ -470,17 +479,16 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
     // fc2's inputs (the norms write theirs quantized), each backward its four linears' output
     // gradients, each read at the activation dtype and written as its FP8 copies; and once a step
     // every linear weight of the rank's layers (the first micro-batch's; the rest reuse the copies).
+    // Bytes a cast reads and writes an element: the activation dtype's, and its FP8 copies.
+    const double cast_bytes = as_double(profile.activation_bytes) + (card.fp8_transposed_copies ? 2.0 : 1.0);
     if (plan.fp8) {
-      const double a = as_double(profile.activation_bytes);
-      const double copies = card.fp8_transposed_copies ? 2.0 : 1.0;
       // A MoE layer's experts quantize their k routed copies of each token (M10.4), its shared experts each token.
-      const double mlp_width = model.is_moe() ? as_double(model.experts_per_token * model.expert_intermediate_size + model.shared_expert_intermediate_size)
-                                              : as_double(model.intermediate_size);
+      const double mlp_width = mlp_width_per_token(model);
       const double h = as_double(model.hidden_size);
       const double forward_elements = as_double(model.q_width()) + mlp_width;
       const double backward_elements = as_double(model.q_width() + 2 * model.kv_width()) + h +
                                        (model.mlp_kind == MlpKind::mlp_kind_swiglu ? 2.0 : 1.0) * mlp_width + h;
-      bytes += tokens * layers * ((1.0 + recompute) * forward_elements + backward_elements) * (a + copies);
+      bytes += tokens * layers * ((1.0 + recompute) * forward_elements + backward_elements) * cast_bytes;
     }
     const double gbps = card.elementwise_gbps > 0 ? card.elementwise_gbps : card.hbm_gbps;
     // Under tensor parallelism each rank's share: 1/t of the widths inside the attention and MLP, 1/t
@@ -488,8 +496,7 @@ TimePrediction time_predict(const ModelSpec& model, const ClusterSpec& cluster, 
     time.elementwise_s = bytes / (gbps * 1e9) / as_double(std::max<int64_t>(1, plan.tp));
     if (plan.fp8) {
       const double moe_layers = layers * as_double(model.moe_layers()) / as_double(model.num_layers);
-      time.elementwise_s += te_fp8_linear_parameters(model, plan, layers - moe_layers, moe_layers) *
-                            (as_double(profile.activation_bytes) + (card.fp8_transposed_copies ? 2.0 : 1.0)) / micro_steps / (gbps * 1e9);
+      time.elementwise_s += te_fp8_linear_parameters(model, plan, layers - moe_layers, moe_layers) * cast_bytes / micro_steps / (gbps * 1e9);
     }
   }
 
