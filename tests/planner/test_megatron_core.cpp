@@ -18,6 +18,7 @@
 #include "planner/time_model.hpp"
 #include "reports/export.hpp"
 #include "support/export_request.hpp"
+#include "support/megatron_layer.hpp"
 #include "support/memory_items.hpp"
 
 using namespace longseq;
@@ -97,12 +98,7 @@ TEST_CASE("under p2p context parallelism the layer saves the K/V block last rece
 
 TEST_CASE("a layer's forward and backward under TP free everything they allocate but the output and the input gradient") {
   for (const auto& [sp, ring] : {std::pair<int64_t, int64_t>{1, 1}, {2, 1}, {1, 2}, {2, 2}}) {
-    TensorTrace trace;
-    const LayerShape shape = llama_tp4_shape(sp, ring);
-    trace.alloc(kCategoryLayer, "layer.input", 4096.0 * 4096 * 2);
-    decoder_layer_forward(trace, shape, megatron_impl(), /*keep_for_backward=*/true);
-    trace.alloc(kCategoryLayer, "layer.output_grad", 4096.0 * 4096 * 2);
-    decoder_layer_backward(trace, shape, megatron_impl());
+    const TensorTrace trace = testing::megatron_layer_step(llama_tp4_shape(sp, ring), megatron_impl());
     REQUIRE(trace.live_items().size() == 1);
     CHECK(trace.live_items().front().name == "layer.input_grad");
     CHECK(trace.current_bytes() == 4096.0 * 4096 * 2);
@@ -516,18 +512,12 @@ TEST_CASE("cp_comm_type all_gather: K and V of the whole sequence gathered twice
   forward.alloc(kCategoryLayer, "layer.input", 4096.0 * 4096 * 2);
   decoder_layer_forward(forward, llama_tp4_shape(1, 64), all_gather, true);
   CHECK(forward.peak_moment() == "attention");
-  double gathered = 0;
-  for (const TraceItem& item : forward.peak_items())
-    if (item.name == "cp.kv_all_gathered") gathered = item.bytes;
-  CHECK(gathered == 2 * 64 * 2 * kv_block);
+  CHECK(testing::peak_item_bytes(forward, "cp.kv_all_gathered") == 2 * 64 * 2 * kv_block);
   forward.alloc(kCategoryLayer, "layer.output_grad", 4096.0 * 4096 * 2);
   decoder_layer_backward(forward, llama_tp4_shape(1, 64), all_gather);
   REQUIRE(forward.live_items().size() == 1);
   CHECK(forward.live_items().front().name == "layer.input_grad");
-  double backward_gathered = 0;
-  for (const TraceItem& item : forward.peak_items())
-    if (item.name == "cp.all_gather_backward") backward_gathered = item.bytes;
-  CHECK(backward_gathered == 4 * 64 * 2 * kv_block);
+  CHECK(testing::peak_item_bytes(forward, "cp.all_gather_backward") == 4 * 64 * 2 * kv_block);
 
   // Time: the gather exposed in each forward (the recompute's too), gather and reduce-scatter in backward.
   const ModelSpec model = model_load("llama-3.1-8b");
@@ -568,11 +558,7 @@ TEST_CASE("selective recompute of a dense layer's MLP: it keeps only its input, 
   for (const int64_t ring : {1, 2}) {
     LayerShape shape = llama_tp4_shape(1, ring);
     shape.recompute.mlp = true;
-    TensorTrace trace;
-    trace.alloc(kCategoryLayer, "layer.input", shard);
-    decoder_layer_forward(trace, shape, megatron_impl(), true);
-    trace.alloc(kCategoryLayer, "layer.output_grad", shard);
-    decoder_layer_backward(trace, shape, megatron_impl());
+    const TensorTrace trace = testing::megatron_layer_step(shape, megatron_impl());
     REQUIRE(trace.live_items().size() == 1);
     CHECK(trace.live_items().front().name == "layer.input_grad");
   }

@@ -18,6 +18,7 @@
 #include "planner/time_model.hpp"
 #include "reports/export.hpp"
 #include "support/export_request.hpp"
+#include "support/megatron_layer.hpp"
 #include "support/memory_items.hpp"
 
 using namespace longseq;
@@ -80,13 +81,8 @@ TEST_CASE("in FP8 the linears save their inputs a byte an element: the norms' ou
 }
 
 TEST_CASE("in FP8 fc1's backward holds its output gradient quantized twice, its gathered input and its transpose under TP") {
-  TensorTrace trace;
-  const LayerShape shape = llama_shape(4);
   const double tokens = 16'384, shard = 4096.0 * 4096 * 2, rsigma = 4096.0 * 8;
-  trace.alloc(kCategoryLayer, "layer.input", shard);
-  decoder_layer_forward(trace, shape, fp8_impl(true), /*keep_for_backward=*/true);
-  trace.alloc(kCategoryLayer, "layer.output_grad", shard);
-  decoder_layer_backward(trace, shape, fp8_impl(true));
+  const TensorTrace trace = testing::megatron_layer_step(llama_shape(4), fp8_impl(true));
   CHECK(trace.peak_moment() == "fc1 and pre-MLP norm backward");
   // Live then: the input, the input norm's FP8 output and statistics, QKV, q, k, the attention output,
   // its lse and its FP8 copy, the residual, the pre-MLP norm's FP8 output and statistics, the output's
@@ -105,17 +101,12 @@ TEST_CASE("in FP8 fc1's backward holds its output gradient quantized twice, its 
         LayerShape cp_shape = llama_shape(tp);
         cp_shape.ring = ring;
         cp_shape.recompute.mlp = transposed && ring == 2;
-        TensorTrace step;
-        const double input = 16'384.0 / static_cast<double>(tp) * 4096 * 2;
-        step.alloc(kCategoryLayer, "layer.input", input);
-        decoder_layer_forward(step, cp_shape, fp8_impl(true, transposed), true);
-        step.alloc(kCategoryLayer, "layer.output_grad", input);
-        decoder_layer_backward(step, cp_shape, fp8_impl(true, transposed));
+        const TensorTrace step = testing::megatron_layer_step(cp_shape, fp8_impl(true, transposed));
         REQUIRE(step.live_items().size() == 1);
         CHECK(step.live_items().front().name == "layer.input_grad");
         // A checkpointed forward keeps only its output.
         TensorTrace checkpointed;
-        checkpointed.alloc(kCategoryLayer, "layer.input", input);
+        checkpointed.alloc(kCategoryLayer, "layer.input", 16'384.0 / static_cast<double>(tp) * 4096 * 2);
         decoder_layer_forward(checkpointed, cp_shape, fp8_impl(true, transposed), false);
         CHECK(checkpointed.live_items().size() == 2);
       }

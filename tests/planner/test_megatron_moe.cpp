@@ -101,14 +101,9 @@ TEST_CASE("the MoE layer's forward holds the permuted, dispatched and sorted tok
   trace.set_record_peak_items(true);
   trace.alloc(kCategoryLayer, "layer.input", kSharedTokens * 2048 * 2);
   decoder_layer_forward(trace, qwen3_moe_tp2_shape(8), testing::megatron_te_layer_impl(), /*keep_for_backward=*/false);
-  auto peak_bytes_of = [&](std::string_view name) {
-    for (const TraceItem& item : trace.peak_items())
-      if (item.name == name) return item.bytes;
-    return 0.0;
-  };
   for (const char* name : {"moe.permuted_tokens", "moe.dispatched_tokens", "moe.expert_inputs", "moe.fc2_output", "moe.unsorted_output",
                            "moe.combined_output"})
-    CHECK_MESSAGE(peak_bytes_of(name) == doctest::Approx(kPairs * 2048 * 2), name);
+    CHECK_MESSAGE(testing::peak_item_bytes(trace, name) == doctest::Approx(kPairs * 2048 * 2), name);
 }
 
 TEST_CASE("shared experts (Qwen2-MoE's, gated): fc1's and the SwiGLU's outputs at a TP rank's width, and the gate's multiply inputs") {
@@ -126,14 +121,9 @@ TEST_CASE("shared experts (Qwen2-MoE's, gated): fc1's and the SwiGLU's outputs a
       LayerShape shape = shared;
       shape.shared_expert_gate = gate;
       shape.tp = tp;
-      TensorTrace trace;
-      const double input = static_cast<double>(shape.hidden_state_tokens()) * 2048 * 2;
-      trace.alloc(kCategoryLayer, "layer.input", input);
-      decoder_layer_forward(trace, shape, testing::megatron_te_layer_impl(), /*keep_for_backward=*/true);
-      trace.alloc(kCategoryLayer, "layer.output_grad", input);
-      decoder_layer_backward(trace, shape, testing::megatron_te_layer_impl());
+      const TensorTrace trace = testing::megatron_layer_step(shape);
       REQUIRE(trace.live_items().size() == 1);
-      CHECK(trace.current_bytes() == input);
+      CHECK(trace.current_bytes() == static_cast<double>(shape.hidden_state_tokens()) * 2048 * 2);
     }
   }
   // Megatron-Core plans Qwen1.5-MoE (60 experts, a gated shared expert) with its experts split: ep

@@ -2,8 +2,10 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "models/tensor_trace.hpp"
 #include "planner/memory_model.hpp"
 
 namespace longseq::testing {
@@ -11,6 +13,13 @@ namespace longseq::testing {
 // The bytes of the item named `name` (0 when it is not there).
 inline double item_bytes(const std::vector<MemoryItem>& items, const std::string& name) {
   for (const auto& item : items)
+    if (item.name == name) return item.bytes;
+  return 0;
+}
+
+// The bytes of the tensor named `name` live at a trace's peak (0 when it is not).
+inline double peak_item_bytes(const TensorTrace& trace, std::string_view name) {
+  for (const TraceItem& item : trace.peak_items())
     if (item.name == name) return item.bytes;
   return 0;
 }
