@@ -12,14 +12,14 @@
 #include "planner/search.hpp"
 #include "reports/export.hpp"
 #include "support/export_request.hpp"
+#include "support/clusters.hpp"
 #include "support/memory_items.hpp"
 
 using namespace longseq;
+using testing::h100s;
 using testing::phase_bytes;
 
 namespace {
-
-ClusterSpec h100s(int64_t gpus) { return cluster_make(hardware_card_load("h100-sxm-80gb"), gpus, 0, 0, 0); }
 
 // Llama-3.1-8B on 8 GPUs under FSDP alone (torchtitan without CP), every layer checkpointed.
 PlanOptions fsdp_checkpointed() {

@@ -19,14 +19,14 @@
 #include "reports/export.hpp"
 #include "support/export_request.hpp"
 #include "support/megatron_layer.hpp"
+#include "support/clusters.hpp"
 #include "support/memory_items.hpp"
 
 using namespace longseq;
+using testing::h100s;
 using testing::item_bytes;
 
 namespace {
-
-ClusterSpec h100s(int64_t gpus) { return cluster_make(hardware_card_load("h100-sxm-80gb"), gpus, 0, 0, 0); }
 
 // Llama-3.1-8B's layer on one of 4 TP ranks: 8 of 32 query heads, 2 of 8 key/value heads (d = 128),
 // 3,584 of the MLP's 14,336, 16,384 tokens of which the residual stream holds 4,096.

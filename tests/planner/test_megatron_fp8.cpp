@@ -18,6 +18,7 @@
 #include "planner/time_model.hpp"
 #include "reports/export.hpp"
 #include "support/export_request.hpp"
+#include "support/clusters.hpp"
 #include "support/megatron_layer.hpp"
 #include "support/memory_items.hpp"
 
@@ -60,8 +61,6 @@ PlanOptions megatron_plan(int64_t tp, int64_t ring, bool fp8) {
   plan.fp8 = fp8;
   return plan;
 }
-
-ClusterSpec cluster_of(const char* card, int64_t gpus) { return cluster_make(hardware_card_load(card), gpus, 0, 0, 0); }
 
 }  // namespace
 
@@ -117,26 +116,26 @@ TEST_CASE("TE's FP8 weight copies: every linear of the rank's layers, its TP sha
   const RuntimeProfile profile = runtime_profile_load("megatron-core");
   const double linears = static_cast<double>(layer_linear_parameter_count(model));  // 32 x (q, k, v, o, gate, up, down)
   CHECK(linears == doctest::Approx(32.0 * (4096.0 * (4096 + 2 * 1024) + 4096.0 * 4096 + 3 * 4096.0 * 14'336)));
-  const MemoryPrediction hopper = memory_predict(model, cluster_of("h100-sxm-80gb", 16), megatron_plan(4, 2, true), profile, 65'536);
+  const MemoryPrediction hopper = memory_predict(model, testing::card_cluster("h100-sxm-80gb", 16), megatron_plan(4, 2, true), profile, 65'536);
   CHECK(item_bytes(hopper.phases.front().items, "fp8_weight_copies") == doctest::Approx(linears / 4 * 2));
-  const MemoryPrediction blackwell = memory_predict(model, cluster_of("b200-180gb", 16), megatron_plan(4, 2, true), profile, 65'536);
+  const MemoryPrediction blackwell = memory_predict(model, testing::card_cluster("b200-180gb", 16), megatron_plan(4, 2, true), profile, 65'536);
   CHECK(item_bytes(blackwell.phases.front().items, "fp8_weight_copies") == doctest::Approx(linears / 4));
   // None in bf16.
-  const MemoryPrediction bf16 = memory_predict(model, cluster_of("h100-sxm-80gb", 16), megatron_plan(4, 2, false), profile, 65'536);
+  const MemoryPrediction bf16 = memory_predict(model, testing::card_cluster("h100-sxm-80gb", 16), megatron_plan(4, 2, false), profile, 65'536);
   CHECK(item_bytes(bf16.phases.front().items, "fp8_weight_copies") == 0);
   // Under pipeline parallelism a stage's layers only: 80 layers on 4 stages, 20 a rank.
   const ModelSpec big = model_load("llama-3.1-70b");
   PlanOptions staged = megatron_plan(8, 1, true);
   staged.pp = 4;
   staged.global_batch = 4;
-  const MemoryPrediction stages = memory_predict(big, cluster_of("h100-sxm-80gb", 32), staged, profile, 16'384);
+  const MemoryPrediction stages = memory_predict(big, testing::card_cluster("h100-sxm-80gb", 32), staged, profile, 16'384);
   CHECK(item_bytes(stages.phases.front().items, "fp8_weight_copies") ==
         doctest::Approx(static_cast<double>(layer_linear_parameter_count(big)) / 80 * 20 / 8 * 2));
 }
 
 TEST_CASE("in FP8 the layers' GEMMs run at the FP8 rate, the LM head's at bf16's, and TP gathers a byte an element") {
   const ModelSpec model = model_load("llama-3.1-8b");
-  const ClusterSpec cluster = cluster_of("h100-sxm-80gb", 8);
+  const ClusterSpec cluster = testing::card_cluster("h100-sxm-80gb", 8);
   const RuntimeProfile profile = runtime_profile_load("megatron-core");
   const int64_t seqlen = 32'768;
   const StepFlops bf16 = step_flops_executed(model, megatron_plan(4, 1, false), seqlen);
@@ -160,14 +159,14 @@ TEST_CASE("in FP8 the layers' GEMMs run at the FP8 rate, the LM head's at bf16's
 TEST_CASE("FP8 is Megatron-Core's, on a card with FP8 tensor cores, for its dense GPT layer, and the export writes TE's hybrid format") {
   const ModelSpec model = model_load("llama-3.1-8b");
   const PlanOptions plan = megatron_plan(4, 2, true);
-  CHECK(plan_problems(model, cluster_of("h100-sxm-80gb", 16), plan).empty());
+  CHECK(plan_problems(model, testing::card_cluster("h100-sxm-80gb", 16), plan).empty());
   CHECK(plan_describe(plan).find(" +fp8") != std::string::npos);
-  const std::vector<std::string> ampere = plan_problems(model, cluster_of("a100-80gb", 16), plan);
+  const std::vector<std::string> ampere = plan_problems(model, testing::card_cluster("a100-80gb", 16), plan);
   REQUIRE(ampere.size() == 1);
   CHECK(ampere.front().find("no FP8 tensor rate") != std::string::npos);
-  const ClusterSpec h100s = cluster_of("h100-sxm-80gb", 16);
+  const ClusterSpec h100s = testing::card_cluster("h100-sxm-80gb", 16);
   CHECK(plan_problems(model_load("qwen1.5-moe-a2.7b"), h100s, plan).empty());  // MoE with a shared expert (M10.4)
-  const std::vector<std::string> deepseek = plan_problems(model_load("deepseek-v3"), cluster_of("h100-sxm-80gb", 256), plan);
+  const std::vector<std::string> deepseek = plan_problems(model_load("deepseek-v3"), testing::card_cluster("h100-sxm-80gb", 256), plan);
   CHECK(std::any_of(deepseek.begin(), deepseek.end(), [](const std::string& problem) { return problem.find("latent attention") != std::string::npos; }));
   CHECK(framework_unsupported(Framework::framework_megatron_core, model, plan, 16).empty());
   for (const Framework other : {Framework::framework_torchtitan, Framework::framework_accelerate_fsdp2, Framework::framework_arctic_training}) {

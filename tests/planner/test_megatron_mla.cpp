@@ -16,9 +16,11 @@
 #include "planner/memory_model.hpp"
 #include "planner/scenario.hpp"
 #include "support/megatron_layer.hpp"
+#include "support/clusters.hpp"
 #include "support/memory_items.hpp"
 
 using namespace longseq;
+using testing::h100s;
 
 namespace {
 
@@ -55,8 +57,6 @@ LayerShape deepseek_v3_tp8_shape(bool experts = false, int64_t ep = 256) {
 }
 
 constexpr double kTokens = 16'384, kShardTokens = 2048;
-
-ClusterSpec h100s(int64_t gpus) { return cluster_make(hardware_card_load("h100-sxm-80gb"), gpus, 0, 0, 0); }
 
 // DeepSeek-V3 on tp=8 x ep=256 with the distributed optimizer, without full recompute.
 PlanOptions deepseek_v3_tp8_ep256_plan() {

@@ -18,15 +18,15 @@
 #include "planner/time_model.hpp"
 #include "reports/export.hpp"
 #include "support/export_request.hpp"
+#include "support/clusters.hpp"
 #include "support/memory_items.hpp"
 #include "support/megatron_layer.hpp"
 
 using namespace longseq;
+using testing::h100s;
 using testing::item_bytes;
 
 namespace {
-
-ClusterSpec h100s(int64_t gpus) { return cluster_make(hardware_card_load("h100-sxm-80gb"), gpus, 0, 0, 0); }
 
 // Qwen3-30B-A3B's layer on one of 2 TP ranks: 16 of 32 query heads, 2 of 4 key/value heads (d = 128),
 // q/k norms; 128 experts of width 768, 8 a token, over `ep` ranks; 16,384 tokens of which the
