@@ -154,16 +154,15 @@ RingLayerPassing ring_layer_passing(const ModelSpec& model, const ClusterSpec& c
   const double tokens = as_double(micro_batch) * as_double(seqlen / (sp * ring));
   const double block_bytes = tokens * as_double((model.kv_width() + model.v_width()) * kv_replication_factor(model, sp)) * a;  // K and V
   const double accumulator_bytes = block_bytes / a * 4.0;
+  if (exchange == KvExchange::kv_ring_blocks)
+    return {ring_exposed_pass_s(link, r, block_bytes, forward_attention_s),
+            ring_exposed_pass_s(link, r, block_bytes + accumulator_bytes, 2.5 * forward_attention_s),
+            ring_homecoming_s(link, accumulator_bytes)};
   const double gather_s = link.latency_us * 1e-6 + collective_seconds(Collective::collective_all_gather, r * block_bytes, ring, link);
   if (exchange == KvExchange::kv_megatron_all_gather)
     return {gather_s, gather_s + link.latency_us * 1e-6 + collective_seconds(Collective::collective_reduce_scatter, r * block_bytes, ring, link), 0.0};
-  if (exchange == KvExchange::kv_torch_all_gather) {
-    return {std::max(0.0, gather_s - forward_attention_s / r),
-            std::max(0.0, gather_s - 2.5 * forward_attention_s / r) + ring_exposed_pass_s(link, r, accumulator_bytes, 2.5 * forward_attention_s),
-            ring_homecoming_s(link, accumulator_bytes)};
-  }
-  return {ring_exposed_pass_s(link, r, block_bytes, forward_attention_s),
-          ring_exposed_pass_s(link, r, block_bytes + accumulator_bytes, 2.5 * forward_attention_s),
+  return {std::max(0.0, gather_s - forward_attention_s / r),  // PyTorch's all-gather rotation
+          std::max(0.0, gather_s - 2.5 * forward_attention_s / r) + ring_exposed_pass_s(link, r, accumulator_bytes, 2.5 * forward_attention_s),
           ring_homecoming_s(link, accumulator_bytes)};
 }
 
