@@ -44,9 +44,7 @@ LayerShape llama_shape(int64_t tp) {
 }
 
 LayerImplementation fp8_impl(bool fp8, bool transposed_copies = true) {
-  LayerImplementation impl;
-  impl.activation_bytes = 2;
-  impl.megatron_te_layer = true;
+  LayerImplementation impl = testing::megatron_te_layer_impl();
   impl.te_fp8 = fp8;
   impl.te_fp8_transposed_copies = transposed_copies;
   return impl;
